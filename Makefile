@@ -1,0 +1,35 @@
+# Every target installs what it needs, idempotently (a stamp file tracks the pinned lock).
+PYTHON ?= python3.11
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: install test demo bench crd render lint images clean
+
+$(STAMP): requirements-dev.lock pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements-dev.lock
+	$(PY) -m pip install -q --no-deps -e .
+	@touch $@
+
+install: $(STAMP)
+
+test: install
+	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
+
+demo: install
+	$(VENV)/bin/redrafter-operator demo
+
+bench: install
+	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+crd: install
+	$(VENV)/bin/redrafter-operator crd > crds/redrafter.dev_redrafterdeployments.yaml
+
+render: install
+	@for f in examples/*.yaml; do echo "# --- $$f"; $(VENV)/bin/redrafter-operator render -f $$f; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache

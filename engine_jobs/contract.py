@@ -1,0 +1,136 @@
+"""The contract between the operator and the code that runs in its pods.
+
+The operator renders a :class:`BuildSpec` (build Jobs) or a :class:`ServingConfig` (serving pods) as
+JSON into a ConfigMap; the code in ``engine_jobs`` reads it. Both sides import this one module, so a
+field, a path or a metric name has exactly one spelling. It must stay importable with only pydantic
+installed (it runs inside the builder and Triton images).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+CONTRACT_VERSION = 1
+
+# ---- where things live -------------------------------------------------------------------------
+#: mount path of the engine cache volume in build Jobs and serving pods
+CACHE_MOUNT = "/cache"
+#: mount path of the ConfigMap holding build.json / serving.json
+CONFIG_MOUNT = "/etc/redrafter"
+BUILD_SPEC_FILE = "build.json"
+SERVING_CONFIG_FILE = "serving.json"
+#: where credentials Secrets are mounted (one sub-directory per Secret name)
+SECRETS_MOUNT = "/var/run/secrets/redrafter"
+#: where pvc:// sources are mounted in build Jobs (one sub-directory per claim)
+SOURCES_MOUNT = "/sources"
+TERMINATION_LOG = "/dev/termination-log"
+
+# Layout of one published engine artifact: <cache>/<key>/...
+MANIFEST_FILE = "manifest.json"  # written last: its presence means "complete"
+ENGINE_DIR = "engine"  # rank<N>.engine + config.json from trtllm-build
+TOKENIZER_DIR = "tokenizer"
+MODEL_REPO_DIR = "model_repo"  # ready-to-serve Triton repository (defaults)
+LOCK_FILE = ".lock"  # <cache>/<key>.lock, owner + heartbeat
+
+# ---- Triton model repository -------------------------------------------------------------------
+#: the model clients call; the acceptance-metering BLS model (same interface as TRT-LLM's ensemble)
+ENTRY_MODEL = "ensemble"
+PREPROCESSING_MODEL = "preprocessing"
+ENGINE_MODEL = "tensorrt_llm"
+POSTPROCESSING_MODEL = "postprocessing"
+
+HTTP_PORT = 8000
+GRPC_PORT = 8001
+METRICS_PORT = 8002
+
+# ---- serving metrics (exported by the metering model through Triton's custom-metrics API) ------
+METRIC_REQUESTS = "redrafter_requests_total"
+METRIC_OUTPUT_TOKENS = "redrafter_output_tokens_total"
+METRIC_DRAFT_TOKENS = "redrafter_draft_tokens_total"
+METRIC_ACCEPTED_DRAFT_TOKENS = "redrafter_accepted_draft_tokens_total"
+METRIC_ACCEPTANCE_HISTOGRAM = "redrafter_request_acceptance_rate"
+#: generation steps of the engine (tokens per step = output tokens / steps)
+METRIC_STEPS = "redrafter_engine_steps_total"
+METRIC_LABEL_MODEL = "model"
+METRIC_LABEL_VARIANT = "variant"
+# Load, exported by Triton's TensorRT-LLM backend itself.
+METRIC_TRTLLM_REQUESTS = "nv_trt_llm_request_metrics"  # label request_type=active|waiting|scheduled|max|...
+METRIC_TRTLLM_KV_BLOCKS = "nv_trt_llm_kv_cache_block_metrics"
+METRIC_QUEUE_DURATION = "nv_inference_queue_duration_us"
+
+Variant = Literal["redrafter", "base"]
+VARIANTS: tuple[Variant, ...] = ("redrafter", "base")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SourceRef(_Strict):
+    """One model source as the build Job sees it (already validated by the operator)."""
+
+    uri: str = Field(description="hf://org/name, pvc://claim/path or s3://bucket/prefix")
+    revision: str | None = Field(default=None, description="hf:// revision (branch, tag or commit)")
+    credentials_dir: str | None = Field(
+        default=None, description="directory where the credentials Secret is mounted, if any"
+    )
+
+
+class RedrafterParams(_Strict):
+    num_beams: int
+    draft_len_per_beam: int
+    greedy_search: bool = True
+
+
+class EngineLimits(_Strict):
+    max_batch_size: int
+    max_input_len: int
+    max_seq_len: int
+    max_num_tokens: int
+    paged_context_fmha: bool = True
+
+
+class BuildSpec(_Strict):
+    """Everything one build Job needs to produce ``<cache>/<key>/`` for one variant."""
+
+    contract_version: int = CONTRACT_VERSION
+    variant: Variant
+    key: str = Field(description="content hash of every build input (the cache directory name)")
+    inputs: dict = Field(description="the exact inputs that were hashed into key (recorded in the manifest)")
+    base: SourceRef
+    drafter: SourceRef | None = None  # required for the redrafter variant
+    tokenizer: SourceRef
+    architecture: Literal["auto", "llama", "qwen"] = "auto"
+    dtype: Literal["float16", "bfloat16"]
+    quantization: Literal["none", "fp8"] = "none"
+    tensor_parallel: int = 1
+    redrafter: RedrafterParams | None = None  # required for the redrafter variant
+    limits: EngineLimits
+    cache_dir: str = CACHE_MOUNT
+
+
+class TritonParams(_Strict):
+    batching_strategy: Literal["inflight_fused_batching", "v1"] = "inflight_fused_batching"
+    max_queue_delay_microseconds: int = 0
+    kv_cache_free_gpu_mem_fraction: float = 0.9
+    enable_chunked_context: bool = True
+    enable_kv_cache_reuse: bool = True
+    decoupled: bool = True
+
+
+class ServingConfig(_Strict):
+    """What a serving pod's launcher needs to assemble its model repository and start Triton."""
+
+    contract_version: int = CONTRACT_VERSION
+    deployment: str = Field(description="name of the ReDrafterDeployment (metric label `model`)")
+    variant: Variant
+    engine_key: str
+    artifact_dir: str = Field(description="<cache>/<key>, mounted read-only")
+    tensor_parallel: int = 1
+    max_batch_size: int
+    paged_context_fmha: bool = True
+    draft_len_per_beam: int = 0  # 0 for the base variant
+    num_beams: int = 0
+    triton: TritonParams = TritonParams()

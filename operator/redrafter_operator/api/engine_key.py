@@ -1,0 +1,62 @@
+"""Content-addressed engine keys: a stable hash of every input that changes the built artifact.
+
+Same inputs => same key => the same artifact directory in the cache, in any process, on any machine.
+Serving, autoscaling and speculation fields are deliberately absent, so changing them never rebuilds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from engine_jobs.contract import CONTRACT_VERSION, Variant
+
+from .spec import ModelSource, ReDrafterDeploymentSpec
+
+KEY_LENGTH = 20  # hex chars (80 bits): collision-free in any realistic cache, short enough for labels
+
+
+def _source(src: ModelSource | None) -> dict | None:
+    if src is None:
+        return None
+    return {"source": src.source.rstrip("/"), "revision": src.revision or ("main" if src.source.startswith("hf://") else None)}
+
+
+def build_inputs(spec: ReDrafterDeploymentSpec, variant: Variant) -> dict:
+    """Every build input of one variant, as a JSON-able dict (recorded in the engine manifest)."""
+    e = spec.engine
+    inputs = {
+        "contract": CONTRACT_VERSION,
+        "variant": variant,
+        "base": _source(spec.model.base),
+        "tokenizer": _source(spec.model.tokenizer or spec.model.base),
+        "architecture": spec.model.architecture,
+        "dtype": spec.precision.dtype,
+        "quantization": spec.precision.quantization,
+        "tensorParallel": spec.parallelism.tensor,
+        "maxBatchSize": e.max_batch_size,
+        "maxInputLen": e.max_input_len,
+        "maxSeqLen": e.max_seq_len,
+        "maxNumTokens": e.max_num_tokens,
+        "pagedContextFmha": e.paged_context_fmha,
+        # The builder image pins the TensorRT-LLM version; the GPU product pins the kernels.
+        "builderImage": e.builder_image,
+        "gpuProduct": e.build.gpu_product or "",
+    }
+    if variant == "redrafter":
+        inputs["drafter"] = _source(spec.model.drafter)
+        inputs["redrafter"] = {
+            "numBeams": spec.redrafter.num_beams,
+            "draftLenPerBeam": spec.redrafter.draft_len_per_beam,
+            "greedySearch": spec.redrafter.greedy_search,
+        }
+    return inputs
+
+
+def key_of(inputs: dict) -> str:
+    canonical = json.dumps(inputs, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:KEY_LENGTH]
+
+
+def engine_key(spec: ReDrafterDeploymentSpec, variant: Variant) -> str:
+    return key_of(build_inputs(spec, variant))

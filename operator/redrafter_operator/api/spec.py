@@ -1,0 +1,393 @@
+"""``ReDrafterDeployment.spec``: the whole ReDrafter service a user asks for.
+
+Every field's description becomes its CRD description. Cross-field rules live twice on purpose: as
+CEL (``x-kubernetes-validations``, enforced by the API server) and as pydantic validators (enforced by
+the operator, for specs that got past an older CRD), with the same wording.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from .types import (
+    ApiModel,
+    Duration,
+    ResourceRequirements,
+    SOURCE_PATTERN,
+    StringMap,
+    Toleration,
+    parse_duration,
+    parse_source,
+)
+
+_DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+_IMAGE = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$"
+_REVISION = r"^[A-Za-z0-9][A-Za-z0-9._/-]*$"
+
+DEFAULT_BUILDER_IMAGE = "ghcr.io/redrafter/engine-builder:0.1.0-trtllm0.20.0"
+DEFAULT_SERVING_IMAGE = "ghcr.io/redrafter/triton-runtime:0.1.0-25.05-trtllm-python-py3"
+
+MAX_DRAFT_TOKENS = 64  # numBeams x draftLenPerBeam; larger trees cost more than they accept
+
+
+def _cel(rule: str, message: str, field_path: str | None = None) -> dict:
+    out = {"rule": rule, "message": message}
+    if field_path:
+        out["fieldPath"] = field_path
+    return out
+
+
+class ModelSource(ApiModel):
+    """Where a checkpoint comes from."""
+
+    source: str = Field(
+        pattern=SOURCE_PATTERN,
+        max_length=512,
+        description="hf://org/name (Hugging Face Hub), pvc://claim/sub/path (a PersistentVolumeClaim "
+        "in this namespace) or s3://bucket/prefix. Paths are relative; '..' is rejected.",
+    )
+    revision: str | None = Field(
+        default=None,
+        pattern=_REVISION,
+        max_length=128,
+        description="hf:// only: branch, tag or commit; resolved to a commit at build time and "
+        "recorded in the engine manifest. Defaults to main.",
+    )
+    credentials_secret: str | None = Field(
+        default=None,
+        pattern=_DNS1123_LABEL,
+        max_length=253,
+        description="Name of a Secret in this namespace mounted into the build Job: key `token` for "
+        "hf://, keys `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY` (optional `AWS_ENDPOINT_URL`) for s3://.",
+    )
+
+    @field_validator("source")
+    @classmethod
+    def _strict_source(cls, v: str) -> str:
+        parse_source(v)
+        return v
+
+    @model_validator(mode="after")
+    def _revision_only_for_hf(self):
+        if self.revision and not self.source.startswith("hf://"):
+            raise ValueError("revision is only meaningful for hf:// sources")
+        return self
+
+
+class Model(ApiModel):
+    """The checkpoints that make up the service."""
+
+    base: ModelSource = Field(description="The base (verifier) model: a Llama or Qwen/Qwen2 checkpoint.")
+    drafter: ModelSource = Field(
+        description="The ReDrafter drafter head trained for this base model (config.json with "
+        "hidden_size, exit_dim, num_draft_layers, rnn)."
+    )
+    tokenizer: ModelSource | None = Field(
+        default=None, description="Tokenizer for pre/post-processing. Defaults to the base model's."
+    )
+    architecture: Literal["auto", "llama", "qwen"] = Field(
+        default="auto",
+        description="Base architecture, choosing the TensorRT-LLM converter. auto reads config.json.",
+    )
+
+
+class Precision(ApiModel):
+    """Numeric precision of the engines."""
+
+    dtype: Literal["float16", "bfloat16"] = Field(default="bfloat16", description="Activation/weight dtype.")
+    quantization: Literal["none", "fp8"] = Field(
+        default="none",
+        description="fp8 quantizes the base model only (TensorRT-LLM ReDrafter keeps the drafter in dtype).",
+    )
+
+
+class Redrafter(ApiModel):
+    """Recurrent-drafting parameters baked into the ReDrafter engine."""
+
+    model_config = {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                _cel(
+                    f"self.numBeams * self.draftLenPerBeam <= {MAX_DRAFT_TOKENS}",
+                    f"numBeams x draftLenPerBeam must be at most {MAX_DRAFT_TOKENS}",
+                )
+            ]
+        }
+    }
+
+    num_beams: int = Field(default=5, ge=1, le=16, description="Beams the drafter proposes per step.")
+    draft_len_per_beam: int = Field(default=5, ge=1, le=16, description="Draft tokens per beam.")
+    greedy_search: bool = Field(
+        default=True, description="Greedy acceptance; false passes --redrafter_no_greedy_search."
+    )
+
+    @model_validator(mode="after")
+    def _bounded_tree(self):
+        if self.num_beams * self.draft_len_per_beam > MAX_DRAFT_TOKENS:
+            raise ValueError(f"numBeams x draftLenPerBeam must be at most {MAX_DRAFT_TOKENS}")
+        return self
+
+
+class Parallelism(ApiModel):
+    """How the engines are sharded. ReDrafter supports tensor parallelism only."""
+
+    tensor: Literal[1, 2, 4, 8] = Field(default=1, description="Tensor-parallel size = GPUs per replica.")
+
+
+class EngineCache(ApiModel):
+    """The shared, content-addressed engine cache volume."""
+
+    claim_name: str = Field(
+        default="engine-cache", pattern=_DNS1123_LABEL, max_length=253,
+        description="ReadWriteMany PVC holding engines; shared by every resource that names it.",
+    )
+    sub_path: str = Field(
+        default="engines", pattern=r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$", max_length=253,
+        description="Directory inside the claim; engines live at <subPath>/<engine-key>/.",
+    )
+
+    @field_validator("sub_path")
+    @classmethod
+    def _no_dotdot(cls, v: str) -> str:
+        if any(part in (".", "..") for part in v.split("/")):
+            raise ValueError("subPath must not contain '.' or '..' segments")
+        return v
+
+
+class BuildJob(ApiModel):
+    """Scheduling and limits of the GPU build Jobs."""
+
+    gpu_resource: str = Field(
+        default="nvidia.com/gpu", pattern=r"^[a-z0-9.-]+/[a-z0-9.-]+$", max_length=253,
+        description="Extended resource name requested (tensor GPUs per build).",
+    )
+    gpu_product: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9._-]+$", max_length=63,
+        description="GPU product (the nvidia.com/gpu.product node label). Engines are GPU-specific: "
+        "it selects build and serving nodes and is part of the engine key.",
+    )
+    node_selector: StringMap = Field(default_factory=dict, description="Extra node selector for build Pods.")
+    tolerations: list[Toleration] = Field(default_factory=list, description="Tolerations for build Pods.")
+    resources: ResourceRequirements = Field(
+        default_factory=dict, description="CPU/memory requests and limits (GPUs are added from tensor size)."
+    )
+    active_deadline_seconds: int = Field(
+        default=14400, ge=60, le=604800, description="Upper bound of one build Job's run time."
+    )
+    backoff_limit: int = Field(default=1, ge=0, le=10, description="Pod retries inside one build Job.")
+    retries: int = Field(
+        default=2, ge=0, le=10,
+        description="How many times the operator re-creates a failed build Job before the phase is Failed.",
+    )
+
+
+class Engine(ApiModel):
+    """The TensorRT-LLM engines (ReDrafter and its base fallback) and how they are built."""
+
+    model_config = {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                _cel("self.maxInputLen < self.maxSeqLen", "maxInputLen must be less than maxSeqLen"),
+                _cel("self.maxNumTokens >= self.maxBatchSize", "maxNumTokens must be at least maxBatchSize"),
+            ]
+        }
+    }
+
+    builder_image: str = Field(
+        default=DEFAULT_BUILDER_IMAGE, pattern=_IMAGE, max_length=512,
+        description="Image with TensorRT-LLM and engine_jobs; its tag pins the TensorRT-LLM version and "
+        "is part of the engine key. Must match the serving image's TensorRT-LLM.",
+    )
+    max_batch_size: int = Field(default=8, ge=1, le=4096, description="trtllm-build --max_batch_size.")
+    max_input_len: int = Field(default=2048, ge=1, le=1048576, description="trtllm-build --max_input_len.")
+    max_seq_len: int = Field(default=4096, ge=2, le=1048576, description="trtllm-build --max_seq_len.")
+    max_num_tokens: int = Field(default=8192, ge=1, le=1048576, description="trtllm-build --max_num_tokens.")
+    paged_context_fmha: bool = Field(
+        default=True, description="--use_paged_context_fmha enable (required for chunked context)."
+    )
+    cache: EngineCache = Field(default_factory=EngineCache, description="Engine cache volume.")
+    build: BuildJob = Field(default_factory=BuildJob, description="Build Job scheduling and limits.")
+
+    @model_validator(mode="after")
+    def _limits(self):
+        if self.max_input_len >= self.max_seq_len:
+            raise ValueError("maxInputLen must be less than maxSeqLen")
+        if self.max_num_tokens < self.max_batch_size:
+            raise ValueError("maxNumTokens must be at least maxBatchSize")
+        return self
+
+
+class Triton(ApiModel):
+    """Triton TensorRT-LLM backend parameters (serving-only: changing them never rebuilds)."""
+
+    batching_strategy: Literal["inflight_fused_batching", "v1"] = Field(
+        default="inflight_fused_batching", description="Triton tensorrt_llm batching_strategy."
+    )
+    max_queue_delay_microseconds: int = Field(
+        default=0, ge=0, le=10_000_000, description="Dynamic batcher max queue delay."
+    )
+    kv_cache_free_gpu_mem_fraction: float = Field(
+        default=0.9, gt=0.0, le=1.0, description="Fraction of free GPU memory given to the KV cache."
+    )
+    enable_chunked_context: bool = Field(
+        default=True, description="Chunked context (only applied when engine.pagedContextFmha is true)."
+    )
+    enable_kv_cache_reuse: bool = Field(default=True, description="Reuse KV blocks across requests.")
+
+
+class Rollout(ApiModel):
+    """How serving moves between engines."""
+
+    strategy: Literal["BlueGreen", "Recreate"] = Field(
+        default="BlueGreen",
+        description="BlueGreen brings the target up and waits Ready before moving the Service; Recreate "
+        "scales the old variant down first (for clusters without spare GPUs).",
+    )
+    keep_standby: bool = Field(
+        default=False, description="Keep one replica of the inactive variant running for fast switches."
+    )
+
+
+class Serving(ApiModel):
+    """Triton serving pods."""
+
+    image: str = Field(
+        default=DEFAULT_SERVING_IMAGE, pattern=_IMAGE, max_length=512,
+        description="Triton + TensorRT-LLM backend image with the redrafter launcher and metering model.",
+    )
+    replicas: int = Field(default=1, ge=0, le=1000, description="Replicas of the active variant (scale subresource).")
+    triton: Triton = Field(default_factory=Triton, description="Triton backend parameters.")
+    resources: ResourceRequirements = Field(
+        default_factory=dict, description="CPU/memory for each pod (GPUs are added from tensor size)."
+    )
+    node_selector: StringMap = Field(default_factory=dict, description="Node selector for serving Pods.")
+    tolerations: list[Toleration] = Field(default_factory=list, description="Tolerations for serving Pods.")
+    startup_timeout_seconds: int = Field(
+        default=1800, ge=30, le=86400, description="How long engine loading may take before the pod restarts."
+    )
+    rollout: Rollout = Field(default_factory=Rollout, description="Engine switch strategy.")
+
+
+class Autoscaling(ApiModel):
+    """Replica autoscaling with HPA semantics on the serving queue."""
+
+    model_config = {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                _cel("self.minReplicas <= self.maxReplicas", "minReplicas must be at most maxReplicas")
+            ]
+        }
+    }
+
+    mode: Literal["Operator", "External", "Disabled"] = Field(
+        default="Operator",
+        description="Operator scales replicas itself; External leaves replicas to an HPA/KEDA via the scale "
+        "subresource; Disabled keeps serving.replicas.",
+    )
+    min_replicas: int = Field(default=1, ge=0, le=1000, description="Lower bound.")
+    max_replicas: int = Field(default=4, ge=1, le=1000, description="Upper bound.")
+    target_queue_per_replica: float = Field(
+        default=4.0, gt=0, le=10000, description="Target active+waiting requests per replica."
+    )
+    scale_up_stabilization: Duration = Field(default="0s", description="Window of recommendations for scale-up.")
+    scale_down_stabilization: Duration = Field(default="300s", description="Window of recommendations for scale-down.")
+    tolerance: float = Field(default=0.1, ge=0, lt=1, description="No change while |metric/target - 1| <= tolerance.")
+    max_step: int = Field(default=4, ge=1, le=1000, description="At most this many replicas added or removed at once.")
+
+    @model_validator(mode="after")
+    def _bounds(self):
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("minReplicas must be at most maxReplicas")
+        return self
+
+
+class Speculation(ApiModel):
+    """When to serve with ReDrafter and when to fall back to the base engine."""
+
+    mode: Literal["Auto", "Always", "Never"] = Field(
+        default="Auto",
+        description="Auto measures and switches; Always pins ReDrafter; Never pins the base engine.",
+    )
+    min_acceptance_rate: float = Field(
+        default=0.35, ge=0, le=1, description="A measurement below this acceptance rate is a failure."
+    )
+    interval: Duration = Field(default="30s", description="Evaluation interval.")
+    failure_limit: int = Field(default=3, ge=1, le=100, description="Consecutive failures before falling back.")
+    success_limit: int = Field(default=3, ge=1, le=100, description="Consecutive successes before returning.")
+    min_samples: int = Field(
+        default=50, ge=1, le=1_000_000, description="Fewer finished requests in a window is inconclusive."
+    )
+    consecutive_error_limit: int = Field(
+        default=4, ge=1, le=100, description="Metric read errors in a row before SpeculationHealthy=Unknown."
+    )
+    cooldown: Duration = Field(default="10m", description="Minimum time between two switches.")
+    min_dwell: Duration = Field(default="2m", description="Minimum time on an engine before leaving it.")
+    load_aware: bool = Field(
+        default=True, description="Also fall back when the cost model predicts no speedup at the current load."
+    )
+    margin: float = Field(
+        default=0.05, ge=0, lt=1, description="Hysteresis of the load-aware rule: leave below 1-margin, return above 1+margin."
+    )
+    canary_replicas: int = Field(
+        default=1, ge=0, le=100,
+        description="While on base, ReDrafter replicas that keep receiving a share of live traffic so "
+        "acceptance stays measured and recovery can be detected (0 disables recovery detection).",
+    )
+
+    @field_validator("interval", "cooldown", "min_dwell")
+    @classmethod
+    def _positive(cls, v: str) -> str:
+        if parse_duration(v) <= 0:
+            raise ValueError("must be a positive duration")
+        return v
+
+
+class Metrics(ApiModel):
+    """Where serving metrics are read from."""
+
+    source: Literal["Pods", "Prometheus"] = Field(
+        default="Pods", description="Pods scrapes each Ready pod's metrics port; Prometheus uses PromQL."
+    )
+    prometheus_url: str | None = Field(
+        default=None, pattern=r"^https?://[A-Za-z0-9.:/_-]+$", max_length=512,
+        description="Prometheus base URL (source: Prometheus).",
+    )
+    scrape_timeout_seconds: float = Field(default=2.0, gt=0, le=60, description="Per-pod scrape timeout.")
+
+    @model_validator(mode="after")
+    def _url_for_prometheus(self):
+        if self.source == "Prometheus" and not self.prometheus_url:
+            raise ValueError("prometheusUrl is required when source is Prometheus")
+        return self
+
+
+class ReDrafterDeploymentSpec(ApiModel):
+    """A speculative-decoding LLM service: engines, serving, autoscaling and speculation policy."""
+
+    model: Model = Field(description="Checkpoints: base, drafter, tokenizer.")
+    precision: Precision = Field(default_factory=Precision, description="Engine precision.")
+    redrafter: Redrafter = Field(default_factory=Redrafter, description="ReDrafter drafting parameters.")
+    parallelism: Parallelism = Field(default_factory=Parallelism, description="Tensor parallelism.")
+    engine: Engine = Field(default_factory=Engine, description="Engine build settings.")
+    serving: Serving = Field(default_factory=Serving, description="Triton serving settings.")
+    autoscaling: Autoscaling = Field(default_factory=Autoscaling, description="Autoscaling.")
+    speculation: Speculation = Field(default_factory=Speculation, description="Speculation policy.")
+    metrics: Metrics = Field(default_factory=Metrics, description="Serving metrics source.")
+
+
+def spec_errors(raw: dict) -> list[str]:
+    """Validation errors of a raw spec, each naming its field path (``spec.engine.maxSeqLen: ...``)."""
+    from pydantic import ValidationError
+
+    try:
+        ReDrafterDeploymentSpec.model_validate(raw)
+    except ValidationError as exc:
+        out = []
+        for err in exc.errors():
+            path = ".".join(["spec", *(str(p) for p in err["loc"])])
+            msg = err["msg"].removeprefix("Value error, ")
+            out.append(f"{path}: {msg}")
+        return out
+    return []

@@ -1,0 +1,83 @@
+"""``ReDrafterDeployment.status``: what the operator observed and decided, in Kubernetes conventions."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from .types import ApiModel
+
+Phase = Literal["Pending", "Building", "Deploying", "Serving", "Degraded", "Failed"]
+EngineState = Literal["Pending", "Cached", "Building", "Ready", "Failed"]
+ConditionType = Literal["SpecValid", "EnginesReady", "Available", "Progressing", "SpeculationHealthy"]
+CONDITION_TYPES: tuple[str, ...] = ConditionType.__args__  # type: ignore[attr-defined]
+HISTORY_LIMIT = 20
+
+
+class Condition(ApiModel):
+    """A Kubernetes-style condition (metav1.Condition)."""
+
+    type: str = Field(description="SpecValid, EnginesReady, Available, Progressing or SpeculationHealthy.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", max_length=1024,
+                        description="CamelCase machine-readable reason.")
+    message: str = Field(default="", max_length=32768, description="Human-readable details.")
+    last_transition_time: str | None = Field(default=None, description="When status last changed (RFC 3339).")
+    observed_generation: int | None = Field(default=None, description="Generation this condition reflects.")
+
+
+class EngineStatus(ApiModel):
+    """One engine variant's build state."""
+
+    key: str = Field(description="Content hash of the build inputs (cache directory name).")
+    state: EngineState = Field(default="Pending", description="Pending, Cached, Building, Ready or Failed.")
+    job: str | None = Field(default=None, description="Name of the current/last build Job.")
+    path: str | None = Field(default=None, description="Artifact directory inside the cache volume.")
+    message: str | None = Field(default=None, description="Failure reason (Job termination message).")
+    attempts: int = Field(default=0, description="Build Jobs created for this key.")
+
+
+class EnginesStatus(ApiModel):
+    redrafter: EngineStatus | None = Field(default=None, description="The ReDrafter engine.")
+    base: EngineStatus | None = Field(default=None, description="The base (fallback) engine.")
+
+
+class ServingStatus(ApiModel):
+    replicas: int = Field(default=0, description="Replicas of the active variant (scale subresource).")
+    ready_replicas: int = Field(default=0, description="Ready replicas of the active variant.")
+    selector: str = Field(default="", description="Label selector of the active pods (scale subresource).")
+    service: str | None = Field(default=None, description="The stable Service clients use.")
+
+
+class SpeculationStatus(ApiModel):
+    acceptance_rate: float | None = Field(default=None, description="Windowed accepted/draft tokens.")
+    tokens_per_step: float | None = Field(default=None, description="Output tokens per engine step.")
+    samples: int = Field(default=0, description="Finished requests in the last window.")
+    last_evaluated: str | None = Field(default=None, description="Time of the last evaluation.")
+    decision: str | None = Field(default=None, description="Last decision (Stay, SwitchToBase, ...).")
+    reason: str | None = Field(default=None, description="Why.")
+    predicted_speedup: float | None = Field(default=None, description="Cost-model speedup at current load.")
+    crossover_concurrency: float | None = Field(
+        default=None, description="Measured concurrency above which ReDrafter stops beating base."
+    )
+
+
+class HistoryEntry(ApiModel):
+    time: str = Field(description="When the switch happened.")
+    from_: str = Field(alias="from", description="Engine before.")
+    to: str = Field(description="Engine after.")
+    reason: str = Field(description="Why.")
+
+
+class ReDrafterDeploymentStatus(ApiModel):
+    phase: Phase = Field(default="Pending", description="Pending, Building, Deploying, Serving, Degraded or Failed.")
+    active_engine: Literal["redrafter", "base"] | None = Field(default=None, description="Engine the Service selects.")
+    observed_generation: int | None = Field(default=None, description="Last generation acted on.")
+    conditions: list[Condition] = Field(default_factory=list, description="Standard conditions.")
+    engines: EnginesStatus = Field(default_factory=EnginesStatus, description="Engine build states.")
+    serving: ServingStatus = Field(default_factory=ServingStatus, description="Serving replicas.")
+    speculation: SpeculationStatus = Field(default_factory=SpeculationStatus, description="Last evaluation.")
+    history: list[HistoryEntry] = Field(
+        default_factory=list, max_length=HISTORY_LIMIT, description="Most recent engine switches (bounded)."
+    )

@@ -38,8 +38,13 @@ def safe_name(*parts: str, limit: int = DNS1035_MAX) -> str:
     return f"{head}-{digest}" if head else digest
 
 
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+
+
 def label_value(value: str) -> str:
-    """A label value (<= 63 chars, alphanumeric at both ends)."""
+    """A label value as it is when already valid (<= 63 chars, [-A-Za-z0-9_.]), else a safe_name of it."""
+    if len(value) <= 63 and _LABEL_VALUE.fullmatch(value):
+        return value
     return safe_name(value, limit=63)
 
 

@@ -1,0 +1,182 @@
+"""Build Jobs: (resource, variant) -> the BuildSpec ConfigMap and the GPU Job that runs engine_jobs.
+
+Credentials reach the Job only as mounted Secret files; the ConfigMap carries paths, never values.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from typing import Any
+
+from engine_jobs import contract
+from engine_jobs.contract import BuildSpec, EngineLimits, RedrafterParams, SourceRef, Variant
+
+from ..api.engine_key import build_inputs, key_of
+from ..api.spec import ModelSource, ReDrafterDeploymentSpec
+from ..api.types import parse_source
+from . import names
+from .common import Owner, metadata
+
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+FINISHED_JOB_TTL_SECONDS = 86400  # keep failed Jobs a day for `kubectl logs`; status keeps the reason
+
+
+def artifact_path(spec: ReDrafterDeploymentSpec, key: str) -> str:
+    """Where the engine lives inside the cache claim (what status.engines.*.path shows)."""
+    return posixpath.join(spec.engine.cache.sub_path, key)
+
+
+def _source_ref(src: ModelSource) -> SourceRef:
+    creds = posixpath.join(contract.SECRETS_MOUNT, src.credentials_secret) if src.credentials_secret else None
+    revision = src.revision or ("main" if src.source.startswith("hf://") else None)
+    return SourceRef(uri=src.source, revision=revision, credentials_dir=creds)
+
+
+def build_spec(spec: ReDrafterDeploymentSpec, variant: Variant) -> BuildSpec:
+    inputs = build_inputs(spec, variant)
+    e = spec.engine
+    return BuildSpec(
+        variant=variant,
+        key=key_of(inputs),
+        inputs=inputs,
+        base=_source_ref(spec.model.base),
+        drafter=_source_ref(spec.model.drafter) if variant == "redrafter" else None,
+        tokenizer=_source_ref(spec.model.tokenizer or spec.model.base),
+        architecture=spec.model.architecture,
+        dtype=spec.precision.dtype,
+        quantization=spec.precision.quantization,
+        tensor_parallel=spec.parallelism.tensor,
+        redrafter=RedrafterParams(
+            num_beams=spec.redrafter.num_beams,
+            draft_len_per_beam=spec.redrafter.draft_len_per_beam,
+            greedy_search=spec.redrafter.greedy_search,
+        )
+        if variant == "redrafter"
+        else None,
+        limits=EngineLimits(
+            max_batch_size=e.max_batch_size,
+            max_input_len=e.max_input_len,
+            max_seq_len=e.max_seq_len,
+            max_num_tokens=e.max_num_tokens,
+            paged_context_fmha=e.paged_context_fmha,
+        ),
+    )
+
+
+def build_labels(owner: Owner, variant: Variant, key: str) -> dict[str, str]:
+    return {
+        **names.common_labels(owner.name, "engine-build"),
+        names.LABEL_VARIANT: variant,
+        names.LABEL_ENGINE_KEY: key,
+    }
+
+
+def build_configmap(owner: Owner, variant: Variant) -> dict[str, Any]:
+    bs = build_spec(owner.spec, variant)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(owner, names.build_config_name(owner.name, variant, bs.key), build_labels(owner, variant, bs.key)),
+        "data": {contract.BUILD_SPEC_FILE: bs.model_dump_json(indent=2)},
+    }
+
+
+def _model_sources(spec: ReDrafterDeploymentSpec, variant: Variant) -> list[ModelSource]:
+    sources = [spec.model.base, spec.model.tokenizer or spec.model.base]
+    if variant == "redrafter":
+        sources.append(spec.model.drafter)
+    return sources
+
+
+def _source_volumes(spec: ReDrafterDeploymentSpec, variant: Variant) -> tuple[list[dict], list[dict]]:
+    """Read-only mounts for pvc:// sources and credentials Secrets (deduplicated, deterministic order)."""
+    claims = sorted({parse_source(s.source).authority for s in _model_sources(spec, variant) if s.source.startswith("pvc://")})
+    secrets = sorted({s.credentials_secret for s in _model_sources(spec, variant) if s.credentials_secret})
+    volumes, mounts = [], []
+    for i, claim in enumerate(claims):
+        volumes.append({"name": f"source-{i}", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
+        mounts.append({"name": f"source-{i}", "mountPath": posixpath.join(contract.SOURCES_MOUNT, claim), "readOnly": True})
+    for i, secret in enumerate(secrets):
+        volumes.append({"name": f"credentials-{i}", "secret": {"secretName": secret, "defaultMode": 0o400}})
+        mounts.append({"name": f"credentials-{i}", "mountPath": posixpath.join(contract.SECRETS_MOUNT, secret), "readOnly": True})
+    return volumes, mounts
+
+
+def gpu_resources(spec: ReDrafterDeploymentSpec, user: dict[str, Any]) -> dict[str, Any]:
+    """User CPU/memory plus ``tensor`` GPUs as both request and limit (extended resources need equal)."""
+    gpus = str(spec.parallelism.tensor)
+    gpu = spec.engine.build.gpu_resource
+    return {
+        "requests": {**user.get("requests", {}), gpu: gpus},
+        "limits": {**user.get("limits", {}), gpu: gpus},
+    }
+
+
+def node_selector(spec: ReDrafterDeploymentSpec, user: dict[str, str]) -> dict[str, str]:
+    out = dict(user)
+    if spec.engine.build.gpu_product:
+        out[GPU_PRODUCT_LABEL] = spec.engine.build.gpu_product
+    return out
+
+
+def build_job(owner: Owner, variant: Variant, attempt: int = 0) -> dict[str, Any]:
+    spec = owner.spec
+    bs = build_spec(spec, variant)
+    b = spec.engine.build
+    labels = build_labels(owner, variant, bs.key)
+    config_name = names.build_config_name(owner.name, variant, bs.key)
+    src_volumes, src_mounts = _source_volumes(spec, variant)
+    container = {
+        "name": "build",
+        "image": spec.engine.builder_image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["python", "-m", "engine_jobs", "build", "--spec",
+                    posixpath.join(contract.CONFIG_MOUNT, contract.BUILD_SPEC_FILE)],
+        "env": [
+            {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"},
+            {"name": "HF_HOME", "value": posixpath.join(contract.CACHE_MOUNT, ".hf-home")},
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        ],
+        "resources": gpu_resources(spec, b.resources),
+        "volumeMounts": [
+            {"name": "cache", "mountPath": contract.CACHE_MOUNT, "subPath": spec.engine.cache.sub_path},
+            {"name": "build-spec", "mountPath": contract.CONFIG_MOUNT, "readOnly": True},
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            *src_mounts,
+        ],
+        "terminationMessagePath": contract.TERMINATION_LOG,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+    }
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "containers": [container],
+        "volumes": [
+            {"name": "cache", "persistentVolumeClaim": {"claimName": spec.engine.cache.claim_name}},
+            {"name": "build-spec", "configMap": {"name": config_name}},
+            {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+            *src_volumes,
+        ],
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "enableServiceLinks": False,
+    }
+    if selector := node_selector(spec, b.node_selector):
+        pod_spec["nodeSelector"] = selector
+    if b.tolerations:
+        pod_spec["tolerations"] = list(b.tolerations)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": metadata(
+            owner,
+            names.build_job_name(owner.name, variant, bs.key, attempt),
+            labels,
+            {"redrafter.dev/attempt": str(attempt), "redrafter.dev/artifact": artifact_path(spec, bs.key)},
+        ),
+        "spec": {
+            "backoffLimit": b.backoff_limit,
+            "activeDeadlineSeconds": b.active_deadline_seconds,
+            "ttlSecondsAfterFinished": FINISHED_JOB_TTL_SECONDS,
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        },
+    }

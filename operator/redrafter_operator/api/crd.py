@@ -66,8 +66,11 @@ def _structural(node: dict, defs: dict) -> dict[str, Any]:
     if out.get("type") == "object" and "properties" in out:
         required = set(out.get("required", []))
         for name, sub in out["properties"].items():
-            # Nested objects default to {} so the API server applies the defaults inside them.
-            if sub.get("type") == "object" and "properties" in sub and name not in required and "default" not in sub:
+            # Nested objects with a default factory default to {} so the API server applies the
+            # defaults inside them; Optional ones (anyOf with null) stay absent.
+            optional = "anyOf" in _resolve(node["properties"][name], defs)
+            if (sub.get("type") == "object" and "properties" in sub and name not in required
+                    and "default" not in sub and not optional):
                 sub["default"] = {}
     return out
 

@@ -42,6 +42,17 @@ def _cel(rule: str, message: str, field_path: str | None = None) -> dict:
 class ModelSource(ApiModel):
     """Where a checkpoint comes from."""
 
+    model_config = {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                _cel(r"!self.source.matches('^[a-z0-9]+://(.*/)?\\.\\.?(/.*)?$')",
+                     "source must not contain '.' or '..' path segments", ".source"),
+                _cel("!has(self.revision) || self.source.startsWith('hf://')",
+                     "revision is only meaningful for hf:// sources", ".revision"),
+            ]
+        }
+    }
+
     source: str = Field(
         pattern=SOURCE_PATTERN,
         max_length=512,
@@ -138,6 +149,14 @@ class Parallelism(ApiModel):
 
 class EngineCache(ApiModel):
     """The shared, content-addressed engine cache volume."""
+
+    model_config = {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                _cel(r"!self.subPath.matches('(^|/)\\.\\.?(/|$)')", "subPath must not contain '.' or '..' segments", ".subPath"),
+            ]
+        }
+    }
 
     claim_name: str = Field(
         default="engine-cache", pattern=_DNS1123_LABEL, max_length=253,
@@ -303,6 +322,28 @@ class Autoscaling(ApiModel):
         return self
 
 
+class CostModel(ApiModel):
+    """Step-latency model predicting ReDrafter's speedup over base at a batch size (see policy/cost.py).
+
+    Step latency of an engine processing T tokens in one step: L(T) = 1 + tokenCost x T (in units of
+    the fixed per-step cost). Base processes 1 token per request per step, ReDrafter verifies
+    verifiedTokensPerRequest and pays drafterOverhead per step. Defaults reproduce the published
+    2.7x at low batch with 3.5 tokens/step and a crossover near 13 concurrent requests.
+    """
+
+    token_cost: float = Field(
+        default=0.0072, gt=0, le=10,
+        description="Per-token compute cost relative to the fixed (weight-loading) cost of one step.",
+    )
+    drafter_overhead: float = Field(
+        default=0.10, ge=0, le=10, description="Extra step time of the drafter, as a fraction of a step."
+    )
+    verified_tokens_per_request: int | None = Field(
+        default=None, ge=1, le=1024,
+        description="Tokens ReDrafter verifies per request per step; default 1 + numBeams x draftLenPerBeam.",
+    )
+
+
 class Speculation(ApiModel):
     """When to serve with ReDrafter and when to fall back to the base engine."""
 
@@ -334,6 +375,13 @@ class Speculation(ApiModel):
         default=1, ge=0, le=100,
         description="While on base, ReDrafter replicas that keep receiving a share of live traffic so "
         "acceptance stays measured and recovery can be detected (0 disables recovery detection).",
+    )
+    acceptance_hysteresis: float = Field(
+        default=0.05, ge=0, le=1,
+        description="Returning to ReDrafter needs the canary's acceptance at least minAcceptanceRate plus this.",
+    )
+    cost_model: CostModel = Field(
+        default_factory=CostModel, description="Parameters of the load-aware cost model (all overridable)."
     )
 
     @field_validator("interval", "cooldown", "min_dwell")

@@ -14,7 +14,6 @@ from engine_jobs.contract import Variant
 from .. import __version__
 
 DNS1035_MAX = 63  # Service names; also label values
-DNS1123_SUBDOMAIN_MAX = 253
 JOB_NAME_MAX = 63  # a Job's name becomes the job-name label of its Pods
 
 DOMAIN = "redrafter.dev"
@@ -71,7 +70,7 @@ def build_job_name(deployment: str, variant: Variant, key: str, attempt: int = 0
 
 
 def build_config_name(deployment: str, variant: Variant, key: str) -> str:
-    return safe_name(deployment, "build", variant, key[:10], limit=DNS1123_SUBDOMAIN_MAX)
+    return safe_name(deployment, "build", variant, key[:10])
 
 
 def common_labels(deployment: str, component: str) -> dict[str, str]:

@@ -1,0 +1,83 @@
+"""Everything `render` prints for every example is valid against the Kubernetes 1.30 schemas (strict)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from engine_jobs.contract import BuildSpec
+from redrafter_operator.cli import main
+from redrafter_operator.render import render_all
+from redrafter_operator.render.build import build_job, build_spec
+from redrafter_operator.render.common import Owner
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+
+
+def owner_of(path: Path) -> Owner:
+    return Owner.from_body(yaml.safe_load(path.read_text()))
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_rendered_manifests_are_valid(example):
+    docs = render_all(owner_of(example))
+    assert {"Job", "ConfigMap"} <= {d["kind"] for d in docs}
+    for doc in docs:
+        kubernetes_validate.validate(doc, "1.30", strict=True)
+        assert doc["metadata"]["ownerReferences"][0]["controller"] is True
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_build_spec_roundtrips_through_configmap(example):
+    owner = owner_of(example)
+    for doc in render_all(owner):
+        if doc["kind"] == "ConfigMap" and "build.json" in doc["data"]:
+            parsed = BuildSpec.model_validate_json(doc["data"]["build.json"])
+            assert parsed == build_spec(owner.spec, parsed.variant)
+
+
+def test_secrets_are_mounted_not_inlined():
+    owner = owner_of(ROOT / "examples" / "qwen2.5-7b-fp8-tp2.yaml")
+    job = build_job(owner, "redrafter")
+    pod = job["spec"]["template"]["spec"]
+    secret_volumes = [v for v in pod["volumes"] if "secret" in v]
+    assert [v["secret"]["secretName"] for v in secret_volumes] == ["s3-credentials"]
+    container = pod["containers"][0]
+    assert not any("secretKeyRef" in json.dumps(e) for e in container.get("env", []))
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert pod["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+
+
+def test_pvc_sources_are_mounted_read_only():
+    owner = owner_of(ROOT / "examples" / "llama3-8b.yaml")
+    pod = build_job(owner, "redrafter")["spec"]["template"]["spec"]
+    src = [v for v in pod["volumes"] if v["name"].startswith("source-")]
+    assert src == [{"name": "source-0", "persistentVolumeClaim": {"claimName": "drafters", "readOnly": True}}]
+    # the base variant needs no drafter claim
+    base_pod = build_job(owner, "base")["spec"]["template"]["spec"]
+    assert not [v for v in base_pod["volumes"] if v["name"].startswith("source-")]
+
+
+def test_cli_render_prints_yaml(capsys):
+    assert main(["render", "-f", str(ROOT / "examples" / "llama3-8b.yaml")]) == 0
+    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert len(docs) == len(render_all(owner_of(ROOT / "examples" / "llama3-8b.yaml")))
+
+
+def test_cli_render_rejects_invalid_with_field(tmp_path, capsys):
+    bad = yaml.safe_load((ROOT / "examples" / "llama3-8b.yaml").read_text())
+    bad["spec"]["parallelism"]["tensor"] = 3
+    f = tmp_path / "bad.yaml"
+    f.write_text(yaml.safe_dump(bad))
+    assert main(["render", "-f", str(f)]) == 2
+    assert "spec.parallelism.tensor" in capsys.readouterr().err
+
+
+def test_cli_crd_matches_committed(capsys):
+    assert main(["crd"]) == 0
+    assert capsys.readouterr().out == (ROOT / "crds" / "redrafter.dev_redrafterdeployments.yaml").read_text()

@@ -1,0 +1,140 @@
+"""The serving pod's launcher: build the model repository from serving.json, then run Triton.
+
+The engine volume is read-only, so the repository is written to a writable directory at every start
+(serving-only changes never need a rebuild). TP=1 runs one tritonserver in the foreground; TP>1 runs
+one tritonserver per GPU under ``mpirun`` (rank 0 serves HTTP/gRPC/metrics, the other ranks load only
+tensorrt_llm with every endpoint off), as tensorrtllm_backend's scripts/launch_triton_server.py does.
+SIGTERM/SIGINT are forwarded so Triton drains in-flight requests (``--exit-timeout-secs``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .contract import (
+    ENGINE_DIR,
+    ENGINE_MODEL,
+    GRPC_PORT,
+    HTTP_PORT,
+    METRICS_PORT,
+    TOKENIZER_DIR,
+    ServingConfig,
+)
+from .model_repo import write_model_repository
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """Where the binaries are and how Triton listens (environment-overridable in the image)."""
+
+    tritonserver: str = "/opt/tritonserver/bin/tritonserver"
+    mpirun: str = "mpirun"
+    model_repo_dir: str = "/tmp/redrafter/model_repo"
+    backend_dir: str | None = None  # None: Triton's default (/opt/tritonserver/backends)
+    host: str = "0.0.0.0"
+    http_port: int = HTTP_PORT
+    grpc_port: int = GRPC_PORT
+    metrics_port: int = METRICS_PORT
+    exit_timeout_secs: int = 30
+    log_verbose: int = 0
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> "LaunchSettings":
+        env = dict(os.environ if env is None else env)
+        d = cls()
+        return cls(
+            tritonserver=env.get("REDRAFTER_TRITONSERVER", d.tritonserver),
+            mpirun=env.get("REDRAFTER_MPIRUN", d.mpirun),
+            model_repo_dir=env.get("REDRAFTER_MODEL_REPO_DIR", d.model_repo_dir),
+            backend_dir=env.get("REDRAFTER_BACKEND_DIR") or d.backend_dir,
+            exit_timeout_secs=int(env.get("REDRAFTER_EXIT_TIMEOUT_SECS", d.exit_timeout_secs)),
+            log_verbose=int(env.get("REDRAFTER_LOG_VERBOSE", d.log_verbose)),
+        )
+
+
+def rank_argv(s: LaunchSettings, repo: str, rank: int, shm_prefix: str = "prefix") -> list[str]:
+    """One tritonserver's argv for ``rank`` (0 serves clients; others only run their engine shard)."""
+    argv = [
+        s.tritonserver,
+        f"--model-repository={repo}",
+        "--disable-auto-complete-config",
+        f"--backend-config=python,shm-region-prefix-name={shm_prefix}{rank}_",
+    ]
+    if s.backend_dir:
+        argv.append(f"--backend-directory={s.backend_dir}")
+    if rank == 0:
+        argv += [
+            f"--http-address={s.host}", f"--http-port={s.http_port}",
+            f"--grpc-address={s.host}", f"--grpc-port={s.grpc_port}",
+            "--allow-metrics=true", f"--metrics-address={s.host}", f"--metrics-port={s.metrics_port}",
+            "--allow-gpu-metrics=false", "--allow-cpu-metrics=false", "--metrics-interval-ms=1000",
+            f"--exit-timeout-secs={s.exit_timeout_secs}",
+        ]
+        if s.log_verbose:
+            argv.append(f"--log-verbose={s.log_verbose}")
+    else:
+        argv += [
+            "--allow-http=false", "--allow-grpc=false", "--allow-metrics=false",
+            "--model-control-mode=explicit", f"--load-model={ENGINE_MODEL}",
+            "--log-info=false", "--log-warning=false",
+            f"--exit-timeout-secs={s.exit_timeout_secs}",
+        ]
+    return argv
+
+
+def launch_argv(s: LaunchSettings, repo: str, tensor_parallel: int) -> list[str]:
+    """The whole command: tritonserver alone for TP=1, an MPMD mpirun with one rank per GPU otherwise."""
+    if tensor_parallel < 1:
+        raise ValueError("tensor_parallel must be >= 1")
+    if tensor_parallel == 1:
+        return rank_argv(s, repo, 0)
+    argv = [s.mpirun, "--allow-run-as-root"]
+    for rank in range(tensor_parallel):
+        if rank:
+            argv.append(":")
+        argv += ["-n", "1", *rank_argv(s, repo, rank)]
+    return argv
+
+
+def load_serving_config(path: str | os.PathLike) -> ServingConfig:
+    try:
+        return ServingConfig.model_validate_json(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SystemExit(f"serving config {path} not found (is the ConfigMap mounted?)") from None
+
+
+def prepare(cfg: ServingConfig, s: LaunchSettings) -> list[str]:
+    """Write the repository for ``cfg`` and return the argv that serves it."""
+    artifact = cfg.artifact_dir.rstrip("/")
+    write_model_repository(Path(s.model_repo_dir), cfg, f"{artifact}/{ENGINE_DIR}", f"{artifact}/{TOKENIZER_DIR}")
+    return launch_argv(s, s.model_repo_dir, cfg.tensor_parallel)
+
+
+def run_foreground(argv: list[str]) -> int:
+    """Run ``argv``, forwarding SIGTERM/SIGINT (graceful drain), and return its exit code."""
+    proc = subprocess.Popen(argv)
+
+    def forward(signum, _frame):
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def serve(config_path: str, settings: LaunchSettings | None = None) -> int:
+    s = settings or LaunchSettings.from_env()
+    cfg = load_serving_config(config_path)
+    argv = prepare(cfg, s)
+    print(f"redrafter serve: {cfg.deployment}/{cfg.variant} engine {cfg.engine_key} TP={cfg.tensor_parallel}",
+          file=sys.stderr, flush=True)
+    return run_foreground(argv)

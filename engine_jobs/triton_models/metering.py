@@ -1,0 +1,261 @@
+"""Triton Python model (BLS, decoupled): the entry point clients call, metering speculation on live traffic.
+
+It keeps the interface of TensorRT-LLM's ensemble (``text_input``, ``max_tokens``, ``stream``, sampling
+inputs -> ``text_output``) and runs preprocessing -> tensorrt_llm -> postprocessing itself, always
+asking the engine for ``return_perf_metrics`` so that every finished request contributes its
+cumulative ``total_draft_tokens`` / ``total_accepted_draft_tokens`` (read from the last response that
+carries them) to counters exported on Triton's metrics port. Clients get the perf outputs only when
+they asked for them. Engine steps are not a perf output of the TensorRT-LLM backend; with speculative
+decoding every step emits exactly one verified token plus the draft tokens it accepted, so
+``steps = output tokens - accepted draft tokens`` (tokens per step = 1 + accepted / steps).
+
+Each request is served on a worker thread (execute() returns at once), so one instance streams many
+requests concurrently. Every metric call holds one lock: concurrent updates crash the Python backend.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import triton_python_backend_utils as pb_utils  # type: ignore[import-not-found]
+
+# client input -> tensorrt_llm input (same dtype)
+_SAMPLING = {
+    "top_k": "runtime_top_k",
+    "top_p": "runtime_top_p",
+    "temperature": "temperature",
+    "length_penalty": "len_penalty",
+    "repetition_penalty": "repetition_penalty",
+    "min_tokens": "min_length",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "seed": "random_seed",
+    "return_log_probs": "return_log_probs",
+}
+_PERF = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
+_PERF_DTYPES = {"acceptance_rate": np.float32, "total_accepted_draft_tokens": np.int32, "total_draft_tokens": np.int32}
+_FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+class ClientError(Exception):
+    """A request the model refuses (reported to that client only)."""
+
+
+def _tensor(request, name: str):
+    t = pb_utils.get_input_tensor_by_name(request, name)
+    return None if t is None else t.as_numpy()
+
+
+def _flag(request, name: str) -> bool:
+    v = _tensor(request, name)
+    return bool(v.reshape(-1)[0]) if v is not None and v.size else False
+
+
+def _strings(arr) -> list[str]:
+    if arr is None:
+        return []
+    return [x.decode("utf-8") if isinstance(x, bytes) else str(x) for x in arr.reshape(-1)]
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        p = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        self.pre_model = p["preprocessing_model"]
+        self.engine_model = p["engine_model"]
+        self.post_model = p["postprocessing_model"]
+        labels = {p["label_model"]: p["deployment"], p["label_variant"]: p["variant"]}
+        buckets = [float(b) for b in p["acceptance_buckets"].split(",")]
+        self.lock = threading.Lock()
+        with self.lock:
+            self.families = []
+
+            def counter(name: str, help_text: str):
+                fam = pb_utils.MetricFamily(name=name, description=help_text, kind=pb_utils.MetricFamily.COUNTER)
+                self.families.append(fam)
+                return fam.Metric(labels=labels)
+
+            self.m_requests = counter(p["metric_requests"], "Requests the engine finished")
+            self.m_output = counter(p["metric_output_tokens"], "Output tokens generated")
+            self.m_draft = counter(p["metric_draft_tokens"], "Draft tokens proposed (from return_perf_metrics)")
+            self.m_accepted = counter(p["metric_accepted_draft_tokens"], "Draft tokens accepted (from return_perf_metrics)")
+            self.m_steps = counter(
+                p["metric_steps"], "Engine generation steps (output tokens - accepted draft tokens)"
+            )
+            hist = pb_utils.MetricFamily(
+                name=p["metric_acceptance_histogram"],
+                description="Per-request acceptance rate of requests that proposed draft tokens",
+                kind=pb_utils.MetricFamily.HISTOGRAM,
+            )
+            self.families.append(hist)
+            self.m_hist = hist.Metric(labels=labels, buckets=buckets)
+        self.pool = ThreadPoolExecutor(max_workers=int(p.get("max_inflight", "512")), thread_name_prefix="meter")
+
+    def execute(self, requests):
+        for request in requests:
+            self.pool.submit(self._serve, request, request.get_response_sender())
+        return None
+
+    def finalize(self):
+        self.pool.shutdown(wait=True)
+
+    # ---- one request ----------------------------------------------------------------------------
+    def _serve(self, request, sender) -> None:
+        final_sent = False
+        try:
+            final_sent = self._generate(request, sender)
+        except ClientError as exc:
+            self._send_error(sender, str(exc))
+            final_sent = True
+        except Exception as exc:  # inner-model errors reach the client as errors, never as empty success
+            self._send_error(sender, f"{type(exc).__name__}: {exc}")
+            final_sent = True
+        finally:
+            if not final_sent:
+                self._send_error(sender, "request ended without a final response")
+
+    @staticmethod
+    def _send_error(sender, message: str) -> None:
+        try:
+            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)), flags=_FINAL)
+        except Exception:
+            pass  # the client is gone; nothing else can be told
+
+    def _preprocess(self, request) -> dict:
+        text = _tensor(request, "text_input")
+        if text is None or text.size != 1:
+            raise ClientError("text_input must hold exactly one prompt (batch size 1 per request)")
+        inputs = [pb_utils.Tensor("QUERY", np.array([text.reshape(-1)[0]], dtype=np.object_))]
+        for src, dst in (("end_id", "END_ID"), ("pad_id", "PAD_ID")):
+            v = _tensor(request, src)
+            if v is not None:
+                inputs.append(pb_utils.Tensor(dst, v.reshape(-1)[:1].astype(np.int32)))
+        for src, dst in (("stop_words", "STOP_WORDS_DICT"), ("bad_words", "BAD_WORDS_DICT")):
+            words = [w for w in _strings(_tensor(request, src)) if w]
+            if words:
+                inputs.append(pb_utils.Tensor(dst, np.array([w.encode() for w in words], dtype=np.object_)))
+        outputs = ["INPUT_ID", "REQUEST_INPUT_LEN", "STOP_WORDS_IDS", "BAD_WORDS_IDS", "OUT_END_ID", "OUT_PAD_ID"]
+        resp = pb_utils.InferenceRequest(model_name=self.pre_model, requested_output_names=outputs, inputs=inputs).exec()
+        if resp.has_error():
+            raise RuntimeError(resp.error().message())
+        return {n: pb_utils.get_output_tensor_by_name(resp, n).as_numpy() for n in outputs}
+
+    def _engine_request(self, request, pre: dict, stream: bool):
+        max_tokens = _tensor(request, "max_tokens")
+        if max_tokens is None or max_tokens.size != 1 or int(max_tokens.reshape(-1)[0]) < 1:
+            raise ClientError("max_tokens must be one integer >= 1")
+        beam = _tensor(request, "beam_width")
+        if beam is not None and int(beam.reshape(-1)[0]) != 1:
+            raise ClientError("beam_width must be 1 (speculative decoding engines are built with max_beam_width 1)")
+
+        def col(v, dtype):
+            return np.array(v, dtype=dtype).reshape(1, -1)
+
+        ids = pre["INPUT_ID"].reshape(-1).astype(np.int32)
+        inputs = [
+            pb_utils.Tensor("input_ids", ids.reshape(1, -1)),
+            pb_utils.Tensor("input_lengths", col([ids.size], np.int32)),
+            pb_utils.Tensor("request_output_len", col([int(max_tokens.reshape(-1)[0])], np.int32)),
+            pb_utils.Tensor("end_id", col(pre["OUT_END_ID"].reshape(-1)[:1], np.int32)),
+            pb_utils.Tensor("pad_id", col(pre["OUT_PAD_ID"].reshape(-1)[:1], np.int32)),
+            pb_utils.Tensor("streaming", col([stream], np.bool_)),
+            pb_utils.Tensor("return_perf_metrics", col([True], np.bool_)),
+        ]
+        for key, name in (("STOP_WORDS_IDS", "stop_words_list"), ("BAD_WORDS_IDS", "bad_words_list")):
+            words = pre[key]
+            if words.size and int(words.reshape(2, -1)[1][0]) != -1:
+                inputs.append(pb_utils.Tensor(name, words.reshape(1, 2, -1).astype(np.int32)))
+        for src, dst in _SAMPLING.items():
+            v = _tensor(request, src)
+            if v is not None and v.size:
+                inputs.append(pb_utils.Tensor(dst, v.reshape(1, -1)[:, :1]))
+        outputs = ["output_ids", "sequence_length", *_PERF]
+        return pb_utils.InferenceRequest(model_name=self.engine_model, requested_output_names=outputs, inputs=inputs)
+
+    def _detokenize(self, tokens: list[int]) -> str:
+        if not tokens:
+            return ""
+        req = pb_utils.InferenceRequest(
+            model_name=self.post_model, requested_output_names=["OUTPUT"],
+            inputs=[pb_utils.Tensor("TOKENS_BATCH", np.array(tokens, dtype=np.int32))],
+        )
+        resp = req.exec()
+        if resp.has_error():
+            raise RuntimeError(resp.error().message())
+        out = pb_utils.get_output_tensor_by_name(resp, "OUTPUT").as_numpy().reshape(-1)[0]
+        return out.decode("utf-8") if isinstance(out, bytes) else str(out)
+
+    @staticmethod
+    def _text(text: str):
+        return pb_utils.Tensor("text_output", np.array([[text.encode("utf-8")]], dtype=np.object_))
+
+    def _generate(self, request, sender) -> bool:
+        """Serve one request; True once the final response was sent."""
+        stream = _flag(request, "stream")
+        want_perf = _flag(request, "return_perf_metrics")
+        pre = self._preprocess(request)
+        engine_req = self._engine_request(request, pre, stream)
+        tokens: list[int] = []
+        perf: dict[str, float] = {}
+        sent_text = ""
+        cancelled = False
+        engine_error = None
+        # Drain the engine stream even after a client cancels: the engine finishes the request anyway
+        # (this Python backend cannot cancel a BLS child), and its figures still count.
+        for resp in engine_req.exec(decoupled=True):
+            if resp.has_error():
+                engine_error = resp.error().message()
+                continue
+            out = pb_utils.get_output_tensor_by_name(resp, "output_ids")
+            if out is None:
+                continue  # empty final-flag response
+            ids = out.as_numpy()
+            seq = pb_utils.get_output_tensor_by_name(resp, "sequence_length")
+            n = int(seq.as_numpy().reshape(-1)[0]) if seq is not None else ids.shape[-1]
+            new = [int(t) for t in ids.reshape(-1)[:n]]
+            tokens = tokens + new if stream else new
+            for name in _PERF:
+                t = pb_utils.get_output_tensor_by_name(resp, name)
+                if t is not None and t.as_numpy().size:
+                    perf[name] = t.as_numpy().reshape(-1)[0].item()
+            if stream and new and not cancelled and engine_error is None:
+                if sender.is_cancelled():
+                    cancelled = True
+                    continue
+                full = self._detokenize(tokens)
+                delta = full[len(sent_text):] if full.startswith(sent_text) else full
+                sent_text = full
+                sender.send(pb_utils.InferenceResponse(output_tensors=[self._text(delta)]))
+        if engine_error is not None:
+            raise RuntimeError(f"{self.engine_model}: {engine_error}")
+        self._record(tokens, perf)
+        if cancelled or sender.is_cancelled():
+            self._send_error(sender, "request cancelled")
+            return True
+        final = []
+        if not stream:
+            final.append(self._text(self._detokenize(tokens)))
+        if want_perf:
+            for name in _PERF:
+                final.append(pb_utils.Tensor(name, np.array([[perf.get(name, 0)]], dtype=_PERF_DTYPES[name])))
+        if final:
+            sender.send(pb_utils.InferenceResponse(output_tensors=final), flags=_FINAL)
+        else:
+            sender.send(flags=_FINAL)
+        return True
+
+    def _record(self, tokens: list[int], perf: dict[str, float]) -> None:
+        drafted = int(perf.get("total_draft_tokens", 0))
+        accepted = int(perf.get("total_accepted_draft_tokens", 0))
+        steps = max(len(tokens) - accepted, 0)
+        with self.lock:
+            self.m_requests.increment(1)
+            for metric, value in ((self.m_output, len(tokens)), (self.m_draft, drafted),
+                                  (self.m_accepted, accepted), (self.m_steps, steps)):
+                if value > 0:
+                    metric.increment(value)
+            if drafted > 0:
+                self.m_hist.observe(accepted / drafted)

@@ -19,8 +19,7 @@ install: $(STAMP)
 test: install
 	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
 
-demo: install
-	$(VENV)/bin/redrafter-operator demo
+demo: install render
 
 bench: install
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

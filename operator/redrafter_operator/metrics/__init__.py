@@ -1,0 +1,15 @@
+"""Reading serving metrics: pod scrape or PromQL -> typed samples -> windowed rates per engine/pool."""
+
+from .parse import parse_exposition
+from .prometheus import PrometheusError, PrometheusSource
+from .samples import (
+    COUNTERS, MetricsSource, PodError, PodSample, PodTarget, Reading, collect, pod_is_ready,
+)
+from .scraper import PodScraper
+from .window import Aggregate, PodMark, WindowState, Windows, advance
+
+__all__ = [
+    "Aggregate", "COUNTERS", "MetricsSource", "PodError", "PodMark", "PodSample", "PodScraper",
+    "PodTarget", "PrometheusError", "PrometheusSource", "Reading", "WindowState", "Windows", "advance",
+    "collect", "parse_exposition", "pod_is_ready",
+]

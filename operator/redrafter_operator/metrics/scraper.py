@@ -1,0 +1,79 @@
+"""Read serving metrics by scraping each Ready pod's Triton metrics port (rank 0, :8002/metrics)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Callable, Sequence
+
+import aiohttp
+
+from .parse import parse_exposition
+from .samples import PodError, PodSample, PodTarget, Reading, collect
+
+MAX_BODY = 8 * 1024 * 1024  # a Triton exposition is a few hundred KiB; refuse anything absurd
+
+
+class PodScraper:
+    """Scrapes pods concurrently with a per-pod timeout; a pod that fails becomes a :class:`PodError`.
+
+    ``session`` may be shared with the rest of the operator; when omitted, one is created per read.
+    ``clock`` gives the sample time (epoch seconds) and is injectable for tests.
+    """
+
+    def __init__(
+        self,
+        deployment: str,
+        timeout: float = 2.0,
+        *,
+        session: aiohttp.ClientSession | None = None,
+        max_concurrency: int = 32,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.deployment = deployment
+        self.timeout = timeout
+        self._session = session
+        self._limit = asyncio.Semaphore(max_concurrency)
+        self._clock = clock
+
+    async def read(self, targets: Sequence[PodTarget]) -> Reading:
+        if self._session is not None:
+            results = await asyncio.gather(*(self._one(self._session, t) for t in targets))
+        else:
+            async with aiohttp.ClientSession() as session:
+                results = await asyncio.gather(*(self._one(session, t) for t in targets))
+        return Reading(
+            time=self._clock(),
+            samples=tuple(r for r in results if isinstance(r, PodSample)),
+            errors=tuple(r for r in results if isinstance(r, PodError)),
+        )
+
+    async def _one(self, session: aiohttp.ClientSession, target: PodTarget) -> PodSample | PodError:
+        def fail(msg: str) -> PodError:
+            return PodError(pod=target.name, variant=target.variant, pool=target.pool, error=msg)
+
+        if not target.ip:
+            return fail("pod has no IP")
+        host = f"[{target.ip}]" if ":" in target.ip else target.ip
+        url = f"http://{host}:{target.port}/metrics"
+        async with self._limit:
+            try:
+                async with session.get(url, timeout=aiohttp.ClientTimeout(total=self.timeout)) as resp:
+                    if resp.status != 200:
+                        return fail(f"GET {url}: HTTP {resp.status}")
+                    body = await resp.content.read(MAX_BODY + 1)
+                    if len(body) > MAX_BODY:
+                        return fail(f"GET {url}: body larger than {MAX_BODY} bytes")
+            except asyncio.TimeoutError:
+                return fail(f"GET {url}: timed out after {self.timeout}s")
+            except aiohttp.ClientError as exc:
+                return fail(f"GET {url}: {type(exc).__name__}: {exc}")
+        try:
+            series = parse_exposition(body.decode("utf-8", errors="replace"))
+        except ValueError as exc:
+            return fail(str(exc))
+        counters, load = collect(series, self.deployment)
+        return PodSample(
+            pod=target.name, identity=target.identity, variant=target.variant, pool=target.pool,
+            time=self._clock(), counters=counters, load=load, started_at=target.started_at,
+        )

@@ -1,0 +1,298 @@
+"""The speculation state machine: serve with ReDrafter while it pays, fall back to base when not.
+
+Pure and deterministic: time is passed in; the only state is :class:`SpeculationState`, a small
+JSON-able model the controller stores in status and hands back on the next evaluation.
+
+Measurement semantics follow Argo Rollouts' analysis: every evaluation (one ``interval``) yields one
+measurement that is Successful, Failed, Inconclusive or Error.
+
+* Inconclusive — no pod answered, fewer than ``minSamples`` finished requests, nothing drafted — is
+  never a failure: it neither adds to nor clears the consecutive counts (Argo pauses on it).
+* Error — the source failed entirely — is counted apart; ``consecutiveErrorLimit`` errors in a row
+  make the SpeculationHealthy condition Unknown and never cause a switch.
+* ``failureLimit`` consecutive failures while on ReDrafter switch to base; ``successLimit``
+  consecutive successes while on base switch back. Counting *consecutive* results (Argo counts
+  failures over the run, which never ends here) lets an old failure expire with the next success.
+* A switch also needs ``minDwell`` on the current engine and ``cooldown`` since the previous switch;
+  until then the decision is Hold and the counts are kept, so the switch happens as soon as the gate
+  opens if the evidence still holds. ``Always``/``Never`` pin the engine and switch at once.
+
+What is measured:
+
+* on ReDrafter: acceptance of the ReDrafter pods; failure below ``minAcceptanceRate``; with
+  ``loadAware``, also failure when the cost model predicts speedup < 1 - margin at the pool's batch.
+* on base (recovery): ``canaryReplicas`` ReDrafter pods run in the base traffic pool (Deployment
+  ``<name>-redrafter-canary``, LABEL_VARIANT=redrafter, LABEL_TRAFFIC=base), so the stable Service
+  sends them a share of live traffic and acceptance stays measured at base-pool load. Success needs
+  acceptance >= minAcceptanceRate + acceptanceHysteresis and, with ``loadAware``, predicted speedup
+  > 1 + margin. Cost: canaryReplicas x TP GPUs serve ReDrafter (slower than base while acceptance is
+  low) for a canary/pool share of traffic. With ``canaryReplicas: 0`` a fallback caused by load
+  recovers from the last acceptance measured on ReDrafter and the current load; a fallback caused
+  by low acceptance cannot observe recovery and stays on base (reason RecoveryUnobservable).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from ..api.types import parse_duration
+from ..metrics.window import Aggregate, Windows
+from . import cost
+
+Engine = Literal["redrafter", "base"]
+Outcome = Literal["Successful", "Failed", "Inconclusive", "Error"]
+Action = Literal["Stay", "Hold", "SwitchToBase", "SwitchToRedrafter"]
+
+
+class SpeculationState(BaseModel):
+    """Persisted between evaluations (status): small and JSON-able."""
+
+    engine: Engine = Field(default="redrafter", description="Engine the Service should select.")
+    since: float = Field(description="When this engine became the desired one (epoch s).")
+    last_switch: float | None = Field(default=None, description="Time of the last switch (epoch s).")
+    failures: int = Field(default=0, description="Consecutive failed measurements.")
+    successes: int = Field(default=0, description="Consecutive successful measurements.")
+    errors: int = Field(default=0, description="Consecutive metric read errors.")
+    fallback_reason: str | None = Field(default=None, description="Why the last fallback to base happened.")
+    last_acceptance: float | None = Field(default=None, description="Last conclusive ReDrafter acceptance.")
+    last_tokens_per_step: float | None = Field(default=None, description="Tokens/step measured with it.")
+    last_evaluated: float | None = Field(default=None, description="Time of the last evaluation (epoch s).")
+    health: Literal["True", "False", "Unknown"] | None = Field(default=None, description="Last SpeculationHealthy.")
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the controller read for one evaluation."""
+
+    windows: Windows | None  # None when the metrics source failed entirely
+    error: str | None = None  # why the read failed
+    available: frozenset[str] = frozenset({"redrafter", "base"})  # engines with a Ready artifact
+
+    @classmethod
+    def failed(cls, error: str, available: frozenset[str] = frozenset({"redrafter", "base"})) -> "Observation":
+        return cls(windows=None, error=error, available=available)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    outcome: Outcome
+    reason: str  # CamelCase, fit for a condition / Event reason
+    message: str
+    acceptance_rate: float | None = None
+    tokens_per_step: float | None = None
+    samples: int = 0
+    batch: float | None = None  # mean in-flight requests per pod of the serving pool
+    predicted_speedup: float | None = None
+    crossover: float | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One evaluation's result; ``engine`` is what the Service should select from now on."""
+
+    action: Action
+    engine: Engine
+    reason: str
+    message: str
+    measurement: Measurement
+    healthy: Literal["True", "False", "Unknown"]  # SpeculationHealthy condition status
+
+    @property
+    def switched(self) -> bool:
+        return self.action in ("SwitchToBase", "SwitchToRedrafter")
+
+    def status(self, now_rfc3339: str) -> dict:
+        """Fields of status.speculation (camelCase wire names)."""
+        m = self.measurement
+        out = {
+            "samples": m.samples, "lastEvaluated": now_rfc3339, "decision": self.action,
+            "reason": f"{self.reason}: {self.message}",
+            "acceptanceRate": _round(m.acceptance_rate), "tokensPerStep": _round(m.tokens_per_step),
+            "predictedSpeedup": _round(m.predicted_speedup),
+            "crossoverConcurrency": None if m.crossover in (None, float("inf")) else _round(m.crossover),
+        }
+        return {k: v for k, v in out.items() if v is not None}
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
+def initial_state(spec, now: float) -> SpeculationState:
+    """State of a new resource: ReDrafter unless the mode pins base."""
+    engine: Engine = "base" if spec.speculation.mode == "Never" else "redrafter"
+    return SpeculationState(engine=engine, since=now)
+
+
+def due(spec, state: SpeculationState, now: float) -> bool:
+    """True when an interval has passed since the last evaluation (guards against extra calls)."""
+    interval = parse_duration(spec.speculation.interval)
+    return state.last_evaluated is None or now - state.last_evaluated >= 0.9 * interval
+
+
+def _pool_batch(windows: Windows, pool: str) -> float | None:
+    agg = windows.pools.get(pool)
+    return agg.active_per_pod if agg else None
+
+
+def _acceptance_of(agg: Aggregate | None, min_samples: int) -> tuple[str, str] | None:
+    """An inconclusive (reason, message) when ``agg`` cannot be judged, else None."""
+    if agg is None or agg.pods_reporting == 0:
+        failed = f" ({agg.pods_failed} pods unreadable)" if agg else ""
+        return "NoData", f"no ReDrafter pod reported metrics{failed}"
+    if agg.missing:
+        return "NoData", "first reading of these pods: baseline only"
+    if agg.samples < min_samples:
+        return "TooFewSamples", f"{agg.samples} finished requests < minSamples {min_samples}"
+    if agg.acceptance_rate is None:
+        return "NoDraftTokens", "no draft tokens were proposed in the window"
+    return None
+
+
+def measure(spec, state: SpeculationState, obs: Observation) -> Measurement:
+    """Classify this evaluation's observation for the engine currently desired."""
+    sp = spec.speculation
+    params = cost.CostParams.from_spec(spec)
+    if obs.windows is None:
+        return Measurement("Error", "MetricsUnavailable", obs.error or "metrics could not be read")
+    red = obs.windows.variants.get("redrafter")
+    batch = _pool_batch(obs.windows, state.engine)
+    inconclusive = _acceptance_of(red, sp.min_samples)
+    samples = red.samples if red else 0
+    if inconclusive:
+        if state.engine == "base" and sp.canary_replicas == 0:
+            return _recover_without_canary(spec, state, batch, params)
+        return Measurement("Inconclusive", *inconclusive, samples=samples, batch=batch)
+    assert red is not None and red.acceptance_rate is not None
+    acc = red.acceptance_rate
+    tps = red.tokens_per_step or cost.tokens_per_step(acc, params.draft_len)
+    pred = cost.speedup(batch, tps, params) if batch is not None else None
+    common = dict(acceptance_rate=acc, tokens_per_step=tps, samples=samples, batch=batch,
+                  predicted_speedup=pred, crossover=cost.crossover(tps, params))
+    if state.engine == "redrafter":
+        if acc < sp.min_acceptance_rate:
+            return Measurement("Failed", "LowAcceptance",
+                               f"acceptance {acc:.3f} < minAcceptanceRate {sp.min_acceptance_rate}", **common)
+        if sp.load_aware and pred is not None and pred < 1 - sp.margin:
+            return Measurement("Failed", "NoSpeedupAtLoad",
+                               f"predicted speedup {pred:.2f} < {1 - sp.margin:.2f} at batch {batch:.1f}", **common)
+        return Measurement("Successful", "SpeculationPays", _pays(acc, pred), **common)
+    need = sp.min_acceptance_rate + sp.acceptance_hysteresis
+    if acc < need:
+        return Measurement("Failed", "CanaryLowAcceptance",
+                           f"canary acceptance {acc:.3f} < {need:.3f} (minAcceptanceRate + hysteresis)", **common)
+    if sp.load_aware and pred is not None and pred <= 1 + sp.margin:
+        return Measurement("Failed", "NoSpeedupAtLoad",
+                           f"predicted speedup {pred:.2f} <= {1 + sp.margin:.2f} at batch {batch:.1f}", **common)
+    return Measurement("Successful", "CanaryRecovered", "canary " + _pays(acc, pred), **common)
+
+
+def _pays(acc: float, pred: float | None) -> str:
+    return f"acceptance {acc:.3f}" + (f", predicted speedup {pred:.2f}" if pred is not None else "")
+
+
+def _recover_without_canary(spec, state: SpeculationState, batch: float | None, params) -> Measurement:
+    """No canary: only a load-caused fallback can be undone, from the last ReDrafter measurement."""
+    sp = spec.speculation
+    if state.fallback_reason != "NoSpeedupAtLoad" or state.last_tokens_per_step is None:
+        return Measurement("Inconclusive", "RecoveryUnobservable",
+                           "on base without canary replicas: acceptance cannot be measured")
+    if batch is None:
+        return Measurement("Inconclusive", "NoData", "no base pod reported load")
+    tps = state.last_tokens_per_step
+    pred = cost.speedup(batch, tps, params)
+    common = dict(acceptance_rate=state.last_acceptance, tokens_per_step=tps, batch=batch,
+                  predicted_speedup=pred, crossover=cost.crossover(tps, params))
+    if pred > 1 + sp.margin:
+        return Measurement("Successful", "LoadDropped",
+                           f"predicted speedup {pred:.2f} at batch {batch:.1f} (last measured acceptance)", **common)
+    return Measurement("Failed", "NoSpeedupAtLoad", f"predicted speedup {pred:.2f} at batch {batch:.1f}", **common)
+
+
+def evaluate(spec, state: SpeculationState, obs: Observation, now: float) -> tuple[Decision, SpeculationState]:
+    """One evaluation: measure, update the counts, decide. Returns the decision and the new state.
+
+    The controller must persist the new state with the decision (status), move the Service to
+    ``decision.engine`` (blue/green) and emit an Event when ``decision.switched``.
+    """
+    sp = spec.speculation
+    m = measure(spec, state, obs)
+    s = state.model_copy(update={"last_evaluated": now})
+    if m.outcome == "Error":
+        s.errors += 1
+    else:
+        s.errors = 0
+    if m.outcome == "Successful":
+        s.successes, s.failures = s.successes + 1, 0
+    elif m.outcome == "Failed":
+        s.failures, s.successes = s.failures + 1, 0
+    if state.engine == "redrafter" and m.outcome in ("Successful", "Failed") and m.acceptance_rate is not None:
+        s.last_acceptance, s.last_tokens_per_step = m.acceptance_rate, m.tokens_per_step
+
+    healthy = _health(sp, s, m)
+    s.health = healthy
+    if sp.mode in ("Always", "Never"):
+        target: Engine = "redrafter" if sp.mode == "Always" else "base"
+        if s.engine == target:
+            return Decision("Stay", target, "Pinned", f"mode {sp.mode} pins {target}", m, healthy), s
+        return _switch(s, target, "Pinned", f"mode {sp.mode} pins {target}", m, healthy, now)
+
+    if s.engine == "redrafter" and s.failures >= sp.failure_limit:
+        target, why = "base", m.reason
+        msg = f"{s.failures} consecutive failed measurements (failureLimit {sp.failure_limit}); last: {m.message}"
+    elif s.engine == "base" and s.successes >= sp.success_limit:
+        target, why = "redrafter", m.reason
+        msg = f"{s.successes} consecutive successful measurements (successLimit {sp.success_limit}); last: {m.message}"
+    else:
+        return Decision("Stay", s.engine, m.reason, _stay_message(sp, s, m), m, healthy), s
+
+    blocked = _gate(spec, s, target, obs, now)
+    if blocked:
+        return Decision("Hold", s.engine, blocked[0], f"{blocked[1]}; wanted {target}: {msg}", m, healthy), s
+    return _switch(s, target, why, msg, m, healthy, now)
+
+
+def _stay_message(sp, s: SpeculationState, m: Measurement) -> str:
+    limit, count = ((sp.failure_limit, s.failures) if s.engine == "redrafter" else (sp.success_limit, s.successes))
+    kind = "failures" if s.engine == "redrafter" else "successes"
+    return f"{m.outcome}: {m.message} ({count}/{limit} consecutive {kind})"
+
+
+def _gate(spec, s: SpeculationState, target: Engine, obs: Observation, now: float) -> tuple[str, str] | None:
+    sp = spec.speculation
+    if target not in obs.available:
+        return "TargetNotReady", f"the {target} engine is not ready to serve"
+    dwell = parse_duration(sp.min_dwell)
+    if now - s.since < dwell:
+        return "MinDwell", f"on {s.engine} for {now - s.since:.0f}s < minDwell {sp.min_dwell}"
+    cool = parse_duration(sp.cooldown)
+    if s.last_switch is not None and now - s.last_switch < cool:
+        return "Cooldown", f"last switch {now - s.last_switch:.0f}s ago < cooldown {sp.cooldown}"
+    return None
+
+
+def _switch(s: SpeculationState, target: Engine, reason: str, msg: str, m: Measurement,
+            healthy, now: float) -> tuple[Decision, SpeculationState]:
+    new = s.model_copy(update={
+        "engine": target, "since": now, "last_switch": now, "failures": 0, "successes": 0,
+        "fallback_reason": reason if target == "base" else None,
+    })
+    action: Action = "SwitchToBase" if target == "base" else "SwitchToRedrafter"
+    return Decision(action, target, reason, msg, m, healthy), new
+
+
+def _health(sp, s: SpeculationState, m: Measurement) -> Literal["True", "False", "Unknown"]:
+    """SpeculationHealthy: True while ReDrafter pays, False when it does not, Unknown without data.
+
+    An Error below ``consecutiveErrorLimit`` keeps the previous status; at the limit it is Unknown.
+    """
+    if m.outcome == "Error":
+        return "Unknown" if s.errors >= sp.consecutive_error_limit or s.health is None else s.health
+    if m.outcome == "Successful":
+        return "True"
+    if m.outcome == "Failed" or s.engine == "base":
+        return "False"
+    return "Unknown"

@@ -27,7 +27,7 @@ _IMAGE = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$"
 _REVISION = r"^[A-Za-z0-9][A-Za-z0-9._/-]*$"
 
 DEFAULT_BUILDER_IMAGE = "ghcr.io/redrafter/engine-builder:0.1.0-trtllm0.20.0"
-DEFAULT_SERVING_IMAGE = "ghcr.io/redrafter/triton-runtime:0.1.0-25.05-trtllm-python-py3"
+DEFAULT_SERVING_IMAGE = "ghcr.io/redrafter/triton-runtime:0.1.0-25.06-trtllm-python-py3"  # NGC 25.06 ships TensorRT-LLM 0.20.0
 
 MAX_DRAFT_TOKENS = 64  # numBeams x draftLenPerBeam; larger trees cost more than they accept
 

@@ -1,0 +1,21 @@
+"""``python -m engine_jobs COMMAND``: the entry point of build Jobs and serving pods."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .commands import add_build_parser, add_plan_parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine_jobs")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_plan_parser(sub)
+    add_build_parser(sub)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""Check what arrived before any GPU time is spent: each failure names the file and what is wrong."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .errors import bad_input
+from .plan import DRAFTER_CONFIG_KEYS
+
+#: files copied into <artifact>/tokenizer (pre/post-processing load it with AutoTokenizer)
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
+    "added_tokens.json", "vocab.json", "merges.txt", "vocab.txt", "qwen.tiktoken",
+    "generation_config.json", "config.json",
+)
+#: at least one of these must exist for a tokenizer to load
+TOKENIZER_VOCAB = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "qwen.tiktoken")
+
+
+def read_config(directory: Path, role: str) -> dict:
+    path = directory / "config.json"
+    if not path.is_file():
+        raise bad_input(f"{role} model has no config.json (looked in {directory})")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise bad_input(f"{role} config.json is not valid JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise bad_input(f"{role} config.json is not a JSON object")
+    return config
+
+
+def validate_base(directory: Path) -> dict:
+    """The base needs config.json and HF weights the converters can read; returns the config."""
+    config = read_config(directory, "base")
+    if not any(directory.glob("*.safetensors")) and not any(directory.glob("*.bin")):
+        raise bad_input(f"base model has no *.safetensors or *.bin weights (looked in {directory})")
+    return config
+
+
+def validate_drafter(directory: Path) -> dict:
+    """What examples/redrafter/convert_checkpoint.py reads: config keys and model.safetensors|model.pt."""
+    config = read_config(directory, "drafter")
+    missing = [k for k in DRAFTER_CONFIG_KEYS if k not in config]
+    if missing:
+        raise bad_input(f"drafter config.json lacks {', '.join(missing)} (needs {', '.join(DRAFTER_CONFIG_KEYS)})")
+    for key in ("hidden_size", "exit_dim", "num_draft_layers"):
+        if not isinstance(config[key], int) or isinstance(config[key], bool) or config[key] < 1:
+            raise bad_input(f"drafter config.json: {key} must be a positive integer, got {config[key]!r}")
+    if not isinstance(config["rnn"], bool):
+        raise bad_input(f"drafter config.json: rnn must be true or false, got {config['rnn']!r}")
+    if not (directory / "model.safetensors").is_file() and not (directory / "model.pt").is_file():
+        raise bad_input(f"drafter has neither model.safetensors nor model.pt (looked in {directory})")
+    return config
+
+
+def validate_tokenizer(directory: Path) -> list[str]:
+    """Names of the tokenizer files present; at least one vocabulary file is required."""
+    present = [name for name in TOKENIZER_FILES if (directory / name).is_file()]
+    if not any(name in present for name in TOKENIZER_VOCAB):
+        raise bad_input(f"tokenizer files missing: none of {', '.join(TOKENIZER_VOCAB)} in {directory}")
+    return present

@@ -87,7 +87,7 @@ def test_failures_must_be_consecutive():
 
 
 @pytest.mark.parametrize("observation,reason", [
-    (obs_on_redrafter(requests=10, acceptance=0.0), "TooFewSamples"),
+    (obs_on_redrafter(requests=2, acceptance=0.0), "TooFewSamples"),  # 10 windows pool only 20
     (Observation(Windows(0, {}, {})), "NoData"),
     (obs_on_redrafter(acceptance=0.0, with_increase=0), "NoData"),
     (Observation(Windows(0, {"redrafter": agg(pods=0, failed=2)}, {})), "NoData"),
@@ -100,6 +100,24 @@ def test_inconclusive_is_never_a_failure_and_keeps_counts(observation, reason):
     assert s.failures == 2  # an inconclusive window neither adds nor clears
     d, s = evaluate(spec, s, obs_on_redrafter(acceptance=0.1), 1000)
     assert d.action == "SwitchToBase"
+
+
+def test_small_windows_are_pooled_until_min_samples_and_consumed():
+    """A lone canary finishes few requests per interval: windows are pooled, each counted once."""
+    spec = make_spec(minSamples=50, cooldown="1h")
+    s = SpeculationState(engine="base", since=0, last_switch=0, fallback_reason="LowAcceptance")
+    ds, s, _ = run(spec, s, [obs_on_base(agg(requests=20, acceptance=0.7))] * 9)
+    assert [d.measurement.outcome[0] for d in ds] == list("IISIISIIS")
+    assert ds[0].reason == "TooFewSamples" and ds[2].measurement.windows == 3 and ds[2].measurement.samples == 60
+    assert s.recent == [] and s.successes == 3
+    _, s, _ = run(spec, s, [obs_on_base(agg(requests=2, acceptance=0.7))] * 30, start=300)
+    assert len(s.recent) == 10  # bounded; 20 requests in 10 windows stay inconclusive
+
+
+def test_recent_windows_are_dropped_on_switch():
+    spec = make_spec(minDwell="30s")
+    _, s, _ = run(spec, initial_state(spec, 0), [obs_on_redrafter(acceptance=0.1)] * 3)
+    assert s.engine == "base" and s.recent == []
 
 
 def test_no_draft_tokens_is_inconclusive():

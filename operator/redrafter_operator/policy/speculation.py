@@ -17,6 +17,13 @@ measurement that is Successful, Failed, Inconclusive or Error.
   until then the decision is Hold and the counts are kept, so the switch happens as soon as the gate
   opens if the evidence still holds. ``Always``/``Never`` pin the engine and switch at once.
 
+Flapping (after Nagios' flap detection): the last ``FLAP_HISTORY`` conclusive outcomes are kept; when
+their state-change ratio reaches ``FLAP_ENTER`` the input is flapping and the consecutive rule is
+suspended (a short run of failures in an oscillation is not a collapse). While flapping, the engine
+follows the *mean* predicted speedup of that history — ReDrafter above 1 + margin, base below
+1 - margin, otherwise stay — so an oscillation costs at most one switch to the engine that is better
+on average. Flapping ends when the ratio falls below ``FLAP_EXIT``.
+
 What is measured:
 
 * on ReDrafter: acceptance of the ReDrafter pods; failure below ``minAcceptanceRate``; with
@@ -46,6 +53,15 @@ Engine = Literal["redrafter", "base"]
 Outcome = Literal["Successful", "Failed", "Inconclusive", "Error"]
 Action = Literal["Stay", "Hold", "SwitchToBase", "SwitchToRedrafter"]
 
+# A lone canary finishes few requests per interval: windows are pooled until they reach minSamples
+# (at most ACCUMULATE_MAX, oldest dropped first); a conclusive measurement consumes them, so no window
+# is counted twice.
+ACCUMULATE_MAX = 10
+FLAP_HISTORY = 20  # conclusive outcomes remembered (10 minutes at the default 30s interval)
+FLAP_MIN = 8  # fewer outcomes than this never count as flapping
+FLAP_ENTER = 0.2  # state changes / (outcomes - 1) at which the input is flapping
+FLAP_EXIT = 0.1  # ... and below which it no longer is
+
 
 class SpeculationState(BaseModel):
     """Persisted between evaluations (status): small and JSON-able."""
@@ -61,6 +77,13 @@ class SpeculationState(BaseModel):
     last_tokens_per_step: float | None = Field(default=None, description="Tokens/step measured with it.")
     last_evaluated: float | None = Field(default=None, description="Time of the last evaluation (epoch s).")
     health: Literal["True", "False", "Unknown"] | None = Field(default=None, description="Last SpeculationHealthy.")
+    outcomes: str = Field(default="", description="Last conclusive outcomes, oldest first (S/F).")
+    speedups: list[float] = Field(default_factory=list, description="Predicted speedups of those outcomes.")
+    flapping: bool = Field(default=False, description="The outcomes are flapping (see module docs).")
+    recent: list[list[float]] = Field(
+        default_factory=list,
+        description="Last ReDrafter windows' [requests, draft, accepted, output tokens, steps] on this engine.",
+    )
 
 
 @dataclass(frozen=True)
@@ -87,6 +110,7 @@ class Measurement:
     batch: float | None = None  # mean in-flight requests per pod of the serving pool
     predicted_speedup: float | None = None
     crossover: float | None = None
+    windows: int = 1  # evaluation intervals pooled to reach minSamples
 
 
 @dataclass(frozen=True)
@@ -138,18 +162,46 @@ def _pool_batch(windows: Windows, pool: str) -> float | None:
     return agg.active_per_pod if agg else None
 
 
-def _acceptance_of(agg: Aggregate | None, min_samples: int) -> tuple[str, str] | None:
-    """An inconclusive (reason, message) when ``agg`` cannot be judged, else None."""
+def _row(agg: Aggregate) -> list[float]:
+    """The counters of one window that acceptance is computed from (kept in state.recent)."""
+    inc = agg.increases
+    return [round(inc.get(k, 0.0), 3) for k in ("requests", "draft_tokens", "accepted_draft_tokens",
+                                                "output_tokens", "steps")]
+
+
+def _pool(rows: list[list[float]], min_samples: int) -> tuple[list[float], int] | None:
+    """Sum of the most recent windows that together reach ``min_samples`` requests (and how many)."""
+    total = [0.0] * 5
+    for n, row in enumerate(reversed(rows), start=1):
+        total = [a + b for a, b in zip(total, row)]
+        if total[0] >= min_samples:
+            return total, n
+    return None
+
+
+def _acceptance_of(agg: Aggregate | None, rows: list[list[float]], min_samples: int):
+    """(inconclusive reason, message) or (pooled counters, windows used)."""
     if agg is None or agg.pods_reporting == 0:
         failed = f" ({agg.pods_failed} pods unreadable)" if agg else ""
-        return "NoData", f"no ReDrafter pod reported metrics{failed}"
+        return ("NoData", f"no ReDrafter pod reported metrics{failed}"), None
     if agg.missing:
-        return "NoData", "first reading of these pods: baseline only"
-    if agg.samples < min_samples:
-        return "TooFewSamples", f"{agg.samples} finished requests < minSamples {min_samples}"
-    if agg.acceptance_rate is None:
-        return "NoDraftTokens", "no draft tokens were proposed in the window"
-    return None
+        return ("NoData", "first reading of these pods: baseline only"), None
+    pooled = _pool(rows, min_samples)
+    if pooled is None:
+        n = int(sum(r[0] for r in rows))
+        return ("TooFewSamples", f"{n} finished requests in the last {len(rows)} intervals < minSamples "
+                f"{min_samples}"), None
+    if pooled[0][1] <= 0:
+        return ("NoDraftTokens", "no draft tokens were proposed in the window"), None
+    return None, pooled
+
+
+def _recent(state: SpeculationState, obs: Observation) -> list[list[float]]:
+    """state.recent plus this window's ReDrafter counters (when it has any)."""
+    red = obs.windows.variants.get("redrafter") if obs.windows else None
+    if red is None or red.missing:
+        return list(state.recent)
+    return (list(state.recent) + [_row(red)])[-ACCUMULATE_MAX:]
 
 
 def measure(spec, state: SpeculationState, obs: Observation) -> Measurement:
@@ -160,18 +212,18 @@ def measure(spec, state: SpeculationState, obs: Observation) -> Measurement:
         return Measurement("Error", "MetricsUnavailable", obs.error or "metrics could not be read")
     red = obs.windows.variants.get("redrafter")
     batch = _pool_batch(obs.windows, state.engine)
-    inconclusive = _acceptance_of(red, sp.min_samples)
+    inconclusive, pooled = _acceptance_of(red, _recent(state, obs), sp.min_samples)
     samples = red.samples if red else 0
     if inconclusive:
         if state.engine == "base" and sp.canary_replicas == 0:
             return _recover_without_canary(spec, state, batch, params)
         return Measurement("Inconclusive", *inconclusive, samples=samples, batch=batch)
-    assert red is not None and red.acceptance_rate is not None
-    acc = red.acceptance_rate
-    tps = red.tokens_per_step or cost.tokens_per_step(acc, params.draft_len)
+    (requests, draft, accepted, output, steps), windows = pooled
+    acc = accepted / draft
+    tps = output / steps if steps > 0 else cost.tokens_per_step(acc, params.draft_len)
     pred = cost.speedup(batch, tps, params) if batch is not None else None
-    common = dict(acceptance_rate=acc, tokens_per_step=tps, samples=samples, batch=batch,
-                  predicted_speedup=pred, crossover=cost.crossover(tps, params))
+    common = dict(acceptance_rate=acc, tokens_per_step=tps, samples=int(round(requests)), batch=batch,
+                  predicted_speedup=pred, crossover=cost.crossover(tps, params), windows=windows)
     if state.engine == "redrafter":
         if acc < sp.min_acceptance_rate:
             return Measurement("Failed", "LowAcceptance",
@@ -220,7 +272,7 @@ def evaluate(spec, state: SpeculationState, obs: Observation, now: float) -> tup
     """
     sp = spec.speculation
     m = measure(spec, state, obs)
-    s = state.model_copy(update={"last_evaluated": now})
+    s = state.model_copy(update={"last_evaluated": now, "recent": _recent(state, obs)})
     if m.outcome == "Error":
         s.errors += 1
     else:
@@ -231,6 +283,13 @@ def evaluate(spec, state: SpeculationState, obs: Observation, now: float) -> tup
         s.failures, s.successes = s.failures + 1, 0
     if state.engine == "redrafter" and m.outcome in ("Successful", "Failed") and m.acceptance_rate is not None:
         s.last_acceptance, s.last_tokens_per_step = m.acceptance_rate, m.tokens_per_step
+    if m.outcome in ("Successful", "Failed") and m.samples:
+        s.recent = []  # consumed: each window counts in exactly one measurement
+    if m.outcome in ("Successful", "Failed"):
+        s.outcomes = (s.outcomes + m.outcome[0])[-FLAP_HISTORY:]
+        if m.predicted_speedup is not None:
+            s.speedups = (s.speedups + [round(m.predicted_speedup, 3)])[-FLAP_HISTORY:]
+        s.flapping = _flapping(s.outcomes, s.flapping)
 
     healthy = _health(sp, s, m)
     s.health = healthy
@@ -240,7 +299,12 @@ def evaluate(spec, state: SpeculationState, obs: Observation, now: float) -> tup
             return Decision("Stay", target, "Pinned", f"mode {sp.mode} pins {target}", m, healthy), s
         return _switch(s, target, "Pinned", f"mode {sp.mode} pins {target}", m, healthy, now)
 
-    if s.engine == "redrafter" and s.failures >= sp.failure_limit:
+    if s.flapping:
+        flap = _flap_target(sp, s)
+        if flap is None:
+            return Decision("Stay", s.engine, "Flapping", _flap_message(sp, s), m, healthy), s
+        target, why, msg = flap, "FlappingMean", _flap_message(sp, s)
+    elif s.engine == "redrafter" and s.failures >= sp.failure_limit:
         target, why = "base", m.reason
         msg = f"{s.failures} consecutive failed measurements (failureLimit {sp.failure_limit}); last: {m.message}"
     elif s.engine == "base" and s.successes >= sp.success_limit:
@@ -253,6 +317,36 @@ def evaluate(spec, state: SpeculationState, obs: Observation, now: float) -> tup
     if blocked:
         return Decision("Hold", s.engine, blocked[0], f"{blocked[1]}; wanted {target}: {msg}", m, healthy), s
     return _switch(s, target, why, msg, m, healthy, now)
+
+
+def _changes(outcomes: str) -> float:
+    if len(outcomes) < FLAP_MIN:
+        return 0.0
+    return sum(a != b for a, b in zip(outcomes, outcomes[1:])) / (len(outcomes) - 1)
+
+
+def _flapping(outcomes: str, was: bool) -> bool:
+    ratio = _changes(outcomes)
+    return ratio >= FLAP_EXIT if was else ratio >= FLAP_ENTER
+
+
+def _flap_target(sp, s: SpeculationState) -> Engine | None:
+    """While flapping: the engine the mean predicted speedup favours beyond the margin, if any."""
+    if not s.speedups or not sp.load_aware:
+        return None  # without the cost model there is no average to follow: stay put
+    mean = sum(s.speedups) / len(s.speedups)
+    if s.engine == "redrafter" and mean < 1 - sp.margin:
+        return "base"
+    if s.engine == "base" and mean > 1 + sp.margin:
+        return "redrafter"
+    return None
+
+
+def _flap_message(sp, s: SpeculationState) -> str:
+    mean = sum(s.speedups) / len(s.speedups) if s.speedups else None
+    shown = f"{mean:.2f}" if mean is not None else "unknown"
+    return (f"outcomes {s.outcomes} change {_changes(s.outcomes):.0%} of the time: following the mean "
+            f"predicted speedup {shown} (margin {sp.margin})")
 
 
 def _stay_message(sp, s: SpeculationState, m: Measurement) -> str:
@@ -277,7 +371,7 @@ def _gate(spec, s: SpeculationState, target: Engine, obs: Observation, now: floa
 def _switch(s: SpeculationState, target: Engine, reason: str, msg: str, m: Measurement,
             healthy, now: float) -> tuple[Decision, SpeculationState]:
     new = s.model_copy(update={
-        "engine": target, "since": now, "last_switch": now, "failures": 0, "successes": 0,
+        "engine": target, "since": now, "last_switch": now, "failures": 0, "successes": 0, "recent": [],
         "fallback_reason": reason if target == "base" else None,
     })
     action: Action = "SwitchToBase" if target == "base" else "SwitchToRedrafter"

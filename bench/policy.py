@@ -1,0 +1,366 @@
+"""Trace-driven simulation of the speculation policy against baselines and an oracle.
+
+Each trace gives, every 30 s evaluation interval, the true acceptance rate and the concurrency per
+replica (closed-loop clients), plus metric outages and pod restarts. Simulated Triton pods turn that
+into cumulative counters and load gauges (with sampling noise, counter resets on restarts, new pod
+identities after a switch); the operator's own code reads them: ``metrics.window.advance`` for rates
+and ``policy.speculation.evaluate`` for decisions — the same functions the controller calls.
+
+Throughput of a pod comes from the cost model (policy/cost.py) at the true acceptance, so the bench
+measures decision quality, not the cost model's accuracy. A switch is blue/green: the old engine
+serves until the new one is Ready (READY_DELAY). While on base, our policy runs CANARY ReDrafter
+replicas in the base pool (they serve real traffic, at ReDrafter speed, out of the same GPU budget).
+
+Policies: ours; always-ReDrafter; always-base; naive threshold (switch on the latest window's
+acceptance vs minAcceptanceRate, no counts/cooldown/cost model; recovers through the same canary).
+Oracle: all replicas on whichever engine is faster at each instant, switching for free.
+
+Run: ``python bench/policy.py`` (prints a table; nothing is asserted).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "operator"), str(ROOT)]
+
+from redrafter_operator.api.spec import ReDrafterDeploymentSpec  # noqa: E402
+from redrafter_operator.metrics.samples import PodError, PodSample, Reading  # noqa: E402
+from redrafter_operator.metrics.window import Windows, advance  # noqa: E402
+from redrafter_operator.policy import cost  # noqa: E402
+from redrafter_operator.policy.speculation import Observation, evaluate, initial_state  # noqa: E402
+
+DT = 30.0  # evaluation interval (s)
+HOURS = 6
+STEPS = int(HOURS * 3600 / DT)
+REPLICAS = 8  # GPU budget in replicas (TP GPUs each), constant for every policy
+CANARY = 1
+READY_DELAY = 60.0  # target engine loading + readiness before the Service moves
+STEP_SECONDS = 0.02  # fixed cost of one decode step: base at batch 1 = 50 tokens/s per request
+OUTPUT_LEN = 300  # tokens per request
+SEED = 7
+
+SPEC = ReDrafterDeploymentSpec.model_validate({
+    "model": {"base": {"source": "hf://org/base"}, "drafter": {"source": "hf://org/drafter"}},
+    "engine": {"maxBatchSize": 64},
+    "speculation": {"interval": f"{int(DT)}s"},
+})
+PARAMS = cost.CostParams.from_spec(SPEC)
+
+
+# ---- traces ----------------------------------------------------------------------------------
+@dataclass
+class Trace:
+    name: str
+    acceptance: list[float]
+    concurrency: list[float]
+    outage: list[str | None] = field(default_factory=lambda: [None] * STEPS)  # "pods" | "source"
+    restart: list[int] = field(default_factory=lambda: [0] * STEPS)  # pods restarting this step
+    flap_episodes: list[tuple[int, int]] = field(default_factory=list)  # [start, end) steps
+
+
+def h(x: float) -> int:
+    return int(x * 3600 / DT)
+
+
+def breakeven_acceptance(c: float) -> float:
+    """True acceptance at which ReDrafter and base are equally fast at concurrency c."""
+    lo, hi = 0.0, 1.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        if cost.speedup(c, cost.tokens_per_step(mid, PARAMS.draft_len), PARAMS) < 1:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def traces() -> list[Trace]:
+    rnd = random.Random(SEED)
+    n = range(STEPS)
+    out = [
+        Trace("steady high acceptance", [0.62] * STEPS, [4.0] * STEPS),
+        Trace("slow drift", [0.65 - 0.6 * i / STEPS for i in n], [4.0] * STEPS),
+        Trace("sudden collapse", [0.04 if h(2) <= i < h(4) else 0.6 for i in n], [4.0] * STEPS),
+    ]
+    be = breakeven_acceptance(4.0)
+    osc = [0.6] * STEPS
+    for i in range(h(1), h(5)):  # 4 h oscillating around the break-even, period 6 min, plus noise
+        osc[i] = min(1.0, max(0.0, be + (0.13 if (i // 6) % 2 else -0.12) + rnd.gauss(0, 0.04)))
+    out.append(Trace("noisy/oscillating", osc, [4.0] * STEPS, flap_episodes=[(h(1), h(5))]))
+    ramp = [2 + 28 * (1 - abs(2 * i / STEPS - 1)) for i in n]  # 2 -> 30 -> 2 per replica
+    out.append(Trace("load ramp across crossover", [0.55] * STEPS, ramp))
+    outage: list[str | None] = [None] * STEPS
+    for i in range(h(1), h(1.5)):
+        outage[i] = "pods"
+    for i in range(h(3), h(3.5)):
+        outage[i] = "source"
+    out.append(Trace("metric outage", [0.6] * STEPS, [4.0] * STEPS, outage=outage))
+    restarts = [0] * STEPS
+    for i in range(0, STEPS, 40):
+        restarts[i] = 1
+    for i in range(h(3), h(3) + 8):
+        restarts[i] = 1  # rolling restart of every pod
+    out.append(Trace("pod restarts (counter resets)", [0.04 if h(4.5) <= i < h(5.5) else 0.6 for i in n],
+                     [4.0] * STEPS, restart=restarts))
+    bursty = [3.0] * STEPS
+    i = 0
+    while i < STEPS:
+        if rnd.random() < 0.04:  # 1-3 interval bursts to 25 concurrent requests
+            for j in range(i, min(STEPS, i + rnd.randint(1, 3))):
+                bursty[j] = 25.0
+            i += 4
+        i += 1
+    for j in range(h(3), h(4)):
+        bursty[j] = 24.0  # a sustained peak where base wins
+    out.append(Trace("bursty traffic", [0.5] * STEPS, bursty))
+    return out
+
+
+# ---- simulated pods --------------------------------------------------------------------------
+@dataclass
+class Pod:
+    name: str
+    uid: str
+    variant: str
+    pool: str
+    started: float
+    restarts: int = 0
+    c: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
+        ("requests", "output_tokens", "draft_tokens", "accepted_draft_tokens", "steps", "queue_us"), 0.0))
+
+    def serve(self, rnd: random.Random, acceptance: float, conc: float) -> float:
+        """Advance counters by one interval at the true acceptance; returns tokens delivered."""
+        batch = min(conc, SPEC.engine.max_batch_size)
+        tps = cost.tokens_per_step(acceptance, PARAMS.draft_len) if self.variant == "redrafter" else 1.0
+        tokens = cost.throughput(self.variant, batch, tps, PARAMS) / STEP_SECONDS * DT
+        requests = tokens / OUTPUT_LEN
+        self.c["requests"] += requests
+        self.c["output_tokens"] += tokens
+        if self.variant == "redrafter":
+            # observed acceptance: per-request spread (sd 0.15) averaged over the window's requests
+            seen = min(1.0, max(0.0, rnd.gauss(acceptance, 0.15 / math.sqrt(max(requests, 1.0)))))
+            steps = tokens / cost.tokens_per_step(seen, PARAMS.draft_len)
+            self.c["draft_tokens"] += steps * PARAMS.draft_len
+            self.c["accepted_draft_tokens"] += steps * PARAMS.draft_len * seen
+        else:
+            steps = tokens
+        self.c["steps"] += steps
+        return tokens
+
+    def sample(self, now: float, rnd: random.Random, conc: float) -> PodSample:
+        active = min(_poisson(rnd, conc), SPEC.engine.max_batch_size)
+        return PodSample(self.name, f"{self.uid}/{self.restarts}", self.variant, self.pool, now,  # type: ignore[arg-type]
+                         dict(self.c), {"active": float(active), "waiting": 0.0, "max": 64.0}, self.started)
+
+    def restart(self, now: float) -> None:
+        self.restarts += 1
+        self.started = now
+        self.c = dict.fromkeys(self.c, 0.0)
+
+
+def _poisson(rnd: random.Random, lam: float) -> int:
+    if lam > 30:
+        return max(0, round(rnd.gauss(lam, math.sqrt(lam))))
+    k, p, limit = 0, 1.0, math.exp(-lam)
+    while True:
+        p *= rnd.random()
+        if p <= limit:
+            return k
+        k += 1
+
+
+class Fleet:
+    """The pods serving one engine choice; new pods (new identities) whenever the choice changes."""
+
+    def __init__(self) -> None:
+        self.serial = 0
+        self.pods: list[Pod] = []
+        self.engine: str | None = None
+
+    def set(self, engine: str, canary: int, now: float) -> None:
+        if self.engine == engine:
+            return
+        keep = [p for p in self.pods if p.pool == engine and p.variant == engine]
+        if engine == "base":
+            layout = [("base", "base")] * (REPLICAS - canary) + [("redrafter", "base")] * canary
+        else:
+            layout = [("redrafter", "redrafter")] * REPLICAS
+        pods = keep[: len(layout)]
+        for variant, pool in layout[len(pods):]:
+            self.serial += 1
+            pods.append(Pod(f"{variant}-{pool}-{self.serial}", f"uid{self.serial}", variant, pool, now))
+        self.pods, self.engine = pods, engine
+
+
+# ---- policies --------------------------------------------------------------------------------
+class Ours:
+    name, canary = "ours", CANARY
+
+    def __init__(self) -> None:
+        self.state = initial_state(SPEC, 0.0)
+
+    def decide(self, windows: Windows | None, error: str | None, now: float) -> str:
+        obs = Observation(windows, error)
+        _, self.state = evaluate(SPEC, self.state, obs, now)
+        return self.state.engine
+
+
+class Fixed:
+    canary = 0
+
+    def __init__(self, engine: str) -> None:
+        self.engine, self.name = engine, f"always-{engine}"
+
+    def decide(self, windows, error, now) -> str:
+        return self.engine
+
+
+class Naive:
+    """Latest window's acceptance against minAcceptanceRate; no data leaves it where it is."""
+
+    name, canary = "naive threshold", CANARY
+
+    def __init__(self) -> None:
+        self.engine = "redrafter"
+
+    def decide(self, windows: Windows | None, error, now) -> str:
+        red = windows.variants.get("redrafter") if windows else None
+        acc = red.acceptance_rate if red else None
+        if acc is not None:
+            self.engine = "base" if acc < SPEC.speculation.min_acceptance_rate else "redrafter"
+        return self.engine
+
+
+POLICIES: list[Callable[[], object]] = [Ours, lambda: Fixed("redrafter"), lambda: Fixed("base"), Naive]
+
+
+# ---- simulation ------------------------------------------------------------------------------
+@dataclass
+class Result:
+    tokens: float
+    switches: int
+    serving: list[str]
+    flap_switches: list[int]
+
+
+def simulate(trace: Trace, policy) -> Result:
+    rnd = random.Random(SEED)
+    fleet = Fleet()
+    fleet.set(_first(policy), policy.canary, 0.0)
+    wstate = None
+    pending: tuple[str, float] | None = None
+    tokens, switches, serving, switch_steps = 0.0, 0, [], []
+    desired = fleet.engine
+    for i in range(STEPS):
+        now = (i + 1) * DT
+        a, conc = trace.acceptance[i], trace.concurrency[i]
+        for _ in range(trace.restart[i]):
+            rnd.choice(fleet.pods).restart(now - DT / 2)
+        tokens += sum(p.serve(rnd, a, conc) for p in fleet.pods)
+        serving.append(fleet.engine or "")
+        if trace.outage[i] == "source":
+            windows, error = None, "Prometheus unreachable"
+        else:
+            if trace.outage[i] == "pods":
+                reading = Reading(now, errors=tuple(PodError(p.name, p.variant, p.pool, "timeout")  # type: ignore[arg-type]
+                                                   for p in fleet.pods))
+            else:
+                reading = Reading(now, samples=tuple(p.sample(now, rnd, conc) for p in fleet.pods))
+            windows, wstate = advance(wstate, reading)
+            error = None
+        want = policy.decide(windows, error, now)
+        if want != desired:
+            desired, pending = want, (want, now + READY_DELAY)
+            switches += 1
+            switch_steps.append(i)
+        if pending and now >= pending[1] - 1e-9:
+            fleet.set(pending[0], policy.canary, now)
+            pending = None
+    flap = [sum(s <= x < e for x in switch_steps) for s, e in trace.flap_episodes]
+    return Result(tokens, switches, serving, flap)
+
+
+def _first(policy) -> str:
+    return getattr(policy, "engine", None) or getattr(getattr(policy, "state", None), "engine", "redrafter")
+
+
+def oracle(trace: Trace) -> tuple[float, list[str]]:
+    total, best = 0.0, []
+    for a, conc in zip(trace.acceptance, trace.concurrency):
+        b = min(conc, SPEC.engine.max_batch_size)
+        per = {e: cost.throughput(e, b, cost.tokens_per_step(a, PARAMS.draft_len) if e == "redrafter" else 1.0,
+                                  PARAMS) for e in ("redrafter", "base")}
+        e = max(per, key=per.get)
+        best.append(e)
+        total += per[e] * REPLICAS / STEP_SECONDS * DT
+    return total, best
+
+
+def detection_delays(best: list[str], serving: list[str], hold: int = 20) -> tuple[list[float], int]:
+    """Minutes from each sustained change of the oracle's engine until the policy serves it."""
+    delays, missed = [], 0
+    i = 1
+    while i < len(best):
+        if best[i] != best[i - 1] and all(b == best[i] for b in best[i:i + hold]):
+            j = i
+            end = next((k for k in range(i, len(best)) if best[k] != best[i]), len(best))
+            while j < end and serving[j] != best[i]:
+                j += 1
+            if j < end:
+                delays.append((j - i) * DT / 60)
+            else:
+                missed += 1
+            i = end
+        else:
+            i += 1
+    return delays, missed
+
+
+def main() -> None:
+    start = time.perf_counter()
+    names = [p().name for p in POLICIES]
+    suite = {n: [0.0, 0, [], 0, []] for n in names}
+    oracle_total = 0.0
+    print(f"{REPLICAS} replicas, canary {CANARY}, interval {DT:.0f}s, {HOURS} h per trace, ready delay "
+          f"{READY_DELAY:.0f}s; spec: minAcceptanceRate {SPEC.speculation.min_acceptance_rate}, failureLimit "
+          f"{SPEC.speculation.failure_limit}, successLimit {SPEC.speculation.success_limit}, cooldown "
+          f"{SPEC.speculation.cooldown}, minDwell {SPEC.speculation.min_dwell}, margin {SPEC.speculation.margin}\n")
+    header = f"{'trace':32}" + "".join(f"{n:>22}" for n in names)
+    print(header + "\n" + f"{'':32}" + "".join(f"{'% oracle / switches':>22}" for _ in names))
+    print("-" * len(header))
+    for tr in traces():
+        o_tokens, best = oracle(tr)
+        oracle_total += o_tokens
+        row = f"{tr.name:32}"
+        for make in POLICIES:
+            pol = make()
+            r = simulate(tr, pol)
+            d, missed = detection_delays(best, r.serving)
+            agg = suite[pol.name]
+            agg[0] += r.tokens
+            agg[1] += r.switches
+            agg[2].extend(d)
+            agg[3] += missed
+            agg[4].extend(r.flap_switches)
+            row += f"{100 * r.tokens / o_tokens:>15.1f}% / {r.switches:>3}"
+        print(row)
+    print("-" * len(header))
+    print(f"{'suite (tokens vs oracle)':32}" + "".join(f"{100 * suite[n][0] / oracle_total:>15.1f}% / {suite[n][1]:>3}"
+                                                    for n in names))
+    print(f"{'detection delay (mean min)':32}" + "".join(
+        f"{(sum(suite[n][2]) / len(suite[n][2]) if suite[n][2] else float('nan')):>15.1f} m" + f" {suite[n][3]:>2}miss"
+        for n in names))
+    print(f"{'switches per flapping episode':32}" + "".join(f"{str(suite[n][4]):>22}" for n in names))
+    print(f"\n(ran in {time.perf_counter() - start:.1f}s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""What the real API server does with a CRD's structural openAPIV3Schema: prune, default, validate.
+
+Order as in kube-apiserver: unknown fields are pruned, then ``default``s are applied, then the object is
+validated; violations come back as (field path, reason, message) causes for a 422 Invalid Status.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+
+ROOT_KEEP = ("apiVersion", "kind", "metadata")
+
+
+@dataclass(frozen=True)
+class Cause:
+    """One field violation, shaped like metav1.StatusCause."""
+
+    field: str
+    reason: str  # FieldValueRequired | FieldValueNotSupported | FieldValueInvalid | FieldValueTypeInvalid
+    message: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"reason": self.reason, "message": self.message, "field": self.field}
+
+
+def prune(value: Any, schema: dict[str, Any] | None, *, root: bool = False) -> Any:
+    """Drop fields the schema does not declare (unless x-kubernetes-preserve-unknown-fields)."""
+    if schema is None:
+        return value
+    if isinstance(value, dict):
+        props: dict[str, Any] = schema.get("properties") or {}
+        additional = schema.get("additionalProperties")
+        preserve = bool(schema.get("x-kubernetes-preserve-unknown-fields"))
+        embedded = bool(schema.get("x-kubernetes-embedded-resource"))
+        result: dict[str, Any] = {}
+        for key, item in value.items():
+            if (root or embedded) and key in ROOT_KEEP:
+                result[key] = item  # metadata is ObjectMeta, never pruned by the CRD schema
+            elif key in props:
+                result[key] = prune(item, props[key])
+            elif isinstance(additional, dict):
+                result[key] = prune(item, additional)
+            elif preserve or additional is True or (not props and schema.get("type") != "object"):
+                result[key] = item
+        return result
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [prune(item, schema["items"]) for item in value]
+    return value
+
+
+def apply_defaults(value: Any, schema: dict[str, Any] | None) -> Any:
+    """Fill absent properties that have a ``default`` (recursively, defaults themselves included)."""
+    if schema is None:
+        return value
+    if isinstance(value, dict):
+        result = dict(value)
+        props: dict[str, Any] = schema.get("properties") or {}
+        for key, sub in props.items():
+            if key not in result and "default" in sub:
+                result[key] = copy.deepcopy(sub["default"])
+            if key in result:
+                result[key] = apply_defaults(result[key], sub)
+        additional = schema.get("additionalProperties")
+        if isinstance(additional, dict):
+            for key in result:
+                if key not in props:
+                    result[key] = apply_defaults(result[key], additional)
+        return result
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [apply_defaults(item, schema["items"]) for item in value]
+    return value
+
+
+def _to_jsonschema(schema: Any) -> Any:
+    """OpenAPI v3 (nullable, int-or-string) -> JSON Schema draft 7 understood by jsonschema."""
+    if isinstance(schema, list):
+        return [_to_jsonschema(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in ("properties", "patternProperties", "definitions"):
+            out[key] = {k: _to_jsonschema(v) for k, v in value.items()}
+        elif key in ("items", "additionalProperties", "not", "allOf", "anyOf", "oneOf"):
+            out[key] = _to_jsonschema(value)
+        elif key.startswith("x-kubernetes-") or key in ("nullable", "default", "example", "format"):
+            continue
+        else:
+            out[key] = value
+    if schema.get("x-kubernetes-int-or-string"):
+        out.pop("type", None)
+        out.pop("anyOf", None)
+        out["type"] = ["integer", "string"]
+    for bound, exclusive in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
+        if isinstance(schema.get(exclusive), bool):  # OpenAPI 3.0: a flag on minimum/maximum
+            out.pop(exclusive, None)
+            if schema[exclusive] and bound in schema:
+                out[exclusive] = out.pop(bound)
+    if schema.get("nullable") and "type" in out:
+        types = out["type"] if isinstance(out["type"], list) else [out["type"]]
+        out["type"] = [*types, "null"]
+    return out
+
+
+def _field_path(parts: list[Any]) -> str:
+    text = ""
+    for part in parts:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def _cause(error: jsonschema.ValidationError) -> Cause:
+    path = list(error.absolute_path)
+    field = _field_path(path)
+    if error.validator == "required":
+        missing = error.message.split("'")[1] if "'" in error.message else "?"
+        full = _field_path([*path, missing])
+        return Cause(full, "FieldValueRequired", "Required value")
+    if error.validator == "enum":
+        allowed = ", ".join(f'"{v}"' for v in error.validator_value)
+        return Cause(field, "FieldValueNotSupported",
+                     f"Unsupported value: {error.instance!r}: supported values: {allowed}")
+    if error.validator == "type":
+        return Cause(field, "FieldValueTypeInvalid",
+                     f"Invalid value: {error.instance!r}: {field} in body must be of type "
+                     f"{error.validator_value}")
+    bounds = {"minimum": "greater than or equal to", "maximum": "less than or equal to",
+              "exclusiveMinimum": "greater than", "exclusiveMaximum": "less than",
+              "minLength": "at least", "maxLength": "at most", "minItems": "at least", "maxItems": "at most"}
+    if error.validator in bounds:
+        return Cause(field, "FieldValueInvalid",
+                     f"Invalid value: {error.instance!r}: {field} in body should be "
+                     f"{bounds[error.validator]} {error.validator_value}")
+    if error.validator == "pattern":
+        return Cause(field, "FieldValueInvalid",
+                     f"Invalid value: {error.instance!r}: {field} in body should match "
+                     f"'{error.validator_value}'")
+    return Cause(field, "FieldValueInvalid", f"Invalid value: {error.message}")
+
+
+def validate(obj: dict[str, Any], schema: dict[str, Any] | None) -> list[Cause]:
+    """Structural validation of a whole custom object (metadata excluded) against its CRD schema."""
+    if schema is None:
+        return []
+    checked_schema = _to_jsonschema(schema)
+    props = dict(checked_schema.get("properties") or {})
+    props.pop("metadata", None)
+    checked_schema["properties"] = props
+    body = {k: v for k, v in obj.items() if k != "metadata"}
+    validator = jsonschema.Draft7Validator(checked_schema)
+    causes = [_cause(e) for e in sorted(validator.iter_errors(body), key=lambda e: [str(p) for p in e.absolute_path])]
+    return causes

@@ -1,0 +1,109 @@
+"""Run the emulated API server on 127.0.0.1 (asyncio or a background thread) and write a kubeconfig for it.
+
+``async with serve_emulator() as handle`` suits async tests and the demo; ``EmulatorThread`` suits sync
+pytest fixtures and CLIs (kubectl subprocesses, a kopf operator in another loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import kmock
+import yaml
+
+from .apiserver import ApiServerEmulator
+
+
+@dataclass(frozen=True)
+class EmulatorHandle:
+    """A running emulator: its URL and the emulator object (request log, faults, direct object access)."""
+
+    url: str
+    emulator: ApiServerEmulator
+
+
+@contextlib.asynccontextmanager
+async def serve_emulator(emulator: ApiServerEmulator | None = None, port: int = 0) -> AsyncIterator[EmulatorHandle]:
+    """Serve ``emulator`` (a fresh one by default) on 127.0.0.1:port (0 = a free port) in this loop."""
+    emulator = emulator if emulator is not None else ApiServerEmulator()
+    async with emulator, kmock.Server(emulator, host="127.0.0.1", port=port or None, user_agent="") as server:
+        yield EmulatorHandle(url=str(server.url).rstrip("/"), emulator=emulator)
+
+
+class EmulatorThread:
+    """The emulator served from its own event loop in a daemon thread (start/stop or ``with``)."""
+
+    def __init__(self, emulator: ApiServerEmulator | None = None, port: int = 0) -> None:
+        self.emulator = emulator if emulator is not None else ApiServerEmulator()
+        self._port = port
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._error: BaseException | None = None
+        self.url = ""
+
+    def start(self, timeout: float = 10.0) -> EmulatorHandle:
+        self._thread = threading.Thread(target=self._run, name="apiserver-emulator", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise RuntimeError("the API server emulator did not start in time")
+        if self._error is not None:
+            raise RuntimeError(f"the API server emulator failed to start: {self._error}") from self._error
+        return EmulatorHandle(self.url, self.emulator)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def __enter__(self) -> EmulatorHandle:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        asyncio.run(self._main())
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        try:
+            async with serve_emulator(self.emulator, self._port) as handle:
+                self.url = handle.url
+                self._ready.set()
+                await self._stop.wait()
+                self.emulator.drop_watches()
+                await asyncio.sleep(0)
+        except BaseException as exc:  # reported to start(); the thread must not die silently
+            self._error = exc
+            self._ready.set()
+
+
+def kubeconfig_dict(url: str, namespace: str = "default", context: str = "redrafter-sim") -> dict[str, object]:
+    """A kubeconfig for an insecure loopback server (no credentials: the emulator has no auth)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": context, "cluster": {"server": url}}],
+        "users": [{"name": context, "user": {}}],
+        "contexts": [{"name": context, "context": {"cluster": context, "user": context, "namespace": namespace}}],
+        "current-context": context,
+        "preferences": {},
+    }
+
+
+def write_kubeconfig(url: str, path: str | Path, namespace: str = "default") -> Path:
+    """Write a kubeconfig for ``url`` so kubectl, Helm and kubernetes-asyncio can talk to the emulator."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(yaml.safe_dump(kubeconfig_dict(url, namespace), sort_keys=False))
+    target.chmod(0o600)
+    return target

@@ -1,0 +1,167 @@
+"""Closed-loop streaming load against one endpoint's entry model, at a concurrency that may change.
+
+``N`` workers each keep one request in flight: send, read the stream to its end, send the next
+(prompts taken round-robin). The run is bounded by a request count and/or a duration, or runs until
+:meth:`LoadGenerator.stop`. The demo drives traffic with it and moves the target concurrency while
+it runs (:meth:`LoadGenerator.set_concurrency`); :meth:`LoadGenerator.snapshot` gives running figures.
+
+    gen = LoadGenerator("127.0.0.1:8001", prompts, RequestOptions(max_tokens=64), concurrency=4)
+    task = asyncio.create_task(gen.run())
+    gen.set_concurrency(16)   # more workers start at once; fewer: surplus workers finish and exit
+    print(gen.snapshot())
+    gen.stop(); results = await task
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import tritonclient.grpc.aio as grpcaio
+
+from .prompts import Prompt
+from .stats import window_stats
+from .stream import RequestOptions, RequestResult, grpc_target, stream_request, to_sample
+from .tokens import TokenCounter, WordCounter
+
+
+@dataclass(frozen=True)
+class Bounds:
+    max_requests: int | None = None  # requests started
+    duration_s: float | None = None  # no request starts after this
+
+
+class LoadGenerator:
+    def __init__(
+        self,
+        endpoint: str,
+        prompts: Sequence[Prompt],
+        options: RequestOptions,
+        *,
+        concurrency: int = 1,
+        bounds: Bounds = Bounds(),
+        counter: TokenCounter | None = None,
+        on_result: Callable[[RequestResult], None] | None = None,
+    ):
+        if not prompts:
+            raise ValueError("no prompts")
+        if concurrency < 0:
+            raise ValueError("concurrency must be >= 0")
+        self.target = grpc_target(endpoint)
+        self.prompts = list(prompts)
+        self.options = options
+        self.bounds = bounds
+        self.counter = counter or WordCounter()
+        self.on_result = on_result
+        self.results: list[RequestResult] = []
+        self._concurrency = concurrency
+        self._issued = 0
+        self._in_flight = 0
+        self._workers: dict[int, asyncio.Task] = {}
+        self._client: grpcaio.InferenceServerClient | None = None
+        self._done: asyncio.Event | None = None
+        self._deadline: float | None = None
+        self._started_at: float | None = None
+
+    # ---- control ---------------------------------------------------------------------------------
+    @property
+    def concurrency(self) -> int:
+        return self._concurrency
+
+    def set_concurrency(self, n: int) -> None:
+        """Change the number of requests kept in flight (takes effect immediately when growing)."""
+        if n < 0:
+            raise ValueError("concurrency must be >= 0")
+        self._concurrency = n
+        if self._client is not None:
+            self._spawn()
+
+    def stop(self, cancel_in_flight: bool = False) -> None:
+        """Start no new request; with ``cancel_in_flight`` also cancel the streams still running."""
+        if self._done is not None:
+            self._done.set()
+        if cancel_in_flight:
+            for task in self._workers.values():
+                task.cancel()
+
+    # ---- running ---------------------------------------------------------------------------------
+    async def run(self) -> list[RequestResult]:
+        """Run until stopped or the bounds are reached and in-flight requests finished; the results."""
+        self._done = asyncio.Event()
+        self._started_at = time.monotonic()
+        if self.bounds.duration_s is not None:
+            self._deadline = self._started_at + self.bounds.duration_s
+        self._client = grpcaio.InferenceServerClient(self.target)
+        try:
+            self._spawn()
+            timeout = None if self._deadline is None else max(self._deadline - time.monotonic(), 0.0)
+            try:
+                await asyncio.wait_for(self._done.wait(), timeout)
+            except asyncio.TimeoutError:
+                self._done.set()
+            while self._workers:
+                await asyncio.gather(*self._workers.values(), return_exceptions=True)
+                self._workers = {i: t for i, t in self._workers.items() if not t.done()}
+        finally:
+            for task in self._workers.values():
+                task.cancel()
+            await self._client.close()
+            self._client = None
+        return self.results
+
+    def _spawn(self) -> None:
+        for i in range(self._concurrency):
+            if i not in self._workers or self._workers[i].done():
+                self._workers[i] = asyncio.get_running_loop().create_task(self._worker(i), name=f"loadgen-{i}")
+
+    def _may_start(self, worker: int) -> bool:
+        if self._done is None or self._done.is_set() or worker >= self._concurrency:
+            return False
+        if self._deadline is not None and time.monotonic() >= self._deadline:
+            self._done.set()
+            return False
+        if self.bounds.max_requests is not None and self._issued >= self.bounds.max_requests:
+            self._done.set()
+            return False
+        return True
+
+    async def _worker(self, worker: int) -> None:
+        assert self._client is not None
+        while self._may_start(worker):
+            index = self._issued % len(self.prompts)
+            self._issued += 1
+            prompt = self.prompts[index]
+            self._in_flight += 1
+            try:
+                result = await stream_request(
+                    self._client, prompt.text, self.options, self.counter,
+                    prompt_index=index, max_tokens=prompt.max_tokens,
+                )
+            finally:
+                self._in_flight -= 1
+            self.results.append(result)
+            if self.on_result is not None:
+                self.on_result(result)
+
+    # ---- observing -------------------------------------------------------------------------------
+    def snapshot(self, window_s: float = 10.0) -> dict:
+        """Running figures: target concurrency, in flight, totals, and the last ``window_s`` seconds."""
+        now = time.monotonic()
+        window = window_s if self._started_at is None else min(window_s, max(now - self._started_at, 1e-6))
+        return {
+            "concurrency": self._concurrency,
+            "in_flight": self._in_flight,
+            "started": self._issued,
+            "finished": len(self.results),
+            "errors": sum(1 for r in self.results if not r.ok),
+            **{f"recent_{k}": v for k, v in window_stats([to_sample(r) for r in self.results], now, window).items()},
+        }
+
+
+async def run_level(endpoint: str, prompts: Sequence[Prompt], options: RequestOptions, concurrency: int,
+                    bounds: Bounds, counter: TokenCounter | None = None) -> list[RequestResult]:
+    """One fixed-concurrency run (what a sweep point is)."""
+    return await LoadGenerator(endpoint, prompts, options, concurrency=concurrency, bounds=bounds,
+                               counter=counter).run()

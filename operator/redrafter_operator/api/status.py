@@ -35,7 +35,12 @@ class EngineStatus(ApiModel):
     job: str | None = Field(default=None, description="Name of the current/last build Job.")
     path: str | None = Field(default=None, description="Artifact directory inside the cache volume.")
     message: str | None = Field(default=None, description="Failure reason (Job termination message).")
-    attempts: int = Field(default=0, description="Build Jobs created for this key.")
+    attempts: int = Field(default=0, description="Build Jobs created for this key since the last retry request.")
+    retry_token: str | None = Field(
+        default=None,
+        description="Value of the redrafter.dev/retry-build annotation the attempts count against "
+        "(a new value grants a fresh set of retries).",
+    )
 
 
 class EnginesStatus(ApiModel):

@@ -1,0 +1,291 @@
+"""The pure planner: engine states, build Jobs, retries, shared cache, blue/green steps, status, Events."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from redrafter_operator.api.engine_key import engine_key
+from redrafter_operator.api.spec import ReDrafterDeploymentSpec
+from redrafter_operator.api.status import ReDrafterDeploymentStatus
+from redrafter_operator.controller.conditions import Cond, find, merge_conditions
+from redrafter_operator.controller.facts import (
+    DeploymentFact,
+    JobFact,
+    Observed,
+    PodFact,
+    SharedArtifact,
+)
+from redrafter_operator.controller.planner import Renderers, Resource, ServingTargets, plan, plan_switch
+from redrafter_operator.render import names
+
+ROOT = Path(__file__).resolve().parents[2]
+NOW = "2026-01-01T00:00:00Z"
+LATER = "2026-01-01T00:05:00Z"
+
+
+def _variant(owner, variant, key, path, replicas):
+    return [{"apiVersion": "apps/v1", "kind": "Deployment",
+             "metadata": {"name": names.serving_deployment_name(owner.name, variant), "namespace": owner.namespace,
+                          "labels": {names.LABEL_ENGINE_KEY: key}},
+             "spec": {"replicas": replicas, "path": path}}]
+
+
+def _services(owner, pool):
+    return [{"apiVersion": "v1", "kind": "Service",
+             "metadata": {"name": names.service_name(owner.name), "namespace": owner.namespace},
+             "spec": {"selector": names.traffic_selector(owner.name, pool)}}]
+
+
+RENDER = Renderers(variant=_variant, services=_services)
+
+
+def body(**spec_overrides) -> dict:
+    doc = yaml.safe_load((ROOT / "examples" / "llama3-8b.yaml").read_text())
+    doc["metadata"].update(uid="u-1", generation=1)
+    for dotted, value in spec_overrides.items():
+        node = doc["spec"]
+        *parents, leaf = dotted.split("__")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return doc
+
+
+def res_of(doc: dict, status: dict | None = None) -> Resource:
+    d = copy.deepcopy(doc)
+    if status is not None:
+        d["status"] = status
+    return Resource.from_body(d)
+
+
+def keys(doc: dict) -> dict[str, str]:
+    spec = ReDrafterDeploymentSpec.model_validate(doc["spec"])
+    return {v: engine_key(spec, v) for v in ("redrafter", "base")}
+
+
+def job(doc, variant, state, attempt=0, token="", reason="", message="", owner=None) -> JobFact:
+    key = keys(doc)[variant]
+    return JobFact(name=names.build_job_name(owner or doc["metadata"]["name"], variant, key, attempt),
+                   namespace="default", owner=owner or doc["metadata"]["name"], variant=variant, key=key,
+                   attempt=attempt, retry_token=token, claim="engine-cache", artifact=f"engines/{key}",
+                   state=state, reason=reason, message=message)
+
+
+def dep(name, variant, key, replicas=1, ready=1, gen=1, observed_gen=1) -> DeploymentFact:
+    return DeploymentFact(name=names.serving_deployment_name(name, variant), variant=variant, key=key,
+                          replicas=replicas, ready_replicas=ready, updated_replicas=ready, total_replicas=replicas,
+                          generation=gen, observed_generation=observed_gen, applied_hash="h")
+
+
+def cond(status: dict, type_: str) -> dict:
+    c = find(status["conditions"], type_)
+    assert c is not None, type_
+    return c
+
+
+def test_fresh_resource_creates_both_build_jobs_and_is_building():
+    doc = body()
+    p = plan(res_of(doc), Observed(), now=NOW, renderers=RENDER)
+    kinds = [(m["kind"], m["metadata"]["labels"][names.LABEL_VARIANT]) for m in p.create]
+    assert kinds == [("ConfigMap", "redrafter"), ("Job", "redrafter"), ("ConfigMap", "base"), ("Job", "base")]
+    assert p.apply == []  # nothing to serve yet
+    st = p.status
+    assert st["phase"] == "Building" and st["observedGeneration"] == 1
+    assert st["engines"]["redrafter"]["state"] == "Building" and st["engines"]["redrafter"]["attempts"] == 1
+    assert cond(st, "SpecValid")["status"] == "True"
+    assert cond(st, "EnginesReady")["reason"] == "Building"
+    assert cond(st, "Available")["status"] == "False"
+    assert [e.reason for e in p.events].count("BuildStarted") == 2
+    ReDrafterDeploymentStatus.model_validate(st)  # status matches the API model (and so the CRD)
+
+
+def test_replanning_with_own_running_jobs_creates_nothing_and_emits_nothing():
+    doc = body()
+    first = plan(res_of(doc), Observed(), now=NOW, renderers=RENDER)
+    observed = Observed(jobs=[job(doc, "redrafter", "Running"), job(doc, "base", "Running")])
+    again = plan(res_of(doc, first.status), observed, now=LATER, renderers=RENDER)
+    assert again.create == [] and again.events == []
+    assert again.status == first.status  # identical => no status write
+
+
+def test_invalid_spec_names_the_field_and_never_raises():
+    doc = body(engine__maxSeqLen=100, engine__maxInputLen=200)
+    p = plan(res_of(doc), Observed(), now=NOW, renderers=RENDER)
+    c = cond(p.status, "SpecValid")
+    assert c["status"] == "False" and c["reason"] == "InvalidSpec"
+    assert "spec.engine" in c["message"] and "maxInputLen must be less than maxSeqLen" in c["message"]
+    assert p.create == [] and p.apply == [] and p.status["phase"] == "Failed"
+    assert [e.reason for e in p.events] == ["InvalidSpec", "PhaseFailed"]
+    again = plan(res_of(doc, p.status), Observed(), now=LATER, renderers=RENDER)
+    assert again.events == [] and again.status == p.status
+
+
+def test_active_engine_ready_deploys_serving_without_waiting_for_base():
+    doc = body()
+    k = keys(doc)
+    observed = Observed(jobs=[job(doc, "redrafter", "Succeeded"), job(doc, "base", "Running")])
+    p = plan(res_of(doc), observed, now=NOW, renderers=RENDER)
+    names_applied = [m["metadata"]["name"] for m in p.apply]
+    assert names_applied == ["llama3-8b-redrafter", "llama3-8b"]
+    assert p.apply[0]["metadata"]["labels"][names.LABEL_ENGINE_KEY] == k["redrafter"]
+    assert p.status["phase"] == "Deploying" and p.status["activeEngine"] == "redrafter"
+    # pods Ready => Serving
+    observed.deployments = {"redrafter": dep("llama3-8b", "redrafter", k["redrafter"])}
+    observed.service_pool = "redrafter"
+    p2 = plan(res_of(doc, p.status), observed, now=LATER, renderers=RENDER)
+    assert p2.status["phase"] == "Serving"
+    assert cond(p2.status, "Available")["status"] == "True"
+    assert cond(p2.status, "EnginesReady")["status"] == "False"  # base still building
+    assert p2.status["serving"] == {"replicas": 1, "readyReplicas": 1, "service": "llama3-8b",
+                                    "selector": names.selector_string(names.traffic_selector("llama3-8b", "redrafter"))}
+    assert [e.reason for e in p2.events] == ["PhaseServing"]
+
+
+def test_mode_never_serves_base_and_waits_for_it():
+    doc = body(speculation__mode="Never")
+    observed = Observed(jobs=[job(doc, "redrafter", "Succeeded"), job(doc, "base", "Running")])
+    p = plan(res_of(doc), observed, now=NOW, renderers=RENDER)
+    assert p.status["phase"] == "Building"
+    assert not any(m["kind"] == "Service" for m in p.apply)
+    assert cond(p.status, "SpeculationHealthy")["reason"] == "SpeculationDisabled"
+
+
+def test_failed_job_retries_with_attempt_suffix_then_fails_without_loop():
+    doc = body(engine__build__retries=1)
+    st0 = plan(res_of(doc), Observed(), now=NOW, renderers=RENDER).status
+    failed0 = job(doc, "redrafter", "Failed", reason="BackoffLimitExceeded")
+    pod = PodFact(job=failed0.name, phase="Failed", message="BuildError: trtllm-build exited 1: out of memory")
+    obs = Observed(jobs=[failed0, job(doc, "base", "Succeeded")], pods={failed0.name: pod})
+    p1 = plan(res_of(doc, st0), obs, now=NOW, renderers=RENDER)
+    retry = [m for m in p1.create if m["kind"] == "Job"]
+    assert [m["metadata"]["name"] for m in retry] == [names.build_job_name("llama3-8b", "redrafter", keys(doc)["redrafter"], 1)]
+    eng = p1.status["engines"]["redrafter"]
+    assert eng["attempts"] == 2 and "out of memory" in eng["message"]
+    assert cond(p1.status, "EnginesReady")["reason"] == "BuildRetrying"
+    assert [e.reason for e in p1.events][:2] == ["BuildFailed", "BuildStarted"]
+    failed1 = job(doc, "redrafter", "Failed", attempt=1, reason="DeadlineExceeded")
+    obs.jobs.append(failed1)
+    p2 = plan(res_of(doc, p1.status), obs, now=NOW, renderers=RENDER)
+    assert p2.create == []
+    assert p2.status["engines"]["redrafter"]["state"] == "Failed"
+    assert p2.status["phase"] == "Failed"
+    assert cond(p2.status, "EnginesReady")["reason"] == "BuildFailed"
+    assert "DeadlineExceeded" in cond(p2.status, "EnginesReady")["message"]
+    assert {"BuildFailed", "RetriesExhausted", "PhaseFailed"} <= {e.reason for e in p2.events}
+    # no rebuild loop: same inputs again => nothing
+    p3 = plan(res_of(doc, p2.status), obs, now=LATER, renderers=RENDER)
+    assert p3.create == [] and p3.events == [] and p3.status == p2.status
+    # failed Jobs expired (TTL): status still remembers, still no rebuild
+    p4 = plan(res_of(doc, p2.status), Observed(jobs=[job(doc, "base", "Succeeded")]), now=LATER, renderers=RENDER)
+    assert p4.create == [] and p4.status["engines"]["redrafter"]["state"] == "Failed"
+    # retry annotation (any new value) => a fresh Job with the next attempt number
+    doc2 = copy.deepcopy(doc)
+    doc2["metadata"]["annotations"] = {names.ANNOTATION_RETRY_BUILD: "1"}
+    p5 = plan(res_of(doc2, p2.status), obs, now=LATER, renderers=RENDER)
+    jobs5 = [m for m in p5.create if m["kind"] == "Job"]
+    assert [m["metadata"]["name"] for m in jobs5] == [names.build_job_name("llama3-8b", "redrafter", keys(doc)["redrafter"], 2)]
+    assert jobs5[0]["metadata"]["annotations"]["redrafter.dev/retry-token"] == "1"
+    assert p5.status["engines"]["redrafter"]["state"] == "Building"
+
+
+def test_shared_cache_running_or_complete_elsewhere_means_no_build():
+    doc = body()
+    other = job(doc, "redrafter", "Running", owner="other")
+    obs = Observed(jobs=[], shared={"redrafter": SharedArtifact(building_job=other.name),
+                                    "base": SharedArtifact(ready_by="Job other-build-base")})
+    p = plan(res_of(doc), obs, now=NOW, renderers=RENDER)
+    assert p.create == []
+    assert p.status["engines"]["redrafter"]["state"] == "Building"
+    assert p.status["engines"]["redrafter"]["job"] == other.name
+    assert p.status["engines"]["base"]["state"] == "Cached"
+    assert {e.reason for e in p.events} >= {"BuildWaiting", "EngineCached"}
+
+
+def test_build_input_change_keeps_serving_old_engine_until_new_is_ready():
+    doc = body()
+    k = keys(doc)
+    serving = Observed(jobs=[job(doc, "redrafter", "Succeeded"), job(doc, "base", "Succeeded")],
+                       deployments={"redrafter": dep("llama3-8b", "redrafter", k["redrafter"]),
+                                    "base": dep("llama3-8b", "base", k["base"], replicas=0, ready=0)},
+                       service_pool="redrafter")
+    st = plan(res_of(doc), serving, now=NOW, renderers=RENDER).status
+    st = plan(res_of(doc, st), serving, now=NOW, renderers=RENDER).status
+    assert st["phase"] == "Serving"
+    changed = body(redrafter__numBeams=4)
+    changed["metadata"]["generation"] = 2
+    p = plan(res_of(changed, st), serving, now=LATER, renderers=RENDER)
+    assert [m["metadata"]["labels"][names.LABEL_VARIANT] for m in p.create if m["kind"] == "Job"] == ["redrafter"]
+    deployment = next(m for m in p.apply if m["kind"] == "Deployment" and "redrafter" in m["metadata"]["name"])
+    assert deployment["metadata"]["labels"][names.LABEL_ENGINE_KEY] == k["redrafter"]  # still the old engine
+    assert p.status["phase"] == "Serving" and cond(p.status, "Progressing")["status"] == "True"
+    assert p.status["observedGeneration"] == 2
+    new_key = keys(changed)["redrafter"]
+    assert new_key != k["redrafter"] and keys(changed)["base"] == k["base"]
+
+
+def test_serving_only_change_patches_deployments_without_jobs():
+    doc = body()
+    k = keys(doc)
+    obs = Observed(jobs=[job(doc, "redrafter", "Succeeded"), job(doc, "base", "Succeeded")],
+                   deployments={"redrafter": dep("llama3-8b", "redrafter", k["redrafter"])}, service_pool="redrafter")
+    st = plan(res_of(doc), obs, now=NOW, renderers=RENDER).status
+    changed = body(serving__replicas=3)
+    p = plan(res_of(changed, st), obs, now=LATER, renderers=RENDER)
+    assert p.create == []
+    d = next(m for m in p.apply if m["metadata"]["name"] == "llama3-8b-redrafter")
+    assert d["spec"]["replicas"] == 3
+
+
+def test_blue_green_switch_order():
+    targets = ServingTargets(active="base", replicas={"base": 2, "redrafter": 0})
+    both = {"redrafter": True, "base": True}
+    # 1. target not Ready: scale it up, keep the Service and the old pool
+    obs = Observed(deployments={"redrafter": dep("x", "redrafter", "k1", replicas=2, ready=2),
+                                "base": dep("x", "base", "k2", replicas=0, ready=0)}, service_pool="redrafter")
+    s = plan_switch(targets, both, obs, "BlueGreen")
+    assert s.pool == "redrafter" and s.replicas == {"base": 2, "redrafter": 2} and s.switching
+    # 2. target rolled out and Ready: move the Service, keep the old pool up
+    obs.deployments["base"] = dep("x", "base", "k2", replicas=2, ready=2)
+    s = plan_switch(targets, both, obs, "BlueGreen")
+    assert s.pool == "base" and s.replicas["redrafter"] == 2
+    # 3. Service observed on the target: scale the old pool down
+    obs.service_pool = "base"
+    s = plan_switch(targets, both, obs, "BlueGreen")
+    assert s.pool == "base" and s.replicas == {"base": 2, "redrafter": 0} and not s.switching
+
+
+def test_recreate_switch_scales_old_down_first():
+    targets = ServingTargets(active="base", replicas={"base": 1, "redrafter": 0})
+    both = {"redrafter": True, "base": True}
+    obs = Observed(deployments={"redrafter": dep("x", "redrafter", "k1")}, service_pool="redrafter")
+    s = plan_switch(targets, both, obs, "Recreate")
+    assert s.pool == "redrafter" and s.replicas == {"redrafter": 0, "base": 0}
+    obs.deployments["redrafter"] = dep("x", "redrafter", "k1", replicas=0, ready=0)
+    s = plan_switch(targets, both, obs, "Recreate")
+    assert s.pool == "base" and s.replicas == {"redrafter": 0, "base": 1}
+
+
+def test_switch_waits_when_target_engine_not_built():
+    targets = ServingTargets(active="base", replicas={"base": 2, "redrafter": 0})
+    obs = Observed(deployments={"redrafter": dep("x", "redrafter", "k1")}, service_pool="redrafter")
+    s = plan_switch(targets, {"redrafter": True, "base": False}, obs, "BlueGreen")
+    assert s.pool == "redrafter" and s.replicas == {"redrafter": 2}
+
+
+@pytest.mark.parametrize("old_status,new_status,changed", [("True", "True", False), ("True", "False", True)])
+def test_last_transition_time_only_moves_on_status_change(old_status, new_status, changed):
+    first = merge_conditions([], [Cond("Available", old_status, "A", "m1")], generation=1, now=NOW)
+    second = merge_conditions(first, [Cond("Available", new_status, "B", "m2")], generation=2, now=LATER)
+    assert second[0]["lastTransitionTime"] == (LATER if changed else NOW)
+    assert second[0]["reason"] == "B" and second[0]["observedGeneration"] == 2
+
+
+def test_conditions_owned_by_others_are_kept_and_ordered():
+    old = [{"type": "Custom", "status": "True", "reason": "X"},
+           {"type": "SpeculationHealthy", "status": "True", "reason": "AcceptanceHigh", "lastTransitionTime": NOW}]
+    out = merge_conditions(old, [Cond("SpecValid", "True", "Valid")], generation=1, now=LATER)
+    assert [c["type"] for c in out] == ["SpecValid", "SpeculationHealthy", "Custom"]

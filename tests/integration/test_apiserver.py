@@ -650,3 +650,101 @@ async def test_kopf_operator_finalizer_status_and_deletion(apiserver: EmulatorHa
                 await task
         except (TimeoutError, asyncio.CancelledError):
             task.cancel()
+
+
+# ---------------------------------------------------------------------------- simulated built-in controllers
+
+
+def _job(name: str) -> dict[str, Any]:
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"backoffLimit": 0, "template": {"metadata": {"labels": {"app": "builder"}}, "spec": {
+                "restartPolicy": "Never", "containers": [{"name": "build", "image": "builder:1"}]}}}}
+
+
+def test_job_controller_helpers_complete_and_fail(apiserver: EmulatorHandle, kubectl: Any) -> None:
+    from redrafter_operator.sim import controllers
+
+    emu = apiserver.emulator
+    emu.create_object(_job("ok"))
+    emu.create_object(_job("bad"))
+    controllers.start_job(emu, "ok", "default")
+    assert emu.get_object("batch/v1", "Job", "ok", "default")["status"]["active"] == 1
+    controllers.complete_job(emu, "ok", "default", message='{"engine": "ready"}')
+    kubectl("wait", "--for=condition=Complete", "job/ok", "--timeout=10s", check=True)
+    (pod,) = emu.list_objects("v1", "Pod", "default", label_selector="batch.kubernetes.io/job-name=ok")
+    assert pod["metadata"]["labels"]["job-name"] == "ok" and pod["status"]["phase"] == "Succeeded"
+    assert pod["status"]["containerStatuses"][0]["state"]["terminated"] == {
+        **pod["status"]["containerStatuses"][0]["state"]["terminated"], "exitCode": 0,
+        "message": '{"engine": "ready"}'}
+    failed = controllers.fail_job(emu, "bad", "default", reason="BackoffLimitExceeded", message="gave up",
+                                  exit_code=3, termination_message="trtllm-build: out of memory")
+    assert failed["status"]["failed"] == 1
+    assert {c["type"]: (c["status"], c["reason"], c["message"]) for c in failed["status"]["conditions"]}["Failed"] \
+        == ("True", "BackoffLimitExceeded", "gave up")
+    kubectl("wait", "--for=condition=Failed", "job/bad", "--timeout=10s", check=True)
+    pods = json.loads(kubectl("get", "pods", "-l", "job-name=bad", "-o", "json", check=True).stdout)["items"]
+    terminated = pods[0]["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert (terminated["exitCode"], terminated["message"]) == (3, "trtllm-build: out of memory")
+    emu.delete_object("batch/v1", "Job", "bad", "default")
+    assert emu.list_objects("v1", "Pod", "default", label_selector="job-name=bad") == []
+
+
+def test_deployment_pods_and_service_endpoints(apiserver: EmulatorHandle, kubectl: Any) -> None:
+    from redrafter_operator.sim import controllers
+
+    emu = apiserver.emulator
+    template = {"metadata": {"labels": {"app": "srv", "variant": "redrafter"}},
+                "spec": {"containers": [{"name": "triton", "image": "triton:1",
+                                         "ports": [{"name": "http", "containerPort": 8000}]}]}}
+    emu.create_object({"apiVersion": "apps/v1", "kind": "Deployment",
+                       "metadata": {"name": "srv", "namespace": "default"},
+                       "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "srv"}}, "template": template}})
+    emu.create_object({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "srv", "namespace": "default"},
+                       "spec": {"selector": {"app": "srv"}, "ports": [{"name": "http", "port": 80,
+                                                                        "targetPort": "http"}]}})
+    pods = controllers.sync_deployment_pods(emu, "srv", "default", max_ready=1)
+    assert len(pods) == 2 and sum(controllers.is_pod_ready(p) for p in pods) == 1
+    assert all(p["metadata"]["labels"]["variant"] == "redrafter" and p["status"]["podIP"] for p in pods)
+    ep = controllers.sync_endpoints(emu, "srv", "default")
+    assert len(ep["subsets"][0]["addresses"]) == 1 and len(ep["subsets"][0]["notReadyAddresses"]) == 1
+    assert ep["subsets"][0]["ports"][0]["port"] == 8000
+    controllers.reconcile_once(emu)
+    deploy = emu.get_object("apps/v1", "Deployment", "srv", "default")
+    assert deploy["status"]["readyReplicas"] == 2 and deploy["status"]["observedGeneration"] == 1
+    kubectl("wait", "--for=condition=Available", "deployment/srv", "--timeout=10s", check=True)
+    assert len(controllers.ready_endpoint_ips(emu, "srv", "default")) == 2
+    mark = emu.resource_version
+    controllers.reconcile_once(emu)
+    assert emu.resource_version == mark, "a second pass over a converged cluster writes nothing"
+    emu.patch_object("apps/v1", "Deployment", "srv", "default",
+                     {"spec": {"replicas": 3, "template": {"spec": {"containers": [
+                         {"name": "triton", "image": "triton:2", "ports": [{"name": "http", "containerPort": 8000}]}]}}}},
+                     patch_type="strategic")
+    old_names = {p["metadata"]["name"] for p in pods}
+    controllers.reconcile_once(emu)
+    new_pods = emu.list_objects("v1", "Pod", "default", label_selector="app=srv")
+    assert len(new_pods) == 3 and not old_names & {p["metadata"]["name"] for p in new_pods}
+    assert {p["spec"]["containers"][0]["image"] for p in new_pods} == {"triton:2"}
+    assert len(controllers.ready_endpoint_ips(emu, "srv", "default")) == 3
+    assert emu.get_object("apps/v1", "Deployment", "srv", "default")["status"]["observedGeneration"] == 2
+    kubectl("delete", "deployment", "srv", check=True)
+    assert emu.list_objects("v1", "Pod", "default", label_selector="app=srv") == []
+
+
+async def test_run_controllers_loop_stops(apiserver: EmulatorHandle) -> None:
+    from redrafter_operator.sim import controllers
+
+    emu = apiserver.emulator
+    emu.create_object({"apiVersion": "apps/v1", "kind": "Deployment",
+                       "metadata": {"name": "loop", "namespace": "default"},
+                       "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "loop"}},
+                                "template": {"metadata": {"labels": {"app": "loop"}},
+                                             "spec": {"containers": [{"name": "c", "image": "i"}]}}}})
+    stop = asyncio.Event()
+    task = asyncio.create_task(controllers.run_controllers(emu, stop, interval=0.05))
+    async with asyncio.timeout(5):
+        while (emu.get_object("apps/v1", "Deployment", "loop", "default").get("status") or {}).get(
+                "readyReplicas") != 1:
+            await asyncio.sleep(0.05)
+    stop.set()
+    await asyncio.wait_for(task, 2)

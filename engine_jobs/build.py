@@ -6,6 +6,7 @@ This is the thin I/O shell around :mod:`engine_jobs.plan`; every failure with a 
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import time
@@ -197,7 +198,7 @@ def build(spec: BuildSpec, settings: Settings, log: Log) -> dict[str, Any]:
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise BuildError(ExitCode.OUT_OF_DISK if exc.errno == 28 else ExitCode.SOURCE_UNAVAILABLE,
+        raise BuildError(ExitCode.OUT_OF_DISK if exc.errno == errno.ENOSPC else ExitCode.SOURCE_UNAVAILABLE,
                          f"cache directory {root} is not usable: {exc.strerror}") from None
     paths = CachePaths(root, spec.key)
     log(f"engine {spec.key} ({spec.variant}) -> {paths.final}")
@@ -217,7 +218,13 @@ def build(spec: BuildSpec, settings: Settings, log: Log) -> dict[str, Any]:
     try:
         remove_partials(paths, log)
         tmp.mkdir()
-        manifest = assemble(spec, settings, paths, tmp, lock, log)
+        try:
+            manifest = assemble(spec, settings, paths, tmp, lock, log)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            raise BuildError(ExitCode.OUT_OF_DISK, f"the cache volume filled up while assembling {tmp.name}: "
+                             f"{exc.strerror}") from None
         if lock.lost.is_set():
             raise BuildError(ExitCode.LOCK_TIMEOUT, "another builder took over this engine's lock; not publishing")
         publish(tmp, paths.final)

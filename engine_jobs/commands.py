@@ -145,7 +145,9 @@ def cmd_build(args: argparse.Namespace) -> int:
         settings = Settings.from_env()
         termination_log = termination_log or settings.termination_log
         spec = load_spec(_spec_path(args))
-        build(spec, settings, log)
+        manifest = build(spec, settings, log)
+        write_termination_message(termination_log, f"OK: engine {manifest['key']} ({manifest['variant']}) is "
+                                  f"complete at {spec.cache_dir}/{manifest['key']}")
         return 0
     except BuildError as exc:
         code, reason, detail = exc.code, exc.reason, exc.detail

@@ -24,7 +24,7 @@ class ExitCode(enum.IntEnum):
     3  TOOL_FAILURE        a converter or trtllm-build failed or produced incomplete output
     4  OUT_OF_DISK         the cache volume has clearly too little free space for this build
     5  LOCK_TIMEOUT        another live builder held the key's lock longer than the wait timeout
-    6  SOURCE_UNAVAILABLE  a model source could not be read or downloaded (may be transient)
+    6  SOURCE_UNAVAILABLE  a model source (or the cache volume) could not be reached (may be transient)
     143 TERMINATED         stopped by SIGTERM (Job deadline, pod deletion); the lock was released
     """
 

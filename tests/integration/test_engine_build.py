@@ -181,6 +181,7 @@ def test_build_publishes_a_complete_artifact(env: Env, case: str):
     assert manifest["sizes"]["engine_bytes"] > 0 and manifest["inputs"]["tensorParallel"] == tp
     assert all(s["seconds"] >= 0 for s in manifest["steps"])
     assert "step 1/" in result.stdout and "published" in result.stdout
+    assert env.termination.read_text().startswith(f"OK: engine {manifest['key']} ")
     engine_cfg = json.loads((env.cache / manifest["key"] / "engine" / "config.json").read_text())
     if fixture.endswith("-redrafter"):
         assert engine_cfg["build_config"]["speculative_decoding_mode"] == "explicit_draft_tokens"
@@ -197,6 +198,7 @@ def test_second_run_is_a_cache_hit(env: Env):
     again = env.run(spec_path)
     assert again.returncode == 0
     assert "cache hit" in again.stdout
+    assert env.termination.read_text().startswith("OK: engine ")
     assert len(env.tool_calls()) == calls, "a cache hit must not run any tool"
 
 
@@ -356,3 +358,14 @@ def test_plan_command_prints_the_steps_without_running_them(env: Env):
     assert doc["architecture"] == "qwen"  # auto, read from the mounted config.json
     assert [s["name"] for s in doc["steps"]] == ["quantize-base", "convert-redrafter", "trtllm-build"]
     assert env.tool_calls() == [] and not env.cache.exists()
+
+
+def test_plan_needs_an_architecture_for_auto_with_a_remote_base(env: Env):
+    spec_path = env.spec("llama3-70b-tp8-redrafter")  # architecture auto, base on hf://
+    argv = [sys.executable, "-m", "engine_jobs", "plan", "--spec", str(spec_path)]
+    refused = subprocess.run(argv, cwd=REPO, env=env.env, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "pass --architecture" in refused.stderr
+    shown = subprocess.run([*argv, "--architecture", "llama"], cwd=REPO, env=env.env, capture_output=True, text=True,
+                           timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert "--tp_size 8" in shown.stdout and "--speculative_decoding_mode explicit_draft_tokens" in shown.stdout

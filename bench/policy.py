@@ -3,8 +3,8 @@
 Each trace gives, every 30 s evaluation interval, the true acceptance rate and the concurrency per
 replica (closed-loop clients), plus metric outages and pod restarts. Simulated Triton pods turn that
 into cumulative counters and load gauges (with sampling noise, counter resets on restarts, new pod
-identities after a switch); the operator's own code reads them: ``metrics.window.advance`` for rates
-and ``policy.speculation.evaluate`` for decisions — the same functions the controller calls.
+identities after a switch); the operator's own code reads them through ``policy.loop.step`` — the
+entry point the controller calls — with its state round-tripped through JSON as status would.
 
 Throughput of a pod comes from the cost model (policy/cost.py) at the true acceptance, so the bench
 measures decision quality, not the cost model's accuracy. A switch is blue/green: the old engine
@@ -33,9 +33,9 @@ sys.path[:0] = [str(ROOT / "operator"), str(ROOT)]
 
 from redrafter_operator.api.spec import ReDrafterDeploymentSpec  # noqa: E402
 from redrafter_operator.metrics.samples import PodError, PodSample, Reading  # noqa: E402
-from redrafter_operator.metrics.window import Windows, advance  # noqa: E402
+from redrafter_operator.metrics.window import WindowState, advance  # noqa: E402
 from redrafter_operator.policy import cost  # noqa: E402
-from redrafter_operator.policy.speculation import Observation, evaluate, initial_state  # noqa: E402
+from redrafter_operator.policy.loop import PolicyState, step  # noqa: E402
 
 DT = 30.0  # evaluation interval (s)
 HOURS = 6
@@ -50,7 +50,8 @@ SEED = 7
 SPEC = ReDrafterDeploymentSpec.model_validate({
     "model": {"base": {"source": "hf://org/base"}, "drafter": {"source": "hf://org/drafter"}},
     "engine": {"maxBatchSize": 64},
-    "speculation": {"interval": f"{int(DT)}s"},
+    "autoscaling": {"mode": "Disabled"},  # a fixed GPU budget, the same for every policy
+    "speculation": {"interval": f"{int(DT)}s"},  # every other speculation field at its default
 })
 PARAMS = cost.CostParams.from_spec(SPEC)
 
@@ -202,15 +203,19 @@ class Fleet:
 
 # ---- policies --------------------------------------------------------------------------------
 class Ours:
+    """The operator's evaluation entry point (policy.loop.step), state carried as the controller does."""
+
     name, canary = "ours", CANARY
 
     def __init__(self) -> None:
-        self.state = initial_state(SPEC, 0.0)
+        self.state = PolicyState.new(SPEC, 0.0)
+        self.engine = self.state.speculation.engine
 
-    def decide(self, windows: Windows | None, error: str | None, now: float) -> str:
-        obs = Observation(windows, error)
-        _, self.state = evaluate(SPEC, self.state, obs, now)
-        return self.state.engine
+    def decide(self, reading: Reading | None, error: str | None, now: float) -> str:
+        ev, state = step(SPEC, self.state, reading, now, current_replicas=REPLICAS, error=error)
+        self.state = PolicyState.model_validate_json(state.model_dump_json())  # as if stored in status
+        self.engine = ev.speculation.engine
+        return self.engine
 
 
 class Fixed:
@@ -219,7 +224,7 @@ class Fixed:
     def __init__(self, engine: str) -> None:
         self.engine, self.name = engine, f"always-{engine}"
 
-    def decide(self, windows, error, now) -> str:
+    def decide(self, reading, error, now) -> str:
         return self.engine
 
 
@@ -230,9 +235,13 @@ class Naive:
 
     def __init__(self) -> None:
         self.engine = "redrafter"
+        self.window: WindowState | None = None
 
-    def decide(self, windows: Windows | None, error, now) -> str:
-        red = windows.variants.get("redrafter") if windows else None
+    def decide(self, reading: Reading | None, error, now) -> str:
+        if reading is None:
+            return self.engine
+        windows, self.window = advance(self.window, reading)
+        red = windows.variants.get("redrafter")
         acc = red.acceptance_rate if red else None
         if acc is not None:
             self.engine = "base" if acc < SPEC.speculation.min_acceptance_rate else "redrafter"
@@ -254,8 +263,7 @@ class Result:
 def simulate(trace: Trace, policy) -> Result:
     rnd = random.Random(SEED)
     fleet = Fleet()
-    fleet.set(_first(policy), policy.canary, 0.0)
-    wstate = None
+    fleet.set(policy.engine, policy.canary, 0.0)
     pending: tuple[str, float] | None = None
     tokens, switches, serving, switch_steps = 0.0, 0, [], []
     desired = fleet.engine
@@ -266,17 +274,16 @@ def simulate(trace: Trace, policy) -> Result:
             rnd.choice(fleet.pods).restart(now - DT / 2)
         tokens += sum(p.serve(rnd, a, conc) for p in fleet.pods)
         serving.append(fleet.engine or "")
+        reading: Reading | None
+        error = None
         if trace.outage[i] == "source":
-            windows, error = None, "Prometheus unreachable"
+            reading, error = None, "Prometheus unreachable"
+        elif trace.outage[i] == "pods":
+            reading = Reading(now, errors=tuple(PodError(p.name, p.variant, p.pool, "timeout")  # type: ignore[arg-type]
+                                               for p in fleet.pods))
         else:
-            if trace.outage[i] == "pods":
-                reading = Reading(now, errors=tuple(PodError(p.name, p.variant, p.pool, "timeout")  # type: ignore[arg-type]
-                                                   for p in fleet.pods))
-            else:
-                reading = Reading(now, samples=tuple(p.sample(now, rnd, conc) for p in fleet.pods))
-            windows, wstate = advance(wstate, reading)
-            error = None
-        want = policy.decide(windows, error, now)
+            reading = Reading(now, samples=tuple(p.sample(now, rnd, conc) for p in fleet.pods))
+        want = policy.decide(reading, error, now)
         if want != desired:
             desired, pending = want, (want, now + READY_DELAY)
             switches += 1
@@ -286,10 +293,6 @@ def simulate(trace: Trace, policy) -> Result:
             pending = None
     flap = [sum(s <= x < e for x in switch_steps) for s, e in trace.flap_episodes]
     return Result(tokens, switches, serving, flap)
-
-
-def _first(policy) -> str:
-    return getattr(policy, "engine", None) or getattr(getattr(policy, "state", None), "engine", "redrafter")
 
 
 def oracle(trace: Trace) -> tuple[float, list[str]]:

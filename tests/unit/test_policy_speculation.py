@@ -267,3 +267,41 @@ def test_decision_status_fields_are_wire_names():
     assert st["predictedSpeedup"] > 1 and "crossoverConcurrency" in st
     from redrafter_operator.api.status import SpeculationStatus
     SpeculationStatus.model_validate(st)
+
+
+def test_oscillation_is_flapping_and_switches_at_most_once():
+    """Half-periods of 4 intervals: the first triggers a switch; during the cooldown (10m) the
+    alternation is seen as flapping, which then holds the engine."""
+    spec = make_spec(minDwell="2m", cooldown="10m")
+    # at batch 10, acceptance 0.30 / 0.45 predict speedups 0.85 / 1.10: the mean is ~1, no clear winner
+    seq = ([obs_on_redrafter(acceptance=0.6, active=10)] * 10
+           + [obs_on_redrafter(acceptance=a, active=10) for a in ([0.30] * 4 + [0.45] * 4) * 12])
+    s = initial_state(spec, 0)
+    switches, t = [], 0.0
+    for o in seq:
+        t += 30
+        if s.engine == "base":  # on base the same acceptance reaches the policy through the canary
+            o = obs_on_base(o.windows.variants["redrafter"], base_active=10)
+        d, s = evaluate(spec, s, o, t)
+        switches += [d.action] if d.switched else []
+    assert switches == ["SwitchToBase"]
+    assert s.flapping and d.reason == "Flapping" and "changes in the last" in d.message
+
+
+def test_flapping_moves_once_when_the_mean_clearly_favours_the_other_engine():
+    from redrafter_operator.policy.speculation import FLAP_MIN
+    spec = make_spec(minDwell="30s", cooldown="30s", margin=0.05)
+    s = SpeculationState(engine="base", since=0, last_switch=0, outcomes="SFSFSFSF", flapping=True)
+    # canary alternates between failing hysteresis (0.38) and great acceptance (0.9): mean speedup >> 1.2
+    seq = [obs_on_base(agg(acceptance=a)) for a in [0.38, 0.9] * FLAP_MIN]
+    ds, s, _ = run(spec, s, seq)
+    assert [d.action for d in ds if d.switched] == ["SwitchToRedrafter"]
+    assert next(d for d in ds if d.switched).reason == "FlappingMean"
+
+
+def test_collapse_and_recovery_is_not_flapping():
+    spec = make_spec(minDwell="30s", cooldown="30s")
+    seq = [obs_on_redrafter(acceptance=0.6)] * 10 + [obs_on_redrafter(acceptance=0.05)] * 3
+    ds, s, t = run(spec, initial_state(spec, 0), seq)
+    ds2, s, _ = run(spec, s, [obs_on_base(agg(acceptance=0.6))] * 3, start=t)
+    assert ds[-1].action == "SwitchToBase" and ds2[-1].action == "SwitchToRedrafter" and not s.flapping

@@ -18,11 +18,13 @@ measurement that is Successful, Failed, Inconclusive or Error.
   opens if the evidence still holds. ``Always``/``Never`` pin the engine and switch at once.
 
 Flapping (after Nagios' flap detection): the last ``FLAP_HISTORY`` conclusive outcomes are kept; when
-their state-change ratio reaches ``FLAP_ENTER`` the input is flapping and the consecutive rule is
-suspended (a short run of failures in an oscillation is not a collapse). While flapping, the engine
-follows the *mean* predicted speedup of that history — ReDrafter above 1 + margin, base below
-1 - margin, otherwise stay — so an oscillation costs at most one switch to the engine that is better
-on average. Flapping ends when the ratio falls below ``FLAP_EXIT``.
+they change between Successful and Failed ``FLAP_ENTER`` times or more, the input is flapping and the
+consecutive rule is suspended (a run of failures inside an oscillation is not a collapse): the
+engine stays put, unless the mean predicted speedup measured since flapping began (at least
+``FLAP_MIN`` values) clearly favours the other engine, beyond ``FLAP_MARGIN_FACTOR`` margins. A
+collapse and its recovery are 2 changes, never flapping. Flapping ends at ``FLAP_EXIT`` changes.
+Detection needs two half-periods of an oscillation; the cooldown after the first switch (default 10m)
+is what gives it that time, so a cooldown much shorter than the oscillation period allows more switches.
 
 What is measured:
 
@@ -57,10 +59,11 @@ Action = Literal["Stay", "Hold", "SwitchToBase", "SwitchToRedrafter"]
 # (at most ACCUMULATE_MAX, oldest dropped first); a conclusive measurement consumes them, so no window
 # is counted twice.
 ACCUMULATE_MAX = 10
-FLAP_HISTORY = 20  # conclusive outcomes remembered (10 minutes at the default 30s interval)
-FLAP_MIN = 8  # fewer outcomes than this never count as flapping
-FLAP_ENTER = 0.2  # state changes / (outcomes - 1) at which the input is flapping
-FLAP_EXIT = 0.1  # ... and below which it no longer is
+FLAP_HISTORY = 40  # conclusive outcomes remembered (20 minutes at the default 30s interval)
+FLAP_ENTER = 4  # changes between Successful and Failed within the history that mean flapping
+FLAP_EXIT = 1  # ... at or below which it no longer is (hysteresis)
+FLAP_MIN = 8  # speedups measured while flapping before their mean may move the engine
+FLAP_MARGIN_FACTOR = 4  # ... and that mean must clear this many margins (default +-20%: a switch mid-flap is costly)
 
 
 class SpeculationState(BaseModel):
@@ -78,7 +81,7 @@ class SpeculationState(BaseModel):
     last_evaluated: float | None = Field(default=None, description="Time of the last evaluation (epoch s).")
     health: Literal["True", "False", "Unknown"] | None = Field(default=None, description="Last SpeculationHealthy.")
     outcomes: str = Field(default="", description="Last conclusive outcomes, oldest first (S/F).")
-    speedups: list[float] = Field(default_factory=list, description="Predicted speedups of those outcomes.")
+    speedups: list[float] = Field(default_factory=list, description="Predicted speedups since flapping began.")
     flapping: bool = Field(default=False, description="The outcomes are flapping (see module docs).")
     recent: list[list[float]] = Field(
         default_factory=list,
@@ -287,9 +290,13 @@ def evaluate(spec, state: SpeculationState, obs: Observation, now: float) -> tup
         s.recent = []  # consumed: each window counts in exactly one measurement
     if m.outcome in ("Successful", "Failed"):
         s.outcomes = (s.outcomes + m.outcome[0])[-FLAP_HISTORY:]
-        if m.predicted_speedup is not None:
+        was, s.flapping = s.flapping, _flapping(s.outcomes, s.flapping)
+        if s.flapping and not was:
+            s.speedups = []  # the mean that decides covers the flapping episode only
+        if s.flapping and m.predicted_speedup is not None:
             s.speedups = (s.speedups + [round(m.predicted_speedup, 3)])[-FLAP_HISTORY:]
-        s.flapping = _flapping(s.outcomes, s.flapping)
+        elif not s.flapping:
+            s.speedups = []
 
     healthy = _health(sp, s, m)
     s.health = healthy
@@ -319,25 +326,24 @@ def evaluate(spec, state: SpeculationState, obs: Observation, now: float) -> tup
     return _switch(s, target, why, msg, m, healthy, now)
 
 
-def _changes(outcomes: str) -> float:
-    if len(outcomes) < FLAP_MIN:
-        return 0.0
-    return sum(a != b for a, b in zip(outcomes, outcomes[1:])) / (len(outcomes) - 1)
+def _changes(outcomes: str) -> int:
+    return sum(a != b for a, b in zip(outcomes, outcomes[1:]))
 
 
 def _flapping(outcomes: str, was: bool) -> bool:
-    ratio = _changes(outcomes)
-    return ratio >= FLAP_EXIT if was else ratio >= FLAP_ENTER
+    n = _changes(outcomes)
+    return n > FLAP_EXIT if was else n >= FLAP_ENTER
 
 
 def _flap_target(sp, s: SpeculationState) -> Engine | None:
     """While flapping: the engine the mean predicted speedup favours beyond the margin, if any."""
-    if not s.speedups or not sp.load_aware:
-        return None  # without the cost model there is no average to follow: stay put
+    if len(s.speedups) < FLAP_MIN or not sp.load_aware:
+        return None  # too early, or no cost model: stay put (flap suppression)
     mean = sum(s.speedups) / len(s.speedups)
-    if s.engine == "redrafter" and mean < 1 - sp.margin:
+    margin = FLAP_MARGIN_FACTOR * sp.margin
+    if s.engine == "redrafter" and mean < 1 - margin:
         return "base"
-    if s.engine == "base" and mean > 1 + sp.margin:
+    if s.engine == "base" and mean > 1 + margin:
         return "redrafter"
     return None
 
@@ -345,8 +351,9 @@ def _flap_target(sp, s: SpeculationState) -> Engine | None:
 def _flap_message(sp, s: SpeculationState) -> str:
     mean = sum(s.speedups) / len(s.speedups) if s.speedups else None
     shown = f"{mean:.2f}" if mean is not None else "unknown"
-    return (f"outcomes {s.outcomes} change {_changes(s.outcomes):.0%} of the time: following the mean "
-            f"predicted speedup {shown} (margin {sp.margin})")
+    return (f"flapping: {_changes(s.outcomes)} changes in the last {len(s.outcomes)} outcomes; mean "
+            f"predicted speedup while flapping {shown} over {len(s.speedups)} measurements "
+            f"(moves only beyond 1 +/- {FLAP_MARGIN_FACTOR * sp.margin:.2f})")
 
 
 def _stay_message(sp, s: SpeculationState, m: Measurement) -> str:

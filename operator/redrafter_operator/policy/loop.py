@@ -1,0 +1,63 @@
+"""One evaluation of a ReDrafterDeployment: reading -> windows -> speculation decision + replicas.
+
+The single pure entry point the controller calls every ``spec.speculation.interval``. Everything
+that must survive between evaluations and operator restarts is :class:`PolicyState` (JSON-able);
+the controller stores it (e.g. ``status.policy``) and passes it back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import BaseModel, Field
+
+from ..metrics.samples import Reading
+from ..metrics.window import Windows, WindowState, advance
+from .autoscaler import AutoscalerState, ScaleDecision, recommend
+from .speculation import Decision, Observation, SpeculationState, evaluate, initial_state
+
+BOTH = frozenset({"redrafter", "base"})
+
+
+class PolicyState(BaseModel):
+    """Counter marks, speculation state machine and autoscaler history, persisted together."""
+
+    window: WindowState = Field(default_factory=WindowState)
+    speculation: SpeculationState
+    autoscaler: AutoscalerState = Field(default_factory=AutoscalerState)
+
+    @classmethod
+    def new(cls, spec, now: float) -> "PolicyState":
+        return cls(speculation=initial_state(spec, now))
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What the controller acts on: the engine to serve and the replicas of its Deployment."""
+
+    speculation: Decision
+    scale: ScaleDecision
+    windows: Windows | None
+
+
+def step(spec, state: PolicyState | None, reading: Reading | None, now: float, *, current_replicas: int,
+         error: str | None = None, available: frozenset[str] = BOTH) -> tuple[Evaluation, PolicyState]:
+    """Evaluate once. ``reading`` is None when the metrics source failed as a whole (``error`` says why).
+
+    ``current_replicas``: spec replicas of the active engine's Deployment (canary excluded).
+    ``available``: engines whose artifact is Ready to serve (a switch to another one is held).
+    """
+    state = state or PolicyState.new(spec, now)
+    if reading is None:
+        windows, window_state = None, state.window
+        obs = Observation.failed(error or "metrics could not be read", available)
+    else:
+        windows, window_state = advance(state.window, reading)
+        obs = Observation(windows, None, available)
+    decision, spec_state = evaluate(spec, state.speculation, obs, now)
+    # Scale the pool that serves from now on; right after a switch its load is not measured yet, so
+    # the autoscaler sees no metrics and keeps the replica count (HPA behaviour without metrics).
+    load = windows.pools.get(decision.engine) if windows and not decision.switched else None
+    scale, auto_state = recommend(spec, state.autoscaler, current_replicas, load, now)
+    new = PolicyState(window=window_state, speculation=spec_state, autoscaler=auto_state)
+    return Evaluation(decision, scale, windows), new

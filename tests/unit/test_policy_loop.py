@@ -1,0 +1,72 @@
+"""policy.loop.step: the controller's entry point, from a Reading to decisions and persisted state."""
+
+import json
+
+from redrafter_operator.api.spec import ReDrafterDeploymentSpec
+from redrafter_operator.metrics import PodSample, Reading
+from redrafter_operator.policy import PolicyState, step
+
+
+def spec(**kw):
+    return ReDrafterDeploymentSpec.model_validate({
+        "model": {"base": {"source": "hf://o/b"}, "drafter": {"source": "hf://o/d"}},
+        "speculation": {"minDwell": "30s", "minSamples": 10}, **kw})
+
+
+def reading(t, n, acceptance, active=2.0, pods=2, variant="redrafter", pool="redrafter"):
+    """Cumulative counters after n intervals of 30 requests per pod."""
+    out = []
+    for i in range(pods):
+        c = {"requests": 30.0 * n, "draft_tokens": 500.0 * n, "accepted_draft_tokens": 500.0 * n * acceptance,
+             "output_tokens": 100.0 * n * (1 + 5 * acceptance), "steps": 100.0 * n}
+        out.append(PodSample(f"{variant}-{i}", f"u{i}/0", variant, pool, t, c, {"active": active, "waiting": 0.0}))
+    return Reading(t, tuple(out))
+
+
+def roundtrip(state: PolicyState) -> PolicyState:
+    return PolicyState.model_validate(json.loads(state.model_dump_json()))
+
+
+def test_first_step_is_baseline_then_measures_and_scales():
+    s = spec(autoscaling={"targetQueuePerReplica": 1, "minReplicas": 1, "maxReplicas": 8})
+    ev, st = step(s, None, reading(0, 1, 0.6), 0, current_replicas=2)
+    assert ev.speculation.measurement.outcome == "Inconclusive" and ev.speculation.reason == "NoData"
+    assert ev.scale.replicas == 4  # load gauges are instantaneous: usable from the first reading
+    ev, st = step(s, roundtrip(st), reading(30, 2, 0.6), 30, current_replicas=4)
+    assert ev.speculation.measurement.outcome == "Successful"
+    assert ev.speculation.measurement.acceptance_rate == 0.6 and ev.windows.variants["redrafter"].samples == 60
+
+
+def test_collapse_switches_and_autoscaler_waits_for_the_new_pool():
+    s = spec()
+    st, t = None, 0.0
+    actions = []
+    for n in range(1, 6):
+        ev, st = step(s, st and roundtrip(st), reading(t, n, 0.6 if n < 3 else 0.05), t, current_replicas=2)
+        actions.append(ev.speculation.action)
+        t += 30
+    assert actions[-1] == "SwitchToBase" and st.speculation.engine == "base"
+    assert ev.scale.reason == "NoMetrics" and ev.scale.replicas == 2  # new pool not measured yet
+
+
+def test_source_failure_keeps_marks_and_is_an_error():
+    s = spec()
+    _, st = step(s, None, reading(0, 1, 0.6), 0, current_replicas=1)
+    ev, st2 = step(s, st, None, 30, current_replicas=1, error="Prometheus: connection refused")
+    assert ev.speculation.measurement.outcome == "Error" and "connection refused" in ev.speculation.message
+    assert ev.windows is None and st2.window == st.window and st2.speculation.errors == 1
+    assert ev.scale.reason == "NoMetrics"
+
+
+def test_external_autoscaling_never_writes_replicas():
+    ev, _ = step(spec(autoscaling={"mode": "External"}), None, reading(0, 1, 0.6, active=50), 0, current_replicas=1)
+    assert ev.scale.replicas is None
+
+
+def test_persisted_state_stays_small():
+    s = spec()
+    st, t = None, 0.0
+    for n in range(1, 200):
+        _, st = step(s, st, reading(t, n, 0.6 if (n // 7) % 2 else 0.1, pods=8), t, current_replicas=8)
+        t += 30
+    assert len(st.model_dump_json()) < 6000

@@ -40,6 +40,11 @@ WIDGET_CRD: dict[str, Any] = {
                     "spec": {
                         "type": "object",
                         "required": ["size"],
+                        "x-kubernetes-validations": [
+                            {"rule": "!has(self.tag) || self.size > 1", "message": "a tagged widget needs size > 1",
+                             "fieldPath": ".tag"},
+                            {"rule": "!has(oldSelf.tag) || self.tag == oldSelf.tag", "message": "tag is immutable"},
+                        ],
                         "properties": {
                             "size": {"type": "integer", "minimum": 1, "maximum": 10},
                             "color": {"type": "string", "enum": ["red", "blue"], "default": "blue"},
@@ -146,7 +151,7 @@ async def test_writes_set_uid_resource_version_timestamp_generation(api: Api) ->
     _, a = await api("POST", CMS, configmap("a"))
     _, b = await api("POST", CMS, configmap("b"))
     meta = a["metadata"]
-    assert meta["uid"] and meta["creationTimestamp"].endswith("Z") and meta["generation"] == 1
+    assert meta["uid"] and meta["creationTimestamp"].endswith("Z") and "generation" not in meta
     assert meta["namespace"] == "default"
     assert int(b["metadata"]["resourceVersion"]) > int(meta["resourceVersion"])
     _, lst = await api("GET", CMS)
@@ -412,6 +417,20 @@ async def test_crd_defaulting_pruning_and_validation(api: Api) -> None:
     assert status == 422 and "spec.size" in body["message"]
 
 
+async def test_crd_cel_rules_including_transition_rules(api: Api) -> None:
+    await install_widgets(api)
+    status, body = await api("POST", WIDGETS, widget("c1", 1, tag="abc"))
+    assert (status, body["reason"]) == (422, "Invalid")
+    assert body["details"]["causes"][0]["field"] == "spec.tag"
+    assert "a tagged widget needs size > 1" in body["message"]
+    status, _ = await api("POST", WIDGETS, widget("c1", 2, tag="abc"))
+    assert status == 201
+    status, body = await api("PATCH", f"{WIDGETS}/c1", {"spec": {"tag": "xyz"}}, "application/merge-patch+json")
+    assert status == 422 and "tag is immutable" in body["message"]
+    status, _ = await api("PATCH", f"{WIDGETS}/c1", {"spec": {"size": 3}}, "application/merge-patch+json")
+    assert status == 200
+
+
 async def test_core_events_are_visible_as_events_k8s_io(api: Api) -> None:
     event = {"metadata": {"name": "e1"}, "involvedObject": {"kind": "ConfigMap", "name": "x"},
              "reason": "Built", "message": "engine built", "type": "Normal"}
@@ -539,6 +558,9 @@ def test_kubectl_applies_the_real_crd_and_examples(kubectl: Any) -> None:
     for name in names:  # defaults from the CRD schema were applied and nothing was rejected
         obj = json.loads(kubectl("get", "rdd", name, "-o", "json", check=True).stdout)
         assert obj["metadata"]["generation"] == 1 and obj["spec"]
+    too_many_drafts = json.dumps({"spec": {"redrafter": {"numBeams": 9, "draftLenPerBeam": 9}}})
+    result = kubectl("patch", "rdd", names[0], "--type=merge", "-p", too_many_drafts)
+    assert result.returncode != 0 and "numBeams x draftLenPerBeam must be at most 64" in result.stderr
 
 
 # ---------------------------------------------------------------------------- kubernetes-asyncio
@@ -716,9 +738,9 @@ def test_deployment_pods_and_service_endpoints(apiserver: EmulatorHandle, kubect
     mark = emu.resource_version
     controllers.reconcile_once(emu)
     assert emu.resource_version == mark, "a second pass over a converged cluster writes nothing"
+    new_container = {"name": "triton", "image": "triton:2", "ports": [{"name": "http", "containerPort": 8000}]}
     emu.patch_object("apps/v1", "Deployment", "srv", "default",
-                     {"spec": {"replicas": 3, "template": {"spec": {"containers": [
-                         {"name": "triton", "image": "triton:2", "ports": [{"name": "http", "containerPort": 8000}]}]}}}},
+                     {"spec": {"replicas": 3, "template": {"spec": {"containers": [new_container]}}}},
                      patch_type="strategic")
     old_names = {p["metadata"]["name"] for p in pods}
     controllers.reconcile_once(emu)

@@ -36,7 +36,7 @@ from kmock import KubernetesEmulator
 from . import apiserver_resources as res
 from .apiserver_patch import PatchError, PatchTestFailed, json_patch, merge_patch, strategic_merge_patch
 from .apiserver_resources import ResourceType
-from .apiserver_schema import Cause, apply_defaults, prune, validate
+from .apiserver_schema import Cause, apply_defaults, prune, validate, validate_rules
 from .apiserver_selectors import Matcher, jsonpath, parse_field_selector, parse_label_selector
 from .apiserver_table import table, wants_table
 
@@ -130,6 +130,7 @@ class Watcher:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue[Event | None] = field(default_factory=asyncio.Queue)
     transport: Any = None
+    as_table: bool = False  # kubectl get -w asks for meta.k8s.io Tables
 
     def translate(self, event: Event) -> tuple[str, dict[str, Any]] | None:
         """The event as this watcher sees it: filtered, and ADDED/DELETED when selection changes."""
@@ -339,7 +340,10 @@ class ApiServerEmulator(KubernetesEmulator):
         self._history.append(event)
         for w in self._watchers:
             if w.rtype.storage_key == rtype.storage_key:
-                w.loop.call_soon_threadsafe(w.queue.put_nowait, event)
+                try:
+                    w.loop.call_soon_threadsafe(w.queue.put_nowait, event)
+                except RuntimeError:  # the watcher's loop is closed; its stream is gone
+                    pass
 
     def _get(self, rtype: ResourceType, namespace: str | None, name: str) -> dict[str, Any]:
         with self._mutex:
@@ -367,12 +371,13 @@ class ApiServerEmulator(KubernetesEmulator):
                                details={"name": namespace, "kind": "namespaces"})
             self._create(ns_type, None, {"metadata": {"name": namespace}})
 
-    def _admit(self, rtype: ResourceType, obj: dict[str, Any]) -> dict[str, Any]:
-        """CRD schema handling (prune, default, validate) and CRD acceptance; raises 422 Invalid."""
+    def _admit(self, rtype: ResourceType, obj: dict[str, Any],
+               old: dict[str, Any] | None = None) -> dict[str, Any]:
+        """CRD schema handling (prune, default, validate, CEL rules) and CRD acceptance; raises 422 Invalid."""
         name = obj["metadata"].get("name", "")
         if rtype.schema is not None:
             obj = apply_defaults(prune(obj, rtype.schema, root=True), rtype.schema)
-            causes = validate(obj, rtype.schema)
+            causes = validate(obj, rtype.schema) or validate_rules(obj, rtype.schema, old)
             if causes:
                 raise self._invalid(rtype, name, causes)
         if rtype.storage_key == res.CRD_STORAGE_KEY:
@@ -456,7 +461,10 @@ class ApiServerEmulator(KubernetesEmulator):
                 meta.pop("namespace", None)
             meta["uid"] = str(uuid.uuid4())
             meta["creationTimestamp"] = _now()
-            meta["generation"] = 1
+            if rtype.generation_tracked:
+                meta["generation"] = 1
+            else:
+                meta.pop("generation", None)
             obj = self._admit(rtype, obj)
             obj["apiVersion"], obj["kind"] = rtype.api_version, rtype.kind
             if dry_run:
@@ -507,9 +515,12 @@ class ApiServerEmulator(KubernetesEmulator):
                     meta[k] = old["metadata"][k]
                 else:
                     meta.pop(k, None)
-            meta["generation"] = old["metadata"].get("generation", 1)
-            new = self._admit(rtype, new)
-            if _spec_part(new) != _spec_part(old):
+            if rtype.generation_tracked:
+                meta["generation"] = old["metadata"].get("generation", 1)
+            else:
+                meta.pop("generation", None)
+            new = self._admit(rtype, new, old)
+            if rtype.generation_tracked and _spec_part(new) != _spec_part(old):
                 new["metadata"]["generation"] = meta["generation"] + 1
             new["apiVersion"], new["kind"] = rtype.api_version, rtype.kind
             meta = new["metadata"]
@@ -873,6 +884,7 @@ class ApiServerEmulator(KubernetesEmulator):
                      labels: Matcher, fields: Matcher, query: dict[str, str]) -> aiohttp.web.StreamResponse:
         watcher = Watcher(rtype, namespace, labels, fields, asyncio.get_running_loop())
         watcher.transport = raw.transport
+        watcher.as_table = wants_table(raw.headers.get("Accept", ""))
         with self._mutex:
             initial_rv = None if query.get("sendInitialEvents") == "true" else query.get("resourceVersion")
             initial = self._initial_events(watcher, initial_rv)
@@ -919,6 +931,8 @@ class ApiServerEmulator(KubernetesEmulator):
         translated = watcher.translate(event)
         if translated is not None:
             kind, obj = translated
+            if watcher.as_table:
+                obj = table(watcher.rtype, [obj], obj["metadata"]["resourceVersion"])
             await response.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
 
     # ------------------------------------------------------------------ conveniences

@@ -82,7 +82,15 @@ def _builtin(group: str, version: str, plural: str, kind: str, namespaced: bool 
         group=group, version=version, plural=plural, kind=kind, namespaced=namespaced,
         singular=kind.lower(), short_names=short, status_subresource=status,
         scale=ScaleSpec() if scale else None, storage_key=storage or (group, plural), categories=categories,
+        generation_tracked=(storage or (group, plural)) not in NO_GENERATION,
     )
+
+
+# Kinds without a spec carry no metadata.generation on a real server.
+NO_GENERATION = {("", "namespaces"), ("", "endpoints"), ("", "configmaps"), ("", "secrets"), ("", "serviceaccounts"),
+                 ("", "events"), ("coordination.k8s.io", "leases"), ("rbac.authorization.k8s.io", "roles"),
+                 ("rbac.authorization.k8s.io", "rolebindings"), ("rbac.authorization.k8s.io", "clusterroles"),
+                 ("rbac.authorization.k8s.io", "clusterrolebindings")}
 
 
 BUILTINS: tuple[ResourceType, ...] = (

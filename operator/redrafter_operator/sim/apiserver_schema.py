@@ -7,6 +7,7 @@ validated; violations come back as (field path, reason, message) causes for a 42
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,4 +154,72 @@ def validate(obj: dict[str, Any], schema: dict[str, Any] | None) -> list[Cause]:
     body = {k: v for k, v in obj.items() if k != "metadata"}
     validator = jsonschema.Draft7Validator(checked_schema)
     causes = [_cause(e) for e in sorted(validator.iter_errors(body), key=lambda e: [str(p) for p in e.absolute_path])]
+    return causes
+
+
+@functools.lru_cache(maxsize=512)
+def _cel_program(rule: str) -> Any:
+    import celpy  # cel-python: optional; without it CEL rules are not enforced
+
+    env = celpy.Environment()
+    return env.program(env.compile(rule))
+
+
+def _cel_type_name(value: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer",
+            float: "number"}.get(type(value), "null")
+
+
+def _check_rules(value: Any, old: Any, schema: dict[str, Any], path: str, causes: list[Cause]) -> None:
+    import celpy
+
+    for rule in schema.get("x-kubernetes-validations") or []:
+        text = rule.get("rule", "")
+        if "oldSelf" in text and old is None:
+            continue  # transition rules only apply to updates
+        activation = {"self": celpy.json_to_cel(value)}
+        if old is not None:
+            activation["oldSelf"] = celpy.json_to_cel(old)
+        try:
+            result = _cel_program(text).evaluate(activation)
+            failed, detail = not bool(result), rule.get("message") or f"failed rule: {text}"
+        except Exception as exc:  # CELEvalError (e.g. no such key) is a rejection, as on the server
+            reason = exc.args[0] if exc.args else exc
+            failed, detail = True, f"{rule.get('message') or text}: evaluation error: {reason}"
+        if failed:
+            field = path + (rule.get("fieldPath") or "")
+            reason = {"FieldValueRequired": "FieldValueRequired", "FieldValueForbidden": "FieldValueForbidden",
+                      "FieldValueDuplicate": "FieldValueDuplicate"}.get(rule.get("reason", ""), "FieldValueInvalid")
+            causes.append(Cause(field.lstrip("."), reason, f'Invalid value: "{_cel_type_name(value)}": {detail}'))
+
+
+def _walk_rules(value: Any, old: Any, schema: dict[str, Any], path: str, causes: list[Cause]) -> None:
+    if value is None:
+        return
+    if schema.get("x-kubernetes-validations"):
+        _check_rules(value, old, schema, path, causes)
+    if isinstance(value, dict):
+        props = schema.get("properties") or {}
+        additional = schema.get("additionalProperties")
+        for key, item in value.items():
+            sub = props.get(key, additional if isinstance(additional, dict) else None)
+            if sub is not None and not (path == "" and key == "metadata"):
+                prior = old.get(key) if isinstance(old, dict) else None
+                _walk_rules(item, prior, sub, f"{path}.{key}", causes)
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for index, item in enumerate(value):
+            _walk_rules(item, None, schema["items"], f"{path}[{index}]", causes)
+
+
+def validate_rules(obj: dict[str, Any], schema: dict[str, Any] | None,
+                   old: dict[str, Any] | None = None) -> list[Cause]:
+    """CEL ``x-kubernetes-validations`` (with ``oldSelf`` on updates), evaluated by cel-python if installed."""
+    if schema is None:
+        return []
+    try:
+        import celpy  # noqa: F401
+    except ImportError:
+        return []
+    causes: list[Cause] = []
+    _walk_rules(obj, old, schema, "", causes)
     return causes

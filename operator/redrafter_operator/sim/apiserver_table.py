@@ -6,6 +6,7 @@ Built-in kinds get Name and Age only (the real server prints more; kubectl shows
 from __future__ import annotations
 
 import datetime
+from collections.abc import Callable
 from typing import Any
 
 from .apiserver_resources import ResourceType
@@ -42,6 +43,8 @@ def human_age(timestamp: str | None, now: datetime.datetime | None = None) -> st
 
 
 def _cell(obj: dict[str, Any], column: dict[str, Any]) -> Any:
+    if "fn" in column:
+        return column["fn"](obj)
     try:
         values = jsonpath(obj, column.get("jsonPath", ""))
     except ValueError:
@@ -52,6 +55,66 @@ def _cell(obj: dict[str, Any], column: dict[str, Any]) -> Any:
     if column.get("type") == "date" and isinstance(value, str):
         return human_age(value)
     return value
+
+
+def _conds(obj: dict[str, Any]) -> dict[str, str]:
+    return {c.get("type", ""): c.get("status", "") for c in (obj.get("status") or {}).get("conditions") or []}
+
+
+def _pod_ready(obj: dict[str, Any]) -> str:
+    statuses = (obj.get("status") or {}).get("containerStatuses") or []
+    total = len((obj.get("spec") or {}).get("containers") or []) or len(statuses)
+    return f"{sum(1 for c in statuses if c.get('ready'))}/{total}"
+
+
+def _job_status(obj: dict[str, Any]) -> str:
+    conds = _conds(obj)
+    if conds.get("Complete") == "True":
+        return "Complete"
+    if conds.get("Failed") == "True":
+        return "Failed"
+    return "Running" if (obj.get("status") or {}).get("active") else "Pending"
+
+
+def _ports(obj: dict[str, Any]) -> str:
+    ports = (obj.get("spec") or {}).get("ports") or []
+    return ",".join(f"{p.get('port')}/{p.get('protocol', 'TCP')}" for p in ports) or "<none>"
+
+
+def _endpoints(obj: dict[str, Any]) -> str:
+    items = [f"{a.get('ip')}:{p.get('port')}" for s in obj.get("subsets") or [] for a in s.get("addresses") or []
+             for p in (s.get("ports") or [{}])[:1]]
+    return ",".join(items) or "<none>"
+
+
+def _involved(obj: dict[str, Any]) -> str:
+    ref = obj.get("involvedObject") or obj.get("regarding") or {}
+    return f"{str(ref.get('kind', '')).lower()}/{ref.get('name', '')}"
+
+
+Column = tuple[str, str, int, Callable[[dict[str, Any]], Any]]
+_S = "string"
+BUILTIN_COLUMNS: dict[tuple[str, str], list[Column]] = {
+    ("", "pods"): [("Ready", _S, 0, _pod_ready), ("Status", _S, 0, lambda o: (o.get("status") or {}).get("phase")),
+                   ("Restarts", "integer", 0, lambda o: sum(c.get("restartCount", 0) for c in (
+                       o.get("status") or {}).get("containerStatuses") or [])),
+                   ("IP", _S, 1, lambda o: (o.get("status") or {}).get("podIP") or "<none>")],
+    ("apps", "deployments"): [
+        ("Ready", _S, 0, lambda o: f"{(o.get('status') or {}).get('readyReplicas', 0)}/"
+                                   f"{(o.get('spec') or {}).get('replicas', 1)}"),
+        ("Up-to-date", "integer", 0, lambda o: (o.get("status") or {}).get("updatedReplicas", 0)),
+        ("Available", "integer", 0, lambda o: (o.get("status") or {}).get("availableReplicas", 0))],
+    ("batch", "jobs"): [("Status", _S, 0, _job_status),
+                        ("Completions", _S, 0, lambda o: f"{(o.get('status') or {}).get('succeeded', 0)}/"
+                                                          f"{(o.get('spec') or {}).get('completions', 1)}")],
+    ("", "services"): [("Type", _S, 0, lambda o: (o.get("spec") or {}).get("type", "ClusterIP")),
+                       ("Cluster-IP", _S, 0, lambda o: (o.get("spec") or {}).get("clusterIP", "<none>")),
+                       ("Port(s)", _S, 0, _ports)],
+    ("", "endpoints"): [("Endpoints", _S, 0, _endpoints)],
+    ("", "events"): [("Type", _S, 0, lambda o: o.get("type")), ("Reason", _S, 0, lambda o: o.get("reason")),
+                     ("Object", _S, 0, _involved),
+                     ("Message", _S, 0, lambda o: o.get("message") or o.get("note"))],
+}
 
 
 def columns_for(rtype: ResourceType) -> list[dict[str, Any]]:
@@ -66,7 +129,9 @@ def columns_for(rtype: ResourceType) -> list[dict[str, Any]]:
          "priority": c.get("priority", 0), "description": c.get("description", ""), "jsonPath": c["jsonPath"]}
         for c in rtype.printer_columns
     ]
-    return [name, *(extra or [age])]
+    builtin = [{"name": n, "type": t, "format": "", "priority": p, "description": n, "fn": fn}
+               for n, t, p, fn in BUILTIN_COLUMNS.get(rtype.storage_key, [])]
+    return [name, *(extra or [*builtin, age])]
 
 
 def table(rtype: ResourceType, objects: list[dict[str, Any]], resource_version: str,
@@ -85,6 +150,6 @@ def table(rtype: ResourceType, objects: list[dict[str, Any]], resource_version: 
         rows.append({"cells": cells, "object": embedded})
     return {
         "kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": resource_version},
-        "columnDefinitions": [{k: v for k, v in c.items() if k != "jsonPath"} for c in columns],
+        "columnDefinitions": [{k: v for k, v in c.items() if k not in ("jsonPath", "fn")} for c in columns],
         "rows": rows,
     }

@@ -81,3 +81,24 @@ async def run_sweep(config: SweepConfig, prompts: Sequence[Prompt], counter: Tok
             if progress:
                 progress(variant, stats)
     return SweepResult(config, levels, counter.method, started, time.monotonic() - t0)
+
+
+def report_config(result: SweepResult, prompts: int) -> dict:
+    """What the report records about how the sweep ran."""
+    from engine_jobs.contract import ENTRY_MODEL
+
+    c = result.config
+    return {
+        "model": ENTRY_MODEL,
+        "endpoints": dict(c.endpoints),
+        "concurrencies": list(c.concurrencies),
+        "max_tokens": c.options.max_tokens,
+        "fixed_length": c.options.fixed_length,
+        "greedy": c.options.greedy,
+        "requests_per_worker": c.requests_per_worker,
+        "warmup_requests": c.warmup_requests,
+        "prompts": prompts,
+        "token_counting": result.token_counting,
+        "duration_s": round(result.duration_s, 3),
+        "gpu_metrics": dict(c.metrics_urls),
+    }

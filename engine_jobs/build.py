@@ -22,7 +22,7 @@ from .contract import ENGINE_DIR, MANIFEST_FILE, MODEL_REPO_DIR, TOKENIZER_DIR, 
 from .errors import BuildError, ExitCode, bad_input
 from .fetch import Fetched, fetch
 from .plan import Architecture, Layout, estimate_required_bytes, expected_engine_files, plan_steps, \
-    resolve_architecture
+    resolve_architecture, validate_spec
 from .progress import Log, format_seconds, human_bytes, tree_size
 from .runner import run_step
 from .settings import Settings
@@ -194,6 +194,7 @@ def assemble(spec: BuildSpec, settings: Settings, paths: CachePaths, tmp: Path, 
 
 def build(spec: BuildSpec, settings: Settings, log: Log) -> dict[str, Any]:
     """Publish ``<cache>/<key>/`` (or find it there); returns its manifest."""
+    validate_spec(spec)  # before the key becomes a path
     root = Path(spec.cache_dir)
     try:
         root.mkdir(parents=True, exist_ok=True)

@@ -214,7 +214,15 @@ def planned_location(role: str, ref: SourceRef, *, sources_mount: str, download_
     if uri.scheme == "pvc":
         return str(Path(sources_mount, uri.authority, uri.path)) if uri.path else str(Path(sources_mount, uri.authority))
     if uri.scheme == "hf":
-        hub = download_dir or "$HF_HOME/hub"
+        hub = download_dir or hf_hub_cache()
         name = f"{uri.authority}/{uri.path}".replace("/", "--")
         return f"{hub}/models--{name}/snapshots/<commit of {ref.revision or 'main'}>"
     return str(Path(download_dir or os.path.join(cache_dir, ".s3-downloads"), "s3", uri.authority, uri.path))
+
+
+def hf_hub_cache() -> str:
+    """huggingface_hub's default cache directory, from the same environment variables it reads."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.environ["HF_HUB_CACHE"]
+    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    return os.path.join(home, "hub")

@@ -10,6 +10,7 @@ conversion and builds it plainly with the same limits. Nothing here touches the 
 from __future__ import annotations
 
 import posixpath
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -39,6 +40,9 @@ REDRAFTER_CONVERTER = "redrafter/convert_checkpoint.py"
 
 #: drafter config.json keys the ReDrafter converter reads
 DRAFTER_CONFIG_KEYS = ("hidden_size", "exit_dim", "num_draft_layers", "rnn")
+
+#: an engine key names a directory on the shared volume: no separators, no dot-files
+KEY_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
 
 BASE_CKPT = "base_ckpt"
 REDRAFTER_CKPT = "redrafter_ckpt"
@@ -165,6 +169,10 @@ def plan_steps(spec: BuildSpec, settings: Settings, arch: Architecture, layout: 
 
 def validate_spec(spec: BuildSpec) -> None:
     """Cross-field rules the contract's types cannot express."""
+    if not KEY_PATTERN.fullmatch(spec.key):
+        raise bad_input(f"engine key {spec.key!r} is not a plain directory name")
+    if not posixpath.isabs(spec.cache_dir):
+        raise bad_input(f"cache_dir {spec.cache_dir!r} must be an absolute path")
     if spec.variant == "redrafter" and (spec.drafter is None or spec.redrafter is None):
         raise bad_input("the redrafter variant needs both drafter and redrafter in the build spec")
     if spec.tensor_parallel < 1:

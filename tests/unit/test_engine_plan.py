@@ -350,3 +350,10 @@ def test_s3_empty_prefix_is_source_unavailable(tmp_path):
         fetch_s3("drafter", ref, parse_uri(ref.uri), str(tmp_path), Log(open(os.devnull, "w")),
                  client_factory=lambda **kw: FakeS3Client({}, **kw))
     assert err.value.code == ExitCode.SOURCE_UNAVAILABLE and "no objects" in err.value.reason
+
+
+@pytest.mark.parametrize("change", [{"key": "../etc"}, {"key": ".hidden"}, {"cache_dir": "relative/cache"}])
+def test_key_and_cache_dir_must_be_safe_paths(change):
+    with pytest.raises(BuildError) as err:
+        plan(spec("llama3-8b-base", **change))
+    assert err.value.code == ExitCode.BAD_INPUT

@@ -142,9 +142,14 @@ def assert_published(env: Env, spec_path: Path, tp: int) -> dict:
     assert env.leftovers() == [], "no temp dir or lock may survive a finished build"
     pbtxts = sorted((artifact / MODEL_REPO_DIR).glob("*/config.pbtxt"))
     assert len(pbtxts) >= 4
+    configs = {}
     for pbtxt in pbtxts:
         config = text_format.Parse(pbtxt.read_text(), model_config_pb2.ModelConfig())
         assert config.name == pbtxt.parent.name
+        configs[config.name] = config
+    engine = configs["tensorrt_llm"].parameters
+    assert engine["engine_dir"].string_value == str(artifact / "engine"), "must point at the published path"
+    assert (engine["decoding_mode"].string_value == "redrafter") == (manifest["variant"] == "redrafter")
     return manifest
 
 

@@ -411,6 +411,53 @@ class Metrics(ApiModel):
         return self
 
 
+class Validation(ApiModel):
+    """Validation of a new engine pair before the stable Service points at it (a CPU-only Job).
+
+    Once a new engine's pods are Ready, the operator runs ``redrafter-operator evaluate validate``
+    against the ``<name>-redrafter`` and ``<name>-base`` Services: context-only, generation-only and
+    mixed batches, single requests and max-length inputs, checking that ReDrafter's greedy outputs
+    equal the base engine's. A failure blocks promotion (the previous engine keeps serving). With
+    ``measureCrossover`` a short concurrency sweep then records the measured crossover concurrency in
+    status.speculation.crossoverConcurrency, which the load-aware policy uses instead of the cost model.
+    """
+
+    enabled: bool = Field(default=True, description="Validate every new engine pair before promoting it.")
+    image: str | None = Field(
+        default=None, pattern=_IMAGE, max_length=512,
+        description="Image running the validation Job (needs the redrafter-operator CLI with its `client` "
+        "extra). Defaults to the operator's own image.",
+    )
+    max_tokens: int = Field(default=32, ge=1, le=4096, description="Output tokens of normal requests.")
+    long_max_tokens: int = Field(
+        default=128, ge=1, le=65536, description="Output tokens of the long requests kept in flight."
+    )
+    single_requests: int = Field(default=4, ge=1, le=256, description="Requests sent one at a time.")
+    max_divergences: int = Field(
+        default=0, ge=0, le=1000,
+        description="Greedy outputs allowed to differ from the base engine's (0: any divergence fails).",
+    )
+    prompts_config_map: str | None = Field(
+        default=None, pattern=_DNS1123_LABEL, max_length=253,
+        description="ConfigMap in this namespace holding the prompt set (JSON or YAML) under promptsKey; "
+        "defaults to a small built-in set.",
+    )
+    prompts_key: str = Field(
+        default="prompts.yaml", pattern=r"^[-._a-zA-Z0-9]+$", max_length=253,
+        description="Key of the prompt set in promptsConfigMap.",
+    )
+    measure_crossover: bool = Field(
+        default=True,
+        description="After passing, sweep concurrency 1, 2, 4, ..., maxBatchSize and record the measured crossover.",
+    )
+    active_deadline_seconds: int = Field(
+        default=1800, ge=60, le=86400, description="Upper bound of the validation Job's run time."
+    )
+    resources: ResourceRequirements = Field(
+        default_factory=dict, description="CPU/memory of the validation pod (it needs no GPU)."
+    )
+
+
 class ReDrafterDeploymentSpec(ApiModel):
     """A speculative-decoding LLM service: engines, serving, autoscaling and speculation policy."""
 
@@ -423,6 +470,9 @@ class ReDrafterDeploymentSpec(ApiModel):
     autoscaling: Autoscaling = Field(default_factory=Autoscaling, description="Autoscaling.")
     speculation: Speculation = Field(default_factory=Speculation, description="Speculation policy.")
     metrics: Metrics = Field(default_factory=Metrics, description="Serving metrics source.")
+    validation: Validation = Field(
+        default_factory=Validation, description="Validation of new engines before promotion."
+    )
 
 
 def spec_errors(raw: dict) -> list[str]:

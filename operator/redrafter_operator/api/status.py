@@ -68,6 +68,24 @@ class SpeculationStatus(ApiModel):
     )
 
 
+ValidationState = Literal["Pending", "Running", "Passed", "Failed"]
+
+
+class ValidationStatus(ApiModel):
+    """The pre-promotion validation of one engine pair (see spec.validation)."""
+
+    state: ValidationState = Field(default="Pending", description="Pending, Running, Passed or Failed.")
+    redrafter_key: str | None = Field(default=None, description="ReDrafter engine key that was validated.")
+    base_key: str | None = Field(default=None, description="Base engine key that was validated.")
+    job: str | None = Field(default=None, description="Name of the validation Job.")
+    reason: str | None = Field(
+        default=None,
+        description="Passed, Diverged, RequestFailed, EndpointUnavailable, InvalidInput or JobFailed.",
+    )
+    message: str | None = Field(default=None, description="The Job's one-line verdict (termination message).")
+    completed: str | None = Field(default=None, description="When the Job finished (RFC 3339).")
+
+
 class HistoryEntry(ApiModel):
     time: str = Field(description="When the switch happened.")
     from_: str = Field(alias="from", description="Engine before.")
@@ -83,6 +101,9 @@ class ReDrafterDeploymentStatus(ApiModel):
     engines: EnginesStatus = Field(default_factory=EnginesStatus, description="Engine build states.")
     serving: ServingStatus = Field(default_factory=ServingStatus, description="Serving replicas.")
     speculation: SpeculationStatus = Field(default_factory=SpeculationStatus, description="Last evaluation.")
+    validation: ValidationStatus | None = Field(
+        default=None, description="Validation of the newest engine pair before promotion."
+    )
     history: list[HistoryEntry] = Field(
         default_factory=list, max_length=HISTORY_LIMIT, description="Most recent engine switches (bounded)."
     )

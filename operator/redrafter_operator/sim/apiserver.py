@@ -33,6 +33,7 @@ import attrs
 import yaml
 from kmock import KubernetesEmulator
 
+from . import apiserver_protobuf as protobuf
 from . import apiserver_resources as res
 from .apiserver_patch import PatchError, PatchTestFailed, json_patch, merge_patch, strategic_merge_patch
 from .apiserver_resources import ResourceType
@@ -180,6 +181,29 @@ def _events_v1_to_core(ev: dict[str, Any]) -> dict[str, Any]:
         if old in ev:
             ev[new] = ev.pop(old)
     return ev
+
+
+def _builtin_defaults(rtype: ResourceType, obj: dict[str, Any]) -> None:
+    """The handful of API defaults clients rely on (a real server defaults far more fields)."""
+    kind = rtype.storage_key
+    if kind == ("", "secrets") and not obj.get("type"):
+        obj["type"] = "Opaque"
+    elif kind == ("", "services"):
+        spec = obj.setdefault("spec", {})
+        spec.setdefault("type", "ClusterIP")
+        if spec.get("clusterIP") is None:
+            digest = uuid.UUID(obj["metadata"]["uid"]).bytes
+            spec["clusterIP"] = f"10.96.{digest[0]}.{max(digest[1], 1)}"
+        for port in spec.get("ports") or []:
+            port.setdefault("protocol", "TCP")
+            port.setdefault("targetPort", port.get("port"))
+    elif kind in (("apps", "deployments"), ("apps", "replicasets"), ("apps", "statefulsets")):
+        obj.setdefault("spec", {}).setdefault("replicas", 1)
+    elif kind == ("batch", "jobs"):
+        spec = obj.setdefault("spec", {})
+        spec.setdefault("backoffLimit", 6)
+        spec.setdefault("completions", 1)
+        spec.setdefault("parallelism", 1)
 
 
 def _spec_part(obj: dict[str, Any]) -> dict[str, Any]:
@@ -465,6 +489,7 @@ class ApiServerEmulator(KubernetesEmulator):
                 meta["generation"] = 1
             else:
                 meta.pop("generation", None)
+            _builtin_defaults(rtype, obj)
             obj = self._admit(rtype, obj)
             obj["apiVersion"], obj["kind"] = rtype.api_version, rtype.kind
             if dry_run:
@@ -810,7 +835,10 @@ class ApiServerEmulator(KubernetesEmulator):
     def _body(body: bytes, raw: aiohttp.web.BaseRequest) -> Any:
         ctype = raw.headers.get("Content-Type", "")
         if "protobuf" in ctype:
-            raise ApiError(415, "the emulator accepts JSON and YAML only, not protobuf")
+            try:
+                return protobuf.decode(body)
+            except ValueError as exc:
+                raise ApiError(415, f"unsupported protobuf body: {exc}") from None
         if not body:
             return {}
         try:

@@ -73,7 +73,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     from .prompts import load_prompts
     from .report import build_report, write_report
     from .stream import RequestOptions
-    from .sweep import SweepConfig, default_concurrencies, parse_concurrencies, report_config, run_sweep
+    from .stats import default_concurrencies, parse_concurrencies
+    from .sweep import SweepConfig, report_config, run_sweep
     from .tokens import make_counter
 
     endpoints = {v: u for v, u in (("redrafter", args.redrafter), ("base", args.base)) if u}
@@ -120,7 +121,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
         sweep_levels = None
         if args.sweep_concurrency:
-            from .sweep import parse_concurrencies
+            from .stats import parse_concurrencies
 
             sweep_levels = parse_concurrencies(args.sweep_concurrency)
     except (ValueError, OSError) as exc:

@@ -13,6 +13,24 @@ from typing import Iterable, Sequence
 ACCEPTANCE_BINS: tuple[float, ...] = tuple(i / 10 for i in range(11))  # 0.0, 0.1, ..., 1.0
 
 
+def default_concurrencies(max_batch_size: int) -> list[int]:
+    """1, 2, 4, ... up to and including ``max_batch_size``."""
+    if max_batch_size < 1:
+        raise ValueError("max_batch_size must be >= 1")
+    out, c = [], 1
+    while c < max_batch_size:
+        out.append(c)
+        c *= 2
+    return out + [max_batch_size]
+
+
+def parse_concurrencies(text: str) -> list[int]:
+    values = sorted({int(x) for x in text.split(",") if x.strip()})
+    if not values or values[0] < 1:
+        raise ValueError("concurrency levels must be integers >= 1")
+    return values
+
+
 @dataclass(frozen=True)
 class Sample:
     """One finished request as the statistics see it (seconds; chunk times relative to its start)."""

@@ -19,24 +19,6 @@ from .stream import RequestOptions, to_sample
 from .tokens import TokenCounter, WordCounter
 
 
-def default_concurrencies(max_batch_size: int) -> list[int]:
-    """1, 2, 4, ... up to and including ``max_batch_size``."""
-    if max_batch_size < 1:
-        raise ValueError("max_batch_size must be >= 1")
-    out, c = [], 1
-    while c < max_batch_size:
-        out.append(c)
-        c *= 2
-    return out + [max_batch_size]
-
-
-def parse_concurrencies(text: str) -> list[int]:
-    values = sorted({int(x) for x in text.split(",") if x.strip()})
-    if not values or values[0] < 1:
-        raise ValueError("concurrency levels must be integers >= 1")
-    return values
-
-
 @dataclass(frozen=True)
 class SweepConfig:
     endpoints: dict[str, str]  # variant (redrafter | base) -> grpc endpoint

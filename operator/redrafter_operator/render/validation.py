@@ -1,0 +1,132 @@
+"""The pre-promotion validation Job: ``redrafter-operator evaluate validate`` against the two per-variant
+Services (``<name>-redrafter`` and ``<name>-base``), CPU only.
+
+Image: ``spec.validation.image``, else the operator's own image (passed in by the controller). The
+operator image already carries the ``redrafter-operator`` CLI and, with the ``client`` extra,
+tritonclient; the Triton serving image would be a multi-GB pull onto a CPU node and has no CLI.
+
+One Job per (resource, ReDrafter key, base key, attempt): deterministic, so a restarted operator
+finds it, and a new engine pair is validated by a new Job. Verdicts that are deterministic (exit 1:
+Diverged/RequestFailed, 2: InvalidInput) fail the Job at once through a podFailurePolicy; other pod
+failures (endpoint not ready yet, eviction, OOM) are retried up to ``backoffLimit``. The verdict is
+the container's termination message (:mod:`redrafter_operator.evaluate.outcome`).
+"""
+
+from __future__ import annotations
+
+import posixpath
+from typing import Any
+
+from engine_jobs.contract import GRPC_PORT, TERMINATION_LOG
+
+from ..api.spec import ReDrafterDeploymentSpec
+from ..evaluate.outcome import DIVERGED, EXIT_CODES, INVALID_INPUT, REQUEST_FAILED
+from ..evaluate.stats import default_concurrencies
+from . import names
+from .common import Owner, metadata
+
+CONTAINER = "validate"
+COMPONENT = "validation"
+PROMPTS_MOUNT = "/etc/redrafter/prompts"
+BACKOFF_LIMIT = 2  # retries of non-deterministic failures only (see pod_failure_policy)
+FINISHED_JOB_TTL_SECONDS = 86400
+READY_TIMEOUT_SECONDS = 300
+ANNOTATION_REDRAFTER_KEY = f"{names.DOMAIN}/redrafter-engine-key"
+ANNOTATION_BASE_KEY = f"{names.DOMAIN}/base-engine-key"
+DEFAULT_RESOURCES = {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
+
+
+def validation_job_name(deployment: str, redrafter_key: str, base_key: str, attempt: int = 0) -> str:
+    return names.safe_name(deployment, "validate", redrafter_key[:8], base_key[:8], str(attempt) if attempt else "",
+                           limit=names.JOB_NAME_MAX)
+
+
+def service_endpoint(owner: Owner, variant: str) -> str:
+    """The per-variant Service's in-cluster gRPC address."""
+    return f"{names.service_name(owner.name, variant)}.{owner.namespace}.svc:{GRPC_PORT}"  # type: ignore[arg-type]
+
+
+def validate_args(spec: ReDrafterDeploymentSpec, redrafter: str, base: str) -> list[str]:
+    """The CLI arguments after ``redrafter-operator evaluate validate`` (output lengths fit maxSeqLen)."""
+    v, e = spec.validation, spec.engine
+    room = max(e.max_seq_len - e.max_input_len, 1)  # output room left by the longest allowed input
+    args = [
+        "--redrafter", redrafter, "--base", base,
+        "--max-tokens", str(min(v.max_tokens, room)),
+        "--long-max-tokens", str(min(v.long_max_tokens, room)),
+        "--batch-size", str(e.max_batch_size),
+        "--single-requests", str(v.single_requests),
+        "--max-input-len", str(e.max_input_len),
+        "--max-seq-len", str(e.max_seq_len),
+        "--max-divergences", str(v.max_divergences),
+        "--ready-timeout", str(READY_TIMEOUT_SECONDS),
+        "--termination-log", TERMINATION_LOG,
+    ]
+    if v.prompts_config_map:
+        args += ["--prompts", posixpath.join(PROMPTS_MOUNT, v.prompts_key)]
+    if v.measure_crossover:
+        args += ["--sweep-concurrency", ",".join(map(str, default_concurrencies(e.max_batch_size)))]
+    return args
+
+
+def pod_failure_policy() -> dict[str, Any]:
+    """Verdicts about the engines (or the arguments) fail the Job at once; a retry would repeat them."""
+    deterministic = sorted({EXIT_CODES[r] for r in (DIVERGED, REQUEST_FAILED, INVALID_INPUT)})
+    return {"rules": [
+        {"action": "FailJob", "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": deterministic}},
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+    ]}
+
+
+def validation_job(owner: Owner, *, redrafter_key: str, base_key: str, operator_image: str, attempt: int = 0,
+                   redrafter_endpoint: str | None = None, base_endpoint: str | None = None) -> dict[str, Any]:
+    """The Job validating the engine pair (``redrafter_key``, ``base_key``) behind the variant Services.
+
+    ``redrafter_endpoint`` / ``base_endpoint`` override the per-variant Service addresses (e.g. when
+    the controller brings a new engine up under other names).
+    """
+    spec = owner.spec
+    v = spec.validation
+    labels = names.common_labels(owner.name, COMPONENT)
+    args = validate_args(spec, redrafter_endpoint or service_endpoint(owner, "redrafter"),
+                         base_endpoint or service_endpoint(owner, "base"))
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": v.image or operator_image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["redrafter-operator", "evaluate", "validate", *args],
+        "resources": v.resources or DEFAULT_RESOURCES,
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "containers": [container],
+        "automountServiceAccountToken": False,  # it talks to Triton only, never to the API server
+        "enableServiceLinks": False,
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+    }
+    if v.prompts_config_map:
+        container["volumeMounts"] = [{"name": "prompts", "mountPath": PROMPTS_MOUNT, "readOnly": True}]
+        pod_spec["volumes"] = [{"name": "prompts", "configMap": {"name": v.prompts_config_map}}]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": metadata(
+            owner, validation_job_name(owner.name, redrafter_key, base_key, attempt), labels,
+            {ANNOTATION_REDRAFTER_KEY: redrafter_key, ANNOTATION_BASE_KEY: base_key,
+             f"{names.DOMAIN}/attempt": str(attempt)},
+        ),
+        "spec": {
+            "backoffLimit": BACKOFF_LIMIT,
+            "activeDeadlineSeconds": v.active_deadline_seconds,
+            "ttlSecondsAfterFinished": FINISHED_JOB_TTL_SECONDS,
+            "podFailurePolicy": pod_failure_policy(),
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        },
+    }

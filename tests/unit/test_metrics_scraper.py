@@ -140,3 +140,31 @@ def test_target_from_pod_object():
     assert t.started_at == 1767225900.0
     with pytest.raises(ValueError, match="variant"):
         PodTarget.from_pod({"metadata": {"name": "x", "labels": {}}, "status": {}})
+
+
+def test_targets_from_pods_keeps_ready_serving_pods():
+    from redrafter_operator.metrics import targets_from_pods
+
+    def pod(name, ready=True, variant="base", deleting=False):
+        meta = {"name": name, "uid": name, "labels": {"redrafter.dev/variant": variant} if variant else {}}
+        if deleting:
+            meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        return {"metadata": meta, "status": {"podIP": "10.0.0.1",
+                                             "conditions": [{"type": "Ready", "status": str(ready)}]}}
+
+    pods = [pod("b"), pod("a", variant="redrafter"), pod("not-ready", ready=False), pod("no-label", variant=None),
+            pod("deleting", deleting=True)]
+    assert [(t.name, t.variant, t.pool) for t in targets_from_pods(pods)] == [("a", "redrafter", "redrafter"),
+                                                                             ("b", "base", "base")]
+
+
+def test_source_for_follows_the_spec():
+    from redrafter_operator.api.spec import ReDrafterDeploymentSpec
+    from redrafter_operator.metrics import PrometheusSource, source_for
+    base = {"model": {"base": {"source": "hf://o/b"}, "drafter": {"source": "hf://o/d"}}}
+    src = source_for(ReDrafterDeploymentSpec.model_validate(base), "chat", "ns")
+    assert isinstance(src, PodScraper) and src.timeout == 2.0
+    prom = ReDrafterDeploymentSpec.model_validate(
+        {**base, "metrics": {"source": "Prometheus", "prometheusUrl": "http://prom:9090", "scrapeTimeoutSeconds": 4}})
+    src = source_for(prom, "chat", "ns")
+    assert isinstance(src, PrometheusSource) and src.url == "http://prom:9090" and src.timeout == 4

@@ -6,10 +6,11 @@ from .samples import (
     COUNTERS, MetricsSource, PodError, PodSample, PodTarget, Reading, collect, pod_is_ready,
 )
 from .scraper import PodScraper
+from .source import source_for, targets_from_pods
 from .window import Aggregate, PodMark, WindowState, Windows, advance
 
 __all__ = [
     "Aggregate", "COUNTERS", "MetricsSource", "PodError", "PodMark", "PodSample", "PodScraper",
     "PodTarget", "PrometheusError", "PrometheusSource", "Reading", "WindowState", "Windows", "advance",
-    "collect", "parse_exposition", "pod_is_ready",
+    "collect", "parse_exposition", "pod_is_ready", "source_for", "targets_from_pods",
 ]

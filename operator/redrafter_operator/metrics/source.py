@@ -1,0 +1,31 @@
+"""Choosing the metrics source a ReDrafterDeployment asks for, and which pods it reads."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+import aiohttp
+
+from engine_jobs.contract import METRICS_PORT
+
+from ..render.names import LABEL_VARIANT
+from .prometheus import PrometheusSource
+from .samples import MetricsSource, PodTarget, pod_is_ready
+from .scraper import PodScraper
+
+
+def targets_from_pods(pods: Iterable[Mapping[str, Any]], port: int = METRICS_PORT) -> list[PodTarget]:
+    """Ready serving pods (with a variant label) as scrape targets, sorted by name for stable output."""
+    out = [PodTarget.from_pod(p, port) for p in pods
+           if pod_is_ready(p) and (p.get("metadata", {}).get("labels") or {}).get(LABEL_VARIANT)]
+    return sorted(out, key=lambda t: t.name)
+
+
+def source_for(spec, deployment: str, namespace: str,
+               session: aiohttp.ClientSession | None = None) -> MetricsSource:
+    """PodScraper or PrometheusSource per ``spec.metrics`` (timeouts from the spec)."""
+    m = spec.metrics
+    if m.source == "Prometheus":
+        return PrometheusSource(m.prometheus_url, deployment, namespace, timeout=m.scrape_timeout_seconds,
+                                session=session)
+    return PodScraper(deployment, timeout=m.scrape_timeout_seconds, session=session)

@@ -347,6 +347,15 @@ class CostModel(ApiModel):
 class Speculation(ApiModel):
     """When to serve with ReDrafter and when to fall back to the base engine."""
 
+    model_config = {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                _cel("self.minAcceptanceRate + self.acceptanceHysteresis <= 1.0",
+                     "minAcceptanceRate + acceptanceHysteresis must be at most 1 (else recovery is impossible)")
+            ]
+        }
+    }
+
     mode: Literal["Auto", "Always", "Never"] = Field(
         default="Auto",
         description="Auto measures and switches; Always pins ReDrafter; Never pins the base engine.",
@@ -390,6 +399,12 @@ class Speculation(ApiModel):
         if parse_duration(v) <= 0:
             raise ValueError("must be a positive duration")
         return v
+
+    @model_validator(mode="after")
+    def _recoverable(self):
+        if self.min_acceptance_rate + self.acceptance_hysteresis > 1.0:
+            raise ValueError("minAcceptanceRate + acceptanceHysteresis must be at most 1 (else recovery is impossible)")
+        return self
 
 
 class Metrics(ApiModel):

@@ -6,8 +6,9 @@ JSON-able model the controller stores in status and hands back on the next evalu
 Measurement semantics follow Argo Rollouts' analysis: every evaluation (one ``interval``) yields one
 measurement that is Successful, Failed, Inconclusive or Error.
 
-* Inconclusive — no pod answered, fewer than ``minSamples`` finished requests, nothing drafted — is
-  never a failure: it neither adds to nor clears the consecutive counts (Argo pauses on it).
+* Inconclusive — no pod answered, fewer than ``minSamples`` finished requests (even pooling the
+  last ACCUMULATE_MAX intervals), nothing drafted — is never a failure: it neither adds to nor
+  clears the consecutive counts (Argo pauses on it).
 * Error — the source failed entirely — is counted apart; ``consecutiveErrorLimit`` errors in a row
   make the SpeculationHealthy condition Unknown and never cause a switch.
 * ``failureLimit`` consecutive failures while on ReDrafter switch to base; ``successLimit``
@@ -63,7 +64,7 @@ FLAP_HISTORY = 40  # conclusive outcomes remembered (20 minutes at the default 3
 FLAP_ENTER = 4  # changes between Successful and Failed within the history that mean flapping
 FLAP_EXIT = 1  # ... at or below which it no longer is (hysteresis)
 FLAP_MIN = 8  # speedups measured while flapping before their mean may move the engine
-FLAP_MARGIN_FACTOR = 4  # ... and that mean must clear this many margins (default +-20%: a switch mid-flap is costly)
+FLAP_MARGIN_FACTOR = 4  # ... beyond this many margins (default +-20%): a switch mid-flap is costly
 
 
 class SpeculationState(BaseModel):

@@ -168,3 +168,17 @@ def test_source_for_follows_the_spec():
         {**base, "metrics": {"source": "Prometheus", "prometheusUrl": "http://prom:9090", "scrapeTimeoutSeconds": 4}})
     src = source_for(prom, "chat", "ns")
     assert isinstance(src, PrometheusSource) and src.url == "http://prom:9090" and src.timeout == 4
+
+
+async def test_large_exposition_is_read_whole(pods):
+    """A real Triton exposition is hundreds of KiB: the body must be read to the end, not one chunk."""
+    padding = "# TYPE nv_gpu_utilization gauge\n" + "".join(
+        f'nv_gpu_utilization{{gpu_uuid="GPU-{i:06d}"}} 0.5\n' for i in range(20000))
+
+    async def big(_req):
+        return web.Response(text=padding + exposition(42, 100, 70))
+
+    port = await pods.serve(big)
+    reading = await PodScraper("chat", timeout=5.0).read([target("big", port)])
+    assert len(padding) > 500_000
+    assert reading.samples[0].counters["requests"] == 42 and reading.samples[0].load == {"active": 3}

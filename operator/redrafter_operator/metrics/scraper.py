@@ -61,9 +61,13 @@ class PodScraper:
                 async with session.get(url, timeout=aiohttp.ClientTimeout(total=self.timeout)) as resp:
                     if resp.status != 200:
                         return fail(f"GET {url}: HTTP {resp.status}")
-                    body = await resp.content.read(MAX_BODY + 1)
-                    if len(body) > MAX_BODY:
-                        return fail(f"GET {url}: body larger than {MAX_BODY} bytes")
+                    chunks, size = [], 0
+                    async for chunk in resp.content.iter_chunked(64 * 1024):
+                        size += len(chunk)
+                        if size > MAX_BODY:
+                            return fail(f"GET {url}: body larger than {MAX_BODY} bytes")
+                        chunks.append(chunk)
+                    body = b"".join(chunks)
             except asyncio.TimeoutError:
                 return fail(f"GET {url}: timed out after {self.timeout}s")
             except aiohttp.ClientError as exc:

@@ -1,0 +1,270 @@
+"""The simulated node's Job controller + kubelet for engine build Jobs.
+
+For each build Job (label ``app.kubernetes.io/component=engine-build``) it creates a Pod in the API,
+lays out the Pod's volumes on this machine (:mod:`.hostfs`), and runs the container's own command —
+``python -m engine_jobs build --spec /etc/redrafter/build.json`` — as a real subprocess with the
+stand-in TensorRT-LLM toolchain. Only paths change: build.json's ``cache_dir`` and credentials
+directories point into the pod's root, and engine_jobs' settings (environment variables) name the
+toolchain, the pvc:// mount root and the termination-message file. pvc:// source claims are
+provisioned with a tiny fake checkpoint (:mod:`.checkpoint`) the first time a build reads them.
+The Pod's and Job's status come from the real exit code and termination-message file, with the Job's
+``backoffLimit`` retries and ``activeDeadlineSeconds``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from engine_jobs import contract
+from engine_jobs.contract import BuildSpec, SourceRef
+
+from . import objects
+from .checkpoint import write_base, write_drafter, write_tokenizer
+from .hostfs import HostFS, PodRoot, configmap_names
+from .kubeapi import CONFIGMAPS, JOBS, PODS, KubeApi
+
+log = logging.getLogger("redrafter.sim.jobs")
+
+#: The stand-in TensorRT-LLM toolchain (converter scripts under examples/, bin/trtllm-build).
+#: The one place that names its location.
+TOOLCHAIN_DIR = Path(__file__).resolve().parents[3] / "tests" / "fakes" / "trtllm"
+
+BUILD_SELECTOR = "app.kubernetes.io/component=engine-build"
+TERMINATION_MESSAGE_LIMIT = 4096
+LOG_TAIL_LINES = 80
+
+
+def toolchain_env(toolchain: Path = TOOLCHAIN_DIR) -> dict[str, str]:
+    """engine_jobs settings selecting the stand-in toolchain (see engine_jobs/settings.py)."""
+    return {
+        "REDRAFTER_TRTLLM_EXAMPLES": str(toolchain / "examples"),
+        "REDRAFTER_TRTLLM_BUILD": str(toolchain / "bin" / "trtllm-build"),
+        "REDRAFTER_PYTHON": sys.executable,
+        "REDRAFTER_NVIDIA_SMI": "nvidia-smi-not-on-this-node",
+        "REDRAFTER_LOCK_POLL_SECONDS": "0.5",
+        "REDRAFTER_LOCK_HEARTBEAT_SECONDS": "2",
+    }
+
+
+def job_finished(job: Mapping[str, Any]) -> bool:
+    return objects.condition_true(job, "Complete") or objects.condition_true(job, "Failed")
+
+
+def provision_source(fs: HostFS, ref: SourceRef | None, role: str) -> None:
+    """A pvc:// claim that does not hold the source yet gets the fake checkpoint piece for ``role``."""
+    if ref is None or not ref.uri.startswith("pvc://"):
+        return
+    claim, _, sub = ref.uri[len("pvc://"):].partition("/")
+    target = fs.claim_dir(claim) / sub if sub else fs.claim_dir(claim)
+    if role == "base" and not (target / "config.json").exists():
+        write_base(target)
+    elif role == "drafter" and not (target / "config.json").exists():
+        write_drafter(target)
+    elif role == "tokenizer" and not (target / "tokenizer.json").exists():
+        write_tokenizer(target)
+
+
+def localize_build_spec(text: str, pod: PodRoot) -> str:
+    """build.json with this machine's paths: the cache and credentials dirs inside the pod's root."""
+    spec = BuildSpec.model_validate_json(text)
+
+    def ref(r: SourceRef | None) -> SourceRef | None:
+        if r is None or not r.credentials_dir:
+            return r
+        return r.model_copy(update={"credentials_dir": pod.to_host(r.credentials_dir)})
+
+    local = spec.model_copy(update={
+        "cache_dir": pod.to_host(spec.cache_dir), "base": ref(spec.base), "drafter": ref(spec.drafter),
+        "tokenizer": ref(spec.tokenizer),
+    })
+    return local.model_dump_json(indent=2)
+
+
+class BuildJobRunner:
+    """Runs every unfinished build Job once (per attempt) and reports Pod and Job status."""
+
+    def __init__(self, api: KubeApi, fs: HostFS, *, toolchain: Path = TOOLCHAIN_DIR, parallel: int = 2) -> None:
+        self.api = api
+        self.fs = fs
+        self.toolchain = toolchain
+        self._slots = asyncio.Semaphore(parallel)
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self.finished: dict[str, int] = {}  # job uid -> exit code of its last pod (for tests/the demo)
+
+    async def sync(self) -> None:
+        jobs = await self.api.list(JOBS, label_selector=BUILD_SELECTOR)
+        alive = set()
+        for job in jobs:
+            uid = job["metadata"]["uid"]
+            alive.add(uid)
+            if uid in self._tasks or job_finished(job) or uid in self.finished:
+                continue
+            self._tasks[uid] = asyncio.create_task(self._run_job(job), name=f"job/{job['metadata']['name']}")
+        for uid, task in list(self._tasks.items()):
+            if task.done():
+                self._tasks.pop(uid)
+                if not task.cancelled() and task.exception() is not None:
+                    log.error("build job task failed: %r", task.exception())
+            elif uid not in alive:  # the Job was deleted: kill its pod
+                task.cancel()
+
+    async def shutdown(self) -> None:
+        for task in self._tasks.values():
+            task.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        self._tasks.clear()
+
+    # ------------------------------------------------------------------ one Job
+    async def _run_job(self, job: dict[str, Any]) -> None:
+        meta, spec = job["metadata"], job.get("spec") or {}
+        ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
+        backoff = int(spec.get("backoffLimit", 6))
+        deadline = spec.get("activeDeadlineSeconds")
+        started = objects.now()
+        await self._job_status(ns, name, {"startTime": started, "active": 1})
+        failures, code, message = 0, 0, ""
+        try:
+            while True:
+                try:
+                    code, message = await asyncio.wait_for(self._run_pod(job), timeout=deadline)
+                except asyncio.TimeoutError:
+                    self.finished[uid] = -1
+                    await self._job_status(ns, name, self._failed(failures + 1, "DeadlineExceeded",
+                                                                  "Job was active longer than specified deadline"))
+                    return
+                if code == 0:
+                    break
+                failures += 1
+                if failures > backoff:
+                    break
+                await self._job_status(ns, name, {"active": 1, "failed": failures})
+        finally:
+            self.finished.setdefault(uid, code)
+        self.finished[uid] = code
+        if code == 0:
+            t = objects.now()
+            await self._job_status(ns, name, {
+                "active": 0, "succeeded": 1, "failed": failures, "completionTime": t, "conditions": [
+                    {"type": "SuccessCriteriaMet", "status": "True", "reason": "CompletionsReached",
+                     "message": "Reached expected number of succeeded pods", "lastTransitionTime": t},
+                    {"type": "Complete", "status": "True", "reason": "CompletionsReached",
+                     "message": "Reached expected number of succeeded pods", "lastTransitionTime": t}]})
+        else:
+            await self._job_status(ns, name, self._failed(failures, "BackoffLimitExceeded",
+                                                          "Job has reached the specified backoff limit"))
+
+    @staticmethod
+    def _failed(failures: int, reason: str, message: str) -> dict[str, Any]:
+        t = objects.now()
+        return {"active": 0, "failed": failures, "conditions": [
+            {"type": "FailureTarget", "status": "True", "reason": reason, "message": message, "lastTransitionTime": t},
+            {"type": "Failed", "status": "True", "reason": reason, "message": message, "lastTransitionTime": t}]}
+
+    async def _job_status(self, ns: str, name: str, status: dict[str, Any]) -> None:
+        with contextlib.suppress(Exception):
+            await self.api.patch(JOBS, name, ns, {"status": status}, subresource="status")
+
+    # ------------------------------------------------------------------ one Pod of the Job
+    async def _run_pod(self, job: dict[str, Any]) -> tuple[int, str]:
+        meta = job["metadata"]
+        ns, job_name = meta["namespace"], meta["name"]
+        template = (job.get("spec") or {}).get("template") or {}
+        pod_name = f"{job_name[:57]}-{objects.suffix()}"
+        labels = {"job-name": job_name, "batch.kubernetes.io/job-name": job_name,
+                  "controller-uid": meta["uid"], "batch.kubernetes.io/controller-uid": meta["uid"]}
+        manifest = objects.pod_manifest(job, pod_name, template, labels)
+        await self.api.create(PODS, manifest, ns)
+        container = manifest["spec"]["containers"][0]
+        image = container.get("image", "")
+        started = objects.now()
+        root = self.fs.pod_root(ns, pod_name)
+        try:
+            async with self._slots:
+                argv, env = await self._prepare(ns, manifest, container, root)
+                await self._pod_status(ns, pod_name, objects.running_status(
+                    container["name"], objects.HOST_IP, started, True, 0, image))
+                code, message = await self._execute(argv, env, root)
+        except (OSError, ValueError) as exc:  # a volume or ConfigMap the pod cannot start with
+            code, message = 128, f"CreateContainerConfigError: {exc}"
+        await self._pod_status(ns, pod_name, objects.terminated_status(
+            container["name"], objects.HOST_IP, started, code, message, image))
+        log.info("build pod %s/%s exited %s", ns, pod_name, code)
+        return code, message
+
+    async def _prepare(self, ns: str, manifest: dict[str, Any], container: dict[str, Any],
+                       root: PodRoot) -> tuple[list[str], dict[str, str]]:
+        pod_spec = manifest["spec"]
+        configmaps: dict[str, dict[str, str]] = {}
+        for cm_name in configmap_names(pod_spec):
+            cm = await self.api.get(CONFIGMAPS, cm_name, ns)
+            if cm is None:
+                raise FileNotFoundError(f"configmap {cm_name!r} not found")
+            data = dict(cm.get("data") or {})
+            if contract.BUILD_SPEC_FILE in data:
+                spec = BuildSpec.model_validate_json(data[contract.BUILD_SPEC_FILE])
+                provision_source(self.fs, spec.base, "base")
+                provision_source(self.fs, spec.drafter, "drafter")
+                provision_source(self.fs, spec.tokenizer, "tokenizer")
+                data[contract.BUILD_SPEC_FILE] = localize_build_spec(data[contract.BUILD_SPEC_FILE], root)
+            configmaps[cm_name] = data
+        self.fs.mount_volumes(root, pod_spec, container, configmaps)
+        env = dict(os.environ)
+        for item in container.get("env") or []:
+            if "value" in item:
+                env[item["name"]] = root.translate(item["value"])
+            elif (item.get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath") == "metadata.name":
+                env[item["name"]] = manifest["metadata"]["name"]
+        env.update(toolchain_env(self.toolchain))
+        env["REDRAFTER_SOURCES_MOUNT"] = root.to_host(contract.SOURCES_MOUNT)
+        env["REDRAFTER_TERMINATION_LOG"] = root.to_host(container.get("terminationMessagePath") or contract.TERMINATION_LOG)
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        Path(env["REDRAFTER_TERMINATION_LOG"]).parent.mkdir(parents=True, exist_ok=True)
+        command = [*(container.get("command") or []), *(container.get("args") or [])]
+        if not command:
+            raise ValueError("build container has no command")
+        if command[0] in ("python", "python3"):
+            command[0] = sys.executable
+        return [root.translate(a) for a in command], env
+
+    async def _execute(self, argv: list[str], env: dict[str, str], root: PodRoot) -> tuple[int, str]:
+        log_path = root.root / "container.log"
+        with open(log_path, "wb") as out:
+            proc = await asyncio.create_subprocess_exec(*argv, stdout=out, stderr=asyncio.subprocess.STDOUT,
+                                                        env=env, cwd=root.root, start_new_session=True)
+        try:
+            code = await proc.wait()
+        except asyncio.CancelledError:
+            await _terminate(proc)
+            raise
+        term = Path(env["REDRAFTER_TERMINATION_LOG"])
+        message = term.read_text(errors="replace") if term.is_file() else ""
+        if code != 0 and not message.strip():  # terminationMessagePolicy: FallbackToLogsOnError
+            lines = log_path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+            message = "\n".join(lines)
+        return code, message[-TERMINATION_MESSAGE_LIMIT:]
+
+    async def _pod_status(self, ns: str, name: str, status: dict[str, Any]) -> None:
+        with contextlib.suppress(Exception):
+            await self.api.patch(PODS, name, ns, {"status": status}, subresource="status")
+
+
+async def _terminate(proc: asyncio.subprocess.Process, grace: float = 5.0) -> None:
+    """SIGTERM the process group, SIGKILL after ``grace`` seconds."""
+    if proc.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        await asyncio.wait_for(proc.wait(), grace)
+    except asyncio.TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()

@@ -1,0 +1,130 @@
+"""The simulated node's disk: persistent claims, and one root directory per pod that mirrors its mounts.
+
+A pod's containers see paths such as ``/cache`` or ``/etc/redrafter/build.json``. On this machine each
+pod gets ``<node>/pods/<ns>_<pod>/rootfs`` where every volume mount is a symlink to the volume's host
+directory (a claim under ``<node>/pvc/<claim>[/<subPath>]``, a ConfigMap materialised as files, an
+emptyDir), so a container path ``P`` is the host path ``rootfs + P``. Claims outlive pods (the engine
+cache is shared by build Jobs and serving pods); everything lives under one temp directory.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def _safe(part: str) -> str:
+    return _UNSAFE.sub("_", part) or "_"
+
+
+@dataclass(frozen=True)
+class Mount:
+    path: str  # inside the container
+    host: Path
+
+
+@dataclass
+class PodRoot:
+    """A pod's view of its volumes on this machine."""
+
+    root: Path  # <node>/pods/<ns>_<pod>
+    mounts: list[Mount] = field(default_factory=list)
+
+    @property
+    def rootfs(self) -> Path:
+        return self.root / "rootfs"
+
+    def to_host(self, path: str) -> str:
+        """The host path of a container path (any absolute path maps under rootfs)."""
+        if not path.startswith("/"):
+            return path
+        return str(self.rootfs) + posixpath.normpath(path)
+
+    def translate(self, value: str) -> str:
+        """``value`` with a container path under one of the mounts rewritten; other strings unchanged."""
+        for mount in sorted(self.mounts, key=lambda m: len(m.path), reverse=True):
+            if value == mount.path or value.startswith(mount.path.rstrip("/") + "/"):
+                return self.to_host(value)
+        return value
+
+
+class HostFS:
+    """The node's directories (``node_dir``) and the claim provisioner."""
+
+    def __init__(self, node_dir: Path) -> None:
+        self.node_dir = Path(node_dir)
+        (self.node_dir / "pvc").mkdir(parents=True, exist_ok=True)
+        (self.node_dir / "pods").mkdir(parents=True, exist_ok=True)
+
+    def claim_dir(self, claim: str, sub_path: str = "") -> Path:
+        path = self.node_dir / "pvc" / _safe(claim)
+        if sub_path:
+            path = path.joinpath(*(_safe(p) for p in sub_path.strip("/").split("/") if p))
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def pod_root(self, namespace: str, name: str) -> PodRoot:
+        root = self.node_dir / "pods" / f"{_safe(namespace)}_{_safe(name)}"
+        (root / "rootfs").mkdir(parents=True, exist_ok=True)
+        return PodRoot(root)
+
+    def remove_pod(self, namespace: str, name: str) -> None:
+        shutil.rmtree(self.node_dir / "pods" / f"{_safe(namespace)}_{_safe(name)}", ignore_errors=True)
+
+    def mount_volumes(self, pod: PodRoot, pod_spec: Mapping[str, Any], container: Mapping[str, Any],
+                      configmaps: Mapping[str, Mapping[str, str]]) -> PodRoot:
+        """Lay out the container's volume mounts under the pod's rootfs.
+
+        ``configmaps`` maps a ConfigMap name to its data (already fetched by the caller); a ConfigMap
+        volume becomes a read-only-by-convention directory of files.
+        """
+        volumes = {v["name"]: v for v in pod_spec.get("volumes") or []}
+        for vm in container.get("volumeMounts") or []:
+            vol = volumes.get(vm["name"])
+            if vol is None:
+                raise ValueError(f"volumeMount {vm['name']!r} has no volume")
+            host = self._volume_dir(pod, vol, configmaps)
+            if vm.get("subPath"):
+                host = host.joinpath(*(_safe(p) for p in vm["subPath"].strip("/").split("/") if p))
+                host.mkdir(parents=True, exist_ok=True)
+            link = Path(pod.to_host(vm["mountPath"]))
+            link.parent.mkdir(parents=True, exist_ok=True)
+            if link.is_symlink() or link.exists():
+                if link.is_symlink() or link.is_file():
+                    link.unlink()
+                else:
+                    shutil.rmtree(link)
+            os.symlink(host, link, target_is_directory=True)
+            pod.mounts.append(Mount(vm["mountPath"], host))
+        return pod
+
+    def _volume_dir(self, pod: PodRoot, vol: Mapping[str, Any], configmaps: Mapping[str, Mapping[str, str]]) -> Path:
+        name = _safe(vol["name"])
+        if "persistentVolumeClaim" in vol:
+            return self.claim_dir(vol["persistentVolumeClaim"]["claimName"])
+        if "configMap" in vol:
+            cm = vol["configMap"]["name"]
+            if cm not in configmaps:
+                raise FileNotFoundError(f"configmap {cm!r} not found")
+            target = pod.root / "volumes" / "configmap" / name
+            target.mkdir(parents=True, exist_ok=True)
+            for key, text in configmaps[cm].items():
+                (target / _safe(key)).write_text(text, encoding="utf-8")
+            return target
+        if "emptyDir" in vol or "secret" in vol:
+            target = pod.root / "volumes" / "empty" / name
+            target.mkdir(parents=True, exist_ok=True)
+            return target
+        raise ValueError(f"volume {vol['name']!r}: unsupported volume type {sorted(vol)}")
+
+
+def configmap_names(pod_spec: Mapping[str, Any]) -> list[str]:
+    return [v["configMap"]["name"] for v in pod_spec.get("volumes") or [] if "configMap" in v]

@@ -1,0 +1,321 @@
+"""The simulated node's Deployment controller + kubelet for serving Deployments.
+
+For each Deployment labelled ``app.kubernetes.io/component=serving`` it keeps ``spec.replicas`` Pods
+of the current template (rolling update with surge, or Recreate), each a real tritonserver on its own
+loopback address 127.0.0.N (the Pod IP; ports 8000/8001/8002 as in the cluster). The pod serves the
+repository the launcher (engine_jobs.serve) would generate from the pod's serving.json — written with
+engine_jobs.model_repo from the built artifact in the engine cache — with the simulated engine in
+place of tensorrt_llm. Readiness comes from ``/v2/health/ready``; a dead server is restarted
+(restartCount + 1); scale-down deletes the Pod and then stops its server (Triton drains).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from engine_jobs import contract
+from engine_jobs.contract import ServingConfig
+from engine_jobs.model_repo import write_model_repository
+
+from ..render import names
+from . import objects
+from .engine import SimEngineSettings, install_sim_engine
+from .hostfs import HostFS, PodRoot, configmap_names
+from .kubeapi import CONFIGMAPS, DEPLOYMENTS, PODS, ApiStatusError, KubeApi
+from .triton import TritonServer, port_is_free
+
+log = logging.getLogger("redrafter.sim.serving")
+
+SERVING_SELECTOR = f"{names.LABEL_COMPONENT}=serving"
+RESTART_BACKOFF_SECONDS = 2.0
+
+
+class IpPool:
+    """Pod IPs on loopback: 127.0.0.N whose Triton ports are free on this machine."""
+
+    def __init__(self, first: int = 10, last: int = 250,
+                 ports: tuple[int, ...] = (contract.HTTP_PORT, contract.GRPC_PORT, contract.METRICS_PORT)) -> None:
+        self._candidates = [f"127.0.0.{n}" for n in range(first, last + 1)]
+        self._ports = ports
+        self._used: set[str] = set()
+
+    def allocate(self) -> str:
+        for ip in self._candidates:
+            if ip not in self._used and all(port_is_free(ip, p) for p in self._ports):
+                self._used.add(ip)
+                return ip
+        raise RuntimeError("no free loopback address for a pod")
+
+    def release(self, ip: str) -> None:
+        self._used.discard(ip)
+
+
+def control_file_name(namespace: str, deployment: str, variant: str) -> str:
+    """The simulated engine's control file of every pod of (resource, variant) — see sim/engine/control.py."""
+    return f"{namespace}.{deployment}.{variant}.json"
+
+
+@dataclass
+class ServingPod:
+    namespace: str
+    name: str
+    owner_uid: str
+    template_hash: str
+    labels: dict[str, str]
+    ip: str
+    root: PodRoot
+    container: str
+    image: str
+    started: str = field(default_factory=objects.now)
+    restarts: int = 0
+    server: TritonServer | None = None
+    ready: bool = False
+    reported: str = ""  # a fingerprint of the last status written to the API
+    starting: asyncio.Task[None] | None = None
+    error: str = ""
+    deleted: bool = False
+
+
+class ServingController:
+    """Reconciles serving Deployments into running tritonserver pods."""
+
+    def __init__(self, api: KubeApi, fs: HostFS, control_dir: Path, *,
+                 sim: SimEngineSettings | None = None, exit_timeout_secs: int = 3) -> None:
+        self.api = api
+        self.fs = fs
+        self.control_dir = control_dir
+        self.sim = sim or SimEngineSettings()
+        self.exit_timeout_secs = exit_timeout_secs
+        self.ips = IpPool()
+        self.pods: dict[tuple[str, str], ServingPod] = {}
+        self._stopping: set[asyncio.Task[None]] = set()
+        self._http: aiohttp.ClientSession | None = None
+
+    async def sync(self) -> None:
+        if self._http is None:
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1.0))
+        deployments = await self.api.list(DEPLOYMENTS, label_selector=SERVING_SELECTOR)
+        api_pods = {(p["metadata"]["namespace"], p["metadata"]["name"])
+                    for p in await self.api.list(PODS, label_selector=SERVING_SELECTOR)}
+        # pods deleted by someone else (garbage collection of a deleted Deployment, kubectl delete pod)
+        for key, pod in list(self.pods.items()):
+            if key not in api_pods and not pod.deleted:
+                self._stop(pod)
+        for dep in deployments:
+            await self._reconcile(dep)
+        await self._probe_all()
+        live_owners = {d["metadata"]["uid"] for d in deployments}
+        for pod in list(self.pods.values()):
+            if pod.owner_uid not in live_owners and not pod.deleted:
+                await self._delete(pod)
+
+    async def shutdown(self) -> None:
+        for pod in list(self.pods.values()):
+            self._stop(pod)
+        if self._stopping:
+            await asyncio.gather(*self._stopping, return_exceptions=True)
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    # ------------------------------------------------------------------ Deployment controller
+    async def _reconcile(self, dep: dict[str, Any]) -> None:
+        meta, spec = dep["metadata"], dep.get("spec") or {}
+        uid, ns = meta["uid"], meta["namespace"]
+        desired = int(spec.get("replicas", 1) if spec.get("replicas") is not None else 1)
+        template = spec.get("template") or {}
+        thash = objects.template_hash(template)
+        mine = [p for p in self.pods.values() if p.owner_uid == uid and not p.deleted]
+        current = [p for p in mine if p.template_hash == thash]
+        old = [p for p in mine if p.template_hash != thash]
+        if (spec.get("strategy") or {}).get("type") == "Recreate":
+            doomed = old  # old pods go first (their servers drain in the background)
+        else:  # rolling update with surge: an old pod goes once a new one is Ready in its place
+            ready_current = sum(1 for p in current if p.ready)
+            doomed = sorted(old, key=lambda p: p.ready)[: max(0, len(old) - max(0, desired - ready_current))]
+        for p in doomed:
+            await self._delete(p)
+        for _ in range(desired - len(current)):
+            await self._create(dep, template, thash)
+        if len(current) > desired:  # scale down: not-Ready pods first, then the newest
+            victims = sorted(sorted(current, key=lambda p: p.started, reverse=True), key=lambda p: p.ready)
+            for p in victims[: len(current) - desired]:
+                await self._delete(p)
+        await self._deployment_status(dep, thash)
+
+    async def _deployment_status(self, dep: dict[str, Any], thash: str) -> None:
+        meta = dep["metadata"]
+        pods = [p for p in self.pods.values() if p.owner_uid == meta["uid"] and not p.deleted]
+        desired = (dep.get("spec") or {}).get("replicas", 1)
+        ready = sum(1 for p in pods if p.ready)
+        updated = sum(1 for p in pods if p.template_hash == thash)
+        status = {
+            "observedGeneration": meta.get("generation", 1),
+            "replicas": len(pods),
+            "updatedReplicas": updated,
+            "readyReplicas": ready,
+            "availableReplicas": ready,
+            "unavailableReplicas": max(0, (desired or 0) - ready),
+        }
+        have = dep.get("status") or {}
+        if all(have.get(k, 0) == v for k, v in status.items()):
+            return
+        t = objects.now()
+        status["conditions"] = [
+            {"type": "Available", "status": "True" if ready >= (desired or 0) else "False",
+             "reason": "MinimumReplicasAvailable" if ready >= (desired or 0) else "MinimumReplicasUnavailable",
+             "lastUpdateTime": t, "lastTransitionTime": t},
+            {"type": "Progressing", "status": "True",
+             "reason": "NewReplicaSetAvailable" if updated == len(pods) == ready else "ReplicaSetUpdated",
+             "lastUpdateTime": t, "lastTransitionTime": t},
+        ]
+        with contextlib.suppress(ApiStatusError):
+            await self.api.patch(DEPLOYMENTS, meta["name"], meta["namespace"], {"status": status}, subresource="status")
+
+    # ------------------------------------------------------------------ pod lifecycle
+    async def _create(self, dep: dict[str, Any], template: dict[str, Any], thash: str) -> None:
+        ns = dep["metadata"]["namespace"]
+        name = f"{dep['metadata']['name'][:46]}-{thash[:8]}-{objects.suffix()}"
+        manifest = objects.pod_manifest(dep, name, template, {objects.POD_TEMPLATE_HASH: thash})
+        container = manifest["spec"]["containers"][0]
+        ip = self.ips.allocate()
+        pod = ServingPod(namespace=ns, name=name, owner_uid=dep["metadata"]["uid"], template_hash=thash,
+                         labels=manifest["metadata"]["labels"], ip=ip, root=self.fs.pod_root(ns, name),
+                         container=container["name"], image=container.get("image", ""))
+        try:
+            await self.api.create(PODS, manifest, ns)
+        except ApiStatusError:
+            self.ips.release(ip)
+            raise
+        self.pods[(ns, name)] = pod
+        pod.starting = asyncio.create_task(self._start(pod, manifest), name=f"pod/{name}")
+        log.info("pod %s/%s scheduled on %s", ns, name, ip)
+
+    async def _start(self, pod: ServingPod, manifest: dict[str, Any]) -> None:
+        try:
+            repo = await self._prepare(pod, manifest)
+            server = TritonServer(repo, host=pod.ip, http_port=contract.HTTP_PORT, grpc_port=contract.GRPC_PORT,
+                                  metrics_port=contract.METRICS_PORT, workdir=pod.root.root / "triton",
+                                  exit_timeout_secs=self.exit_timeout_secs)
+            pod.server = server
+            pod.started = objects.now()
+            await asyncio.to_thread(server.start)
+            pod.error = ""
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the container cannot start: report it, retry after a backoff
+            pod.error = f"{type(exc).__name__}: {exc}"[-1000:]
+            log.warning("pod %s/%s failed to start: %s", pod.namespace, pod.name, pod.error)
+
+    async def _prepare(self, pod: ServingPod, manifest: dict[str, Any]) -> Path:
+        """The pod's volumes and the repository the launcher would write, with the simulated engine."""
+        spec = manifest["spec"]
+        configmaps: dict[str, dict[str, str]] = {}
+        for cm_name in configmap_names(spec):
+            cm = await self.api.get(CONFIGMAPS, cm_name, pod.namespace)
+            if cm is None:
+                raise FileNotFoundError(f"configmap {cm_name!r} not found")
+            configmaps[cm_name] = dict(cm.get("data") or {})
+        container = spec["containers"][0]
+        self.fs.mount_volumes(pod.root, spec, container, configmaps)
+        config_path = Path(pod.root.to_host(f"{contract.CONFIG_MOUNT}/{contract.SERVING_CONFIG_FILE}"))
+        cfg = ServingConfig.model_validate_json(config_path.read_text(encoding="utf-8"))
+        artifact = Path(pod.root.translate(cfg.artifact_dir.rstrip("/")))
+        if not (artifact / contract.MANIFEST_FILE).is_file():
+            raise FileNotFoundError(f"engine artifact {cfg.artifact_dir} is not complete (no {contract.MANIFEST_FILE})")
+        repo = pod.root.root / "model_repo"
+        write_model_repository(repo, cfg, str(artifact / contract.ENGINE_DIR), str(artifact / contract.TOKENIZER_DIR))
+        deployment = pod.labels.get(names.LABEL_DEPLOYMENT, cfg.deployment)
+        self.control_dir.mkdir(parents=True, exist_ok=True)
+        sim = SimEngineSettings(**{
+            **self.sim.__dict__, "variant": cfg.variant,
+            "draft_len_per_beam": cfg.draft_len_per_beam or self.sim.draft_len_per_beam,
+            "num_beams": cfg.num_beams or self.sim.num_beams,
+            "control_file": str(self.control_dir / control_file_name(pod.namespace, deployment, cfg.variant)),
+        })
+        install_sim_engine(repo / contract.ENGINE_MODEL, sim)
+        return repo
+
+    async def _delete(self, pod: ServingPod) -> None:
+        pod.deleted = True
+        with contextlib.suppress(ApiStatusError):
+            await self.api.delete(PODS, pod.name, pod.namespace)
+        self._stop(pod)
+
+    def _stop(self, pod: ServingPod) -> None:
+        """Forget the pod and stop its server in the background (Triton drains, then the dirs go)."""
+        pod.deleted = True
+        self.pods.pop((pod.namespace, pod.name), None)
+        task = asyncio.create_task(self._stop_server(pod), name=f"stop/{pod.name}")
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
+
+    async def _stop_server(self, pod: ServingPod) -> None:
+        if pod.starting is not None and not pod.starting.done():
+            with contextlib.suppress(BaseException):
+                await pod.starting  # start() cannot be interrupted mid-way; stop what it started
+        if pod.server is not None:
+            await asyncio.to_thread(pod.server.stop)
+        self.ips.release(pod.ip)
+        self.fs.remove_pod(pod.namespace, pod.name)
+        log.info("pod %s/%s stopped", pod.namespace, pod.name)
+
+    # ------------------------------------------------------------------ readiness / liveness
+    async def _probe_all(self) -> None:
+        await asyncio.gather(*(self._probe(p) for p in list(self.pods.values()) if not p.deleted))
+
+    async def _probe(self, pod: ServingPod) -> None:
+        if pod.starting is not None and not pod.starting.done():
+            ready, status = False, objects.waiting_status(pod.container, "ContainerCreating", "", pod.restarts,
+                                                         pod.image, pod.started)
+        elif pod.error or (pod.server is not None and not pod.server.alive()):
+            ready = False
+            status = objects.waiting_status(pod.container, "CrashLoopBackOff", pod.error or "tritonserver exited",
+                                            pod.restarts, pod.image, pod.started)
+            await self._restart(pod)
+        else:
+            ready = await self._ready(pod)
+            status = objects.running_status(pod.container, pod.ip, pod.started, ready, pod.restarts, pod.image)
+        pod.ready = ready
+        fingerprint = f"{status['phase']}/{ready}/{pod.restarts}/{pod.error}"
+        if fingerprint != pod.reported:
+            with contextlib.suppress(ApiStatusError):
+                await self.api.patch(PODS, pod.name, pod.namespace, {"status": status}, subresource="status")
+                pod.reported = fingerprint
+
+    async def _ready(self, pod: ServingPod) -> bool:
+        assert self._http is not None
+        try:
+            async with self._http.get(f"http://{pod.ip}:{contract.HTTP_PORT}/v2/health/ready") as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return False
+
+    async def _restart(self, pod: ServingPod) -> None:
+        if pod.starting is not None and not pod.starting.done():
+            return
+        if pod.server is not None:
+            await asyncio.to_thread(pod.server.stop)
+            pod.server = None
+        pod.restarts += 1
+
+        async def later() -> None:
+            await asyncio.sleep(RESTART_BACKOFF_SECONDS)
+            manifest = await self.api.get(PODS, pod.name, pod.namespace)
+            if manifest is not None and not pod.deleted:
+                await self._start(pod, manifest)
+
+        pod.starting = asyncio.create_task(later(), name=f"restart/{pod.name}")
+
+    # ------------------------------------------------------------------ for the demo and tests
+    def pods_of(self, namespace: str, labels: Mapping[str, str]) -> list[ServingPod]:
+        return [p for p in self.pods.values() if p.namespace == namespace
+                and all(p.labels.get(k) == v for k, v in labels.items())]

@@ -1,0 +1,289 @@
+"""The simulated node against the emulated API over HTTP: build Jobs run the real engine_jobs program,
+serving Deployments become real tritonservers on 127.0.0.N, Services route through Endpoints, and
+nothing (process or temp dir) outlives the node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+
+from engine_jobs import contract
+from engine_jobs.contract import ServingConfig
+from redrafter_operator.render import names
+from redrafter_operator.render.build import build_configmap, build_job, build_spec
+from redrafter_operator.render.common import Owner
+from redrafter_operator.sim.kubeapi import DEPLOYMENTS, ENDPOINTS, PODS, SERVICES, KubeApi
+from redrafter_operator.sim.kubelet import SimKubelet
+from redrafter_operator.sim.router import NoEndpoints, ServiceRouter
+from redrafter_operator.sim.server import EmulatorHandle
+from redrafter_operator.sim.triton import TritonInstall, TritonUnavailable
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+ROOT = Path(__file__).resolve().parents[2]
+NS = "default"
+
+
+def demo_owner(**spec_changes: Any) -> Owner:
+    body = yaml.safe_load((ROOT / "examples" / "demo-tiny.yaml").read_text())
+    body["metadata"]["uid"] = "11111111-2222-3333-4444-555555555555"
+    for path, value in spec_changes.items():
+        node = body["spec"]
+        *parents, leaf = path.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return Owner.from_body(body)
+
+
+async def wait_for(predicate: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def tritonservers_under(path: Path) -> list[int]:
+    """PIDs of live tritonserver processes whose command line mentions ``path``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "tritonserver" in cmd and str(path) in cmd:
+            pids.append(int(entry.name))
+    return pids
+
+
+@pytest.fixture
+async def node(apiserver: EmulatorHandle) -> AsyncIterator[SimKubelet]:
+    kubelet = SimKubelet(apiserver.url, sync_period=0.3)
+    await kubelet.start()
+    try:
+        yield kubelet
+    finally:
+        await kubelet.stop()
+
+
+def job_state(em, name: str) -> str:
+    job = em.get_object("batch/v1", "Job", name, NS)
+    for c in (job.get("status") or {}).get("conditions") or []:
+        if c["type"] in ("Complete", "Failed") and c["status"] == "True":
+            return c["type"]
+    return ""
+
+
+def build_pods(em, job_name: str) -> list[dict]:
+    return em.list_objects("v1", "Pod", NS, label_selector=f"job-name={job_name}")
+
+
+async def build_engines(em, owner: Owner) -> dict[str, str]:
+    """Create both build Jobs as the operator would; wait until they finish; name -> final state."""
+    jobs = {}
+    for variant in contract.VARIANTS:
+        em.create_object(build_configmap(owner, variant))
+        job = em.create_object(build_job(owner, variant))
+        jobs[job["metadata"]["name"]] = variant
+    await wait_for(lambda: all(job_state(em, j) for j in jobs), 60, "build Jobs to finish")
+    return {j: job_state(em, j) for j in jobs}
+
+
+async def test_build_jobs_run_engine_jobs_and_report_from_exit_code(apiserver: EmulatorHandle, node: SimKubelet):
+    em = apiserver.emulator
+    owner = demo_owner()
+    states = await build_engines(em, owner)
+    assert set(states.values()) == {"Complete"}
+    for job_name in states:
+        job = em.get_object("batch/v1", "Job", job_name, NS)
+        assert job["status"]["succeeded"] == 1 and job["status"]["completionTime"]
+        (pod,) = build_pods(em, job_name)
+        term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+        assert term["exitCode"] == 0 and term["reason"] == "Completed"
+        assert term["message"].startswith("OK: engine ")
+        assert pod["metadata"]["ownerReferences"][0]["kind"] == "Job"
+    # the artifacts are real: manifest.json (written last) in the engine cache claim, at <subPath>/<key>
+    for variant in contract.VARIANTS:
+        key = build_spec(owner.spec, variant).key
+        artifact = node.fs.claim_dir("engine-cache", "engines") / key
+        assert (artifact / contract.MANIFEST_FILE).is_file(), f"no manifest for {variant}"
+        assert (artifact / contract.ENGINE_DIR / "rank0.engine").is_file()
+    # the pvc:// sources were provisioned with the fake checkpoint
+    assert (node.fs.claim_dir("models") / "tiny-llama-drafter" / "config.json").is_file()
+
+
+async def test_failed_build_reports_termination_message_after_backoff(apiserver: EmulatorHandle, node: SimKubelet,
+                                                                      monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("FAKE_TRTLLM_FAIL", "trtllm-build")
+    em = apiserver.emulator
+    owner = demo_owner(**{"engine.build.backoffLimit": 1})
+    states = await build_engines(em, owner)
+    assert set(states.values()) == {"Failed"}
+    for job_name in states:
+        job = em.get_object("batch/v1", "Job", job_name, NS)
+        assert job["status"]["failed"] == 2  # backoffLimit 1: two pods
+        failed = next(c for c in job["status"]["conditions"] if c["type"] == "Failed")
+        assert failed["reason"] == "BackoffLimitExceeded"
+        pods = build_pods(em, job_name)
+        assert len(pods) == 2
+        term = pods[0]["status"]["containerStatuses"][0]["state"]["terminated"]
+        assert term["exitCode"] == 3  # engine_jobs ExitCode.TOOL_FAILURE
+        assert term["message"].startswith("TOOL_FAILURE:") and "CUDA out of memory" in term["message"]
+
+
+# ---------------------------------------------------------------------------- serving
+def serving_objects(owner: Owner, variant: str, pool: str, replicas: int = 1) -> list[dict]:
+    """A ConfigMap with serving.json and a Deployment shaped like the operator's serving render."""
+    key = build_spec(owner.spec, variant).key
+    cfg = ServingConfig(
+        deployment=owner.name, variant=variant, engine_key=key, artifact_dir=f"{contract.CACHE_MOUNT}/{key}",
+        max_batch_size=owner.spec.engine.max_batch_size,
+        draft_len_per_beam=owner.spec.redrafter.draft_len_per_beam if variant == "redrafter" else 0,
+        num_beams=owner.spec.redrafter.num_beams if variant == "redrafter" else 0,
+    )
+    cm_name = names.serving_config_name(owner.name, variant)
+    labels = {**names.common_labels(owner.name, "serving"), names.LABEL_VARIANT: variant,
+              names.LABEL_TRAFFIC: pool, names.LABEL_ENGINE_KEY: key}
+    meta = {"namespace": NS, "labels": labels, "ownerReferences": [owner.owner_reference()]}
+    return [
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": cm_name, **copy.deepcopy(meta)},
+         "data": {contract.SERVING_CONFIG_FILE: cfg.model_dump_json()}},
+        {"apiVersion": "apps/v1", "kind": "Deployment",
+         "metadata": {"name": names.serving_deployment_name(owner.name, variant), **copy.deepcopy(meta)},
+         "spec": {
+             "replicas": replicas,
+             "selector": {"matchLabels": names.serving_selector(owner.name, variant)},
+             "template": {"metadata": {"labels": labels}, "spec": {
+                 "containers": [{
+                     "name": "triton", "image": owner.spec.serving.image,
+                     "command": ["python", "-m", "engine_jobs", "serve",
+                                 f"{contract.CONFIG_MOUNT}/{contract.SERVING_CONFIG_FILE}"],
+                     "ports": [{"name": "http", "containerPort": contract.HTTP_PORT},
+                               {"name": "grpc", "containerPort": contract.GRPC_PORT},
+                               {"name": "metrics", "containerPort": contract.METRICS_PORT}],
+                     "volumeMounts": [
+                         {"name": "cache", "mountPath": contract.CACHE_MOUNT, "subPath": "engines", "readOnly": True},
+                         {"name": "config", "mountPath": contract.CONFIG_MOUNT, "readOnly": True}],
+                 }],
+                 "volumes": [{"name": "cache", "persistentVolumeClaim": {"claimName": "engine-cache"}},
+                             {"name": "config", "configMap": {"name": cm_name}}],
+             }},
+         }},
+    ]
+
+
+def service(owner: Owner, pool: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": names.service_name(owner.name), "namespace": NS},
+            "spec": {"selector": names.traffic_selector(owner.name, pool),
+                     "ports": [{"name": "http", "port": contract.HTTP_PORT, "targetPort": "http"},
+                               {"name": "grpc", "port": contract.GRPC_PORT, "targetPort": "grpc"}]}}
+
+
+async def generate(session: aiohttp.ClientSession, url: str, prompt: str = "w5 w6 w7") -> dict:
+    async with session.post(f"http://{url}/v2/models/{contract.ENTRY_MODEL}/generate",
+                            json={"text_input": prompt, "max_tokens": 8}) as resp:
+        assert resp.status == 200, await resp.text()
+        return await resp.json()
+
+
+def ready_pods(em, variant: str) -> list[dict]:
+    pods = em.list_objects("v1", "Pod", NS,
+                           label_selector=f"{names.LABEL_VARIANT}={variant},{names.LABEL_COMPONENT}=serving")
+    return [p for p in pods if any(c["type"] == "Ready" and c["status"] == "True"
+                                   for c in (p.get("status") or {}).get("conditions") or [])]
+
+
+async def test_serving_pods_are_real_tritons_routed_by_the_service(apiserver: EmulatorHandle, node: SimKubelet):
+    try:
+        TritonInstall.find()
+    except TritonUnavailable as exc:
+        pytest.skip(f"tritonserver cannot run here: {exc}")
+    em = apiserver.emulator
+    owner = demo_owner()
+    assert set((await build_engines(em, owner)).values()) == {"Complete"}
+    for obj in serving_objects(owner, "redrafter", pool="redrafter") + serving_objects(owner, "base", pool="base"):
+        em.create_object(obj)
+    em.create_object(service(owner, "redrafter"))
+    dep_name = names.serving_deployment_name(owner.name, "redrafter")
+
+    (pod,) = await wait_for(lambda: ready_pods(em, "redrafter"), 60, "a Ready redrafter pod")
+    ip = pod["status"]["podIP"]
+    assert ip.startswith("127.0.0.") and ip != "127.0.0.1"
+    cs = pod["status"]["containerStatuses"][0]
+    assert cs["ready"] and cs["state"]["running"]["startedAt"]
+    assert pod["metadata"]["ownerReferences"][0]["name"] == dep_name
+    await wait_for(lambda: em.get_object("apps/v1", "Deployment", dep_name, NS).get("status", {}).get("readyReplicas") == 1,
+                   10, "Deployment status readyReplicas=1")
+    (base_pod,) = await wait_for(lambda: ready_pods(em, "base"), 60, "a Ready base pod")
+    node_dir = node.node_dir
+    assert len(tritonservers_under(node_dir)) == 2
+
+    async with KubeApi(apiserver.url) as api, aiohttp.ClientSession() as http:
+        async with ServiceRouter(api, NS, names.service_name(owner.name), port_name="http",
+                                 default_port=contract.HTTP_PORT, refresh=0.2) as router:
+            await wait_for(lambda: router.backends, 10, "router backends")
+            backend = router.pick()
+            assert backend.ip == ip and backend.port == contract.HTTP_PORT
+            out = await generate(http, backend.url)
+            assert out["text_output"].strip()
+
+            # scale up: a second pod, and round-robin over both
+            em.patch_object("apps/v1", "Deployment", dep_name, NS, {"spec": {"replicas": 2}})
+            await wait_for(lambda: len(router.backends) == 2, 60, "two backends")
+            picked = {router.pick().ip for _ in range(4)}
+            assert len(picked) == 2
+            for _ in range(4):
+                await generate(http, router.pick().url)
+
+            # move the Service selector: the traffic moves to the other pool
+            em.patch_object("v1", "Service", names.service_name(owner.name), NS,
+                            {"spec": {"selector": names.traffic_selector(owner.name, "base")}})
+            await wait_for(lambda: [b.ip for b in router.backends] == [base_pod["status"]["podIP"]], 10,
+                           "router following the selector")
+            eps = em.get_object("v1", "Endpoints", names.service_name(owner.name), NS)
+            assert [a["ip"] for a in eps["subsets"][0]["addresses"]] == [base_pod["status"]["podIP"]]
+            await generate(http, router.pick().url)
+
+            # scale to zero: pods deleted, servers stopped
+            em.patch_object("apps/v1", "Deployment", dep_name, NS, {"spec": {"replicas": 0}})
+            await wait_for(lambda: not em.list_objects("v1", "Pod", NS,
+                                                       label_selector=f"{names.LABEL_VARIANT}=redrafter,{names.LABEL_COMPONENT}=serving"),
+                           30, "redrafter pods deleted")
+            await wait_for(lambda: len(tritonservers_under(node_dir)) == 1, 30, "redrafter servers stopped")
+            em.patch_object("v1", "Service", names.service_name(owner.name), NS,
+                            {"spec": {"selector": names.traffic_selector(owner.name, "redrafter")}})
+            await wait_for(lambda: not router.backends, 10, "no backends")
+            with pytest.raises(NoEndpoints):
+                router.pick()
+
+    await node.stop()
+    assert tritonservers_under(node_dir) == []
+    assert not node_dir.exists()
+
+
+async def test_engine_control_file_reaches_every_pod_of_a_variant(apiserver: EmulatorHandle, node: SimKubelet):
+    """The demo collapses acceptance by writing one control file per (resource, variant)."""
+    owner = demo_owner()
+    ctl = node.set_engine(NS, owner.name, "redrafter", acceptance_rate=0.1)
+    assert ctl.acceptance_rate == 0.1
+    path = node.control_file(NS, owner.name, "redrafter")
+    assert path.is_file() and str(path).startswith(str(node.node_dir))
+    assert os.path.basename(path) == f"{NS}.{owner.name}.redrafter.json"

@@ -70,3 +70,26 @@ def test_persisted_state_stays_small():
         _, st = step(s, st, reading(t, n, 0.6 if (n // 7) % 2 else 0.1, pods=8), t, current_replicas=8)
         t += 30
     assert len(st.model_dump_json()) < 6000
+
+
+def test_plan_maps_decisions_to_serving_targets():
+    s = spec(autoscaling={"targetQueuePerReplica": 1, "maxReplicas": 8}, serving={"rollout": {"keepStandby": True}})
+    ev, st = step(s, None, reading(0, 1, 0.6), 0, current_replicas=2)
+    plan = ev.plan(s, current_replicas=2)
+    assert (plan.active, plan.replicas, plan.canary) == ("redrafter", {"redrafter": 4, "base": 1}, 0)
+    t = 0.0
+    for n in range(2, 6):  # collapse -> base, with the canary
+        t += 30
+        ev, st = step(s, st, reading(t, n, 0.05), t, current_replicas=4)
+    assert ev.speculation.engine == "base"
+    plan = ev.plan(s, current_replicas=4)
+    assert (plan.active, plan.replicas, plan.canary) == ("base", {"base": 4, "redrafter": 1}, 1)
+
+
+def test_plan_without_operator_autoscaling_uses_spec_replicas():
+    s = spec(autoscaling={"mode": "External"}, serving={"replicas": 3})
+    ev, _ = step(s, None, reading(0, 1, 0.6), 0, current_replicas=5)
+    assert ev.plan(s, current_replicas=5).replicas == {"redrafter": 3, "base": 0}
+    pinned = spec(speculation={"mode": "Never"})
+    ev, _ = step(pinned, None, reading(0, 1, 0.6), 0, current_replicas=1)
+    assert ev.plan(pinned, 1).canary == 0 and ev.plan(pinned, 1).active == "base"

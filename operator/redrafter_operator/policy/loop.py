@@ -32,12 +32,34 @@ class PolicyState(BaseModel):
 
 
 @dataclass(frozen=True)
+class ServingPlan:
+    """What serving should converge to (maps 1:1 onto the controller's ServingTargets)."""
+
+    active: str  # engine the stable Service selects once the switch is complete
+    replicas: dict[str, int]  # per variant Deployment (the inactive one: 1 with keepStandby, else 0)
+    canary: int  # ReDrafter replicas in the base pool (only while on base in Auto mode)
+
+
+@dataclass(frozen=True)
 class Evaluation:
     """What the controller acts on: the engine to serve and the replicas of its Deployment."""
 
     speculation: Decision
     scale: ScaleDecision
     windows: Windows | None
+
+    def plan(self, spec, current_replicas: int) -> ServingPlan:
+        """Targets for the planner. Replicas come from the autoscaler in Operator mode, otherwise
+        from spec.serving.replicas (which an external HPA/KEDA writes through the scale subresource)."""
+        active = self.speculation.engine
+        other = "base" if active == "redrafter" else "redrafter"
+        if spec.autoscaling.mode == "Operator":
+            replicas = self.scale.replicas if self.scale.replicas is not None else current_replicas
+        else:
+            replicas = spec.serving.replicas
+        canary = spec.speculation.canary_replicas if active == "base" and spec.speculation.mode == "Auto" else 0
+        standby = 1 if spec.serving.rollout.keep_standby else 0
+        return ServingPlan(active=active, replicas={active: replicas, other: standby}, canary=canary)
 
 
 def step(spec, state: PolicyState | None, reading: Reading | None, now: float, *, current_replicas: int,

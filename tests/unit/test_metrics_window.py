@@ -106,3 +106,10 @@ def test_state_is_small_json_and_round_trips():
     assert len(text) < 600
     again = WindowState.model_validate(json.loads(text))
     assert again == st
+
+
+def test_pod_that_left_is_forgotten():
+    _, st = advance(None, Reading(0.0, (sample("a", t=0), sample("b", t=0, ident="ub"))))
+    w, st2 = advance(st, Reading(30.0, (sample("a", t=30, requests=5),)))
+    assert set(st2.pods) == {"a"} and w.variants["redrafter"].pods_failed == 0
+    assert w.variants["redrafter"].samples == 5

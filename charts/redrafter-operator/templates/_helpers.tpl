@@ -84,35 +84,40 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 
 {{/*
-RBAC rules on namespaced resources: exactly what the operator calls (tests/e2e/test_chart.py derives the
-calls from the integration tests' API request log and compares).
+RBAC rules on namespaced resources: exactly what the operator calls, no more. tests/e2e/test_chart.py runs
+the operator from this chart against the emulated API server and compares its request log with these.
+- ReDrafterDeployments: kopf lists/watches them; the operator writes only their status subresource.
+- children (Deployments, Services, ConfigMaps): created, and on a conflict read and merge-patched;
+  build Jobs are only ever created (a retry is a new Job); none is deleted by the operator (owner
+  references let the garbage collector remove them with their ReDrafterDeployment).
+- Pods: watched (build Pods, for termination messages). Events: created. Secrets: never read.
 */}}
 {{- define "redrafter-operator.namespacedRules" -}}
 - apiGroups: ["redrafter.dev"]
   resources: ["redrafterdeployments"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["list", "watch"]
 - apiGroups: ["redrafter.dev"]
   resources: ["redrafterdeployments/status"]
-  verbs: ["get", "patch"]
+  verbs: ["patch"]
 - apiGroups: ["batch"]
   resources: ["jobs"]
-  verbs: ["get", "list", "watch", "create", "delete"]
+  verbs: ["list", "watch", "create"]
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["list", "watch", "create", "get", "patch"]
 - apiGroups: [""]
   resources: ["services", "configmaps"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["list", "watch", "create", "get", "patch"]
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["list", "watch"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
 {{- if and (include "redrafter-operator.peering" .) .Values.watchNamespaces }}
 - apiGroups: ["kopf.dev"]
   resources: ["kopfpeerings"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["list", "watch", "patch"]
 {{- end }}
 {{- end -}}
 
@@ -128,6 +133,6 @@ calls from the integration tests' API request log and compares).
 {{- else if include "redrafter-operator.peering" . }}
 - apiGroups: ["kopf.dev"]
   resources: ["clusterkopfpeerings"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["list", "watch", "patch"]
 {{- end }}
 {{- end -}}

@@ -1,0 +1,797 @@
+"""The Helm chart, rendered and installed with helm-python-sdk (Helm's own Go engine, no binary).
+
+- renders for the default values and every combination that changes structure; lints strict with no
+  findings; every manifest is valid against Kubernetes 1.30 (strict) or, for custom resources, its CRD;
+- values.schema.json rejects wrong types and unknown keys;
+- the chart's RBAC grants exactly what the operator calls: the (group, resource, verb) set is derived from
+  the emulated API server's request log while the operator runs from the chart's own command/args/env;
+- installs against the emulated API server, upgrades with the CRD hook, and an example reaches Building.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+import redrafter_operator
+from redrafter_operator.render.names import MANAGED_BY
+from redrafter_operator.sim import controllers
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "redrafter-operator"
+KUBE_VERSION = "1.30"
+RELEASE, NAMESPACE = "rdo", "redrafter-system"
+
+# Every combination of values that changes the chart's structure (which objects exist, RBAC scope,
+# leader election), with the objects it must render (kind -> count). The counts are the closing note's.
+COMBOS: dict[str, tuple[dict[str, Any], dict[str, int]]] = {
+    "default": ({}, {"ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "Deployment": 1,
+                     "Service": 1}),
+    "namespaced": ({"watchNamespaces": ["team-a", "team-b"]},
+                   {"ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "Role": 2,
+                    "RoleBinding": 2, "Deployment": 1, "Service": 1}),
+    "monitors": ({"metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}}},
+                 {"ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "Deployment": 1,
+                  "Service": 1, "ServiceMonitor": 1, "PodMonitor": 1}),
+    "replicas2": ({"replicas": 2, "podDisruptionBudget": {"enabled": True}},
+                  {"ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "Deployment": 1,
+                   "Service": 1, "PodDisruptionBudget": 1, "ClusterKopfPeering": 1}),
+    "replicas2-namespaced": ({"replicas": 2, "watchNamespaces": ["team-a", "team-b"],
+                              "podDisruptionBudget": {"enabled": True, "minAvailable": None,
+                                                      "maxUnavailable": "50%"}},
+                             {"ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "Role": 2,
+                              "RoleBinding": 2, "Deployment": 1, "Service": 1, "PodDisruptionBudget": 1,
+                              "KopfPeering": 2}),
+    "everything": ({"replicas": 3, "watchNamespaces": ["ml"],
+                    "metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}},
+                    "podDisruptionBudget": {"enabled": True}, "crds": {"upgradeJob": {"enabled": True}},
+                    "defaults": {"engineCacheClaim": "engine-cache"},
+                    "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/x"}},
+                    "extraEnv": [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}]},
+                   {"ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "Role": 1,
+                    "RoleBinding": 1, "Deployment": 1, "Service": 1, "ServiceMonitor": 1, "PodMonitor": 1,
+                    "PodDisruptionBudget": 1, "KopfPeering": 1}),
+    "no-rbac": ({"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "ops"}},
+                {"Deployment": 1, "Service": 1}),
+}
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def render(values: dict[str, Any] | None = None, *, upgrade: bool = False) -> dict[str, str]:
+    with helm.Chart.load(CHART) as chart:
+        return chart.render(values, name=RELEASE, namespace=NAMESPACE,
+                            is_install=not upgrade, is_upgrade=upgrade)
+
+
+def manifests(rendered: dict[str, str]) -> list[dict[str, Any]]:
+    """Rendered objects (NOTES.txt and empty documents left out)."""
+    out = []
+    for path, text in sorted(rendered.items()):
+        if path.endswith("NOTES.txt"):
+            continue
+        out.extend(d for d in yaml.safe_load_all(text) if d)
+    return out
+
+
+def one(objs: Iterable[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [o for o in objs if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def chart_crds() -> dict[str, dict[str, Any]]:
+    docs = {}
+    for path in sorted((CHART / "crds").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc:
+                docs[f"{doc['spec']['group']}/{doc['spec']['names']['kind']}"] = doc
+    return docs
+
+
+def validate_custom_resource(obj: dict[str, Any]) -> None:
+    group, _, version = obj["apiVersion"].rpartition("/")
+    crd = chart_crds()[f"{group}/{obj['kind']}"]
+    schema = next(v["schema"]["openAPIV3Schema"] for v in crd["spec"]["versions"] if v["name"] == version)
+    body = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}
+    jsonschema.validate(body, _without_k8s_extensions(schema))
+
+
+def _without_k8s_extensions(schema: Any) -> Any:
+    if isinstance(schema, dict):
+        return {k: _without_k8s_extensions(v) for k, v in schema.items() if not k.startswith("x-kubernetes-")}
+    if isinstance(schema, list):
+        return [_without_k8s_extensions(v) for v in schema]
+    return schema
+
+
+def validate_monitor(obj: dict[str, Any]) -> None:
+    """Prometheus Operator kinds are not in the Kubernetes schemas: check their structure by hand."""
+    assert obj["apiVersion"] == "monitoring.coreos.com/v1"
+    spec = obj["spec"]
+    assert set(spec) <= {"selector", "namespaceSelector", "endpoints", "podMetricsEndpoints", "podTargetLabels",
+                         "jobLabel"}
+    assert spec["selector"]["matchLabels"] and all(isinstance(v, str) for v in spec["selector"]["matchLabels"].values())
+    ns = spec["namespaceSelector"]
+    assert ns == {"any": True} or (set(ns) == {"matchNames"} and ns["matchNames"])
+    endpoints = spec["endpoints"] if obj["kind"] == "ServiceMonitor" else spec["podMetricsEndpoints"]
+    assert endpoints
+    for ep in endpoints:
+        assert set(ep) <= {"port", "path", "interval", "scrapeTimeout", "scheme", "relabelings"}
+        assert ep["port"] == "metrics" and ep["path"] == "/metrics"
+        for key in ("interval", "scrapeTimeout"):
+            assert isinstance(ep[key], str) and ep[key][-1] in "smh"
+
+
+def validate_manifest(obj: dict[str, Any]) -> None:
+    group = obj["apiVersion"].rpartition("/")[0]
+    if group == "monitoring.coreos.com":
+        validate_monitor(obj)
+    elif group in ("kopf.dev",):
+        validate_custom_resource(obj)
+    else:
+        kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+
+
+# ----------------------------------------------------------------------------- metadata and CRDs
+
+
+def test_chart_version_is_the_package_version():
+    with helm.Chart.load(CHART) as chart:
+        meta = chart.metadata
+    assert meta["appVersion"] == redrafter_operator.__version__
+    assert meta["version"] == redrafter_operator.__version__
+
+
+def test_chart_crd_is_the_generated_crd():
+    generated = ROOT / "crds" / "redrafter.dev_redrafterdeployments.yaml"
+    assert (CHART / "crds" / generated.name).read_bytes() == generated.read_bytes(), (
+        "charts/redrafter-operator/crds/ is stale: cp crds/redrafter.dev_redrafterdeployments.yaml "
+        "charts/redrafter-operator/crds/")
+
+
+def test_chart_ships_valid_crds_including_kopf_peering():
+    with helm.Chart.load(CHART) as chart:
+        names = {c["name"] for c in chart.crds}
+    assert any("redrafterdeployments" in n for n in names) and any("peerings" in n for n in names)
+    crds = chart_crds()
+    assert set(crds) == {"redrafter.dev/ReDrafterDeployment", "kopf.dev/ClusterKopfPeering", "kopf.dev/KopfPeering"}
+    assert crds["kopf.dev/ClusterKopfPeering"]["spec"]["scope"] == "Cluster"
+    assert crds["kopf.dev/KopfPeering"]["spec"]["scope"] == "Namespaced"
+    for crd in crds.values():
+        kubernetes_validate.validate(crd, KUBE_VERSION, strict=True)
+
+
+# ----------------------------------------------------------------------------- render, lint, validate
+
+
+@pytest.mark.parametrize("combo", sorted(COMBOS))
+def test_renders_valid_manifests(combo: str):
+    values, expected = COMBOS[combo]
+    with helm.Chart.load(CHART) as chart:
+        chart.validate_schema(values)
+    objs = manifests(render(values))
+    installed = [o for o in objs if "helm.sh/hook" not in (o["metadata"].get("annotations") or {})]
+    assert dict(Counter(o["kind"] for o in installed)) == expected  # hooks: test_upgrade_hook_*
+    for obj in objs:
+        validate_manifest(obj)
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/instance"] == RELEASE
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+        if obj["kind"] not in ("ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering", "Role", "RoleBinding",
+                               "KopfPeering"):
+            assert obj["metadata"]["namespace"] == NAMESPACE
+    names = [(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objs]
+    assert len(names) == len(set(names)), "duplicate objects"
+
+
+@pytest.mark.parametrize("combo", sorted(COMBOS))
+def test_lint_strict_has_no_findings(combo: str):
+    report = helm.lint(CHART, COMBOS[combo][0], strict=True, kube_version=f"v{KUBE_VERSION}.0",
+                       namespace=NAMESPACE)
+    assert report["errors"] == [] and report["messages"] == [], report
+
+
+def test_upgrade_hook_renders_valid_and_minimal():
+    objs = manifests(render({"crds": {"upgradeJob": {"enabled": True}}}, upgrade=True))
+    hook = [o for o in objs if (o["metadata"].get("annotations") or {}).get("helm.sh/hook")]
+    assert Counter(o["kind"] for o in hook) == {"ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1,
+                                                "ConfigMap": 1, "Job": 1}
+    for obj in hook:
+        validate_manifest(obj)
+        ann = obj["metadata"]["annotations"]
+        assert ann["helm.sh/hook"] == "pre-upgrade"
+        assert ann["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+        if obj["kind"] != "Job":  # prerequisites first
+            assert int(ann["helm.sh/hook-weight"]) < int(one(hook, "Job")["metadata"]["annotations"]["helm.sh/hook-weight"])
+    # the ConfigMap carries the chart's CRD files verbatim
+    data = one(hook, "ConfigMap")["data"]
+    assert {k: v.encode() for k, v in data.items()} == {p.name: p.read_bytes() for p in (CHART / "crds").glob("*.yaml")}
+    # RBAC: read/patch only the chart's CRDs by name; create (unnamed, Kubernetes cannot scope it) for new ones
+    rules = one(hook, "ClusterRole")["rules"]
+    named = [r for r in rules if r.get("resourceNames")]
+    assert named == [{"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+                      "resourceNames": sorted(c["metadata"]["name"] for c in chart_crds().values()),
+                      "verbs": ["get", "patch"]}]
+    assert [r for r in rules if not r.get("resourceNames")] == [
+        {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["create"]}]
+    pod = one(hook, "Job")["spec"]["template"]["spec"]
+    assert_hardened(pod, pod["containers"][0])
+    assert pod["containers"][0]["args"][:3] == ["apply", "--server-side", "--force-conflicts"]
+    # not an install-time object, and absent unless opted in
+    assert not [o for o in manifests(render({"crds": {"upgradeJob": {"enabled": True}}}))
+                if o["kind"] == "Job" and "helm.sh/hook" not in (o["metadata"].get("annotations") or {})]
+    assert not [o for o in manifests(render(upgrade=True)) if o["kind"] == "Job"]
+
+
+def assert_hardened(pod: dict[str, Any], container: dict[str, Any]) -> None:
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    sc = container["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["runAsNonRoot"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    tmp = [m for m in container["volumeMounts"] if m["mountPath"] == "/tmp"]
+    assert tmp and "emptyDir" in next(v for v in pod["volumes"] if v["name"] == tmp[0]["name"])
+    assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+
+
+def test_operator_deployment_is_hardened_and_probed():
+    objs = manifests(render())
+    deploy = one(objs, "Deployment")
+    pod = deploy["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert_hardened(pod, container)
+    assert pod["serviceAccountName"] == one(objs, "ServiceAccount")["metadata"]["name"]
+    assert container["image"] == f"ghcr.io/redrafter/redrafter-operator:{redrafter_operator.__version__}"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"metrics": 9090, "health": 8080}
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
+    assert deploy["spec"]["strategy"] == {"type": "Recreate"}  # a standalone operator never runs twice
+    svc = one(objs, "Service")
+    assert svc["spec"]["selector"] == deploy["spec"]["selector"]["matchLabels"]
+    assert svc["spec"]["ports"] == [{"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}]
+    # no secret material anywhere in the rendered chart
+    text = json.dumps(objs)
+    assert "kind\": \"Secret\"" not in text and "secretKeyRef" not in text
+
+
+def _env(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def test_deployment_args_and_env_follow_values():
+    (c,) = one(manifests(render()), "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert c["command"] == ["redrafter-operator"]
+    assert c["args"] == ["run", "--all-namespaces", "--standalone", "--liveness=http://0.0.0.0:8080/healthz",
+                         "--metrics-port=9090", "--log-format=json", "--log-level=info"]
+    env = _env(c)
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert env["REDRAFTER_DEFAULT_BUILDER_IMAGE"] == values["defaults"]["builderImage"]
+    assert env["REDRAFTER_DEFAULT_SERVING_IMAGE"] == values["defaults"]["servingImage"]
+    assert "REDRAFTER_DEFAULT_CACHE_CLAIM" not in env
+    assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+
+    values = {"replicas": 2, "watchNamespaces": ["a", "b"], "logging": {"level": "debug", "format": "plain"},
+              "health": {"port": 18080, "path": "/live"}, "metrics": {"port": 19090},
+              "defaults": {"engineCacheClaim": "engine-cache"}, "extraArgs": ["--workers=8"],
+              "image": {"digest": "sha256:" + "a" * 64}}
+    deploy = one(manifests(render(values)), "Deployment")
+    (c,) = deploy["spec"]["template"]["spec"]["containers"]
+    assert c["args"] == ["run", "--namespace=a", "--namespace=b", f"--peering={RELEASE}-redrafter-operator",
+                         "--liveness=http://0.0.0.0:18080/live", "--metrics-port=19090", "--log-format=plain",
+                         "--log-level=debug", "--workers=8"]
+    assert _env(c)["REDRAFTER_DEFAULT_CACHE_CLAIM"] == "engine-cache"
+    assert c["image"] == "ghcr.io/redrafter/redrafter-operator@sha256:" + "a" * 64
+    assert c["livenessProbe"]["httpGet"] == {"path": "/live", "port": "health"}
+    assert deploy["spec"]["strategy"]["type"] == "RollingUpdate"
+
+
+def test_args_parse_with_the_operators_cli():
+    """The chart's args are accepted by `redrafter-operator run` (controller/main.py) as it is."""
+    cli = pytest.importorskip("redrafter_operator.cli")
+    parser = cli.build_parser()
+    if "run" not in parser._subparsers._group_actions[0].choices:  # type: ignore[union-attr]
+        pytest.skip("the controller's `run` command is not in this build")
+    for combo in ("default", "replicas2-namespaced", "everything"):
+        (c,) = one(manifests(render(COMBOS[combo][0])), "Deployment")["spec"]["template"]["spec"]["containers"]
+        args = parser.parse_args(c["args"])
+        assert args.command == "run" and args.liveness.endswith("/healthz") and args.metrics_port == 9090
+        assert args.log_format == "json"
+        if "--all-namespaces" in c["args"]:
+            assert args.all_namespaces and not args.namespace
+        else:
+            assert args.namespace == COMBOS[combo][0]["watchNamespaces"]
+        assert (args.peering is None) == ("--standalone" in c["args"])
+
+
+def test_pod_monitor_selects_the_serving_pods():
+    objs = manifests(render({"metrics": {"podMonitor": {"enabled": True}}}))
+    pm = one(objs, "PodMonitor")
+    assert pm["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/component": "serving",
+                                                     "app.kubernetes.io/managed-by": MANAGED_BY}
+    assert pm["spec"]["namespaceSelector"] == {"any": True}
+    assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    # and it matches what the operator puts on serving pods (render/names.py)
+    from redrafter_operator.render.names import common_labels
+    labels = common_labels("llama3-8b", "serving")
+    assert all(labels[k] == v for k, v in pm["spec"]["selector"]["matchLabels"].items())
+    sm = one(manifests(render({"metrics": {"serviceMonitor": {"enabled": True}}})), "ServiceMonitor")
+    assert sm["spec"]["selector"]["matchLabels"] == one(objs, "Service")["spec"]["selector"]
+    ns = one(manifests(render({"watchNamespaces": ["ml"], "metrics": {"podMonitor": {"enabled": True}}})), "PodMonitor")
+    assert ns["spec"]["namespaceSelector"] == {"matchNames": ["ml"]}
+
+
+def test_pdb_and_peering_follow_replicas():
+    pdb = one(manifests(render({"replicas": 2, "podDisruptionBudget": {"enabled": True}})), "PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == 1
+    with pytest.raises(helm.HelmError, match="not both"):
+        render({"podDisruptionBudget": {"enabled": True, "minAvailable": 1, "maxUnavailable": 1}})
+    single = manifests(render({"replicas": 1}))
+    assert not [o for o in single if o["apiVersion"].startswith("kopf.dev")]
+    peering = one(manifests(render({"replicas": 2})), "ClusterKopfPeering")
+    assert peering["metadata"]["name"] == f"{RELEASE}-redrafter-operator"
+
+
+# ----------------------------------------------------------------------------- values schema
+
+
+BAD_VALUES = {
+    "unknown top-level key": {"replica": 2},
+    "unknown nested key": {"image": {"repo": "x"}},
+    "replicas as string": {"replicas": "2"},
+    "negative replicas": {"replicas": -1},
+    "namespace not a DNS label": {"watchNamespaces": ["Team_A"]},
+    "namespaces not a list": {"watchNamespaces": "team-a"},
+    "log level": {"logging": {"level": "verbose"}},
+    "log format": {"logging": {"format": "xml"}},
+    "port out of range": {"metrics": {"port": 70000}},
+    "monitor enabled as string": {"metrics": {"serviceMonitor": {"enabled": "yes"}}},
+    "interval without unit": {"metrics": {"podMonitor": {"interval": "30"}}},
+    "image with spaces": {"defaults": {"servingImage": "not an image"}},
+    "bad digest": {"image": {"digest": "sha256:abc"}},
+    "cache claim uppercase": {"defaults": {"engineCacheClaim": "Engine-Cache"}},
+    "pdb percentage malformed": {"podDisruptionBudget": {"minAvailable": "half"}},
+    "resources unknown key": {"resources": {"requets": {"cpu": "1"}}},
+    "rbac.create as string": {"rbac": {"create": "true"}},
+    "extraEnv without name": {"extraEnv": [{"value": "x"}]},
+    "empty command": {"command": []},
+    "runAsUser root": {"podSecurityContext": {"runAsUser": 0}},
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_VALUES))
+def test_schema_rejects_bad_values(case: str):
+    with helm.Chart.load(CHART) as chart:
+        with pytest.raises(helm.HelmValuesError):
+            chart.validate_schema(BAD_VALUES[case])
+        with pytest.raises(helm.HelmError):  # and a render (as `helm install` does) refuses them too
+            chart.render(BAD_VALUES[case], name=RELEASE, namespace=NAMESPACE, is_install=True)
+
+
+def test_schema_accepts_every_combination_and_the_defaults():
+    with helm.Chart.load(CHART) as chart:
+        chart.validate_schema({})
+        chart.validate_schema(yaml.safe_load((CHART / "values.yaml").read_text()))
+        for values, _ in COMBOS.values():
+            chart.validate_schema(values)
+        chart.validate_schema({"podSecurityContext": {"runAsUser": None}, "podDisruptionBudget": {"minAvailable": "50%"}})
+
+
+def test_schema_describes_every_default_value():
+    """additionalProperties: false everywhere, so each key of values.yaml must be in the schema."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def walk(v: Any, s: dict[str, Any], path: str) -> None:
+        if isinstance(v, dict) and s.get("type") == "object" and "properties" in s:
+            assert s.get("additionalProperties") is False, path
+            for k, sub in v.items():
+                assert k in s["properties"], f"{path}.{k} missing from values.schema.json"
+                walk(sub, s["properties"][k], f"{path}.{k}")
+    walk(values, schema, "")
+
+
+# ----------------------------------------------------------------------------- RBAC
+
+
+Call = tuple[str, str, str]  # (API group, resource[/subresource], verb)
+
+
+def call_from_request(method: str, path: str, query: dict[str, str]) -> Call | None:
+    """The RBAC (group, resource, verb) of one API request, or None for discovery / non-resource URLs."""
+    parts = [p for p in path.split("?")[0].split("/") if p]
+    if len(parts) >= 2 and parts[0] == "api":
+        group, rest = "", parts[2:]
+    elif len(parts) >= 3 and parts[0] == "apis":
+        group, rest = parts[1], parts[3:]
+    else:
+        return None  # /api, /apis, /apis/<group>, /version, /openapi/...: nonResourceURLs
+    if not rest:
+        return None  # /api/v1, /apis/<group>/<version>: discovery
+    if rest[0] == "namespaces" and len(rest) >= 3 and not (len(rest) == 3 and rest[2] in ("status", "finalize")):
+        rest = rest[2:]  # namespaced resource: drop namespaces/<ns>
+    resource, name, sub = rest[0], rest[1] if len(rest) > 1 else None, rest[2] if len(rest) > 2 else None
+    if sub:
+        resource = f"{resource}/{sub}"
+    method = method.upper()
+    if method == "GET":
+        verb = "watch" if query.get("watch") in ("true", "1") else "get" if name else "list"
+    else:
+        verb = {"POST": "create", "PUT": "update", "PATCH": "patch",
+                "DELETE": "delete" if name else "deletecollection"}[method]
+    return group, resource, verb
+
+
+def calls_from_log(records: Iterable[Any]) -> set[Call]:
+    out = set()
+    for r in records:
+        call = call_from_request(r.method, r.path, r.query)
+        if call:
+            out.add(call)
+    return out
+
+
+def granted(objs: Iterable[dict[str, Any]]) -> set[Call]:
+    """Every (group, resource, verb) the rendered (Cluster)Roles grant; wildcards are not allowed at all."""
+    out = set()
+    for role in objs:
+        if role["kind"] not in ("ClusterRole", "Role"):
+            continue
+        for rule in role["rules"]:
+            assert "nonResourceURLs" not in rule
+            for field in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule[field], f"{role['kind']} {role['metadata']['name']}: wildcard {field}"
+            assert not rule.get("resourceNames")
+            out |= {(g, r, v) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    return out
+
+
+def test_call_derivation():
+    log = [  # recorded from kopf 1.45 + the controller against the emulator (method, path, query)
+        ("GET", "/api", {}), ("GET", "/apis", {}), ("GET", "/apis/redrafter.dev/v1alpha1", {}),
+        ("GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", {}),
+        ("GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", {"watch": "true"}),
+        ("GET", "/api/v1/namespaces", {"watch": "true", "resourceVersion": "7"}),
+        ("GET", "/apis/redrafter.dev/v1alpha1/redrafterdeployments", {"watch": "true"}),
+        ("PATCH", "/apis/redrafter.dev/v1alpha1/namespaces/default/redrafterdeployments/x", {}),
+        ("PATCH", "/apis/redrafter.dev/v1alpha1/namespaces/default/redrafterdeployments/x/status", {}),
+        ("POST", "/apis/batch/v1/namespaces/default/jobs", {}),
+        ("GET", "/api/v1/namespaces/default/configmaps/x-serving", {}),
+        ("DELETE", "/apis/batch/v1/namespaces/default/jobs/x-build", {"propagationPolicy": "Background"}),
+        ("DELETE", "/api/v1/namespaces/default/pods", {"labelSelector": "a=b"}),
+        ("POST", "/api/v1/namespaces/default/events", {}),
+        ("GET", "/api/v1/namespaces/default", {}),
+        ("PUT", "/api/v1/namespaces/default/finalize", {}),
+        ("PATCH", "/apis/kopf.dev/v1/clusterkopfpeerings/rdo", {}),
+    ]
+    assert [call_from_request(m, p, q) for m, p, q in log] == [
+        None, None, None,
+        ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
+        ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
+        ("", "namespaces", "watch"),
+        ("redrafter.dev", "redrafterdeployments", "watch"),
+        ("redrafter.dev", "redrafterdeployments", "patch"),
+        ("redrafter.dev", "redrafterdeployments/status", "patch"),
+        ("batch", "jobs", "create"),
+        ("", "configmaps", "get"),
+        ("batch", "jobs", "delete"),
+        ("", "pods", "deletecollection"),
+        ("", "events", "create"),
+        ("", "namespaces", "get"),
+        ("", "namespaces/finalize", "update"),
+        ("kopf.dev", "clusterkopfpeerings", "patch"),
+    ]
+
+
+def test_rbac_scopes():
+    cluster = manifests(render())
+    assert not [o for o in cluster if o["kind"] in ("Role", "RoleBinding")]
+    crb = one(cluster, "ClusterRoleBinding")
+    assert crb["roleRef"]["name"] == one(cluster, "ClusterRole")["metadata"]["name"]
+    assert crb["subjects"] == [{"kind": "ServiceAccount", "name": f"{RELEASE}-redrafter-operator",
+                                "namespace": NAMESPACE}]
+    ns_objs = manifests(render({"watchNamespaces": ["team-a", "team-b"]}))
+    roles = [o for o in ns_objs if o["kind"] == "Role"]
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    bindings = {b["metadata"]["namespace"]: b for b in ns_objs if b["kind"] == "RoleBinding"}
+    for role in roles:
+        b = bindings[role["metadata"]["namespace"]]
+        assert b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]}
+        assert b["subjects"][0]["namespace"] == NAMESPACE
+    # namespaced mode: the cluster-wide part is read-only discovery (kopf lists/watches CRDs and namespaces)
+    assert granted([one(ns_objs, "ClusterRole")]) == {
+        ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
+        ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
+        ("", "namespaces", "list"), ("", "namespaces", "watch")}
+    # the namespaced rules are the same in both modes
+    ns_rules = granted(roles[:1])
+    cluster_rules = granted([one(cluster, "ClusterRole")])
+    assert cluster_rules - ns_rules == {("apiextensions.k8s.io", "customresourcedefinitions", "list"),
+                                        ("apiextensions.k8s.io", "customresourcedefinitions", "watch")}
+    # no access to Secrets at all: build Jobs mount them by name, the operator never reads them
+    assert not [c for c in cluster_rules | ns_rules if c[1] == "secrets"]
+    # peering rules only with replicas > 1, in the matching scope
+    peer = lambda objs: {c for c in granted(objs) if c[0] == "kopf.dev"}  # noqa: E731
+    assert peer(cluster) == set() and peer(ns_objs) == set()
+    assert peer(manifests(render({"replicas": 2}))) == {("kopf.dev", "clusterkopfpeerings", v)
+                                                       for v in ("list", "watch", "patch")}
+    assert peer(manifests(render({"replicas": 2, "watchNamespaces": ["a"]}))) == {
+        ("kopf.dev", "kopfpeerings", v) for v in ("list", "watch", "patch")}
+
+
+# Granted for a code path this build does not run yet, each with its reason. The e2e test below fails as soon
+# as one of them is exercised (then delete it here), and fails on any other grant the operator never uses.
+NOT_YET_EXERCISED: dict[Call, str] = {
+    ("", "configmaps", "get"): "serving ConfigMaps (serving.json, render/serving.py) are applied like Deployments: "
+                               "POST, then GET + merge PATCH on conflict; the interim serving render has none",
+    ("", "configmaps", "patch"): "as above: a serving-only change rewrites serving.json",
+}
+
+
+# ----------------------------------------------------------------------------- install against the emulator
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(predicate, timeout: float, what: str, interval: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture
+def helm_config(kubeconfig: Path) -> Iterator[helm.Config]:
+    # The emulator speaks JSON only and Helm's release storage client sends protobuf: keep releases in memory.
+    with helm.Config(kubeconfig_path=str(kubeconfig), namespace=NAMESPACE, storage_driver="memory") as cfg:
+        yield cfg
+
+
+def test_install_and_upgrade_with_the_crd_hook(apiserver, helm_config, kubectl, tmp_path: Path):
+    emu = apiserver.emulator
+    release = helm_config.install(str(CHART), RELEASE, {"watchNamespaces": ["default"]}, namespace=NAMESPACE,
+                                  create_namespace=True, timeout=60)
+    assert release["status"] == "deployed" and release["app_version"] == redrafter_operator.__version__
+    assert "kubectl get rdd" in release["notes"]
+    crds = {c["metadata"]["name"] for c in emu.list_objects("apiextensions.k8s.io/v1", "CustomResourceDefinition")}
+    assert crds >= {"redrafterdeployments.redrafter.dev", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
+    assert emu.get_object("apps/v1", "Deployment", f"{RELEASE}-redrafter-operator", NAMESPACE)
+    assert emu.get_object("rbac.authorization.k8s.io/v1", "Role", f"{RELEASE}-redrafter-operator", "default")
+    # kubectl sees the API the chart installed
+    out = kubectl("get", "rdd", "-A", check=True)
+    assert out.returncode == 0
+    explain = kubectl("explain", "rdd.spec.engine", check=False)
+    assert explain.returncode == 0 or "not find" not in explain.stderr
+
+    # An older CRD in the cluster (as after a chart upgrade that changed the API): the hook applies the new one.
+    name = "redrafterdeployments.redrafter.dev"
+    emu.patch_object("apiextensions.k8s.io/v1", "CustomResourceDefinition", name, None,
+                     {"metadata": {"annotations": {"redrafter.dev/stale": "true"}},
+                      "spec": {"names": {"shortNames": ["stale"]}}})
+    hook_ran: dict[str, Any] = {}
+
+    def run_hook_job() -> None:
+        """What the kubelet would do: run the Job's container (the pinned kubectl) with its ConfigMap."""
+        job_name = f"{RELEASE}-redrafter-operator-crd-upgrade"
+        job = _wait(lambda: emu.find_object("batch/v1", "Job", job_name, NAMESPACE), 30, "the hook Job")
+        spec = job["spec"]["template"]["spec"]
+        (container,) = spec["containers"]
+        cm_name = next(v["configMap"]["name"] for v in spec["volumes"] if "configMap" in v)
+        mount = next(m["mountPath"] for m in container["volumeMounts"] if m["name"] == "crds")
+        files = tmp_path / "crds"
+        files.mkdir()
+        for key, text in emu.get_object("v1", "ConfigMap", cm_name, NAMESPACE)["data"].items():
+            (files / key).write_text(text)
+        assert container["command"] == ["kubectl"]
+        args = [a.replace(mount, str(files)) for a in container["args"]]
+        hook_ran["result"] = kubectl(*args)
+        if hook_ran["result"].returncode == 0:
+            controllers.complete_job(emu, job_name, NAMESPACE)
+
+    worker = threading.Thread(target=run_hook_job, daemon=True)
+    worker.start()
+    upgraded = helm_config.upgrade(str(CHART), RELEASE, {"watchNamespaces": ["default"],
+                                                         "crds": {"upgradeJob": {"enabled": True}}},
+                                   namespace=NAMESPACE, timeout=60)
+    worker.join(30)
+    assert hook_ran["result"].returncode == 0, hook_ran["result"].stderr
+    assert upgraded["status"] == "deployed" and upgraded["revision"] == 2
+    crd = emu.get_object("apiextensions.k8s.io/v1", "CustomResourceDefinition", name)
+    assert crd["spec"]["names"]["shortNames"] == ["rdd"]  # the chart's CRD again
+    # hook-succeeded: every hook object is gone after the upgrade
+    for kind, api, ns in (("Job", "batch/v1", NAMESPACE), ("ConfigMap", "v1", NAMESPACE),
+                          ("ServiceAccount", "v1", NAMESPACE),
+                          ("ClusterRole", "rbac.authorization.k8s.io/v1", None)):
+        assert emu.find_object(api, kind, f"{RELEASE}-redrafter-operator-crd-upgrade", ns) is None, kind
+
+    helm_config.uninstall(RELEASE, timeout=30)
+    assert emu.find_object("apps/v1", "Deployment", f"{RELEASE}-redrafter-operator", NAMESPACE) is None
+    # Helm keeps CRDs (and so every ReDrafterDeployment) on uninstall
+    assert emu.find_object("apiextensions.k8s.io/v1", "CustomResourceDefinition", name) is not None
+
+
+_SHIM = """
+import asyncio, sys
+from redrafter_operator.controller import main as m
+original = m.run_operator
+async def loopback(opts, **kw):
+    # The only change from the chart's command: this sandbox allows servers on 127.0.0.1 only.
+    opts.metrics_host = "127.0.0.1"
+    if opts.liveness:
+        opts.liveness = opts.liveness.replace("0.0.0.0", "127.0.0.1")
+    return await original(opts, **kw)
+m.run_operator = loopback
+from redrafter_operator.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _container_env(container: dict[str, Any], pod_name: str) -> dict[str, str]:
+    env = {}
+    for e in container.get("env", []):
+        if "value" in e:
+            env[e["name"]] = e["value"]
+        else:
+            path = e["valueFrom"]["fieldRef"]["fieldPath"]
+            env[e["name"]] = {"metadata.name": pod_name, "metadata.namespace": NAMESPACE}[path]
+    return env
+
+
+def request_namespace(path: str) -> str | None:
+    """The namespace a namespaced request targets (None for cluster-scoped and all-namespace requests)."""
+    parts = [p for p in path.split("?")[0].split("/") if p]
+    rest = parts[2:] if parts[:1] == ["api"] else parts[3:]
+    if len(rest) >= 3 and rest[0] == "namespaces" and not (len(rest) == 3 and rest[2] in ("status", "finalize")):
+        return rest[1]
+    return None
+
+
+RUN_MODES = {
+    # cluster-wide RBAC, two replicas: --all-namespaces --peering (ClusterKopfPeering)
+    "cluster-peering": {"replicas": 2},
+    # namespaced RBAC, one replica: --namespace=default --standalone (Role + read-only discovery ClusterRole)
+    "namespaced-standalone": {"watchNamespaces": ["default"]},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", sorted(RUN_MODES))
+def test_operator_runs_from_the_chart_and_rbac_is_exact(mode, apiserver, helm_config, kubectl, kubeconfig, tmp_path):
+    pytest.importorskip("redrafter_operator.controller.main", reason="the controller has not landed")
+    emu = apiserver.emulator
+    health, metrics = _free_port(), _free_port()
+    values = {**RUN_MODES[mode], "health": {"port": health}, "metrics": {"port": metrics}}
+    release = helm_config.install(str(CHART), RELEASE, values, namespace=NAMESPACE, create_namespace=True, timeout=60)
+    objs = [d for d in yaml.safe_load_all(release["manifest"]) if d]
+    deploy = one(objs, "Deployment")
+    (container,) = deploy["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["redrafter-operator"]
+    env = {**os.environ, **_container_env(container, "rdo-operator-0"), "KUBECONFIG": str(kubeconfig)}
+    mark = len(emu.request_log)
+    log_file = (tmp_path / "operator.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-c", _SHIM, *container["args"]], env=env, cwd=tmp_path,
+                            stdout=log_file, stderr=subprocess.STDOUT)
+    try:
+        probe = container["readinessProbe"]["httpGet"]
+        url = f"http://127.0.0.1:{health}{probe['path']}"
+
+        def healthy() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"operator exited {proc.returncode}:\n{(tmp_path / 'operator.log').read_text()}")
+            try:
+                with urllib.request.urlopen(url, timeout=2) as rsp:
+                    return rsp.status == 200
+            except OSError:
+                return False
+        _wait(healthy, 30, "the operator's liveness endpoint")
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5) as rsp:
+            assert rsp.status == 200
+
+        example = (ROOT / "examples" / "llama3-8b.yaml").read_text()
+        kubectl("apply", "-f", "-", input=example, check=True)
+
+        def phase() -> str:
+            out = kubectl("get", "rdd", "llama3-8b", "-n", "default", "-o", "jsonpath={.status.phase}")
+            return out.stdout.strip()
+        _wait(lambda: phase() == "Building", 60, "the example to reach Building", interval=0.3)
+        jobs = emu.list_objects("batch/v1", "Job", "default")
+        assert jobs, "a build Job was created"
+        assert {j["spec"]["template"]["spec"]["containers"][0]["image"] for j in jobs} == {
+            env["REDRAFTER_DEFAULT_BUILDER_IMAGE"]}
+
+        # The cluster's side (as tests/integration/test_lifecycle.py does): builds succeed, Deployments
+        # get Ready pods and Endpoints. The operator sees only the API.
+        stop = threading.Event()
+
+        def cluster() -> None:
+            while not stop.is_set():
+                for job in emu.list_objects("batch/v1", "Job", "default"):
+                    if not (job.get("status") or {}).get("conditions"):
+                        controllers.complete_job(emu, job["metadata"]["name"], "default", message='{"result": "ok"}')
+                controllers.reconcile_once(emu, "default")
+                stop.wait(0.1)
+        ticker = threading.Thread(target=cluster, daemon=True)
+        ticker.start()
+        try:
+            try:
+                _wait(lambda: phase() == "Serving", 60, "the example to reach Serving", interval=0.3)
+            except AssertionError:
+                rdd = emu.get_object("redrafter.dev/v1alpha1", "ReDrafterDeployment", "llama3-8b", "default")
+                raise AssertionError(json.dumps({"status": rdd.get("status"), "jobs": [
+                    (j["metadata"]["name"], j.get("status")) for j in emu.list_objects("batch/v1", "Job", "default")],
+                    "log": (tmp_path / "operator.log").read_text()[-3000:]}, indent=1)) from None
+            listing = kubectl("get", "rdd", "-n", "default", "--no-headers")
+            assert listing.stdout.split()[0] == "llama3-8b" and "Serving" in listing.stdout
+            # Update paths: a serving-only change rewrites the serving ConfigMap and rolls the Deployment;
+            # speculation Never moves the stable Service to the base engine.
+            kubectl("patch", "rdd", "llama3-8b", "-n", "default", "--type=merge", "-p", json.dumps(
+                {"spec": {"serving": {"triton": {"kvCacheFreeGpuMemFraction": 0.8}},
+                          "speculation": {"mode": "Never"}}}), check=True)
+
+            def switched() -> bool:
+                svc = emu.find_object("v1", "Service", "llama3-8b", "default")
+                return bool(svc) and svc["spec"]["selector"].get("redrafter.dev/traffic") == "base"
+            _wait(switched, 60, "traffic to move to the base engine", interval=0.3)
+            _wait(lambda: phase() == "Serving", 60, "Serving after the change", interval=0.3)
+            kubectl("delete", "rdd", "llama3-8b", "-n", "default", "--wait=false", check=True)
+            _wait(lambda: emu.find_object("redrafter.dev/v1alpha1", "ReDrafterDeployment", "llama3-8b", "default")
+                  is None, 30, "the example to be deleted")
+            time.sleep(1.0)  # let the last watch events and Events settle
+        finally:
+            stop.set()
+            ticker.join(5)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        log_file.close()
+
+    operator_records = [r for r in emu.request_log[mark:] if "kubectl" not in r.user_agent]
+    called = calls_from_log(operator_records)
+    forbidden = [(r.method, r.path, r.status) for r in operator_records if r.status in (401, 403)]
+    assert not forbidden
+    (tmp_path / "rbac-calls.json").write_text(json.dumps(sorted(called), indent=1))
+    grants = granted(objs)
+    missing = called - grants
+    assert not missing, f"the operator called {sorted(missing)} which the chart does not grant"
+    unused = grants - called
+    assert not (set(NOT_YET_EXERCISED) & called), "exercised now: remove from NOT_YET_EXERCISED"
+    watched = values.get("watchNamespaces")
+    if watched:  # a Role per watched namespace suffices: nothing namespaced is asked for cluster-wide
+        cluster_calls = {(g, r) for g, r, _ in calls_from_log(r for r in operator_records
+                                                              if request_namespace(r.path) is None)}
+        assert cluster_calls == {("apiextensions.k8s.io", "customresourcedefinitions"), ("", "namespaces")}
+        assert {request_namespace(r.path) for r in operator_records} - {None} <= set(watched)
+    assert unused == set(NOT_YET_EXERCISED), f"the chart grants {sorted(unused)} which the operator never called"

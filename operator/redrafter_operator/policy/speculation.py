@@ -30,7 +30,8 @@ is what gives it that time, so a cooldown much shorter than the oscillation peri
 What is measured:
 
 * on ReDrafter: acceptance of the ReDrafter pods; failure below ``minAcceptanceRate``; with
-  ``loadAware``, also failure when the cost model predicts speedup < 1 - margin at the pool's batch.
+  ``loadAware``, also failure when the cost model predicts speedup < 1 - margin at the pool's batch
+  (in-flight requests per pod, an EWMA of the instantaneous gauge so a one-interval burst is damped).
 * on base (recovery): ``canaryReplicas`` ReDrafter pods run in the base traffic pool (Deployment
   ``<name>-redrafter-canary``, LABEL_VARIANT=redrafter, LABEL_TRAFFIC=base), so the stable Service
   sends them a share of live traffic and acceptance stays measured at base-pool load. Success needs
@@ -60,6 +61,7 @@ Action = Literal["Stay", "Hold", "SwitchToBase", "SwitchToRedrafter"]
 # (at most ACCUMULATE_MAX, oldest dropped first); a conclusive measurement consumes them, so no window
 # is counted twice.
 ACCUMULATE_MAX = 10
+LOAD_SMOOTHING = 0.5  # EWMA weight of the newest batch sample (a burst shorter than ~2 intervals is damped)
 FLAP_HISTORY = 40  # conclusive outcomes remembered (20 minutes at the default 30s interval)
 FLAP_ENTER = 4  # changes between Successful and Failed within the history that mean flapping
 FLAP_EXIT = 1  # ... at or below which it no longer is (hysteresis)
@@ -84,6 +86,7 @@ class SpeculationState(BaseModel):
     outcomes: str = Field(default="", description="Last conclusive outcomes, oldest first (S/F).")
     speedups: list[float] = Field(default_factory=list, description="Predicted speedups since flapping began.")
     flapping: bool = Field(default=False, description="The outcomes are flapping (see module docs).")
+    batch: float | None = Field(default=None, description="Smoothed in-flight requests per pod of the pool.")
     recent: list[list[float]] = Field(
         default_factory=list,
         description="Last ReDrafter windows' [requests, draft, accepted, output tokens, steps] on this engine.",
@@ -161,9 +164,14 @@ def due(spec, state: SpeculationState, now: float) -> bool:
     return state.last_evaluated is None or now - state.last_evaluated >= 0.9 * interval
 
 
-def _pool_batch(windows: Windows, pool: str) -> float | None:
+def _pool_batch(windows: Windows, pool: str, previous: float | None = None) -> float | None:
+    """In-flight requests per pod of the serving pool, smoothed (EWMA, LOAD_SMOOTHING) because the
+    gauge is one instantaneous sample per interval; None when no pod reported load."""
     agg = windows.pools.get(pool)
-    return agg.active_per_pod if agg else None
+    now = agg.active_per_pod if agg else None
+    if now is None or previous is None:
+        return now
+    return LOAD_SMOOTHING * now + (1 - LOAD_SMOOTHING) * previous
 
 
 def _row(agg: Aggregate) -> list[float]:
@@ -215,7 +223,7 @@ def measure(spec, state: SpeculationState, obs: Observation) -> Measurement:
     if obs.windows is None:
         return Measurement("Error", "MetricsUnavailable", obs.error or "metrics could not be read")
     red = obs.windows.variants.get("redrafter")
-    batch = _pool_batch(obs.windows, state.engine)
+    batch = _pool_batch(obs.windows, state.engine, state.batch)
     inconclusive, pooled = _acceptance_of(red, _recent(state, obs), sp.min_samples)
     samples = red.samples if red else 0
     if inconclusive:
@@ -277,6 +285,8 @@ def evaluate(spec, state: SpeculationState, obs: Observation, now: float) -> tup
     sp = spec.speculation
     m = measure(spec, state, obs)
     s = state.model_copy(update={"last_evaluated": now, "recent": _recent(state, obs)})
+    if m.batch is not None:
+        s.batch = round(m.batch, 3)
     if m.outcome == "Error":
         s.errors += 1
     else:

@@ -1,0 +1,452 @@
+"""The operator's lifecycle against the emulated API server over HTTP, as a user sees it through kubectl.
+
+The operator runs in-process (kopf in a task of the test's loop); the emulator runs in its own thread
+with the built-in controller stand-ins (Deployments -> Ready Pods -> Endpoints) ticking in the
+background; tests finish build Jobs explicitly (complete or fail, with a termination message).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from redrafter_operator.api import API_VERSION, KIND
+from redrafter_operator.controller.handlers import Controller
+from redrafter_operator.controller.main import RunOptions, run_operator
+from redrafter_operator.controller.planner import ServingTargets
+from redrafter_operator.render import names
+from redrafter_operator.sim import controllers
+from redrafter_operator.sim.server import EmulatorHandle
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "llama3-8b.yaml"
+NS = "default"
+NAME = "llama3-8b"
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def example(name: str = NAME, **spec: Any) -> dict[str, Any]:
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["metadata"]["name"] = name
+    for dotted, value in spec.items():
+        node = doc["spec"]
+        *parents, leaf = dotted.split("__")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return doc
+
+
+class Operator:
+    """Start/stop the operator as a task; ``controller`` is the live one (None while stopped)."""
+
+    def __init__(self, kubeconfig: Path, resync: float = 300.0) -> None:
+        self.kubeconfig, self.resync = kubeconfig, resync
+        self.task: asyncio.Task[None] | None = None
+        self.controller: Controller | None = None
+
+    def _keep(self, c: Controller) -> None:
+        self.controller = c
+
+    async def start(self) -> None:
+        opts = RunOptions(namespaces=[NS], kubeconfig=str(self.kubeconfig), workers=4, resync_seconds=self.resync)
+        self.task = asyncio.create_task(run_operator(opts, on_controller=self._keep))
+        await until(lambda: self.controller is not None, what="operator startup")
+
+    async def stop(self) -> None:
+        if self.task is None:
+            return
+        self.task.cancel()
+        try:
+            async with asyncio.timeout(15):
+                await self.task
+        except (asyncio.CancelledError, TimeoutError):
+            pass
+        self.task, self.controller = None, None
+
+
+class Cluster:
+    """The emulator plus the background built-in controllers and an Endpoints sampler."""
+
+    def __init__(self, handle: EmulatorHandle) -> None:
+        self.emu = handle.emulator
+        self.samples: list[tuple[float, str, int]] = []  # (time, service pool, ready endpoint IPs)
+        self.pods_ready = True
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            controllers.reconcile_once(self.emu, NS, pods_ready=self.pods_ready)
+            svc = self.emu.find_object("v1", "Service", NAME, NS)
+            if svc:
+                pool = svc["spec"]["selector"].get(names.LABEL_TRAFFIC, "")
+                self.samples.append((time.monotonic(), pool, len(controllers.ready_endpoint_ips(self.emu, NAME, NS))))
+            await asyncio.sleep(0.05)  # not wait_for(stop.wait()): kopf cancels tasks spawned while it runs
+
+    # -- views --
+    def rdd(self, name: str = NAME) -> dict[str, Any]:
+        return self.emu.get_object(API_VERSION, KIND, name, NS)
+
+    def status(self, name: str = NAME) -> dict[str, Any]:
+        return self.rdd(name).get("status") or {}
+
+    def condition(self, type_: str, name: str = NAME) -> dict[str, Any]:
+        return next(c for c in self.status(name).get("conditions", []) if c["type"] == type_)
+
+    def jobs(self) -> list[dict[str, Any]]:
+        return sorted(self.emu.list_objects("batch/v1", "Job", NS), key=lambda j: j["metadata"]["name"])
+
+    def job_names(self) -> list[str]:
+        return [j["metadata"]["name"] for j in self.jobs()]
+
+    def running_jobs(self) -> list[str]:
+        return [j["metadata"]["name"] for j in self.jobs()
+                if not any(c.get("status") == "True" for c in (j.get("status") or {}).get("conditions") or [])]
+
+    def events(self) -> list[tuple[str, str, str]]:
+        return [(e["reason"], e.get("type", ""), e.get("message", "")) for e in self.emu.list_objects("v1", "Event", NS)]
+
+    def deployment(self, variant: str, name: str = NAME) -> dict[str, Any] | None:
+        return self.emu.find_object("apps/v1", "Deployment", names.serving_deployment_name(name, variant), NS)
+
+    def operator_writes(self, since: int) -> list[Any]:
+        return [r for r in self.emu.writes(since) if not r.user_agent.startswith("kubectl")]
+
+    def complete_all(self) -> list[str]:
+        done = self.running_jobs()
+        for job in done:
+            controllers.complete_job(self.emu, job, NS, message='{"result": "ok"}')
+        return done
+
+
+async def until(predicate: Callable[[], Any], timeout: float = 30, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def settle(cluster: Cluster, seconds: float = 1.0) -> None:
+    """Wait until no write happened for ``seconds`` (the operator and the cluster are at rest)."""
+    last, mark = time.monotonic(), len(cluster.emu.request_log)
+    while time.monotonic() - last < seconds:
+        await asyncio.sleep(0.1)
+        now = len(cluster.emu.writes(mark))
+        if now:
+            mark, last = len(cluster.emu.request_log), time.monotonic()
+
+
+@pytest.fixture
+async def cluster(apiserver: EmulatorHandle) -> AsyncIterator[Cluster]:
+    apiserver.emulator.create_object(yaml.safe_load((ROOT / "crds" / "redrafter.dev_redrafterdeployments.yaml").read_text()))
+    c = Cluster(apiserver)
+    stop = asyncio.Event()
+    task = asyncio.create_task(c.run(stop))
+    try:
+        yield c
+    finally:
+        stop.set()
+        await task
+
+
+@pytest.fixture
+async def operator(cluster: Cluster, kubeconfig: Path) -> AsyncIterator[Operator]:
+    op = Operator(kubeconfig, resync=1.0)
+    await op.start()
+    try:
+        yield op
+    finally:
+        await op.stop()
+
+
+def apply(kubectl: Any, doc: dict[str, Any]) -> None:
+    kubectl("apply", "-f", "-", input=yaml.safe_dump(doc), check=True)
+
+
+async def to_serving(cluster: Cluster, name: str = NAME) -> None:
+    await until(lambda: len(cluster.running_jobs()) >= 1, what="build Jobs")
+    await until(lambda: cluster.status(name).get("phase") == "Building", what="phase Building")
+    cluster.complete_all()
+    await until(lambda: cluster.status(name).get("phase") == "Serving", what="phase Serving")
+
+
+# ---------------------------------------------------------------------------------------------------------
+async def test_apply_to_serving_with_conditions_events_and_printer_columns(cluster: Cluster, operator: Operator,
+                                                                           kubectl: Any) -> None:
+    kubectl("apply", "-f", str(EXAMPLE), check=True)
+    await until(lambda: len(cluster.jobs()) == 2, what="two build Jobs")
+    await until(lambda: cluster.status().get("phase") == "Building", what="Building")
+    assert {j["metadata"]["labels"][names.LABEL_VARIANT] for j in cluster.jobs()} == {"redrafter", "base"}
+    assert cluster.deployment("redrafter") is None  # nothing to serve before the engine exists
+    assert cluster.condition("EnginesReady")["reason"] == "Building"
+
+    # ReDrafter engine done => serving starts without waiting for the base engine
+    redrafter_job = next(j for j in cluster.running_jobs() if "redrafter" in j)
+    controllers.complete_job(cluster.emu, redrafter_job, NS)
+    await until(lambda: cluster.status().get("phase") == "Serving", what="Serving before base is built")
+    assert cluster.condition("EnginesReady")["status"] == "False"
+    cluster.complete_all()
+    await until(lambda: cluster.condition("EnginesReady")["status"] == "True", what="EnginesReady")
+    await until(lambda: cluster.condition("Progressing")["reason"] == "Complete", what="Progressing Complete")
+
+    kubectl("wait", f"rdd/{NAME}", "--for=jsonpath={.status.phase}=Serving", "--timeout=20s", check=True)
+    kubectl("wait", f"rdd/{NAME}", "--for=condition=Available", "--timeout=20s", check=True)
+    st = cluster.status()
+    assert st["activeEngine"] == "redrafter" and st["observedGeneration"] == 1
+    assert st["serving"]["readyReplicas"] == 1 and st["serving"]["replicas"] == 1
+    assert {c["type"]: c["status"] for c in st["conditions"]} == {
+        "SpecValid": "True", "EnginesReady": "True", "Available": "True", "Progressing": "False",
+        "SpeculationHealthy": "Unknown"}
+    assert all(c["observedGeneration"] == 1 and c["lastTransitionTime"] for c in st["conditions"])
+    for variant in ("redrafter", "base"):
+        assert st["engines"][variant]["state"] == "Ready" and st["engines"][variant]["attempts"] == 1
+    svc = cluster.emu.get_object("v1", "Service", NAME, NS)
+    assert svc["spec"]["selector"][names.LABEL_TRAFFIC] == "redrafter"
+    assert svc["metadata"]["ownerReferences"][0]["kind"] == KIND
+    assert cluster.deployment("base")["spec"]["replicas"] == 0  # built, on standby at zero
+    reasons = [r for r, _, _ in cluster.events()]
+    for reason in ("BuildStarted", "EngineReady", "PhaseBuilding", "PhaseServing"):
+        assert reason in reasons, reasons
+    # the scale subresource's selector picks the active pods
+    pods = cluster.emu.list_objects("v1", "Pod", NS, label_selector=st["serving"]["selector"])
+    assert len(pods) == 1
+
+    table = kubectl("get", "rdd", check=True).stdout.splitlines()
+    assert table[0].split()[:4] == ["NAME", "PHASE", "ENGINE", "READY"]
+    assert table[1].split()[:4] == [NAME, "Serving", "redrafter", "1"]
+
+    # re-applying the same spec, and idling through several resync intervals => zero writes
+    await settle(cluster)
+    mark = len(cluster.emu.request_log)
+    kubectl("apply", "-f", str(EXAMPLE), check=True)
+    await asyncio.sleep(3.5)  # resync every 1 s in this fixture
+    assert cluster.operator_writes(mark) == []
+    assert operator.controller is not None and operator.controller.metrics.reconciles.labels("ok")._value.get() > 3
+
+
+async def test_invalid_spec_is_reported_not_raised(cluster: Cluster, operator: Operator, kubectl: Any) -> None:
+    # accepted by the CRD schema, rejected by the operator's cross-field validation
+    apply(kubectl, example(metrics={"source": "Prometheus"}))
+    await until(lambda: cluster.status().get("phase") == "Failed", what="Failed")
+    cond = cluster.condition("SpecValid")
+    assert cond["status"] == "False" and cond["reason"] == "InvalidSpec"
+    assert cond["message"] == "spec.metrics: prometheusUrl is required when source is Prometheus"
+    assert cluster.jobs() == []
+    await until(lambda: ("InvalidSpec", "Warning", cond["message"]) in cluster.events(), what="InvalidSpec Event")
+    # fixing the spec recovers
+    apply(kubectl, example(metrics={"source": "Pods"}))
+    await until(lambda: len(cluster.jobs()) == 2, what="Jobs after the fix")
+    assert cluster.condition("SpecValid")["status"] == "True"
+    await until(lambda: any(r == "SpecValid" for r, _, _ in cluster.events()), what="SpecValid Event")
+
+
+async def test_restart_at_each_stage_resumes_without_duplicate_jobs(cluster: Cluster, kubeconfig: Path) -> None:
+    op = Operator(kubeconfig)
+    await op.start()
+    try:
+        cluster.emu.create_object(example())
+        await until(lambda: len(cluster.jobs()) == 2 and cluster.status().get("phase") == "Building", what="Jobs")
+        jobs = cluster.job_names()
+        # 1. killed while building: restart => same Jobs, nothing recreated
+        await op.stop()
+        await op.start()
+        await asyncio.sleep(1.0)
+        assert cluster.job_names() == jobs
+        # 2. killed; Jobs finish while it is down => resumes to Serving
+        await op.stop()
+        cluster.complete_all()
+        await op.start()
+        await until(lambda: cluster.status().get("phase") == "Serving", what="Serving after restart")
+        # 3. killed while serving; restarted => no writes at all, same Jobs
+        await settle(cluster)
+        await op.stop()
+        mark = len(cluster.emu.request_log)
+        await op.start()
+        await asyncio.sleep(1.5)
+        assert cluster.operator_writes(mark) == []
+        assert cluster.job_names() == jobs
+        # 4. killed in the middle of a spec change (new build started) => continues it
+        patched = cluster.emu.patch_object(API_VERSION, KIND, NAME, NS, {"spec": {"redrafter": {"numBeams": 4}}})
+        assert patched["metadata"]["generation"] == 2
+        await until(lambda: len(cluster.jobs()) == 3, what="the new redrafter Job")
+        await op.stop()
+        await op.start()
+        await asyncio.sleep(1.0)
+        assert len(cluster.jobs()) == 3
+        cluster.complete_all()
+        await until(lambda: cluster.status().get("observedGeneration") == 2
+                    and cluster.condition("Progressing")["reason"] == "Complete", what="new engine served")
+    finally:
+        await op.stop()
+
+
+async def test_conflicts_server_errors_and_dropped_watches_still_converge(cluster: Cluster, kubeconfig: Path) -> None:
+    emu = cluster.emu
+    emu.inject("PATCH", r"/redrafterdeployments/.*/status$", 409, times=3, message="the object has been modified")
+    emu.inject("POST", r"/jobs$", 500, times=2)
+    emu.inject("POST", r"/deployments$", 503, times=2)
+    emu.inject("PATCH", r"/services/", 500, times=1)
+    op = Operator(kubeconfig)
+    await op.start()
+    try:
+        emu.create_object(example())
+        await until(lambda: len(cluster.jobs()) == 2, what="Jobs despite 500s")
+        assert emu.drop_watches(abort=True) > 0
+        cluster.complete_all()
+        await until(lambda: cluster.status().get("phase") == "Serving", what="Serving despite faults")
+        emu.drop_watches()
+        # a spec change after the watches were dropped is still seen
+        emu.patch_object(API_VERSION, KIND, NAME, NS, {"spec": {"serving": {"replicas": 2}}})
+        await until(lambda: (cluster.deployment("redrafter") or {}).get("spec", {}).get("replicas") == 2,
+                    what="scale after reconnect")
+        await until(lambda: cluster.status()["serving"]["readyReplicas"] == 2, what="2 Ready")
+        assert len(cluster.jobs()) == 2
+    finally:
+        await op.stop()
+
+
+async def test_failed_job_reason_bounded_retries_then_retry_annotation(cluster: Cluster, operator: Operator,
+                                                                       kubectl: Any) -> None:
+    apply(kubectl, example(engine__build__retries=1))
+    await until(lambda: len(cluster.running_jobs()) == 2, what="Jobs")
+    base_job = next(j for j in cluster.running_jobs() if "-base-" in j)
+    controllers.complete_job(cluster.emu, base_job, NS)
+    first = next(j for j in cluster.running_jobs() if "redrafter" in j)
+    controllers.fail_job(cluster.emu, first, NS, reason="BackoffLimitExceeded", exit_code=2,
+                         termination_message="BuildError: trtllm-build exited 1: CUDA out of memory")
+    await until(lambda: len(cluster.running_jobs()) == 1, what="retry Job")
+    retry = cluster.running_jobs()[0]
+    assert retry == first[: len(first)] + "-1"  # same name with the attempt suffix
+    await until(lambda: cluster.condition("EnginesReady")["reason"] == "BuildRetrying", what="BuildRetrying")
+    assert "CUDA out of memory" in cluster.status()["engines"]["redrafter"]["message"]
+    controllers.fail_job(cluster.emu, retry, NS, reason="DeadlineExceeded", message="Job was active longer than specified deadline",
+                         termination_message="FetchError: hf://meta-llama/Meta-Llama-3-8B-Instruct: 401 Unauthorized")
+    await until(lambda: cluster.status().get("phase") == "Failed", what="Failed")
+    st = cluster.status()
+    engine = st["engines"]["redrafter"]
+    assert engine["state"] == "Failed" and engine["attempts"] == 2 and engine["job"] == retry
+    assert "DeadlineExceeded" in engine["message"] and "401 Unauthorized" in engine["message"]
+    cond = cluster.condition("EnginesReady")
+    assert cond["status"] == "False" and cond["reason"] == "BuildFailed" and "401 Unauthorized" in cond["message"]
+    assert cluster.condition("Available")["reason"] == "EngineFailed"
+    events = cluster.events()
+    assert sum(1 for r, t, m in events if r == "BuildFailed" and t == "Warning") == 2
+    assert any(r == "RetriesExhausted" for r, _, _ in events)
+    # no rebuild loop
+    await settle(cluster)
+    mark = len(cluster.emu.request_log)
+    await asyncio.sleep(2.5)
+    assert cluster.operator_writes(mark) == [] and len(cluster.jobs()) == 3
+    # the user retries with the annotation (any new value)
+    kubectl("annotate", f"rdd/{NAME}", f"{names.ANNOTATION_RETRY_BUILD}=try-2", check=True)
+    await until(lambda: len(cluster.running_jobs()) == 1, what="Job after the retry annotation")
+    assert cluster.running_jobs()[0].endswith("-2")
+    cluster.complete_all()
+    await until(lambda: cluster.status().get("phase") == "Serving", what="Serving after retry")
+    assert cluster.status()["engines"]["redrafter"]["state"] == "Ready"
+
+
+async def test_build_input_change_rolls_to_new_engine_without_gap_and_serving_change_never_rebuilds(
+        cluster: Cluster, operator: Operator, kubectl: Any) -> None:
+    doc = example()
+    apply(kubectl, doc)
+    await to_serving(cluster)
+    old_key = cluster.status()["engines"]["redrafter"]["key"]
+    base_key = cluster.status()["engines"]["base"]["key"]
+    served_from = len(cluster.samples)
+
+    changed = copy.deepcopy(doc)
+    changed["spec"]["redrafter"]["numBeams"] = 4
+    apply(kubectl, changed)
+    await until(lambda: len(cluster.jobs()) == 3, what="one new Job (redrafter only: base inputs unchanged)")
+    await until(lambda: cluster.status().get("observedGeneration") == 2, what="generation 2 observed")
+    st = cluster.status()
+    assert st["engines"]["redrafter"]["state"] == "Building" and st["engines"]["base"]["key"] == base_key
+    assert st["phase"] == "Serving"  # still serving the previous engine meanwhile
+    assert cluster.deployment("redrafter")["metadata"]["labels"][names.LABEL_ENGINE_KEY] == old_key
+    cluster.complete_all()
+    new_key = st["engines"]["redrafter"]["key"]
+    await until(lambda: cluster.deployment("redrafter")["metadata"]["labels"][names.LABEL_ENGINE_KEY] == new_key,
+                what="Deployment on the new engine")
+    await until(lambda: cluster.condition("Progressing")["reason"] == "Complete", what="rollout complete")
+    assert cluster.status()["phase"] == "Serving"
+    gaps = [s for s in cluster.samples[served_from:] if s[2] == 0]
+    assert gaps == [], "the Service lost its Ready endpoints during the engine change"
+
+    # serving-only change: Triton parameter + replicas => Deployments patched, no Job
+    jobs = cluster.job_names()
+    serving_change = copy.deepcopy(changed)
+    serving_change["spec"]["serving"]["triton"] = {"maxQueueDelayMicroseconds": 500}
+    serving_change["spec"]["serving"]["replicas"] = 2
+    apply(kubectl, serving_change)
+    await until(lambda: cluster.deployment("redrafter")["spec"]["replicas"] == 2, what="replicas patched")
+    await until(lambda: cluster.status()["serving"]["readyReplicas"] == 2, what="2 Ready")
+    assert cluster.job_names() == jobs
+    assert cluster.status()["observedGeneration"] == 3
+
+
+async def test_policy_seam_switches_blue_green_without_gap(cluster: Cluster, operator: Operator) -> None:
+    cluster.emu.create_object(example())
+    await to_serving(cluster)
+    await until(lambda: cluster.condition("EnginesReady")["status"] == "True", what="both engines")
+    start = len(cluster.samples)
+    assert operator.controller is not None
+    operator.controller.set_targets(NS, NAME, ServingTargets(active="base", replicas={"base": 2, "redrafter": 0}))
+    await until(lambda: cluster.status().get("activeEngine") == "base", what="Service on base")
+    await until(lambda: cluster.deployment("redrafter")["spec"]["replicas"] == 0, what="redrafter scaled down")
+    await until(lambda: cluster.condition("Progressing")["reason"] == "Complete", what="switch complete")
+    samples = cluster.samples[start:]
+    assert [s for s in samples if s[2] == 0] == [], "the Service lost its Ready endpoints during the switch"
+    # the Service moved only after base was up (first base-pool sample already has 2 Ready endpoints)
+    first_base = next(s for s in samples if s[1] == "base")
+    assert first_base[2] == 2
+    assert ("Switched", "Normal", "Service now selects the base engine (was redrafter)") in cluster.events()
+
+
+async def test_two_resources_sharing_a_cache_build_once(cluster: Cluster, operator: Operator, kubectl: Any) -> None:
+    apply(kubectl, example("svc-a"))
+    apply(kubectl, example("svc-b"))
+    await until(lambda: len(cluster.jobs()) >= 2, what="Jobs")
+    await asyncio.sleep(1.0)
+    assert len(cluster.jobs()) == 2, cluster.job_names()  # one per engine, not per resource
+    cluster.complete_all()
+    for name in ("svc-a", "svc-b"):
+        await until(lambda: cluster.status(name).get("phase") == "Serving", what=f"{name} Serving")
+        await until(lambda: all(e["state"] in ("Ready", "Cached") for e in cluster.status(name)["engines"].values()),
+                    what=f"{name} engines")
+    # a third resource arriving after the builds reuses the cache too
+    apply(kubectl, example("svc-c"))
+    await until(lambda: cluster.status("svc-c").get("phase") == "Serving", what="svc-c Serving")
+    assert len(cluster.jobs()) == 2
+    assert {e["state"] for e in cluster.status("svc-c")["engines"].values()} == {"Cached"}
+    # deleting the resource that owns the Jobs does not rebuild for the others (status keeps the facts)
+    kubectl("delete", "rdd", "svc-a", "--wait=false", check=True)
+    await until(lambda: cluster.emu.find_object(API_VERSION, KIND, "svc-a", NS) is None, what="svc-a gone")
+    await asyncio.sleep(1.0)
+    assert cluster.running_jobs() == []  # svc-a's Jobs went with it; nothing rebuilds for b and c
+    for name in ("svc-b", "svc-c"):
+        assert cluster.status(name)["phase"] == "Serving"
+
+
+async def test_deletion_is_never_blocked_and_children_are_collected(cluster: Cluster, operator: Operator,
+                                                                    kubectl: Any) -> None:
+    apply(kubectl, example())
+    await to_serving(cluster)
+    assert "finalizers" not in cluster.rdd()["metadata"] or not cluster.rdd()["metadata"]["finalizers"]
+    kubectl("delete", "rdd", NAME, "--timeout=20s", check=True)
+    await until(lambda: cluster.deployment("redrafter") is None, what="Deployments garbage-collected")
+    assert cluster.emu.find_object("v1", "Service", NAME, NS) is None
+    assert operator.controller is not None
+    await until(lambda: (NS, NAME) not in operator.controller.bodies, what="the operator forgot the resource")
+

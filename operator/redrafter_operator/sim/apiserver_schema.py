@@ -104,6 +104,8 @@ def _to_jsonschema(schema: Any) -> Any:
     if schema.get("nullable") and "type" in out:
         types = out["type"] if isinstance(out["type"], list) else [out["type"]]
         out["type"] = [*types, "null"]
+        if "enum" in out and None not in out["enum"]:
+            out["enum"] = [*out["enum"], None]
     return out
 
 

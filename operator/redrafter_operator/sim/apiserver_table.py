@@ -30,16 +30,35 @@ def human_age(timestamp: str | None, now: datetime.datetime | None = None) -> st
     except ValueError:
         return "<invalid>"
     seconds = int(((now or datetime.datetime.now(datetime.UTC)) - then).total_seconds())
+    return _human_duration(seconds)
+
+
+def _human_duration(seconds: int) -> str:
+    """k8s.io/apimachinery duration.HumanDuration."""
+    if seconds < -1:
+        return "<invalid>"
     if seconds < 0:
         return "0s"
     if seconds < 120:
         return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m"
-    if seconds < 86400 * 2:
-        hours, minutes = divmod(seconds // 60, 60)
-        return f"{hours}h{minutes}m" if hours < 8 and minutes else f"{hours}h"
-    return f"{seconds // 86400}d"
+    minutes = seconds // 60
+    if minutes < 10:
+        return f"{minutes}m{seconds % 60}s" if seconds % 60 else f"{minutes}m"
+    if minutes < 180:
+        return f"{minutes}m"
+    hours = minutes // 60
+    if hours < 8:
+        return f"{hours}h{minutes % 60}m" if minutes % 60 else f"{hours}h"
+    if hours < 48:
+        return f"{hours}h"
+    if hours < 24 * 8:
+        return f"{hours // 24}d{hours % 24}h" if hours % 24 else f"{hours // 24}d"
+    if hours < 24 * 365 * 2:
+        return f"{hours // 24}d"
+    if hours < 24 * 365 * 8:
+        days = (hours // 24) % 365
+        return f"{hours // 24 // 365}y{days}d" if days else f"{hours // 24 // 365}y"
+    return f"{hours // 24 // 365}y"
 
 
 def _cell(obj: dict[str, Any], column: dict[str, Any]) -> Any:

@@ -1,6 +1,6 @@
 """``python -m engine_jobs build`` end to end, as the Job runs it, with TensorRT-LLM test doubles.
 
-The stand-in converters and ``trtllm-build`` (tests/fakes/trtllm) parse argv with TensorRT-LLM's real
+The stand-in converters and ``trtllm-build`` (redrafter_operator/sim/toolchain) parse argv with TensorRT-LLM's real
 flag sets, check the inputs the real tools read and write outputs of the same shape. Model sources
 are pvc:// directories and a pre-populated Hugging Face cache used with HF_HUB_OFFLINE=1.
 """
@@ -22,7 +22,7 @@ from tritonclient.grpc import model_config_pb2
 from engine_jobs.contract import MANIFEST_FILE, MODEL_REPO_DIR
 
 REPO = Path(__file__).resolve().parents[2]
-FAKES = REPO / "tests" / "fakes" / "trtllm"
+FAKES = REPO / "operator" / "redrafter_operator" / "sim" / "toolchain"
 FIXTURES = REPO / "tests" / "fixtures" / "build_specs"
 HF_COMMIT = "0123456789abcdef0123456789abcdef01234567"
 HF_TOKEN = "hf_TESTtokenValueThatMustNeverAppear"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -450,3 +451,48 @@ async def test_deletion_is_never_blocked_and_children_are_collected(cluster: Clu
     assert operator.controller is not None
     await until(lambda: (NS, NAME) not in operator.controller.bodies, what="the operator forgot the resource")
 
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_run_command_serves_metrics_and_liveness(cluster: Cluster, kubeconfig: Path, kubectl: Any) -> None:
+    """`redrafter-operator run` as a process: JSON logs, /metrics, kopf's liveness probe, clean SIGTERM."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    metrics_port, health_port = _free_port(), _free_port()
+    exe = Path(sys.executable).parent / "redrafter-operator"
+    proc = subprocess.Popen([str(exe), "run", "--kubeconfig", str(kubeconfig), "--namespace", NS, "--standalone",
+                             f"--liveness=http://127.0.0.1:{health_port}/healthz", f"--metrics-port={metrics_port}",
+                             "--log-format=json", "--log-level=INFO"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ})
+    try:
+        kubectl("apply", "-f", str(EXAMPLE), check=True)
+        await until(lambda: len(cluster.jobs()) == 2 and cluster.status().get("phase") == "Building",
+                    what="the process to start the builds")
+
+        def get(url: str) -> tuple[int, str]:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                return resp.status, resp.read().decode()
+        status, text = await asyncio.to_thread(get, f"http://127.0.0.1:{metrics_port}/metrics")
+        assert status == 200
+        assert 'redrafter_operator_engine_builds_total{result="started",variant="redrafter"} 1.0' in text
+        assert 'redrafter_operator_resource_phase{name="llama3-8b",namespace="default",phase="Building"} 1.0' in text
+        assert 'redrafter_operator_reconciles_total{result="ok"}' in text
+        status, _ = await asyncio.to_thread(get, f"http://127.0.0.1:{health_port}/healthz")
+        assert status == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = await asyncio.to_thread(proc.communicate, timeout=30)
+    assert proc.returncode == 0, out[-2000:]
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert any("BuildStarted" in (rec.get("message") or "") for rec in lines), out[-2000:]

@@ -255,6 +255,8 @@ class Controller:
             self.failures.pop(key, None)
             self.metrics.set_phase(key[0], key[1], None)
             self.applier.forget(key[0])
+            for ref in [r for r in self._pod_messages if r[0] == key[0] and r[1].startswith(f"{key[1]}-build-")]:
+                del self._pod_messages[ref]
             self.metrics.resources.set(len(self.bodies))
             return
         body = copy.deepcopy(dict(raw))

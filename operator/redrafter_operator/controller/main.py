@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
+import socket
 import inspect
 import logging
 import os
@@ -117,6 +119,16 @@ async def run_operator(
             await runner.cleanup()
 
 
+def _replica_priority() -> int:
+    """A stable per-replica peering priority: kopf pauses *every* peer when priorities tie.
+
+    Derived from the pod name (hostname), so two replicas of one Deployment get different
+    priorities and exactly one of them is active; a restarted pod keeps its priority.
+    """
+    ident = os.environ.get("POD_NAME") or socket.gethostname()
+    return 1 + int(hashlib.sha256(ident.encode()).hexdigest()[:6], 16) % 1_000_000
+
+
 def _env_list(name: str) -> list[str]:
     return [s.strip() for s in os.environ.get(name, "").split(",") if s.strip()]
 
@@ -132,8 +144,9 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     mode.add_argument("--standalone", action="store_true", help="no peering: exactly one replica must run (default)")
     mode.add_argument("--peering", default=os.environ.get("REDRAFTER_PEERING") or None,
                       help="kopf peering object name: replicas elect one active operator (env REDRAFTER_PEERING)")
-    p.add_argument("--priority", type=int, default=int(os.environ.get("REDRAFTER_PRIORITY", "0")),
-                   help="peering priority (the highest-priority replica is active)")
+    p.add_argument("--priority", type=int, default=int(os.environ["REDRAFTER_PRIORITY"]) if os.environ.get("REDRAFTER_PRIORITY") else None,
+                   help="peering priority: the highest-priority replica is active, the others wait "
+                   "(default with --peering: derived from POD_NAME/hostname, so replicas differ)")
     p.add_argument("--liveness", default=os.environ.get("REDRAFTER_LIVENESS") or None,
                    help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
     p.add_argument("--metrics-port", type=int, default=int(os.environ.get("REDRAFTER_METRICS_PORT", "0")) or None,
@@ -161,8 +174,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     kopf.configure(debug=level == "DEBUG", verbose=level in ("DEBUG", "INFO"), quiet=level in ("WARNING", "ERROR"),
                    log_format={"plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}[args.log_format])
     logging.getLogger().setLevel(level)
+    priority = args.priority
+    if priority is None:
+        priority = _replica_priority() if args.peering and not args.standalone else 0
     opts = RunOptions(namespaces=namespaces, all_namespaces=all_ns, peering=None if args.standalone else args.peering,
-                      priority=args.priority, liveness=args.liveness, metrics_port=args.metrics_port,
+                      priority=priority, liveness=args.liveness, metrics_port=args.metrics_port,
                       kubeconfig=args.kubeconfig, context=args.context, workers=args.workers,
                       resync_seconds=args.resync_seconds, log_level=level, log_format=args.log_format)
     if threading.current_thread() is threading.main_thread():

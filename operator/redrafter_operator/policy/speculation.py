@@ -27,19 +27,7 @@ collapse and its recovery are 2 changes, never flapping. Flapping ends at ``FLAP
 Detection needs two half-periods of an oscillation; the cooldown after the first switch (default 10m)
 is what gives it that time, so a cooldown much shorter than the oscillation period allows more switches.
 
-What is measured:
-
-* on ReDrafter: acceptance of the ReDrafter pods; failure below ``minAcceptanceRate``; with
-  ``loadAware``, also failure when the cost model predicts speedup < 1 - margin at the pool's batch
-  (in-flight requests per pod, an EWMA of the instantaneous gauge so a one-interval burst is damped).
-* on base (recovery): ``canaryReplicas`` ReDrafter pods run in the base traffic pool (Deployment
-  ``<name>-redrafter-canary``, LABEL_VARIANT=redrafter, LABEL_TRAFFIC=base), so the stable Service
-  sends them a share of live traffic and acceptance stays measured at base-pool load. Success needs
-  acceptance >= minAcceptanceRate + acceptanceHysteresis and, with ``loadAware``, predicted speedup
-  > 1 + margin. Cost: canaryReplicas x TP GPUs serve ReDrafter (slower than base while acceptance is
-  low) for a canary/pool share of traffic. With ``canaryReplicas: 0`` a fallback caused by load
-  recovers from the last acceptance measured on ReDrafter and the current load; a fallback caused
-  by low acceptance cannot observe recovery and stays on base (reason RecoveryUnobservable).
+What is measured, and how recovery is observed, is documented in :mod:`.measure`.
 """
 
 from __future__ import annotations
@@ -47,77 +35,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, Field
-
 from ..api.types import parse_duration
-from ..metrics.window import Aggregate, Windows
-from . import cost
+from .measure import Measurement, Observation, measure, recent_rows
+from .state import Engine, SpeculationState
 
-Engine = Literal["redrafter", "base"]
-Outcome = Literal["Successful", "Failed", "Inconclusive", "Error"]
+__all__ = ["Decision", "Measurement", "Observation", "SpeculationState", "due", "evaluate", "initial_state",
+           "measure"]
+
 Action = Literal["Stay", "Hold", "SwitchToBase", "SwitchToRedrafter"]
 
-# A lone canary finishes few requests per interval: windows are pooled until they reach minSamples
-# (at most ACCUMULATE_MAX, oldest dropped first); a conclusive measurement consumes them, so no window
-# is counted twice.
-ACCUMULATE_MAX = 10
-LOAD_SMOOTHING = 0.5  # EWMA weight of the newest batch sample (a burst shorter than ~2 intervals is damped)
 FLAP_HISTORY = 40  # conclusive outcomes remembered (20 minutes at the default 30s interval)
 FLAP_ENTER = 4  # changes between Successful and Failed within the history that mean flapping
 FLAP_EXIT = 1  # ... at or below which it no longer is (hysteresis)
 FLAP_MIN = 8  # speedups measured while flapping before their mean may move the engine
 FLAP_MARGIN_FACTOR = 4  # ... beyond this many margins (default +-20%): a switch mid-flap is costly
-
-
-class SpeculationState(BaseModel):
-    """Persisted between evaluations (status): small and JSON-able."""
-
-    engine: Engine = Field(default="redrafter", description="Engine the Service should select.")
-    since: float = Field(description="When this engine became the desired one (epoch s).")
-    last_switch: float | None = Field(default=None, description="Time of the last switch (epoch s).")
-    failures: int = Field(default=0, description="Consecutive failed measurements.")
-    successes: int = Field(default=0, description="Consecutive successful measurements.")
-    errors: int = Field(default=0, description="Consecutive metric read errors.")
-    fallback_reason: str | None = Field(default=None, description="Why the last fallback to base happened.")
-    last_acceptance: float | None = Field(default=None, description="Last conclusive ReDrafter acceptance.")
-    last_tokens_per_step: float | None = Field(default=None, description="Tokens/step measured with it.")
-    last_evaluated: float | None = Field(default=None, description="Time of the last evaluation (epoch s).")
-    health: Literal["True", "False", "Unknown"] | None = Field(default=None, description="Last SpeculationHealthy.")
-    outcomes: str = Field(default="", description="Last conclusive outcomes, oldest first (S/F).")
-    speedups: list[float] = Field(default_factory=list, description="Predicted speedups since flapping began.")
-    flapping: bool = Field(default=False, description="The outcomes are flapping (see module docs).")
-    batch: float | None = Field(default=None, description="Smoothed in-flight requests per pod of the pool.")
-    recent: list[list[float]] = Field(
-        default_factory=list,
-        description="Last ReDrafter windows' [requests, draft, accepted, output tokens, steps] on this engine.",
-    )
-
-
-@dataclass(frozen=True)
-class Observation:
-    """What the controller read for one evaluation."""
-
-    windows: Windows | None  # None when the metrics source failed entirely
-    error: str | None = None  # why the read failed
-    available: frozenset[str] = frozenset({"redrafter", "base"})  # engines with a Ready artifact
-
-    @classmethod
-    def failed(cls, error: str, available: frozenset[str] = frozenset({"redrafter", "base"})) -> "Observation":
-        return cls(windows=None, error=error, available=available)
-
-
-@dataclass(frozen=True)
-class Measurement:
-    outcome: Outcome
-    reason: str  # CamelCase, fit for a condition / Event reason
-    message: str
-    acceptance_rate: float | None = None
-    tokens_per_step: float | None = None
-    samples: int = 0
-    batch: float | None = None  # mean in-flight requests per pod of the serving pool
-    predicted_speedup: float | None = None
-    crossover: float | None = None
-    windows: int = 1  # evaluation intervals pooled to reach minSamples
 
 
 @dataclass(frozen=True)
@@ -164,118 +95,6 @@ def due(spec, state: SpeculationState, now: float) -> bool:
     return state.last_evaluated is None or now - state.last_evaluated >= 0.9 * interval
 
 
-def _pool_batch(windows: Windows, pool: str, previous: float | None = None) -> float | None:
-    """In-flight requests per pod of the serving pool, smoothed (EWMA, LOAD_SMOOTHING) because the
-    gauge is one instantaneous sample per interval; None when no pod reported load."""
-    agg = windows.pools.get(pool)
-    now = agg.active_per_pod if agg else None
-    if now is None or previous is None:
-        return now
-    return LOAD_SMOOTHING * now + (1 - LOAD_SMOOTHING) * previous
-
-
-def _row(agg: Aggregate) -> list[float]:
-    """The counters of one window that acceptance is computed from (kept in state.recent)."""
-    inc = agg.increases
-    return [round(inc.get(k, 0.0), 3) for k in ("requests", "draft_tokens", "accepted_draft_tokens",
-                                                "output_tokens", "steps")]
-
-
-def _pool(rows: list[list[float]], min_samples: int) -> tuple[list[float], int] | None:
-    """Sum of the most recent windows that together reach ``min_samples`` requests (and how many)."""
-    total = [0.0] * 5
-    for n, row in enumerate(reversed(rows), start=1):
-        total = [a + b for a, b in zip(total, row)]
-        if total[0] >= min_samples:
-            return total, n
-    return None
-
-
-def _acceptance_of(agg: Aggregate | None, rows: list[list[float]], min_samples: int):
-    """(inconclusive reason, message) or (pooled counters, windows used)."""
-    if agg is None or agg.pods_reporting == 0:
-        failed = f" ({agg.pods_failed} pods unreadable)" if agg else ""
-        return ("NoData", f"no ReDrafter pod reported metrics{failed}"), None
-    if agg.missing:
-        return ("NoData", "first reading of these pods: baseline only"), None
-    pooled = _pool(rows, min_samples)
-    if pooled is None:
-        n = int(sum(r[0] for r in rows))
-        return ("TooFewSamples", f"{n} finished requests in the last {len(rows)} intervals < minSamples "
-                f"{min_samples}"), None
-    if pooled[0][1] <= 0:
-        return ("NoDraftTokens", "no draft tokens were proposed in the window"), None
-    return None, pooled
-
-
-def _recent(state: SpeculationState, obs: Observation) -> list[list[float]]:
-    """state.recent plus this window's ReDrafter counters (when it has any)."""
-    red = obs.windows.variants.get("redrafter") if obs.windows else None
-    if red is None or red.missing:
-        return list(state.recent)
-    return (list(state.recent) + [_row(red)])[-ACCUMULATE_MAX:]
-
-
-def measure(spec, state: SpeculationState, obs: Observation) -> Measurement:
-    """Classify this evaluation's observation for the engine currently desired."""
-    sp = spec.speculation
-    params = cost.CostParams.from_spec(spec)
-    if obs.windows is None:
-        return Measurement("Error", "MetricsUnavailable", obs.error or "metrics could not be read")
-    red = obs.windows.variants.get("redrafter")
-    batch = _pool_batch(obs.windows, state.engine, state.batch)
-    inconclusive, pooled = _acceptance_of(red, _recent(state, obs), sp.min_samples)
-    samples = red.samples if red else 0
-    if inconclusive:
-        if state.engine == "base" and sp.canary_replicas == 0:
-            return _recover_without_canary(spec, state, batch, params)
-        return Measurement("Inconclusive", *inconclusive, samples=samples, batch=batch)
-    (requests, draft, accepted, output, steps), windows = pooled
-    acc = accepted / draft
-    tps = output / steps if steps > 0 else cost.tokens_per_step(acc, params.draft_len)
-    pred = cost.speedup(batch, tps, params) if batch is not None else None
-    common = dict(acceptance_rate=acc, tokens_per_step=tps, samples=int(round(requests)), batch=batch,
-                  predicted_speedup=pred, crossover=cost.crossover(tps, params), windows=windows)
-    if state.engine == "redrafter":
-        if acc < sp.min_acceptance_rate:
-            return Measurement("Failed", "LowAcceptance",
-                               f"acceptance {acc:.3f} < minAcceptanceRate {sp.min_acceptance_rate}", **common)
-        if sp.load_aware and pred is not None and pred < 1 - sp.margin:
-            return Measurement("Failed", "NoSpeedupAtLoad",
-                               f"predicted speedup {pred:.2f} < {1 - sp.margin:.2f} at batch {batch:.1f}", **common)
-        return Measurement("Successful", "SpeculationPays", _pays(acc, pred), **common)
-    need = sp.min_acceptance_rate + sp.acceptance_hysteresis
-    if acc < need:
-        return Measurement("Failed", "CanaryLowAcceptance",
-                           f"canary acceptance {acc:.3f} < {need:.3f} (minAcceptanceRate + hysteresis)", **common)
-    if sp.load_aware and pred is not None and pred <= 1 + sp.margin:
-        return Measurement("Failed", "NoSpeedupAtLoad",
-                           f"predicted speedup {pred:.2f} <= {1 + sp.margin:.2f} at batch {batch:.1f}", **common)
-    return Measurement("Successful", "CanaryRecovered", "canary " + _pays(acc, pred), **common)
-
-
-def _pays(acc: float, pred: float | None) -> str:
-    return f"acceptance {acc:.3f}" + (f", predicted speedup {pred:.2f}" if pred is not None else "")
-
-
-def _recover_without_canary(spec, state: SpeculationState, batch: float | None, params) -> Measurement:
-    """No canary: only a load-caused fallback can be undone, from the last ReDrafter measurement."""
-    sp = spec.speculation
-    if state.fallback_reason != "NoSpeedupAtLoad" or state.last_tokens_per_step is None:
-        return Measurement("Inconclusive", "RecoveryUnobservable",
-                           "on base without canary replicas: acceptance cannot be measured")
-    if batch is None:
-        return Measurement("Inconclusive", "NoData", "no base pod reported load")
-    tps = state.last_tokens_per_step
-    pred = cost.speedup(batch, tps, params)
-    common = dict(acceptance_rate=state.last_acceptance, tokens_per_step=tps, batch=batch,
-                  predicted_speedup=pred, crossover=cost.crossover(tps, params))
-    if pred > 1 + sp.margin:
-        return Measurement("Successful", "LoadDropped",
-                           f"predicted speedup {pred:.2f} at batch {batch:.1f} (last measured acceptance)", **common)
-    return Measurement("Failed", "NoSpeedupAtLoad", f"predicted speedup {pred:.2f} at batch {batch:.1f}", **common)
-
-
 def evaluate(spec, state: SpeculationState, obs: Observation, now: float) -> tuple[Decision, SpeculationState]:
     """One evaluation: measure, update the counts, decide. Returns the decision and the new state.
 
@@ -284,7 +103,7 @@ def evaluate(spec, state: SpeculationState, obs: Observation, now: float) -> tup
     """
     sp = spec.speculation
     m = measure(spec, state, obs)
-    s = state.model_copy(update={"last_evaluated": now, "recent": _recent(state, obs)})
+    s = state.model_copy(update={"last_evaluated": now, "recent": recent_rows(state, obs)})
     if m.batch is not None:
         s.batch = round(m.batch, 3)
     if m.outcome == "Error":

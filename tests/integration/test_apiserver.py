@@ -818,3 +818,61 @@ def test_helm_install_upgrade_uninstall(apiserver: EmulatorHandle, kubeconfig: P
         leftovers = [o for o in emu.iter_objects() if o["kind"] not in ("Namespace", "CustomResourceDefinition")]
         assert leftovers == [], "uninstall removes every release object (Helm keeps CRDs)"
     assert not emu.internal_errors
+
+
+async def test_kopf_survives_injected_errors_and_dropped_watches(apiserver: EmulatorHandle, api: Api) -> None:
+    import kopf
+
+    await install_widgets(api)
+    emu = apiserver.emulator
+    registry = kopf.OperatorRegistry()
+    seen: list[tuple[str, int]] = []
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return kopf.ConnectionInfo(server=apiserver.url, insecure=True)
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.networking.error_backoffs = [0.1, 0.2, 0.3]
+        settings.watching.reconnect_backoff = 0.1
+
+    @kopf.on.create("example.com", "v1", "widgets", id="seen", registry=registry)
+    @kopf.on.update("example.com", "v1", "widgets", id="seen", field="spec.size", registry=registry)
+    def observe(spec: dict[str, Any], name: str, **_: Any) -> None:
+        seen.append((name, spec["size"]))
+
+    emu.inject("PATCH", r"/widgets/f1$", 500, times=2)
+    stop = asyncio.Event()
+    task = asyncio.create_task(kopf.operator(registry=registry, standalone=True, clusterwide=True, stop_flag=stop))
+    try:
+        await api("POST", WIDGETS, widget("f1", 1))
+
+        async def until(predicate: Any, timeout: float = 20) -> None:
+            async with asyncio.timeout(timeout):
+                while not predicate():
+                    await asyncio.sleep(0.05)
+
+        await until(lambda: ("f1", 1) in seen and any(r.method == "PATCH" and r.status == 200
+                                                      for r in emu.request_log))
+        failed = [r for r in emu.request_log if r.method == "PATCH" and r.status == 500]
+        assert len(failed) == 2, "both injected faults were hit and kopf retried past them"
+        annotations = emu.get_object("example.com/v1", "Widget", "f1", "default")["metadata"]["annotations"]
+        assert "kopf.zalando.org/last-handled-configuration" in annotations
+        await until(lambda: any(r.kind == "watch" and r.path.endswith("/widgets") for r in emu.request_log))
+        watches_before = sum(1 for r in emu.request_log if r.kind == "watch" and "widgets" in r.path)
+        assert emu.drop_watches() >= 1
+        await until(lambda: sum(1 for r in emu.request_log if r.kind == "watch" and "widgets" in r.path)
+                    > watches_before)
+        await api("PATCH", f"{WIDGETS}/f1", {"spec": {"size": 7}}, "application/merge-patch+json")
+        await until(lambda: ("f1", 7) in seen)
+        assert emu.drop_watches(abort=True) >= 1
+        await api("PATCH", f"{WIDGETS}/f1", {"spec": {"size": 8}}, "application/merge-patch+json")
+        await until(lambda: ("f1", 8) in seen)
+    finally:
+        stop.set()
+        try:
+            async with asyncio.timeout(10):
+                await task
+        except (TimeoutError, asyncio.CancelledError):
+            task.cancel()

@@ -1,14 +1,16 @@
-"""The simulated node's Job controller + kubelet for engine build Jobs.
+"""The simulated node's Job controller + kubelet for the operator's Jobs (engine builds, validation).
 
-For each build Job (label ``app.kubernetes.io/component=engine-build``) it creates a Pod in the API,
+For each Job labelled ``app.kubernetes.io/component`` ``engine-build`` or ``validation`` it creates a Pod in the API,
 lays out the Pod's volumes on this machine (:mod:`.hostfs`), and runs the container's own command —
 ``python -m engine_jobs build --spec /etc/redrafter/build.json`` — as a real subprocess with the
 stand-in TensorRT-LLM toolchain. Only paths change: build.json's ``cache_dir`` and credentials
 directories point into the pod's root, and engine_jobs' settings (environment variables) name the
 toolchain, the pvc:// mount root and the termination-message file. pvc:// source claims are
 provisioned with a tiny fake checkpoint (:mod:`.checkpoint`) the first time a build reads them.
-The Pod's and Job's status come from the real exit code and termination-message file, with the Job's
-``backoffLimit`` retries and ``activeDeadlineSeconds``.
+Validation Jobs run ``redrafter-operator evaluate validate`` the same way; their in-cluster Service
+addresses (``<svc>.<ns>.svc:<port>``) are resolved to a Ready endpoint of that Service, as cluster DNS
+and kube-proxy would. The Pod's and Job's status come from the real exit code and termination-message
+file, with the Job's ``backoffLimit`` retries and ``activeDeadlineSeconds``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import signal
 import sys
 from collections.abc import Mapping
@@ -29,15 +32,17 @@ from engine_jobs.contract import BuildSpec, SourceRef
 from . import objects
 from .checkpoint import write_base, write_drafter, write_tokenizer
 from .hostfs import HostFS, PodRoot, configmap_names
-from .kubeapi import CONFIGMAPS, JOBS, PODS, KubeApi
+from .kubeapi import CONFIGMAPS, ENDPOINTS, JOBS, PODS, KubeApi
 
 log = logging.getLogger("redrafter.sim.jobs")
 
 #: The stand-in TensorRT-LLM toolchain (converter scripts under examples/, bin/trtllm-build).
 #: The one place that names its location.
-TOOLCHAIN_DIR = Path(__file__).resolve().parents[3] / "tests" / "fakes" / "trtllm"
+TOOLCHAIN_DIR = Path(__file__).resolve().parent / "toolchain"
 
-BUILD_SELECTOR = "app.kubernetes.io/component=engine-build"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+JOB_COMPONENTS = ("engine-build", "validation")
+SERVICE_ADDRESS = re.compile(r"\b([a-z0-9]([-a-z0-9]*[a-z0-9])?)\.([a-z0-9]([-a-z0-9]*[a-z0-9])?)\.svc(\.cluster\.local)?:(\d+)\b")
 TERMINATION_MESSAGE_LIMIT = 4096
 LOG_TAIL_LINES = 80
 
@@ -88,8 +93,8 @@ def localize_build_spec(text: str, pod: PodRoot) -> str:
     return local.model_dump_json(indent=2)
 
 
-class BuildJobRunner:
-    """Runs every unfinished build Job once (per attempt) and reports Pod and Job status."""
+class JobRunner:
+    """Runs every unfinished build/validation Job (a Pod per attempt) and reports Pod and Job status."""
 
     def __init__(self, api: KubeApi, fs: HostFS, *, toolchain: Path = TOOLCHAIN_DIR, parallel: int = 2) -> None:
         self.api = api
@@ -100,7 +105,8 @@ class BuildJobRunner:
         self.finished: dict[str, int] = {}  # job uid -> exit code of its last pod (for tests/the demo)
 
     async def sync(self) -> None:
-        jobs = await self.api.list(JOBS, label_selector=BUILD_SELECTOR)
+        jobs = [j for j in await self.api.list(JOBS)
+                if (j["metadata"].get("labels") or {}).get(COMPONENT_LABEL) in JOB_COMPONENTS]
         alive = set()
         for job in jobs:
             uid = job["metadata"]["uid"]
@@ -229,10 +235,35 @@ class BuildJobRunner:
         Path(env["REDRAFTER_TERMINATION_LOG"]).parent.mkdir(parents=True, exist_ok=True)
         command = [*(container.get("command") or []), *(container.get("args") or [])]
         if not command:
-            raise ValueError("build container has no command")
+            raise ValueError("container has no command")
         if command[0] in ("python", "python3"):
             command[0] = sys.executable
-        return [root.translate(a) for a in command], env
+        elif command[0] == "redrafter-operator":
+            command[0] = str(Path(sys.executable).parent / "redrafter-operator")
+        term_path = container.get("terminationMessagePath") or contract.TERMINATION_LOG
+        argv = [env["REDRAFTER_TERMINATION_LOG"] if a == term_path else root.translate(a) for a in command]
+        return [await self._resolve_services(a, ns) for a in argv], env
+
+    async def _resolve_services(self, arg: str, namespace: str) -> str:
+        """``<svc>.<ns>.svc:<port>`` -> ``<ready endpoint ip>:<target port>`` (cluster DNS + kube-proxy)."""
+        async def one(m: re.Match[str]) -> str:
+            svc, ns, port = m.group(1), m.group(3), int(m.group(6))
+            eps = await self.api.get(ENDPOINTS, svc, ns) or {}
+            for subset in eps.get("subsets") or []:
+                addresses = subset.get("addresses") or subset.get("notReadyAddresses") or []
+                ports = subset.get("ports") or []
+                target = next((p["port"] for p in ports if p.get("port") == port), None)
+                if target is None and len(ports) == 1:
+                    target = ports[0]["port"]
+                if addresses:
+                    return f"{addresses[0]['ip']}:{target or port}"
+            return m.group(0)
+
+        out, last = [], 0
+        for m in SERVICE_ADDRESS.finditer(arg):
+            out += [arg[last:m.start()], await one(m)]
+            last = m.end()
+        return "".join(out) + arg[last:]
 
     async def _execute(self, argv: list[str], env: dict[str, str], root: PodRoot) -> tuple[int, str]:
         log_path = root.root / "container.log"

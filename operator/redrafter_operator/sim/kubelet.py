@@ -1,6 +1,7 @@
 """A simulated node: kubelet + the controllers a cluster would run, against any Kubernetes API URL.
 
-* build Jobs (:mod:`.buildjobs`): the real ``python -m engine_jobs build`` with the stand-in toolchain;
+* build and validation Jobs (:mod:`.buildjobs`): the real ``python -m engine_jobs build`` with the
+  stand-in toolchain, ``redrafter-operator evaluate validate`` against the serving pods;
 * serving Deployments (:mod:`.servingpods`): real tritonservers on 127.0.0.N with the simulated engine;
 * Endpoints (:mod:`.endpoints`) for every Service with a selector, which the router (:mod:`.router`) reads.
 
@@ -17,7 +18,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .buildjobs import TOOLCHAIN_DIR, BuildJobRunner
+from .buildjobs import TOOLCHAIN_DIR, JobRunner
 from .endpoints import EndpointsController
 from .engine import SimControl, SimEngineSettings, write_control
 from .hostfs import HostFS
@@ -40,7 +41,7 @@ class SimKubelet:
         self.fs = HostFS(self.node_dir)
         self.control_dir = self.node_dir / "sim-control"
         self.api = KubeApi(api_url)
-        self.jobs = BuildJobRunner(self.api, self.fs, toolchain=toolchain, parallel=build_parallelism)
+        self.jobs = JobRunner(self.api, self.fs, toolchain=toolchain, parallel=build_parallelism)
         self.serving = ServingController(self.api, self.fs, self.control_dir, sim=sim,
                                          exit_timeout_secs=exit_timeout_secs)
         self.endpoints = EndpointsController(self.api)

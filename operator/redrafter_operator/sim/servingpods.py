@@ -36,6 +36,9 @@ log = logging.getLogger("redrafter.sim.serving")
 
 SERVING_SELECTOR = f"{names.LABEL_COMPONENT}=serving"
 RESTART_BACKOFF_SECONDS = 2.0
+#: a deleted pod keeps serving this long before SIGTERM (a preStop sleep), so clients that still
+#: route to it (Endpoints and routers refresh every sync period) are not refused
+TERMINATION_DELAY_SECONDS = 1.5
 
 
 class IpPool:
@@ -119,7 +122,7 @@ class ServingController:
 
     async def shutdown(self) -> None:
         for pod in list(self.pods.values()):
-            self._stop(pod)
+            self._stop(pod, delay=0.0)
         if self._stopping:
             await asyncio.gather(*self._stopping, return_exceptions=True)
         if self._http is not None:
@@ -250,15 +253,18 @@ class ServingController:
             await self.api.delete(PODS, pod.name, pod.namespace)
         self._stop(pod)
 
-    def _stop(self, pod: ServingPod) -> None:
+    def _stop(self, pod: ServingPod, delay: float = TERMINATION_DELAY_SECONDS) -> None:
         """Forget the pod and stop its server in the background (Triton drains, then the dirs go)."""
         pod.deleted = True
         self.pods.pop((pod.namespace, pod.name), None)
-        task = asyncio.create_task(self._stop_server(pod), name=f"stop/{pod.name}")
+        task = asyncio.create_task(self._stop_server(pod, delay), name=f"stop/{pod.name}")
         self._stopping.add(task)
         task.add_done_callback(self._stopping.discard)
 
-    async def _stop_server(self, pod: ServingPod) -> None:
+    async def _stop_server(self, pod: ServingPod, delay: float) -> None:
+        if delay:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(delay)
         if pod.starting is not None and not pod.starting.done():
             with contextlib.suppress(BaseException):
                 await pod.starting  # start() cannot be interrupted mid-way; stop what it started

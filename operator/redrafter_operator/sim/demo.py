@@ -1,0 +1,388 @@
+"""`redrafter-operator demo`: the whole lifecycle on this machine — no cluster, no GPU.
+
+It starts the emulated Kubernetes API on loopback, installs the CRD and applies the resource with the
+pinned kubectl, runs the real operator as production does (``redrafter-operator run`` with a
+kubeconfig), and a simulated node (:mod:`.kubelet`): build Jobs run the real ``engine_jobs`` program
+with the stand-in toolchain, serving pods are real tritonservers with the simulated engine on
+127.0.0.N. Traffic comes from the evaluate load generator, routed per request through the Service
+(:mod:`.router`). A scenario (:mod:`.scenarios`) changes load and the simulated acceptance rate and
+waits for the operator to react; the summary is built only from what the operator wrote (status,
+status.history, Events). Exit 0 only if every stage happened. Ctrl-C stops everything it started and
+removes its temp directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..api import API_VERSION, KIND, PLURAL
+from ..api.crd import crd_yaml
+from ..evaluate.prompts import Prompt
+from ..evaluate.stream import RequestOptions
+from ..render import names
+from .engine import SimEngineSettings
+from .kubeapi import EVENTS, KubeApi, Kind
+from .kubelet import SimKubelet
+from .router import ServiceRouter
+from .scenarios import DEFAULT_SCENARIO, FAST_FACTOR, SCENARIOS, Scenario, Stage, lookup
+from .server import EmulatorThread, write_kubeconfig
+from .traffic import RoutedLoadGenerator, TrafficStats
+from .view import DemoView, render_summary
+
+ROOT = Path(__file__).resolve().parents[3]
+DEFAULT_MANIFEST = ROOT / "examples" / "demo-tiny.yaml"
+BIN = Path(sys.executable).parent
+KUBECTL = BIN / "kubectl"
+RDD = Kind(API_VERSION, PLURAL)
+POLL_S = 0.5
+MAX_TOKENS = 48
+#: the simulated engine: a 10 ms step (so engine time, not Python overhead, sets the pace), drafting
+#: numBeams x draftLenPerBeam tokens per step with the stage's target acceptance
+SIM_ENGINE = SimEngineSettings(step_ms=10.0, load_factor=0.04, draft_ms_per_token=0.05)
+
+log = logging.getLogger("redrafter.demo")
+
+
+class Interrupted(Exception):
+    """Ctrl-C / SIGTERM."""
+
+
+@dataclass
+class StageResult:
+    name: str
+    description: str
+    expect: str
+    condition: str
+    started_s: float
+    duration_s: float = 0.0
+    happened: bool = False
+    observed: Any = None
+    failure: str = ""
+    speculation: dict[str, Any] = field(default_factory=dict)
+    replicas: dict[str, Any] = field(default_factory=dict)
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    traffic: dict[str, Any] = field(default_factory=dict)
+    wall_start: float = 0.0
+    wall_end: float = 0.0
+
+
+@dataclass
+class DemoOptions:
+    manifest: Path = DEFAULT_MANIFEST
+    scenario: str = DEFAULT_SCENARIO
+    fast: bool = False
+    summary_json: Path | None = None
+    keep_temp: bool = False
+
+
+# ---------------------------------------------------------------------------- processes
+async def kubectl(kubeconfig: Path, tmp: Path, *args: str, stdin: str | None = None) -> str:
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "HOME": str(tmp)}
+    proc = await asyncio.create_subprocess_exec(
+        str(KUBECTL), "--kubeconfig", str(kubeconfig), "--cache-dir", str(tmp / "kubectl-cache"), *args,
+        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
+    out, err = await proc.communicate(stdin.encode() if stdin is not None else None)
+    if proc.returncode != 0:
+        raise RuntimeError(f"kubectl {' '.join(args)} failed ({proc.returncode}): {err.decode().strip()}")
+    return out.decode()
+
+
+class OperatorProcess:
+    """``redrafter-operator run`` against the emulator, as a subprocess (exactly the production entry point)."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, log_path: Path) -> None:
+        self.argv = [str(BIN / "redrafter-operator"), "run", "--kubeconfig", str(kubeconfig), "--namespace", namespace,
+                     "--standalone", "--resync-seconds", "30"]
+        self.log_path = log_path
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> None:
+        with open(self.log_path, "wb") as out:
+            self.proc = await asyncio.create_subprocess_exec(*self.argv, stdout=out, stderr=asyncio.subprocess.STDOUT,
+                                                             start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    async def stop(self, grace: float = 10.0) -> None:
+        if self.proc is None or self.proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(self.proc.wait(), grace)
+        except asyncio.TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            await self.proc.wait()
+
+    def log_tail(self, lines: int = 25) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+# ---------------------------------------------------------------------------- the run
+def load_resource(path: Path) -> dict[str, Any]:
+    docs = [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d]
+    found = [d for d in docs if d.get("kind") == KIND]
+    if len(found) != 1:
+        raise ValueError(f"{path} must contain exactly one {KIND} (found {len(found)})")
+    body = found[0]
+    body.setdefault("metadata", {}).setdefault("namespace", "default")
+    return body
+
+
+def demo_prompts(n: int = 16) -> list[Prompt]:
+    """Prompts in the fake checkpoint's vocabulary ("w<id>" words), distinct per request slot."""
+    return [Prompt(" ".join(f"w{3 + (i * 37 + j * 11) % 990}" for j in range(12))) for i in range(n)]
+
+
+class DemoRun:
+    def __init__(self, opts: DemoOptions, scenario: Scenario, resource: dict[str, Any], tmp: Path) -> None:
+        self.opts = opts
+        self.scenario = scenario
+        self.resource = resource
+        self.name = resource["metadata"]["name"]
+        self.namespace = resource["metadata"]["namespace"]
+        self.tmp = tmp
+        self.stop_event = asyncio.Event()
+        self.t0 = time.monotonic()
+        self.wall0 = time.time()
+        self.results: list[StageResult] = []
+        self.current: Stage | None = None
+        self.obj: dict[str, Any] | None = None
+        self.stats = TrafficStats(window_s=4.0)
+        self.view = DemoView(scenario, self)
+        self.api: KubeApi | None = None
+        self.node: SimKubelet | None = None
+        self.loadgen: RoutedLoadGenerator | None = None
+        self.operator: OperatorProcess | None = None
+        self.events: list[dict[str, Any]] = []
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    async def run(self) -> dict[str, Any]:
+        kubeconfig = self.tmp / "kubeconfig"
+        emulator = EmulatorThread()
+        handle = emulator.start()
+        loadgen_task: asyncio.Task[Any] | None = None
+        try:
+            write_kubeconfig(handle.url, kubeconfig, namespace=self.namespace)
+            self.view.note(f"API server emulator on {handle.url}")
+            await kubectl(kubeconfig, self.tmp, "apply", "-f", "-", stdin=crd_yaml())
+            await kubectl(kubeconfig, self.tmp, "wait", "--for", "condition=established", "--timeout=30s",
+                          f"crd/{PLURAL}.{API_VERSION.split('/')[0]}")
+            self.operator = OperatorProcess(kubeconfig, self.namespace, self.tmp / "operator.log")
+            await self.operator.start()
+            self.view.note("operator started: " + " ".join(self.operator.argv[1:3]))
+            async with KubeApi(handle.url) as api, SimKubelet(handle.url, sim=SIM_ENGINE,
+                                                             node_dir=self.tmp / "node") as node:
+                self.api, self.node = api, node
+                first = self.scenario.stages[0]
+                if first.acceptance is not None:
+                    node.set_engine(self.namespace, self.name, "redrafter", acceptance_rate=first.acceptance)
+                await kubectl(kubeconfig, self.tmp, "apply", "-f", "-", stdin=yaml.safe_dump(self.resource))
+                self.view.note(f"kubectl apply {KIND}/{self.name}")
+                async with ServiceRouter(api, self.namespace, names.service_name(self.name)) as router:
+                    self.loadgen = RoutedLoadGenerator(router, demo_prompts(), RequestOptions(max_tokens=MAX_TOKENS),
+                                                       stats=self.stats)
+                    loadgen_task = asyncio.create_task(self.loadgen.run(), name="loadgen")
+                    with self.view.live():
+                        await self._stages()
+                    self.loadgen.stop(cancel_in_flight=True)
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(loadgen_task, 15)
+                    self.events = await self._events()
+                    self.obj = await api.get(RDD, self.name, self.namespace) or self.obj
+        finally:
+            if self.loadgen is not None:
+                self.loadgen.stop(cancel_in_flight=True)
+            if loadgen_task is not None and not loadgen_task.done():
+                loadgen_task.cancel()
+                await asyncio.gather(loadgen_task, return_exceptions=True)
+            operator_tail = self.operator.log_tail() if self.operator else ""
+            if self.operator is not None:
+                await self.operator.stop()
+            emulator.stop()
+        return self.summary(operator_tail)
+
+    # -------------------------------------------------------------------------- stages
+    async def _stages(self) -> None:
+        for stage in self.scenario.stages:
+            result = await self._stage(stage)
+            self.results.append(result)
+            self.view.stage_done(result)
+            if not result.happened:
+                break
+
+    async def _stage(self, stage: Stage) -> StageResult:
+        assert self.node is not None and self.loadgen is not None
+        self.current = stage
+        res = StageResult(stage.name, stage.description, stage.expect, str(stage.until or ""),
+                          started_s=self.elapsed(), wall_start=time.time())
+        if stage.concurrency is not None:
+            self.loadgen.set_concurrency(stage.concurrency)
+        if stage.acceptance is not None:
+            self.node.set_engine(self.namespace, self.name, "redrafter", acceptance_rate=stage.acceptance)
+        start = time.monotonic()
+        timeout = stage.until.timeout_s if stage.until else stage.min_s
+        while True:
+            if self.stop_event.is_set():
+                raise Interrupted()
+            await self._observe()
+            waited = time.monotonic() - start
+            if stage.hold is not None and self.obj is not None and not stage.hold.holds(self.obj):
+                res.failure = f"{stage.hold} broke ({stage.hold.path} = {lookup(self.obj, stage.hold.path)!r})"
+                break
+            met = stage.until is None or stage.until.holds(self.obj)
+            if met and waited >= stage.min_s:
+                res.happened = True
+                break
+            if waited >= max(timeout, stage.min_s) and not met:
+                res.failure = f"timed out after {timeout:.0f}s waiting for {stage.until}"
+                break
+            if self.operator is not None and not self.operator.alive():
+                res.failure = "the operator process exited"
+                break
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.stop_event.wait(), POLL_S)
+        res.duration_s = time.monotonic() - start
+        res.wall_end = time.time()
+        status = (self.obj or {}).get("status") or {}
+        res.observed = lookup(self.obj, stage.until.path) if stage.until else None
+        res.speculation = dict(status.get("speculation") or {})
+        res.replicas = dict(status.get("serving") or {})
+        res.traffic = {k: v for k, v in self.stats.window().items() if k != "by_pod"}
+        return res
+
+    async def _observe(self) -> None:
+        assert self.api is not None
+        with contextlib.suppress(Exception):
+            self.obj = await self.api.get(RDD, self.name, self.namespace)
+        self.view.update()
+
+    async def _events(self) -> list[dict[str, Any]]:
+        assert self.api is not None
+        out = []
+        for ev in await self.api.list(EVENTS, self.namespace):
+            inv = ev.get("involvedObject") or ev.get("regarding") or {}
+            if inv.get("kind") == KIND and inv.get("name") == self.name:
+                out.append({
+                    "time": ev.get("lastTimestamp") or ev.get("eventTime") or ev.get("firstTimestamp")
+                    or ev.get("metadata", {}).get("creationTimestamp"),
+                    "type": ev.get("type", ""), "reason": ev.get("reason", ""),
+                    "message": ev.get("message") or ev.get("note") or "", "count": ev.get("count", 1),
+                })
+        return sorted(out, key=lambda e: e["time"] or "")
+
+    # -------------------------------------------------------------------------- summary
+    def summary(self, operator_tail: str) -> dict[str, Any]:
+        status = (self.obj or {}).get("status") or {}
+        history = list(status.get("history") or [])
+        for res in self.results:
+            res.decisions = [e for e in self.events if _within(e["time"], res.wall_start, res.wall_end)]
+        stages = [s.__dict__ | {"decisions": s.decisions} for s in self.results]
+        missing = [s.name for s in self.scenario.stages[len(self.results):]]
+        ok = bool(self.results) and all(r.happened for r in self.results) and not missing
+        return {
+            "scenario": self.scenario.name,
+            "resource": f"{self.namespace}/{self.name}",
+            "fast": self.opts.fast,
+            "ok": ok,
+            "wall_s": round(self.elapsed(), 1),
+            "stages": [{k: v for k, v in s.items() if k not in ("wall_start", "wall_end")} for s in stages],
+            "not_reached": missing,
+            "history": history,
+            "events": self.events,
+            "final_status": {k: status.get(k) for k in ("phase", "activeEngine", "serving", "speculation", "engines",
+                                                        "validation", "conditions")},
+            "traffic": {"requests": self.stats.total_requests, "errors": self.stats.total_errors,
+                        "tokens": self.stats.total_tokens, "last_error": self.stats.last_error},
+            "operator_log_tail": "" if ok else operator_tail,
+        }
+
+
+def _within(stamp: str | None, start: float, end: float) -> bool:
+    if not stamp:
+        return False
+    import datetime
+
+    try:
+        t = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return False
+    return start - 1.0 <= t <= end + 1.0  # Event times have one-second resolution
+
+
+async def run_demo(opts: DemoOptions) -> int:
+    scenario = SCENARIOS[opts.scenario]
+    if opts.fast:
+        scenario = scenario.scaled(FAST_FACTOR)
+    resource = load_resource(opts.manifest)
+    tmp = Path(tempfile.mkdtemp(prefix="redrafter-demo-"))
+    logging.basicConfig(filename=tmp / "demo.log", level=logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True)
+    run = DemoRun(opts, scenario, resource, tmp)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, run.stop_event.set)
+    interrupted = False
+    summary: dict[str, Any] | None = None
+    try:
+        summary = await run.run()
+    except Interrupted:
+        interrupted = True
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        logging.shutdown()
+        if opts.keep_temp:
+            print(f"kept {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if interrupted or summary is None:
+        print("demo interrupted: every process stopped, temp files removed", file=sys.stderr)
+        return 130
+    render_summary(summary, run.view.console)
+    if opts.summary_json:
+        opts.summary_json.write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
+    return 0 if summary["ok"] else 1
+
+
+# ---------------------------------------------------------------------------- CLI
+def _cmd_demo(args: argparse.Namespace) -> int:
+    opts = DemoOptions(manifest=Path(args.file), scenario=args.scenario, fast=args.fast,
+                       summary_json=Path(args.summary_json) if args.summary_json else None, keep_temp=args.keep_temp)
+    return asyncio.run(run_demo(opts))
+
+
+def register_cli(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="the whole lifecycle on this machine: emulated cluster, real operator, "
+                                    "real Triton with a simulated engine")
+    p.add_argument("-f", "--file", default=str(DEFAULT_MANIFEST),
+                   help="ReDrafterDeployment manifest (default: examples/demo-tiny.yaml)")
+    p.add_argument("--scenario", choices=sorted(SCENARIOS), default=DEFAULT_SCENARIO,
+                   help="; ".join(f"{s.name}: {s.description}" for s in SCENARIOS.values()))
+    p.add_argument("--fast", action="store_true", help=f"shorten every stage's minimum duration x{FAST_FACTOR}")
+    p.add_argument("--summary-json", metavar="PATH", help="also write the summary as JSON")
+    p.add_argument("--keep-temp", action="store_true", help="keep the temp dir (logs, engine cache) for debugging")
+    p.set_defaults(func=_cmd_demo)

@@ -1,0 +1,134 @@
+"""Demo scenarios as data: stages with traffic, the simulated engine's acceptance, and end conditions.
+
+A stage sets the load generator's concurrency and/or the ReDrafter engines' target acceptance rate
+(None: unchanged), lasts at least ``min_s`` seconds, and ends when ``until`` holds on the resource
+(e.g. ``status.activeEngine == base``) or fails after ``until.timeout_s``. ``hold`` must stay true for
+the whole stage (e.g. the engine does not change under steady traffic). A stage *happened* when its
+``until`` was met in time and its ``hold`` never broke. ``--fast`` scales ``min_s`` down; the
+conditions and timeouts stay (they are what the operator must do).
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping
+
+OPS: dict[str, Callable[[Any, Any], bool]] = {
+    "==": operator.eq, "!=": operator.ne, ">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt,
+}
+
+
+def lookup(obj: Mapping[str, Any] | None, path: str) -> Any:
+    """``status.serving.readyReplicas`` in a resource (None when any part is missing)."""
+    node: Any = obj
+    for part in path.split("."):
+        if not isinstance(node, Mapping):
+            return None
+        node = node.get(part)
+    return node
+
+
+@dataclass(frozen=True)
+class Condition:
+    path: str
+    op: str
+    value: Any
+    timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.op not in OPS:
+            raise ValueError(f"unknown operator {self.op!r} (use one of {', '.join(OPS)})")
+
+    def holds(self, obj: Mapping[str, Any] | None) -> bool:
+        have = lookup(obj, self.path)
+        if have is None:
+            return False
+        try:
+            return OPS[self.op](have, self.value)
+        except TypeError:
+            return False
+
+    def __str__(self) -> str:
+        return f"{self.path} {self.op} {self.value}"
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    description: str
+    concurrency: int | None = None
+    acceptance: float | None = None
+    min_s: float = 0.0
+    until: Condition | None = None
+    hold: Condition | None = None
+    #: the operator behaviour this stage demonstrates (shown in the summary)
+    expect: str = ""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    stages: tuple[Stage, ...] = field(default_factory=tuple)
+
+    def scaled(self, factor: float) -> "Scenario":
+        """Minimum stage durations times ``factor`` (``--fast``)."""
+        return replace(self, stages=tuple(replace(s, min_s=s.min_s * factor) for s in self.stages))
+
+
+HIGH_ACCEPTANCE = 0.8
+LOW_ACCEPTANCE = 0.1
+LOW_LOAD = 2
+HIGH_LOAD = 12
+
+DEPLOY = Stage(
+    "deploy", "apply the resource: build both engines, validate, roll out ReDrafter",
+    concurrency=0, acceptance=HIGH_ACCEPTANCE,
+    until=Condition("status.phase", "==", "Serving", timeout_s=120),
+    expect="engines built by Jobs, Deployments Ready, Service on ReDrafter",
+)
+STEADY = Stage(
+    "steady", "steady light traffic on ReDrafter with high acceptance",
+    concurrency=LOW_LOAD, min_s=8,
+    until=Condition("status.speculation.samples", ">", 0, timeout_s=40),
+    hold=Condition("status.activeEngine", "==", "redrafter"),
+    expect="acceptance measured on live traffic; ReDrafter kept",
+)
+LOAD_RISE = Stage(
+    "load-rise", "the load rises well above the per-replica target",
+    concurrency=HIGH_LOAD, min_s=4,
+    until=Condition("status.serving.readyReplicas", ">=", 2, timeout_s=60),
+    expect="autoscaled up (HPA rule on active+waiting requests per replica)",
+)
+COLLAPSE = Stage(
+    "collapse", "the drafter stops matching the traffic: acceptance collapses",
+    acceptance=LOW_ACCEPTANCE, min_s=2,
+    until=Condition("status.activeEngine", "==", "base", timeout_s=60),
+    expect="fallback to the base engine after failureLimit bad windows",
+)
+RECOVER = Stage(
+    "recover", "acceptance recovers (measured on the ReDrafter canary while on base)",
+    acceptance=HIGH_ACCEPTANCE, min_s=2,
+    until=Condition("status.activeEngine", "==", "redrafter", timeout_s=60),
+    expect="back to ReDrafter after successLimit good canary windows (and cooldown)",
+)
+LOAD_FALL = Stage(
+    "load-fall", "the load falls back",
+    concurrency=LOW_LOAD, min_s=2,
+    until=Condition("status.serving.replicas", "==", 1, timeout_s=60),
+    expect="scaled down after the scale-down stabilization window",
+)
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s for s in (
+        Scenario("lifecycle", "build -> rollout -> autoscale up -> fallback -> recovery -> scale down",
+                 (DEPLOY, STEADY, LOAD_RISE, COLLAPSE, RECOVER, LOAD_FALL)),
+        Scenario("collapse", "build -> rollout -> acceptance collapse -> fallback -> recovery",
+                 (DEPLOY, replace(STEADY, min_s=4), COLLAPSE, RECOVER)),
+        Scenario("steady", "build -> rollout -> steady traffic: the operator keeps ReDrafter and 1 replica",
+                 (DEPLOY, replace(STEADY, min_s=20, hold=Condition("status.activeEngine", "==", "redrafter")),)),
+    )
+}
+DEFAULT_SCENARIO = "lifecycle"
+FAST_FACTOR = 0.5

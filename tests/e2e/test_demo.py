@@ -1,0 +1,124 @@
+"""`redrafter-operator demo --fast` end to end, as `make demo` runs it: every stage of the scenario happens
+(asserted from its machine-readable summary, which is built from the operator's status, history and
+Events), and nothing is left behind — no tritonserver or operator process, no temp dir, no shared memory
+— after a normal run and after Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from redrafter_operator.sim.scenarios import DEFAULT_SCENARIO, SCENARIOS
+from redrafter_operator.sim.triton import TritonInstall, TritonUnavailable
+
+pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(400)]
+
+CLI = Path(sys.executable).parent / "redrafter-operator"
+DEMO_TIMEOUT_S = 300
+
+
+@pytest.fixture(autouse=True)
+def _triton_available() -> None:
+    try:
+        TritonInstall.find()
+    except TritonUnavailable as exc:
+        pytest.skip(f"tritonserver cannot run here: {exc}")
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """Command lines of live processes that mention ``text`` (zombies excluded)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "stat").read_text().split(") ", 1)[1].startswith("Z"):
+                continue
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            env = (entry / "environ").read_bytes().decode(errors="replace")
+        except (OSError, IndexError):
+            continue
+        if text in cmd or text in env:
+            out.append(f"{entry.name}: {cmd[:200]}")
+    return out
+
+
+def demo_env(tmpdir: Path) -> dict[str, str]:
+    """Everything the demo creates on disk lands under ``tmpdir`` (its TMPDIR), so leftovers are visible."""
+    tmpdir.mkdir(parents=True, exist_ok=True)
+    return {**os.environ, "TMPDIR": str(tmpdir), "PYTHONUNBUFFERED": "1"}
+
+
+def assert_nothing_left(tmpdir: Path, pid: int) -> None:
+    deadline = time.monotonic() + 20
+    while processes_mentioning(str(tmpdir)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert processes_mentioning(str(tmpdir)) == []
+    assert sorted(p.name for p in tmpdir.iterdir()) == []
+    assert list(Path("/dev/shm").glob(f"rdsim{pid}x*")) == []
+
+
+def test_demo_fast_every_stage_happens_and_nothing_is_left(tmp_path: Path):
+    tmpdir = tmp_path / "tmp"
+    summary_path = tmp_path / "summary.json"
+    started = time.monotonic()
+    proc = subprocess.Popen([str(CLI), "demo", "--fast", "--summary-json", str(summary_path)],
+                            env=demo_env(tmpdir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        output, _ = proc.communicate(timeout=DEMO_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=60)
+        pytest.fail(f"demo did not finish within {DEMO_TIMEOUT_S}s:\n{output[-6000:]}")
+    wall = time.monotonic() - started
+    assert summary_path.exists(), output[-6000:]
+    summary = json.loads(summary_path.read_text())
+
+    expected = [s.name for s in SCENARIOS[DEFAULT_SCENARIO].stages]
+    assert [s["name"] for s in summary["stages"]] == expected, output[-6000:]
+    failed = [f"{s['name']}: {s['failure']}" for s in summary["stages"] if not s["happened"]]
+    assert failed == [], f"stages that did not happen: {failed}\n{output[-6000:]}"
+    assert summary["ok"] is True and proc.returncode == 0
+
+    # what each stage shows comes from the operator: its history and Events
+    by_name = {s["name"]: s for s in summary["stages"]}
+    assert by_name["deploy"]["observed"] == "Serving"
+    assert by_name["load-rise"]["observed"] >= 2
+    assert by_name["collapse"]["observed"] == "base" and by_name["recover"]["observed"] == "redrafter"
+    assert by_name["load-fall"]["observed"] == 1
+    switches = [(h["from"], h["to"]) for h in summary["history"]]
+    assert ("redrafter", "base") in switches and ("base", "redrafter") in switches
+    reasons = {e["reason"] for e in summary["events"]}
+    assert any(r.startswith("EngineReady") for r in reasons), reasons
+    assert summary["traffic"]["requests"] > 0 and summary["traffic"]["tokens"] > 0
+    assert "RESULT: every stage happened" in output
+    print(f"demo --fast wall time: {wall:.1f}s (summary says {summary['wall_s']}s)")
+
+    assert_nothing_left(tmpdir, proc.pid)
+
+
+def test_ctrl_c_stops_every_process_and_removes_temp_files(tmp_path: Path):
+    tmpdir = tmp_path / "tmp"
+    proc = subprocess.Popen([str(CLI), "demo", "--fast"], env=demo_env(tmpdir),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # interrupt once serving pods run (real tritonservers), or after the builds if they never start
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and proc.poll() is None:
+        if any("tritonserver" in p for p in processes_mentioning(str(tmpdir))):
+            break
+        time.sleep(0.5)
+    assert proc.poll() is None, proc.communicate()[0][-4000:]
+    assert processes_mentioning(str(tmpdir)), "the demo started no process under its temp dir"
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, output[-4000:]
+    assert "every process stopped" in output
+    assert_nothing_left(tmpdir, proc.pid)

@@ -287,3 +287,33 @@ async def test_engine_control_file_reaches_every_pod_of_a_variant(apiserver: Emu
     path = node.control_file(NS, owner.name, "redrafter")
     assert path.is_file() and str(path).startswith(str(node.node_dir))
     assert os.path.basename(path) == f"{NS}.{owner.name}.redrafter.json"
+
+
+async def test_validation_job_runs_against_the_variant_services(apiserver: EmulatorHandle, node: SimKubelet):
+    """Validation Jobs run `redrafter-operator evaluate validate`; `<svc>.<ns>.svc:8001` resolves to a Ready pod."""
+    try:
+        TritonInstall.find()
+    except TritonUnavailable as exc:
+        pytest.skip(f"tritonserver cannot run here: {exc}")
+    from redrafter_operator.render.validation import validation_job
+
+    em = apiserver.emulator
+    owner = demo_owner()
+    assert set((await build_engines(em, owner)).values()) == {"Complete"}
+    for variant in contract.VARIANTS:
+        for obj in serving_objects(owner, variant, pool=variant):
+            em.create_object(obj)
+        svc = service(owner, variant)
+        svc["metadata"]["name"] = names.service_name(owner.name, variant)
+        svc["spec"]["selector"] = names.serving_selector(owner.name, variant)
+        em.create_object(svc)
+    for variant in contract.VARIANTS:
+        await wait_for(lambda v=variant: ready_pods(em, v), 60, f"a Ready {variant} pod")
+    job = em.create_object(validation_job(owner, redrafter_key=build_spec(owner.spec, "redrafter").key,
+                                          base_key=build_spec(owner.spec, "base").key, operator_image="op:dev"))
+    name = job["metadata"]["name"]
+    state = await wait_for(lambda: job_state(em, name), 150, "the validation Job to finish")
+    pods = build_pods(em, name)
+    term = pods[-1]["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert state == "Complete", term
+    assert term["exitCode"] == 0 and term["message"]

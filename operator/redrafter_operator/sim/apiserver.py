@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import copy
 import datetime
 import json
 import random
@@ -150,13 +149,18 @@ class Watcher:
         return kind, _as_type(event.obj, self.rtype)
 
 
+def _clone(value: Any) -> Any:
+    """Deep copy of JSON data (a JSON round trip is several times faster than copy.deepcopy)."""
+    return json.loads(json.dumps(value))
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _as_type(obj: dict[str, Any], rtype: ResourceType) -> dict[str, Any]:
     """A stored object presented as the requested group/version (deep copy; stored objects never leak)."""
-    out = copy.deepcopy(obj)
+    out = _clone(obj)
     out["apiVersion"] = rtype.api_version
     out["kind"] = rtype.kind
     if rtype.storage_key == ("", "events") and rtype.group == "events.k8s.io":
@@ -242,6 +246,7 @@ class ApiServerEmulator(KubernetesEmulator):
     _mutex: threading.RLock = attrs.field(factory=threading.RLock, init=False, repr=False)
     _log: list[RequestRecord] = attrs.field(factory=list, init=False, repr=False)
     _faults: list[Fault] = attrs.field(factory=list, init=False, repr=False)
+    _owned: dict[str, set[tuple[StoreKey, ObjKey]]] = attrs.field(factory=dict, init=False, repr=False)
     internal_errors: list[Exception] = attrs.field(factory=list, init=False, repr=False)  # emulator bugs (answered 500)
 
     def __attrs_post_init__(self) -> None:
@@ -339,6 +344,27 @@ class ApiServerEmulator(KubernetesEmulator):
     # ------------------------------------------------------------------ store internals
     def _bucket(self, rtype: ResourceType) -> dict[ObjKey, dict[str, Any]]:
         return self._store[rtype.storage_key]
+
+    def _put(self, rtype: ResourceType, key: ObjKey, obj: dict[str, Any]) -> None:
+        """Store an object and keep the owner index (owner uid -> dependents) in step."""
+        self._unindex(rtype.storage_key, key)
+        self._bucket(rtype)[key] = obj
+        for ref in obj["metadata"].get("ownerReferences") or []:
+            if ref.get("uid"):
+                self._owned.setdefault(ref["uid"], set()).add((rtype.storage_key, key))
+
+    def _remove(self, rtype: ResourceType, key: ObjKey) -> dict[str, Any]:
+        self._unindex(rtype.storage_key, key)
+        return self._bucket(rtype).pop(key)
+
+    def _unindex(self, store: StoreKey, key: ObjKey) -> None:
+        old = self._store[store].get(key)
+        for ref in (old or {}).get("metadata", {}).get("ownerReferences") or []:
+            dependents = self._owned.get(ref.get("uid", ""))
+            if dependents is not None:
+                dependents.discard((store, key))
+                if not dependents:
+                    del self._owned[ref["uid"]]
 
     def _key(self, rtype: ResourceType, namespace: str | None, name: str) -> ObjKey:
         return (namespace if rtype.namespaced else None, name)
@@ -441,7 +467,7 @@ class ApiServerEmulator(KubernetesEmulator):
         if types:
             bucket = self._bucket(types[0])
             for key in list(bucket):
-                obj = bucket.pop(key)
+                obj = self._remove(types[0], key)
                 obj["metadata"]["resourceVersion"] = self._next_rv()
                 self._emit(types[0], "DELETED", obj, obj)
 
@@ -449,7 +475,7 @@ class ApiServerEmulator(KubernetesEmulator):
                 dry_run: bool = False) -> dict[str, Any]:
         if not isinstance(body, dict):
             raise ApiError(400, "the body of the request was in an unknown format")
-        obj = copy.deepcopy(body)
+        obj = _clone(body)
         if rtype.group == "events.k8s.io":
             obj = _events_v1_to_core(obj)
         meta = obj.setdefault("metadata", {})
@@ -495,7 +521,7 @@ class ApiServerEmulator(KubernetesEmulator):
             if dry_run:
                 return _as_type(obj, rtype)
             obj["metadata"]["resourceVersion"] = self._next_rv()
-            self._bucket(rtype)[key] = obj
+            self._put(rtype, key, obj)
             if rtype.storage_key == res.CRD_STORAGE_KEY:
                 self._install_crd(obj)
             self._emit(rtype, "ADDED", obj, None)
@@ -517,17 +543,17 @@ class ApiServerEmulator(KubernetesEmulator):
             if not isinstance(new, dict):
                 raise ApiError(400, "the body of the request was in an unknown format")
             if subresource == "status":
-                merged = copy.deepcopy(old)
+                merged = _clone(old)
                 if "status" in new:
                     merged["status"] = new["status"]
                 else:
                     merged.pop("status", None)
                 new = merged
             else:
-                new = copy.deepcopy(new)
+                new = _clone(new)
                 if rtype.status_subresource and rtype.storage_key != res.CRD_STORAGE_KEY:
                     if "status" in old:
-                        new["status"] = copy.deepcopy(old["status"])
+                        new["status"] = _clone(old["status"])
                     else:
                         new.pop("status", None)
             meta = new.setdefault("metadata", {})
@@ -554,10 +580,10 @@ class ApiServerEmulator(KubernetesEmulator):
                 return _as_type(new if dry_run else old, rtype)
             meta["resourceVersion"] = self._next_rv()
             if meta.get("deletionTimestamp") and not meta.get("finalizers"):
-                del self._bucket(rtype)[key]  # the last finalizer is gone: the pending deletion completes
+                self._remove(rtype, key)  # the last finalizer is gone: the pending deletion completes
                 self._finish_delete(rtype, new, "Background")
                 return _as_type(new, rtype)
-            self._bucket(rtype)[key] = new
+            self._put(rtype, key, new)
             if rtype.storage_key == res.CRD_STORAGE_KEY:
                 self._install_crd(new)
             self._emit(rtype, "MODIFIED", new, old)
@@ -668,15 +694,15 @@ class ApiServerEmulator(KubernetesEmulator):
             if obj["metadata"].get("finalizers"):
                 if not obj["metadata"].get("deletionTimestamp"):
                     old = obj
-                    obj = copy.deepcopy(obj)
+                    obj = _clone(obj)
                     obj["metadata"]["deletionTimestamp"] = _now()
                     obj["metadata"]["deletionGracePeriodSeconds"] = 0
                     obj["metadata"]["resourceVersion"] = self._next_rv()
-                    self._bucket(rtype)[key] = obj
+                    self._put(rtype, key, obj)
                     self._emit(rtype, "MODIFIED", obj, old)
                 return _as_type(obj, rtype)
-            del self._bucket(rtype)[key]
-            gone = copy.deepcopy(obj)
+            self._remove(rtype, key)
+            gone = _clone(obj)
             gone["metadata"]["resourceVersion"] = self._next_rv()
             self._finish_delete(rtype, gone, propagation)
             return _as_type(gone, rtype)
@@ -706,19 +732,22 @@ class ApiServerEmulator(KubernetesEmulator):
 
     def _collect_dependents(self, owner_uid: str, orphan: bool) -> None:
         """Garbage collection: dependents whose every owner is gone are deleted (or orphaned)."""
-        live_uids = {o["metadata"]["uid"] for bucket in self._store.values() for o in bucket.values()}
-        for store, rtype in self._all_types_by_store().items():
-            for key, obj in list(self._store[store].items()):
-                refs = obj["metadata"].get("ownerReferences") or []
-                if not any(r.get("uid") == owner_uid for r in refs):
-                    continue
-                if orphan:
-                    kept = [r for r in refs if r.get("uid") != owner_uid]
-                    self._update(rtype, key[0], key[1],
-                                 {**obj, "metadata": {**obj["metadata"], "ownerReferences": kept}}, None, None)
-                elif not any(r.get("uid") in live_uids for r in refs if r.get("uid") != owner_uid):
-                    if key in self._store[store]:
-                        self._delete(rtype, key[0], key[1], {})
+        by_store = self._all_types_by_store()
+        for store, key in sorted(self._owned.get(owner_uid, set())):
+            obj = self._store[store].get(key)
+            rtype = by_store.get(store)
+            if obj is None or rtype is None:
+                continue
+            refs = obj["metadata"].get("ownerReferences") or []
+            if orphan:
+                kept = [r for r in refs if r.get("uid") != owner_uid]
+                self._update(rtype, key[0], key[1],
+                             {**obj, "metadata": {**obj["metadata"], "ownerReferences": kept}}, None, None)
+            elif not any(self._uid_alive(r.get("uid", "")) for r in refs if r.get("uid") != owner_uid):
+                self._delete(rtype, key[0], key[1], {})
+
+    def _uid_alive(self, uid: str) -> bool:
+        return any(o["metadata"].get("uid") == uid for bucket in self._store.values() for o in bucket.values())
 
     # ------------------------------------------------------------------ HTTP
     async def __call__(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:  # type: ignore[override]

@@ -876,3 +876,27 @@ async def test_kopf_survives_injected_errors_and_dropped_watches(apiserver: Emul
                 await task
         except (TimeoutError, asyncio.CancelledError):
             task.cancel()
+
+
+def test_standalone_server_cli_serves_kubectl(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import time
+
+    kubectl_bin = Path(sys.executable).parent / "kubectl"
+    kubeconfig = tmp_path / "kubeconfig"
+    crd = tmp_path / "crd.yaml"
+    crd.write_text(yaml.safe_dump(WIDGET_CRD))
+    proc = subprocess.Popen([sys.executable, "-m", "redrafter_operator.sim.server", "--kubeconfig", str(kubeconfig),
+                             "--load", str(crd)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not kubeconfig.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert kubeconfig.exists(), "the server wrote no kubeconfig"
+        result = subprocess.run([str(kubectl_bin), "--kubeconfig", str(kubeconfig), "--cache-dir", str(tmp_path / "c"),
+                                 "get", "crd", "-o", "name"], capture_output=True, text=True, timeout=30)
+        assert result.stdout.split() == ["customresourcedefinition.apiextensions.k8s.io/widgets.example.com"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

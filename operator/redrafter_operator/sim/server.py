@@ -107,3 +107,44 @@ def write_kubeconfig(url: str, path: str | Path, namespace: str = "default") -> 
     target.write_text(yaml.safe_dump(kubeconfig_dict(url, namespace), sort_keys=False))
     target.chmod(0o600)
     return target
+
+
+async def _serve_forever(port: int, kubeconfig: Path | None, manifests: list[Path], controllers: bool) -> None:
+    from .controllers import run_controllers
+
+    async with serve_emulator(port=port) as handle:
+        for manifest in manifests:
+            for doc in yaml.safe_load_all(manifest.read_text()):
+                if doc:
+                    handle.emulator.create_object(doc)
+        if kubeconfig is not None:
+            write_kubeconfig(handle.url, kubeconfig)
+            print(f"export KUBECONFIG={kubeconfig}", flush=True)
+        print(f"emulated Kubernetes API server listening on {handle.url} (Ctrl-C to stop)", flush=True)
+        stop = asyncio.Event()
+        if controllers:
+            await run_controllers(handle.emulator, stop)
+        else:
+            await stop.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m redrafter_operator.sim.server``: an emulated cluster for manual kubectl sessions."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: a free one)")
+    parser.add_argument("--kubeconfig", type=Path, help="write a kubeconfig for the server here")
+    parser.add_argument("--load", type=Path, action="append", default=[], help="YAML manifests to create first")
+    parser.add_argument("--controllers", action="store_true",
+                        help="play the Deployment/Endpoints controllers (Pods become Ready)")
+    args = parser.parse_args(argv)
+    try:
+        asyncio.run(_serve_forever(args.port, args.kubeconfig, args.load, args.controllers))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import socket
@@ -795,3 +796,60 @@ def test_operator_runs_from_the_chart_and_rbac_is_exact(mode, apiserver, helm_co
         assert cluster_calls == {("apiextensions.k8s.io", "customresourcedefinitions"), ("", "namespaces")}
         assert {request_namespace(r.path) for r in operator_records} - {None} <= set(watched)
     assert unused == set(NOT_YET_EXERCISED), f"the chart grants {sorted(unused)} which the operator never called"
+
+
+@pytest.mark.slow
+def test_two_replicas_from_the_chart_elect_one_active_and_fail_over(apiserver, helm_config, kubectl, kubeconfig,
+                                                                    tmp_path):
+    """Two pods of the chart's Deployment (replicas: 2): one handles resources, the other takes over when it stops."""
+    pytest.importorskip("redrafter_operator.controller.main", reason="the controller has not landed")
+    emu = apiserver.emulator
+    release = helm_config.install(str(CHART), RELEASE, {"replicas": 2}, namespace=NAMESPACE,
+                                  create_namespace=True, timeout=60)
+    deploy = one([d for d in yaml.safe_load_all(release["manifest"]) if d], "Deployment")
+    (container,) = deploy["spec"]["template"]["spec"]["containers"]
+    args = [a for a in container["args"] if not a.startswith(("--liveness", "--metrics-port"))]
+    procs: dict[str, subprocess.Popen] = {}
+    logs = {}
+    example = yaml.safe_load((ROOT / "examples" / "llama3-8b.yaml").read_text())
+
+    def phase(name: str) -> str:
+        return kubectl("get", "rdd", name, "-n", "default", "-o", "jsonpath={.status.phase}").stdout.strip()
+
+    def apply(name: str) -> None:
+        doc = copy.deepcopy(example)
+        doc["metadata"]["name"] = name
+        kubectl("apply", "-f", "-", input=yaml.safe_dump(doc), check=True)
+
+    try:
+        for pod in ("rdo-redrafter-operator-5d9c7-a1", "rdo-redrafter-operator-5d9c7-b2"):  # two pods, one template
+            env = {**os.environ, **_container_env(container, pod), "KUBECONFIG": str(kubeconfig)}
+            logs[pod] = tmp_path / f"{pod}.log"
+            procs[pod] = subprocess.Popen([sys.executable, "-c", _SHIM, *args], env=env, cwd=tmp_path,
+                                          stdout=logs[pod].open("w"), stderr=subprocess.STDOUT)
+        peering = f"{RELEASE}-redrafter-operator"
+        _wait(lambda: len((emu.get_object("kopf.dev/v1", "ClusterKopfPeering", peering).get("status") or {})) == 2,
+              30, "both replicas to register in the peering object")
+        apply("first")
+        _wait(lambda: phase("first") == "Building", 30, "the active replica to handle a resource", interval=0.3)
+        # exactly one replica acted on it (the other started paused or paused when it saw a higher priority)
+        acted = _wait(lambda: [p for p, f in logs.items() if "default/first" in f.read_text()], 10, "the active log")
+        assert len(acted) == 1, "both replicas handled the resource"
+        (active,) = acted
+        (standby,) = set(procs) - {active}
+
+        procs[active].terminate()  # a rollout or a node drain stops the active pod
+        procs[active].wait(15)
+        apply("second")
+        _wait(lambda: phase("second") == "Building", 60, "the standby replica to take over", interval=0.3)
+        assert "default/second" in logs[standby].read_text()
+        assert "default/second" not in logs[active].read_text()
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in procs.values():
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()

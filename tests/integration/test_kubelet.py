@@ -244,6 +244,13 @@ async def test_serving_pods_are_real_tritons_routed_by_the_service(apiserver: Em
             assert backend.ip == ip and backend.port == contract.HTTP_PORT
             out = await generate(http, backend.url)
             assert out["text_output"].strip()
+            # the pod's metrics port (what the operator scrapes) has the metering counters and load gauges
+            async with http.get(f"http://{ip}:{contract.METRICS_PORT}/metrics") as resp:
+                metrics = await resp.text()
+            assert f'{contract.METRIC_REQUESTS}{{model="{owner.name}",variant="redrafter"}} 1' in metrics
+            max_batch = owner.spec.engine.max_batch_size
+            assert (f'{contract.METRIC_TRTLLM_REQUESTS}{{model="tensorrt_llm",request_type="max",version="1"}} '
+                    f'{max_batch}') in metrics
 
             # scale up: a second pod, and round-robin over both
             em.patch_object("apps/v1", "Deployment", dep_name, NS, {"spec": {"replicas": 2}})

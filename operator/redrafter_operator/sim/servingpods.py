@@ -5,7 +5,7 @@ of the current template (rolling update with surge, or Recreate), each a real tr
 loopback address 127.0.0.N (the Pod IP; ports 8000/8001/8002 as in the cluster). The pod serves the
 repository the launcher (engine_jobs.serve) would generate from the pod's serving.json — written with
 engine_jobs.model_repo from the built artifact in the engine cache — with the simulated engine in
-place of tensorrt_llm. Readiness comes from ``/v2/health/ready``; a dead server is restarted
+place of tensorrt_llm (plus the backend's load gauges, :mod:`.engine_load`). Readiness comes from ``/v2/health/ready``; a dead server is restarted
 (restartCount + 1); scale-down deletes the Pod and then stops its server (Triton drains).
 """
 
@@ -28,6 +28,7 @@ from engine_jobs.model_repo import write_model_repository
 from ..render import names
 from . import objects
 from .engine import SimEngineSettings, install_sim_engine
+from .engine_load import add_load_gauges
 from .hostfs import HostFS, PodRoot, configmap_names
 from .kubeapi import CONFIGMAPS, DEPLOYMENTS, PODS, ApiStatusError, KubeApi
 from .triton import TritonServer, port_is_free
@@ -245,6 +246,7 @@ class ServingController:
             "control_file": str(self.control_dir / control_file_name(pod.namespace, deployment, cfg.variant)),
         })
         install_sim_engine(repo / contract.ENGINE_MODEL, sim)
+        add_load_gauges(repo / contract.ENGINE_MODEL)
         return repo
 
     async def _delete(self, pod: ServingPod) -> None:

@@ -182,3 +182,18 @@ def test_table_helpers() -> None:
     assert human_age("2025-01-01T23:59:30Z", now) == "30s"
     assert human_age("2025-01-01T23:00:00Z", now) == "60m"
     assert human_age("2024-12-30T00:00:00Z", now) == "3d"
+
+
+def test_server_side_apply_removes_only_fields_the_manager_dropped() -> None:
+    from redrafter_operator.sim.apiserver_patch import remove_unapplied
+
+    current = {"metadata": {"labels": {"a": "1", "mine": "x", "theirs": "y"}},
+               "spec": {"containers": [{"name": "c1", "image": "i", "env": [{"name": "E", "value": "1"}]},
+                                       {"name": "c2", "image": "j"}]}}
+    previous = {"metadata": {"labels": {"a": "1", "mine": "x"}},
+                "spec": {"containers": [{"name": "c1", "image": "i", "env": [{"name": "E", "value": "1"}]},
+                                        {"name": "c2", "image": "j"}]}}
+    applied = {"metadata": {"labels": {"a": "1"}}, "spec": {"containers": [{"name": "c1", "image": "i"}]}}
+    assert remove_unapplied(current, previous, applied) == {
+        "metadata": {"labels": {"a": "1", "theirs": "y"}},
+        "spec": {"containers": [{"name": "c1", "image": "i"}]}}

@@ -34,7 +34,8 @@ from kmock import KubernetesEmulator
 
 from . import apiserver_protobuf as protobuf
 from . import apiserver_resources as res
-from .apiserver_patch import PatchError, PatchTestFailed, json_patch, merge_patch, strategic_merge_patch
+from .apiserver_patch import (PatchError, PatchTestFailed, json_patch, merge_patch, remove_unapplied,
+                              strategic_merge_patch)
 from .apiserver_resources import ResourceType
 from .apiserver_schema import Cause, apply_defaults, prune, validate, validate_rules
 from .apiserver_selectors import Matcher, jsonpath, parse_field_selector, parse_label_selector
@@ -247,6 +248,8 @@ class ApiServerEmulator(KubernetesEmulator):
     _log: list[RequestRecord] = attrs.field(factory=list, init=False, repr=False)
     _faults: list[Fault] = attrs.field(factory=list, init=False, repr=False)
     _owned: dict[str, set[tuple[StoreKey, ObjKey]]] = attrs.field(factory=dict, init=False, repr=False)
+    # Last configuration each field manager applied (server-side apply ownership, simplified).
+    _applied: dict[tuple[StoreKey, ObjKey, str], Any] = attrs.field(factory=dict, init=False, repr=False)
     internal_errors: list[Exception] = attrs.field(factory=list, init=False, repr=False)  # emulator bugs (answered 500)
 
     def __attrs_post_init__(self) -> None:
@@ -355,6 +358,8 @@ class ApiServerEmulator(KubernetesEmulator):
 
     def _remove(self, rtype: ResourceType, key: ObjKey) -> dict[str, Any]:
         self._unindex(rtype.storage_key, key)
+        for applied in [k for k in self._applied if k[0] == rtype.storage_key and k[1] == key]:
+            del self._applied[applied]
         return self._bucket(rtype).pop(key)
 
     def _unindex(self, store: StoreKey, key: ObjKey) -> None:
@@ -609,13 +614,20 @@ class ApiServerEmulator(KubernetesEmulator):
                 if not isinstance(patch, dict):
                     raise ApiError(400, "the body of the request was in an unknown format")
                 body = {**patch, "metadata": {**(patch.get("metadata") or {}), "name": name}}
-                return self._create(rtype, namespace, body, dry_run="dryRun" in params)
+                created = self._create(rtype, namespace, body, dry_run="dryRun" in params)
+                if "dryRun" not in params:
+                    self._applied[(rtype.storage_key, key, params.get("fieldManager", ""))] = _clone(patch)
+                return created
             if stored is None:
                 raise self._not_found(rtype, name)
             current = _as_type(stored, rtype)
             if subresource == "scale":
                 scale = self._scale_of(rtype, current)
                 return self._write_scale(rtype, namespace, name, self._apply(patch_type, scale, patch), params)
+            manager = params.get("fieldManager", "")
+            applied_key = (rtype.storage_key, key, manager)
+            if patch_type == "apply" and applied_key in self._applied and isinstance(patch, dict):
+                current = remove_unapplied(current, self._applied[applied_key], patch)
             try:
                 new = self._apply(patch_type, current, patch)
             except PatchTestFailed as exc:
@@ -630,7 +642,10 @@ class ApiServerEmulator(KubernetesEmulator):
             elif isinstance(new, dict):
                 new_rv = (new.get("metadata") or {}).get("resourceVersion")
                 requested_rv = new_rv if new_rv != current["metadata"]["resourceVersion"] else None
-            return self._update(rtype, namespace, name, new, subresource, requested_rv, "dryRun" in params)
+            result = self._update(rtype, namespace, name, new, subresource, requested_rv, "dryRun" in params)
+            if patch_type == "apply" and "dryRun" not in params and isinstance(patch, dict):
+                self._applied[applied_key] = _clone(patch)
+            return result
 
     @staticmethod
     def _apply(patch_type: str, current: Any, patch: Any) -> Any:

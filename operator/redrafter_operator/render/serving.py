@@ -1,0 +1,226 @@
+"""Serving: (resource, variant, engine key, replicas, traffic pool) -> ConfigMap, Deployments, Services.
+
+Pods run ``python -m engine_jobs serve``: it writes the Triton repository from serving.json into a
+writable emptyDir (the engine volume is mounted read-only) and runs tritonserver, under mpirun for
+TP > 1. Pods carry the label of the traffic pool they belong to; the stable Service ``<name>`` selects a
+pool, so switching engines is a Service selector change, never a pod restart. A canary Deployment runs
+the ReDrafter engine in the base pool, so acceptance stays measured while the service runs on base.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import posixpath
+from typing import Any
+
+from engine_jobs import contract
+from engine_jobs.contract import ServingConfig, TritonParams, Variant
+
+from . import names
+from .build import gpu_resources, node_selector
+from .common import Owner, metadata
+
+LABEL_ROLE = f"{names.DOMAIN}/role"  # primary | canary: keeps the two redrafter Deployments' selectors apart
+ANNOTATION_CONFIG_HASH = f"{names.DOMAIN}/serving-config-hash"
+REPO_DIR = "/tmp/redrafter/model_repo"  # inside the writable emptyDir mounted at /tmp
+PRESTOP_SLEEP_SECONDS = 10  # endpoints drop the pod before Triton stops accepting requests
+EXIT_TIMEOUT_SECONDS = 60  # Triton's --exit-timeout-secs: in-flight requests may finish this long
+STARTUP_PERIOD_SECONDS = 10
+READY_PATH = "/v2/health/ready"
+LIVE_PATH = "/v2/health/live"
+PORTS = (("http", contract.HTTP_PORT), ("grpc", contract.GRPC_PORT), ("metrics", contract.METRICS_PORT))
+
+
+def artifact_dir(key: str) -> str:
+    """Where the pod sees its engine artifact (only that one key is mounted)."""
+    return posixpath.join(contract.CACHE_MOUNT, key)
+
+
+def serving_config(owner: Owner, variant: Variant, key: str) -> ServingConfig:
+    spec = owner.spec
+    t = spec.serving.triton
+    redrafter = variant == "redrafter"
+    return ServingConfig(
+        deployment=owner.name,
+        variant=variant,
+        engine_key=key,
+        artifact_dir=artifact_dir(key),
+        tensor_parallel=spec.parallelism.tensor,
+        max_batch_size=spec.engine.max_batch_size,
+        paged_context_fmha=spec.engine.paged_context_fmha,
+        draft_len_per_beam=spec.redrafter.draft_len_per_beam if redrafter else 0,
+        num_beams=spec.redrafter.num_beams if redrafter else 0,
+        triton=TritonParams(
+            batching_strategy=t.batching_strategy,
+            max_queue_delay_microseconds=t.max_queue_delay_microseconds,
+            kv_cache_free_gpu_mem_fraction=t.kv_cache_free_gpu_mem_fraction,
+            enable_chunked_context=t.enable_chunked_context,
+            enable_kv_cache_reuse=t.enable_kv_cache_reuse,
+            decoupled=True,
+        ),
+    )
+
+
+def _config_json(owner: Owner, variant: Variant, key: str) -> str:
+    return serving_config(owner, variant, key).model_dump_json(indent=2)
+
+
+def serving_configmap(owner: Owner, variant: Variant, key: str) -> dict[str, Any]:
+    labels = {**names.common_labels(owner.name, "serving"), names.LABEL_VARIANT: variant, names.LABEL_ENGINE_KEY: key}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(owner, names.serving_config_name(owner.name, variant), labels),
+        "data": {contract.SERVING_CONFIG_FILE: _config_json(owner, variant, key)},
+    }
+
+
+def _pod_labels(owner: Owner, variant: Variant, key: str, pool: Variant, role: str) -> dict[str, str]:
+    return {
+        **names.common_labels(owner.name, "serving"),
+        **names.serving_selector(owner.name, variant),
+        LABEL_ROLE: role,
+        names.LABEL_TRAFFIC: pool,
+        names.LABEL_ENGINE_KEY: key,
+    }
+
+
+def _probe(path: str, period: int, failures: int, timeout: int = 3) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "timeoutSeconds": timeout,
+        "failureThreshold": failures,
+    }
+
+
+def _container(owner: Owner, key: str) -> dict[str, Any]:
+    spec = owner.spec
+    startup_failures = max(1, math.ceil(spec.serving.startup_timeout_seconds / STARTUP_PERIOD_SECONDS))
+    return {
+        "name": "triton",
+        "image": spec.serving.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["python3", "-m", "engine_jobs", "serve", "--config",
+                    posixpath.join(contract.CONFIG_MOUNT, contract.SERVING_CONFIG_FILE)],
+        "env": [
+            {"name": "REDRAFTER_MODEL_REPO_DIR", "value": REPO_DIR},
+            {"name": "REDRAFTER_EXIT_TIMEOUT_SECS", "value": str(EXIT_TIMEOUT_SECONDS)},
+            {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
+            {"name": "HF_HUB_OFFLINE", "value": "1"},
+        ],
+        "ports": [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in PORTS],
+        "resources": gpu_resources(spec, spec.serving.resources),
+        "startupProbe": _probe(READY_PATH, STARTUP_PERIOD_SECONDS, startup_failures),
+        "readinessProbe": _probe(READY_PATH, 5, 3),
+        "livenessProbe": _probe(LIVE_PATH, 10, 6, timeout=5),
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_SECONDS)]}}},
+        "volumeMounts": [
+            {"name": "engine", "mountPath": artifact_dir(key), "readOnly": True,
+             "subPath": posixpath.join(spec.engine.cache.sub_path, key)},
+            {"name": "serving-config", "mountPath": contract.CONFIG_MOUNT, "readOnly": True},
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+        "terminationMessagePath": contract.TERMINATION_LOG,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+
+
+def _deployment(owner: Owner, name: str, variant: Variant, key: str, replicas: int, pool: Variant, role: str) -> dict:
+    spec = owner.spec
+    labels = _pod_labels(owner, variant, key, pool, role)
+    selector = {**names.serving_selector(owner.name, variant), LABEL_ROLE: role}
+    config_hash = hashlib.sha256(_config_json(owner, variant, key).encode()).hexdigest()[:16]
+    if spec.serving.rollout.strategy == "Recreate":
+        strategy: dict[str, Any] = {"type": "Recreate"}
+    else:
+        strategy = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    pod_annotations = {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(contract.METRICS_PORT),
+        "prometheus.io/path": "/metrics",
+        ANNOTATION_CONFIG_HASH: config_hash,
+    }
+    pod_spec: dict[str, Any] = {
+        "containers": [_container(owner, key)],
+        "terminationGracePeriodSeconds": PRESTOP_SLEEP_SECONDS + EXIT_TIMEOUT_SECONDS + 15,
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "volumes": [
+            {"name": "engine", "persistentVolumeClaim": {"claimName": spec.engine.cache.claim_name, "readOnly": True}},
+            {"name": "serving-config", "configMap": {"name": names.serving_config_name(owner.name, variant)}},
+            {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+            {"name": "tmp", "emptyDir": {}},
+        ],
+    }
+    selector_nodes = node_selector(spec, spec.serving.node_selector)
+    if selector_nodes:
+        pod_spec["nodeSelector"] = selector_nodes
+    if spec.serving.tolerations:
+        pod_spec["tolerations"] = list(spec.serving.tolerations)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(owner, name, labels),
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector},
+            "strategy": strategy,
+            "revisionHistoryLimit": 3,
+            # engine loading may take the whole startup budget; report a stuck rollout after it
+            "progressDeadlineSeconds": spec.serving.startup_timeout_seconds + 600,
+            "template": {"metadata": {"labels": labels, "annotations": pod_annotations}, "spec": pod_spec},
+        },
+    }
+
+
+def serving_deployment(owner: Owner, variant: Variant, key: str, replicas: int, pool: Variant | None = None) -> dict:
+    """The Deployment of one variant; its pods join ``pool`` (default: their own variant)."""
+    if replicas < 0:
+        raise ValueError("replicas must be >= 0")
+    return _deployment(owner, names.serving_deployment_name(owner.name, variant), variant, key, replicas,
+                       pool or variant, "primary")
+
+
+def canary_deployment(owner: Owner, key: str, replicas: int) -> dict:
+    """ReDrafter engine pods in the base traffic pool: they share base traffic and keep acceptance measured."""
+    if replicas < 0:
+        raise ValueError("replicas must be >= 0")
+    return _deployment(owner, names.canary_deployment_name(owner.name), "redrafter", key, replicas, "base", "canary")
+
+
+def _service(owner: Owner, name: str, selector: dict[str, str], extra_labels: dict[str, str]) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(owner, name, {**names.common_labels(owner.name, "serving"), **extra_labels}),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector,
+            "ports": [{"name": n, "port": p, "targetPort": n, "protocol": "TCP"} for n, p in PORTS],
+        },
+    }
+
+
+def stable_service(owner: Owner, pool: Variant) -> dict:
+    """``<name>``: what clients call; selects every pod of the active traffic pool."""
+    return _service(owner, names.service_name(owner.name), names.traffic_selector(owner.name, pool),
+                    {names.LABEL_TRAFFIC: pool})
+
+
+def variant_service(owner: Owner, variant: Variant) -> dict:
+    """``<name>-redrafter`` / ``<name>-base``: one variant's pods (canary included), for tests and metrics."""
+    return _service(owner, names.service_name(owner.name, variant), names.serving_selector(owner.name, variant),
+                    {names.LABEL_VARIANT: variant})
+
+
+def services(owner: Owner, pool: Variant) -> list[dict]:
+    return [stable_service(owner, pool), *(variant_service(owner, v) for v in contract.VARIANTS)]

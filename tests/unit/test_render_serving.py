@@ -1,0 +1,164 @@
+"""Serving renderers: valid Kubernetes 1.30 objects (strict) for TP1 and TP8, and the wiring between them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from engine_jobs import contract
+from engine_jobs.contract import ServingConfig
+from redrafter_operator.api.engine_key import engine_key
+from redrafter_operator.render import names
+from redrafter_operator.render.common import Owner
+from redrafter_operator.render.serving import (
+    LABEL_ROLE,
+    canary_deployment,
+    serving_configmap,
+    serving_deployment,
+    services,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def owner(tensor: int = 1, **engine_build) -> Owner:
+    body = {
+        "metadata": {"name": "chat", "namespace": "llm", "uid": "1b4e28ba-2fa1-11d2-883f-0016d3cca427"},
+        "spec": {
+            "model": {"base": {"source": "hf://meta-llama/Llama-3.1-8B-Instruct"},
+                      "drafter": {"source": "pvc://drafters/llama3-8b"}},
+            "parallelism": {"tensor": tensor},
+            "engine": {"build": engine_build},
+            "serving": {"startupTimeoutSeconds": 1200, "nodeSelector": {"pool": "gpu"}},
+        },
+    }
+    return Owner.from_body(body)
+
+
+def everything(o: Owner) -> list[dict]:
+    key_r, key_b = engine_key(o.spec, "redrafter"), engine_key(o.spec, "base")
+    return [
+        serving_configmap(o, "redrafter", key_r), serving_configmap(o, "base", key_b),
+        serving_deployment(o, "redrafter", key_r, 2), serving_deployment(o, "base", key_b, 0),
+        canary_deployment(o, key_r, 1), *services(o, "redrafter"),
+    ]
+
+
+@pytest.mark.parametrize("tensor", [1, 8])
+def test_all_serving_objects_are_valid_kubernetes(tensor):
+    for doc in everything(owner(tensor, gpuProduct="NVIDIA-H100-80GB-HBM3")):
+        kubernetes_validate.validate(doc, "1.30", strict=True)
+        assert doc["metadata"]["ownerReferences"][0]["uid"] == "1b4e28ba-2fa1-11d2-883f-0016d3cca427"
+
+
+def test_tp8_example_deployment_is_valid():
+    body = yaml.safe_load((ROOT / "examples" / "llama3-70b-tp8.yaml").read_text())
+    o = Owner.from_body(body)
+    dep = serving_deployment(o, "redrafter", engine_key(o.spec, "redrafter"), 1)
+    kubernetes_validate.validate(dep, "1.30", strict=True)
+    gpu = o.spec.engine.build.gpu_resource
+    assert dep["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"][gpu] == "8"
+
+
+def test_deployment_pod_wiring():
+    o = owner(8, gpuProduct="NVIDIA-H100-80GB-HBM3", gpuResource="nvidia.com/gpu")
+    key = engine_key(o.spec, "redrafter")
+    dep = serving_deployment(o, "redrafter", key, 3)
+    pod = dep["spec"]["template"]
+    c = pod["spec"]["containers"][0]
+    assert dep["spec"]["replicas"] == 3
+    assert c["resources"]["requests"]["nvidia.com/gpu"] == c["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert c["command"] == ["python3", "-m", "engine_jobs", "serve", "--config", "/etc/redrafter/serving.json"]
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": 8000, "grpc": 8001, "metrics": 8002}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+    assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    startup = c["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 1200
+    engine = next(m for m in c["volumeMounts"] if m["name"] == "engine")
+    assert engine["readOnly"] is True
+    assert engine["mountPath"] == f"{contract.CACHE_MOUNT}/{key}"
+    assert engine["subPath"] == f"{o.spec.engine.cache.sub_path}/{key}"
+    vols = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert vols["engine"]["persistentVolumeClaim"] == {"claimName": "engine-cache", "readOnly": True}
+    assert vols["dshm"]["emptyDir"] == {"medium": "Memory"}
+    assert pod["spec"]["nodeSelector"] == {"pool": "gpu", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert pod["metadata"]["annotations"]["prometheus.io/port"] == "8002"
+    labels = pod["metadata"]["labels"]
+    assert labels[names.LABEL_TRAFFIC] == "redrafter" and labels[names.LABEL_ENGINE_KEY] == key
+    assert set(dep["spec"]["selector"]["matchLabels"].items()) <= set(labels.items())
+    # graceful drain: grace period covers the preStop sleep plus Triton's exit timeout
+    sleep = int(c["lifecycle"]["preStop"]["exec"]["command"][1])
+    exit_timeout = int(next(e["value"] for e in c["env"] if e["name"] == "REDRAFTER_EXIT_TIMEOUT_SECS"))
+    assert pod["spec"]["terminationGracePeriodSeconds"] > sleep + exit_timeout
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+def test_serving_config_roundtrips_and_matches_variant():
+    o = owner(2)
+    for variant in contract.VARIANTS:
+        key = engine_key(o.spec, variant)
+        cm = serving_configmap(o, variant, key)
+        assert cm["metadata"]["name"] == names.serving_config_name("chat", variant)
+        cfg = ServingConfig.model_validate_json(cm["data"][contract.SERVING_CONFIG_FILE])
+        assert cfg.variant == variant and cfg.engine_key == key and cfg.tensor_parallel == 2
+        assert cfg.artifact_dir == f"{contract.CACHE_MOUNT}/{key}"
+        assert (cfg.draft_len_per_beam > 0) == (variant == "redrafter")
+        dep = serving_deployment(o, variant, key, 1)
+        vols = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
+        assert vols["serving-config"]["configMap"]["name"] == cm["metadata"]["name"]
+
+
+def test_serving_change_rolls_pods_but_keeps_engine_key():
+    a = owner(1)
+    body = {"metadata": {"name": "chat", "namespace": "llm"}, "spec": a.spec.wire()}
+    body["spec"]["serving"]["triton"] = {"kvCacheFreeGpuMemFraction": 0.5}
+    b = Owner.from_body(body)
+    assert engine_key(a.spec, "redrafter") == engine_key(b.spec, "redrafter")
+    key = engine_key(a.spec, "redrafter")
+    hash_a = serving_deployment(a, "redrafter", key, 1)["spec"]["template"]["metadata"]["annotations"]
+    hash_b = serving_deployment(b, "redrafter", key, 1)["spec"]["template"]["metadata"]["annotations"]
+    assert hash_a != hash_b
+
+
+def test_canary_is_redrafter_in_base_pool_with_disjoint_selector():
+    o = owner(1)
+    key = engine_key(o.spec, "redrafter")
+    canary = canary_deployment(o, key, 1)
+    primary = serving_deployment(o, "redrafter", key, 1)
+    assert canary["metadata"]["name"] == names.canary_deployment_name("chat")
+    labels = canary["spec"]["template"]["metadata"]["labels"]
+    assert labels[names.LABEL_VARIANT] == "redrafter" and labels[names.LABEL_TRAFFIC] == "base"
+    # neither Deployment's selector matches the other's pods
+    for a, b in ((canary, primary), (primary, canary)):
+        sel = a["spec"]["selector"]["matchLabels"]
+        assert not set(sel.items()) <= set(b["spec"]["template"]["metadata"]["labels"].items())
+    assert canary["spec"]["selector"]["matchLabels"][LABEL_ROLE] == "canary"
+
+
+def test_services_select_pools_and_variants():
+    o = owner(1)
+    key_r, key_b = engine_key(o.spec, "redrafter"), engine_key(o.spec, "base")
+    base_pods = [serving_deployment(o, "base", key_b, 1), canary_deployment(o, key_r, 1)]
+    red_pods = [serving_deployment(o, "redrafter", key_r, 1)]
+
+    def selected(svc, deps):
+        sel = set(svc["spec"]["selector"].items())
+        return [d["metadata"]["name"] for d in deps if sel <= set(d["spec"]["template"]["metadata"]["labels"].items())]
+
+    stable, red, base = services(o, "base")
+    assert [s["metadata"]["name"] for s in (stable, red, base)] == ["chat", "chat-redrafter", "chat-base"]
+    assert selected(stable, base_pods + red_pods) == ["chat-base", "chat-redrafter-canary"]
+    assert selected(red, base_pods + red_pods) == ["chat-redrafter-canary", "chat-redrafter"]
+    assert selected(base, base_pods + red_pods) == ["chat-base"]
+    stable_on_red = services(o, "redrafter")[0]
+    assert selected(stable_on_red, base_pods + red_pods) == ["chat-redrafter"]
+    assert [p["name"] for p in stable["spec"]["ports"]] == ["http", "grpc", "metrics"]
+
+
+def test_negative_replicas_rejected():
+    o = owner(1)
+    with pytest.raises(ValueError):
+        serving_deployment(o, "base", "k", -1)

@@ -116,7 +116,7 @@ def test_sweep_report_and_crossover(healthy, tmp_path, capsys):
     rc = main(["evaluate", "--redrafter", healthy["redrafter"].server.grpc_url,
                "--base", healthy["base"].server.grpc_url, "--concurrency", "1,2,4,8", "--max-tokens", "24",
                "--requests-per-worker", "2", "--label", LABEL, "--out", str(out)])
-    assert rc == 0
+    assert rc == 0, capsys.readouterr().err
     report = json.loads((out / "report.json").read_text())
     assert report["kind"] == REPORT_KIND and report["label"] == LABEL
     assert report["config"]["token_counting"] == "words" and report["config"]["concurrencies"] == [1, 2, 4, 8]
@@ -137,9 +137,11 @@ def test_sweep_report_and_crossover(healthy, tmp_path, capsys):
     assert r1["itl"]["p50"] < 0.75 * b1["itl"]["p50"]
     speedup = {p["concurrency"]: p["speedup"] for p in report["speedup"]}
     assert speedup[1] > 1.3 and speedup[8] < 0.9
+    # the crossover lies between the two sweep points that bracket the simulator's analytic one
+    assert 2 < EXPECTED_CROSSOVER < 4
     cross = report["crossover"]
-    assert cross["status"] == "crossed"
-    assert cross["concurrency"] == pytest.approx(EXPECTED_CROSSOVER, rel=0.3)
+    assert cross["status"] == "crossed", report["speedup"]
+    assert 2 < cross["concurrency"] < 4, (cross, EXPECTED_CROSSOVER)
     for name in FIGURES:
         assert (out / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
     page = (out / "report.html").read_text()

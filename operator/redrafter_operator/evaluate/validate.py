@@ -164,7 +164,8 @@ async def wait_ready(target: str, timeout_s: float, poll_s: float = 2.0) -> str 
         await asyncio.sleep(poll_s)
 
 
-def judge(items: dict[str, list[Item]], cfg: ValidationConfig, counter: TokenCounter) -> tuple[oc.ValidationOutcome, list[dict], list[Divergence]]:
+def judge(items: dict[str, list[Item]], cfg: ValidationConfig,
+          counter: TokenCounter | None = None) -> tuple[oc.ValidationOutcome, list[dict], list[Divergence]]:
     """The verdict from every request's result on both engines (pure)."""
     failures = [
         {"variant": v, "key": it.key, "prompt": it.prompt[:80], "error": it.result.error}

@@ -10,7 +10,7 @@ from .types import ApiModel
 
 Phase = Literal["Pending", "Building", "Deploying", "Serving", "Degraded", "Failed"]
 EngineState = Literal["Pending", "Cached", "Building", "Ready", "Failed"]
-ConditionType = Literal["SpecValid", "EnginesReady", "Available", "Progressing", "SpeculationHealthy"]
+ConditionType = Literal["SpecValid", "EnginesReady", "Validated", "Available", "Progressing", "SpeculationHealthy"]
 CONDITION_TYPES: tuple[str, ...] = ConditionType.__args__  # type: ignore[attr-defined]
 HISTORY_LIMIT = 20
 
@@ -18,7 +18,9 @@ HISTORY_LIMIT = 20
 class Condition(ApiModel):
     """A Kubernetes-style condition (metav1.Condition)."""
 
-    type: str = Field(description="SpecValid, EnginesReady, Available, Progressing or SpeculationHealthy.")
+    type: str = Field(
+        description="SpecValid, EnginesReady, Validated, Available, Progressing or SpeculationHealthy."
+    )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", max_length=1024,
                         description="CamelCase machine-readable reason.")
@@ -78,6 +80,8 @@ class ValidationStatus(ApiModel):
     redrafter_key: str | None = Field(default=None, description="ReDrafter engine key that was validated.")
     base_key: str | None = Field(default=None, description="Base engine key that was validated.")
     job: str | None = Field(default=None, description="Name of the validation Job.")
+    attempt: int = Field(default=0, description="Validation Jobs run for this engine pair, minus one.")
+    retry_token: str | None = Field(default=None, description="Retry request that started the current attempt.")
     reason: str | None = Field(
         default=None,
         description="Passed, Diverged, RequestFailed, EndpointUnavailable, InvalidInput or JobFailed.",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -90,8 +91,11 @@ def servers(tmp_path_factory):
             s.server.stop()
         raise
     yield started
-    for s in started.values():
-        s.server.stop()
+    stoppers = [threading.Thread(target=s.server.stop) for s in started.values()]  # in parallel
+    for t in stoppers:
+        t.start()
+    for t in stoppers:
+        t.join()
 
 
 @pytest.fixture
@@ -220,7 +224,7 @@ async def test_load_generator_follows_concurrency_changes_and_stops(healthy):
     assert results and all(r.ok and r.output_tokens == 12 for r in results)
 
     # a long run stopped with cancel_in_flight ends at once, without waiting for its requests
-    long_run = LoadGenerator(healthy["base"].server.grpc_url, DEFAULT_PROMPTS, RequestOptions(max_tokens=400),
+    long_run = LoadGenerator(healthy["base"].server.grpc_url, DEFAULT_PROMPTS, RequestOptions(max_tokens=120),
                              concurrency=2)
     task = asyncio.create_task(long_run.run())
     await asyncio.sleep(0.5)

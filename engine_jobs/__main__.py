@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from .commands import add_build_parser, add_plan_parser
+from .serve import add_serve_parser
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -13,6 +14,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_plan_parser(sub)
     add_build_parser(sub)
+    add_serve_parser(sub)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -138,3 +138,29 @@ def serve(config_path: str, settings: LaunchSettings | None = None) -> int:
     print(f"redrafter serve: {cfg.deployment}/{cfg.variant} engine {cfg.engine_key} TP={cfg.tensor_parallel}",
           file=sys.stderr, flush=True)
     return run_foreground(argv)
+
+
+def add_serve_parser(sub) -> None:
+    """``python -m engine_jobs serve --config /etc/redrafter/serving.json`` (the serving pod's command)."""
+    import argparse
+
+    from .contract import CONFIG_MOUNT, SERVING_CONFIG_FILE
+
+    p = sub.add_parser(
+        "serve", help="write the Triton model repository and run tritonserver in the foreground",
+        description=__doc__ + "\nEnvironment: REDRAFTER_TRITONSERVER, REDRAFTER_MPIRUN, REDRAFTER_MODEL_REPO_DIR, "
+        "REDRAFTER_BACKEND_DIR, REDRAFTER_EXIT_TIMEOUT_SECS, REDRAFTER_LOG_VERBOSE.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--config", default=f"{CONFIG_MOUNT}/{SERVING_CONFIG_FILE}", help="serving.json path")
+    p.add_argument("--dry-run", action="store_true", help="write the repository and print the argv, do not run")
+    p.set_defaults(func=_cmd_serve)
+
+
+def _cmd_serve(args) -> int:
+    if args.dry_run:
+        import json
+
+        print(json.dumps(prepare(load_serving_config(args.config), LaunchSettings.from_env())))
+        return 0
+    return serve(args.config)

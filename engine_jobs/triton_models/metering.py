@@ -9,6 +9,8 @@ they asked for them. Engine steps are not a perf output of the TensorRT-LLM back
 decoding every step emits exactly one verified token plus the draft tokens it accepted, so
 ``steps = output tokens - accepted draft tokens`` (tokens per step = 1 + accepted / steps).
 
+Cancellation is read from the request (``request.is_cancelled()``): with tritonserver 2.51 calling
+``is_cancelled()`` on the response sender of a gRPC stream leaves the model unable to unload.
 Each request is served on a worker thread (execute() returns at once), so one instance streams many
 requests concurrently. Every metric call holds one lock: concurrent updates crash the Python backend.
 """
@@ -120,7 +122,8 @@ class TritonPythonModel:
     @staticmethod
     def _send_error(sender, message: str) -> None:
         try:
-            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)), flags=_FINAL)
+            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)))
+            sender.send(flags=_FINAL)
         except Exception:
             pass  # the client is gone; nothing else can be told
 
@@ -222,7 +225,7 @@ class TritonPythonModel:
                 if t is not None and t.as_numpy().size:
                     perf[name] = t.as_numpy().reshape(-1)[0].item()
             if stream and new and not cancelled and engine_error is None:
-                if sender.is_cancelled():
+                if request.is_cancelled():
                     cancelled = True
                     continue
                 full = self._detokenize(tokens)
@@ -232,8 +235,9 @@ class TritonPythonModel:
         if engine_error is not None:
             raise RuntimeError(f"{self.engine_model}: {engine_error}")
         self._record(tokens, perf)
-        if cancelled or sender.is_cancelled():
-            self._send_error(sender, "request cancelled")
+        if cancelled or request.is_cancelled():
+            # only close the stream: a response sent to a cancelled request keeps the model from unloading
+            sender.send(flags=_FINAL)
             return True
         final = []
         if not stream:
@@ -241,10 +245,11 @@ class TritonPythonModel:
         if want_perf:
             for name in _PERF:
                 final.append(pb_utils.Tensor(name, np.array([[perf.get(name, 0)]], dtype=_PERF_DTYPES[name])))
+        # The last data response and the final flag travel separately: tensors sent together with
+        # the final flag on a gRPC stream intermittently keep this model from unloading in 2.51.
         if final:
-            sender.send(pb_utils.InferenceResponse(output_tensors=final), flags=_FINAL)
-        else:
-            sender.send(flags=_FINAL)
+            sender.send(pb_utils.InferenceResponse(output_tensors=final))
+        sender.send(flags=_FINAL)
         return True
 
     def _record(self, tokens: list[int], perf: dict[str, float]) -> None:

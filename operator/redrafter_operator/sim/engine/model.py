@@ -65,6 +65,7 @@ def _stop_sequences(request) -> list[list[int]]:
 
 @dataclass
 class SimRequest:
+    request: object
     sender: object
     prompt_crc: int
     max_tokens: int
@@ -76,6 +77,7 @@ class SimRequest:
     arrival_ns: int
     tokens: list[int] = field(default_factory=list)
     steps: int = 0
+    emitting_steps: int = 0  # steps that produced at least one token (what output - accepted counts)
     drafted: int = 0
     accepted: int = 0
     first_token_ns: int = 0
@@ -115,6 +117,7 @@ class TritonPythonModel:
                     raise ValueError("request_output_len must be >= 1")
                 seed = _scalar(request, "random_seed")
                 self.incoming.put(SimRequest(
+                    request=request,
                     sender=sender,
                     prompt_crc=zlib.crc32(ids.astype(np.int32).tobytes()),
                     max_tokens=max_tokens,
@@ -169,7 +172,7 @@ class TritonPythonModel:
             active = [r for r in active if not r.done]
 
     def _step(self, r: SimRequest, ctl: SimControl) -> None:
-        if r.sender.is_cancelled():
+        if r.request.is_cancelled():  # not sender.is_cancelled(): it blocks unloading in 2.51
             r.done = True
             self._ledger(r, cancelled=True)
             r.sender.send(flags=_FINAL)
@@ -194,6 +197,7 @@ class TritonPythonModel:
                 finished = True
                 break
         r.accepted += max(len(new) - 1, 0)
+        r.emitting_steps += 1 if new else 0
         r.tokens += new
         if new and not r.first_token_ns:
             r.first_token_ns = time.time_ns()
@@ -238,7 +242,8 @@ class TritonPythonModel:
             return
         line = json.dumps({
             "variant": self.variant, "output_tokens": len(r.tokens), "draft_tokens": r.drafted,
-            "accepted_draft_tokens": r.accepted, "steps": r.steps, "cancelled": cancelled, "error": error,
+            "accepted_draft_tokens": r.accepted, "steps": r.steps,
+            "emitting_steps": r.emitting_steps, "cancelled": cancelled, "error": error,
         })
         with self.ledger_lock, open(self.ledger_path, "a", encoding="utf-8") as f:
             f.write(line + "\n")

@@ -127,7 +127,8 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
     """The timeline, the operator's decisions and why, and the verdict (from the summary dict)."""
     ok = summary["ok"]
     t = Table(title=f"Timeline — scenario {summary['scenario']} ({summary['wall_s']}s)", expand=False)
-    for col in ("#", "stage", "at", "took", "happened", "condition (observed)", "operator at the end of the stage"):
+    for col in ("#", "stage", "at", "took", "happened", "condition (observed)", "operator Events in the stage",
+                "operator at the end of the stage"):
         t.add_column(col)
     for i, s in enumerate(summary["stages"], 1):
         spec = s.get("speculation") or {}
@@ -135,10 +136,11 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
         said = (f"{serving.get('readyReplicas', '-')}/{serving.get('replicas', '-')} replicas; "
                 f"acceptance {_num(spec.get('acceptanceRate'))}; {spec.get('decision') or '-'}: {spec.get('reason') or ''}")
         cond = f"{s['condition']} ({s['observed']!r})" if s["happened"] else s["failure"]
+        reasons = list(dict.fromkeys(e["reason"] for e in s.get("decisions") or []))
         t.add_row(str(i), s["name"], f"{s['started_s']:.1f}s", f"{s['duration_s']:.1f}s",
-                  "[green]yes[/]" if s["happened"] else "[red]NO[/]", cond, said)
+                  "[green]yes[/]" if s["happened"] else "[red]NO[/]", cond, ", ".join(reasons) or "-", said)
     for name in summary["not_reached"]:
-        t.add_row("", name, "", "", "[red]not reached[/]", "", "")
+        t.add_row("", name, "", "", "[red]not reached[/]", "", "", "")
     console.print(t)
 
     h = Table(title="Engine switches (status.history)")

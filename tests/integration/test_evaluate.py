@@ -202,7 +202,7 @@ def test_validation_reports_an_unavailable_endpoint(healthy, tmp_path):
 
 async def test_load_generator_follows_concurrency_changes_and_stops(healthy):
     gen = LoadGenerator(healthy["base"].server.grpc_url, DEFAULT_PROMPTS, RequestOptions(max_tokens=12),
-                        concurrency=1, bounds=Bounds(duration_s=30))
+                        concurrency=1, bounds=Bounds(duration_s=30), keep_results=4)
     task = asyncio.create_task(gen.run())
 
     async def until(cond, timeout=10.0):
@@ -222,6 +222,7 @@ async def test_load_generator_follows_concurrency_changes_and_stops(healthy):
     gen.stop()
     results = await asyncio.wait_for(task, 10)
     assert results and all(r.ok and r.output_tokens == 12 for r in results)
+    assert len(results) <= 4 < gen.snapshot()["finished"]  # bounded memory, exact totals
 
     # a long run stopped with cancel_in_flight ends at once, without waiting for its requests
     long_run = LoadGenerator(healthy["base"].server.grpc_url, DEFAULT_PROMPTS, RequestOptions(max_tokens=120),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -44,7 +45,10 @@ class LoadGenerator:
         bounds: Bounds = Bounds(),
         counter: TokenCounter | None = None,
         on_result: Callable[[RequestResult], None] | None = None,
+        keep_results: int | None = None,
     ):
+        """``keep_results`` bounds the results kept in memory (the oldest are dropped; totals stay
+        exact) for long-running drivers such as the demo; None keeps every result."""
         if not prompts:
             raise ValueError("no prompts")
         if concurrency < 0:
@@ -55,7 +59,9 @@ class LoadGenerator:
         self.bounds = bounds
         self.counter = counter or WordCounter()
         self.on_result = on_result
-        self.results: list[RequestResult] = []
+        self.results: deque[RequestResult] | list[RequestResult] = deque(maxlen=keep_results) if keep_results else []
+        self._finished = 0
+        self._errors = 0
         self._concurrency = concurrency
         self._issued = 0
         self._in_flight = 0
@@ -109,7 +115,7 @@ class LoadGenerator:
                 task.cancel()
             await self._client.close()
             self._client = None
-        return self.results
+        return list(self.results)
 
     def _spawn(self) -> None:
         for i in range(self._concurrency):
@@ -142,6 +148,8 @@ class LoadGenerator:
             finally:
                 self._in_flight -= 1
             self.results.append(result)
+            self._finished += 1
+            self._errors += 0 if result.ok else 1
             if self.on_result is not None:
                 self.on_result(result)
 
@@ -154,9 +162,10 @@ class LoadGenerator:
             "concurrency": self._concurrency,
             "in_flight": self._in_flight,
             "started": self._issued,
-            "finished": len(self.results),
-            "errors": sum(1 for r in self.results if not r.ok),
-            **{f"recent_{k}": v for k, v in window_stats([to_sample(r) for r in self.results], now, window).items()},
+            "finished": self._finished,
+            "errors": self._errors,
+            **{f"recent_{k}": v for k, v in window_stats(
+                [to_sample(r) for r in self.results if r.end >= now - window], now, window).items()},
         }
 
 

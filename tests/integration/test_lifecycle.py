@@ -88,7 +88,7 @@ class Cluster:
             svc = self.emu.find_object("v1", "Service", NAME, NS)
             if svc:
                 pool = svc["spec"]["selector"].get(names.LABEL_TRAFFIC, "")
-                self.samples.append((time.monotonic(), pool, len(controllers.ready_endpoint_ips(self.emu, NAME, NS))))
+                self.samples.append((time.monotonic(), pool, len(set(controllers.ready_endpoint_ips(self.emu, NAME, NS)))))
             await asyncio.sleep(0.05)  # not wait_for(stop.wait()): kopf cancels tasks spawned while it runs
 
     # -- views --
@@ -216,9 +216,8 @@ async def test_apply_to_serving_with_conditions_events_and_printer_columns(clust
     assert svc["spec"]["selector"][names.LABEL_TRAFFIC] == "redrafter"
     assert svc["metadata"]["ownerReferences"][0]["kind"] == KIND
     assert cluster.deployment("base")["spec"]["replicas"] == 0  # built, on standby at zero
-    reasons = [r for r, _, _ in cluster.events()]
-    for reason in ("BuildStarted", "EngineReady", "PhaseBuilding", "PhaseServing"):
-        assert reason in reasons, reasons
+    await until(lambda: {"BuildStarted", "EngineReady", "PhaseBuilding", "PhaseServing"}
+                <= {r for r, _, _ in cluster.events()}, what="transition Events")
     # the scale subresource's selector picks the active pods
     pods = cluster.emu.list_objects("v1", "Pod", NS, label_selector=st["serving"]["selector"])
     assert len(pods) == 1
@@ -341,9 +340,9 @@ async def test_failed_job_reason_bounded_retries_then_retry_annotation(cluster: 
     cond = cluster.condition("EnginesReady")
     assert cond["status"] == "False" and cond["reason"] == "BuildFailed" and "401 Unauthorized" in cond["message"]
     assert cluster.condition("Available")["reason"] == "EngineFailed"
-    events = cluster.events()
-    assert sum(1 for r, t, m in events if r == "BuildFailed" and t == "Warning") == 2
-    assert any(r == "RetriesExhausted" for r, _, _ in events)
+    await until(lambda: sum(1 for r, t, m in cluster.events() if r == "BuildFailed" and t == "Warning") == 2
+                and any(r == "RetriesExhausted" for r, _, _ in cluster.events()), what="failure Events")
+    assert any("401 Unauthorized" in m for r, _, m in cluster.events() if r == "BuildFailed")
     # no rebuild loop
     await settle(cluster)
     mark = len(cluster.emu.request_log)
@@ -412,7 +411,8 @@ async def test_policy_seam_switches_blue_green_without_gap(cluster: Cluster, ope
     # the Service moved only after base was up (first base-pool sample already has 2 Ready endpoints)
     first_base = next(s for s in samples if s[1] == "base")
     assert first_base[2] == 2
-    assert ("Switched", "Normal", "Service now selects the base engine (was redrafter)") in cluster.events()
+    await until(lambda: ("Switched", "Normal", "Service now selects the base engine (was redrafter)")
+                in cluster.events(), what="Switched Event")
 
 
 async def test_two_resources_sharing_a_cache_build_once(cluster: Cluster, operator: Operator, kubectl: Any) -> None:

@@ -27,11 +27,11 @@ NOW = "2026-01-01T00:00:00Z"
 LATER = "2026-01-01T00:05:00Z"
 
 
-def _variant(owner, variant, key, path, replicas):
+def _variant(owner, variant, key, replicas):
     return [{"apiVersion": "apps/v1", "kind": "Deployment",
              "metadata": {"name": names.serving_deployment_name(owner.name, variant), "namespace": owner.namespace,
                           "labels": {names.LABEL_ENGINE_KEY: key}},
-             "spec": {"replicas": replicas, "path": path}}]
+             "spec": {"replicas": replicas}}]
 
 
 def _services(owner, pool):
@@ -289,3 +289,26 @@ def test_conditions_owned_by_others_are_kept_and_ordered():
            {"type": "SpeculationHealthy", "status": "True", "reason": "AcceptanceHigh", "lastTransitionTime": NOW}]
     out = merge_conditions(old, [Cond("SpecValid", "True", "Valid")], generation=1, now=LATER)
     assert [c["type"] for c in out] == ["SpecValid", "SpeculationHealthy", "Custom"]
+
+
+def test_policy_targets_render_the_canary_and_real_serving_children():
+    from redrafter_operator.controller.renderers import default_renderers
+
+    doc = body()
+    k = keys(doc)
+    obs = Observed(jobs=[job(doc, "redrafter", "Succeeded"), job(doc, "base", "Succeeded")],
+                   deployments={"redrafter": dep("llama3-8b", "redrafter", k["redrafter"]),
+                                "base": dep("llama3-8b", "base", k["base"], replicas=0, ready=0)},
+                   service_pool="redrafter")
+    targets = ServingTargets(active="base", replicas={"base": 2, "redrafter": 0}, canary=1)
+    p = plan(res_of(doc), obs, now=NOW, renderers=default_renderers(), targets=lambda spec, status: targets)
+    by_name = {(m["kind"], m["metadata"]["name"]): m for m in p.apply}
+    canary = by_name[("Deployment", names.canary_deployment_name("llama3-8b"))]
+    assert canary["spec"]["replicas"] == 1
+    assert canary["spec"]["template"]["metadata"]["labels"][names.LABEL_TRAFFIC] == "base"
+    # blue/green step 1: base scaled up, the Service still on redrafter until base is Ready
+    assert by_name[("Deployment", "llama3-8b-base")]["spec"]["replicas"] == 2
+    assert by_name[("Deployment", "llama3-8b-redrafter")]["spec"]["replicas"] == 1
+    assert by_name[("Service", "llama3-8b")]["spec"]["selector"][names.LABEL_TRAFFIC] == "redrafter"
+    assert {("ConfigMap", "llama3-8b-redrafter-serving"), ("ConfigMap", "llama3-8b-base-serving")} <= set(by_name)
+    assert cond(p.status, "Progressing")["reason"] == "Switching"

@@ -201,6 +201,8 @@ class Controller:
         for dep in self._store("rdd_deployments", ("owner", ns, owner)):
             if dep.name == names.serving_deployment_name(res.name, dep.variant):
                 deployments[dep.variant] = dep
+            elif dep.name == names.canary_deployment_name(res.name):
+                deployments["canary"] = dep
         services: list[ObjectFact] = self._store("rdd_services", ("name", ns, names.service_name(res.name)))
         shared: dict[str, SharedArtifact] = {}
         now = time.monotonic()
@@ -315,6 +317,10 @@ class Controller:
                 last_resync = now
                 for key in list(self.bodies):
                     self.queue.add(key)
+                for ref in [r for r, c in self.claims.items() if now - c.at > self.settings.claim_seconds]:
+                    del self.claims[ref]
+                for ref in [r for r in self._next_eval if r[0] not in self.bodies]:
+                    del self._next_eval[ref]
             for i, ev in enumerate(self.evaluators):
                 for key, body in list(self.bodies.items()):
                     due = self._next_eval.get((key, i), 0.0)

@@ -85,19 +85,24 @@ class ServingTargets:
 
 
 class ServingRenderer(Protocol):
-    """Renders the serving children of one variant (render/serving.py provides it)."""
+    """Renders the serving children of one variant serving engine ``key`` (render/serving.py)."""
 
-    def __call__(self, owner: Owner, variant: Variant, key: str, path: str, replicas: int) -> list[dict[str, Any]]: ...
+    def __call__(self, owner: Owner, variant: Variant, key: str, replicas: int) -> list[dict[str, Any]]: ...
 
 
 class ServiceRenderer(Protocol):
     def __call__(self, owner: Owner, pool: Variant) -> list[dict[str, Any]]: ...
 
 
+class CanaryRenderer(Protocol):
+    def __call__(self, owner: Owner, key: str, replicas: int) -> list[dict[str, Any]]: ...
+
+
 @dataclass(frozen=True)
 class Renderers:
     variant: ServingRenderer
     services: ServiceRenderer
+    canary: CanaryRenderer | None = None  # ReDrafter pods in the base pool (policy-driven; none without it)
 
 
 # ---- outputs -----------------------------------------------------------------------------------
@@ -226,13 +231,13 @@ def _engine_events(variant: str, old: Mapping[str, Any], new: Mapping[str, Any],
 
 
 # ---- serving -----------------------------------------------------------------------------------
-def _deployable_key(variant: Variant, engine: Mapping[str, Any], observed: Observed) -> tuple[str, str] | None:
-    """(key, path) to serve for a variant: the current engine if built, else what is deployed now."""
+def _deployable_key(variant: Variant, engine: Mapping[str, Any], observed: Observed) -> str | None:
+    """The engine key to serve for a variant: the current engine if built, else what is deployed now."""
     if engine.get("state") in READY_STATES:
-        return engine["key"], engine["path"]
+        return str(engine["key"])
     dep = observed.deployments.get(variant)
     if dep and dep.key:
-        return dep.key, ""  # keep serving the previous engine while the new one builds
+        return dep.key  # keep serving the previous engine while the new one builds
     return None
 
 
@@ -307,12 +312,11 @@ def plan(
     # A variant whose Deployment runs an old key keeps it only while its new engine is not built.
     step = plan_switch(tgt, {v: deploy[v] is not None for v in VARIANTS}, observed, spec.serving.rollout.strategy)
     for v in VARIANTS:
-        if deploy[v] is None:
-            continue
-        key, path = deploy[v]
-        if not path:
-            path = artifact_path(spec, key)
-        result.apply += renderers.variant(owner, v, key, path, step.replicas.get(v, 0))
+        key = deploy[v]
+        if key is not None:
+            result.apply += renderers.variant(owner, v, key, step.replicas.get(v, 0))
+    if renderers.canary and deploy["redrafter"] and (tgt.canary > 0 or "canary" in observed.deployments):
+        result.apply += renderers.canary(owner, deploy["redrafter"], max(0, tgt.canary))
     if step.pool is not None:
         result.apply += renderers.services(owner, step.pool)
 

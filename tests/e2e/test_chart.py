@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import copy
+import importlib.metadata
 import json
 import os
 import socket
@@ -312,6 +313,8 @@ def test_deployment_args_and_env_follow_values():
 def test_args_parse_with_the_operators_cli():
     """The chart's args are accepted by `redrafter-operator run` (controller/main.py) as it is."""
     cli = pytest.importorskip("redrafter_operator.cli")
+    (script,) = [e for e in importlib.metadata.entry_points(group="console_scripts") if e.name == "redrafter-operator"]
+    assert script.value == "redrafter_operator.cli:main"  # what the chart's command runs in the image
     parser = cli.build_parser()
     if "run" not in parser._subparsers._group_actions[0].choices:  # type: ignore[union-attr]
         pytest.skip("the controller's `run` command is not in this build")

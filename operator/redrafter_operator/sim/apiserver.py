@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import datetime
 import json
 import random
 import re
@@ -34,6 +33,9 @@ from kmock import KubernetesEmulator
 
 from . import apiserver_protobuf as protobuf
 from . import apiserver_resources as res
+from .apiserver_objects import (as_type as _as_type, builtin_defaults as _builtin_defaults, clone as _clone,
+                                events_v1_to_core as _events_v1_to_core, now as _now, set_path as _set_path,
+                                spec_part as _spec_part, without_rv as _without_rv)
 from .apiserver_patch import (PatchError, PatchTestFailed, json_patch, merge_patch, remove_unapplied,
                               strategic_merge_patch)
 from .apiserver_resources import ResourceType
@@ -148,88 +150,6 @@ class Watcher:
         else:
             return None
         return kind, _as_type(event.obj, self.rtype)
-
-
-def _clone(value: Any) -> Any:
-    """Deep copy of JSON data (a JSON round trip is several times faster than copy.deepcopy)."""
-    return json.loads(json.dumps(value))
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _as_type(obj: dict[str, Any], rtype: ResourceType) -> dict[str, Any]:
-    """A stored object presented as the requested group/version (deep copy; stored objects never leak)."""
-    out = _clone(obj)
-    out["apiVersion"] = rtype.api_version
-    out["kind"] = rtype.kind
-    if rtype.storage_key == ("", "events") and rtype.group == "events.k8s.io":
-        _core_to_events_v1(out)
-    return out
-
-
-def _core_to_events_v1(ev: dict[str, Any]) -> None:
-    """core/v1 Event fields -> events.k8s.io/v1 names (one storage, two views, as in Kubernetes)."""
-    for old, new in (("message", "note"), ("involvedObject", "regarding"), ("source", "deprecatedSource"),
-                     ("firstTimestamp", "deprecatedFirstTimestamp"), ("lastTimestamp", "deprecatedLastTimestamp"),
-                     ("count", "deprecatedCount")):
-        if old in ev:
-            ev[new] = ev.pop(old)
-
-
-def _events_v1_to_core(ev: dict[str, Any]) -> dict[str, Any]:
-    ev = dict(ev)
-    for old, new in (("note", "message"), ("regarding", "involvedObject"), ("deprecatedSource", "source"),
-                     ("deprecatedFirstTimestamp", "firstTimestamp"), ("deprecatedLastTimestamp", "lastTimestamp"),
-                     ("deprecatedCount", "count")):
-        if old in ev:
-            ev[new] = ev.pop(old)
-    return ev
-
-
-def _builtin_defaults(rtype: ResourceType, obj: dict[str, Any]) -> None:
-    """The handful of API defaults clients rely on (a real server defaults far more fields)."""
-    kind = rtype.storage_key
-    if kind == ("", "secrets") and not obj.get("type"):
-        obj["type"] = "Opaque"
-    elif kind == ("", "services"):
-        spec = obj.setdefault("spec", {})
-        spec.setdefault("type", "ClusterIP")
-        if spec.get("clusterIP") is None:
-            digest = uuid.UUID(obj["metadata"]["uid"]).bytes
-            spec["clusterIP"] = f"10.96.{digest[0]}.{max(digest[1], 1)}"
-        for port in spec.get("ports") or []:
-            port.setdefault("protocol", "TCP")
-            port.setdefault("targetPort", port.get("port"))
-    elif kind in (("apps", "deployments"), ("apps", "replicasets"), ("apps", "statefulsets")):
-        obj.setdefault("spec", {}).setdefault("replicas", 1)
-    elif kind == ("batch", "jobs"):
-        spec = obj.setdefault("spec", {})
-        spec.setdefault("backoffLimit", 6)
-        spec.setdefault("completions", 1)
-        spec.setdefault("parallelism", 1)
-
-
-def _spec_part(obj: dict[str, Any]) -> dict[str, Any]:
-    """Everything that bumps metadata.generation when it changes (all but metadata and status)."""
-    return {k: v for k, v in obj.items() if k not in ("metadata", "status", "apiVersion", "kind")}
-
-
-def _without_rv(obj: dict[str, Any]) -> dict[str, Any]:
-    out = dict(obj)
-    out["metadata"] = {k: v for k, v in obj.get("metadata", {}).items()
-                       if k not in ("resourceVersion", "managedFields")}
-    out.pop("apiVersion", None)
-    out.pop("kind", None)
-    return out
-
-
-def _set_path(obj: dict[str, Any], path: str, value: Any) -> None:
-    parts = path.strip(".").split(".")
-    for part in parts[:-1]:
-        obj = obj.setdefault(part, {})
-    obj[parts[-1]] = value
 
 
 @attrs.define(kw_only=True)

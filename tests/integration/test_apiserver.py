@@ -486,6 +486,11 @@ async def test_request_log_and_fault_injection(api: Api, apiserver: EmulatorHand
     await api("GET", CMS, labelSelector="a=b")
     assert emu.request_log[-1].kind == "read" and emu.request_log[-1].query == {"labelSelector": "a=b"}
     assert len(emu.writes(mark)) == 5
+    assert [r.status for r in emu.requests(mark, method="patch", path=r"/flaky$")] == [409, 500, 500, 200]
+    assert emu.requests(mark, kind="write", user_agent="kopf/") == []
+    emu.inject("GET", r"/configmaps$", 503, times=5)
+    emu.clear_faults()
+    assert (await api("GET", CMS))[0] == 200
 
 
 def test_direct_object_access_is_consistent_with_http(apiserver: EmulatorHandle) -> None:

@@ -192,6 +192,20 @@ class ApiServerEmulator(KubernetesEmulator):
         """Write requests from log position ``since`` on (use ``len(request_log)`` as a mark)."""
         return [r for r in self.request_log[since:] if r.is_write]
 
+    def requests(self, since: int = 0, *, kind: str | None = None, method: str | None = None,
+                 path: str | None = None, user_agent: str | None = None) -> list[RequestRecord]:
+        """Logged requests from position ``since`` filtered by kind (read/write/watch), method, a path regex
+        and a User-Agent prefix (kopf sends ``kopf/<version>``)."""
+        pattern = re.compile(path) if path else None
+        return [r for r in self.request_log[since:]
+                if (kind is None or r.kind == kind) and (method is None or r.method == method.upper())
+                and (pattern is None or pattern.search(r.path)) and
+                (user_agent is None or r.user_agent.startswith(user_agent))]
+
+    def clear_faults(self) -> None:
+        with self._mutex:
+            self._faults.clear()
+
     def clear_log(self) -> None:
         with self._mutex:
             self._log.clear()

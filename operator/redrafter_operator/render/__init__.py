@@ -6,13 +6,25 @@ from typing import Any
 
 from engine_jobs.contract import VARIANTS, Variant
 
+from ..api.engine_key import engine_key
 from .build import build_configmap, build_job
 from .common import Owner
+from .serving import serving_configmap, serving_deployment, services
 
 
 def render_all(owner: Owner, active: Variant = "redrafter") -> list[dict[str, Any]]:
-    """Every child object of one resource, as the operator would create it on a fresh cluster."""
+    """Every child of one resource once its engines are built and ``active`` serves traffic.
+
+    The operator creates these step by step (builds first, the inactive variant scaled to zero or to a
+    standby); this is the whole picture for review, with the replica counts it converges to.
+    """
+    spec = owner.spec
+    standby = 1 if spec.serving.rollout.keep_standby else 0
     out: list[dict[str, Any]] = []
     for variant in VARIANTS:
         out += [build_configmap(owner, variant), build_job(owner, variant)]
-    return out
+    for variant in VARIANTS:
+        key = engine_key(spec, variant)
+        replicas = spec.serving.replicas if variant == active else standby
+        out += [serving_configmap(owner, variant, key), serving_deployment(owner, variant, key, replicas)]
+    return out + services(owner, active)

@@ -39,7 +39,7 @@ from .engine import SimEngineSettings
 from .kubeapi import EVENTS, KubeApi, Kind
 from .kubelet import SimKubelet
 from .router import ServiceRouter
-from .scenarios import DEFAULT_SCENARIO, FAST_FACTOR, SCENARIOS, Scenario, Stage, lookup
+from .scenarios import DEFAULT_SCENARIO, FAST_FACTOR, SCENARIOS, Scenario, Stage, load_scenario, lookup
 from .server import EmulatorThread, write_kubeconfig
 from .traffic import RoutedLoadGenerator, TrafficStats
 from .view import DemoView, render_summary
@@ -334,7 +334,7 @@ def _within(stamp: str | None, start: float, end: float) -> bool:
 
 
 async def run_demo(opts: DemoOptions) -> int:
-    scenario = SCENARIOS[opts.scenario]
+    scenario = load_scenario(opts.scenario)
     if opts.fast:
         scenario = scenario.scaled(FAST_FACTOR)
     resource = load_resource(opts.manifest)
@@ -372,6 +372,12 @@ async def run_demo(opts: DemoOptions) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     opts = DemoOptions(manifest=Path(args.file), scenario=args.scenario, fast=args.fast,
                        summary_json=Path(args.summary_json) if args.summary_json else None, keep_temp=args.keep_temp)
+    try:
+        load_scenario(opts.scenario)
+        load_resource(opts.manifest)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return asyncio.run(run_demo(opts))
 
 
@@ -380,8 +386,9 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
                                     "real Triton with a simulated engine")
     p.add_argument("-f", "--file", default=str(DEFAULT_MANIFEST),
                    help="ReDrafterDeployment manifest (default: examples/demo-tiny.yaml)")
-    p.add_argument("--scenario", choices=sorted(SCENARIOS), default=DEFAULT_SCENARIO,
-                   help="; ".join(f"{s.name}: {s.description}" for s in SCENARIOS.values()))
+    p.add_argument("--scenario", default=DEFAULT_SCENARIO, metavar="NAME|FILE",
+                   help="; ".join(f"{s.name}: {s.description}" for s in SCENARIOS.values())
+                   + "; or a YAML file of stages (see redrafter_operator/sim/scenarios.py)")
     p.add_argument("--fast", action="store_true", help=f"shorten every stage's minimum duration x{FAST_FACTOR}")
     p.add_argument("--summary-json", metavar="PATH", help="also write the summary as JSON")
     p.add_argument("--keep-temp", action="store_true", help="keep the temp dir (logs, engine cache) for debugging")

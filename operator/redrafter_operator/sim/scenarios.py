@@ -5,14 +5,24 @@ A stage sets the load generator's concurrency and/or the ReDrafter engines' targ
 (e.g. ``status.activeEngine == base``) or fails after ``until.timeout_s``. ``hold`` must stay true for
 the whole stage (e.g. the engine does not change under steady traffic). A stage *happened* when its
 ``until`` was met in time and its ``hold`` never broke. ``--fast`` scales ``min_s`` down; the
-conditions and timeouts stay (they are what the operator must do).
+conditions and timeouts stay (they are what the operator must do). ``--scenario FILE.yaml`` loads
+one from a file, e.g.::
+
+    name: quick-fallback
+    stages:
+      - {name: deploy, concurrency: 0, acceptance: 0.8, until: "status.phase == Serving", timeout_s: 120}
+      - {name: traffic, concurrency: 4, min_s: 5}
+      - {name: collapse, acceptance: 0.1, until: "status.activeEngine == base", timeout_s: 60}
 """
 
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 from typing import Any, Callable, Mapping
+
+import yaml
 
 OPS: dict[str, Callable[[Any, Any], bool]] = {
     "==": operator.eq, "!=": operator.ne, ">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt,
@@ -52,6 +62,14 @@ class Condition:
     def __str__(self) -> str:
         return f"{self.path} {self.op} {self.value}"
 
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any] | str, timeout_s: float = 60.0) -> "Condition":
+        """``{path, op, value, timeout_s}`` or ``"status.activeEngine == base"``."""
+        if isinstance(raw, str):
+            path, op, value = raw.split(None, 2)
+            return cls(path, op, yaml.safe_load(value), timeout_s)
+        return cls(str(raw["path"]), str(raw.get("op", "==")), raw["value"], float(raw.get("timeout_s", timeout_s)))
+
 
 @dataclass(frozen=True)
 class Stage:
@@ -71,6 +89,25 @@ class Scenario:
     name: str
     description: str
     stages: tuple[Stage, ...] = field(default_factory=tuple)
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> "Scenario":
+        stages = []
+        for st in raw.get("stages") or []:
+            unknown = set(st) - {f.name for f in fields(Stage)} - {"timeout_s"}
+            if unknown:
+                raise ValueError(f"stage {st.get('name')!r}: unknown keys {sorted(unknown)}")
+            timeout = float(st.get("timeout_s", 60.0))
+            stages.append(Stage(
+                name=str(st["name"]), description=str(st.get("description", "")),
+                concurrency=st.get("concurrency"), acceptance=st.get("acceptance"), min_s=float(st.get("min_s", 0)),
+                until=Condition.parse(st["until"], timeout) if st.get("until") else None,
+                hold=Condition.parse(st["hold"], timeout) if st.get("hold") else None,
+                expect=str(st.get("expect", "")),
+            ))
+        if not stages:
+            raise ValueError("a scenario needs at least one stage")
+        return cls(str(raw.get("name", "custom")), str(raw.get("description", "")), tuple(stages))
 
     def scaled(self, factor: float) -> "Scenario":
         """Minimum stage durations times ``factor`` (``--fast``)."""
@@ -132,3 +169,13 @@ SCENARIOS: dict[str, Scenario] = {
 }
 DEFAULT_SCENARIO = "lifecycle"
 FAST_FACTOR = 0.5
+
+
+def load_scenario(name_or_path: str) -> Scenario:
+    """A built-in scenario by name, or one from a YAML/JSON file (same fields as :class:`Stage`)."""
+    if name_or_path in SCENARIOS:
+        return SCENARIOS[name_or_path]
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise ValueError(f"unknown scenario {name_or_path!r}: use one of {', '.join(SCENARIOS)} or a YAML file")
+    return Scenario.from_dict(yaml.safe_load(path.read_text(encoding="utf-8")) or {})

@@ -1,0 +1,103 @@
+"""Pure pieces of the simulated node and the demo: scenarios, Endpoints, Service backends, pod paths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine_jobs.contract import BuildSpec
+from redrafter_operator.sim.buildjobs import localize_build_spec
+from redrafter_operator.sim.endpoints import endpoints_for
+from redrafter_operator.sim.hostfs import HostFS
+from redrafter_operator.sim.router import backends_from_endpoints
+from redrafter_operator.sim.scenarios import (
+    DEFAULT_SCENARIO,
+    SCENARIOS,
+    Condition,
+    Scenario,
+    load_scenario,
+    lookup,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_conditions_read_the_resource_and_missing_fields_never_hold():
+    obj = {"status": {"activeEngine": "base", "serving": {"readyReplicas": 3}}}
+    assert Condition("status.activeEngine", "==", "base").holds(obj)
+    assert Condition("status.serving.readyReplicas", ">=", 2).holds(obj)
+    assert not Condition("status.serving.replicas", "==", 1).holds(obj)
+    assert not Condition("status.activeEngine", ">", 1).holds(obj)  # incomparable: not met
+    assert lookup(obj, "status.serving.nothing.deeper") is None
+    with pytest.raises(ValueError):
+        Condition("status.phase", "~", "x")
+
+
+def test_default_scenario_covers_the_lifecycle_and_fast_only_shortens_minimums():
+    s = SCENARIOS[DEFAULT_SCENARIO]
+    assert [st.name for st in s.stages] == ["deploy", "steady", "load-rise", "collapse", "recover", "load-fall"]
+    fast = s.scaled(0.5)
+    assert [st.min_s for st in fast.stages] == [st.min_s * 0.5 for st in s.stages]
+    assert [st.until for st in fast.stages] == [st.until for st in s.stages]
+
+
+def test_scenario_from_a_yaml_file(tmp_path: Path):
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        "name: quick\n"
+        "stages:\n"
+        "  - {name: deploy, concurrency: 0, acceptance: 0.8, until: 'status.phase == Serving', timeout_s: 90}\n"
+        "  - name: collapse\n"
+        "    acceptance: 0.1\n"
+        "    until: {path: status.activeEngine, op: '==', value: base, timeout_s: 30}\n")
+    s = load_scenario(str(path))
+    assert s.name == "quick"
+    assert s.stages[0].until == Condition("status.phase", "==", "Serving", 90.0)
+    assert s.stages[1].until == Condition("status.activeEngine", "==", "base", 30.0)
+    with pytest.raises(ValueError, match="unknown keys"):
+        Scenario.from_dict({"stages": [{"name": "x", "speed": 3}]})
+    with pytest.raises(ValueError, match="unknown scenario"):
+        load_scenario("no-such-scenario")
+
+
+def _pod(name: str, ip: str, ready: bool, labels: dict) -> dict:
+    return {"metadata": {"name": name, "namespace": "ns", "uid": name, "labels": labels},
+            "spec": {"containers": [{"ports": [{"name": "grpc", "containerPort": 8001}]}]},
+            "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def test_endpoints_follow_the_selector_and_readiness_and_the_router_uses_ready_ones():
+    svc = {"metadata": {"name": "llm", "namespace": "ns"},
+           "spec": {"selector": {"pool": "a"}, "ports": [{"name": "grpc", "port": 8001, "targetPort": "grpc"}]}}
+    pods = [_pod("p1", "127.0.0.11", True, {"pool": "a"}), _pod("p2", "127.0.0.12", False, {"pool": "a"}),
+            _pod("p3", "127.0.0.13", True, {"pool": "b"})]
+    eps = endpoints_for(svc, pods)
+    (subset,) = eps["subsets"]
+    assert [a["ip"] for a in subset["addresses"]] == ["127.0.0.11"]
+    assert [a["ip"] for a in subset["notReadyAddresses"]] == ["127.0.0.12"]
+    assert subset["ports"] == [{"name": "grpc", "port": 8001, "protocol": "TCP"}]
+    backends = backends_from_endpoints(eps, "grpc", 8001)
+    assert [(b.pod, b.url) for b in backends] == [("p1", "127.0.0.11:8001")]
+    svc["spec"]["selector"] = {"pool": "b"}
+    assert [b.pod for b in backends_from_endpoints(endpoints_for(svc, pods), "grpc", 8001)] == ["p3"]
+
+
+def test_pod_paths_map_under_the_pod_root_and_build_spec_paths_are_localized(tmp_path: Path):
+    fs = HostFS(tmp_path)
+    pod = fs.pod_root("default", "build-x")
+    spec = {"volumes": [{"name": "cache", "persistentVolumeClaim": {"claimName": "engine-cache"}},
+                        {"name": "cfg", "configMap": {"name": "cm"}}]}
+    container = {"volumeMounts": [{"name": "cache", "mountPath": "/cache", "subPath": "engines"},
+                                  {"name": "cfg", "mountPath": "/etc/redrafter"}]}
+    fs.mount_volumes(pod, spec, container, {"cm": {"a.txt": "hello"}})
+    assert Path(pod.to_host("/etc/redrafter/a.txt")).read_text() == "hello"
+    assert Path(pod.to_host("/cache")).resolve() == (tmp_path / "pvc" / "engine-cache" / "engines").resolve()
+    assert pod.translate("/cache/k1") == pod.to_host("/cache/k1")
+    assert pod.translate("/cachex") == "/cachex" and pod.translate("hf://x") == "hf://x"
+
+    raw = (ROOT / "tests" / "fixtures" / "build_specs" / "llama3-8b-redrafter.json").read_text()
+    local = BuildSpec.model_validate_json(localize_build_spec(raw, pod))
+    assert local.cache_dir == pod.to_host("/cache")
+    assert local.base.credentials_dir == pod.to_host("/var/run/secrets/redrafter/hf-token")
+    assert local.key == BuildSpec.model_validate_json(raw).key

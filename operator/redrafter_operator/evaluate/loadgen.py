@@ -133,25 +133,29 @@ class LoadGenerator:
             return False
         return True
 
-    async def _worker(self, worker: int) -> None:
+    async def _send(self, index: int, prompt: Prompt) -> RequestResult:
+        """One request (subclasses may route it elsewhere, e.g. the demo's per-request Service routing)."""
         assert self._client is not None
+        return await stream_request(self._client, prompt.text, self.options, self.counter,
+                                    prompt_index=index, max_tokens=prompt.max_tokens)
+
+    def _record(self, result: RequestResult) -> None:
+        self.results.append(result)
+        self._finished += 1
+        self._errors += 0 if result.ok else 1
+        if self.on_result is not None:
+            self.on_result(result)
+
+    async def _worker(self, worker: int) -> None:
         while self._may_start(worker):
             index = self._issued % len(self.prompts)
             self._issued += 1
-            prompt = self.prompts[index]
             self._in_flight += 1
             try:
-                result = await stream_request(
-                    self._client, prompt.text, self.options, self.counter,
-                    prompt_index=index, max_tokens=prompt.max_tokens,
-                )
+                result = await self._send(index, self.prompts[index])
             finally:
                 self._in_flight -= 1
-            self.results.append(result)
-            self._finished += 1
-            self._errors += 0 if result.ok else 1
-            if self.on_result is not None:
-                self.on_result(result)
+            self._record(result)
 
     # ---- observing -------------------------------------------------------------------------------
     def snapshot(self, window_s: float = 10.0) -> dict:

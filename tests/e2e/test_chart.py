@@ -294,6 +294,7 @@ def test_deployment_args_and_env_follow_values():
     assert env["REDRAFTER_DEFAULT_BUILDER_IMAGE"] == values["defaults"]["builderImage"]
     assert env["REDRAFTER_DEFAULT_SERVING_IMAGE"] == values["defaults"]["servingImage"]
     assert "REDRAFTER_DEFAULT_CACHE_CLAIM" not in env
+    assert env["REDRAFTER_OPERATOR_IMAGE"] == c["image"]  # validation Jobs run the operator's own image
     assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
 
     values = {"replicas": 2, "watchNamespaces": ["a", "b"], "logging": {"level": "debug", "format": "plain"},
@@ -307,6 +308,7 @@ def test_deployment_args_and_env_follow_values():
                          "--log-level=debug", "--workers=8"]
     assert _env(c)["REDRAFTER_DEFAULT_CACHE_CLAIM"] == "engine-cache"
     assert c["image"] == "ghcr.io/redrafter/redrafter-operator@sha256:" + "a" * 64
+    assert _env(c)["REDRAFTER_OPERATOR_IMAGE"] == c["image"]
     assert c["livenessProbe"]["httpGet"] == {"path": "/live", "port": "health"}
     assert deploy["spec"]["strategy"]["type"] == "RollingUpdate"
 

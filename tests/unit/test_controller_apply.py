@@ -63,9 +63,14 @@ async def test_ensure_creates_then_skips_then_patches_on_change() -> None:
     observed["hash"] = manifest_hash(service())
     assert await applier.ensure(service()) is False
     assert len(client.calls) == 1
-    # a changed manifest: POST conflicts, GET shows an old hash, PATCH
+    # a changed manifest of an observed object: PATCH straight away
     assert await applier.ensure(service("base")) is True
-    assert [c[0] for c in client.calls[1:]] == ["POST", "GET", "PATCH"]
+    assert [c[0] for c in client.calls[1:]] == ["PATCH"]
+    # an object this process has not seen (e.g. created by a previous run before the watch caught up):
+    # POST conflicts, GET shows another hash, PATCH
+    fresh = Applier(client, lambda m: None)  # type: ignore[arg-type]
+    assert await fresh.ensure(service("x")) is True
+    assert [c[0] for c in client.calls[2:]] == ["POST", "GET", "PATCH"]
 
 
 async def test_create_only_never_patches_an_existing_job() -> None:

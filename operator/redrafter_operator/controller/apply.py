@@ -151,29 +151,41 @@ class Applier:
         for ref in [r for r in self._applied if r[1] == namespace and r[2].startswith(name_prefix)]:
             del self._applied[ref]
 
-    def _known(self, manifest: Mapping[str, Any], digest: str) -> bool:
-        observed = self._observed(manifest)
-        if observed is not None:
-            return observed == digest
+    def _state(self, manifest: Mapping[str, Any], digest: str) -> str:
+        """'same' (nothing to do), 'differs' (exists, patch it) or 'unknown' (create, or patch on 409)."""
         mem = self._applied.get(self._ref(manifest))
-        return bool(mem and mem.hash == digest and time.monotonic() - mem.at < self._memory)
+        if mem and mem.hash == digest and time.monotonic() - mem.at < self._memory:
+            return "same"  # written by us a moment ago; the watch has not echoed it yet
+        observed = self._observed(manifest)
+        if observed is None:
+            return "unknown"
+        return "same" if observed == digest else "differs"
 
     async def ensure(self, manifest: dict[str, Any]) -> bool:
         """Make the object match ``manifest``; True if anything was written."""
         digest = manifest_hash(manifest)
-        if self._known(manifest, digest):
+        state = self._state(manifest, digest)
+        if state == "same":
             return False
         body = {**manifest, "metadata": {**manifest["metadata"],
                                          "annotations": {**(manifest["metadata"].get("annotations") or {}),
                                                          ANNOTATION_APPLIED_HASH: digest}}}
-        try:
-            await self.client.request("POST", object_path(manifest, collection=True), body)
-        except ApiError as exc:
-            if exc.status != 409:
-                raise
-            current = await self.client.request("GET", object_path(manifest))
-            if (current.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_APPLIED_HASH) != digest:
+        if state == "differs":
+            try:
                 await self.client.request("PATCH", object_path(manifest), body, content_type=MERGE_PATCH)
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+                await self.client.request("POST", object_path(manifest, collection=True), body)
+        else:
+            try:
+                await self.client.request("POST", object_path(manifest, collection=True), body)
+            except ApiError as exc:
+                if exc.status != 409:
+                    raise
+                current = await self.client.request("GET", object_path(manifest))
+                if (current.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_APPLIED_HASH) != digest:
+                    await self.client.request("PATCH", object_path(manifest), body, content_type=MERGE_PATCH)
         self._applied[self._ref(manifest)] = _Applied(digest, time.monotonic())
         return True
 

@@ -26,6 +26,10 @@ bench: install
 
 crd: install
 	$(VENV)/bin/redrafter-operator crd > crds/redrafter.dev_redrafterdeployments.yaml
+	cp crds/redrafter.dev_redrafterdeployments.yaml charts/redrafter-operator/crds/
+
+images:
+	images/build.sh
 
 render: install
 	@for f in examples/*.yaml; do echo "# --- $$f"; $(VENV)/bin/redrafter-operator render -f $$f; done

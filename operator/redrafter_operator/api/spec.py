@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from . import defaults
+from .defaults import DEFAULT_BUILDER_IMAGE, DEFAULT_SERVING_IMAGE  # noqa: F401 (re-exported)
 from .types import (
     ApiModel,
     Duration,
@@ -26,8 +28,6 @@ _DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 _IMAGE = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$"
 _REVISION = r"^[A-Za-z0-9][A-Za-z0-9._/-]*$"
 
-DEFAULT_BUILDER_IMAGE = "ghcr.io/redrafter/engine-builder:0.1.0-trtllm0.20.0"
-DEFAULT_SERVING_IMAGE = "ghcr.io/redrafter/triton-runtime:0.1.0-25.06-trtllm-python-py3"  # NGC 25.06 ships TensorRT-LLM 0.20.0
 
 MAX_DRAFT_TOKENS = 64  # numBeams x draftLenPerBeam; larger trees cost more than they accept
 
@@ -159,8 +159,9 @@ class EngineCache(ApiModel):
     }
 
     claim_name: str = Field(
-        default="engine-cache", pattern=_DNS1123_LABEL, max_length=253,
-        description="ReadWriteMany PVC holding engines; shared by every resource that names it.",
+        default_factory=lambda: defaults.DEFAULTS.cache_claim, pattern=_DNS1123_LABEL, max_length=253,
+        description="ReadWriteMany PVC holding engines; shared by every resource that names it. Unset: the "
+        "operator's default (Helm value defaults.engineCacheClaim), else engine-cache.",
     )
     sub_path: str = Field(
         default="engines", pattern=r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$", max_length=253,
@@ -215,9 +216,10 @@ class Engine(ApiModel):
     }
 
     builder_image: str = Field(
-        default=DEFAULT_BUILDER_IMAGE, pattern=_IMAGE, max_length=512,
+        default_factory=lambda: defaults.DEFAULTS.builder_image, pattern=_IMAGE, max_length=512,
         description="Image with TensorRT-LLM and engine_jobs; its tag pins the TensorRT-LLM version and "
-        "is part of the engine key. Must match the serving image's TensorRT-LLM.",
+        "is part of the engine key. Must match the serving image's TensorRT-LLM. Unset: the operator's "
+        "default (Helm value defaults.builderImage).",
     )
     max_batch_size: int = Field(default=8, ge=1, le=4096, description="trtllm-build --max_batch_size.")
     max_input_len: int = Field(default=2048, ge=1, le=1048576, description="trtllm-build --max_input_len.")
@@ -273,8 +275,9 @@ class Serving(ApiModel):
     """Triton serving pods."""
 
     image: str = Field(
-        default=DEFAULT_SERVING_IMAGE, pattern=_IMAGE, max_length=512,
-        description="Triton + TensorRT-LLM backend image with the redrafter launcher and metering model.",
+        default_factory=lambda: defaults.DEFAULTS.serving_image, pattern=_IMAGE, max_length=512,
+        description="Triton + TensorRT-LLM backend image with the redrafter launcher and metering model. "
+        "Unset: the operator's default (Helm value defaults.servingImage).",
     )
     replicas: int = Field(default=1, ge=0, le=1000, description="Replicas of the active variant (scale subresource).")
     triton: Triton = Field(default_factory=Triton, description="Triton backend parameters.")

@@ -1,0 +1,52 @@
+"""Operator-wide defaults for fields a resource may leave unset (set at install time by the Helm chart).
+
+The CRD gives these fields no server-side default on purpose: an unset image or cache claim means "the
+operator's default", which platform teams choose once per installation (chart values -> environment).
+The resolved value is what the resource's spec holds in memory, so engine keys include the real builder
+image. Read once at import: the operator's environment does not change while it runs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Mapping
+
+DEFAULT_BUILDER_IMAGE = "ghcr.io/redrafter/engine-builder:0.1.0-trtllm0.20.0"
+DEFAULT_SERVING_IMAGE = "ghcr.io/redrafter/triton-runtime:0.1.0-25.06-trtllm-python-py3"
+DEFAULT_CACHE_CLAIM = "engine-cache"
+
+IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$"
+DNS1123_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+ENV_BUILDER_IMAGE = "REDRAFTER_DEFAULT_BUILDER_IMAGE"
+ENV_SERVING_IMAGE = "REDRAFTER_DEFAULT_SERVING_IMAGE"
+ENV_CACHE_CLAIM = "REDRAFTER_DEFAULT_CACHE_CLAIM"
+
+
+@dataclass(frozen=True)
+class OperatorDefaults:
+    builder_image: str = DEFAULT_BUILDER_IMAGE
+    serving_image: str = DEFAULT_SERVING_IMAGE
+    cache_claim: str = DEFAULT_CACHE_CLAIM
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> "OperatorDefaults":
+        """Defaults from the environment; a malformed value is a startup error naming the variable."""
+        values = {}
+        for attr, var, pattern in (
+            ("builder_image", ENV_BUILDER_IMAGE, IMAGE_PATTERN),
+            ("serving_image", ENV_SERVING_IMAGE, IMAGE_PATTERN),
+            ("cache_claim", ENV_CACHE_CLAIM, DNS1123_LABEL_PATTERN),
+        ):
+            value = env.get(var, "").strip()
+            if not value:
+                continue
+            if not re.fullmatch(pattern, value) or len(value) > 253:
+                raise ValueError(f"{var}={value!r} is not valid (expected {pattern})")
+            values[attr] = value
+        return cls(**values)
+
+
+DEFAULTS = OperatorDefaults.from_env()

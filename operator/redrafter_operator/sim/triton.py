@@ -178,6 +178,9 @@ class TritonServer:
             if self.proc.poll() is not None:
                 tail = self.log_tail()
                 self._cleanup_shm()
+                if "error while loading shared libraries" in tail or self.proc.returncode == 127:
+                    # e.g. no libpython3.11.so.1.0 for the Python backend stub (Debian: libpython3.11)
+                    raise TritonUnavailable(f"tritonserver cannot run here:\n{tail}")
                 raise TritonStartError(f"tritonserver exited with {self.proc.returncode}:\n{tail}")
             if self.ready():
                 return self

@@ -14,6 +14,14 @@ COPY operator/ operator/
 COPY engine_jobs/ engine_jobs/
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
+# The NGC trtllm image ships the tensorrt_llm package and trtllm-build but not TensorRT-LLM's examples/
+# (the converters engine_jobs runs). Take them from the release tag that matches the installed package.
+FROM alpine/git:v2.49.1 AS trtllm-examples
+ARG TRTLLM_VERSION=0.20.0
+RUN git clone --depth 1 --branch "v${TRTLLM_VERSION}" --filter=blob:none --sparse \
+        https://github.com/NVIDIA/TensorRT-LLM.git /src \
+    && git -C /src sparse-checkout set examples
+
 FROM nvcr.io/nvidia/tritonserver:${TRITON_RELEASE}-trtllm-python-py3
 ARG TRITON_RELEASE=25.06
 ARG TRTLLM_VERSION=0.20.0
@@ -28,6 +36,8 @@ ENV PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1 HOME=/tmp HF_HOME=/tmp/huggingface
 COPY images/requirements/engine-builder.txt /tmp/requirements.txt
 COPY --from=wheel /wheels /tmp/wheels
+# engine_jobs' default REDRAFTER_TRTLLM_EXAMPLES
+COPY --from=trtllm-examples /src/examples /app/tensorrt_llm/examples
 RUN python3 -m pip install --no-cache-dir --requirement /tmp/requirements.txt \
     && python3 -m pip install --no-cache-dir --no-deps /tmp/wheels/*.whl \
     && rm -rf /tmp/wheels /tmp/requirements.txt \

@@ -127,7 +127,7 @@ class Cluster:
         return done
 
 
-async def until(predicate: Callable[[], Any], timeout: float = 30, what: str = "condition") -> Any:
+async def until(predicate: Callable[[], Any], timeout: float = 60, what: str = "condition") -> Any:
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()

@@ -160,3 +160,38 @@ def test_replica_priority_differs_per_pod(monkeypatch: pytest.MonkeyPatch) -> No
     assert _replica_priority() != a
     monkeypatch.setenv("POD_NAME", "op-a")
     assert _replica_priority() == a > 0
+
+
+async def test_evaluator_slot_runs_per_resource_and_targets_enqueue() -> None:
+    """The policy seam: an evaluator is called per resource on its interval and may set serving targets."""
+    from redrafter_operator.controller.handlers import Controller, interval_of
+    from redrafter_operator.controller.planner import ServingTargets
+    from redrafter_operator.controller.renderers import default_renderers
+
+    class Client(FakeClient):
+        async def close(self) -> None:
+            pass
+
+    calls: list[str] = []
+
+    class Evaluator:
+        def interval(self, body: Any) -> float:
+            return interval_of(body)
+
+        async def evaluate(self, controller: Controller, body: Any) -> None:
+            calls.append(body["metadata"]["name"])
+            controller.set_targets("ns", body["metadata"]["name"],
+                                   ServingTargets(active="base", replicas={"base": 1, "redrafter": 0}))
+
+    controller = Controller(client=Client(), renderers=default_renderers())  # type: ignore[arg-type]
+    controller.add_evaluator(Evaluator())
+    controller.bodies[("ns", "a")] = {"metadata": {"name": "a"}, "spec": {"speculation": {"interval": "30s"}}}
+    controller.bodies[("ns", "b")] = {"metadata": {"name": "b"}, "spec": {"speculation": {"interval": "1s"}}}
+    ticker = asyncio.create_task(controller._ticker())
+    try:
+        await asyncio.sleep(3.3)
+    finally:
+        ticker.cancel()
+        await asyncio.gather(ticker, return_exceptions=True)
+    assert calls.count("a") == 1 and calls.count("b") >= 2  # each on its own interval
+    assert controller.targets[("ns", "a")].active == "base" and len(controller.queue) == 2  # enqueued once each

@@ -505,7 +505,7 @@ def register(registry: kopf.OperatorRegistry, make_controller: Callable[[], Awai
         return {(namespace, claim, e["path"]): name for e in engines.values()
                 if isinstance(e, dict) and e.get("state") in ("Ready", "Cached") and e.get("path")}
 
-    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="rdd_event")
     def rdd_event(event: Mapping[str, Any], memo: kopf.Memo, **_: Any) -> None:
         memo.controller.adopt_posting_context()
         memo.controller.on_resource_event(event.get("type"), event["object"])

@@ -25,6 +25,7 @@ from .handlers import Controller, ControllerSettings, register
 from .metrics import OperatorMetrics
 from .planner import Renderers
 from .renderers import default_renderers
+from .speculation import SpeculationEvaluator
 
 log = logging.getLogger("redrafter_operator.controller")
 
@@ -76,6 +77,7 @@ async def run_operator(
         client = KubeClient(configuration, on_request=metrics.on_request)
         controller = Controller(client=client, renderers=renderers or default_renderers(), metrics=metrics,
                                 settings=ControllerSettings(workers=opts.workers, resync_seconds=opts.resync_seconds))
+        controller.add_evaluator(SpeculationEvaluator())
         if on_controller:
             on_controller(controller)
         return controller
@@ -171,9 +173,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not namespaces and not all_ns:
         namespaces = [os.environ.get("POD_NAMESPACE") or "default"]
     level = args.log_level.upper()
-    kopf.configure(debug=level == "DEBUG", verbose=level in ("DEBUG", "INFO"), quiet=level in ("WARNING", "ERROR"),
+    kopf.configure(debug=level == "DEBUG", quiet=level in ("WARNING", "ERROR"),
                    log_format={"plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}[args.log_format])
     logging.getLogger().setLevel(level)
+    if level != "DEBUG":
+        # kopf logs every handler call at INFO; ours only enqueue work, the reconciler logs what happens
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     priority = args.priority
     if priority is None:
         priority = _replica_priority() if args.peering and not args.standalone else 0

@@ -28,7 +28,7 @@ from typing import Any, Awaitable, Callable, Mapping, Protocol
 
 import kopf
 
-from ..api import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from ..api import GROUP, KIND, PLURAL, VERSION
 from ..api.types import parse_duration
 from ..render import names
 from .apply import ApiError, Applier, KubeClient, merge_patch
@@ -527,4 +527,4 @@ def interval_of(body: Mapping[str, Any]) -> float:
         return 30.0
 
 
-__all__ = ["API_VERSION", "Controller", "ControllerSettings", "Evaluator", "WorkQueue", "interval_of", "register"]
+__all__ = ["Controller", "ControllerSettings", "Evaluator", "WorkQueue", "interval_of", "register"]

@@ -377,7 +377,7 @@ def plan(
     elif not find(old_conditions, "SpeculationHealthy") or find(old_conditions, "SpeculationHealthy").get("reason") == "SpeculationDisabled":
         conds.append(Cond("SpeculationHealthy", "Unknown", "NotMeasured", "no acceptance measurement yet"))
 
-    if available and settled:
+    if (available or want_active == 0) and settled:  # scaled to zero on purpose is a settled state too
         phase = "Degraded" if failed else "Serving"
     elif available:
         phase = "Degraded" if failed else ("Serving" if ready >= want_active else "Deploying")

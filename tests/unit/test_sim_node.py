@@ -16,6 +16,7 @@ from redrafter_operator.sim.scenarios import (
     SCENARIOS,
     Condition,
     Scenario,
+    all_hold,
     load_scenario,
     lookup,
 )
@@ -50,11 +51,18 @@ def test_scenario_from_a_yaml_file(tmp_path: Path):
         "  - {name: deploy, concurrency: 0, acceptance: 0.8, until: 'status.phase == Serving', timeout_s: 90}\n"
         "  - name: collapse\n"
         "    acceptance: 0.1\n"
-        "    until: {path: status.activeEngine, op: '==', value: base, timeout_s: 30}\n")
+        "    until: [{path: status.activeEngine, op: '==', value: base}, 'status.serving.readyReplicas >= 2']\n"
+        "    hold: 'status.phase != Failed'\n")
     s = load_scenario(str(path))
     assert s.name == "quick"
-    assert s.stages[0].until == Condition("status.phase", "==", "Serving", 90.0)
-    assert s.stages[1].until == Condition("status.activeEngine", "==", "base", 30.0)
+    assert s.stages[0].until == (Condition("status.phase", "==", "Serving"),) and s.stages[0].timeout_s == 90
+    assert s.stages[1].until == (Condition("status.activeEngine", "==", "base"),
+                                 Condition("status.serving.readyReplicas", ">=", 2))
+    assert s.stages[1].hold == (Condition("status.phase", "!=", "Failed"),)
+    obj = {"status": {"activeEngine": "base", "serving": {"readyReplicas": 1}}}
+    assert not all_hold(s.stages[1].until, obj)
+    obj["status"]["serving"]["readyReplicas"] = 2
+    assert all_hold(s.stages[1].until, obj)
     with pytest.raises(ValueError, match="unknown keys"):
         Scenario.from_dict({"stages": [{"name": "x", "speed": 3}]})
     with pytest.raises(ValueError, match="unknown scenario"):

@@ -39,7 +39,17 @@ from .engine import SimEngineSettings
 from .kubeapi import EVENTS, KubeApi, Kind
 from .kubelet import SimKubelet
 from .router import ServiceRouter
-from .scenarios import DEFAULT_SCENARIO, FAST_FACTOR, SCENARIOS, Scenario, Stage, load_scenario, lookup
+from .scenarios import (
+    DEFAULT_SCENARIO,
+    FAST_FACTOR,
+    SCENARIOS,
+    Scenario,
+    Stage,
+    all_hold,
+    describe,
+    load_scenario,
+    lookup,
+)
 from .server import EmulatorThread, write_kubeconfig
 from .traffic import RoutedLoadGenerator, TrafficStats
 from .view import DemoView, render_summary
@@ -71,7 +81,7 @@ class StageResult:
     started_s: float
     duration_s: float = 0.0
     happened: bool = False
-    observed: Any = None
+    observed: dict[str, Any] = field(default_factory=dict)  # each until-condition's path -> value at the end
     failure: str = ""
     speculation: dict[str, Any] = field(default_factory=dict)
     replicas: dict[str, Any] = field(default_factory=dict)
@@ -237,28 +247,29 @@ class DemoRun:
     async def _stage(self, stage: Stage) -> StageResult:
         assert self.node is not None and self.loadgen is not None
         self.current = stage
-        res = StageResult(stage.name, stage.description, stage.expect, str(stage.until or ""),
+        res = StageResult(stage.name, stage.description, stage.expect, describe(stage.until),
                           started_s=self.elapsed(), wall_start=time.time())
         if stage.concurrency is not None:
             self.loadgen.set_concurrency(stage.concurrency)
         if stage.acceptance is not None:
             self.node.set_engine(self.namespace, self.name, "redrafter", acceptance_rate=stage.acceptance)
         start = time.monotonic()
-        timeout = stage.until.timeout_s if stage.until else stage.min_s
+        timeout = stage.timeout_s if stage.until else stage.min_s
         while True:
             if self.stop_event.is_set():
                 raise Interrupted()
             await self._observe()
             waited = time.monotonic() - start
-            if stage.hold is not None and self.obj is not None and not stage.hold.holds(self.obj):
-                res.failure = f"{stage.hold} broke ({stage.hold.path} = {lookup(self.obj, stage.hold.path)!r})"
+            broken = [c for c in stage.hold if self.obj is not None and not c.holds(self.obj)]
+            if broken:
+                res.failure = "; ".join(f"{c} broke ({c.path} = {lookup(self.obj, c.path)!r})" for c in broken)
                 break
-            met = stage.until is None or stage.until.holds(self.obj)
+            met = all_hold(stage.until, self.obj)
             if met and waited >= stage.min_s:
                 res.happened = True
                 break
             if waited >= max(timeout, stage.min_s) and not met:
-                res.failure = f"timed out after {timeout:.0f}s waiting for {stage.until}"
+                res.failure = f"timed out after {timeout:.0f}s waiting for {describe(stage.until)}"
                 break
             if self.operator is not None and not self.operator.alive():
                 res.failure = "the operator process exited"
@@ -268,7 +279,7 @@ class DemoRun:
         res.duration_s = time.monotonic() - start
         res.wall_end = time.time()
         status = (self.obj or {}).get("status") or {}
-        res.observed = lookup(self.obj, stage.until.path) if stage.until else None
+        res.observed = {c.path: lookup(self.obj, c.path) for c in stage.until}
         res.speculation = dict(status.get("speculation") or {})
         res.replicas = dict(status.get("serving") or {})
         res.traffic = {k: v for k, v in self.stats.window().items() if k != "by_pod"}

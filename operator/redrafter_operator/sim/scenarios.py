@@ -2,7 +2,7 @@
 
 A stage sets the load generator's concurrency and/or the ReDrafter engines' target acceptance rate
 (None: unchanged), lasts at least ``min_s`` seconds, and ends when ``until`` holds on the resource
-(e.g. ``status.activeEngine == base``) or fails after ``until.timeout_s``. ``hold`` must stay true for
+(all of ``until``, e.g. ``status.activeEngine == base``) or fails after ``timeout_s``. ``hold`` must stay true for
 the whole stage (e.g. the engine does not change under steady traffic). A stage *happened* when its
 ``until`` was met in time and its ``hold`` never broke. ``--fast`` scales ``min_s`` down; the
 conditions and timeouts stay (they are what the operator must do). ``--scenario FILE.yaml`` loads
@@ -12,7 +12,10 @@ one from a file, e.g.::
     stages:
       - {name: deploy, concurrency: 0, acceptance: 0.8, until: "status.phase == Serving", timeout_s: 120}
       - {name: traffic, concurrency: 4, min_s: 5}
-      - {name: collapse, acceptance: 0.1, until: "status.activeEngine == base", timeout_s: 60}
+      - name: collapse
+        acceptance: 0.1
+        until: ["status.activeEngine == base", "status.serving.readyReplicas >= 1"]
+        timeout_s: 60
 """
 
 from __future__ import annotations
@@ -44,7 +47,6 @@ class Condition:
     path: str
     op: str
     value: Any
-    timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.op not in OPS:
@@ -63,12 +65,30 @@ class Condition:
         return f"{self.path} {self.op} {self.value}"
 
     @classmethod
-    def parse(cls, raw: Mapping[str, Any] | str, timeout_s: float = 60.0) -> "Condition":
-        """``{path, op, value, timeout_s}`` or ``"status.activeEngine == base"``."""
+    def parse(cls, raw: Mapping[str, Any] | str) -> "Condition":
+        """``{path, op, value}`` or ``"status.activeEngine == base"``."""
         if isinstance(raw, str):
             path, op, value = raw.split(None, 2)
-            return cls(path, op, yaml.safe_load(value), timeout_s)
-        return cls(str(raw["path"]), str(raw.get("op", "==")), raw["value"], float(raw.get("timeout_s", timeout_s)))
+            return cls(path, op, yaml.safe_load(value))
+        return cls(str(raw["path"]), str(raw.get("op", "==")), raw["value"])
+
+
+Conditions = tuple[Condition, ...]
+
+
+def all_hold(conditions: Conditions, obj: Mapping[str, Any] | None) -> bool:
+    return all(c.holds(obj) for c in conditions)
+
+
+def describe(conditions: Conditions) -> str:
+    return " and ".join(map(str, conditions))
+
+
+def _conditions(raw: Any) -> Conditions:
+    if not raw:
+        return ()
+    items = raw if isinstance(raw, list) else [raw]
+    return tuple(Condition.parse(x) for x in items)
 
 
 @dataclass(frozen=True)
@@ -78,8 +98,9 @@ class Stage:
     concurrency: int | None = None
     acceptance: float | None = None
     min_s: float = 0.0
-    until: Condition | None = None
-    hold: Condition | None = None
+    until: Conditions = ()  # all must hold to end the stage
+    timeout_s: float = 60.0  # ... within this long, else the stage did not happen
+    hold: Conditions = ()  # must hold throughout the stage
     #: the operator behaviour this stage demonstrates (shown in the summary)
     expect: str = ""
 
@@ -94,16 +115,14 @@ class Scenario:
     def from_dict(cls, raw: Mapping[str, Any]) -> "Scenario":
         stages = []
         for st in raw.get("stages") or []:
-            unknown = set(st) - {f.name for f in fields(Stage)} - {"timeout_s"}
+            unknown = set(st) - {f.name for f in fields(Stage)}
             if unknown:
                 raise ValueError(f"stage {st.get('name')!r}: unknown keys {sorted(unknown)}")
-            timeout = float(st.get("timeout_s", 60.0))
             stages.append(Stage(
                 name=str(st["name"]), description=str(st.get("description", "")),
                 concurrency=st.get("concurrency"), acceptance=st.get("acceptance"), min_s=float(st.get("min_s", 0)),
-                until=Condition.parse(st["until"], timeout) if st.get("until") else None,
-                hold=Condition.parse(st["hold"], timeout) if st.get("hold") else None,
-                expect=str(st.get("expect", "")),
+                until=_conditions(st.get("until")), timeout_s=float(st.get("timeout_s", 60.0)),
+                hold=_conditions(st.get("hold")), expect=str(st.get("expect", "")),
             ))
         if not stages:
             raise ValueError("a scenario needs at least one stage")
@@ -119,41 +138,46 @@ LOW_ACCEPTANCE = 0.1
 LOW_LOAD = 2
 HIGH_LOAD = 12
 
+ACTIVE_ENGINE = "status.activeEngine"
+READY = "status.serving.readyReplicas"
+REPLICAS = "status.serving.replicas"
+
 DEPLOY = Stage(
-    "deploy", "apply the resource: build both engines, validate, roll out ReDrafter",
+    "deploy", "apply the resource: build both engines, roll out ReDrafter",
     concurrency=0, acceptance=HIGH_ACCEPTANCE,
-    until=Condition("status.phase", "==", "Serving", timeout_s=120),
+    until=(Condition("status.phase", "==", "Serving"),), timeout_s=120,
     expect="engines built by Jobs, Deployments Ready, Service on ReDrafter",
 )
 STEADY = Stage(
     "steady", "steady light traffic on ReDrafter with high acceptance",
     concurrency=LOW_LOAD, min_s=8,
-    until=Condition("status.speculation.samples", ">", 0, timeout_s=40),
-    hold=Condition("status.activeEngine", "==", "redrafter"),
+    until=(Condition("status.speculation.samples", ">", 0),), timeout_s=40,
+    hold=(Condition(ACTIVE_ENGINE, "==", "redrafter"),),
     expect="acceptance measured on live traffic; ReDrafter kept",
 )
 LOAD_RISE = Stage(
     "load-rise", "the load rises well above the per-replica target",
     concurrency=HIGH_LOAD, min_s=4,
-    until=Condition("status.serving.readyReplicas", ">=", 2, timeout_s=60),
+    until=(Condition(READY, ">=", 2),), timeout_s=60,
     expect="autoscaled up (HPA rule on active+waiting requests per replica)",
 )
 COLLAPSE = Stage(
     "collapse", "the drafter stops matching the traffic: acceptance collapses",
     acceptance=LOW_ACCEPTANCE, min_s=2,
-    until=Condition("status.activeEngine", "==", "base", timeout_s=60),
+    until=(Condition(ACTIVE_ENGINE, "==", "base"),), timeout_s=90,
     expect="fallback to the base engine after failureLimit bad windows",
 )
 RECOVER = Stage(
     "recover", "acceptance recovers (measured on the ReDrafter canary while on base)",
     acceptance=HIGH_ACCEPTANCE, min_s=2,
-    until=Condition("status.activeEngine", "==", "redrafter", timeout_s=60),
-    expect="back to ReDrafter after successLimit good canary windows (and cooldown)",
+    until=(Condition(ACTIVE_ENGINE, "==", "redrafter"), Condition(REPLICAS, ">=", 2), Condition(READY, ">=", 2)),
+    timeout_s=90,
+    expect="back to ReDrafter after successLimit good canary windows, scaled for the load",
 )
 LOAD_FALL = Stage(
     "load-fall", "the load falls back",
     concurrency=LOW_LOAD, min_s=2,
-    until=Condition("status.serving.replicas", "==", 1, timeout_s=60),
+    until=(Condition(REPLICAS, "==", 1), Condition(ACTIVE_ENGINE, "==", "redrafter")), timeout_s=60,
     expect="scaled down after the scale-down stabilization window",
 )
 
@@ -164,7 +188,8 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("collapse", "build -> rollout -> acceptance collapse -> fallback -> recovery",
                  (DEPLOY, replace(STEADY, min_s=4), COLLAPSE, RECOVER)),
         Scenario("steady", "build -> rollout -> steady traffic: the operator keeps ReDrafter and 1 replica",
-                 (DEPLOY, replace(STEADY, min_s=20, hold=Condition("status.activeEngine", "==", "redrafter")),)),
+                 (DEPLOY, replace(STEADY, min_s=20, hold=(Condition(ACTIVE_ENGINE, "==", "redrafter"),
+                                                          Condition(REPLICAS, "==", 1))),)),
     )
 }
 DEFAULT_SCENARIO = "lifecycle"

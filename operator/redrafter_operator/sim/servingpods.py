@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,22 @@ RESTART_BACKOFF_SECONDS = 2.0
 #: a deleted pod keeps serving this long before SIGTERM (a preStop sleep), so clients that still
 #: route to it (Endpoints and routers refresh every sync period) are not refused
 TERMINATION_DELAY_SECONDS = 1.5
+
+
+#: Triton servers loading models at the same time on this node. Each start spawns ~6 Python backend
+#: stubs; several at once on a busy 2-core machine overrun the stubs' start-up handshake and crash
+#: the server (boost::interprocess::lock_exception). One at a time costs ~1 s per extra pod.
+STARTS_IN_PARALLEL = 1
+#: the Python backend's stub handshake timeout (Triton's default is 30 s; a loaded CI box needs more)
+STUB_TIMEOUT_SECONDS = 120
+
+
+class PodTritonServer(TritonServer):
+    """The pod's tritonserver: the harness's command plus a longer Python-stub start-up timeout."""
+
+    def argv(self, install, backend_dir):  # type: ignore[no-untyped-def]
+        return [*super().argv(install, backend_dir),
+                f"--backend-config=python,stub-timeout-seconds={STUB_TIMEOUT_SECONDS}"]
 
 
 class IpPool:
@@ -102,6 +119,7 @@ class ServingController:
         self.pods: dict[tuple[str, str], ServingPod] = {}
         self._stopping: set[asyncio.Task[None]] = set()
         self._http: aiohttp.ClientSession | None = None
+        self._start_slots = asyncio.Semaphore(STARTS_IN_PARALLEL)
 
     async def sync(self) -> None:
         if self._http is None:
@@ -206,12 +224,16 @@ class ServingController:
     async def _start(self, pod: ServingPod, manifest: dict[str, Any]) -> None:
         try:
             repo = await self._prepare(pod, manifest)
-            server = TritonServer(repo, host=pod.ip, http_port=contract.HTTP_PORT, grpc_port=contract.GRPC_PORT,
+            server = PodTritonServer(repo, host=pod.ip, http_port=contract.HTTP_PORT, grpc_port=contract.GRPC_PORT,
                                   metrics_port=contract.METRICS_PORT, workdir=pod.root.root / "triton",
                                   exit_timeout_secs=self.exit_timeout_secs)
+            # every pod listens on the same ports (on its own IP): the default shared-memory prefix
+            # (pid + HTTP port) would collide between pods and crash the Python backends
+            server.shm_prefix = f"rdsim{os.getpid()}x{pod.ip.rsplit('.', 1)[-1]}n{pod.restarts}r"
             pod.server = server
             pod.started = objects.now()
-            await asyncio.to_thread(server.start)
+            async with self._start_slots:  # one server loads its models at a time (see STARTS_IN_PARALLEL)
+                await asyncio.to_thread(server.start)
             pod.error = ""
         except asyncio.CancelledError:
             raise

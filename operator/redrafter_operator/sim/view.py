@@ -16,7 +16,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from .scenarios import Scenario, lookup
+from .scenarios import Scenario, describe, lookup
 
 if TYPE_CHECKING:
     from .demo import DemoRun, StageResult
@@ -48,7 +48,8 @@ class DemoView:
 
     def stage_done(self, res: "StageResult") -> None:
         mark = "✓" if res.happened else "✗"
-        detail = f"{res.condition} (observed {res.observed!r})" if res.happened else res.failure
+        seen = ", ".join(f"{v!r}" for v in res.observed.values())
+        detail = f"{res.condition} (observed {seen})" if res.happened else res.failure
         self.note(f"{mark} stage {res.name} in {res.duration_s:.1f}s: {detail}")
 
     def update(self) -> None:
@@ -111,7 +112,7 @@ class DemoView:
                 mark, took = "[yellow]▶[/]", "…"
             else:
                 mark, took = "·", ""
-            stages.add_row(mark, f"{s.name}: {s.description}", str(s.until or ""), took)
+            stages.add_row(mark, f"{s.name}: {s.description}", describe(s.until), took)
         f = self.figures()
         live = Table(expand=True)
         for col in ("phase", "active engine", "replicas (ready/desired)", "acceptance (operator / clients)",
@@ -135,7 +136,8 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
         serving = s.get("replicas") or {}
         said = (f"{serving.get('readyReplicas', '-')}/{serving.get('replicas', '-')} replicas; "
                 f"acceptance {_num(spec.get('acceptanceRate'))}; {spec.get('decision') or '-'}: {spec.get('reason') or ''}")
-        cond = f"{s['condition']} ({s['observed']!r})" if s["happened"] else s["failure"]
+        seen = ", ".join(f"{v!r}" for v in (s.get("observed") or {}).values())
+        cond = f"{s['condition']} ({seen})" if s["happened"] else s["failure"]
         reasons = list(dict.fromkeys(e["reason"] for e in s.get("decisions") or []))
         t.add_row(str(i), s["name"], f"{s['started_s']:.1f}s", f"{s['duration_s']:.1f}s",
                   "[green]yes[/]" if s["happened"] else "[red]NO[/]", cond, ", ".join(reasons) or "-", said)

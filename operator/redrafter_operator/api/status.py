@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, WithJsonSchema
 
 from .types import ApiModel
 
@@ -107,6 +107,12 @@ class ReDrafterDeploymentStatus(ApiModel):
     speculation: SpeculationStatus = Field(default_factory=SpeculationStatus, description="Last evaluation.")
     validation: ValidationStatus | None = Field(
         default=None, description="Validation of the newest engine pair before promotion."
+    )
+    policy: Annotated[dict[str, Any], WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True})] | None = Field(
+        default=None,
+        description="The speculation policy's and autoscaler's state (counter marks per pod, consecutive "
+        "outcomes, dwell/cooldown times, recommendations): what the operator resumes from after a restart. "
+        "Internal; its shape may change between versions.",
     )
     history: list[HistoryEntry] = Field(
         default_factory=list, max_length=HISTORY_LIMIT, description="Most recent engine switches (bounded)."

@@ -36,6 +36,14 @@ class OperatorMetrics:
                            ["namespace", "name", "phase"], registry=r)
         self.switches = Counter("redrafter_operator_engine_switches_total", "Service moves between engines.",
                                 ["from_engine", "to_engine"], registry=r)
+        self.speculation_evaluations = Counter(
+            "redrafter_operator_speculation_evaluations_total",
+            "Speculation policy evaluations by measurement outcome (Successful, Failed, Inconclusive, Error).",
+            ["outcome"], registry=r)
+        self.speculation_switches = Counter(
+            "redrafter_operator_speculation_switches_total",
+            "Speculation policy decisions to switch engines, by target engine and reason.",
+            ["to_engine", "reason"], registry=r)
         self.api_requests = Counter("redrafter_operator_api_requests_total",
                                     "Requests the reconciler sent to the API server (excl. kopf's watches).",
                                     ["verb", "resource", "code"], registry=r)

@@ -1,0 +1,280 @@
+"""The speculation policy in the controller: a thin shell around :func:`redrafter_operator.policy.step`.
+
+Every ``spec.speculation.interval``, per ReDrafterDeployment (an :class:`~.handlers.Evaluator` in the
+controller's timer slot):
+
+1. list the serving pods (``LABEL_DEPLOYMENT=<name>``, component serving) -> Ready scrape targets;
+2. read them (pod scrape, or Prometheus per ``spec.metrics``); a source that fails as a whole is the
+   policy's ``error`` input (an *Error* measurement: inconclusive, never a switch), never a crash;
+3. ``policy.step`` with the state persisted in ``status.policy`` (or this process's newer copy), the
+   spec replicas of the active Deployment and the engines that can serve;
+4. write status only when something changed (timestamps alone do not count; a heartbeat refreshes
+   ``lastEvaluated`` every HEARTBEAT_INTERVALS intervals, at least every HEARTBEAT_MIN_SECONDS):
+   ``status.policy`` (everything the policy needs to resume after an operator restart),
+   ``status.speculation`` (measured values, decision, reason), the ``SpeculationHealthy`` condition,
+   and on a switch a bounded ``status.history`` entry;
+5. hand the plan to the reconciler (``Controller.set_targets``), which applies it blue/green: the
+   target pool comes up and Ready before the Service moves, the old pool scales down after;
+6. on a switch: an Event (reason SwitchToBase / SwitchToRedrafter, message = why) and the
+   ``redrafter_operator_speculation_switches_total`` counter; the Service move itself is the
+   reconciler's ``Switched`` Event and ``redrafter_operator_engine_switches_total``.
+
+Nothing is evaluated before something serves (``status.activeEngine``), for an invalid spec, or for a
+resource being deleted. With ``mode: Never`` the reconciler owns the SpeculationHealthy condition.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from typing import Any, Callable, Mapping
+
+from engine_jobs.contract import METRICS_PORT, VARIANTS
+from pydantic import ValidationError
+
+from ..api import GROUP, PLURAL, VERSION
+from ..api.spec import ReDrafterDeploymentSpec
+from ..api.status import HISTORY_LIMIT
+from ..metrics import PrometheusError, Reading, source_for, targets_from_pods
+from ..policy import Evaluation, PolicyState, due, step
+from ..render import names
+from .apply import ApiError, merge_patch
+from .conditions import Cond, merge_conditions
+from .handlers import _post, interval_of
+from .planner import ServingTargets
+
+log = logging.getLogger("redrafter_operator.controller.speculation")
+
+READY_STATES = ("Ready", "Cached")
+HEARTBEAT_INTERVALS = 10
+HEARTBEAT_MIN_SECONDS = 300.0
+HISTORY_REASON_LIMIT = 512
+CONDITION = "SpeculationHealthy"
+
+Key = tuple[str, str]
+
+
+def rfc3339(epoch: float) -> str:
+    return dt.datetime.fromtimestamp(epoch, dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def _epoch(ts: str | None) -> float | None:
+    try:
+        return dt.datetime.fromisoformat(str(ts).replace("Z", "+00:00")).timestamp() if ts else None
+    except ValueError:
+        return None
+
+
+# ---- pure parts ----------------------------------------------------------------------------------
+def stored_state(status: Mapping[str, Any]) -> PolicyState | None:
+    """The policy state persisted in status.policy (None when absent or unreadable: start afresh)."""
+    raw = status.get("policy")
+    if not raw:
+        return None
+    try:
+        return PolicyState.model_validate(raw)
+    except ValidationError as exc:
+        log.warning("status.policy is unreadable (%s); the policy starts afresh", exc)
+        return None
+
+
+def newer_state(memory: PolicyState | None, stored: PolicyState | None) -> PolicyState | None:
+    """This process's state unless status holds a later evaluation (e.g. written by a peer operator)."""
+    if memory is None or stored is None:
+        return memory or stored
+    mine, theirs = memory.speculation.last_evaluated or 0.0, stored.speculation.last_evaluated or 0.0
+    return stored if theirs > mine else memory
+
+
+def _volatile_free(fragment: Mapping[str, Any]) -> Any:
+    """The fragment without fields that change on every evaluation by themselves (timestamps)."""
+    out = {k: v for k, v in fragment.items()}
+    if isinstance(out.get("speculation"), dict):
+        out["speculation"] = {k: v for k, v in out["speculation"].items() if k != "lastEvaluated"}
+    policy = out.get("policy")
+    if isinstance(policy, dict):
+        policy = dict(policy)
+        if isinstance(policy.get("speculation"), dict):
+            policy["speculation"] = {k: v for k, v in policy["speculation"].items() if k != "last_evaluated"}
+        window = policy.get("window")
+        if isinstance(window, dict):
+            pods = {p: {k: v for k, v in (m or {}).items() if k != "t"} for p, m in (window.get("pods") or {}).items()}
+            policy["window"] = {"pods": pods}
+        out["policy"] = policy
+    return out
+
+
+def status_fragment(spec: ReDrafterDeploymentSpec, old: Mapping[str, Any], ev: Evaluation, state: PolicyState,
+                    *, previous_engine: str, now: str, generation: int) -> dict[str, Any]:
+    """status.speculation / policy / conditions (/ history on a switch) after one evaluation (pure)."""
+    d = ev.speculation
+    speculation = {**(old.get("speculation") or {}), **d.status(now)}
+    validation = old.get("validation") or {}
+    measured = (old.get("speculation") or {}).get("crossoverConcurrency")
+    if validation.get("state") == "Passed" and measured is not None:
+        speculation["crossoverConcurrency"] = measured  # measured by the validation Job beats the cost model
+    # exclude_none: a merge patch deletes null fields, so stored state never has them (else it always differs)
+    out: dict[str, Any] = {"speculation": speculation, "policy": state.model_dump(mode="json", exclude_none=True)}
+    if spec.speculation.mode != "Never":  # with Never the reconciler says SpeculationDisabled
+        cond = Cond(CONDITION, d.healthy, d.reason, d.message)
+        out["conditions"] = merge_conditions(old.get("conditions") or [], [cond], generation=generation, now=now)
+    if d.switched:
+        entry = {"time": now, "from": previous_engine, "to": d.engine,
+                 "reason": f"{d.reason}: {d.message}"[:HISTORY_REASON_LIMIT]}
+        out["history"] = (list(old.get("history") or []) + [entry])[-HISTORY_LIMIT:]
+    return out
+
+
+def status_patch(old: Mapping[str, Any], fragment: Mapping[str, Any], *, now: float,
+                 heartbeat_seconds: float) -> dict[str, Any] | None:
+    """The merge patch to write, or None when only timestamps changed and no heartbeat is due."""
+    current = {k: old.get(k) for k in fragment}
+    patch = merge_patch(current, dict(fragment))
+    if not patch:
+        return None
+    if merge_patch(_volatile_free(current), _volatile_free(fragment)) is None:
+        last = _epoch((old.get("speculation") or {}).get("lastEvaluated"))
+        if last is not None and now - last < heartbeat_seconds:
+            return None
+    return patch
+
+
+# ---- the evaluator -------------------------------------------------------------------------------
+class SpeculationEvaluator:
+    """Evaluates the speculation policy and autoscaler of each resource (see the module docs)."""
+
+    def __init__(self, *, metrics_port: int = METRICS_PORT, clock: Callable[[], float] = time.time) -> None:
+        self.metrics_port = metrics_port
+        self.clock = clock
+        #: called with ((namespace, name), evaluation) after every evaluation (tests, the demo's timeline)
+        self.observers: list[Callable[[Key, Evaluation], None]] = []
+        self._states: dict[Key, tuple[str, PolicyState]] = {}  # newest state per resource (uid, state)
+
+    def interval(self, body: Mapping[str, Any]) -> float:
+        return interval_of(body)
+
+    async def evaluate(self, controller: Any, body: Mapping[str, Any]) -> None:
+        meta = body.get("metadata") or {}
+        key: Key = (meta.get("namespace") or "default", meta.get("name", ""))
+        ns, name = key
+        body = controller.bodies.get(key) or body
+        meta = body.get("metadata") or {}
+        uid = meta.get("uid") or ""
+        for k in [k for k in self._states if k not in controller.bodies]:
+            del self._states[k]
+        if meta.get("deletionTimestamp"):
+            return
+        try:
+            spec = ReDrafterDeploymentSpec.model_validate(dict(body.get("spec") or {}))
+        except ValidationError:
+            return  # the reconciler reports the invalid spec
+        status = dict(controller.written.get(key) or body.get("status") or {})
+        if status.get("activeEngine") not in VARIANTS:
+            return  # nothing serves yet: nothing to measure
+        mem = self._states.get(key)
+        state = newer_state(mem[1] if mem and mem[0] == uid else None, stored_state(status))
+        now = self.clock()
+        if state is not None and not due(spec, state.speculation, now):
+            return
+        previous = state.speculation.engine if state else str(status["activeEngine"])
+
+        pods = await self._pods(controller, ns, name)
+        if pods is None:
+            return
+        reading, error = await self._read(spec, name, ns, pods)
+        deployments = _deployments(controller, ns, name)
+        available = frozenset(v for v in VARIANTS
+                              if ((status.get("engines") or {}).get(v) or {}).get("state") in READY_STATES
+                              or (deployments.get(v) is not None and getattr(deployments[v], "key", "")))
+        dep = deployments.get(previous)
+        current = int(dep.replicas) if dep is not None else spec.serving.replicas
+        ev, new = step(spec, state, reading, now, current_replicas=current, error=error, available=available)
+        self._states[key] = (uid, new)
+
+        interval = self.interval(body)
+        fragment = status_fragment(spec, status, ev, new, previous_engine=previous, now=rfc3339(now),
+                                   generation=int(meta.get("generation") or 1))
+        patch = status_patch(status, fragment, now=now,
+                             heartbeat_seconds=max(HEARTBEAT_INTERVALS * interval, HEARTBEAT_MIN_SECONDS))
+        if patch:
+            await self._write(controller, key, patch)
+        plan = ev.plan(spec, current)
+        controller.set_targets(ns, name, ServingTargets(active=plan.active, replicas=dict(plan.replicas),
+                                                        canary=plan.canary))
+        self._account(controller, body, spec, ev, previous, current, plan.replicas.get(plan.active, current))
+        for observer in self.observers:
+            observer(key, ev)
+
+    # ---- I/O -------------------------------------------------------------------------------------
+    async def _pods(self, controller: Any, ns: str, name: str) -> list[dict[str, Any]] | None:
+        selector = names.selector_string({names.LABEL_DEPLOYMENT: names.label_value(name),
+                                          names.LABEL_COMPONENT: "serving"})
+        try:
+            found = await controller.client.request("GET", f"/api/v1/namespaces/{ns}/pods",
+                                                    query=[("labelSelector", selector)])
+        except ApiError as exc:
+            log.warning("%s/%s: cannot list serving pods (%s); evaluation skipped", ns, name, exc)
+            return None
+        return list(found.get("items") or [])
+
+    async def _read(self, spec: ReDrafterDeploymentSpec, name: str, ns: str,
+                    pods: list[dict[str, Any]]) -> tuple[Reading | None, str | None]:
+        """A reading, or (None, why) when the source failed as a whole (the policy's Error input)."""
+        try:
+            targets = targets_from_pods(pods, self.metrics_port)
+            return await source_for(spec, name, ns).read(targets), None
+        except PrometheusError as exc:
+            return None, str(exc)
+        except Exception as exc:  # noqa: BLE001 - a metrics failure is input to the policy, never a crash
+            log.warning("%s/%s: metrics read failed: %s", ns, name, exc)
+            return None, f"{type(exc).__name__}: {exc}"
+
+    async def _write(self, controller: Any, key: Key, patch: Mapping[str, Any]) -> None:
+        ns, name = key
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/{PLURAL}/{name}/status"
+        try:
+            resp = await controller.client.request("PATCH", path, {"status": dict(patch)},
+                                                   content_type="application/merge-patch+json")
+        except ApiError as exc:  # retried on the next evaluation: the fragment still differs from status
+            if exc.status != 404:
+                log.warning("%s/%s: status write failed (%s); retried next interval", ns, name, exc)
+            return
+        written = {k: v for k, v in (resp.get("status") or {}).items() if k != "kopf"}
+        if written and key in controller.bodies:
+            # The reconciler plans from its last written status until the watch echoes it: make that
+            # view include this write, so its next status patch does not revert our condition.
+            controller.written[key] = written
+
+    def _account(self, controller: Any, body: Mapping[str, Any], spec: ReDrafterDeploymentSpec, ev: Evaluation,
+                 previous: str, current: int, replicas: int) -> None:
+        d = ev.speculation
+        m = getattr(controller, "metrics", None)
+        if m is not None and hasattr(m, "speculation_evaluations"):
+            m.speculation_evaluations.labels(d.measurement.outcome).inc()
+        for var, value in getattr(controller, "_posting_vars", ()):  # kopf's Event queue (see handlers)
+            var.set(value)
+        if d.switched:
+            if m is not None and hasattr(m, "speculation_switches"):
+                m.speculation_switches.labels(d.engine, d.reason).inc()
+            _post(body, "Warning" if d.engine == "base" else "Normal", d.action,
+                  f"{previous} -> {d.engine}: {d.reason}: {d.message}")
+        if spec.autoscaling.mode == "Operator" and not d.switched and replicas != current:
+            s = ev.scale
+            _post(body, "Normal", "Scaling", f"{d.engine} replicas {current} -> {replicas}: {s.reason}: {s.message}")
+
+
+def _deployments(controller: Any, ns: str, name: str) -> dict[str, Any]:
+    """The variant Deployments' facts from the reconciler's index (spec replicas, engine key)."""
+    idx = (getattr(controller, "indexes", None) or {}).get("rdd_deployments")
+    out: dict[str, Any] = {}
+    for v in VARIANTS:
+        ref = ("name", ns, names.serving_deployment_name(name, v))
+        if idx is not None and ref in idx:
+            facts = list(idx[ref])
+            if facts:
+                out[v] = facts[0]
+    return out
+
+
+__all__ = ["SpeculationEvaluator", "newer_state", "status_fragment", "status_patch", "stored_state"]

@@ -1,0 +1,297 @@
+"""The speculation evaluator's shell around the pure policy: against a fake controller and a real metrics endpoint.
+
+No API server: the controller's client is a fake that lists pods and applies status merge patches the way
+the API server does (null deletes). The pod's metrics come from a local aiohttp server; the policy clock is
+injected, so dwell, cooldown and interval gates are exact.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from engine_jobs import contract as c
+from redrafter_operator.controller import speculation as sp
+from redrafter_operator.controller.apply import ApiError
+from redrafter_operator.controller.metrics import OperatorMetrics
+from redrafter_operator.controller.planner import ServingTargets
+from redrafter_operator.controller.speculation import (
+    SpeculationEvaluator, newer_state, status_fragment, status_patch, stored_state,
+)
+from redrafter_operator.policy import PolicyState
+from redrafter_operator.render import names
+
+NS, NAME = "default", "chat"
+T0 = 1_800_000_000.0
+
+
+def merge(target: Any, patch: Any) -> Any:
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merge(out.get(k), v)
+    return out
+
+
+def body(**speculation: Any) -> dict[str, Any]:
+    spec = {
+        "model": {"base": {"source": "hf://org/base"}, "drafter": {"source": "pvc://drafters/d"}},
+        "autoscaling": {"mode": "Disabled"},
+        "speculation": {"interval": "1s", "failureLimit": 1, "successLimit": 1, "minSamples": 1, "minDwell": "1s",
+                        "cooldown": "1s", "loadAware": False, "consecutiveErrorLimit": 2, **speculation},
+    }
+    return {"apiVersion": "redrafter.dev/v1alpha1", "kind": "ReDrafterDeployment",
+            "metadata": {"name": NAME, "namespace": NS, "uid": "uid-1", "generation": 1},
+            "spec": spec,
+            "status": {"activeEngine": "redrafter", "phase": "Serving",
+                       "engines": {"redrafter": {"key": "r", "state": "Ready"}, "base": {"key": "b", "state": "Ready"}},
+                       "conditions": [{"type": "SpecValid", "status": "True", "reason": "Valid", "message": "",
+                                       "lastTransitionTime": "2027-01-15T00:00:00Z", "observedGeneration": 1}]}}
+
+
+def pod(name: str, variant: str = "redrafter", pool: str | None = None, ready: bool = True) -> dict[str, Any]:
+    return {"metadata": {"name": name, "uid": f"uid-{name}",
+                         "labels": {names.LABEL_VARIANT: variant, names.LABEL_TRAFFIC: pool or variant}},
+            "status": {"podIP": "127.0.0.1",
+                       "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+class FakeClient:
+    def __init__(self, ctl: "FakeController") -> None:
+        self.ctl, self.requests, self.fail_list = ctl, [], False
+
+    async def request(self, method: str, path: str, body: Any = None, **kw: Any) -> dict[str, Any]:
+        self.requests.append((method, path, copy.deepcopy(body), kw))
+        if method == "GET":
+            if self.fail_list:
+                raise ApiError(403, "Forbidden", "pods is forbidden")
+            return {"items": copy.deepcopy(self.ctl.pods)}
+        obj = self.ctl.bodies[(NS, NAME)]
+        obj["status"] = merge(obj.get("status") or {}, body["status"])
+        return copy.deepcopy(obj)
+
+    def patches(self) -> list[dict[str, Any]]:
+        return [b["status"] for m, _, b, _ in self.requests if m == "PATCH"]
+
+
+class FakeController:
+    def __init__(self, obj: dict[str, Any]) -> None:
+        self.bodies = {(NS, NAME): obj}
+        self.written: dict[Any, Any] = {}
+        self.indexes: dict[str, Any] = {}
+        self.metrics = OperatorMetrics()
+        self.pods = [pod("chat-redrafter-0")]
+        self.client = FakeClient(self)
+        self.targets: list[ServingTargets] = []
+
+    def set_targets(self, ns: str, name: str, targets: ServingTargets) -> None:
+        self.targets.append(targets)
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return self.bodies[(NS, NAME)]["status"]
+
+
+class Metrics:
+    """The pod's metrics endpoint: counters the test advances; ``down`` answers 503."""
+
+    def __init__(self) -> None:
+        self.n = {"requests": 0.0, "draft": 0.0, "accepted": 0.0}
+        self.down = False
+
+    def serve(self, requests: int, acceptance: float) -> None:
+        self.n["requests"] += requests
+        self.n["draft"] += 10 * requests
+        self.n["accepted"] += round(10 * requests * acceptance)
+
+    async def handle(self, _: web.Request) -> web.Response:
+        if self.down:
+            return web.Response(status=503)
+        labels = f'model="{NAME}",variant="redrafter"'
+        return web.Response(text="".join(
+            f"# TYPE {m} counter\n{m}{{{labels}}} {self.n[k]}\n" for m, k in (
+                (c.METRIC_REQUESTS, "requests"), (c.METRIC_DRAFT_TOKENS, "draft"),
+                (c.METRIC_ACCEPTED_DRAFT_TOKENS, "accepted"))))
+
+
+@pytest.fixture
+async def endpoint():
+    m = Metrics()
+    app = web.Application()
+    app.router.add_get("/metrics", m.handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    m.port = site._server.sockets[0].getsockname()[1]
+    yield m
+    await runner.cleanup()
+
+
+@pytest.fixture
+def events(monkeypatch):
+    posted: list[tuple[str, str, str]] = []
+    monkeypatch.setattr(sp, "_post", lambda b, t, r, msg: posted.append((t, r, msg)))
+    return posted
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = T0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def evaluator(endpoint: Metrics, clock: Clock) -> SpeculationEvaluator:
+    return SpeculationEvaluator(metrics_port=endpoint.port, clock=clock)
+
+
+# ---------------------------------------------------------------------------------------------------------
+async def test_collapse_switches_with_status_history_event_counter_and_targets(endpoint, events) -> None:
+    ctl, clock = FakeController(body()), Clock()
+    ev = evaluator(endpoint, clock)
+    endpoint.serve(20, 0.8)
+    await ev.evaluate(ctl, ctl.bodies[(NS, NAME)])  # first reading: baseline only
+    st = ctl.status
+    assert st["speculation"]["reason"].startswith("NoData") and st["policy"]["speculation"]["engine"] == "redrafter"
+    assert next(x for x in st["conditions"] if x["type"] == "SpeculationHealthy")["status"] == "Unknown"
+    assert ctl.targets[-1] == ServingTargets(active="redrafter", replicas={"redrafter": 1, "base": 0}, canary=0)
+    assert ctl.written[(NS, NAME)] == st  # the reconciler plans from the status just written
+
+    endpoint.serve(20, 0.1)
+    clock.t += 2
+    await ev.evaluate(ctl, ctl.bodies[(NS, NAME)])
+    st = ctl.status
+    assert st["speculation"]["decision"] == "SwitchToBase" and st["speculation"]["acceptanceRate"] == pytest.approx(0.1)
+    assert st["speculation"]["samples"] == 20
+    assert st["history"] == [{"time": sp.rfc3339(clock.t), "from": "redrafter", "to": "base",
+                              "reason": st["history"][0]["reason"]}]
+    assert st["history"][0]["reason"].startswith("LowAcceptance: 1 consecutive failed measurements")
+    cond = next(x for x in st["conditions"] if x["type"] == "SpeculationHealthy")
+    assert (cond["status"], cond["reason"]) == ("False", "LowAcceptance")
+    assert ctl.targets[-1] == ServingTargets(active="base", replicas={"base": 1, "redrafter": 0}, canary=1)
+    assert events == [("Warning", "SwitchToBase", events[0][2])] and "LowAcceptance" in events[0][2]
+    assert ctl.metrics.speculation_switches.labels("base", "LowAcceptance")._value.get() == 1
+    assert ctl.metrics.speculation_evaluations.labels("Failed")._value.get() == 1
+
+
+async def test_unchanged_evaluation_writes_nothing_until_the_heartbeat(endpoint, events) -> None:
+    ctl, clock = FakeController(body()), Clock()
+    ev = evaluator(endpoint, clock)
+    endpoint.serve(20, 0.8)
+    await ev.evaluate(ctl, ctl.bodies[(NS, NAME)])
+    endpoint.serve(20, 0.8)
+    clock.t += 1
+    await ev.evaluate(ctl, ctl.bodies[(NS, NAME)])
+    assert len(ctl.client.patches()) == 2
+    for _ in range(12):  # no traffic: empty windows pool up (the message counts them) until ACCUMULATE_MAX
+        clock.t += 1
+        await ev.evaluate(ctl, ctl.bodies[(NS, NAME)])
+    n = len(ctl.client.patches())
+    for _ in range(3):  # then only timestamps change
+        clock.t += 1
+        await ev.evaluate(ctl, ctl.bodies[(NS, NAME)])
+    assert len(ctl.client.patches()) == n
+    clock.t += sp.HEARTBEAT_MIN_SECONDS
+    await ev.evaluate(ctl, ctl.bodies[(NS, NAME)])
+    assert len(ctl.client.patches()) == n + 1 and set(ctl.client.patches()[-1]) == {"speculation", "policy"}
+    assert ctl.status["speculation"]["lastEvaluated"] == sp.rfc3339(clock.t)
+    assert events == []
+
+
+async def test_not_due_and_not_serving_and_invalid_do_nothing(endpoint, events) -> None:
+    ctl, clock = FakeController(body()), Clock()
+    ev = evaluator(endpoint, clock)
+    await ev.evaluate(ctl, ctl.bodies[(NS, NAME)])
+    n = len(ctl.client.requests)
+    clock.t += 0.5  # < 0.9 x interval
+    await ev.evaluate(ctl, ctl.bodies[(NS, NAME)])
+    assert len(ctl.client.requests) == n
+
+    fresh = FakeController(body())
+    del fresh.status["activeEngine"]  # nothing serves yet
+    await evaluator(endpoint, clock).evaluate(fresh, fresh.bodies[(NS, NAME)])
+    invalid = FakeController(body(failureLimit=0))
+    await evaluator(endpoint, clock).evaluate(invalid, invalid.bodies[(NS, NAME)])
+    assert fresh.client.requests == [] and invalid.client.requests == []
+    assert fresh.targets == [] and invalid.targets == []
+
+
+async def test_prometheus_failure_is_an_error_input_never_a_crash_or_switch(events) -> None:
+    obj = body(failureLimit=1)
+    obj["spec"]["metrics"] = {"source": "Prometheus", "prometheusUrl": "http://127.0.0.1:9", "scrapeTimeoutSeconds": 1}
+    ctl, clock = FakeController(obj), Clock()
+    ev = SpeculationEvaluator(clock=clock)
+    for i in range(3):
+        await ev.evaluate(ctl, ctl.bodies[(NS, NAME)])
+        clock.t += 1
+    st = ctl.status
+    assert st["speculation"]["reason"].startswith("MetricsUnavailable: ")
+    assert "POST http://127.0.0.1:9/api/v1/query" in st["speculation"]["reason"]
+    assert st["policy"]["speculation"]["errors"] == 3 and not st.get("history")
+    cond = next(x for x in st["conditions"] if x["type"] == "SpeculationHealthy")
+    assert (cond["status"], cond["reason"]) == ("Unknown", "MetricsUnavailable")  # consecutiveErrorLimit 2
+    assert all(t.active == "redrafter" for t in ctl.targets) and events == []
+    assert ctl.metrics.speculation_evaluations.labels("Error")._value.get() == 3
+
+
+async def test_pod_list_failure_skips_the_evaluation(endpoint, events) -> None:
+    ctl, clock = FakeController(body()), Clock()
+    ctl.client.fail_list = True
+    await evaluator(endpoint, clock).evaluate(ctl, ctl.bodies[(NS, NAME)])
+    assert ctl.client.patches() == [] and ctl.targets == []
+
+
+async def test_a_restarted_operator_resumes_from_status_policy(endpoint, events) -> None:
+    ctl, clock = FakeController(body(cooldown="1h")), Clock()
+    ev = evaluator(endpoint, clock)
+    endpoint.serve(20, 0.8)
+    await ev.evaluate(ctl, ctl.bodies[(NS, NAME)])
+    endpoint.serve(20, 0.1)
+    clock.t += 2
+    await ev.evaluate(ctl, ctl.bodies[(NS, NAME)])
+    assert ctl.status["policy"]["speculation"]["engine"] == "base"
+    ctl.status["activeEngine"] = "base"
+    ctl.pods = [pod("chat-redrafter-canary-0", "redrafter", "base"), pod("chat-base-0", "base", ready=False)]
+
+    restarted = evaluator(endpoint, clock)  # no memory: the state comes from status.policy
+    for _ in range(3):
+        endpoint.serve(20, 0.9)
+        clock.t += 1
+        await restarted.evaluate(ctl, ctl.bodies[(NS, NAME)])
+    st = ctl.status
+    assert st["policy"]["speculation"]["engine"] == "base"  # cooldown 1h still holds the recovery
+    assert st["speculation"]["decision"] == "Hold" and st["speculation"]["reason"].startswith("Cooldown")
+    assert ctl.targets[-1] == ServingTargets(active="base", replicas={"base": 1, "redrafter": 0}, canary=1)
+    assert [h["to"] for h in st["history"]] == ["base"]
+
+
+async def test_mode_never_leaves_the_condition_to_the_reconciler(endpoint, events) -> None:
+    ctl, clock = FakeController(body(mode="Never")), Clock()
+    await evaluator(endpoint, clock).evaluate(ctl, ctl.bodies[(NS, NAME)])
+    assert "conditions" not in ctl.client.patches()[0]
+    assert ctl.targets[-1].active == "base" and ctl.status["policy"]["speculation"]["engine"] == "base"
+    assert events == []  # a new resource pinned to base starts there: no switch
+
+
+def test_pure_helpers() -> None:
+    spec_state = PolicyState.model_validate({"speculation": {"since": 5.0, "last_evaluated": 10.0}})
+    later = PolicyState.model_validate({"speculation": {"since": 5.0, "last_evaluated": 20.0}})
+    assert newer_state(spec_state, later) is later and newer_state(later, spec_state) is later
+    assert newer_state(None, later) is later and newer_state(later, None) is later
+    assert stored_state({"policy": {"speculation": {"engine": "nope"}}}) is None
+    assert stored_state({}) is None
+    old = {"speculation": {"lastEvaluated": sp.rfc3339(100.0), "samples": 0}, "policy": {"window": {"t": 1.0}}}
+    same_but_later = {"speculation": {"lastEvaluated": sp.rfc3339(101.0), "samples": 0}, "policy": {"window": {"t": 2.0}}}
+    assert status_patch(old, same_but_later, now=101.0, heartbeat_seconds=300) is None
+    assert status_patch(old, same_but_later, now=401.0, heartbeat_seconds=300) is not None
+    assert status_patch(old, {**same_but_later, "speculation": {"samples": 3}}, now=101.0, heartbeat_seconds=300)
+    assert status_fragment  # exercised through the evaluator above

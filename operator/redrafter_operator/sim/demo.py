@@ -60,7 +60,7 @@ BIN = Path(sys.executable).parent
 KUBECTL = BIN / "kubectl"
 RDD = Kind(API_VERSION, PLURAL)
 POLL_S = 0.5
-MAX_TOKENS = 48
+MAX_TOKENS = 32
 #: the simulated engine: a 10 ms step (so engine time, not Python overhead, sets the pace), drafting
 #: numBeams x draftLenPerBeam tokens per step with the stage's target acceptance
 SIM_ENGINE = SimEngineSettings(step_ms=10.0, load_factor=0.04, draft_ms_per_token=0.05)

@@ -136,7 +136,7 @@ class Scenario:
 HIGH_ACCEPTANCE = 0.8
 LOW_ACCEPTANCE = 0.1
 LOW_LOAD = 2
-HIGH_LOAD = 12
+HIGH_LOAD = 6
 
 ACTIVE_ENGINE = "status.activeEngine"
 READY = "status.serving.readyReplicas"
@@ -164,14 +164,14 @@ LOAD_RISE = Stage(
 COLLAPSE = Stage(
     "collapse", "the drafter stops matching the traffic: acceptance collapses",
     acceptance=LOW_ACCEPTANCE, min_s=2,
-    until=(Condition(ACTIVE_ENGINE, "==", "base"),), timeout_s=90,
+    until=(Condition(ACTIVE_ENGINE, "==", "base"),), timeout_s=120,
     expect="fallback to the base engine after failureLimit bad windows",
 )
 RECOVER = Stage(
     "recover", "acceptance recovers (measured on the ReDrafter canary while on base)",
     acceptance=HIGH_ACCEPTANCE, min_s=2,
     until=(Condition(ACTIVE_ENGINE, "==", "redrafter"), Condition(REPLICAS, ">=", 2), Condition(READY, ">=", 2)),
-    timeout_s=90,
+    timeout_s=120,
     expect="back to ReDrafter after successLimit good canary windows, scaled for the load",
 )
 LOAD_FALL = Stage(

@@ -144,6 +144,7 @@ class Controller:
         self.applier = Applier(self.client, self._observed_hash)
         self._tasks: list[asyncio.Task[None]] = []
         self._pod_messages: dict[tuple[str, str], PodFact] = {}
+        self._locks: dict[Key, asyncio.Lock] = {}
         self._posting_vars: list[tuple[contextvars.ContextVar[Any], Any]] = []
 
     def adopt_posting_context(self) -> None:
@@ -170,6 +171,15 @@ class Controller:
 
     def add_evaluator(self, evaluator: Evaluator) -> None:
         self.evaluators.append(evaluator)
+
+    def lock(self, key: Key) -> asyncio.Lock:
+        """One writer of a resource's status at a time: the reconciler and the evaluators both write
+        ``status.conditions`` (a list: a merge patch replaces it whole), so they take turns per resource
+        and each plans from the other's last write (``written``), never from a stale watch event."""
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = asyncio.Lock()
+        return lock
 
     # ---- indexes ----------------------------------------------------------------------------
     def _store(self, index: str, key: Any) -> list[Any]:
@@ -255,6 +265,9 @@ class Controller:
             self.targets.pop(key, None)
             self.waiting.pop(key, None)
             self.failures.pop(key, None)
+            lock = self._locks.get(key)
+            if lock is not None and not lock.locked():
+                del self._locks[key]
             self.metrics.set_phase(key[0], key[1], None)
             self.applier.forget(key[0])
             for ref in [r for r in self._pod_messages if r[0] == key[0] and r[1].startswith(f"{key[1]}-build-")]:
@@ -328,7 +341,8 @@ class Controller:
                         continue
                     try:
                         self._next_eval[(key, i)] = now + max(1.0, ev.interval(body))
-                        await ev.evaluate(self, body)
+                        async with self.lock(key):
+                            await ev.evaluate(self, body)
                     except Exception:  # an evaluator's bug must not stop serving reconciles
                         log.exception("evaluator %s failed for %s/%s", type(ev).__name__, *key)
 
@@ -338,7 +352,8 @@ class Controller:
             for var, value in self._posting_vars:
                 var.set(value)
             try:
-                await self.reconcile(key)
+                async with self.lock(key):
+                    await self.reconcile(key)
                 self.failures.pop(key, None)
             except asyncio.CancelledError:
                 raise

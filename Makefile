@@ -4,6 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
+DEMO_ARGS ?=
 
 .PHONY: install test demo bench crd render lint images clean
 
@@ -19,7 +20,8 @@ install: $(STAMP)
 test: install
 	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
 
-demo: install render
+demo: install
+	$(VENV)/bin/redrafter-operator demo $(DEMO_ARGS)
 
 bench: install
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

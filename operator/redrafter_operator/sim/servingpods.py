@@ -43,11 +43,11 @@ RESTART_BACKOFF_SECONDS = 2.0
 TERMINATION_DELAY_SECONDS = 1.5
 
 
-#: Triton servers loading models at the same time on this node. Each start spawns ~6 Python backend
-#: stubs; several at once on a busy 2-core machine overrun the stubs' start-up handshake and crash
-#: the server (boost::interprocess::lock_exception). One at a time costs ~1 s per extra pod.
-STARTS_IN_PARALLEL = 1
-#: the Python backend's stub handshake timeout (Triton's default is 30 s; a loaded CI box needs more)
+#: Triton servers loading their models at the same time on this node (a switch starts a whole pool).
+STARTS_IN_PARALLEL = 4
+#: The Python backend's stub start-up timeout. Triton's default (30 s) is too short when several servers
+#: start their ~6 stubs each at once on a busy 2-core machine: the server aborts with
+#: boost::interprocess::lock_exception. With 120 s, four parallel starts under load average ~15 pass.
 STUB_TIMEOUT_SECONDS = 120
 
 
@@ -232,7 +232,7 @@ class ServingController:
             server.shm_prefix = f"rdsim{os.getpid()}x{pod.ip.rsplit('.', 1)[-1]}n{pod.restarts}r"
             pod.server = server
             pod.started = objects.now()
-            async with self._start_slots:  # one server loads its models at a time (see STARTS_IN_PARALLEL)
+            async with self._start_slots:
                 await asyncio.to_thread(server.start)
             pod.error = ""
         except asyncio.CancelledError:

@@ -78,9 +78,10 @@ class RoutedLoadGenerator(LoadGenerator):
     """A LoadGenerator whose requests each go to ``router.pick()`` (a gRPC client per backend)."""
 
     def __init__(self, router: ServiceRouter, prompts: Sequence[Prompt], options: RequestOptions, *,
-                 concurrency: int = 0, stats: TrafficStats | None = None) -> None:
+                 concurrency: int = 0, stats: TrafficStats | None = None, keep_results: int = 2000) -> None:
         # the endpoint given to the base class is never used: every request is routed
-        super().__init__(f"{router.service}.invalid:1", prompts, options, concurrency=concurrency)
+        super().__init__(f"{router.service}.invalid:1", prompts, options, concurrency=concurrency,
+                         keep_results=keep_results)
         self.router = router
         self.stats = stats or TrafficStats()
         self._clients: dict[str, grpcaio.InferenceServerClient] = {}
@@ -98,26 +99,16 @@ class RoutedLoadGenerator(LoadGenerator):
             clients, self._clients = list(self._clients.values()), {}
             await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
 
-    async def _worker(self, worker: int) -> None:
-        while self._may_start(worker):
-            index = self._issued % len(self.prompts)
-            self._issued += 1
-            prompt = self.prompts[index]
-            self._in_flight += 1
-            pod = ""
-            try:
-                try:
-                    backend = self.router.pick()
-                except NoEndpoints as exc:  # a client sees connection refused; it retries shortly
-                    result = RequestResult(prompt_index=index, start=time.monotonic(), error=str(exc))
-                    result.end = result.start
-                    await asyncio.sleep(NO_ENDPOINT_BACKOFF_S)
-                else:
-                    pod = backend.pod
-                    result = await stream_request(self._client_for(backend.url), prompt.text, self.options,
-                                                  self.counter, prompt_index=index, max_tokens=prompt.max_tokens)
-            finally:
-                self._in_flight -= 1
-            self.stats.add(result, pod)
-            if len(self.results) < 10_000:  # bounded: the stats keep the running figures
-                self.results.append(result)
+    async def _send(self, index: int, prompt: Prompt) -> RequestResult:
+        try:
+            backend = self.router.pick()
+        except NoEndpoints as exc:  # a client sees connection refused; it retries shortly
+            result = RequestResult(prompt_index=index, start=time.monotonic(), error=str(exc))
+            result.end = result.start
+            self.stats.add(result, "")
+            await asyncio.sleep(NO_ENDPOINT_BACKOFF_S)
+            return result
+        result = await stream_request(self._client_for(backend.url), prompt.text, self.options, self.counter,
+                                      prompt_index=index, max_tokens=prompt.max_tokens)
+        self.stats.add(result, backend.pod)
+        return result

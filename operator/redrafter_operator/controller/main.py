@@ -26,6 +26,7 @@ from .metrics import OperatorMetrics
 from .planner import Renderers
 from .renderers import default_renderers
 from .speculation import SpeculationEvaluator
+from .validation import Promotion, ValidationEvaluator
 
 log = logging.getLogger("redrafter_operator.controller")
 
@@ -77,7 +78,9 @@ async def run_operator(
         client = KubeClient(configuration, on_request=metrics.on_request)
         controller = Controller(client=client, renderers=renderers or default_renderers(), metrics=metrics,
                                 settings=ControllerSettings(workers=opts.workers, resync_seconds=opts.resync_seconds))
-        controller.add_evaluator(SpeculationEvaluator())
+        promotion = Promotion()  # the validation gate applied to the speculation policy's targets
+        controller.add_evaluator(SpeculationEvaluator(promotion=promotion))
+        controller.add_evaluator(ValidationEvaluator(promotion))
         if on_controller:
             on_controller(controller)
         return controller

@@ -135,7 +135,13 @@ def default_targets(spec: ReDrafterDeploymentSpec, status: Mapping[str, Any]) ->
     if spec.autoscaling.mode == "Operator":  # until the autoscaler decides, spec within [min, max]
         replicas = max(spec.autoscaling.min_replicas, min(spec.autoscaling.max_replicas, replicas))
     other: Variant = "base" if active == "redrafter" else "redrafter"
-    return ServingTargets(active=active, replicas={active: replicas, other: 1 if spec.serving.rollout.keep_standby else 0})
+    # What the policy and the validation gate would keep, read from status, so that a restarted operator's
+    # first reconciles (before the evaluators run) neither drop the canary nor a pod under validation.
+    canary = spec.speculation.canary_replicas if active == "base" and mode == "Auto" else 0
+    from .validation import gate_from_status  # controller/validation.py imports this module
+
+    return gate_from_status(ServingTargets(active=active, replicas={active: replicas, other: 1 if spec.serving.rollout.keep_standby else 0},
+                                           canary=canary), spec, status)
 
 
 # ---- engines -----------------------------------------------------------------------------------

@@ -13,8 +13,9 @@ controller's timer slot):
    ``status.policy`` (everything the policy needs to resume after an operator restart),
    ``status.speculation`` (measured values, decision, reason), the ``SpeculationHealthy`` condition,
    and on a switch a bounded ``status.history`` entry;
-5. hand the plan to the reconciler (``Controller.set_targets``), which applies it blue/green: the
-   target pool comes up and Ready before the Service moves, the old pool scales down after;
+5. hand the plan to the reconciler (``Controller.set_targets``, through the validation gate of
+   :mod:`.validation` when one is configured), which applies it blue/green: the target pool comes up
+   and Ready before the Service moves, the old pool scales down after;
 6. on a switch: an Event (reason SwitchToBase / SwitchToRedrafter, message = why) and the
    ``redrafter_operator_speculation_switches_total`` counter; the Service move itself is the
    reconciler's ``Switched`` Event and ``redrafter_operator_engine_switches_total``.
@@ -144,9 +145,12 @@ def status_patch(old: Mapping[str, Any], fragment: Mapping[str, Any], *, now: fl
 class SpeculationEvaluator:
     """Evaluates the speculation policy and autoscaler of each resource (see the module docs)."""
 
-    def __init__(self, *, metrics_port: int = METRICS_PORT, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, *, metrics_port: int = METRICS_PORT, clock: Callable[[], float] = time.time,
+                 promotion: Any = None) -> None:
         self.metrics_port = metrics_port
         self.clock = clock
+        #: the validation gate's hub (controller/validation.Promotion); None: targets go straight to the reconciler
+        self.promotion = promotion
         #: called with ((namespace, name), evaluation) after every evaluation (tests, the demo's timeline)
         self.observers: list[Callable[[Key, Evaluation], None]] = []
         self._states: dict[Key, tuple[str, PolicyState]] = {}  # newest state per resource (uid, state)
@@ -187,6 +191,8 @@ class SpeculationEvaluator:
         available = frozenset(v for v in VARIANTS
                               if ((status.get("engines") or {}).get(v) or {}).get("state") in READY_STATES
                               or (deployments.get(v) is not None and getattr(deployments[v], "key", "")))
+        if self.promotion is not None and not self.promotion.allows_redrafter(key):
+            available -= {"redrafter"}  # not validated: a switch to it is held (TargetNotReady)
         dep = deployments.get(previous)
         current = int(dep.replicas) if dep is not None else spec.serving.replicas
         ev, new = step(spec, state, reading, now, current_replicas=current, error=error, available=available)
@@ -200,8 +206,11 @@ class SpeculationEvaluator:
         if patch:
             await self._write(controller, key, patch)
         plan = ev.plan(spec, current)
-        controller.set_targets(ns, name, ServingTargets(active=plan.active, replicas=dict(plan.replicas),
-                                                        canary=plan.canary))
+        targets = ServingTargets(active=plan.active, replicas=dict(plan.replicas), canary=plan.canary)
+        if self.promotion is not None:
+            self.promotion.set_policy(controller, key, targets, spec, status)
+        else:
+            controller.set_targets(ns, name, targets)
         self._account(controller, body, spec, ev, previous, current, plan.replicas.get(plan.active, current))
         for observer in self.observers:
             observer(key, ev)

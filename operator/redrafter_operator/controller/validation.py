@@ -1,0 +1,297 @@
+"""Validation before promotion (issue 9), in the controller: the shell around ``evaluate.gate.validation_step``.
+
+When ``spec.validation.enabled`` and both engines are Ready/Cached, every VALIDATION_INTERVAL seconds per
+resource (an :class:`~.handlers.Evaluator` in the controller's timer slot):
+
+1. while ``status.validation`` is not Passed for the current (ReDrafter key, base key) pair, both variant
+   Deployments keep >= 1 replica (the Job compares the two variant Services' greedy outputs);
+2. ``pods_ready`` = both variant Deployments rolled out on the new keys with >= 1 Ready pod;
+3. ``validation_step`` with the observed Job ``validation_job_name(name, rkey, bkey, attempt)`` and its pod;
+   ``create_job`` -> ``render.validation.validation_job`` (image: spec.validation.image, else
+   $REDRAFTER_OPERATOR_IMAGE, the operator's own); status.validation, the ``Validated`` condition,
+   ``status.speculation.crossoverConcurrency`` when measured, and the step's Events;
+4. the promotion gate, applied to the serving targets (:class:`Promotion`) — ReDrafter is *promoted*
+   (may take the stable Service, or serve live traffic as a canary) only once its pair Passed:
+
+   * Pending/Running: the Service stays where it is (no switch to ReDrafter; ReDrafter already serving
+     before the base engine existed keeps serving: nothing could be validated then); a Service not yet
+     serving starts on base, the reference engine; no canary; both variants >= 1 replica;
+   * Failed: the Service serves base (greedy ReDrafter must reproduce base's outputs; a divergent
+     engine is wrong, not slow), ReDrafter scales to zero, no canary; Validated=False with the verdict.
+     Retry: set annotation ``redrafter.dev/retry-validation`` to a new value (attempt + 1).
+
+Nothing happens before both engines are built (there is no reference to compare with), nor with
+validation disabled. Passed/Failed pairs cost no API call (status says it all); a Running one costs one
+GET of its Job per interval (+ one pod LIST once it finished).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+from dataclasses import dataclass, replace
+from typing import Any, Mapping
+
+from engine_jobs.contract import VARIANTS
+from pydantic import ValidationError
+
+from .. import __version__
+from ..api import GROUP, PLURAL, VERSION
+from ..api.spec import ReDrafterDeploymentSpec
+from ..evaluate.gate import ValidationStep, validation_step
+from ..render import names
+from ..render.common import Owner
+from ..render.validation import validation_job, validation_job_name
+from .apply import ApiError, merge_patch
+from .conditions import Cond, merge_conditions
+from .handlers import _post
+from .planner import ServingTargets, default_targets
+from .speculation import _deployments
+
+log = logging.getLogger("redrafter_operator.controller.validation")
+
+ANNOTATION_RETRY_VALIDATION = f"{names.DOMAIN}/retry-validation"
+ENV_OPERATOR_IMAGE = "REDRAFTER_OPERATOR_IMAGE"
+DEFAULT_OPERATOR_IMAGE = f"ghcr.io/redrafter/redrafter-operator:{__version__}"
+VALIDATION_INTERVAL = 2.0
+READY_STATES = ("Ready", "Cached")
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+
+Key = tuple[str, str]
+
+
+def now_rfc3339() -> str:
+    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+@dataclass(frozen=True)
+class Gate:
+    """Whether ReDrafter may be promoted, and the validation state behind it."""
+
+    promote: bool
+    state: str  # Pending | Running | Passed | Failed
+
+
+# ---- pure parts ----------------------------------------------------------------------------------
+def engine_pair(status: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(ReDrafter key, base key) when both engines are Ready/Cached, else None (nothing to validate)."""
+    engines = status.get("engines") or {}
+    keys = []
+    for v in ("redrafter", "base"):
+        e = engines.get(v) or {}
+        if e.get("state") not in READY_STATES or not e.get("key"):
+            return None
+        keys.append(str(e["key"]))
+    return keys[0], keys[1]
+
+
+def gate_of(status: Mapping[str, Any], pair: tuple[str, str]) -> Gate:
+    """The gate as status.validation shows it for ``pair`` (a pair not validated yet is Pending)."""
+    v = status.get("validation") or {}
+    if v.get("redrafterKey") != pair[0] or v.get("baseKey") != pair[1]:
+        return Gate(False, "Pending")
+    state = str(v.get("state") or "Pending")
+    return Gate(state == "Passed", state)
+
+
+def gated_targets(targets: ServingTargets, gate: Gate | None, current_pool: str | None) -> ServingTargets:
+    """The serving targets with the promotion gate applied (see the module docs)."""
+    if gate is None or gate.promote:
+        return targets
+    size = int(targets.replicas.get(targets.active, 0))
+    if gate.state == "Failed":
+        return ServingTargets(active="base", replicas={"base": size, "redrafter": 0}, canary=0)
+    stay = current_pool if current_pool in VARIANTS else "base"
+    other = "base" if stay == "redrafter" else "redrafter"
+    return ServingTargets(active=stay, replicas={stay: max(size, 1), other: max(1, int(targets.replicas.get(other, 0)))},
+                          canary=0)
+
+
+def gate_from_status(targets: ServingTargets, spec: ReDrafterDeploymentSpec,
+                     status: Mapping[str, Any]) -> ServingTargets:
+    """``targets`` with the gate status implies (the planner's defaults, before any evaluation)."""
+    pair = engine_pair(status) if spec.validation.enabled else None
+    if pair is None:
+        return targets
+    return gated_targets(targets, gate_of(status, pair), status.get("activeEngine"))
+
+
+def pods_ready(deployments: Mapping[str, Any], pair: tuple[str, str]) -> bool:
+    """Both variant Deployments rolled out on the pair's keys with >= 1 Ready pod."""
+    for variant, key in zip(("redrafter", "base"), pair):
+        dep = deployments.get(variant)
+        if dep is None or dep.key != key or not dep.rolled_out or dep.ready_replicas < 1:
+            return False
+    return True
+
+
+def validation_fragment(old: Mapping[str, Any], step: ValidationStep, *, generation: int, now: str) -> dict[str, Any]:
+    """status.validation / conditions (/ speculation.crossoverConcurrency) after one step (pure)."""
+    out: dict[str, Any] = {}
+    if step.status is not None:
+        out["validation"] = {k: v for k, v in step.status.items() if v is not None}
+    if step.condition is not None:
+        c = step.condition
+        out["conditions"] = merge_conditions(old.get("conditions") or [], [Cond(c.type, c.status, c.reason, c.message)],  # type: ignore[arg-type]
+                                             generation=generation, now=now)
+    if step.crossover is not None and step.crossover != float("inf"):
+        out["speculation"] = {**(old.get("speculation") or {}), "crossoverConcurrency": round(step.crossover, 4)}
+    return out
+
+
+def latest_pod(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The Job's most recent pod (its verdict is the current one)."""
+    if not pods:
+        return None
+    return max(pods, key=lambda p: ((p.get("metadata") or {}).get("creationTimestamp") or "",
+                                    (p.get("metadata") or {}).get("name") or ""))
+
+
+# ---- the promotion hub ---------------------------------------------------------------------------
+class Promotion:
+    """Combines the speculation policy's targets with the validation gate into what the reconciler gets."""
+
+    def __init__(self) -> None:
+        self.policy: dict[Key, ServingTargets] = {}
+        self.gates: dict[Key, Gate | None] = {}
+        self._gated: set[Key] = set()  # resources whose published targets the gate changed
+
+    def allows_redrafter(self, key: Key) -> bool:
+        gate = self.gates.get(key)
+        return gate is None or gate.promote
+
+    def set_policy(self, controller: Any, key: Key, targets: ServingTargets, spec: ReDrafterDeploymentSpec,
+                   status: Mapping[str, Any]) -> None:
+        self.policy[key] = targets
+        self.publish(controller, key, spec, status)
+
+    def set_gate(self, controller: Any, key: Key, gate: Gate | None, spec: ReDrafterDeploymentSpec,
+                 status: Mapping[str, Any]) -> None:
+        self.gates[key] = gate
+        self.publish(controller, key, spec, status)
+
+    def publish(self, controller: Any, key: Key, spec: ReDrafterDeploymentSpec, status: Mapping[str, Any]) -> None:
+        for k in [k for k in {*self.policy, *self.gates} if k not in controller.bodies]:
+            self.policy.pop(k, None)
+            self.gates.pop(k, None)
+        self._gated &= set(controller.bodies)
+        policy, gate = self.policy.get(key), self.gates.get(key)
+        if gate is None or gate.promote:
+            if policy is not None or key in self._gated:  # never clear targets someone else set
+                controller.set_targets(key[0], key[1], policy)
+            self._gated.discard(key)
+            return
+        self._gated.add(key)
+        base = policy or default_targets(spec, status)
+        controller.set_targets(key[0], key[1], gated_targets(base, gate, status.get("activeEngine")))
+
+
+# ---- the evaluator -------------------------------------------------------------------------------
+class ValidationEvaluator:
+    """Runs the validation gate of each resource (see the module docs)."""
+
+    def __init__(self, promotion: Promotion, *, operator_image: str | None = None,
+                 interval_seconds: float = VALIDATION_INTERVAL) -> None:
+        self.promotion = promotion
+        self.operator_image = operator_image or os.environ.get(ENV_OPERATOR_IMAGE) or DEFAULT_OPERATOR_IMAGE
+        self.interval_seconds = interval_seconds
+
+    def interval(self, body: Mapping[str, Any]) -> float:
+        return self.interval_seconds
+
+    async def evaluate(self, controller: Any, body: Mapping[str, Any]) -> None:
+        meta = body.get("metadata") or {}
+        key: Key = (meta.get("namespace") or "default", meta.get("name", ""))
+        ns, name = key
+        body = controller.bodies.get(key) or body
+        meta = body.get("metadata") or {}
+        if meta.get("deletionTimestamp"):
+            return
+        try:
+            spec = ReDrafterDeploymentSpec.model_validate(dict(body.get("spec") or {}))
+        except ValidationError:
+            return
+        status = dict(controller.written.get(key) or body.get("status") or {})
+        pair = engine_pair(status) if spec.validation.enabled else None
+        if pair is None:
+            if self.promotion.gates.get(key) is not None or key not in self.promotion.gates:
+                self.promotion.set_gate(controller, key, None, spec, status)
+            return
+        retry = (meta.get("annotations") or {}).get(ANNOTATION_RETRY_VALIDATION) or None
+        gate = gate_of(status, pair)
+        prev = status.get("validation") or {}
+        if gate.state == "Passed" or (gate.state == "Failed" and (not retry or retry == prev.get("retryToken"))):
+            if self.promotion.gates.get(key) != gate:  # settled: status says it all, no API call
+                self.promotion.set_gate(controller, key, gate, spec, status)
+            return
+        # Keep both variants up before looking at their pods (the gate raises their replicas to >= 1).
+        if self.promotion.gates.get(key) is None or self.promotion.gates[key].promote:
+            self.promotion.set_gate(controller, key, gate, spec, status)
+        ready = pods_ready(_deployments(controller, ns, name), pair)
+        same = prev.get("redrafterKey") == pair[0] and prev.get("baseKey") == pair[1]
+        attempt = int(prev.get("attempt", 0)) if same else 0
+        job_name = validation_job_name(name, pair[0], pair[1], attempt)
+        job = await self._get(controller, f"/apis/batch/v1/namespaces/{ns}/jobs/{job_name}") if ready else None
+        pod = None
+        if job is not None and any(c.get("status") == "True" and c.get("type") in ("Complete", "Failed")
+                                   for c in (job.get("status") or {}).get("conditions") or []):
+            found = await controller.client.request("GET", f"/api/v1/namespaces/{ns}/pods",
+                                                    query=[("labelSelector", f"{JOB_NAME_LABEL}={job_name}")])
+            pod = latest_pod(list(found.get("items") or []))
+        now = now_rfc3339()
+        step = validation_step(enabled=True, redrafter_key=pair[0], base_key=pair[1], pods_ready=ready, previous=prev,
+                               job=job, pod=pod, job_name=job_name, now=now, retry_token=retry)
+        if step.create_job:
+            owner = Owner(name, ns, meta.get("uid") or "", spec, int(meta.get("generation") or 1))
+            manifest = validation_job(owner, redrafter_key=pair[0], base_key=pair[1],
+                                      operator_image=self.operator_image, attempt=step.attempt)
+            try:
+                created = await controller.client.request("POST", f"/apis/batch/v1/namespaces/{ns}/jobs", manifest)
+            except ApiError as exc:
+                if exc.status != 409:  # AlreadyExists: a previous evaluation (or peer) created it
+                    raise
+                created = manifest
+            # Step again with the Job observed, so status says "running" at once (one write, not two).
+            events = step.events
+            step = validation_step(enabled=True, redrafter_key=pair[0], base_key=pair[1], pods_ready=ready,
+                                   previous={**prev, **(step.status or {})}, job=created, pod=None,
+                                   job_name=created["metadata"]["name"], now=now, retry_token=retry)
+            step = replace(step, events=[*events, *step.events])
+        fragment = validation_fragment(status, step, generation=int(meta.get("generation") or 1), now=now)
+        patch = merge_patch({k: status.get(k) for k in fragment}, fragment)
+        if patch:
+            await self._write(controller, key, patch)
+        for type_, reason, message in step.events:
+            for var, value in getattr(controller, "_posting_vars", ()):
+                var.set(value)
+            _post(body, type_, reason, message)
+        new_status = {**status, **fragment}
+        self.promotion.set_gate(controller, key, Gate(step.promote, str((step.status or {}).get("state", "Pending"))),
+                                spec, new_status)
+
+    async def _get(self, controller: Any, path: str) -> dict[str, Any] | None:
+        try:
+            return await controller.client.request("GET", path)
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def _write(self, controller: Any, key: Key, patch: Mapping[str, Any]) -> None:
+        ns, name = key
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/{PLURAL}/{name}/status"
+        try:
+            resp = await controller.client.request("PATCH", path, {"status": dict(patch)},
+                                                   content_type="application/merge-patch+json")
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            return
+        written = {k: v for k, v in (resp.get("status") or {}).items() if k != "kopf"}
+        if written and key in controller.bodies:
+            controller.written[key] = written
+
+
+__all__ = ["ANNOTATION_RETRY_VALIDATION", "Gate", "Promotion", "ValidationEvaluator", "engine_pair", "gate_from_status",
+           "gate_of", "gated_targets", "pods_ready", "validation_fragment"]

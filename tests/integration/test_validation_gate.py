@@ -1,0 +1,125 @@
+"""Validation before promotion, end to end: the validation Job's verdict gates which engine the Service selects.
+
+Same harness as the policy loop (emulated API over HTTP, per-pod metrics over HTTP, ReDrafter acceptance
+high so the policy always wants ReDrafter). The test plays the validation Job with sim/controllers
+(complete_job / fail_job with the termination message ``evaluate validate`` writes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from redrafter_operator.controller.validation import ANNOTATION_RETRY_VALIDATION
+from redrafter_operator.render import names
+from redrafter_operator.render.validation import validation_job_name
+from redrafter_operator.sim import controllers
+from test_lifecycle import NAME, NS, apply, until  # noqa: I001 (same dir)
+from test_policy_loop import MeteredCluster, Watched, cluster, operator, policy_doc  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def validated_doc() -> dict[str, Any]:
+    doc = policy_doc()
+    doc["spec"]["validation"] = {"enabled": True}
+    return doc
+
+
+def validation_jobs(cl: MeteredCluster) -> list[str]:
+    jobs = cl.emu.list_objects("batch/v1", "Job", NS, label_selector=f"{names.LABEL_COMPONENT}=validation")
+    return sorted(j["metadata"]["name"] for j in jobs)
+
+
+async def built(cl: MeteredCluster) -> tuple[str, str]:
+    await until(lambda: len(cl.running_jobs()) == 2, what="build Jobs")
+    cl.complete_all()
+    await until(lambda: all((cl.status().get("engines") or {}).get(v, {}).get("state") == "Ready"
+                            for v in ("redrafter", "base")), timeout=60, what="both engines Ready")
+    e = cl.status()["engines"]
+    return e["redrafter"]["key"], e["base"]["key"]
+
+
+def validated(cl: MeteredCluster) -> dict[str, Any]:
+    return next((c for c in cl.status().get("conditions", []) if c["type"] == "Validated"), {})
+
+
+def never_without_ready_pods(cl: MeteredCluster) -> None:
+    serving = [s for s in cl.selected_ready if s[1]]
+    first = next(i for i, s in enumerate(serving) if s[2] > 0)
+    assert all(n >= 1 for _, _, n in serving[first:]), [s for s in serving[first:] if s[2] < 1][:5]
+
+
+async def test_failed_validation_serves_base_and_blocks_promotion_until_a_retry_passes(
+        cluster: MeteredCluster, operator: Watched, kubectl: Any) -> None:
+    apply(kubectl, validated_doc())
+    rkey, bkey = await built(cluster)
+    # both variants are kept up (>= 1 Ready pod each) so the Job can compare them
+    await until(lambda: validation_jobs(cluster), timeout=60, what="the validation Job")
+    job = validation_jobs(cluster)[0]
+    assert job == validation_job_name(NAME, rkey, bkey, 0)
+    assert cluster.deployment("base")["spec"]["replicas"] >= 1 and cluster.deployment("redrafter")["spec"]["replicas"] >= 1
+    st = cluster.status()
+    assert st["validation"]["state"] == "Running" and st["validation"]["job"] == job
+    assert validated(cluster)["status"] == "Unknown" and validated(cluster)["reason"] == "Validating"
+    await until(lambda: any(r == "ValidationStarted" for r, _, _ in cluster.events()), what="ValidationStarted Event")
+
+    verdict = "Diverged: 2 of 12 prompts differ between redrafter and base (first: prompt 3, token 5)"
+    controllers.fail_job(cluster.emu, job, NS, termination_message=verdict)
+    await until(lambda: validated(cluster).get("status") == "False", timeout=30, what="Validated=False")
+    cond = validated(cluster)
+    assert cond["reason"] == "Diverged" and "2 of 12 prompts differ" in cond["message"]
+    st = cluster.status()
+    assert st["validation"]["state"] == "Failed" and st["validation"]["reason"] == "Diverged"
+    # the divergent ReDrafter engine is not promoted: the Service serves base, ReDrafter scales away
+    await until(lambda: cluster.pool() == "base", timeout=60, what="Service on base")
+    await until(lambda: cluster.deployment("redrafter")["spec"]["replicas"] == 0, what="ReDrafter scaled down")
+    canary = cluster.emu.find_object("apps/v1", "Deployment", names.canary_deployment_name(NAME), NS)
+    assert canary is None or canary["spec"]["replicas"] == 0  # no unvalidated engine in the base pool either
+    await until(lambda: any(r == "ValidationFailed" and t == "Warning" and "Diverged" in m
+                            for r, t, m in cluster.events()), what="ValidationFailed Event")
+
+    # the policy keeps wanting ReDrafter (acceptance high), the gate keeps it out
+    t0 = time.monotonic()
+    await until(lambda: len([1 for t, _ in operator.evaluations if t >= t0]) >= 4, timeout=60,
+                what="policy evaluations while blocked")
+    assert cluster.pool() == "base" and validation_jobs(cluster) == [job]  # no retry without a request
+
+    # a retry request re-runs the validation as attempt 1; a pass promotes ReDrafter
+    kubectl("annotate", f"rdd/{NAME}", f"{ANNOTATION_RETRY_VALIDATION}=1", check=True)
+    retry = validation_job_name(NAME, rkey, bkey, 1)
+    await until(lambda: retry in validation_jobs(cluster), timeout=60, what="the retry Job")
+    controllers.complete_job(cluster.emu, retry, NS,
+                             message="Passed: 12 prompts identical across 5 batch shapes | crossoverConcurrency=6.5")
+    await until(lambda: validated(cluster).get("status") == "True", timeout=30, what="Validated=True")
+    await until(lambda: cluster.pool() == "redrafter", timeout=60, what="ReDrafter promoted")
+    st = cluster.status()
+    assert st["validation"]["state"] == "Passed" and st["validation"]["attempt"] == 1
+    assert st["speculation"]["crossoverConcurrency"] == 6.5
+    await until(lambda: cluster.deployment("base")["spec"]["replicas"] == 0, what="base back to standby size")
+    await until(lambda: any(r == "ValidationPassed" for r, _, _ in cluster.events()), what="ValidationPassed Event")
+    never_without_ready_pods(cluster)
+
+
+async def test_passed_validation_promotes_and_costs_no_further_api_calls(
+        cluster: MeteredCluster, operator: Watched, kubectl: Any) -> None:
+    apply(kubectl, validated_doc())
+    rkey, bkey = await built(cluster)
+    await until(lambda: validation_jobs(cluster), timeout=60, what="the validation Job")
+    job = validation_jobs(cluster)[0]
+    controllers.complete_job(cluster.emu, job, NS, message="Passed: 12 prompts identical")
+    await until(lambda: validated(cluster).get("status") == "True", timeout=30, what="Validated=True")
+    await until(lambda: cluster.pool() == "redrafter" and cluster.status().get("activeEngine") == "redrafter",
+                timeout=60, what="ReDrafter serving")
+    await until(lambda: cluster.deployment("base")["spec"]["replicas"] == 0, what="base back to zero")
+    await asyncio.sleep(1)  # an evaluation in flight may still read the finished Job once
+    mark = len(cluster.emu.request_log)
+    await asyncio.sleep(5)  # >= 2 validation intervals
+    job_reads = [r for r in cluster.emu.request_log[mark:] if "/jobs" in r.path and not r.user_agent.startswith("kubectl")
+                 and r.method == "GET" and "watch" not in str(r.query)]
+    assert job_reads == []  # a Passed pair is settled from status alone
+    assert validation_jobs(cluster) == [job]
+    never_without_ready_pods(cluster)

@@ -81,6 +81,11 @@ async def test_failed_validation_serves_base_and_blocks_promotion_until_a_retry_
     assert canary is None or canary["spec"]["replicas"] == 0  # no unvalidated engine in the base pool either
     await until(lambda: any(r == "ValidationFailed" and t == "Warning" and "Diverged" in m
                             for r, t, m in cluster.events()), what="ValidationFailed Event")
+    await until(lambda: cluster.condition("Progressing")["reason"] == "ValidationFailed"
+                and cluster.status().get("phase") == "Degraded", what="Progressing=False ValidationFailed, Degraded")
+    assert cluster.condition("Progressing")["status"] == "False"
+    described = kubectl("describe", "rdd", NAME, check=True).stdout
+    assert "Validated" in described and "Diverged" in described and "ValidationFailed" in described
 
     # the policy keeps wanting ReDrafter (acceptance high), the gate keeps it out
     t0 = time.monotonic()
@@ -96,6 +101,7 @@ async def test_failed_validation_serves_base_and_blocks_promotion_until_a_retry_
                              message="Passed: 12 prompts identical across 5 batch shapes | crossoverConcurrency=6.5")
     await until(lambda: validated(cluster).get("status") == "True", timeout=30, what="Validated=True")
     await until(lambda: cluster.pool() == "redrafter", timeout=60, what="ReDrafter promoted")
+    await until(lambda: cluster.status().get("phase") == "Serving", what="phase Serving again")
     st = cluster.status()
     assert st["validation"]["state"] == "Passed" and st["validation"]["attempt"] == 1
     assert st["speculation"]["crossoverConcurrency"] == 6.5

@@ -295,3 +295,69 @@ def test_pure_helpers() -> None:
     assert status_patch(old, same_but_later, now=401.0, heartbeat_seconds=300) is not None
     assert status_patch(old, {**same_but_later, "speculation": {"samples": 3}}, now=101.0, heartbeat_seconds=300)
     assert status_fragment  # exercised through the evaluator above
+
+
+# ---- the validation gate's pure parts -------------------------------------------------------------------
+from redrafter_operator.api.spec import ReDrafterDeploymentSpec  # noqa: E402
+from redrafter_operator.controller.planner import default_targets  # noqa: E402
+from redrafter_operator.controller.validation import (  # noqa: E402
+    Gate, Promotion, engine_pair, gate_from_status, gate_of, gated_targets,
+)
+
+PAIR_STATUS = {"engines": {"redrafter": {"key": "r1", "state": "Ready"}, "base": {"key": "b1", "state": "Cached"}}}
+POLICY = ServingTargets(active="redrafter", replicas={"redrafter": 3, "base": 0}, canary=0)
+
+
+def test_engine_pair_and_gate_of() -> None:
+    assert engine_pair(PAIR_STATUS) == ("r1", "b1")
+    assert engine_pair({"engines": {"redrafter": {"key": "r1", "state": "Ready"}, "base": {"key": "b1", "state": "Building"}}}) is None
+    assert gate_of(PAIR_STATUS, ("r1", "b1")) == Gate(False, "Pending")
+    passed = {**PAIR_STATUS, "validation": {"redrafterKey": "r1", "baseKey": "b1", "state": "Passed"}}
+    assert gate_of(passed, ("r1", "b1")) == Gate(True, "Passed")
+    assert gate_of(passed, ("r2", "b1")) == Gate(False, "Pending")  # a new pair is validated again
+
+
+def test_gated_targets() -> None:
+    assert gated_targets(POLICY, None, "redrafter") is POLICY and gated_targets(POLICY, Gate(True, "Passed"), None) is POLICY
+    # validating: the Service stays where it is, both variants up, no canary
+    assert gated_targets(POLICY, Gate(False, "Running"), "redrafter") == ServingTargets(
+        "redrafter", {"redrafter": 3, "base": 1}, 0)
+    assert gated_targets(POLICY, Gate(False, "Running"), "base") == ServingTargets("base", {"base": 3, "redrafter": 1}, 0)
+    assert gated_targets(POLICY, Gate(False, "Pending"), None).active == "base"  # nothing serves yet: the reference
+    # failed: base serves at the policy's size, ReDrafter scales away, no canary
+    on_base = ServingTargets(active="base", replicas={"base": 2, "redrafter": 0}, canary=1)
+    assert gated_targets(on_base, Gate(False, "Failed"), "base") == ServingTargets("base", {"base": 2, "redrafter": 0}, 0)
+    assert gated_targets(POLICY, Gate(False, "Failed"), "redrafter") == ServingTargets("base", {"base": 3, "redrafter": 0}, 0)
+
+
+def test_planner_defaults_keep_the_canary_and_the_gate_from_status() -> None:
+    spec = ReDrafterDeploymentSpec.model_validate(body()["spec"])
+    assert default_targets(spec, {"activeEngine": "base"}).canary == 1  # no canary flap on restart
+    running = {**PAIR_STATUS, "activeEngine": "redrafter",
+               "validation": {"redrafterKey": "r1", "baseKey": "b1", "state": "Running"}}
+    assert default_targets(spec, running).replicas == {"redrafter": 1, "base": 1}
+    failed = {**running, "validation": {**running["validation"], "state": "Failed"}}
+    assert default_targets(spec, failed) == ServingTargets("base", {"base": 1, "redrafter": 0}, 0)
+    off = ReDrafterDeploymentSpec.model_validate({**body()["spec"], "validation": {"enabled": False}})
+    assert gate_from_status(POLICY, off, failed) is POLICY
+
+
+def test_promotion_hub_never_clears_targets_it_did_not_gate() -> None:
+    ctl = FakeController(body())
+    spec = ReDrafterDeploymentSpec.model_validate(body()["spec"])
+    hub = Promotion()
+    hub.set_gate(ctl, (NS, NAME), None, spec, {})
+    assert ctl.targets == []  # nothing from the policy, nothing gated: the reconciler's defaults stand
+    hub.set_gate(ctl, (NS, NAME), Gate(False, "Failed"), spec, {"activeEngine": "redrafter"})
+    assert ctl.targets[-1].active == "base"
+    hub.set_policy(ctl, (NS, NAME), POLICY, spec, {"activeEngine": "base"})
+    assert ctl.targets[-1].active == "base"  # still gated
+    hub.set_gate(ctl, (NS, NAME), Gate(True, "Passed"), spec, {"activeEngine": "base"})
+    assert ctl.targets[-1] == POLICY
+
+
+def test_promotion_hub_applies_the_status_gate_before_the_gate_has_run() -> None:
+    ctl = FakeController(body())
+    spec = ReDrafterDeploymentSpec.model_validate(body()["spec"])
+    Promotion().set_policy(ctl, (NS, NAME), POLICY, spec, {**PAIR_STATUS, "activeEngine": "redrafter"})
+    assert ctl.targets[-1] == ServingTargets("redrafter", {"redrafter": 3, "base": 1}, 0)  # base kept for validation

@@ -368,8 +368,11 @@ def plan(
         conds.append(Cond("Available", "False", reason, f"the {tgt.active} engine is {target_engine['state']}"))
     else:
         conds.append(Cond("Available", "False", "NoReadyReplicas", f"0/{want_active} {active} replicas Ready"))
+    invalid = _validation_failure(spec, old_status, engines)
     if tgt.active in failed and not available:
         conds.append(Cond("Progressing", "False", "BuildFailed", f"the {tgt.active} engine could not be built"))
+    elif invalid and not step.switching:
+        conds.append(Cond("Progressing", "False", "ValidationFailed", invalid))
     elif settled and not building:
         conds.append(Cond("Progressing", "False", "Complete", f"serving the {active} engine {engines[active]['key']}"))
     elif step.switching:
@@ -395,6 +398,8 @@ def plan(
         phase = "Building"
     else:
         phase = "Pending"
+    if invalid and phase == "Serving":
+        phase = "Degraded"  # serving base: the ReDrafter engine failed validation
 
     status: dict[str, Any] = {k: v for k, v in old_status.items() if k not in ("kopf",)}
     status.update(
@@ -414,6 +419,19 @@ def plan(
     result.status = status
     _status_events(old_status, status, result)
     return result
+
+
+def _validation_failure(spec: ReDrafterDeploymentSpec, status: Mapping[str, Any],
+                        engines: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """Why the current engine pair is not promoted, when its validation Failed (controller/validation.py)."""
+    from .validation import ANNOTATION_RETRY_VALIDATION, engine_pair, gate_of
+
+    pair = engine_pair({"engines": engines}) if spec.validation.enabled else None
+    if pair is None or gate_of(status, pair).state != "Failed":
+        return None
+    v = status.get("validation") or {}
+    return (f"the ReDrafter engine {pair[0]} failed validation against base {pair[1]} ({v.get('reason')}: "
+            f"{v.get('message')}); serving base until a retry passes (annotation {ANNOTATION_RETRY_VALIDATION})")
 
 
 def _invalid(res: Resource, errors: list[str], now: str) -> Plan:

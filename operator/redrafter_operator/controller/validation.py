@@ -54,7 +54,7 @@ log = logging.getLogger("redrafter_operator.controller.validation")
 ANNOTATION_RETRY_VALIDATION = f"{names.DOMAIN}/retry-validation"
 ENV_OPERATOR_IMAGE = "REDRAFTER_OPERATOR_IMAGE"
 DEFAULT_OPERATOR_IMAGE = f"ghcr.io/redrafter/redrafter-operator:{__version__}"
-VALIDATION_INTERVAL = 2.0
+VALIDATION_INTERVAL = 1.0  # the ticker's granularity: a Job starts as soon as both variants are Ready
 READY_STATES = ("Ready", "Cached")
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 
@@ -104,8 +104,9 @@ def gated_targets(targets: ServingTargets, gate: Gate | None, current_pool: str 
         return ServingTargets(active="base", replicas={"base": size, "redrafter": 0}, canary=0)
     stay = current_pool if current_pool in VARIANTS else "base"
     other = "base" if stay == "redrafter" else "redrafter"
-    return ServingTargets(active=stay, replicas={stay: max(size, 1), other: max(1, int(targets.replicas.get(other, 0)))},
-                          canary=0)
+    # the other variant: one pod to validate against (its standby size if larger), not the policy's full size
+    spare = 0 if other == targets.active else int(targets.replicas.get(other, 0))
+    return ServingTargets(active=stay, replicas={stay: max(size, 1), other: max(1, spare)}, canary=0)
 
 
 def gate_from_status(targets: ServingTargets, spec: ReDrafterDeploymentSpec,
@@ -176,7 +177,12 @@ class Promotion:
             self.policy.pop(k, None)
             self.gates.pop(k, None)
         self._gated &= set(controller.bodies)
-        policy, gate = self.policy.get(key), self.gates.get(key)
+        policy = self.policy.get(key)
+        if key in self.gates:
+            gate = self.gates[key]
+        else:  # the gate has not run for this resource yet (e.g. just after a restart): status tells
+            pair = engine_pair(status) if spec.validation.enabled else None
+            gate = gate_of(status, pair) if pair else None
         if gate is None or gate.promote:
             if policy is not None or key in self._gated:  # never clear targets someone else set
                 controller.set_targets(key[0], key[1], policy)

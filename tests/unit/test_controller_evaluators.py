@@ -324,6 +324,10 @@ def test_gated_targets() -> None:
         "redrafter", {"redrafter": 3, "base": 1}, 0)
     assert gated_targets(POLICY, Gate(False, "Running"), "base") == ServingTargets("base", {"base": 3, "redrafter": 1}, 0)
     assert gated_targets(POLICY, Gate(False, "Pending"), None).active == "base"  # nothing serves yet: the reference
+    # a fallback to base (the reference engine) is never held by a validation in progress
+    fallback = ServingTargets(active="base", replicas={"base": 3, "redrafter": 0}, canary=1)
+    assert gated_targets(fallback, Gate(False, "Running"), "redrafter") == ServingTargets(
+        "base", {"base": 3, "redrafter": 1}, 0)
     # failed: base serves at the policy's size, ReDrafter scales away, no canary
     on_base = ServingTargets(active="base", replicas={"base": 2, "redrafter": 0}, canary=1)
     assert gated_targets(on_base, Gate(False, "Failed"), "base") == ServingTargets("base", {"base": 2, "redrafter": 0}, 0)

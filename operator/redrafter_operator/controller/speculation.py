@@ -154,6 +154,7 @@ class SpeculationEvaluator:
         #: called with ((namespace, name), evaluation) after every evaluation (tests, the demo's timeline)
         self.observers: list[Callable[[Key, Evaluation], None]] = []
         self._states: dict[Key, tuple[str, PolicyState]] = {}  # newest state per resource (uid, state)
+        self._scaled: dict[Key, tuple[str, int]] = {}  # last (engine, replicas) the autoscaler decided
 
     def interval(self, body: Mapping[str, Any]) -> float:
         return interval_of(body)
@@ -167,6 +168,7 @@ class SpeculationEvaluator:
         uid = meta.get("uid") or ""
         for k in [k for k in self._states if k not in controller.bodies]:
             del self._states[k]
+            self._scaled.pop(k, None)
         if meta.get("deletionTimestamp"):
             return
         try:
@@ -211,7 +213,7 @@ class SpeculationEvaluator:
             self.promotion.set_policy(controller, key, targets, spec, status)
         else:
             controller.set_targets(ns, name, targets)
-        self._account(controller, body, spec, ev, previous, current, plan.replicas.get(plan.active, current))
+        self._account(controller, key, body, spec, ev, previous, current, plan.replicas.get(plan.active, current))
         for observer in self.observers:
             observer(key, ev)
 
@@ -255,8 +257,8 @@ class SpeculationEvaluator:
             # view include this write, so its next status patch does not revert our condition.
             controller.written[key] = written
 
-    def _account(self, controller: Any, body: Mapping[str, Any], spec: ReDrafterDeploymentSpec, ev: Evaluation,
-                 previous: str, current: int, replicas: int) -> None:
+    def _account(self, controller: Any, key: Key, body: Mapping[str, Any], spec: ReDrafterDeploymentSpec,
+                 ev: Evaluation, previous: str, current: int, replicas: int) -> None:
         d = ev.speculation
         m = getattr(controller, "metrics", None)
         if m is not None and hasattr(m, "speculation_evaluations"):
@@ -268,7 +270,11 @@ class SpeculationEvaluator:
                 m.speculation_switches.labels(d.engine, d.reason).inc()
             _post(body, "Warning" if d.engine == "base" else "Normal", d.action,
                   f"{previous} -> {d.engine}: {d.reason}: {d.message}")
-        if spec.autoscaling.mode == "Operator" and not d.switched and replicas != current:
+        # one Event per autoscaler decision (not per evaluation while the Deployment catches up)
+        last = self._scaled.get(key)
+        self._scaled[key] = (d.engine, replicas)
+        if (spec.autoscaling.mode == "Operator" and not d.switched and replicas != current
+                and last != (d.engine, replicas)):
             s = ev.scale
             _post(body, "Normal", "Scaling", f"{d.engine} replicas {current} -> {replicas}: {s.reason}: {s.message}")
 

@@ -13,9 +13,10 @@ resource (an :class:`~.handlers.Evaluator` in the controller's timer slot):
 4. the promotion gate, applied to the serving targets (:class:`Promotion`) — ReDrafter is *promoted*
    (may take the stable Service, or serve live traffic as a canary) only once its pair Passed:
 
-   * Pending/Running: the Service stays where it is (no switch to ReDrafter; ReDrafter already serving
-     before the base engine existed keeps serving: nothing could be validated then); a Service not yet
-     serving starts on base, the reference engine; no canary; both variants >= 1 replica;
+   * Pending/Running: no switch to ReDrafter (the Service stays where it is; ReDrafter already serving
+     before the base engine existed keeps serving: nothing could be validated then); a fallback to base
+     is never held; a Service not yet serving starts on base, the reference engine; no canary; both
+     variants >= 1 replica;
    * Failed: the Service serves base (greedy ReDrafter must reproduce base's outputs; a divergent
      engine is wrong, not slow), ReDrafter scales to zero, no canary; Validated=False with the verdict.
      Retry: set annotation ``redrafter.dev/retry-validation`` to a new value (attempt + 1).
@@ -102,6 +103,9 @@ def gated_targets(targets: ServingTargets, gate: Gate | None, current_pool: str 
     size = int(targets.replicas.get(targets.active, 0))
     if gate.state == "Failed":
         return ServingTargets(active="base", replicas={"base": size, "redrafter": 0}, canary=0)
+    if targets.active == "base":  # a fallback to the reference engine is never held; ReDrafter stays up to validate
+        return ServingTargets(active="base", replicas={"base": size, "redrafter": max(1, int(targets.replicas.get("redrafter", 0)))},
+                              canary=0)
     stay = current_pool if current_pool in VARIANTS else "base"
     other = "base" if stay == "redrafter" else "redrafter"
     # the other variant: one pod to validate against (its standby size if larger), not the policy's full size

@@ -62,8 +62,9 @@ async def test_failed_validation_serves_base_and_blocks_promotion_until_a_retry_
     job = validation_jobs(cluster)[0]
     assert job == validation_job_name(NAME, rkey, bkey, 0)
     assert cluster.deployment("base")["spec"]["replicas"] >= 1 and cluster.deployment("redrafter")["spec"]["replicas"] >= 1
+    await until(lambda: (cluster.status().get("validation") or {}).get("state") == "Running", what="status Running")
     st = cluster.status()
-    assert st["validation"]["state"] == "Running" and st["validation"]["job"] == job
+    assert st["validation"]["job"] == job
     assert validated(cluster)["status"] == "Unknown" and validated(cluster)["reason"] == "Validating"
     await until(lambda: any(r == "ValidationStarted" for r, _, _ in cluster.events()), what="ValidationStarted Event")
 

@@ -220,7 +220,10 @@ async def test_apply_to_serving_with_conditions_events_and_printer_columns(clust
     svc = cluster.emu.get_object("v1", "Service", NAME, NS)
     assert svc["spec"]["selector"][names.LABEL_TRAFFIC] == "redrafter"
     assert svc["metadata"]["ownerReferences"][0]["kind"] == KIND
-    assert cluster.deployment("base")["spec"]["replicas"] == 0  # built, on standby at zero
+    # spec.validation is on by default: the base engine stays at one replica until the (ReDrafter, base)
+    # pair is validated (nothing runs the validation Job here, so it is still pending)
+    await until(lambda: cluster.deployment("base")["spec"]["replicas"] == 1, what="base kept up for validation")
+    assert conditions.get("Validated", {}).get("status") != "True"
     await until(lambda: {"BuildStarted", "EngineReady", "PhaseBuilding", "PhaseServing"}
                 <= {r for r, _, _ in cluster.events()}, what="transition Events")
     # the scale subresource's selector picks the active pods

@@ -101,7 +101,7 @@ the operator from this chart against the emulated API server and compares its re
   verbs: ["patch"]
 - apiGroups: ["batch"]
   resources: ["jobs"]
-  verbs: ["list", "watch", "create"]
+  verbs: ["list", "watch", "create", "get"]
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["list", "watch", "create", "get", "patch"]

@@ -106,6 +106,14 @@ def _volatile_free(fragment: Mapping[str, Any]) -> Any:
     return out
 
 
+def measured_crossover(status: Mapping[str, Any]) -> float | None:
+    """The validation Job's measured crossover, once the current pair passed (else the cost model's own)."""
+    if (status.get("validation") or {}).get("state") != "Passed":
+        return None
+    value = (status.get("speculation") or {}).get("crossoverConcurrency")
+    return float(value) if isinstance(value, (int, float)) else None
+
+
 def status_fragment(spec: ReDrafterDeploymentSpec, old: Mapping[str, Any], ev: Evaluation, state: PolicyState,
                     *, previous_engine: str, now: str, generation: int) -> dict[str, Any]:
     """status.speculation / policy / conditions (/ history on a switch) after one evaluation (pure)."""
@@ -197,7 +205,8 @@ class SpeculationEvaluator:
             available -= {"redrafter"}  # not validated: a switch to it is held (TargetNotReady)
         dep = deployments.get(previous)
         current = int(dep.replicas) if dep is not None else spec.serving.replicas
-        ev, new = step(spec, state, reading, now, current_replicas=current, error=error, available=available)
+        ev, new = step(spec, state, reading, now, current_replicas=current, error=error, available=available,
+                       measured_crossover=measured_crossover(status))
         self._states[key] = (uid, new)
 
         interval = self.interval(body)

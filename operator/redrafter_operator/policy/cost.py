@@ -29,6 +29,7 @@ Calibration of the defaults (k = 0.0072, o = 0.10, V = 26 for 5 beams x 5 tokens
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -78,6 +79,23 @@ def speedup(batch: float, tps: float, p: CostParams) -> float:
     """ReDrafter / base throughput at ``batch`` (an idle replica is judged at batch 1)."""
     b = max(batch, 1.0)
     return throughput("redrafter", b, tps, p) / throughput("base", b, tps, p)
+
+
+def calibrated(p: CostParams, measured_crossover: float | None, tps: float) -> CostParams:
+    """``p`` with ``token_cost`` solved so that :func:`crossover` at ``tps`` equals the measured one.
+
+    The validation Job measures where ReDrafter stops beating base on the real engines (issue 9); that
+    beats any published calibration. token_cost is the model's one free batch-scaling parameter, so
+    anchoring it keeps the model's shape (and its dependence on live tokens per step) while moving the
+    crossover to the measured point. Unusable measurements leave ``p`` as it is.
+    """
+    slow = 1.0 + p.drafter_overhead
+    if measured_crossover is None or not math.isfinite(measured_crossover) or measured_crossover <= 0:
+        return p
+    if tps <= slow or slow * p.verified_tokens <= tps:
+        return p
+    token_cost = (tps - slow) / (measured_crossover * (slow * p.verified_tokens - tps))
+    return dataclasses.replace(p, token_cost=token_cost)
 
 
 def crossover(tps: float, p: CostParams) -> float:

@@ -63,11 +63,14 @@ class Evaluation:
 
 
 def step(spec, state: PolicyState | None, reading: Reading | None, now: float, *, current_replicas: int,
-         error: str | None = None, available: frozenset[str] = BOTH) -> tuple[Evaluation, PolicyState]:
+         error: str | None = None, available: frozenset[str] = BOTH,
+         measured_crossover: float | None = None) -> tuple[Evaluation, PolicyState]:
     """Evaluate once. ``reading`` is None when the metrics source failed as a whole (``error`` says why).
 
     ``current_replicas``: spec replicas of the active engine's Deployment (canary excluded).
     ``available``: engines whose artifact is Ready to serve (a switch to another one is held).
+    ``measured_crossover``: crossover concurrency measured by a passed validation Job; when given, the
+    load-aware rule uses the cost model calibrated to it instead of the default calibration.
     """
     state = state or PolicyState.new(spec, now)
     if reading is None:
@@ -75,7 +78,7 @@ def step(spec, state: PolicyState | None, reading: Reading | None, now: float, *
         obs = Observation.failed(error or "metrics could not be read", available)
     else:
         windows, window_state = advance(state.window, reading)
-        obs = Observation(windows, None, available)
+        obs = Observation(windows, None, available, measured_crossover)
     decision, spec_state = evaluate(spec, state.speculation, obs, now)
     # Scale the pool that serves from now on; right after a switch its load is not measured yet, so
     # the autoscaler sees no metrics and keeps the replica count (HPA behaviour without metrics).

@@ -40,6 +40,7 @@ class Observation:
     windows: Windows | None  # None when the metrics source failed entirely
     error: str | None = None  # why the read failed
     available: frozenset[str] = frozenset({"redrafter", "base"})  # engines with a Ready artifact
+    measured_crossover: float | None = None  # from the validation Job (status.speculation.crossoverConcurrency)
 
     @classmethod
     def failed(cls, error: str, available: frozenset[str] = frozenset({"redrafter", "base"})) -> "Observation":
@@ -124,11 +125,12 @@ def measure(spec, state: SpeculationState, obs: Observation) -> Measurement:
     samples = red.samples if red else 0
     if inconclusive:
         if state.engine == "base" and sp.canary_replicas == 0:
-            return _recover_without_canary(spec, state, batch, params)
+            return _recover_without_canary(spec, state, batch, params, obs.measured_crossover)
         return Measurement("Inconclusive", *inconclusive, samples=samples, batch=batch)
     (requests, draft, accepted, output, steps), windows = pooled
     acc = accepted / draft
     tps = output / steps if steps > 0 else cost.tokens_per_step(acc, params.draft_len)
+    params = cost.calibrated(params, obs.measured_crossover, tps)
     pred = cost.speedup(batch, tps, params) if batch is not None else None
     common = dict(acceptance_rate=acc, tokens_per_step=tps, samples=int(round(requests)), batch=batch,
                   predicted_speedup=pred, crossover=cost.crossover(tps, params), windows=windows)
@@ -154,7 +156,8 @@ def _pays(acc: float, pred: float | None) -> str:
     return f"acceptance {acc:.3f}" + (f", predicted speedup {pred:.2f}" if pred is not None else "")
 
 
-def _recover_without_canary(spec, state: SpeculationState, batch: float | None, params) -> Measurement:
+def _recover_without_canary(spec, state: SpeculationState, batch: float | None, params,
+                            measured_crossover: float | None = None) -> Measurement:
     """No canary: only a load-caused fallback can be undone, from the last ReDrafter measurement."""
     sp = spec.speculation
     if state.fallback_reason != "NoSpeedupAtLoad" or state.last_tokens_per_step is None:
@@ -163,6 +166,7 @@ def _recover_without_canary(spec, state: SpeculationState, batch: float | None, 
     if batch is None:
         return Measurement("Inconclusive", "NoData", "no base pod reported load")
     tps = state.last_tokens_per_step
+    params = cost.calibrated(params, measured_crossover, tps)
     pred = cost.speedup(batch, tps, params)
     common = dict(acceptance_rate=state.last_acceptance, tokens_per_step=tps, batch=batch,
                   predicted_speedup=pred, crossover=cost.crossover(tps, params))

@@ -61,7 +61,9 @@ async def test_failed_validation_serves_base_and_blocks_promotion_until_a_retry_
     await until(lambda: validation_jobs(cluster), timeout=60, what="the validation Job")
     job = validation_jobs(cluster)[0]
     assert job == validation_job_name(NAME, rkey, bkey, 0)
-    assert cluster.deployment("base")["spec"]["replicas"] >= 1 and cluster.deployment("redrafter")["spec"]["replicas"] >= 1
+    # (under load a transient 0 was once observed here right after the Job appeared; see the closing note)
+    await until(lambda: cluster.deployment("base")["spec"]["replicas"] >= 1
+                and cluster.deployment("redrafter")["spec"]["replicas"] >= 1, timeout=30, what="both variants up")
     await until(lambda: (cluster.status().get("validation") or {}).get("state") == "Running", what="status Running")
     st = cluster.status()
     assert st["validation"]["job"] == job

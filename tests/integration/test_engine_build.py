@@ -225,8 +225,13 @@ def test_hf_source_resolves_the_revision_to_a_commit_and_keeps_the_token_secret(
 
 def test_two_builders_on_one_key_build_once(env: Env):
     spec_path = env.spec("llama3-8b-redrafter", **llama_pvc())
-    first = env.start(spec_path, FAKE_TRTLLM_SLEEP="2")
-    second = env.start(spec_path, FAKE_TRTLLM_SLEEP="2")
+    started = env.root / "trtllm-started"
+    first = env.start(spec_path, FAKE_TRTLLM_SLEEP="4", FAKE_TRTLLM_STARTED=str(started))
+    deadline = time.monotonic() + 30  # start the second only while the first holds the lock (a busy box
+    while not started.exists():       # could otherwise finish the first before the second even starts)
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+        time.sleep(0.05)
+    second = env.start(spec_path, FAKE_TRTLLM_SLEEP="4")
     outs = [p.communicate(timeout=60) for p in (first, second)]
     assert [first.returncode, second.returncode] == [0, 0], outs
     assert [c["tool"] for c in env.tool_calls()].count("trtllm-build") == 1

@@ -155,12 +155,15 @@ def test_sweep_report_and_crossover(healthy, tmp_path, capsys):
 
 def test_validation_passes_on_a_healthy_pair_and_measures_crossover(healthy, tmp_path):
     log = tmp_path / "termination-log"
-    rc = main(validate_argv(healthy, log, "--sweep-concurrency", "1,4"))
+    # 1 and 8 bracket the analytic crossover (~2.96) by a wide margin (speedup ~1.9 and ~0.5), so CPU
+    # noise on a busy box cannot move the measured crossover out of the bracket
+    rc = main(validate_argv(healthy, log, "--sweep-concurrency", "1,8"))
     verdict = oc.parse_termination_message(log.read_text())
     assert rc == 0, log.read_text()
     assert verdict.passed
     assert "greedy outputs identical" in verdict.message
-    assert 1 < verdict.crossover_concurrency < 4
+    assert verdict.crossover_concurrency is not None, verdict.message
+    assert 1 < verdict.crossover_concurrency < 8
     details = json.loads(log.with_suffix(".json").read_text())
     assert details["scenarios"] == ["single", "context_only", "generation_only", "mixed", "max_length"]
     assert details["requests"] == {"redrafter": 17, "base": 17} and not details["divergences"]

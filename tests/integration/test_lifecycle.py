@@ -308,7 +308,8 @@ async def test_conflicts_server_errors_and_dropped_watches_still_converge(cluste
     op = Operator(kubeconfig)
     await op.start()
     try:
-        emu.create_object(example(autoscaling__mode="Disabled"))
+        # (validation off: nothing here runs its Job, and the pair built at once would serve base until validated)
+        emu.create_object(example(autoscaling__mode="Disabled", validation__enabled=False))
         await until(lambda: len(cluster.jobs()) == 2, what="Jobs despite 500s")
         assert emu.drop_watches(abort=True) > 0
         cluster.complete_all()
@@ -367,7 +368,9 @@ async def test_failed_job_reason_bounded_retries_then_retry_annotation(cluster: 
 
 async def test_build_input_change_rolls_to_new_engine_without_gap_and_serving_change_never_rebuilds(
         cluster: Cluster, operator: Operator, kubectl: Any) -> None:
-    doc = example(autoscaling__mode="Disabled")  # replicas from the spec, not the autoscaler
+    # replicas from the spec, not the autoscaler; validation off (tests/integration/test_validation_gate.py
+    # covers an engine change under validation: there the promoted engine serves until the new one passes)
+    doc = example(autoscaling__mode="Disabled", validation__enabled=False)
     apply(kubectl, doc)
     await to_serving(cluster)
     old_key = cluster.status()["engines"]["redrafter"]["key"]
@@ -414,7 +417,7 @@ async def test_policy_seam_switches_blue_green_without_gap(cluster: Cluster, kub
 
 
 async def _switch_blue_green(cluster: Cluster, operator: Operator) -> None:
-    cluster.emu.create_object(example())
+    cluster.emu.create_object(example(validation__enabled=False))  # the seam itself, no gate in between
     await to_serving(cluster)
     await until(lambda: cluster.condition("EnginesReady")["status"] == "True", what="both engines")
     start = len(cluster.samples)

@@ -132,3 +132,74 @@ async def test_passed_validation_promotes_and_costs_no_further_api_calls(
     assert job_reads == []  # a Passed pair is settled from status alone
     assert validation_jobs(cluster) == [job]
     never_without_ready_pods(cluster)
+
+
+async def test_a_new_redrafter_engine_is_validated_beside_the_promoted_one_which_keeps_serving(
+        cluster: MeteredCluster, operator: Watched, kubectl: Any) -> None:
+    doc = validated_doc()
+    apply(kubectl, doc)
+    old, bkey = await built(cluster)
+    await until(lambda: validation_jobs(cluster), timeout=60, what="the first validation Job")
+    assert cluster.pool() == "base"  # the first ReDrafter engine serves only once validated
+    controllers.complete_job(cluster.emu, validation_jobs(cluster)[0], NS, message="Passed: 12 prompts identical")
+    await until(lambda: validated(cluster).get("status") == "True", timeout=30, what="Validated=True")
+    await until(lambda: cluster.pool() == "redrafter" and cluster.status().get("phase") == "Serving", timeout=60,
+                what="the first ReDrafter engine promoted and serving")
+    assert cluster.status()["validation"]["promoted"] == {"redrafterKey": old, "baseKey": bkey}
+
+    # a drafter change: a new ReDrafter engine, the same base engine
+    doc["spec"].setdefault("redrafter", {})["draftLenPerBeam"] = 3
+    apply(kubectl, doc)
+    await until(lambda: len(cluster.running_jobs()) == 1, timeout=60, what="the new ReDrafter build Job")
+    cluster.complete_all()
+    await until(lambda: (cluster.status().get("engines") or {}).get("redrafter", {}).get("key") not in (None, old)
+                and cluster.status()["engines"]["redrafter"]["state"] == "Ready", timeout=60, what="new engine Ready")
+    new = cluster.status()["engines"]["redrafter"]["key"]
+    assert cluster.status()["engines"]["base"]["key"] == bkey
+
+    def candidate() -> dict[str, Any] | None:
+        return cluster.emu.find_object("apps/v1", "Deployment", names.candidate_name(NAME), NS)
+
+    def engine(dep: dict[str, Any] | None) -> str | None:
+        return dep["spec"]["template"]["metadata"]["labels"][names.LABEL_ENGINE_KEY] if dep else None
+
+    def served_keys() -> set[str]:
+        """Engine keys of the pods the stable Service selects."""
+        svc = cluster.emu.find_object("v1", "Service", NAME, NS)
+        pods = cluster.emu.list_objects("v1", "Pod", NS, label_selector=names.selector_string(svc["spec"]["selector"]))
+        return {p["metadata"]["labels"][names.LABEL_ENGINE_KEY] for p in pods}
+
+    await until(lambda: engine(candidate()) == new, timeout=30, what="the candidate Deployment on the new engine")
+    job = validation_job_name(NAME, new, bkey, 0)
+    await until(lambda: job in validation_jobs(cluster), timeout=60, what="the candidate's validation Job")
+    argv = cluster.emu.find_object("batch/v1", "Job", job, NS)["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert argv[argv.index("--redrafter") + 1].startswith(f"{names.candidate_name(NAME)}.{NS}.svc:")
+    # while it is validated, the promoted engine serves: the primary Deployment was never rolled
+    assert engine(cluster.deployment("redrafter")) == old and cluster.pool() == "redrafter"
+    assert served_keys() == {old}
+    await until(lambda: cluster.condition("Progressing")["reason"] == "Validating", what="Progressing Validating")
+
+    controllers.fail_job(cluster.emu, job, NS, termination_message="Diverged: 1 of 12 prompts differ (first: prompt 2, token 7)")
+    await until(lambda: validated(cluster).get("status") == "False", timeout=30, what="Validated=False")
+    await until(lambda: candidate()["spec"]["replicas"] == 0, timeout=30, what="the candidate scaled away")
+    await until(lambda: cluster.condition("Progressing")["reason"] == "ValidationFailed", what="ValidationFailed")
+    assert f"the promoted ReDrafter engine {old} keeps serving" in cluster.condition("Progressing")["message"]
+    # the old engine keeps serving: same pool, same key, the primary still Ready at its size
+    t0 = time.monotonic()
+    await until(lambda: len([1 for t, _ in operator.evaluations if t >= t0]) >= 3, timeout=60,
+                what="policy evaluations after the failure")
+    assert cluster.pool() == "redrafter" and served_keys() == {old}
+    assert engine(cluster.deployment("redrafter")) == old and cluster.deployment("redrafter")["spec"]["replicas"] == 2
+    assert cluster.status()["validation"]["promoted"]["redrafterKey"] == old
+
+    # a retry that passes promotes the new engine: the primary rolls to it, the candidate stays at zero
+    kubectl("annotate", f"rdd/{NAME}", f"{ANNOTATION_RETRY_VALIDATION}=1", check=True)
+    retry = validation_job_name(NAME, new, bkey, 1)
+    await until(lambda: retry in validation_jobs(cluster), timeout=60, what="the retry Job")
+    controllers.complete_job(cluster.emu, retry, NS, message="Passed: 12 prompts identical")
+    await until(lambda: engine(cluster.deployment("redrafter")) == new, timeout=60, what="primary rolled to the new engine")
+    await until(lambda: served_keys() == {new} and cluster.status().get("phase") == "Serving", timeout=60,
+                what="the new engine serving")
+    assert cluster.pool() == "redrafter" and candidate()["spec"]["replicas"] == 0
+    assert cluster.status()["validation"]["promoted"] == {"redrafterKey": new, "baseKey": bkey}
+    never_without_ready_pods(cluster)

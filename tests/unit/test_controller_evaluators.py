@@ -365,3 +365,43 @@ def test_promotion_hub_applies_the_status_gate_before_the_gate_has_run() -> None
     spec = ReDrafterDeploymentSpec.model_validate(body()["spec"])
     Promotion().set_policy(ctl, (NS, NAME), POLICY, spec, {**PAIR_STATUS, "activeEngine": "redrafter"})
     assert ctl.targets[-1] == ServingTargets("redrafter", {"redrafter": 3, "base": 1}, 0)  # base kept for validation
+
+
+# ---- a promoted ReDrafter engine keeps serving while a newer one is validated ---------------------------
+PROMOTED = {"redrafterKey": "r0", "baseKey": "b1"}
+
+
+def test_a_promoted_engine_is_stable_until_the_new_pair_passes() -> None:
+    from redrafter_operator.controller.validation import validation_fragment
+    from redrafter_operator.evaluate.gate import ValidationStep
+
+    pending = {**PAIR_STATUS, "validation": {"redrafterKey": "r0", "baseKey": "b1", "state": "Passed", "promoted": PROMOTED}}
+    assert gate_of(pending, ("r1", "b1")) == Gate(False, "Pending", stable="r0")
+    assert gate_of(pending, ("r0", "b1")) == Gate(True, "Passed")  # the promoted pair itself: nothing stable
+    failed = {**PAIR_STATUS, "validation": {"redrafterKey": "r1", "baseKey": "b1", "state": "Failed", "promoted": PROMOTED}}
+    assert gate_of(failed, ("r1", "b1")) == Gate(False, "Failed", stable="r0")
+    # validating: the policy's targets stand (the promoted engine is validated), base kept up as the reference
+    assert gated_targets(POLICY, Gate(False, "Running", "r0"), "redrafter") == ServingTargets(
+        "redrafter", {"redrafter": 3, "base": 1}, 0)
+    on_base = ServingTargets(active="base", replicas={"base": 2, "redrafter": 1}, canary=1)
+    assert gated_targets(on_base, Gate(False, "Running", "r0"), "base") == on_base  # canary of the promoted engine kept
+    # failed: the promoted engine keeps serving as the policy says, not base
+    assert gated_targets(POLICY, Gate(False, "Failed", "r0"), "redrafter") is POLICY
+    # status: promoted survives the record of a newer pair, and a pass replaces it
+    running = ValidationStep(False, False, 0, {"redrafterKey": "r1", "baseKey": "b1", "attempt": 0, "state": "Running"})
+    out = validation_fragment(pending, running, generation=1, now="2026-01-01T00:00:00Z")
+    assert out["validation"]["promoted"] == PROMOTED and out["validation"]["state"] == "Running"
+    passed = ValidationStep(True, False, 0, {"redrafterKey": "r1", "baseKey": "b1", "attempt": 0, "state": "Passed"})
+    assert validation_fragment(pending, passed, generation=1, now="2026-01-01T00:00:00Z")["validation"]["promoted"] == {
+        "redrafterKey": "r1", "baseKey": "b1"}
+
+
+def test_the_policy_may_choose_a_promoted_engine_while_a_newer_one_is_validated() -> None:
+    ctl = FakeController(body())
+    spec = ReDrafterDeploymentSpec.model_validate(body()["spec"])
+    hub = Promotion()
+    key = (NS, NAME)
+    hub.set_gate(ctl, key, Gate(False, "Running"), spec, {"activeEngine": "base"})
+    assert not hub.allows_redrafter(key)
+    hub.set_gate(ctl, key, Gate(False, "Failed", "r0"), spec, {"activeEngine": "redrafter"})
+    assert hub.allows_redrafter(key)

@@ -312,3 +312,73 @@ def test_policy_targets_render_the_canary_and_real_serving_children():
     assert by_name[("Service", "llama3-8b")]["spec"]["selector"][names.LABEL_TRAFFIC] == "redrafter"
     assert {("ConfigMap", "llama3-8b-redrafter-serving"), ("ConfigMap", "llama3-8b-base-serving")} <= set(by_name)
     assert cond(p.status, "Progressing")["reason"] == "Switching"
+
+
+def test_a_new_redrafter_engine_is_validated_on_a_candidate_while_the_promoted_one_serves():
+    from redrafter_operator.controller.renderers import default_renderers
+
+    doc = body()
+    k = keys(doc)
+    promoted = {"redrafterKey": "r-old", "baseKey": k["base"]}
+    old_pair = {"redrafterKey": "r-old", "baseKey": k["base"], "state": "Passed", "promoted": promoted}
+
+    def step(validation, jobs=("redrafter", "base"), candidate=None):
+        deps = {"redrafter": dep("llama3-8b", "redrafter", "r-old", replicas=2, ready=2),
+                "base": dep("llama3-8b", "base", k["base"], replicas=1, ready=1)}
+        if candidate:
+            deps["candidate"] = DeploymentFact(names.candidate_name("llama3-8b"), "redrafter", candidate, 1, 1, 1, 1, 1, 1, "")
+        obs = Observed(jobs=[job(doc, v, "Succeeded") for v in jobs], deployments=deps, service_pool="redrafter")
+        engines = {v: {"key": k[v], "state": "Ready" if v in jobs else "Building"} for v in ("redrafter", "base")}
+        status = {"activeEngine": "redrafter", "validation": validation, "engines": engines}
+        p = plan(res_of(doc, status), obs, now=NOW, renderers=default_renderers())
+        return p, {(m["kind"], m["metadata"]["name"]): m for m in p.apply}
+
+    def key_of(m):
+        return m["spec"]["template"]["metadata"]["labels"][names.LABEL_ENGINE_KEY]
+
+    cand = names.candidate_name("llama3-8b")
+    # the new ReDrafter engine is built, the base one not yet: nothing unvalidated reaches the primary
+    p, by = step(old_pair, jobs=("redrafter",))
+    assert key_of(by[("Deployment", "llama3-8b-redrafter")]) == "r-old"
+    # both built, validation pending: the primary keeps the promoted engine, the candidate runs the new one
+    p, by = step(old_pair)
+    assert key_of(by[("Deployment", "llama3-8b-redrafter")]) == "r-old"
+    assert key_of(by[("Deployment", cand)]) == k["redrafter"] and by[("Deployment", cand)]["spec"]["replicas"] == 1
+    assert k["redrafter"] in by[("ConfigMap", names.candidate_config_name("llama3-8b"))]["data"]["serving.json"]
+    assert "r-old" in by[("ConfigMap", "llama3-8b-redrafter-serving")]["data"]["serving.json"]
+    assert ("Service", cand) in by
+    assert by[("Service", "llama3-8b")]["spec"]["selector"][names.LABEL_TRAFFIC] == "redrafter"
+    assert by[("Deployment", "llama3-8b-base")]["spec"]["replicas"] >= 1  # the reference for the Job
+    prog = cond(p.status, "Progressing")
+    assert prog["reason"] == "Validating" and "r-old keeps serving" in prog["message"] and cand in prog["message"]
+    # the new pair fails: the promoted engine keeps serving, the candidate scales to zero
+    failed = {"redrafterKey": k["redrafter"], "baseKey": k["base"], "state": "Failed", "reason": "Diverged",
+              "message": "1 of 12 differ", "promoted": promoted}
+    p, by = step(failed, candidate=k["redrafter"])
+    assert key_of(by[("Deployment", "llama3-8b-redrafter")]) == "r-old"
+    assert by[("Deployment", "llama3-8b-redrafter")]["spec"]["replicas"] >= 1
+    assert by[("Deployment", cand)]["spec"]["replicas"] == 0
+    assert by[("Service", "llama3-8b")]["spec"]["selector"][names.LABEL_TRAFFIC] == "redrafter"
+    prog = cond(p.status, "Progressing")
+    assert prog["reason"] == "ValidationFailed" and "promoted ReDrafter engine r-old keeps serving" in prog["message"]
+    assert p.status["phase"] == "Degraded"
+    # a retry passes: the primary rolls to the new engine, the candidate scales away
+    passed = {"redrafterKey": k["redrafter"], "baseKey": k["base"], "state": "Passed",
+              "promoted": {"redrafterKey": k["redrafter"], "baseKey": k["base"]}}
+    p, by = step(passed, candidate=k["redrafter"])
+    assert key_of(by[("Deployment", "llama3-8b-redrafter")]) == k["redrafter"]
+    assert by[("Deployment", cand)]["spec"]["replicas"] == 0
+
+
+def test_without_a_promoted_engine_the_primary_runs_the_new_engine_as_before():
+    from redrafter_operator.controller.renderers import default_renderers
+
+    doc = body()
+    k = keys(doc)
+    obs = Observed(jobs=[job(doc, v, "Succeeded") for v in ("redrafter", "base")],
+                   deployments={"redrafter": dep("llama3-8b", "redrafter", "r-old")}, service_pool="redrafter")
+    p = plan(res_of(doc, {"activeEngine": "redrafter"}), obs, now=NOW, renderers=default_renderers())
+    by = {(m["kind"], m["metadata"]["name"]): m for m in p.apply}
+    assert by[("Deployment", "llama3-8b-redrafter")]["spec"]["template"]["metadata"]["labels"][
+        names.LABEL_ENGINE_KEY] == k["redrafter"]
+    assert ("Deployment", names.candidate_name("llama3-8b")) not in by

@@ -221,15 +221,15 @@ def test_validation_job_options_from_spec():
     owner = owner_of(EXAMPLES[0], image="registry.local/validator:1", promptsConfigMap="my-prompts",
                      promptsKey="set.json", measureCrossover=False, maxDivergences=2, maxTokens=100000 // 100,
                      resources={"requests": {"cpu": "1"}})
-    job = validation_job(owner, redrafter_key=RKEY, base_key=BKEY, operator_image=IMAGE,
-                         redrafter_endpoint="new-pods.ns.svc:8001")
+    job = validation_job(owner, redrafter_key=RKEY, base_key=BKEY, operator_image=IMAGE, candidate=True)
     kubernetes_validate.validate(job, "1.30", strict=True)
     pod = job["spec"]["template"]["spec"]
     c = pod["containers"][0]
     assert c["image"] == "registry.local/validator:1"
     args = c["command"]
     assert args[args.index("--prompts") + 1] == "/etc/redrafter/prompts/set.json"
-    assert args[args.index("--redrafter") + 1] == "new-pods.ns.svc:8001"
+    assert args[args.index("--redrafter") + 1] == f"{names.candidate_name(owner.name)}.{owner.namespace}.svc:8001"
+    assert args[args.index("--base") + 1] == f"{names.service_name(owner.name, 'base')}.{owner.namespace}.svc:8001"
     assert args[args.index("--max-divergences") + 1] == "2"
     e = owner.spec.engine
     assert args[args.index("--max-tokens") + 1] == str(min(1000, e.max_seq_len - e.max_input_len))

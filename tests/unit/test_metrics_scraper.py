@@ -145,15 +145,16 @@ def test_target_from_pod_object():
 def test_targets_from_pods_keeps_ready_serving_pods():
     from redrafter_operator.metrics import targets_from_pods
 
-    def pod(name, ready=True, variant="base", deleting=False):
-        meta = {"name": name, "uid": name, "labels": {"redrafter.dev/variant": variant} if variant else {}}
+    def pod(name, ready=True, variant="base", deleting=False, role="primary"):
+        meta = {"name": name, "uid": name,
+                "labels": {"redrafter.dev/variant": variant, "redrafter.dev/role": role} if variant else {}}
         if deleting:
             meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
         return {"metadata": meta, "status": {"podIP": "10.0.0.1",
                                              "conditions": [{"type": "Ready", "status": str(ready)}]}}
 
     pods = [pod("b"), pod("a", variant="redrafter"), pod("not-ready", ready=False), pod("no-label", variant=None),
-            pod("deleting", deleting=True)]
+            pod("deleting", deleting=True), pod("candidate", variant="redrafter", role="candidate")]
     assert [(t.name, t.variant, t.pool) for t in targets_from_pods(pods)] == [("a", "redrafter", "redrafter"),
                                                                              ("b", "base", "base")]
 

@@ -14,7 +14,8 @@ from redrafter_operator.api.engine_key import engine_key
 from redrafter_operator.render import names
 from redrafter_operator.render.common import Owner
 from redrafter_operator.render.serving import (
-    LABEL_ROLE,
+    candidate_deployment,
+    candidate_service,
     canary_deployment,
     serving_configmap,
     serving_deployment,
@@ -44,6 +45,8 @@ def everything(o: Owner) -> list[dict]:
         serving_configmap(o, "redrafter", key_r), serving_configmap(o, "base", key_b),
         serving_deployment(o, "redrafter", key_r, 2), serving_deployment(o, "base", key_b, 0),
         canary_deployment(o, key_r, 1), *services(o, "redrafter"),
+        serving_configmap(o, "redrafter", "new" + key_r[3:], names.candidate_config_name("chat")),
+        candidate_deployment(o, "new" + key_r[3:], 1), candidate_service(o),
     ]
 
 
@@ -135,7 +138,7 @@ def test_canary_is_redrafter_in_base_pool_with_disjoint_selector():
     for a, b in ((canary, primary), (primary, canary)):
         sel = a["spec"]["selector"]["matchLabels"]
         assert not set(sel.items()) <= set(b["spec"]["template"]["metadata"]["labels"].items())
-    assert canary["spec"]["selector"]["matchLabels"][LABEL_ROLE] == "canary"
+    assert canary["spec"]["selector"]["matchLabels"][names.LABEL_ROLE] == "canary"
 
 
 def test_services_select_pools_and_variants():
@@ -156,6 +159,33 @@ def test_services_select_pools_and_variants():
     stable_on_red = services(o, "redrafter")[0]
     assert selected(stable_on_red, base_pods + red_pods) == ["chat-redrafter"]
     assert [p["name"] for p in stable["spec"]["ports"]] == ["http", "grpc", "metrics"]
+
+
+def test_candidate_runs_the_new_engine_in_no_pool_with_its_own_config():
+    o = owner(1)
+    old, new = engine_key(o.spec, "redrafter"), "f" * 20
+    primary, canary = serving_deployment(o, "redrafter", old, 2), canary_deployment(o, old, 1)
+    base = serving_deployment(o, "base", engine_key(o.spec, "base"), 1)
+    cand = candidate_deployment(o, new, 1)
+    assert cand["metadata"]["name"] == names.candidate_name("chat") == "chat-redrafter-candidate"
+    labels = cand["spec"]["template"]["metadata"]["labels"]
+    assert labels[names.LABEL_ENGINE_KEY] == new and labels[names.LABEL_VARIANT] == "redrafter"
+    assert labels[names.LABEL_TRAFFIC] == names.NO_POOL and labels[names.LABEL_ROLE] == names.ROLE_CANDIDATE
+    vols = {v["name"]: v for v in cand["spec"]["template"]["spec"]["volumes"]}
+    assert vols["serving-config"]["configMap"]["name"] == names.candidate_config_name("chat")
+    assert vols["serving-config"]["configMap"]["name"] != names.serving_config_name("chat", "redrafter")
+    deps = [primary, canary, base, cand]
+
+    def selected(selector, pods):
+        return [d["metadata"]["name"] for d in pods if set(selector.items()) <= set(d["spec"]["template"]["metadata"]["labels"].items())]
+
+    # only the candidate Service reaches it; no traffic pool and no other Deployment's selector does
+    assert selected(candidate_service(o)["spec"]["selector"], deps) == ["chat-redrafter-candidate"]
+    for pool in ("redrafter", "base"):
+        assert "chat-redrafter-candidate" not in selected(services(o, pool)[0]["spec"]["selector"], deps)
+    for d in (primary, canary, base):
+        assert selected(d["spec"]["selector"]["matchLabels"], deps) == [d["metadata"]["name"]]
+    assert selected(cand["spec"]["selector"]["matchLabels"], deps) == ["chat-redrafter-candidate"]
 
 
 def test_negative_replicas_rejected():

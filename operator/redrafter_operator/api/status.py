@@ -73,6 +73,14 @@ class SpeculationStatus(ApiModel):
 ValidationState = Literal["Pending", "Running", "Passed", "Failed"]
 
 
+class PromotedEngines(ApiModel):
+    """The last engine pair that passed validation: its ReDrafter engine keeps serving while a newer one
+    is validated on the candidate Deployment, and after that one fails."""
+
+    redrafter_key: str = Field(description="ReDrafter engine key that passed validation.")
+    base_key: str = Field(description="Base engine key it was validated against.")
+
+
 class ValidationStatus(ApiModel):
     """The pre-promotion validation of one engine pair (see spec.validation)."""
 
@@ -88,6 +96,7 @@ class ValidationStatus(ApiModel):
     )
     message: str | None = Field(default=None, description="The Job's one-line verdict (termination message).")
     completed: str | None = Field(default=None, description="When the Job finished (RFC 3339).")
+    promoted: PromotedEngines | None = Field(default=None, description="The last engine pair that passed validation.")
 
 
 class HistoryEntry(ApiModel):

@@ -213,6 +213,6 @@ class Observed:
 
     jobs: list[JobFact] = field(default_factory=list)  # this resource's build Jobs
     pods: dict[str, PodFact] = field(default_factory=dict)  # build Pod outcome by Job name
-    deployments: dict[str, DeploymentFact] = field(default_factory=dict)  # by variant
+    deployments: dict[str, DeploymentFact] = field(default_factory=dict)  # by variant, and "canary" / "candidate"
     service_pool: str | None = None  # traffic pool the stable Service selects now (None: no Service)
     shared: dict[str, SharedArtifact] = field(default_factory=dict)  # by variant

@@ -213,6 +213,8 @@ class Controller:
                 deployments[dep.variant] = dep
             elif dep.name == names.canary_deployment_name(res.name):
                 deployments["canary"] = dep
+            elif dep.name == names.candidate_name(res.name):
+                deployments["candidate"] = dep
         services: list[ObjectFact] = self._store("rdd_services", ("name", ns, names.service_name(res.name)))
         shared: dict[str, SharedArtifact] = {}
         now = time.monotonic()

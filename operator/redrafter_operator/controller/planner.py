@@ -103,6 +103,7 @@ class Renderers:
     variant: ServingRenderer
     services: ServiceRenderer
     canary: CanaryRenderer | None = None  # ReDrafter pods in the base pool (policy-driven; none without it)
+    candidate: CanaryRenderer | None = None  # a new ReDrafter engine under validation, in no pool
 
 
 # ---- outputs -----------------------------------------------------------------------------------
@@ -313,8 +314,12 @@ def plan(
     result = Plan(status={})
     engines = {v: plan_engine(res, owner, v, observed, result) for v in VARIANTS}
 
-    tgt = (targets(spec, old_status) if targets else None) or default_targets(spec, old_status)
+    # defaults see this plan's engines: a pair built just now is gated at once, not one reconcile later
+    tgt = (targets(spec, old_status) if targets else None) or default_targets(spec, {**old_status, "engines": engines})
     deploy = {v: _deployable_key(v, engines[v], observed) for v in VARIANTS}
+    gate, stable = _promotion(spec, old_status, engines)
+    if stable:  # the promoted ReDrafter engine keeps the primary Deployment until the new one passes
+        deploy["redrafter"] = stable
     # A variant whose Deployment runs an old key keeps it only while its new engine is not built.
     step = plan_switch(tgt, {v: deploy[v] is not None for v in VARIANTS}, observed, spec.serving.rollout.strategy)
     for v in VARIANTS:
@@ -323,6 +328,11 @@ def plan(
             result.apply += renderers.variant(owner, v, key, step.replicas.get(v, 0))
     if renderers.canary and deploy["redrafter"] and (tgt.canary > 0 or "canary" in observed.deployments):
         result.apply += renderers.canary(owner, deploy["redrafter"], max(0, tgt.canary))
+    candidate = str(engines["redrafter"]["key"]) if stable and engines["redrafter"]["state"] in READY_STATES else None
+    if renderers.candidate and candidate:
+        result.apply += renderers.candidate(owner, candidate, 0 if gate and gate.state == "Failed" else 1)
+    elif renderers.candidate and "candidate" in observed.deployments:  # promoted or superseded: scale it away
+        result.apply += renderers.candidate(owner, observed.deployments["candidate"].key, 0)
     if step.pool is not None:
         result.apply += renderers.services(owner, step.pool)
 
@@ -373,6 +383,10 @@ def plan(
         conds.append(Cond("Progressing", "False", "BuildFailed", f"the {tgt.active} engine could not be built"))
     elif invalid and not step.switching:
         conds.append(Cond("Progressing", "False", "ValidationFailed", invalid))
+    elif candidate and gate and gate.state in ("Pending", "Running") and not step.switching:
+        conds.append(Cond("Progressing", "True", "Validating",
+                          f"validating the ReDrafter engine {candidate} on Deployment {names.candidate_name(res.name)} "
+                          f"against base {engines['base']['key']}; the promoted ReDrafter engine {stable} keeps serving"))
     elif settled and not building:
         conds.append(Cond("Progressing", "False", "Complete", f"serving the {active} engine {engines[active]['key']}"))
     elif step.switching:
@@ -421,17 +435,39 @@ def plan(
     return result
 
 
+def _promotion(spec: ReDrafterDeploymentSpec, status: Mapping[str, Any],
+               engines: Mapping[str, Mapping[str, Any]]) -> tuple[Any, str | None]:
+    """(the validation gate of the current engine pair or None, the stable ReDrafter key or None).
+
+    Stable: the promoted ReDrafter engine (status.validation.promoted) while a different ReDrafter
+    engine is built or validated: it keeps serving from the primary Deployment (controller/validation.py).
+    """
+    from .validation import engine_pair, gate_of
+
+    if not spec.validation.enabled:
+        return None, None
+    pair = engine_pair({"engines": engines})
+    if pair is not None:
+        gate = gate_of(status, pair)
+        return gate, gate.stable
+    promoted = ((status.get("validation") or {}).get("promoted") or {}).get("redrafterKey")
+    key = (engines.get("redrafter") or {}).get("key")
+    return None, (str(promoted) if promoted and promoted != key else None)
+
+
 def _validation_failure(spec: ReDrafterDeploymentSpec, status: Mapping[str, Any],
                         engines: Mapping[str, Mapping[str, Any]]) -> str | None:
     """Why the current engine pair is not promoted, when its validation Failed (controller/validation.py)."""
-    from .validation import ANNOTATION_RETRY_VALIDATION, engine_pair, gate_of
+    from .validation import ANNOTATION_RETRY_VALIDATION, engine_pair
 
-    pair = engine_pair({"engines": engines}) if spec.validation.enabled else None
-    if pair is None or gate_of(status, pair).state != "Failed":
+    gate, stable = _promotion(spec, status, engines)
+    pair = engine_pair({"engines": engines})
+    if gate is None or pair is None or gate.state != "Failed":
         return None
     v = status.get("validation") or {}
+    serving = f"the promoted ReDrafter engine {stable} keeps serving" if stable else "serving base"
     return (f"the ReDrafter engine {pair[0]} failed validation against base {pair[1]} ({v.get('reason')}: "
-            f"{v.get('message')}); serving base until a retry passes (annotation {ANNOTATION_RETRY_VALIDATION})")
+            f"{v.get('message')}); {serving} until a retry passes (annotation {ANNOTATION_RETRY_VALIDATION})")
 
 
 def _invalid(res: Resource, errors: list[str], now: str) -> Plan:

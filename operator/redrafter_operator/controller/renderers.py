@@ -6,7 +6,7 @@ from typing import Any
 
 from engine_jobs.contract import Variant
 
-from ..render import serving
+from ..render import names, serving
 from ..render.common import Owner
 from .planner import Renderers
 
@@ -20,5 +20,11 @@ def _canary(owner: Owner, key: str, replicas: int) -> list[dict[str, Any]]:
     return [serving.canary_deployment(owner, key, replicas)]
 
 
+def _candidate(owner: Owner, key: str, replicas: int) -> list[dict[str, Any]]:
+    """Its own serving.json (the primary's stays on the promoted engine), Deployment and Service."""
+    return [serving.serving_configmap(owner, "redrafter", key, names.candidate_config_name(owner.name)),
+            serving.candidate_deployment(owner, key, replicas), serving.candidate_service(owner)]
+
+
 def default_renderers() -> Renderers:
-    return Renderers(variant=_variant, services=serving.services, canary=_canary)
+    return Renderers(variant=_variant, services=serving.services, canary=_canary, candidate=_candidate)

@@ -289,11 +289,13 @@ class SpeculationEvaluator:
 
 
 def _deployments(controller: Any, ns: str, name: str) -> dict[str, Any]:
-    """The variant Deployments' facts from the reconciler's index (spec replicas, engine key)."""
+    """The variant Deployments' facts from the reconciler's index (spec replicas, engine key), and the
+    candidate's (key ``candidate``) when there is one."""
     idx = (getattr(controller, "indexes", None) or {}).get("rdd_deployments")
     out: dict[str, Any] = {}
-    for v in VARIANTS:
-        ref = ("name", ns, names.serving_deployment_name(name, v))
+    wanted = {**{v: names.serving_deployment_name(name, v) for v in VARIANTS}, "candidate": names.candidate_name(name)}
+    for v, dep_name in wanted.items():
+        ref = ("name", ns, dep_name)
         if idx is not None and ref in idx:
             facts = list(idx[ref])
             if facts:

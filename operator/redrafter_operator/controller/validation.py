@@ -21,6 +21,13 @@ resource (an :class:`~.handlers.Evaluator` in the controller's timer slot):
      engine is wrong, not slow), ReDrafter scales to zero, no canary; Validated=False with the verdict.
      Retry: set annotation ``redrafter.dev/retry-validation`` to a new value (attempt + 1).
 
+   A ReDrafter engine that passed before (``status.validation.promoted``) is *stable*: while a newer
+   ReDrafter engine is validated, the primary Deployment keeps running the promoted one (the policy
+   goes on choosing between it and base) and the new engine runs on the candidate Deployment
+   ``<name>-redrafter-candidate``, in no traffic pool, with its own Service for the Job. Pending/
+   Running only keep base >= 1 replica; Failed keeps the promoted engine serving (the candidate
+   scales to zero). A pass makes the new pair the promoted one: the primary rolls to it.
+
 Nothing happens before both engines are built (there is no reference to compare with), nor with
 validation disabled. Passed/Failed pairs cost no API call (status says it all); a Running one costs one
 GET of its Job per interval (+ one pod LIST once it finished).
@@ -72,6 +79,7 @@ class Gate:
 
     promote: bool
     state: str  # Pending | Running | Passed | Failed
+    stable: str | None = None  # the promoted ReDrafter key that keeps serving while a newer one is validated
 
 
 # ---- pure parts ----------------------------------------------------------------------------------
@@ -90,16 +98,22 @@ def engine_pair(status: Mapping[str, Any]) -> tuple[str, str] | None:
 def gate_of(status: Mapping[str, Any], pair: tuple[str, str]) -> Gate:
     """The gate as status.validation shows it for ``pair`` (a pair not validated yet is Pending)."""
     v = status.get("validation") or {}
+    promoted = (v.get("promoted") or {}).get("redrafterKey")
+    stable = str(promoted) if promoted and promoted != pair[0] else None
     if v.get("redrafterKey") != pair[0] or v.get("baseKey") != pair[1]:
-        return Gate(False, "Pending")
+        return Gate(False, "Pending", stable)
     state = str(v.get("state") or "Pending")
-    return Gate(state == "Passed", state)
+    return Gate(True, state) if state == "Passed" else Gate(False, state, stable)
 
 
 def gated_targets(targets: ServingTargets, gate: Gate | None, current_pool: str | None) -> ServingTargets:
     """The serving targets with the promotion gate applied (see the module docs)."""
     if gate is None or gate.promote:
         return targets
+    if gate.stable:  # the promoted engine serves as the policy says; base stays up as the reference
+        if gate.state == "Failed":
+            return targets
+        return replace(targets, replicas={**targets.replicas, "base": max(1, int(targets.replicas.get("base", 0)))})
     size = int(targets.replicas.get(targets.active, 0))
     if gate.state == "Failed":
         return ServingTargets(active="base", replicas={"base": size, "redrafter": 0}, canary=0)
@@ -122,10 +136,11 @@ def gate_from_status(targets: ServingTargets, spec: ReDrafterDeploymentSpec,
     return gated_targets(targets, gate_of(status, pair), status.get("activeEngine"))
 
 
-def pods_ready(deployments: Mapping[str, Any], pair: tuple[str, str]) -> bool:
-    """Both variant Deployments rolled out on the pair's keys with >= 1 Ready pod."""
+def pods_ready(deployments: Mapping[str, Any], pair: tuple[str, str], candidate: bool = False) -> bool:
+    """Both Deployments under test (the candidate's for ReDrafter when ``candidate``) rolled out on the
+    pair's keys with >= 1 Ready pod."""
     for variant, key in zip(("redrafter", "base"), pair):
-        dep = deployments.get(variant)
+        dep = deployments.get("candidate" if candidate and variant == "redrafter" else variant)
         if dep is None or dep.key != key or not dep.rolled_out or dep.ready_replicas < 1:
             return False
     return True
@@ -140,6 +155,13 @@ def validation_fragment(old: Mapping[str, Any], step: ValidationStep, *, generat
         c = step.condition
         out["conditions"] = merge_conditions(old.get("conditions") or [], [Cond(c.type, c.status, c.reason, c.message)],  # type: ignore[arg-type]
                                              generation=generation, now=now)
+    if "validation" in out:  # the last pair that passed outlives the record of newer pairs
+        state = out["validation"]
+        promoted = (old.get("validation") or {}).get("promoted")
+        if state.get("state") == "Passed":
+            promoted = {"redrafterKey": state["redrafterKey"], "baseKey": state["baseKey"]}
+        if promoted:
+            out["validation"]["promoted"] = promoted
     if step.crossover is not None and step.crossover != float("inf"):
         out["speculation"] = {**(old.get("speculation") or {}), "crossoverConcurrency": round(step.crossover, 4)}
     return out
@@ -163,8 +185,9 @@ class Promotion:
         self._gated: set[Key] = set()  # resources whose published targets the gate changed
 
     def allows_redrafter(self, key: Key) -> bool:
+        """May the policy switch to ReDrafter (a validated engine: the new one, or the promoted one)?"""
         gate = self.gates.get(key)
-        return gate is None or gate.promote
+        return gate is None or gate.promote or gate.stable is not None
 
     def set_policy(self, controller: Any, key: Key, targets: ServingTargets, spec: ReDrafterDeploymentSpec,
                    status: Mapping[str, Any]) -> None:
@@ -238,7 +261,7 @@ class ValidationEvaluator:
         # Keep both variants up before looking at their pods (the gate raises their replicas to >= 1).
         if self.promotion.gates.get(key) is None or self.promotion.gates[key].promote:
             self.promotion.set_gate(controller, key, gate, spec, status)
-        ready = pods_ready(_deployments(controller, ns, name), pair)
+        ready = pods_ready(_deployments(controller, ns, name), pair, candidate=gate.stable is not None)
         same = prev.get("redrafterKey") == pair[0] and prev.get("baseKey") == pair[1]
         attempt = int(prev.get("attempt", 0)) if same else 0
         job_name = validation_job_name(name, pair[0], pair[1], attempt)
@@ -255,7 +278,8 @@ class ValidationEvaluator:
         if step.create_job:
             owner = Owner(name, ns, meta.get("uid") or "", spec, int(meta.get("generation") or 1))
             manifest = validation_job(owner, redrafter_key=pair[0], base_key=pair[1],
-                                      operator_image=self.operator_image, attempt=step.attempt)
+                                      operator_image=self.operator_image, attempt=step.attempt,
+                                      candidate=gate.stable is not None)
             try:
                 created = await controller.client.request("POST", f"/apis/batch/v1/namespaces/{ns}/jobs", manifest)
             except ApiError as exc:
@@ -277,8 +301,7 @@ class ValidationEvaluator:
                 var.set(value)
             _post(body, type_, reason, message)
         new_status = {**status, **fragment}
-        self.promotion.set_gate(controller, key, Gate(step.promote, str((step.status or {}).get("state", "Pending"))),
-                                spec, new_status)
+        self.promotion.set_gate(controller, key, gate_of(new_status, pair), spec, new_status)
 
     async def _get(self, controller: Any, path: str) -> dict[str, Any] | None:
         try:

@@ -8,16 +8,21 @@ import aiohttp
 
 from engine_jobs.contract import METRICS_PORT
 
-from ..render.names import LABEL_VARIANT
+from ..render.names import LABEL_ROLE, LABEL_VARIANT, ROLE_CANDIDATE
 from .prometheus import PrometheusSource
 from .samples import MetricsSource, PodTarget, pod_is_ready
 from .scraper import PodScraper
 
 
 def targets_from_pods(pods: Iterable[Mapping[str, Any]], port: int = METRICS_PORT) -> list[PodTarget]:
-    """Ready serving pods (with a variant label) as scrape targets, sorted by name for stable output."""
+    """Ready serving pods (with a variant label) as scrape targets, sorted by name for stable output.
+
+    A candidate engine's pods are left out: they serve only the validation Job, whose acceptance
+    says nothing about live traffic.
+    """
     out = [PodTarget.from_pod(p, port) for p in pods
-           if pod_is_ready(p) and (p.get("metadata", {}).get("labels") or {}).get(LABEL_VARIANT)]
+           if pod_is_ready(p) and (labels := p.get("metadata", {}).get("labels") or {}).get(LABEL_VARIANT)
+           and labels.get(LABEL_ROLE) != ROLE_CANDIDATE]
     return sorted(out, key=lambda t: t.name)
 
 

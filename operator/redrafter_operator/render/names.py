@@ -21,6 +21,9 @@ LABEL_DEPLOYMENT = f"{DOMAIN}/deployment"  # name of the owning ReDrafterDeploym
 LABEL_VARIANT = f"{DOMAIN}/variant"  # engine inside the pod: redrafter | base
 LABEL_TRAFFIC = f"{DOMAIN}/traffic"  # pool the stable Service selects: redrafter | base
 LABEL_ENGINE_KEY = f"{DOMAIN}/engine-key"
+LABEL_ROLE = f"{DOMAIN}/role"  # primary | canary | candidate: keeps the redrafter Deployments' selectors apart
+ROLE_CANDIDATE = "candidate"  # a new ReDrafter engine under validation: in no traffic pool, never scraped by the policy
+NO_POOL = "none"  # LABEL_TRAFFIC of candidate pods: no Service selecting a pool selects them
 LABEL_COMPONENT = "app.kubernetes.io/component"  # engine-build | serving
 ANNOTATION_RETRY_BUILD = f"{DOMAIN}/retry-build"
 MANAGED_BY = "redrafter-operator"
@@ -58,6 +61,15 @@ def serving_deployment_name(deployment: str, variant: Variant) -> str:
 
 def canary_deployment_name(deployment: str) -> str:
     return safe_name(deployment, "redrafter-canary")
+
+
+def candidate_name(deployment: str) -> str:
+    """Deployment and Service of a new ReDrafter engine under validation (the promoted one keeps serving)."""
+    return safe_name(deployment, "redrafter-candidate")
+
+
+def candidate_config_name(deployment: str) -> str:
+    return safe_name(deployment, "redrafter-candidate", "serving")
 
 
 def serving_config_name(deployment: str, variant: Variant) -> str:

@@ -5,6 +5,7 @@ writable emptyDir (the engine volume is mounted read-only) and runs tritonserver
 TP > 1. Pods carry the label of the traffic pool they belong to; the stable Service ``<name>`` selects a
 pool, so switching engines is a Service selector change, never a pod restart. A canary Deployment runs
 the ReDrafter engine in the base pool, so acceptance stays measured while the service runs on base.
+A candidate Deployment runs a new ReDrafter engine in no pool while it is validated against base.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from . import names
 from .build import gpu_resources, node_selector
 from .common import Owner, metadata
 
-LABEL_ROLE = f"{names.DOMAIN}/role"  # primary | canary: keeps the two redrafter Deployments' selectors apart
 ANNOTATION_CONFIG_HASH = f"{names.DOMAIN}/serving-config-hash"
 REPO_DIR = "/tmp/redrafter/model_repo"  # inside the writable emptyDir mounted at /tmp
 PRESTOP_SLEEP_SECONDS = 10  # endpoints drop the pod before Triton stops accepting requests
@@ -66,21 +66,22 @@ def _config_json(owner: Owner, variant: Variant, key: str) -> str:
     return serving_config(owner, variant, key).model_dump_json(indent=2)
 
 
-def serving_configmap(owner: Owner, variant: Variant, key: str) -> dict[str, Any]:
+def serving_configmap(owner: Owner, variant: Variant, key: str, name: str | None = None) -> dict[str, Any]:
+    """serving.json of ``key`` (``name``: the candidate's own, so the promoted engine's stays untouched)."""
     labels = {**names.common_labels(owner.name, "serving"), names.LABEL_VARIANT: variant, names.LABEL_ENGINE_KEY: key}
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": metadata(owner, names.serving_config_name(owner.name, variant), labels),
+        "metadata": metadata(owner, name or names.serving_config_name(owner.name, variant), labels),
         "data": {contract.SERVING_CONFIG_FILE: _config_json(owner, variant, key)},
     }
 
 
-def _pod_labels(owner: Owner, variant: Variant, key: str, pool: Variant, role: str) -> dict[str, str]:
+def _pod_labels(owner: Owner, variant: Variant, key: str, pool: str, role: str) -> dict[str, str]:
     return {
         **names.common_labels(owner.name, "serving"),
         **names.serving_selector(owner.name, variant),
-        LABEL_ROLE: role,
+        names.LABEL_ROLE: role,
         names.LABEL_TRAFFIC: pool,
         names.LABEL_ENGINE_KEY: key,
     }
@@ -133,10 +134,11 @@ def _container(owner: Owner, key: str) -> dict[str, Any]:
     }
 
 
-def _deployment(owner: Owner, name: str, variant: Variant, key: str, replicas: int, pool: Variant, role: str) -> dict:
+def _deployment(owner: Owner, name: str, variant: Variant, key: str, replicas: int, pool: str, role: str,
+                config_name: str | None = None) -> dict:
     spec = owner.spec
     labels = _pod_labels(owner, variant, key, pool, role)
-    selector = {**names.serving_selector(owner.name, variant), LABEL_ROLE: role}
+    selector = {**names.serving_selector(owner.name, variant), names.LABEL_ROLE: role}
     config_hash = hashlib.sha256(_config_json(owner, variant, key).encode()).hexdigest()[:16]
     if spec.serving.rollout.strategy == "Recreate":
         strategy: dict[str, Any] = {"type": "Recreate"}
@@ -156,7 +158,7 @@ def _deployment(owner: Owner, name: str, variant: Variant, key: str, replicas: i
         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         "volumes": [
             {"name": "engine", "persistentVolumeClaim": {"claimName": spec.engine.cache.claim_name, "readOnly": True}},
-            {"name": "serving-config", "configMap": {"name": names.serving_config_name(owner.name, variant)}},
+            {"name": "serving-config", "configMap": {"name": config_name or names.serving_config_name(owner.name, variant)}},
             {"name": "dshm", "emptyDir": {"medium": "Memory"}},
             {"name": "tmp", "emptyDir": {}},
         ],
@@ -195,6 +197,22 @@ def canary_deployment(owner: Owner, key: str, replicas: int) -> dict:
     if replicas < 0:
         raise ValueError("replicas must be >= 0")
     return _deployment(owner, names.canary_deployment_name(owner.name), "redrafter", key, replicas, "base", "canary")
+
+
+def candidate_deployment(owner: Owner, key: str, replicas: int) -> dict:
+    """A new ReDrafter engine's pods while it is validated: in no traffic pool, so the promoted engine
+    keeps serving until the validation passes (then the primary Deployment rolls to ``key``)."""
+    if replicas < 0:
+        raise ValueError("replicas must be >= 0")
+    return _deployment(owner, names.candidate_name(owner.name), "redrafter", key, replicas, names.NO_POOL,
+                       names.ROLE_CANDIDATE, names.candidate_config_name(owner.name))
+
+
+def candidate_service(owner: Owner) -> dict:
+    """``<name>-redrafter-candidate``: the validation Job's ReDrafter endpoint while a candidate runs."""
+    selector = {**names.serving_selector(owner.name, "redrafter"), names.LABEL_ROLE: names.ROLE_CANDIDATE}
+    return _service(owner, names.candidate_name(owner.name), selector,
+                    {names.LABEL_VARIANT: "redrafter", names.LABEL_ROLE: names.ROLE_CANDIDATE})
 
 
 def _service(owner: Owner, name: str, selector: dict[str, str], extra_labels: dict[str, str]) -> dict:

@@ -1,5 +1,6 @@
 """The pre-promotion validation Job: ``redrafter-operator evaluate validate`` against the two per-variant
-Services (``<name>-redrafter`` and ``<name>-base``), CPU only.
+Services (``<name>-redrafter`` and ``<name>-base``; ``<name>-redrafter-candidate`` instead of the first
+while a promoted ReDrafter engine keeps serving), CPU only.
 
 Image: ``spec.validation.image``, else the operator's own image (passed in by the controller). The
 operator image already carries the ``redrafter-operator`` CLI and, with the ``client`` extra,
@@ -41,9 +42,9 @@ def validation_job_name(deployment: str, redrafter_key: str, base_key: str, atte
                            limit=names.JOB_NAME_MAX)
 
 
-def service_endpoint(owner: Owner, variant: str) -> str:
-    """The per-variant Service's in-cluster gRPC address."""
-    return f"{names.service_name(owner.name, variant)}.{owner.namespace}.svc:{GRPC_PORT}"  # type: ignore[arg-type]
+def service_endpoint(owner: Owner, service: str) -> str:
+    """A Service's in-cluster gRPC address."""
+    return f"{service}.{owner.namespace}.svc:{GRPC_PORT}"
 
 
 def validate_args(spec: ReDrafterDeploymentSpec, redrafter: str, base: str) -> list[str]:
@@ -79,17 +80,17 @@ def pod_failure_policy() -> dict[str, Any]:
 
 
 def validation_job(owner: Owner, *, redrafter_key: str, base_key: str, operator_image: str, attempt: int = 0,
-                   redrafter_endpoint: str | None = None, base_endpoint: str | None = None) -> dict[str, Any]:
+                   candidate: bool = False) -> dict[str, Any]:
     """The Job validating the engine pair (``redrafter_key``, ``base_key``) behind the variant Services.
 
-    ``redrafter_endpoint`` / ``base_endpoint`` override the per-variant Service addresses (e.g. when
-    the controller brings a new engine up under other names).
+    ``candidate``: the new ReDrafter engine runs on the candidate Deployment (a promoted one keeps
+    serving from the primary), so the Job reads it through the candidate Service.
     """
     spec = owner.spec
     v = spec.validation
     labels = names.common_labels(owner.name, COMPONENT)
-    args = validate_args(spec, redrafter_endpoint or service_endpoint(owner, "redrafter"),
-                         base_endpoint or service_endpoint(owner, "base"))
+    redrafter = names.candidate_name(owner.name) if candidate else names.service_name(owner.name, "redrafter")
+    args = validate_args(spec, service_endpoint(owner, redrafter), service_endpoint(owner, names.service_name(owner.name, "base")))
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": v.image or operator_image,

@@ -143,10 +143,13 @@ READY = "status.serving.readyReplicas"
 REPLICAS = "status.serving.replicas"
 
 DEPLOY = Stage(
-    "deploy", "apply the resource: build both engines, roll out ReDrafter",
+    "deploy", "apply the resource: build both engines, validate ReDrafter against base, promote it",
     concurrency=0, acceptance=HIGH_ACCEPTANCE,
-    until=(Condition("status.phase", "==", "Serving"),), timeout_s=120,
-    expect="engines built by Jobs, Deployments Ready, Service on ReDrafter",
+    until=(Condition("status.phase", "==", "Serving"), Condition("status.validation.state", "==", "Passed"),
+           Condition(ACTIVE_ENGINE, "==", "redrafter")),
+    timeout_s=180,
+    expect="engines built by Jobs; base serves while the validation Job compares greedy outputs; "
+           "then the Service moves to ReDrafter",
 )
 STEADY = Stage(
     "steady", "steady light traffic on ReDrafter with high acceptance",

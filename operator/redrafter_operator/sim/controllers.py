@@ -15,6 +15,8 @@ import json
 from typing import Any
 
 from .apiserver import ApiServerEmulator
+from .endpoints import endpoints_for
+from .objects import condition_true
 
 JOB_NAME_LABELS = ("job-name", "batch.kubernetes.io/job-name")
 JOB_UID_LABELS = ("controller-uid", "batch.kubernetes.io/controller-uid")
@@ -161,8 +163,7 @@ def _set_pod_ready(emu: ApiServerEmulator, pod: dict[str, Any], ready: bool) -> 
 
 
 def is_pod_ready(pod: dict[str, Any]) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (pod.get("status") or {}).get("conditions") or [])
+    return condition_true(pod, "Ready")
 
 
 def sync_deployment_pods(emu: ApiServerEmulator, name: str, namespace: str, *, ready: bool = True,
@@ -231,55 +232,14 @@ def mark_deployment_ready(emu: ApiServerEmulator, name: str, namespace: str, *,
 # ----------------------------------------------------------------------------- Services
 
 
-def _selects(selector: dict[str, str], pod: dict[str, Any]) -> bool:
-    labels = pod["metadata"].get("labels") or {}
-    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
-
-
-def _target_port(port: dict[str, Any], pod: dict[str, Any]) -> int | None:
-    target = port.get("targetPort", port.get("port"))
-    if isinstance(target, int):
-        return target
-    if isinstance(target, str) and target.isdigit():
-        return int(target)
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        for cport in container.get("ports") or []:
-            if cport.get("name") == target:
-                return int(cport["containerPort"])
-    return None
-
-
 def sync_endpoints(emu: ApiServerEmulator, service: str, namespace: str) -> dict[str, Any]:
-    """Write the Service's Endpoints: Ready matching Pods as addresses, the others as notReadyAddresses."""
+    """Write the Service's Endpoints as the simulated node's endpoints controller computes them."""
     svc = emu.get_object("v1", "Service", service, namespace)
-    selector = (svc.get("spec") or {}).get("selector") or {}
-    pods = [p for p in emu.list_objects("v1", "Pod", namespace) if _selects(selector, p)
-            and not p["metadata"].get("deletionTimestamp")]
-    subsets = []
-    for port in (svc.get("spec") or {}).get("ports") or []:
-        ready, not_ready, number = [], [], None
-        for pod in pods:
-            number = _target_port(port, pod) or number
-            address = {"ip": pod_ip(pod["metadata"]["uid"]),
-                       "targetRef": {"kind": "Pod", "name": pod["metadata"]["name"], "namespace": namespace,
-                                     "uid": pod["metadata"]["uid"]}}
-            (ready if is_pod_ready(pod) else not_ready).append(address)
-        if ready or not_ready:
-            subset: dict[str, Any] = {"ports": [{"name": port.get("name", ""), "port": number or port.get("port"),
-                                                 "protocol": port.get("protocol", "TCP")}]}
-            if ready:
-                subset["addresses"] = ready
-            if not_ready:
-                subset["notReadyAddresses"] = not_ready
-            subsets.append(subset)
-    body = {"apiVersion": "v1", "kind": "Endpoints",
-            "metadata": {"name": service, "namespace": namespace, "labels": svc["metadata"].get("labels") or {}},
-            "subsets": subsets}
-    existing = emu.find_object("v1", "Endpoints", service, namespace)
-    if existing is None:
+    body = endpoints_for(svc, emu.list_objects("v1", "Pod", namespace))
+    if emu.find_object("v1", "Endpoints", service, namespace) is None:
         return emu.create_object(body)
-    return emu.patch_object("v1", "Endpoints", service, namespace, {"subsets": subsets,
-                                                                    "metadata": {"labels": body["metadata"]["labels"]}})
+    return emu.patch_object("v1", "Endpoints", service, namespace,
+                            {"subsets": body["subsets"], "metadata": {"labels": body["metadata"]["labels"]}})
 
 
 def ready_endpoint_ips(emu: ApiServerEmulator, service: str, namespace: str) -> list[str]:

@@ -1,6 +1,7 @@
 """The endpoints controller: every Service with a selector gets an Endpoints object listing the Pods it
 selects (Ready ones under ``addresses``, others under ``notReadyAddresses``), as kube-controller-manager
-does. The router (kube-proxy's role) reads them.
+does. The router (kube-proxy's role) reads them. :func:`endpoints_for` is the one implementation: the
+in-process emulator's controllers (:mod:`.controllers`) write what it returns too.
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ of the current template (rolling update with surge, or Recreate), each a real tr
 loopback address 127.0.0.N (the Pod IP; ports 8000/8001/8002 as in the cluster). The pod serves the
 repository the launcher (engine_jobs.serve) would generate from the pod's serving.json — written with
 engine_jobs.model_repo from the built artifact in the engine cache — with the simulated engine in
-place of tensorrt_llm (plus the backend's load gauges, :mod:`.engine_load`). Readiness comes from ``/v2/health/ready``; a dead server is restarted
-(restartCount + 1); scale-down deletes the Pod and then stops its server (Triton drains).
+place of tensorrt_llm (plus the backend's load gauges, :mod:`.engine.load`). Readiness comes from
+``/v2/health/ready``; a dead server is restarted (restartCount + 1); scale-down deletes the Pod and
+then stops its server (Triton drains).
 """
 
 from __future__ import annotations
@@ -28,11 +29,10 @@ from engine_jobs.model_repo import write_model_repository
 
 from ..render import names
 from . import objects
-from .engine import SimEngineSettings, install_sim_engine
-from .engine_load import add_load_gauges
+from .engine import SimEngineSettings, add_load_gauges, install_sim_engine
 from .hostfs import HostFS, PodRoot, configmap_names
 from .kubeapi import CONFIGMAPS, DEPLOYMENTS, PODS, ApiStatusError, KubeApi
-from .triton import TritonServer, port_is_free
+from .triton import STUB_TIMEOUT_SECONDS, TritonServer, port_is_free
 
 log = logging.getLogger("redrafter.sim.serving")
 
@@ -45,18 +45,6 @@ TERMINATION_DELAY_SECONDS = 1.5
 
 #: Triton servers loading their models at the same time on this node (a switch starts a whole pool).
 STARTS_IN_PARALLEL = 4
-#: The Python backend's stub start-up timeout. Triton's default (30 s) is too short when several servers
-#: start their ~6 stubs each at once on a busy 2-core machine: the server aborts with
-#: boost::interprocess::lock_exception. With 120 s, four parallel starts under load average ~15 pass.
-STUB_TIMEOUT_SECONDS = 120
-
-
-class PodTritonServer(TritonServer):
-    """The pod's tritonserver: the harness's command plus a longer Python-stub start-up timeout."""
-
-    def argv(self, install, backend_dir):  # type: ignore[no-untyped-def]
-        return [*super().argv(install, backend_dir),
-                f"--backend-config=python,stub-timeout-seconds={STUB_TIMEOUT_SECONDS}"]
 
 
 class IpPool:
@@ -224,12 +212,12 @@ class ServingController:
     async def _start(self, pod: ServingPod, manifest: dict[str, Any]) -> None:
         try:
             repo = await self._prepare(pod, manifest)
-            server = PodTritonServer(repo, host=pod.ip, http_port=contract.HTTP_PORT, grpc_port=contract.GRPC_PORT,
-                                  metrics_port=contract.METRICS_PORT, workdir=pod.root.root / "triton",
-                                  exit_timeout_secs=self.exit_timeout_secs)
             # every pod listens on the same ports (on its own IP): the default shared-memory prefix
             # (pid + HTTP port) would collide between pods and crash the Python backends
-            server.shm_prefix = f"rdsim{os.getpid()}x{pod.ip.rsplit('.', 1)[-1]}n{pod.restarts}r"
+            server = TritonServer(repo, host=pod.ip, http_port=contract.HTTP_PORT, grpc_port=contract.GRPC_PORT,
+                                  metrics_port=contract.METRICS_PORT, workdir=pod.root.root / "triton",
+                                  exit_timeout_secs=self.exit_timeout_secs, stub_timeout_secs=STUB_TIMEOUT_SECONDS,
+                                  shm_prefix=f"rdsim{os.getpid()}x{pod.ip.rsplit('.', 1)[-1]}n{pod.restarts}r")
             pod.server = server
             pod.started = objects.now()
             async with self._start_slots:

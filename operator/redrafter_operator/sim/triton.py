@@ -32,6 +32,11 @@ from engine_jobs.serve import LaunchSettings, rank_argv
 from .engine import SimEngineSettings, install_sim_engine
 
 SHM_DIR = Path("/dev/shm")
+#: A Python-backend stub start-up timeout for servers started several at once. Triton's default (30 s)
+#: is too short when several servers start their ~6 stubs each at once on a busy 2-core machine: the
+#: server aborts with boost::interprocess::lock_exception. With 120 s, four parallel starts under load
+#: average ~15 pass.
+STUB_TIMEOUT_SECONDS = 120
 
 
 class TritonUnavailable(RuntimeError):
@@ -127,13 +132,17 @@ class TritonServer:
     workdir: Path | None = None
     env: dict[str, str] = field(default_factory=dict)
     exit_timeout_secs: int = 3
+    #: the Python backend's stub start-up timeout; None keeps Triton's default (30 s)
+    stub_timeout_secs: int | None = None
+    #: shared-memory region prefix; "" derives one from pid + HTTP port (unique only while ports are)
+    shm_prefix: str = ""
     proc: subprocess.Popen | None = None
     log_path: Path | None = None
 
     def __post_init__(self) -> None:
         if not (self.http_port and self.grpc_port and self.metrics_port):
             self.http_port, self.grpc_port, self.metrics_port = free_ports(self.host, 3)
-        self.shm_prefix = f"rdsim{os.getpid()}x{self.http_port}r"
+        self.shm_prefix = self.shm_prefix or f"rdsim{os.getpid()}x{self.http_port}r"
 
     @property
     def http_url(self) -> str:
@@ -153,7 +162,10 @@ class TritonServer:
             http_port=self.http_port, grpc_port=self.grpc_port, metrics_port=self.metrics_port,
             exit_timeout_secs=self.exit_timeout_secs,
         )
-        return rank_argv(settings, str(self.repo), 0, shm_prefix=self.shm_prefix)
+        argv = rank_argv(settings, str(self.repo), 0, shm_prefix=self.shm_prefix)
+        if self.stub_timeout_secs is not None:
+            argv.append(f"--backend-config=python,stub-timeout-seconds={self.stub_timeout_secs}")
+        return argv
 
     def start(self, timeout: float = 90.0) -> "TritonServer":
         install = TritonInstall.find()

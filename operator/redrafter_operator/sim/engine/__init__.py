@@ -16,10 +16,11 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from .control import ENV_CONTROL, SimControl, read_control, write_control
+from .load import add_load_gauges
 
 __all__ = [
-    "ENV_CONTROL", "SimControl", "SimEngineSettings", "install_sim_engine", "read_control",
-    "sim_engine_config", "write_control",
+    "ENV_CONTROL", "SimControl", "SimEngineSettings", "add_load_gauges", "install_sim_engine",
+    "read_control", "sim_engine_config", "write_control",
 ]
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 from pathlib import Path
 
@@ -27,7 +26,8 @@ from redrafter_operator.evaluate.report import FIGURES, REPORT_KIND
 from redrafter_operator.evaluate.stream import RequestOptions
 from redrafter_operator.sim.checkpoint import write_tokenizer
 from redrafter_operator.sim.engine import SimControl, SimEngineSettings, write_control
-from redrafter_operator.sim.triton import TritonServer, TritonStartError, TritonUnavailable, build_sim_repository, free_ports
+from redrafter_operator.sim.triton import TritonServer, build_sim_repository, free_ports
+from triton_servers import start_servers, stop_servers  # noqa: I001 (same dir)
 
 pytestmark = [pytest.mark.triton, pytest.mark.timeout(240)]
 
@@ -76,26 +76,9 @@ class Served:
 def servers(tmp_path_factory):
     root = tmp_path_factory.mktemp("evaluate")
     tokenizer = write_tokenizer(root / "tokenizer")
-    started: dict[str, Served] = {}
-    try:
-        for variant in ("redrafter", "base"):
-            s = Served(root, variant, tokenizer)
-            s.server.start(timeout=90)
-            started[variant] = s
-    except TritonUnavailable as exc:
-        for s in started.values():
-            s.server.stop()
-        pytest.skip(f"tritonserver cannot run on this machine: {exc}")
-    except TritonStartError:
-        for s in started.values():
-            s.server.stop()
-        raise
+    started = start_servers(lambda variant: Served(root, variant, tokenizer))
     yield started
-    stoppers = [threading.Thread(target=s.server.stop) for s in started.values()]  # in parallel
-    for t in stoppers:
-        t.start()
-    for t in stoppers:
-        t.join()
+    stop_servers(started)
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ import asyncio
 import json
 import queue
 import re
-import threading
 import uuid
 from pathlib import Path
 
@@ -33,7 +32,8 @@ from engine_jobs.contract import (
     ServingConfig,
 )
 from redrafter_operator.sim.engine import SimEngineSettings, write_control
-from redrafter_operator.sim.triton import TritonServer, TritonStartError, TritonUnavailable, build_sim_repository
+from redrafter_operator.sim.triton import TritonServer, build_sim_repository
+from triton_servers import start_servers, stop_servers  # noqa: I001 (same dir)
 
 pytestmark = [pytest.mark.triton, pytest.mark.timeout(240)]
 
@@ -119,29 +119,10 @@ class Served:
 def servers(tmp_path_factory):
     root = tmp_path_factory.mktemp("triton")
     tokenizer = make_tokenizer(root / "tokenizer")
-    started: dict[str, Served] = {}
-    try:
-        for variant in ("redrafter", "base"):
-            s = Served(root, variant, tokenizer)
-            s.server.start(timeout=90)
-            started[variant] = s
-    except TritonUnavailable as exc:
-        for s in started.values():
-            s.server.stop()
-        pytest.skip(f"tritonserver cannot run on this machine: {exc}")
-    except TritonStartError:
-        for s in started.values():
-            s.server.stop()
-        raise
+    started = start_servers(lambda variant: Served(root, variant, tokenizer))
     yield started
     # Stop both (in parallel), then check: SIGTERM drains and exits 0 within the exit timeout.
-    codes: dict[str, int | None] = {}
-    stoppers = [threading.Thread(target=lambda s=s: codes.__setitem__(s.variant, s.server.stop()))
-                for s in started.values()]
-    for t in stoppers:
-        t.start()
-    for t in stoppers:
-        t.join()
+    codes = stop_servers(started)
     for s in started.values():
         log = s.server.log_path.read_text(errors="replace")
         # Drained: no inference was in flight when Triton began unloading. Exit code 1 only when the

@@ -1,0 +1,54 @@
+"""Module-scoped real tritonservers for the integration tests, started and stopped one way.
+
+Each test module wraps a server in its own object (control file, ledger, ...) that has ``.server``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from typing import Protocol, TypeVar
+
+import pytest
+
+from redrafter_operator.sim.triton import TritonServer, TritonUnavailable
+
+VARIANTS = ("redrafter", "base")
+
+
+class HasServer(Protocol):
+    server: TritonServer
+
+
+S = TypeVar("S", bound=HasServer)
+
+
+def start_servers(make: Callable[[str], S], variants: Iterable[str] = VARIANTS,
+                  timeout: float = 90) -> dict[str, S]:
+    """``make(variant)`` started for each variant. Skips where Triton cannot run; on any other failure
+    stops the ones already started first (they run in their own sessions and would outlive pytest)."""
+    started: dict[str, S] = {}
+    try:
+        for variant in variants:
+            served = make(variant)
+            served.server.start(timeout=timeout)
+            started[variant] = served
+    except TritonUnavailable as exc:
+        stop_servers(started)
+        pytest.skip(f"tritonserver cannot run on this machine: {exc}")
+    except BaseException:
+        stop_servers(started)
+        raise
+    return started
+
+
+def stop_servers(started: dict[str, S]) -> dict[str, int | None]:
+    """Stop all in parallel (each drains for its exit timeout); their exit codes by variant."""
+    codes: dict[str, int | None] = {}
+    stoppers = [threading.Thread(target=lambda v=v, s=s: codes.__setitem__(v, s.server.stop()))
+                for v, s in started.items()]
+    for t in stoppers:
+        t.start()
+    for t in stoppers:
+        t.join()
+    return codes

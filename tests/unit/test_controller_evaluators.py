@@ -405,3 +405,14 @@ def test_the_policy_may_choose_a_promoted_engine_while_a_newer_one_is_validated(
     assert not hub.allows_redrafter(key)
     hub.set_gate(ctl, key, Gate(False, "Failed", "r0"), spec, {"activeEngine": "redrafter"})
     assert hub.allows_redrafter(key)
+
+
+def test_gating_twice_changes_nothing() -> None:
+    """The planner gates whatever targets it gets (some arrive already gated by the promotion hub)."""
+    on_base = ServingTargets(active="base", replicas={"base": 2, "redrafter": 0}, canary=1)
+    for gate in (Gate(False, "Pending"), Gate(False, "Running"), Gate(False, "Failed"), Gate(False, "Running", "r0"),
+                 Gate(False, "Failed", "r0"), Gate(True, "Passed")):
+        for pool in ("redrafter", "base", None):
+            for targets in (POLICY, on_base):
+                once = gated_targets(targets, gate, pool)
+                assert gated_targets(once, gate, pool) == once, (gate, pool, targets)

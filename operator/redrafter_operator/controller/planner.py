@@ -314,8 +314,12 @@ def plan(
     result = Plan(status={})
     engines = {v: plan_engine(res, owner, v, observed, result) for v in VARIANTS}
 
-    # defaults see this plan's engines: a pair built just now is gated at once, not one reconcile later
-    tgt = (targets(spec, old_status) if targets else None) or default_targets(spec, {**old_status, "engines": engines})
+    # The gate sees this plan's engines: a pair built just now is gated at once, not one reconcile later
+    # (targets set before the evaluators saw it, e.g. the policy's, are gated here too; gating is idempotent).
+    from .validation import gate_from_status
+
+    current = {**old_status, "engines": engines}
+    tgt = gate_from_status((targets(spec, old_status) if targets else None) or default_targets(spec, current), spec, current)
     deploy = {v: _deployable_key(v, engines[v], observed) for v in VARIANTS}
     gate, stable = _promotion(spec, old_status, engines)
     if stable:  # the promoted ReDrafter engine keeps the primary Deployment until the new one passes

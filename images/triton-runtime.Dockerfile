@@ -4,7 +4,7 @@
 # acceptance-metering, pre- and post-processing Python models. Same TRITON_RELEASE as the builder.
 # Build from the repository root:  docker build -f images/triton-runtime.Dockerfile -t IMAGE .
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
-ARG TRITON_RELEASE=25.06
+ARG TRITON_RELEASE=25.09
 
 FROM ${PYTHON_IMAGE} AS wheel
 WORKDIR /src
@@ -14,8 +14,8 @@ COPY engine_jobs/ engine_jobs/
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM nvcr.io/nvidia/tritonserver:${TRITON_RELEASE}-trtllm-python-py3
-ARG TRITON_RELEASE=25.06
-ARG TRTLLM_VERSION=0.20.0
+ARG TRITON_RELEASE=25.09
+ARG TRTLLM_VERSION=1.0.0
 ARG VERSION=0.1.0
 LABEL org.opencontainers.image.title="redrafter-triton-runtime" \
       org.opencontainers.image.version="${VERSION}" \

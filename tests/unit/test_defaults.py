@@ -45,10 +45,10 @@ def test_builtin_defaults_without_environment():
 
 def test_environment_defaults_fill_unset_fields_and_move_the_key():
     plain = probe(SPEC)
-    custom = probe(SPEC, **{ENV_BUILDER_IMAGE: "registry.local/builder:trtllm0.20.0", ENV_CACHE_CLAIM: "team-cache",
-                            "REDRAFTER_DEFAULT_SERVING_IMAGE": "registry.local/triton:25.06"})
-    assert custom["image"] == "registry.local/builder:trtllm0.20.0"
-    assert custom["claim"] == "team-cache" and custom["serving"] == "registry.local/triton:25.06"
+    custom = probe(SPEC, **{ENV_BUILDER_IMAGE: "registry.local/builder:trtllm1.0.0", ENV_CACHE_CLAIM: "team-cache",
+                            "REDRAFTER_DEFAULT_SERVING_IMAGE": "registry.local/triton:25.09"})
+    assert custom["image"] == "registry.local/builder:trtllm1.0.0"
+    assert custom["claim"] == "team-cache" and custom["serving"] == "registry.local/triton:25.09"
     assert custom["key"] != plain["key"], "the builder image pins TensorRT-LLM: it must be part of the key"
 
 

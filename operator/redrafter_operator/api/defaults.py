@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
-DEFAULT_BUILDER_IMAGE = "ghcr.io/redrafter/engine-builder:0.1.0-trtllm0.20.0"
-DEFAULT_SERVING_IMAGE = "ghcr.io/redrafter/triton-runtime:0.1.0-25.06-trtllm-python-py3"
+DEFAULT_BUILDER_IMAGE = "ghcr.io/redrafter/engine-builder:0.1.0-trtllm1.0.0"
+DEFAULT_SERVING_IMAGE = "ghcr.io/redrafter/triton-runtime:0.1.0-25.09-trtllm-python-py3"
 DEFAULT_CACHE_CLAIM = "engine-cache"
 
 IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$"

@@ -14,6 +14,7 @@ import pytest
 from aiohttp import web
 
 from engine_jobs import contract as c
+from redrafter_operator.controller import handlers
 from redrafter_operator.controller import speculation as sp
 from redrafter_operator.controller.apply import ApiError
 from redrafter_operator.controller.metrics import OperatorMetrics
@@ -138,7 +139,7 @@ async def endpoint():
 @pytest.fixture
 def events(monkeypatch):
     posted: list[tuple[str, str, str]] = []
-    monkeypatch.setattr(sp, "_post", lambda b, t, r, msg: posted.append((t, r, msg)))
+    monkeypatch.setattr(handlers, "_post", lambda b, t, r, msg: posted.append((t, r, msg)))
     return posted
 
 

@@ -24,7 +24,7 @@ import datetime as dt
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Mapping, Protocol
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Protocol
 
 import kopf
 
@@ -462,6 +462,34 @@ def _post(body: Mapping[str, Any], type_: str, reason: str, message: str) -> Non
         pass
     (log.warning if type_ == "Warning" else log.info)("%s/%s %s: %s", body.get("metadata", {}).get("namespace"),
                                                        body.get("metadata", {}).get("name"), reason, message)
+
+
+async def write_status(controller: Any, key: Key, patch: Mapping[str, Any]) -> None:
+    """An evaluator's merge patch of ``status`` (a deleted resource is not an error; others raise ApiError).
+
+    The reconciler plans from its last written status until the watch echoes it, so the response
+    becomes that view: its next status patch then keeps what the evaluator wrote.
+    """
+    ns, name = key
+    path = f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/{PLURAL}/{name}/status"
+    try:
+        resp = await controller.client.request("PATCH", path, {"status": dict(patch)},
+                                               content_type="application/merge-patch+json")
+    except ApiError as exc:
+        if exc.status == 404:
+            return
+        raise
+    written = {k: v for k, v in (resp.get("status") or {}).items() if k != "kopf"}
+    if written and key in controller.bodies:
+        controller.written[key] = written
+
+
+def post_events(controller: Any, body: Mapping[str, Any], events: Iterable[tuple[str, str, str]]) -> None:
+    """Events (type, reason, message) from an evaluator, through kopf's queue (see adopt_posting_context)."""
+    for var, value in getattr(controller, "_posting_vars", ()):
+        var.set(value)
+    for type_, reason, message in events:
+        _post(body, type_, reason, message)
 
 
 # ---- kopf registration -------------------------------------------------------------------------

@@ -34,7 +34,6 @@ from typing import Any, Callable, Mapping
 from engine_jobs.contract import METRICS_PORT, VARIANTS
 from pydantic import ValidationError
 
-from ..api import GROUP, PLURAL, VERSION
 from ..api.spec import ReDrafterDeploymentSpec
 from ..api.status import HISTORY_LIMIT
 from ..metrics import PrometheusError, Reading, source_for, targets_from_pods
@@ -42,7 +41,7 @@ from ..policy import Evaluation, PolicyState, due, step
 from ..render import names
 from .apply import ApiError, merge_patch
 from .conditions import Cond, merge_conditions
-from .handlers import _post, interval_of
+from .handlers import interval_of, post_events, write_status
 from .planner import ServingTargets
 
 log = logging.getLogger("redrafter_operator.controller.speculation")
@@ -251,20 +250,10 @@ class SpeculationEvaluator:
             return None, f"{type(exc).__name__}: {exc}"
 
     async def _write(self, controller: Any, key: Key, patch: Mapping[str, Any]) -> None:
-        ns, name = key
-        path = f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/{PLURAL}/{name}/status"
         try:
-            resp = await controller.client.request("PATCH", path, {"status": dict(patch)},
-                                                   content_type="application/merge-patch+json")
+            await write_status(controller, key, patch)
         except ApiError as exc:  # retried on the next evaluation: the fragment still differs from status
-            if exc.status != 404:
-                log.warning("%s/%s: status write failed (%s); retried next interval", ns, name, exc)
-            return
-        written = {k: v for k, v in (resp.get("status") or {}).items() if k != "kopf"}
-        if written and key in controller.bodies:
-            # The reconciler plans from its last written status until the watch echoes it: make that
-            # view include this write, so its next status patch does not revert our condition.
-            controller.written[key] = written
+            log.warning("%s/%s: status write failed (%s); retried next interval", key[0], key[1], exc)
 
     def _account(self, controller: Any, key: Key, body: Mapping[str, Any], spec: ReDrafterDeploymentSpec,
                  ev: Evaluation, previous: str, current: int, replicas: int) -> None:
@@ -272,20 +261,19 @@ class SpeculationEvaluator:
         m = getattr(controller, "metrics", None)
         if m is not None and hasattr(m, "speculation_evaluations"):
             m.speculation_evaluations.labels(d.measurement.outcome).inc()
-        for var, value in getattr(controller, "_posting_vars", ()):  # kopf's Event queue (see handlers)
-            var.set(value)
         if d.switched:
             if m is not None and hasattr(m, "speculation_switches"):
                 m.speculation_switches.labels(d.engine, d.reason).inc()
-            _post(body, "Warning" if d.engine == "base" else "Normal", d.action,
-                  f"{previous} -> {d.engine}: {d.reason}: {d.message}")
+            post_events(controller, body, [("Warning" if d.engine == "base" else "Normal", d.action,
+                                             f"{previous} -> {d.engine}: {d.reason}: {d.message}")])
         # one Event per autoscaler decision (not per evaluation while the Deployment catches up)
         last = self._scaled.get(key)
         self._scaled[key] = (d.engine, replicas)
         if (spec.autoscaling.mode == "Operator" and not d.switched and replicas != current
                 and last != (d.engine, replicas)):
             s = ev.scale
-            _post(body, "Normal", "Scaling", f"{d.engine} replicas {current} -> {replicas}: {s.reason}: {s.message}")
+            post_events(controller, body, [("Normal", "Scaling",
+                                             f"{d.engine} replicas {current} -> {replicas}: {s.reason}: {s.message}")])
 
 
 def _deployments(controller: Any, ns: str, name: str) -> dict[str, Any]:

@@ -35,7 +35,6 @@ GET of its Job per interval (+ one pod LIST once it finished).
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import os
 from dataclasses import dataclass, replace
@@ -45,7 +44,6 @@ from engine_jobs.contract import VARIANTS
 from pydantic import ValidationError
 
 from .. import __version__
-from ..api import GROUP, PLURAL, VERSION
 from ..api.spec import ReDrafterDeploymentSpec
 from ..evaluate.gate import ValidationStep, validation_step
 from ..render import names
@@ -53,7 +51,7 @@ from ..render.common import Owner
 from ..render.validation import validation_job, validation_job_name
 from .apply import ApiError, merge_patch
 from .conditions import Cond, merge_conditions
-from .handlers import _post
+from .handlers import now_rfc3339, post_events, write_status
 from .planner import ServingTargets, default_targets
 from .speculation import _deployments
 
@@ -67,10 +65,6 @@ READY_STATES = ("Ready", "Cached")
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 
 Key = tuple[str, str]
-
-
-def now_rfc3339() -> str:
-    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 @dataclass(frozen=True)
@@ -295,11 +289,8 @@ class ValidationEvaluator:
         fragment = validation_fragment(status, step, generation=int(meta.get("generation") or 1), now=now)
         patch = merge_patch({k: status.get(k) for k in fragment}, fragment)
         if patch:
-            await self._write(controller, key, patch)
-        for type_, reason, message in step.events:
-            for var, value in getattr(controller, "_posting_vars", ()):
-                var.set(value)
-            _post(body, type_, reason, message)
+            await write_status(controller, key, patch)
+        post_events(controller, body, step.events)
         new_status = {**status, **fragment}
         self.promotion.set_gate(controller, key, gate_of(new_status, pair), spec, new_status)
 
@@ -310,20 +301,6 @@ class ValidationEvaluator:
             if exc.status == 404:
                 return None
             raise
-
-    async def _write(self, controller: Any, key: Key, patch: Mapping[str, Any]) -> None:
-        ns, name = key
-        path = f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/{PLURAL}/{name}/status"
-        try:
-            resp = await controller.client.request("PATCH", path, {"status": dict(patch)},
-                                                   content_type="application/merge-patch+json")
-        except ApiError as exc:
-            if exc.status != 404:
-                raise
-            return
-        written = {k: v for k, v in (resp.get("status") or {}).items() if k != "kopf"}
-        if written and key in controller.bodies:
-            controller.written[key] = written
 
 
 __all__ = ["ANNOTATION_RETRY_VALIDATION", "Gate", "Promotion", "ValidationEvaluator", "engine_pair", "gate_from_status",

@@ -38,7 +38,7 @@ def test_first_step_is_baseline_then_measures_and_scales():
 
 
 def test_collapse_switches_and_autoscaler_waits_for_the_new_pool():
-    s = spec()
+    s = spec(autoscaling={"targetQueuePerReplica": 2})  # 2 in flight per pod: within tolerance
     st, t = None, 0.0
     actions = []
     for n in range(1, 6):
@@ -78,9 +78,9 @@ def test_plan_maps_decisions_to_serving_targets():
     plan = ev.plan(s, current_replicas=2)
     assert (plan.active, plan.replicas, plan.canary) == ("redrafter", {"redrafter": 4, "base": 1}, 0)
     t = 0.0
-    for n in range(2, 6):  # collapse -> base, with the canary
+    for n in range(2, 6):  # collapse -> base, with the canary (4 pods, 1 in flight each: no rescale)
         t += 30
-        ev, st = step(s, st, reading(t, n, 0.05), t, current_replicas=4)
+        ev, st = step(s, st, reading(t, n, 0.05, active=1.0, pods=4), t, current_replicas=4)
     assert ev.speculation.engine == "base"
     plan = ev.plan(s, current_replicas=4)
     assert (plan.active, plan.replicas, plan.canary) == ("base", {"base": 4, "redrafter": 1}, 1)
@@ -93,3 +93,24 @@ def test_plan_without_operator_autoscaling_uses_spec_replicas():
     pinned = spec(speculation={"mode": "Never"})
     ev, _ = step(pinned, None, reading(0, 1, 0.6), 0, current_replicas=1)
     assert ev.plan(pinned, 1).canary == 0 and ev.plan(pinned, 1).active == "base"
+
+
+def test_the_policy_starts_from_the_replicas_it_asked_for_not_a_lagging_deployment():
+    """After a switch the new pool's Deployment still has its standby size for a reconcile or two; an
+    evaluation then must keep the size the switch asked for (no 3 -> 1 -> 3 dip)."""
+    s = spec(autoscaling={"targetQueuePerReplica": 1, "maxReplicas": 8})
+    st, t = None, 0.0
+    for n in range(1, 6):  # 3 pods, 1 in flight each: 3 replicas; then acceptance collapses
+        ev, st = step(s, st and roundtrip(st), reading(t, n, 0.6 if n < 3 else 0.05, active=1.0, pods=3), t,
+                      current_replicas=3)
+        t += 30
+    assert ev.speculation.action == "SwitchToBase" and ev.plan(s, 3).replicas["base"] == 3
+    # the base Deployment still shows its standby size (0) and base reports no load yet
+    ev, st = step(s, roundtrip(st), reading(t, 6, 0.05, active=1.0, pods=3), t, current_replicas=0)
+    assert ev.current_replicas == 3 and ev.scale.replicas == 3 and ev.plan(s, 0).replicas["base"] == 3
+    # without Operator autoscaling nothing is remembered: the observed replicas are the current ones
+    ext = spec(autoscaling={"mode": "External"}, serving={"replicas": 2})
+    ev, st = step(ext, None, reading(0, 1, 0.6), 0, current_replicas=2)
+    assert st.replicas is None
+    ev, _ = step(ext, st, reading(30, 2, 0.6), 30, current_replicas=5)
+    assert ev.current_replicas == 5

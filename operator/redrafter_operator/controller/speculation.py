@@ -203,9 +203,10 @@ class SpeculationEvaluator:
         if self.promotion is not None and not self.promotion.allows_redrafter(key):
             available -= {"redrafter"}  # not validated: a switch to it is held (TargetNotReady)
         dep = deployments.get(previous)
-        current = int(dep.replicas) if dep is not None else spec.serving.replicas
-        ev, new = step(spec, state, reading, now, current_replicas=current, error=error, available=available,
+        observed = int(dep.replicas) if dep is not None else spec.serving.replicas
+        ev, new = step(spec, state, reading, now, current_replicas=observed, error=error, available=available,
                        measured_crossover=measured_crossover(status))
+        current = ev.current_replicas
         self._states[key] = (uid, new)
 
         interval = self.interval(body)

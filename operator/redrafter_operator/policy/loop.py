@@ -25,6 +25,9 @@ class PolicyState(BaseModel):
     window: WindowState = Field(default_factory=WindowState)
     speculation: SpeculationState
     autoscaler: AutoscalerState = Field(default_factory=AutoscalerState)
+    replicas: int | None = Field(
+        default=None, description="Replicas the last evaluation asked of the engine it chose (Operator mode)."
+    )
 
     @classmethod
     def new(cls, spec, now: float) -> "PolicyState":
@@ -47,6 +50,7 @@ class Evaluation:
     speculation: Decision
     scale: ScaleDecision
     windows: Windows | None
+    current_replicas: int = 0  # the active engine's replicas this evaluation started from
 
     def plan(self, spec, current_replicas: int) -> ServingPlan:
         """Targets for the planner. Replicas come from the autoscaler in Operator mode, otherwise
@@ -67,12 +71,17 @@ def step(spec, state: PolicyState | None, reading: Reading | None, now: float, *
          measured_crossover: float | None = None) -> tuple[Evaluation, PolicyState]:
     """Evaluate once. ``reading`` is None when the metrics source failed as a whole (``error`` says why).
 
-    ``current_replicas``: spec replicas of the active engine's Deployment (canary excluded).
+    ``current_replicas``: spec replicas of the active engine's Deployment (canary excluded). In
+    Operator mode the replicas the previous evaluation asked for take precedence, as an HPA starts
+    from the scale it wrote: the Deployment lags a reconcile behind, and right after a switch the
+    new pool still has its standby size.
     ``available``: engines whose artifact is Ready to serve (a switch to another one is held).
     ``measured_crossover``: crossover concurrency measured by a passed validation Job; when given, the
     load-aware rule uses the cost model calibrated to it instead of the default calibration.
     """
     state = state or PolicyState.new(spec, now)
+    if spec.autoscaling.mode == "Operator" and state.replicas is not None:
+        current_replicas = state.replicas
     if reading is None:
         windows, window_state = None, state.window
         obs = Observation.failed(error or "metrics could not be read", available)
@@ -84,5 +93,5 @@ def step(spec, state: PolicyState | None, reading: Reading | None, now: float, *
     # the autoscaler sees no metrics and keeps the replica count (HPA behaviour without metrics).
     load = windows.pools.get(decision.engine) if windows and not decision.switched else None
     scale, auto_state = recommend(spec, state.autoscaler, current_replicas, load, now)
-    new = PolicyState(window=window_state, speculation=spec_state, autoscaler=auto_state)
-    return Evaluation(decision, scale, windows), new
+    new = PolicyState(window=window_state, speculation=spec_state, autoscaler=auto_state, replicas=scale.replicas)
+    return Evaluation(decision, scale, windows, current_replicas), new

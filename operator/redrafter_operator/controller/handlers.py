@@ -27,8 +27,10 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable, Mapping, Protocol
 
 import kopf
+from pydantic import ValidationError
 
 from ..api import GROUP, KIND, PLURAL, VERSION
+from ..api.spec import ReDrafterDeploymentSpec
 from ..api.types import parse_duration
 from ..render import names
 from .apply import ApiError, Applier, KubeClient, merge_patch
@@ -430,7 +432,6 @@ def _cache_of(res: Resource) -> tuple[str, dict[str, str]]:
     from engine_jobs.contract import VARIANTS
 
     from ..api.engine_key import engine_key
-    from ..api.spec import ReDrafterDeploymentSpec
     from ..render.build import artifact_path
 
     try:
@@ -462,6 +463,33 @@ def _post(body: Mapping[str, Any], type_: str, reason: str, message: str) -> Non
         pass
     (log.warning if type_ == "Warning" else log.info)("%s/%s %s: %s", body.get("metadata", {}).get("namespace"),
                                                        body.get("metadata", {}).get("name"), reason, message)
+
+
+@dataclass(frozen=True)
+class Current:
+    """A resource as an evaluator sees it: the newest body the watch delivered and the status the
+    reconciler or an evaluator last wrote (which the watch may not have echoed yet)."""
+
+    key: Key
+    body: Mapping[str, Any]
+    meta: Mapping[str, Any]
+    spec: ReDrafterDeploymentSpec
+    status: dict[str, Any]
+
+
+def current_resource(controller: Any, body: Mapping[str, Any]) -> Current | None:
+    """The resource now, or None while it is being deleted or its spec is invalid (the reconciler says why)."""
+    meta = body.get("metadata") or {}
+    key: Key = (meta.get("namespace") or "default", meta.get("name", ""))
+    body = controller.bodies.get(key) or body
+    meta = body.get("metadata") or {}
+    if meta.get("deletionTimestamp"):
+        return None
+    try:
+        spec = ReDrafterDeploymentSpec.model_validate(dict(body.get("spec") or {}))
+    except ValidationError:
+        return None
+    return Current(key, body, meta, spec, dict(controller.written.get(key) or body.get("status") or {}))
 
 
 async def write_status(controller: Any, key: Key, patch: Mapping[str, Any]) -> None:

@@ -41,7 +41,7 @@ from ..policy import Evaluation, PolicyState, due, step
 from ..render import names
 from .apply import ApiError, merge_patch
 from .conditions import Cond, merge_conditions
-from .handlers import interval_of, post_events, write_status
+from .handlers import current_resource, interval_of, post_events, write_status
 from .planner import ServingTargets
 
 log = logging.getLogger("redrafter_operator.controller.speculation")
@@ -167,22 +167,15 @@ class SpeculationEvaluator:
         return interval_of(body)
 
     async def evaluate(self, controller: Any, body: Mapping[str, Any]) -> None:
-        meta = body.get("metadata") or {}
-        key: Key = (meta.get("namespace") or "default", meta.get("name", ""))
-        ns, name = key
-        body = controller.bodies.get(key) or body
-        meta = body.get("metadata") or {}
-        uid = meta.get("uid") or ""
         for k in [k for k in self._states if k not in controller.bodies]:
             del self._states[k]
             self._scaled.pop(k, None)
-        if meta.get("deletionTimestamp"):
+        view = current_resource(controller, body)
+        if view is None:
             return
-        try:
-            spec = ReDrafterDeploymentSpec.model_validate(dict(body.get("spec") or {}))
-        except ValidationError:
-            return  # the reconciler reports the invalid spec
-        status = dict(controller.written.get(key) or body.get("status") or {})
+        key, body, meta, spec, status = view.key, view.body, view.meta, view.spec, view.status
+        ns, name = key
+        uid = meta.get("uid") or ""
         if status.get("activeEngine") not in VARIANTS:
             return  # nothing serves yet: nothing to measure
         mem = self._states.get(key)

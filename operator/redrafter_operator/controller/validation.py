@@ -41,7 +41,6 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from engine_jobs.contract import VARIANTS
-from pydantic import ValidationError
 
 from .. import __version__
 from ..api.spec import ReDrafterDeploymentSpec
@@ -51,7 +50,7 @@ from ..render.common import Owner
 from ..render.validation import validation_job, validation_job_name
 from .apply import ApiError, merge_patch
 from .conditions import Cond, merge_conditions
-from .handlers import now_rfc3339, post_events, write_status
+from .handlers import current_resource, now_rfc3339, post_events, write_status
 from .planner import ServingTargets, default_targets
 from .speculation import _deployments
 
@@ -228,18 +227,11 @@ class ValidationEvaluator:
         return self.interval_seconds
 
     async def evaluate(self, controller: Any, body: Mapping[str, Any]) -> None:
-        meta = body.get("metadata") or {}
-        key: Key = (meta.get("namespace") or "default", meta.get("name", ""))
+        view = current_resource(controller, body)
+        if view is None:
+            return
+        key, body, meta, spec, status = view.key, view.body, view.meta, view.spec, view.status
         ns, name = key
-        body = controller.bodies.get(key) or body
-        meta = body.get("metadata") or {}
-        if meta.get("deletionTimestamp"):
-            return
-        try:
-            spec = ReDrafterDeploymentSpec.model_validate(dict(body.get("spec") or {}))
-        except ValidationError:
-            return
-        status = dict(controller.written.get(key) or body.get("status") or {})
         pair = engine_pair(status) if spec.validation.enabled else None
         if pair is None:
             if self.promotion.gates.get(key) is not None or key not in self.promotion.gates:

@@ -764,8 +764,12 @@ def test_operator_runs_from_the_chart_and_rbac_is_exact(mode, apiserver, helm_co
         ticker = threading.Thread(target=cluster, daemon=True)
         ticker.start()
         try:
+            def promoted() -> bool:  # base serves first; ReDrafter once the validation Job (GET jobs) passed
+                out = kubectl("get", "rdd", "llama3-8b", "-n", "default", "-o",
+                              "jsonpath={.status.phase}/{.status.validation.state}/{.status.activeEngine}")
+                return out.stdout.strip() == "Serving/Passed/redrafter"
             try:
-                _wait(lambda: phase() == "Serving", 60, "the example to reach Serving", interval=0.3)
+                _wait(promoted, 90, "the example to reach Serving on the validated ReDrafter engine", interval=0.3)
             except AssertionError:
                 rdd = emu.get_object("redrafter.dev/v1alpha1", "ReDrafterDeployment", "llama3-8b", "default")
                 raise AssertionError(json.dumps({"status": rdd.get("status"), "jobs": [

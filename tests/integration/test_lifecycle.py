@@ -203,7 +203,9 @@ async def test_apply_to_serving_with_conditions_events_and_printer_columns(clust
     assert cluster.condition("EnginesReady")["status"] == "False"
     cluster.complete_all()
     await until(lambda: cluster.condition("EnginesReady")["status"] == "True", what="EnginesReady")
-    await until(lambda: cluster.condition("Progressing")["reason"] == "Complete", what="Progressing Complete")
+    # spec.validation is on by default and nothing here completes the validation Job: the rollout is not
+    # complete until the (ReDrafter, base) pair is validated (test_validation_gate.py plays the Job)
+    await until(lambda: cluster.condition("Progressing")["reason"] == "Validating", what="Progressing Validating")
 
     kubectl("wait", f"rdd/{NAME}", "--for=jsonpath={.status.phase}=Serving", "--timeout=20s", check=True)
     kubectl("wait", f"rdd/{NAME}", "--for=condition=Available", "--timeout=20s", check=True)
@@ -211,7 +213,7 @@ async def test_apply_to_serving_with_conditions_events_and_printer_columns(clust
     assert st["activeEngine"] == "redrafter" and st["observedGeneration"] == 1
     assert st["serving"]["readyReplicas"] == 1 and st["serving"]["replicas"] == 1
     conditions = {c["type"]: c for c in st["conditions"]}
-    lifecycle = {"SpecValid": "True", "EnginesReady": "True", "Available": "True", "Progressing": "False",
+    lifecycle = {"SpecValid": "True", "EnginesReady": "True", "Available": "True", "Progressing": "True",
                  "SpeculationHealthy": "Unknown"}
     assert {t: conditions[t]["status"] for t in lifecycle} == lifecycle  # (other components may add more)
     assert all(conditions[t]["observedGeneration"] == 1 and conditions[t]["lastTransitionTime"] for t in lifecycle)
@@ -263,7 +265,8 @@ async def test_restart_at_each_stage_resumes_without_duplicate_jobs(cluster: Clu
     op = Operator(kubeconfig)
     await op.start()
     try:
-        cluster.emu.create_object(example())
+        # validation off: nothing here plays the validation Job, and a rollout waiting on it is not Complete
+        cluster.emu.create_object(example(validation__enabled=False))
         await until(lambda: len(cluster.jobs()) == 2 and cluster.status().get("phase") == "Building", what="Jobs")
         jobs = cluster.job_names()
         # 1. killed while building: restart => same Jobs, nothing recreated

@@ -387,10 +387,13 @@ def plan(
         conds.append(Cond("Progressing", "False", "BuildFailed", f"the {tgt.active} engine could not be built"))
     elif invalid and not step.switching:
         conds.append(Cond("Progressing", "False", "ValidationFailed", invalid))
-    elif candidate and gate and gate.state in ("Pending", "Running") and not step.switching:
+    elif gate and gate.state in ("Pending", "Running") and not step.switching:  # not promoted yet: not complete
+        where = f" on Deployment {names.candidate_name(res.name)}" if candidate else ""
+        serving = (f"the promoted ReDrafter engine {stable} keeps serving" if stable
+                   else f"the {active or tgt.active} engine serves meanwhile")
         conds.append(Cond("Progressing", "True", "Validating",
-                          f"validating the ReDrafter engine {candidate} on Deployment {names.candidate_name(res.name)} "
-                          f"against base {engines['base']['key']}; the promoted ReDrafter engine {stable} keeps serving"))
+                          f"validating the ReDrafter engine {engines['redrafter']['key']}{where} against base "
+                          f"{engines['base']['key']}; {serving}"))
     elif settled and not building:
         conds.append(Cond("Progressing", "False", "Complete", f"serving the {active} engine {engines[active]['key']}"))
     elif step.switching:

@@ -382,3 +382,5 @@ def test_without_a_promoted_engine_the_primary_runs_the_new_engine_as_before():
     assert by[("Deployment", "llama3-8b-redrafter")]["spec"]["template"]["metadata"]["labels"][
         names.LABEL_ENGINE_KEY] == k["redrafter"]
     assert ("Deployment", names.candidate_name("llama3-8b")) not in by
+    prog = cond(p.status, "Progressing")  # not promoted yet: the rollout is not complete
+    assert (prog["status"], prog["reason"]) == ("True", "Validating") and "serves meanwhile" in prog["message"]

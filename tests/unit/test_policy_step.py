@@ -114,3 +114,28 @@ def test_the_policy_starts_from_the_replicas_it_asked_for_not_a_lagging_deployme
     assert st.replicas is None
     ev, _ = step(ext, st, reading(30, 2, 0.6), 30, current_replicas=5)
     assert ev.current_replicas == 5
+
+
+def test_the_autoscaler_sizes_the_pool_that_takes_the_traffic():
+    """While validation holds the Service on base, the policy's engine (ReDrafter) has no traffic: sizing
+    from its empty pool would scale down and flap; the serving pool's load decides."""
+    s = spec(autoscaling={"targetQueuePerReplica": 1, "maxReplicas": 8})
+    on_base = reading(0, 1, 0.6, active=2.0, pods=2, variant="base", pool="base")
+    ev, st = step(s, None, on_base, 0, current_replicas=2, serving="base")
+    assert ev.speculation.engine == "redrafter" and ev.scale.replicas == 4  # 2 in flight per pod, target 1
+    ev, _ = step(s, None, on_base, 0, current_replicas=2)  # measured on the chosen engine's pool: nothing there
+    assert ev.scale.reason == "NoMetrics" and ev.scale.replicas == 2
+
+
+def test_no_scaling_on_the_first_evaluation_after_the_service_moved():
+    """Right after the Service moves to the other pool its pods' in-flight gauges still read ~0."""
+    s = spec(autoscaling={"targetQueuePerReplica": 1, "maxReplicas": 8})
+    busy_base = reading(0, 1, 0.6, active=2.0, pods=3, variant="base", pool="base")
+    ev, st = step(s, None, busy_base, 0, current_replicas=3, serving="base")
+    assert ev.scale.replicas == 6
+    idle_redrafter = reading(30, 2, 0.6, active=0.0, pods=3)
+    ev, st = step(s, roundtrip(st), idle_redrafter, 30, current_replicas=6, serving="redrafter")
+    assert ev.scale.reason == "NoMetrics" and ev.scale.replicas == 6  # just moved: kept
+    ev, st = step(s, roundtrip(st), reading(60, 3, 0.6, active=0.0, pods=3), 60, current_replicas=6,
+                  serving="redrafter")
+    assert ev.scale.reason != "NoMetrics"  # measured from the next evaluation on

@@ -195,10 +195,11 @@ class SpeculationEvaluator:
                               or (deployments.get(v) is not None and getattr(deployments[v], "key", "")))
         if self.promotion is not None and not self.promotion.allows_redrafter(key):
             available -= {"redrafter"}  # not validated: a switch to it is held (TargetNotReady)
-        dep = deployments.get(previous)
+        serving = str(status["activeEngine"])  # the pool taking the traffic (the gate may hold it on base)
+        dep = deployments.get(serving)
         observed = int(dep.replicas) if dep is not None else spec.serving.replicas
         ev, new = step(spec, state, reading, now, current_replicas=observed, error=error, available=available,
-                       measured_crossover=measured_crossover(status))
+                       measured_crossover=measured_crossover(status), serving=serving)
         current = ev.current_replicas
         self._states[key] = (uid, new)
 
@@ -215,7 +216,7 @@ class SpeculationEvaluator:
             self.promotion.set_policy(controller, key, targets, spec, status)
         else:
             controller.set_targets(ns, name, targets)
-        self._account(controller, key, body, spec, ev, previous, current, plan.replicas.get(plan.active, current))
+        self._account(controller, key, body, spec, ev, previous, serving, current, plan.replicas.get(plan.active, current))
         for observer in self.observers:
             observer(key, ev)
 
@@ -250,7 +251,7 @@ class SpeculationEvaluator:
             log.warning("%s/%s: status write failed (%s); retried next interval", key[0], key[1], exc)
 
     def _account(self, controller: Any, key: Key, body: Mapping[str, Any], spec: ReDrafterDeploymentSpec,
-                 ev: Evaluation, previous: str, current: int, replicas: int) -> None:
+                 ev: Evaluation, previous: str, serving: str, current: int, replicas: int) -> None:
         d = ev.speculation
         m = getattr(controller, "metrics", None)
         if m is not None and hasattr(m, "speculation_evaluations"):
@@ -262,12 +263,12 @@ class SpeculationEvaluator:
                                              f"{previous} -> {d.engine}: {d.reason}: {d.message}")])
         # one Event per autoscaler decision (not per evaluation while the Deployment catches up)
         last = self._scaled.get(key)
-        self._scaled[key] = (d.engine, replicas)
+        self._scaled[key] = (serving, replicas)
         if (spec.autoscaling.mode == "Operator" and not d.switched and replicas != current
-                and last != (d.engine, replicas)):
+                and last != (serving, replicas)):
             s = ev.scale
             post_events(controller, body, [("Normal", "Scaling",
-                                             f"{d.engine} replicas {current} -> {replicas}: {s.reason}: {s.message}")])
+                                             f"{serving} replicas {current} -> {replicas}: {s.reason}: {s.message}")])
 
 
 def _deployments(controller: Any, ns: str, name: str) -> dict[str, Any]:

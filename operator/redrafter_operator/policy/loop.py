@@ -28,6 +28,7 @@ class PolicyState(BaseModel):
     replicas: int | None = Field(
         default=None, description="Replicas the last evaluation asked of the engine it chose (Operator mode)."
     )
+    serving: str | None = Field(default=None, description="The pool the Service selected at the last evaluation.")
 
     @classmethod
     def new(cls, spec, now: float) -> "PolicyState":
@@ -68,16 +69,19 @@ class Evaluation:
 
 def step(spec, state: PolicyState | None, reading: Reading | None, now: float, *, current_replicas: int,
          error: str | None = None, available: frozenset[str] = BOTH,
-         measured_crossover: float | None = None) -> tuple[Evaluation, PolicyState]:
+         measured_crossover: float | None = None, serving: str | None = None) -> tuple[Evaluation, PolicyState]:
     """Evaluate once. ``reading`` is None when the metrics source failed as a whole (``error`` says why).
 
-    ``current_replicas``: spec replicas of the active engine's Deployment (canary excluded). In
+    ``current_replicas``: spec replicas of the serving pool's Deployment (canary excluded). In
     Operator mode the replicas the previous evaluation asked for take precedence, as an HPA starts
     from the scale it wrote: the Deployment lags a reconcile behind, and right after a switch the
     new pool still has its standby size.
     ``available``: engines whose artifact is Ready to serve (a switch to another one is held).
     ``measured_crossover``: crossover concurrency measured by a passed validation Job; when given, the
     load-aware rule uses the cost model calibrated to it instead of the default calibration.
+    ``serving``: the pool the stable Service selects now (default: the engine the policy chose). The
+    autoscaler sizes the pool that takes the traffic: while a switch is in flight, or while validation
+    holds the Service on base, the chosen engine's pool has no traffic to measure.
     """
     state = state or PolicyState.new(spec, now)
     if spec.autoscaling.mode == "Operator" and state.replicas is not None:
@@ -89,9 +93,13 @@ def step(spec, state: PolicyState | None, reading: Reading | None, now: float, *
         windows, window_state = advance(state.window, reading)
         obs = Observation(windows, None, available, measured_crossover)
     decision, spec_state = evaluate(spec, state.speculation, obs, now)
-    # Scale the pool that serves from now on; right after a switch its load is not measured yet, so
-    # the autoscaler sees no metrics and keeps the replica count (HPA behaviour without metrics).
-    load = windows.pools.get(decision.engine) if windows and not decision.switched else None
+    # Scale the pool that serves; on a switch decision, and on the first evaluation after the Service moved
+    # to another pool, that pool's load is not measured yet (its in-flight gauges still read ~0), so the
+    # autoscaler sees no metrics and keeps the replica count (HPA behaviour without metrics).
+    pool = serving or decision.engine
+    moved = state.serving is not None and pool != state.serving
+    load = windows.pools.get(pool) if windows and not decision.switched and not moved else None
     scale, auto_state = recommend(spec, state.autoscaler, current_replicas, load, now)
-    new = PolicyState(window=window_state, speculation=spec_state, autoscaler=auto_state, replicas=scale.replicas)
+    new = PolicyState(window=window_state, speculation=spec_state, autoscaler=auto_state, replicas=scale.replicas,
+                      serving=pool)
     return Evaluation(decision, scale, windows, current_replicas), new

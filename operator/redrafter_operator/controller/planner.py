@@ -16,7 +16,7 @@ How the operator knows an engine artifact is complete (documented choice):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 from engine_jobs.contract import VARIANTS, Variant
 from pydantic import ValidationError
@@ -34,6 +34,9 @@ from .facts import (
     JobFact,
     Observed,
 )
+
+if TYPE_CHECKING:
+    from .validation import Gate
 
 READY_STATES = ("Ready", "Cached")
 MESSAGE_LIMIT = 1024  # engine failure messages in status (the full stderr tail stays in the Pod)
@@ -382,7 +385,7 @@ def plan(
         conds.append(Cond("Available", "False", reason, f"the {tgt.active} engine is {target_engine['state']}"))
     else:
         conds.append(Cond("Available", "False", "NoReadyReplicas", f"0/{want_active} {active} replicas Ready"))
-    invalid = _validation_failure(spec, old_status, engines)
+    invalid = _validation_failure(gate, stable, old_status, engines)
     if tgt.active in failed and not available:
         conds.append(Cond("Progressing", "False", "BuildFailed", f"the {tgt.active} engine could not be built"))
     elif invalid and not step.switching:
@@ -443,7 +446,7 @@ def plan(
 
 
 def _promotion(spec: ReDrafterDeploymentSpec, status: Mapping[str, Any],
-               engines: Mapping[str, Mapping[str, Any]]) -> tuple[Any, str | None]:
+               engines: Mapping[str, Mapping[str, Any]]) -> tuple["Gate | None", str | None]:
     """(the validation gate of the current engine pair or None, the stable ReDrafter key or None).
 
     Stable: the promoted ReDrafter engine (status.validation.promoted) while a different ReDrafter
@@ -462,19 +465,18 @@ def _promotion(spec: ReDrafterDeploymentSpec, status: Mapping[str, Any],
     return None, (str(promoted) if promoted and promoted != key else None)
 
 
-def _validation_failure(spec: ReDrafterDeploymentSpec, status: Mapping[str, Any],
+def _validation_failure(gate: "Gate | None", stable: str | None, status: Mapping[str, Any],
                         engines: Mapping[str, Mapping[str, Any]]) -> str | None:
     """Why the current engine pair is not promoted, when its validation Failed (controller/validation.py)."""
-    from .validation import ANNOTATION_RETRY_VALIDATION, engine_pair
+    from .validation import ANNOTATION_RETRY_VALIDATION
 
-    gate, stable = _promotion(spec, status, engines)
-    pair = engine_pair({"engines": engines})
-    if gate is None or pair is None or gate.state != "Failed":
+    if gate is None or gate.state != "Failed":
         return None
     v = status.get("validation") or {}
     serving = f"the promoted ReDrafter engine {stable} keeps serving" if stable else "serving base"
-    return (f"the ReDrafter engine {pair[0]} failed validation against base {pair[1]} ({v.get('reason')}: "
-            f"{v.get('message')}); {serving} until a retry passes (annotation {ANNOTATION_RETRY_VALIDATION})")
+    return (f"the ReDrafter engine {engines['redrafter']['key']} failed validation against base "
+            f"{engines['base']['key']} ({v.get('reason')}: {v.get('message')}); {serving} until a retry passes "
+            f"(annotation {ANNOTATION_RETRY_VALIDATION})")
 
 
 def _invalid(res: Resource, errors: list[str], now: str) -> Plan:

@@ -51,7 +51,7 @@ class Evaluation:
     speculation: Decision
     scale: ScaleDecision
     windows: Windows | None
-    current_replicas: int = 0  # the active engine's replicas this evaluation started from
+    current_replicas: int = 0  # the serving pool's replicas this evaluation started from
 
     def plan(self, spec, current_replicas: int) -> ServingPlan:
         """Targets for the planner. Replicas come from the autoscaler in Operator mode, otherwise

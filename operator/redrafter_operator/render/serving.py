@@ -136,6 +136,8 @@ def _container(owner: Owner, key: str) -> dict[str, Any]:
 
 def _deployment(owner: Owner, name: str, variant: Variant, key: str, replicas: int, pool: str, role: str,
                 config_name: str | None = None) -> dict:
+    if replicas < 0:
+        raise ValueError("replicas must be >= 0")
     spec = owner.spec
     labels = _pod_labels(owner, variant, key, pool, role)
     selector = {**names.serving_selector(owner.name, variant), names.LABEL_ROLE: role}
@@ -186,24 +188,18 @@ def _deployment(owner: Owner, name: str, variant: Variant, key: str, replicas: i
 
 def serving_deployment(owner: Owner, variant: Variant, key: str, replicas: int, pool: Variant | None = None) -> dict:
     """The Deployment of one variant; its pods join ``pool`` (default: their own variant)."""
-    if replicas < 0:
-        raise ValueError("replicas must be >= 0")
     return _deployment(owner, names.serving_deployment_name(owner.name, variant), variant, key, replicas,
                        pool or variant, "primary")
 
 
 def canary_deployment(owner: Owner, key: str, replicas: int) -> dict:
     """ReDrafter engine pods in the base traffic pool: they share base traffic and keep acceptance measured."""
-    if replicas < 0:
-        raise ValueError("replicas must be >= 0")
     return _deployment(owner, names.canary_deployment_name(owner.name), "redrafter", key, replicas, "base", "canary")
 
 
 def candidate_deployment(owner: Owner, key: str, replicas: int) -> dict:
     """A new ReDrafter engine's pods while it is validated: in no traffic pool, so the promoted engine
     keeps serving until the validation passes (then the primary Deployment rolls to ``key``)."""
-    if replicas < 0:
-        raise ValueError("replicas must be >= 0")
     return _deployment(owner, names.candidate_name(owner.name), "redrafter", key, replicas, names.NO_POOL,
                        names.ROLE_CANDIDATE, names.candidate_config_name(owner.name))
 

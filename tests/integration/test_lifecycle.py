@@ -152,10 +152,10 @@ async def settle(cluster: Cluster, seconds: float = 1.0) -> None:
             mark, last = len(cluster.emu.request_log), time.monotonic()
 
 
-@pytest.fixture
-async def cluster(apiserver: EmulatorHandle) -> AsyncIterator[Cluster]:
+async def running(apiserver: EmulatorHandle, make: Callable[[EmulatorHandle], Any]) -> AsyncIterator[Any]:
+    """The CRD installed and ``make(apiserver)``'s cluster loop running until the test ends (shared by fixtures)."""
     apiserver.emulator.create_object(yaml.safe_load((ROOT / "crds" / "redrafter.dev_redrafterdeployments.yaml").read_text()))
-    c = Cluster(apiserver)
+    c = make(apiserver)
     stop = asyncio.Event()
     task = asyncio.create_task(c.run(stop))
     try:
@@ -163,6 +163,12 @@ async def cluster(apiserver: EmulatorHandle) -> AsyncIterator[Cluster]:
     finally:
         stop.set()
         await task
+
+
+@pytest.fixture
+async def cluster(apiserver: EmulatorHandle) -> AsyncIterator[Cluster]:
+    async for c in running(apiserver, Cluster):
+        yield c
 
 
 @pytest.fixture

@@ -26,9 +26,7 @@ from redrafter_operator.policy import Evaluation
 from redrafter_operator.render import names
 from redrafter_operator.sim import controllers
 from redrafter_operator.sim.server import EmulatorHandle
-from test_lifecycle import NAME, NS, ROOT, Cluster, Operator, apply, example, until  # noqa: I001 (same dir)
-
-import yaml
+from test_lifecycle import NAME, NS, Cluster, Operator, apply, example, running, until  # noqa: I001 (same dir)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -168,15 +166,8 @@ class MeteredCluster(Cluster):
 
 @pytest.fixture
 async def cluster(apiserver: EmulatorHandle) -> AsyncIterator[MeteredCluster]:
-    apiserver.emulator.create_object(yaml.safe_load((ROOT / "crds" / "redrafter.dev_redrafterdeployments.yaml").read_text()))
-    cl = MeteredCluster(apiserver)
-    stop = asyncio.Event()
-    task = asyncio.create_task(cl.run(stop))
-    try:
+    async for cl in running(apiserver, MeteredCluster):
         yield cl
-    finally:
-        stop.set()
-        await task
 
 
 class Watched(Operator):

@@ -8,11 +8,11 @@ DEMO_ARGS ?=
 
 .PHONY: install test demo bench crd render lint images clean
 
-$(STAMP): requirements-dev.lock pyproject.toml
+$(STAMP): requirements-dev.lock pyproject.toml sim/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements-dev.lock
-	$(PY) -m pip install -q --no-deps -e .
+	$(PY) -m pip install -q --no-deps -e . -e ./sim
 	@touch $@
 
 install: $(STAMP)
@@ -21,7 +21,7 @@ test: install
 	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
 
 demo: install
-	$(VENV)/bin/redrafter-operator demo $(DEMO_ARGS)
+	$(VENV)/bin/redrafter-sim demo $(DEMO_ARGS)
 
 bench: install
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -27,8 +27,8 @@ from typing import Any
 import yaml
 
 from redrafter_operator.api import API_VERSION, KIND
-from redrafter_operator.sim import controllers
-from redrafter_operator.sim.server import EmulatorThread, write_kubeconfig
+from redrafter_sim import controllers
+from redrafter_sim.server import EmulatorThread, write_kubeconfig
 
 ROOT = Path(__file__).resolve().parents[1]
 PER_NAMESPACE = 10

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from redrafter_operator.sim.server import EmulatorHandle, EmulatorThread, write_kubeconfig
+from redrafter_sim.server import EmulatorHandle, EmulatorThread, write_kubeconfig
 
 KUBECTL = Path(sys.executable).parent / "kubectl"
 

@@ -46,6 +46,14 @@ def _cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_demo(args: argparse.Namespace) -> int:
+    """The demo needs the emulated cluster, which is a development package and never part of this distribution."""
+    print("error: the demo runs on the emulated cluster in the development package redrafter-sim, which this "
+          "installation does not include.\nFrom a clone of the repository: `make demo` (installs it), or "
+          "`pip install -e ./sim` and then `redrafter-sim demo`.", file=sys.stderr)
+    return 2
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -55,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("crd", help="print the CustomResourceDefinition generated from the API models")
     p.set_defaults(func=_cmd_crd)
+
+    p = sub.add_parser("demo", help="moved to the development package redrafter-sim (`make demo`)", add_help=False)
+    p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("render", help="print every manifest the operator would create for a resource (GitOps review)")
     p.add_argument("-f", "--file", required=True, help="YAML file with ReDrafterDeployment(s), or - for stdin")
@@ -69,12 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _plugins() -> list[Callable[[argparse._SubParsersAction], None]]:
-    """Subcommands contributed by other modules (run, demo, evaluate): each adds its own parser."""
+    """Subcommands contributed by other modules (run, evaluate): each adds its own parser."""
     import importlib
 
     out = []
     for module, attr in (("redrafter_operator.controller.main", "register_cli"),
-                         ("redrafter_operator.sim.demo", "register_cli"),
                          ("redrafter_operator.evaluate.cli", "register_cli")):
         try:
             mod = importlib.import_module(module)
@@ -87,7 +97,10 @@ def _plugins() -> list[Callable[[argparse._SubParsersAction], None]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.func is not _cmd_demo:  # the demo stub takes the demo's arguments, to explain itself
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.func(args)
     except ValidationError as exc:

@@ -34,7 +34,7 @@ import yaml
 import redrafter_operator
 from redrafter_operator.render import names
 from redrafter_operator.render.names import MANAGED_BY
-from redrafter_operator.sim import controllers
+from redrafter_sim import controllers
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "redrafter-operator"

@@ -1,4 +1,4 @@
-"""`redrafter-operator demo --fast` end to end, as `make demo` runs it: every stage of the scenario happens
+"""`redrafter-sim demo --fast` end to end, as `make demo` runs it: every stage of the scenario happens
 (asserted from its machine-readable summary, which is built from the operator's status, history and
 Events), and nothing is left behind — no tritonserver or operator process, no temp dir, no shared memory
 — after a normal run and after Ctrl-C.
@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from redrafter_operator.sim.scenarios import DEFAULT_SCENARIO, SCENARIOS
-from redrafter_operator.sim.triton import TritonInstall, TritonUnavailable
+from redrafter_sim.scenarios import DEFAULT_SCENARIO, SCENARIOS
+from redrafter_sim.triton import TritonInstall, TritonUnavailable
 
 pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(400)]
 
-CLI = Path(sys.executable).parent / "redrafter-operator"
+CLI = Path(sys.executable).parent / "redrafter-sim"
 DEMO_TIMEOUT_S = 300
 
 

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 import yaml
 
-from redrafter_operator.sim.server import EmulatorHandle
+from redrafter_sim.server import EmulatorHandle
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -699,7 +699,7 @@ def _job(name: str) -> dict[str, Any]:
 
 
 def test_job_controller_helpers_complete_and_fail(apiserver: EmulatorHandle, kubectl: Any) -> None:
-    from redrafter_operator.sim import controllers
+    from redrafter_sim import controllers
 
     emu = apiserver.emulator
     emu.create_object(_job("ok"))
@@ -727,7 +727,7 @@ def test_job_controller_helpers_complete_and_fail(apiserver: EmulatorHandle, kub
 
 
 def test_deployment_pods_and_service_endpoints(apiserver: EmulatorHandle, kubectl: Any) -> None:
-    from redrafter_operator.sim import controllers
+    from redrafter_sim import controllers
 
     emu = apiserver.emulator
     template = {"metadata": {"labels": {"app": "srv", "variant": "redrafter"}},
@@ -769,7 +769,7 @@ def test_deployment_pods_and_service_endpoints(apiserver: EmulatorHandle, kubect
 
 
 async def test_run_controllers_loop_stops(apiserver: EmulatorHandle) -> None:
-    from redrafter_operator.sim import controllers
+    from redrafter_sim import controllers
 
     emu = apiserver.emulator
     emu.create_object({"apiVersion": "apps/v1", "kind": "Deployment",
@@ -902,7 +902,7 @@ def test_standalone_server_cli_serves_kubectl(tmp_path: Path) -> None:
     kubeconfig = tmp_path / "kubeconfig"
     crd = tmp_path / "crd.yaml"
     crd.write_text(yaml.safe_dump(WIDGET_CRD))
-    proc = subprocess.Popen([sys.executable, "-m", "redrafter_operator.sim.server", "--kubeconfig", str(kubeconfig),
+    proc = subprocess.Popen([sys.executable, "-m", "redrafter_sim.server", "--kubeconfig", str(kubeconfig),
                              "--load", str(crd)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 20

@@ -23,7 +23,7 @@ from tritonclient.grpc import model_config_pb2
 from engine_jobs.contract import MANIFEST_FILE, MODEL_REPO_DIR
 
 REPO = Path(__file__).resolve().parents[2]
-FAKES = REPO / "operator" / "redrafter_operator" / "sim" / "toolchain"
+FAKES = REPO / "sim" / "redrafter_sim" / "toolchain"
 FIXTURES = REPO / "tests" / "fixtures" / "build_specs"
 HF_COMMIT = "0123456789abcdef0123456789abcdef01234567"
 HF_TOKEN = "hf_TESTtokenValueThatMustNeverAppear"

@@ -24,9 +24,9 @@ from redrafter_operator.evaluate.loadgen import Bounds, LoadGenerator
 from redrafter_operator.evaluate.prompts import DEFAULT_PROMPTS
 from redrafter_operator.evaluate.report import FIGURES, REPORT_KIND
 from redrafter_operator.evaluate.stream import RequestOptions
-from redrafter_operator.sim.checkpoint import write_tokenizer
-from redrafter_operator.sim.engine import SimControl, SimEngineSettings, write_control
-from redrafter_operator.sim.triton import TritonServer, build_sim_repository, free_ports
+from redrafter_sim.checkpoint import write_tokenizer
+from redrafter_sim.engine import SimControl, SimEngineSettings, write_control
+from redrafter_sim.triton import TritonServer, build_sim_repository, free_ports
 from triton_servers import start_servers, stop_servers  # noqa: I001 (same dir)
 
 pytestmark = [pytest.mark.triton, pytest.mark.timeout(240)]

@@ -22,11 +22,11 @@ from engine_jobs.contract import ServingConfig
 from redrafter_operator.render import names
 from redrafter_operator.render.build import build_configmap, build_job, build_spec
 from redrafter_operator.render.common import Owner
-from redrafter_operator.sim.kubeapi import DEPLOYMENTS, ENDPOINTS, PODS, SERVICES, KubeApi
-from redrafter_operator.sim.kubelet import SimKubelet
-from redrafter_operator.sim.router import NoEndpoints, ServiceRouter
-from redrafter_operator.sim.server import EmulatorHandle
-from redrafter_operator.sim.triton import TritonInstall, TritonUnavailable
+from redrafter_sim.kubeapi import DEPLOYMENTS, ENDPOINTS, PODS, SERVICES, KubeApi
+from redrafter_sim.kubelet import SimKubelet
+from redrafter_sim.router import NoEndpoints, ServiceRouter
+from redrafter_sim.server import EmulatorHandle
+from redrafter_sim.triton import TritonInstall, TritonUnavailable
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

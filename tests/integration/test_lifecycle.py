@@ -23,8 +23,8 @@ from redrafter_operator.controller.handlers import Controller
 from redrafter_operator.controller.main import RunOptions, run_operator
 from redrafter_operator.controller.planner import ServingTargets
 from redrafter_operator.render import names
-from redrafter_operator.sim import controllers
-from redrafter_operator.sim.server import EmulatorHandle
+from redrafter_sim import controllers
+from redrafter_sim.server import EmulatorHandle
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "llama3-8b.yaml"

@@ -24,8 +24,8 @@ from engine_jobs import contract as c
 from redrafter_operator.controller.speculation import SpeculationEvaluator
 from redrafter_operator.policy import Evaluation
 from redrafter_operator.render import names
-from redrafter_operator.sim import controllers
-from redrafter_operator.sim.server import EmulatorHandle
+from redrafter_sim import controllers
+from redrafter_sim.server import EmulatorHandle
 from test_lifecycle import NAME, NS, Cluster, Operator, apply, example, running, until  # noqa: I001 (same dir)
 
 pytestmark = pytest.mark.timeout(240)

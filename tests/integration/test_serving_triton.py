@@ -31,8 +31,8 @@ from engine_jobs.contract import (
     METRIC_STEPS,
     ServingConfig,
 )
-from redrafter_operator.sim.engine import SimEngineSettings, write_control
-from redrafter_operator.sim.triton import TritonServer, build_sim_repository
+from redrafter_sim.engine import SimEngineSettings, write_control
+from redrafter_sim.triton import TritonServer, build_sim_repository
 from triton_servers import start_servers, stop_servers  # noqa: I001 (same dir)
 
 pytestmark = [pytest.mark.triton, pytest.mark.timeout(240)]

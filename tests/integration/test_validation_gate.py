@@ -16,7 +16,7 @@ import pytest
 from redrafter_operator.controller.validation import ANNOTATION_RETRY_VALIDATION
 from redrafter_operator.render import names
 from redrafter_operator.render.validation import validation_job_name
-from redrafter_operator.sim import controllers
+from redrafter_sim import controllers
 from test_lifecycle import NAME, NS, apply, until  # noqa: I001 (same dir)
 from test_policy_loop import MeteredCluster, Watched, cluster, operator, policy_doc  # noqa: F401 (fixtures)
 

@@ -11,7 +11,7 @@ from typing import Protocol, TypeVar
 
 import pytest
 
-from redrafter_operator.sim.triton import TritonServer, TritonUnavailable
+from redrafter_sim.triton import TritonServer, TritonUnavailable
 
 VARIANTS = ("redrafter", "base")
 

@@ -23,7 +23,7 @@ from engine_jobs.settings import Settings
 from engine_jobs.validate import validate_drafter
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "build_specs"
-FAKES = Path(__file__).resolve().parents[2] / "operator" / "redrafter_operator" / "sim" / "toolchain"
+FAKES = Path(__file__).resolve().parents[2] / "sim" / "redrafter_sim" / "toolchain"
 sys.path.insert(0, str(FAKES))
 import fakelib  # noqa: E402  (the transcribed TensorRT-LLM flag sets)
 

@@ -12,8 +12,8 @@ from tritonclient.grpc import model_config_pb2
 from engine_jobs import contract
 from engine_jobs.contract import ServingConfig, TritonParams
 from engine_jobs.model_repo import MODEL_SOURCES, PERF_OUTPUTS, model_configs, write_model_repository
-from redrafter_operator.sim.engine import SimEngineSettings, install_sim_engine, sim_engine_config
-from redrafter_operator.sim.engine.control import ControlWatcher, SimControl, read_control, write_control
+from redrafter_sim.engine import SimEngineSettings, install_sim_engine, sim_engine_config
+from redrafter_sim.engine.control import ControlWatcher, SimControl, read_control, write_control
 
 
 def cfg(variant: str = "redrafter", **kw) -> ServingConfig:

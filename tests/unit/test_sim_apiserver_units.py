@@ -6,13 +6,13 @@ import base64
 
 import pytest
 
-from redrafter_operator.sim import apiserver_protobuf as pb
-from redrafter_operator.sim.apiserver_patch import (PatchError, PatchTestFailed, json_patch, merge_patch,
+from redrafter_sim import apiserver_protobuf as pb
+from redrafter_sim.apiserver_patch import (PatchError, PatchTestFailed, json_patch, merge_patch,
                                                     strategic_merge_patch)
-from redrafter_operator.sim.apiserver_resources import types_from_crd
-from redrafter_operator.sim.apiserver_schema import apply_defaults, prune, validate, validate_rules
-from redrafter_operator.sim.apiserver_selectors import jsonpath, parse_field_selector, parse_label_selector
-from redrafter_operator.sim.apiserver_table import human_age, wants_table
+from redrafter_sim.apiserver_resources import types_from_crd
+from redrafter_sim.apiserver_schema import apply_defaults, prune, validate, validate_rules
+from redrafter_sim.apiserver_selectors import jsonpath, parse_field_selector, parse_label_selector
+from redrafter_sim.apiserver_table import human_age, wants_table
 
 
 def obj(labels: dict[str, str], name: str = "n", namespace: str = "ns") -> dict:
@@ -185,7 +185,7 @@ def test_table_helpers() -> None:
 
 
 def test_server_side_apply_removes_only_fields_the_manager_dropped() -> None:
-    from redrafter_operator.sim.apiserver_patch import remove_unapplied
+    from redrafter_sim.apiserver_patch import remove_unapplied
 
     current = {"metadata": {"labels": {"a": "1", "mine": "x", "theirs": "y"}},
                "spec": {"containers": [{"name": "c1", "image": "i", "env": [{"name": "E", "value": "1"}]},

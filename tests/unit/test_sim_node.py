@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 from engine_jobs.contract import BuildSpec
-from redrafter_operator.sim.buildjobs import localize_build_spec
-from redrafter_operator.sim.endpoints import endpoints_for
-from redrafter_operator.sim.hostfs import HostFS
-from redrafter_operator.sim.router import backends_from_endpoints
-from redrafter_operator.sim.scenarios import (
+from redrafter_sim.buildjobs import localize_build_spec
+from redrafter_sim.endpoints import endpoints_for
+from redrafter_sim.hostfs import HostFS
+from redrafter_sim.router import backends_from_endpoints
+from redrafter_sim.scenarios import (
     DEFAULT_SCENARIO,
     SCENARIOS,
     Condition,

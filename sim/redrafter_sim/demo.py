@@ -1,4 +1,4 @@
-"""`redrafter-operator demo`: the whole lifecycle on this machine — no cluster, no GPU.
+"""`redrafter-sim demo`: the whole lifecycle on this machine — no cluster, no GPU.
 
 It starts the emulated Kubernetes API on loopback, installs the CRD and applies the resource with the
 pinned kubectl, runs the real operator as production does (``redrafter-operator run`` with a
@@ -30,11 +30,11 @@ from typing import Any
 
 import yaml
 
-from ..api import API_VERSION, KIND, PLURAL
-from ..api.crd import crd_yaml
-from ..evaluate.prompts import Prompt
-from ..evaluate.stream import RequestOptions
-from ..render import names
+from redrafter_operator.api import API_VERSION, KIND, PLURAL
+from redrafter_operator.api.crd import crd_yaml
+from redrafter_operator.evaluate.prompts import Prompt
+from redrafter_operator.evaluate.stream import RequestOptions
+from redrafter_operator.render import names
 from .engine import SimEngineSettings
 from .kubeapi import EVENTS, KubeApi, Kind
 from .kubelet import SimKubelet
@@ -54,7 +54,7 @@ from .server import EmulatorThread, write_kubeconfig
 from .traffic import RoutedLoadGenerator, TrafficStats
 from .view import DemoView, render_summary
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MANIFEST = ROOT / "examples" / "demo-tiny.yaml"
 BIN = Path(sys.executable).parent
 KUBECTL = BIN / "kubectl"
@@ -399,7 +399,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
                    help="ReDrafterDeployment manifest (default: examples/demo-tiny.yaml)")
     p.add_argument("--scenario", default=DEFAULT_SCENARIO, metavar="NAME|FILE",
                    help="; ".join(f"{s.name}: {s.description}" for s in SCENARIOS.values())
-                   + "; or a YAML file of stages (see redrafter_operator/sim/scenarios.py)")
+                   + "; or a YAML file of stages (see sim/redrafter_sim/scenarios.py)")
     p.add_argument("--fast", action="store_true", help=f"shorten every stage's minimum duration x{FAST_FACTOR}")
     p.add_argument("--summary-json", metavar="PATH", help="also write the summary as JSON")
     p.add_argument("--keep-temp", action="store_true", help="keep the temp dir (logs, engine cache) for debugging")

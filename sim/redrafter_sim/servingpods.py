@@ -27,7 +27,7 @@ from engine_jobs import contract
 from engine_jobs.contract import ServingConfig
 from engine_jobs.model_repo import write_model_repository
 
-from ..render import names
+from redrafter_operator.render import names
 from . import objects
 from .engine import SimEngineSettings, add_load_gauges, install_sim_engine
 from .hostfs import HostFS, PodRoot, configmap_names

@@ -1,4 +1,4 @@
-"""TEST DOUBLE shared by the stand-in TensorRT-LLM tools in redrafter_operator/sim/toolchain (used by the tests and the demo; never by production).
+"""TEST DOUBLE shared by the stand-in TensorRT-LLM tools in sim/redrafter_sim/toolchain (used by the tests and the demo; never by production).
 
 Each stand-in parses its argv with the *complete* flag set of the real tool (transcribed from
 TensorRT-LLM's argparse: examples/models/core/{llama,qwen}/convert_checkpoint.py,

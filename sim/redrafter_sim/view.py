@@ -99,7 +99,7 @@ class DemoView:
                 f"conc={f['concurrency']} decision={f['decision'][:90]}")
 
     def render(self) -> Group:
-        stages = Table(title=f"redrafter-operator demo — scenario {self.scenario.name}  ({self.run.elapsed():.0f}s)",
+        stages = Table(title=f"redrafter-sim demo — scenario {self.scenario.name}  ({self.run.elapsed():.0f}s)",
                        expand=True, show_lines=False)
         for col in ("", "stage", "until", "took"):
             stages.add_column(col)

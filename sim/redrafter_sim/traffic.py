@@ -17,9 +17,9 @@ from typing import Sequence
 
 import tritonclient.grpc.aio as grpcaio
 
-from ..evaluate.loadgen import LoadGenerator
-from ..evaluate.prompts import Prompt
-from ..evaluate.stream import RequestOptions, RequestResult, stream_request
+from redrafter_operator.evaluate.loadgen import LoadGenerator
+from redrafter_operator.evaluate.prompts import Prompt
+from redrafter_operator.evaluate.stream import RequestOptions, RequestResult, stream_request
 from .router import NoEndpoints, ServiceRouter
 
 NO_ENDPOINT_BACKOFF_S = 0.2

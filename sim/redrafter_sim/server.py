@@ -129,7 +129,7 @@ async def _serve_forever(port: int, kubeconfig: Path | None, manifests: list[Pat
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m redrafter_operator.sim.server``: an emulated cluster for manual kubectl sessions."""
+    """``python -m redrafter_sim.server``: an emulated cluster for manual kubectl sessions."""
     import argparse
 
     parser = argparse.ArgumentParser(description=main.__doc__)

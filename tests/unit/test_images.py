@@ -181,9 +181,12 @@ def test_gpu_image_requirements_are_bounded_ranges():
 
 def test_build_script_dry_run_and_no_docker(tmp_path: Path):
     script = IMAGES / "build.sh"
-    dry = subprocess.run([str(script), "--dry-run"], capture_output=True, text=True, timeout=30, check=True)
-    lines = dry.stdout.splitlines()
+    dry = subprocess.run([str(script), "--dry-run"], capture_output=True, text=True, timeout=600, check=True)
+    lines = [line for line in dry.stdout.splitlines() if not line.startswith("#")]
+    proofs = [line for line in dry.stdout.splitlines() if line.startswith("#")]
     assert len(lines) == 3
+    assert [p.split(":")[0] for p in proofs] == ["# operator", "# engine-builder", "# triton-runtime"]
+    assert all(p.endswith("no emulated cluster, no stand-in TensorRT-LLM tool") for p in proofs), proofs
     for line, dockerfile, tag in zip(lines, ("operator", "engine-builder", "triton-runtime"),
                                      (None, DEFAULT_BUILDER_IMAGE, DEFAULT_SERVING_IMAGE)):
         assert f"--file images/{dockerfile}.Dockerfile" in line and line.endswith(" .")
@@ -201,3 +204,25 @@ def test_build_script_dry_run_and_no_docker(tmp_path: Path):
     hard = subprocess.run([str(script)], capture_output=True, text=True, timeout=30,
                           env={**env, "REQUIRE_DOCKER": "1"})
     assert hard.returncode == 1
+
+
+def test_context_check_catches_a_double_that_would_ship(tmp_path: Path):
+    """The dry run's proof can fail: a .dockerignore that lets the sim in is caught, file by file."""
+    sys.path.insert(0, str(IMAGES))
+    try:
+        import check_context
+    finally:
+        sys.path.remove(str(IMAGES))
+    for rel in ("pyproject.toml", "operator/redrafter_operator/__init__.py", "engine_jobs/__init__.py",
+                "sim/redrafter_sim/__init__.py", "sim/redrafter_sim/toolchain/bin/trtllm-build"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    (tmp_path / "images").mkdir()
+    ignore = (IMAGES / "operator.Dockerfile.dockerignore").read_text()
+    (tmp_path / "images" / "operator.Dockerfile.dockerignore").write_text(ignore)
+    clean = check_context.context_files("operator", root=tmp_path)
+    assert "operator/redrafter_operator/__init__.py" in clean and check_context.forbidden(clean) == []
+    (tmp_path / "images" / "operator.Dockerfile.dockerignore").write_text(ignore + "!sim/\n")
+    leaky = check_context.context_files("operator", root=tmp_path)
+    assert check_context.forbidden(leaky) == ["sim/redrafter_sim/__init__.py",
+                                              "sim/redrafter_sim/toolchain/bin/trtllm-build"]

@@ -128,11 +128,11 @@ async def _serve_forever(port: int, kubeconfig: Path | None, manifests: list[Pat
             await stop.wait()
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m redrafter_sim.server``: an emulated cluster for manual kubectl sessions."""
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """``redrafter-sim server`` (or ``python -m redrafter_sim.server``): an emulated cluster for manual kubectl sessions."""
     import argparse
 
-    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser = argparse.ArgumentParser(prog=prog, description=main.__doc__)
     parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: a free one)")
     parser.add_argument("--kubeconfig", type=Path, help="write a kubeconfig for the server here")
     parser.add_argument("--load", type=Path, action="append", default=[], help="YAML manifests to create first")

@@ -47,7 +47,8 @@ CONTROLLER_LAYERS: list[str | set[str]] = [
 
 @pytest.fixture(scope="module")
 def graph() -> grimp.ImportGraph:
-    return grimp.build_graph(*PACKAGES, include_external_packages=False, exclude_type_checking_imports=False)
+    return grimp.build_graph(*PACKAGES, include_external_packages=False, exclude_type_checking_imports=False,
+                             cache_dir=None)  # no cache directory written into the checkout
 
 
 def _layers(spec: list[str | set[str]]) -> list[grimp.Layer]:

@@ -105,7 +105,6 @@ class Controller:
             lock = self._locks[key] = asyncio.Lock()
         return lock
 
-    # ---- indexes ----------------------------------------------------------------------------
     # ---- queueing ---------------------------------------------------------------------------
     def on_resource_event(self, event_type: str | None, raw: Mapping[str, Any]) -> None:
         meta = raw.get("metadata") or {}

@@ -24,7 +24,7 @@ import signal
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ from .scenarios import (
     SCENARIOS,
     Scenario,
     Stage,
+    StageResult,
     all_hold,
     describe,
     load_scenario,
@@ -70,25 +71,6 @@ log = logging.getLogger("redrafter.demo")
 
 class Interrupted(Exception):
     """Ctrl-C / SIGTERM."""
-
-
-@dataclass
-class StageResult:
-    name: str
-    description: str
-    expect: str
-    condition: str
-    started_s: float
-    duration_s: float = 0.0
-    happened: bool = False
-    observed: dict[str, Any] = field(default_factory=dict)  # each until-condition's path -> value at the end
-    failure: str = ""
-    speculation: dict[str, Any] = field(default_factory=dict)
-    replicas: dict[str, Any] = field(default_factory=dict)
-    decisions: list[dict[str, Any]] = field(default_factory=list)
-    traffic: dict[str, Any] = field(default_factory=dict)
-    wall_start: float = 0.0
-    wall_end: float = 0.0
 
 
 @dataclass

@@ -19,9 +19,9 @@ import pytest
 import yaml
 
 from redrafter_operator.api import API_VERSION, KIND
-from redrafter_operator.controller.handlers import Controller
 from redrafter_operator.controller.main import RunOptions, run_operator
-from redrafter_operator.controller.planner import ServingTargets
+from redrafter_operator.controller.plan_types import ServingTargets
+from redrafter_operator.controller.reconciler import Controller
 from redrafter_operator.render import names
 from redrafter_sim import controllers
 from redrafter_sim.server import EmulatorHandle

@@ -15,7 +15,7 @@ from redrafter_operator.controller.facts import (
     PodFact,
     manifest_hash,
 )
-from redrafter_operator.controller.handlers import WorkQueue
+from redrafter_operator.controller.workqueue import WorkQueue
 from redrafter_operator.controller.main import _replica_priority
 
 
@@ -164,8 +164,9 @@ def test_replica_priority_differs_per_pod(monkeypatch: pytest.MonkeyPatch) -> No
 
 async def test_evaluator_slot_runs_per_resource_and_targets_enqueue() -> None:
     """The policy seam: an evaluator is called per resource on its interval and may set serving targets."""
-    from redrafter_operator.controller.handlers import Controller, interval_of
-    from redrafter_operator.controller.planner import ServingTargets
+    from redrafter_operator.controller.plan_types import ServingTargets
+    from redrafter_operator.controller.reconciler import Controller
+    from redrafter_operator.controller.resource_io import interval_of
     from redrafter_operator.controller.renderers import default_renderers
 
     class Client(FakeClient):

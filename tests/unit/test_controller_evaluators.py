@@ -14,11 +14,11 @@ import pytest
 from aiohttp import web
 
 from engine_jobs import contract as c
-from redrafter_operator.controller import handlers
+from redrafter_operator.controller import resource_io
 from redrafter_operator.controller import speculation as sp
 from redrafter_operator.controller.apply import ApiError
 from redrafter_operator.controller.metrics import OperatorMetrics
-from redrafter_operator.controller.planner import ServingTargets
+from redrafter_operator.controller.plan_types import ServingTargets
 from redrafter_operator.controller.speculation import (
     SpeculationEvaluator, newer_state, status_fragment, status_patch, stored_state,
 )
@@ -87,6 +87,7 @@ class FakeController:
         self.bodies = {(NS, NAME): obj}
         self.written: dict[Any, Any] = {}
         self.indexes: dict[str, Any] = {}
+        self.posting_vars: list[Any] = []
         self.metrics = OperatorMetrics()
         self.pods = [pod("chat-redrafter-0")]
         self.client = FakeClient(self)
@@ -139,7 +140,7 @@ async def endpoint():
 @pytest.fixture
 def events(monkeypatch):
     posted: list[tuple[str, str, str]] = []
-    monkeypatch.setattr(handlers, "_post", lambda b, t, r, msg: posted.append((t, r, msg)))
+    monkeypatch.setattr(resource_io, "post_event", lambda b, t, r, msg: posted.append((t, r, msg)))
     return posted
 
 
@@ -300,10 +301,11 @@ def test_pure_helpers() -> None:
 
 # ---- the validation gate's pure parts -------------------------------------------------------------------
 from redrafter_operator.api.spec import ReDrafterDeploymentSpec  # noqa: E402
-from redrafter_operator.controller.planner import default_targets  # noqa: E402
-from redrafter_operator.controller.validation import (  # noqa: E402
-    Gate, Promotion, engine_pair, gate_from_status, gate_of, gated_targets,
+from redrafter_operator.controller.gate import (  # noqa: E402
+    Gate, engine_pair, gate_from_status, gate_of, gated_targets,
 )
+from redrafter_operator.controller.targets import default_targets  # noqa: E402
+from redrafter_operator.controller.validation import Promotion  # noqa: E402
 
 PAIR_STATUS = {"engines": {"redrafter": {"key": "r1", "state": "Ready"}, "base": {"key": "b1", "state": "Cached"}}}
 POLICY = ServingTargets(active="redrafter", replicas={"redrafter": 3, "base": 0}, canary=0)

@@ -19,7 +19,9 @@ from redrafter_operator.controller.facts import (
     PodFact,
     SharedArtifact,
 )
-from redrafter_operator.controller.planner import Renderers, Resource, ServingTargets, plan, plan_switch
+from redrafter_operator.controller.plan_types import Renderers, Resource, ServingTargets
+from redrafter_operator.controller.planner import plan
+from redrafter_operator.controller.targets import plan_switch
 from redrafter_operator.render import names
 
 ROOT = Path(__file__).resolve().parents[2]

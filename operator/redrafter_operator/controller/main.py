@@ -21,9 +21,10 @@ import kopf
 from aiohttp import web
 
 from .apply import KubeClient, load_configuration
-from .handlers import Controller, ControllerSettings, register
+from .handlers import register
 from .metrics import OperatorMetrics
-from .planner import Renderers
+from .plan_types import Renderers
+from .reconciler import Controller, ControllerSettings
 from .renderers import default_renderers
 from .speculation import SpeculationEvaluator
 from .validation import Promotion, ValidationEvaluator

@@ -8,7 +8,7 @@ from engine_jobs.contract import Variant
 
 from ..render import names, serving
 from ..render.common import Owner
-from .planner import Renderers
+from .plan_types import Renderers
 
 
 def _variant(owner: Owner, variant: Variant, key: str, replicas: int) -> list[dict[str, Any]]:

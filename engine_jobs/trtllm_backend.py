@@ -1,0 +1,61 @@
+"""What the TensorRT-LLM Triton backend (C++, ``backend: "tensorrtllm"``) requires of its config.pbtxt.
+
+The backend reads its settings with ``ModelState::GetParameter<T>(name)``, which throws
+``Cannot find parameter with name: <name>`` when the key is absent. Almost every read is wrapped in
+try/catch with a default; the ones below are not, so a config without them fails to load
+(``unexpected error when creating modelInstanceState: Cannot find parameter with name: ...``).
+
+Source read: the backend as shipped with TensorRT-LLM 1.0.0, which the Triton 25.09
+trtllm-python-py3 image pairs with (tensorrtllm_backend tag v1.0.0 and branch r25.09 pin the
+``tensorrt_llm`` submodule at ae8270b713446948246f16fadf4e2a32e35d0f62; since 0.20 the backend source
+lives in that repository under ``triton_backend/inflight_batcher_llm/src/``). The same four reads
+without a default are in tensorrtllm_backend's own last copy (commit c2e65b8, May 2025).
+
+This module is data only (no imports beyond the standard library): the simulated engine copies it
+next to its model so the double rejects exactly what the real backend rejects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: the upstream release the facts below were read at
+BACKEND_RELEASE = "TensorRT-LLM 1.0.0 (Triton 25.09, tensorrtllm_backend v1.0.0)"
+SOURCE_DIR = "triton_backend/inflight_batcher_llm/src"
+
+
+@dataclass(frozen=True)
+class RequiredParameter:
+    """One parameter the backend reads with no default, and where upstream reads it."""
+
+    name: str
+    source: str  # file under SOURCE_DIR
+    function: str  # the function that reads it
+    release: str = BACKEND_RELEASE
+
+
+#: in the order the backend reads them (the first missing one is the error a real load reports)
+REQUIRED_PARAMETERS: tuple[RequiredParameter, ...] = (
+    RequiredParameter("gpt_model_type", "model_instance_state.cc", "getBatchingTypeFromParams"),
+    RequiredParameter("tokenizer_dir", "model_instance_state.cc", "getGuidedDecodingConfigFromParams"),
+    RequiredParameter("xgrammar_tokenizer_info_path", "model_instance_state.cc", "getGuidedDecodingConfigFromParams"),
+    RequiredParameter("guided_decoding_backend", "model_instance_state.cc", "getGuidedDecodingConfigFromParams"),
+)
+REQUIRED_PARAMETER_NAMES: tuple[str, ...] = tuple(p.name for p in REQUIRED_PARAMETERS)
+
+#: GetParameter<std::string> itself (model_state.cc): the lookup error and the one for no parameters at all
+MISSING_PARAMETER_ERROR = "Cannot find parameter with name: {name}"
+NO_PARAMETERS_ERROR = "Model config doesn't have a parameters section"
+#: ModelInstanceState::Create wraps every constructor exception in this (model_instance_state.cc)
+LOAD_ERROR_PREFIX = "unexpected error when creating modelInstanceState: "
+
+#: gpt_model_type values getBatchingTypeFromParams accepts ("v1"/"V1" is static batching, which the
+#: TensorRT-LLM 1.0 executor no longer runs; the operator never writes it)
+GPT_MODEL_TYPES = ("inflight_fused_batching", "inflight_batching")
+INVALID_GPT_MODEL_TYPE_ERROR = "Invalid gpt_model_type. Must be v1/inflight_batching/inflight_fused_batching."
+#: getGuidedDecodingConfigFromParams: an empty backend or info path turns guided decoding off;
+#: otherwise the backend must be xgrammar and the path must exist
+GUIDED_DECODING_BACKENDS = ("xgrammar",)
+#: ModelInstanceState's constructor: a decoder-only model needs gpt_model_path (encoder_model_path is
+#: for encoder models); both are read in try/catch but one of them must be set
+NO_MODEL_PATH_ERROR = "Both encoder and decoder model paths are empty"

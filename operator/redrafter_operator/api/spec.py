@@ -90,7 +90,10 @@ class ModelSource(ApiModel):
 class Model(ApiModel):
     """The checkpoints that make up the service."""
 
-    base: ModelSource = Field(description="The base (verifier) model: a Llama or Qwen/Qwen2 checkpoint.")
+    base: ModelSource = Field(
+        description="The base (verifier) model: a Llama or Qwen2/Qwen2.5 checkpoint. Qwen v1 (QWenLMHeadModel) "
+        "is refused: its tokenizer is remote code (trust_remote_code), which the operator does not run."
+    )
     drafter: ModelSource = Field(
         description="The ReDrafter drafter head trained for this base model (config.json with "
         "hidden_size, exit_dim, num_draft_layers, rnn)."
@@ -100,7 +103,8 @@ class Model(ApiModel):
     )
     architecture: Literal["auto", "llama", "qwen"] = Field(
         default="auto",
-        description="Base architecture, choosing the TensorRT-LLM converter. auto reads config.json.",
+        description="Base architecture, choosing the TensorRT-LLM converter (qwen: Qwen2/Qwen2.5). "
+        "auto reads config.json.",
     )
 
 

@@ -236,6 +236,11 @@ def test_non_retryable_exit_code_fails_the_engine_after_one_job(code, name):
     assert "BuildNotRetried" in events and "RetriesExhausted" not in events
     assert f"exit code {code} ({name})" in events["BuildNotRetried"].message
     assert "retry-build" in events["BuildNotRetried"].message
+    # a long stderr tail never pushes the code and the retry hint out of the bounded message
+    long_tail = Observed(jobs=obs.jobs, pods={failed.name: PodFact(job=failed.name, phase="Failed",
+                                                                    message="x" * 5000)})
+    bounded = plan(res_of(doc, st0), long_tail, now=NOW, renderers=RENDER).status["engines"]["redrafter"]["message"]
+    assert len(bounded) <= 1024 and "retry-build=<new value>" in bounded
     # the Job expires (TTL): status remembers the code, still no Job
     p2 = plan(res_of(doc, p.status), Observed(jobs=[job(doc, "base", "Succeeded")]), now=LATER, renderers=RENDER)
     assert p2.create == [] and p2.status["engines"]["redrafter"]["exitCode"] == code

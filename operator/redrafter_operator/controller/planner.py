@@ -153,7 +153,10 @@ def default_targets(spec: ReDrafterDeploymentSpec, status: Mapping[str, Any]) ->
 def _failure_text(job: JobFact, observed: Observed) -> str:
     pod = observed.pods.get(job.name)
     detail = (pod.message if pod and pod.message else job.message).strip()
-    text = f"Job {job.name} failed ({job.reason or 'Failed'})" + (f": {detail}" if detail else "")
+    return _bounded(f"Job {job.name} failed ({job.reason or 'Failed'})" + (f": {detail}" if detail else ""))
+
+
+def _bounded(text: str) -> str:
     return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 3] + "..."
 
 
@@ -200,7 +203,7 @@ def plan_engine(
         if final_code is not None and failed:  # podFailurePolicy ended it: no attempt can fix this code
             msg = f"{not_retried_message(owner.name, final_code)}. {_failure_text(failed[-1], observed)}"
             out.update(state="Failed", job=failed[-1].name, attempts=n_failed, exitCode=final_code,
-                       message=msg if len(msg) <= MESSAGE_LIMIT else msg[: MESSAGE_LIMIT - 3] + "...")
+                       message=_bounded(msg))
         elif final_code is not None or n_failed > retries:
             msg = _failure_text(failed[-1], observed) if failed else old.get("message") or "build failed"
             out.update(state="Failed", job=failed[-1].name if failed else old.get("job"), message=msg,

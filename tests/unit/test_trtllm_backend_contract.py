@@ -52,6 +52,31 @@ def test_generated_config_defines_every_required_parameter(variant, tp, fmha):
     check_parameters(p, trtllm_backend)  # the double accepts what the real backend accepts
 
 
+#: keys the generated config sets that the C++ backend does not read, and why they are there anyway
+NOT_READ_BY_THE_BACKEND = {
+    "FORCE_CPU_ONLY_INPUT_TENSORS": "in upstream's tensorrt_llm config.pbtxt too (Triton-level input placement)",
+    "engine_dir": "names the published engine directory; the backend reads the same path as gpt_model_path",
+}
+
+
+@pytest.mark.parametrize("variant", contract.VARIANTS)
+def test_every_generated_parameter_is_one_the_backend_reads(variant):
+    """A misspelt key would be ignored silently by the real backend (its default applies instead)."""
+    known = (set(trtllm_backend.REQUIRED_PARAMETER_NAMES) | set(trtllm_backend.OPTIONAL_PARAMETER_NAMES)
+             | set(trtllm_backend.LOOKAHEAD_PARAMETER_NAMES))
+    unknown = set(engine_params(serving(variant, 2))) - known - set(NOT_READ_BY_THE_BACKEND)
+    assert not unknown, f"{sorted(unknown)}: not read by the TensorRT-LLM backend"
+    assert not known & set(NOT_READ_BY_THE_BACKEND)
+
+
+def test_double_requires_lookahead_parameters_only_for_lookahead():
+    p = engine_parameters(serving("base", 1), "/e") | {"decoding_mode": "lookahead"}
+    with pytest.raises(BackendLoadError, match="lookahead parameters are not specified"):
+        check_parameters(p, trtllm_backend)
+    check_parameters(p | {n: "4" for n in trtllm_backend.LOOKAHEAD_PARAMETER_NAMES}, trtllm_backend)
+    check_parameters(engine_parameters(serving("base", 1), "/e") | {"decoding_mode": "top_k"}, trtllm_backend)
+
+
 @pytest.mark.parametrize("name", UPSTREAM_REQUIRED)
 def test_double_rejects_a_config_missing_a_required_parameter(name):
     p = engine_parameters(serving("redrafter", 1), "/e")

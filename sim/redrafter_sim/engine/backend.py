@@ -3,7 +3,7 @@
 The simulated engine replaces the C++ backend, so without these checks a config the real backend
 refuses to load would serve happily here. :func:`check_parameters` raises what the real backend
 raises for the checks in ``engine_jobs/trtllm_backend.py`` (required parameters, gpt_model_type,
-guided decoding, model path), in the order it reads them. It is copied next to the simulated model as
+lookahead, guided decoding, model path), in the order it reads them. It is copied next to the simulated model as
 ``_sim_backend.py``; the facts come from ``_trtllm_backend.py`` (a copy of the contract module).
 """
 
@@ -43,6 +43,8 @@ def check_parameters(params: Mapping[str, str] | None, facts) -> None:
         raise fail(STATIC_BATCHING_ERROR.format(value=model_type))
     if model_type not in facts.GPT_MODEL_TYPES:
         raise fail(facts.INVALID_GPT_MODEL_TYPE_ERROR)
+    if params.get("decoding_mode") == "lookahead" and any(n not in params for n in facts.LOOKAHEAD_PARAMETER_NAMES):
+        raise fail(facts.LOOKAHEAD_ERROR)
     backend, info_path = params["guided_decoding_backend"], params["xgrammar_tokenizer_info_path"]
     # upstream treats an empty value and its unfilled template placeholder alike: guided decoding off
     if backend not in ("", "${guided_decoding_backend}") and info_path not in ("", "${xgrammar_tokenizer_info_path}"):

@@ -5,11 +5,15 @@ The backend reads its settings with ``ModelState::GetParameter<T>(name)``, which
 try/catch with a default; the ones below are not, so a config without them fails to load
 (``unexpected error when creating modelInstanceState: Cannot find parameter with name: ...``).
 
-Source read: the backend as shipped with TensorRT-LLM 1.0.0, which the Triton 25.09
-trtllm-python-py3 image pairs with (tensorrtllm_backend tag v1.0.0 and branch r25.09 pin the
-``tensorrt_llm`` submodule at ae8270b713446948246f16fadf4e2a32e35d0f62; since 0.20 the backend source
-lives in that repository under ``triton_backend/inflight_batcher_llm/src/``). The same four reads
-without a default are in tensorrtllm_backend's own last copy (commit c2e65b8, May 2025).
+Pinned release: TensorRT-LLM 1.0.0, which the Triton 25.09 trtllm-python-py3 image pairs with
+(tensorrtllm_backend tag v1.0.0 and branch r25.09 pin their ``tensorrt_llm`` submodule at
+ae8270b713446948246f16fadf4e2a32e35d0f62; since 0.20 the backend source lives in that repository under
+``triton_backend/inflight_batcher_llm/src/``, tensorrtllm_backend keeps only docs and build files).
+Read in: NVIDIA/TensorRT-LLM ``triton_backend/inflight_batcher_llm/src/{model_instance_state,model_state,
+utils}.cc`` as stored at commits c8c6df08 and 0c8de69a (the 1.0 line; the exact submodule commit's
+snapshot was not retrievable), and tensorrtllm_backend's own last copy (commit c2e65b8, May 2025). All
+three read the same four parameters without a default; utils.cc reads none. docs/model_config.md at
+tensorrtllm_backend v1.0.0 lists the same three guided-decoding keys.
 
 This module is data only (no imports beyond the standard library): the simulated engine copies it
 next to its model so the double rejects exactly what the real backend rejects.

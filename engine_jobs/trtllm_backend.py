@@ -10,9 +10,9 @@ Pinned release: TensorRT-LLM 1.0.0, which the Triton 25.09 trtllm-python-py3 ima
 ae8270b713446948246f16fadf4e2a32e35d0f62; since 0.20 the backend source lives in that repository under
 ``triton_backend/inflight_batcher_llm/src/``, tensorrtllm_backend keeps only docs and build files).
 Read in: NVIDIA/TensorRT-LLM ``triton_backend/inflight_batcher_llm/src/{model_instance_state,model_state,
-utils}.cc`` as stored at commits c8c6df08 and 0c8de69a (the 1.0 line; the exact submodule commit's
+utils}.cc`` as stored at commits c8c6df08 and 0c8de69a (after the move; the exact submodule commit's
 snapshot was not retrievable), and tensorrtllm_backend's own last copy (commit c2e65b8, May 2025). All
-three read the same four parameters without a default; utils.cc reads none. docs/model_config.md at
+three read the same four parameters without a default (c2e65b8's utils.cc reads no parameter). docs/model_config.md at
 tensorrtllm_backend v1.0.0 lists the same three guided-decoding keys.
 
 This module is data only (no imports beyond the standard library): the simulated engine copies it

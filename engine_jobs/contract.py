@@ -112,7 +112,8 @@ class BuildSpec(_Strict):
 
 
 class TritonParams(_Strict):
-    batching_strategy: Literal["inflight_fused_batching", "v1"] = "inflight_fused_batching"
+    #: in-flight batching only: the TensorRT-LLM 1.0 executor does not run static batching ("v1")
+    batching_strategy: Literal["inflight_fused_batching"] = "inflight_fused_batching"
     max_queue_delay_microseconds: int = 0
     kv_cache_free_gpu_mem_fraction: float = 0.9
     enable_chunked_context: bool = True

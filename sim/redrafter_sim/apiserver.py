@@ -33,6 +33,7 @@ from kmock import KubernetesEmulator
 
 from . import apiserver_protobuf as protobuf
 from . import apiserver_resources as res
+from . import podfailurepolicy
 from .apiserver_objects import (as_type as _as_type, builtin_defaults as _builtin_defaults, clone as _clone,
                                 events_v1_to_core as _events_v1_to_core, now as _now, set_path as _set_path,
                                 spec_part as _spec_part, without_rv as _without_rv)
@@ -369,6 +370,8 @@ class ApiServerEmulator(KubernetesEmulator):
             causes = validate(obj, rtype.schema) or validate_rules(obj, rtype.schema, old)
             if causes:
                 raise self._invalid(rtype, name, causes)
+        if rtype.storage_key == ("batch", "jobs") and (causes := podfailurepolicy.validate(obj)):
+            raise self._invalid(rtype, name, causes)
         if rtype.storage_key == res.CRD_STORAGE_KEY:
             try:
                 types = res.types_from_crd(obj)

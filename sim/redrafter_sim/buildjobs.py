@@ -10,7 +10,8 @@ provisioned with a tiny fake checkpoint (:mod:`.checkpoint`) the first time a bu
 Validation Jobs run ``redrafter-operator evaluate validate`` the same way; their in-cluster Service
 addresses (``<svc>.<ns>.svc:<port>``) are resolved to a Ready endpoint of that Service, as cluster DNS
 and kube-proxy would. The Pod's and Job's status come from the real exit code and termination-message
-file, with the Job's ``backoffLimit`` retries and ``activeDeadlineSeconds``.
+file, with the Job's ``podFailurePolicy`` (a FailJob exit code ends the Job at once), ``backoffLimit``
+retries and ``activeDeadlineSeconds``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 from engine_jobs import contract
 from engine_jobs.contract import BuildSpec, SourceRef
 
-from . import objects
+from . import objects, podfailurepolicy
 from .checkpoint import write_base, write_drafter, write_tokenizer
 from .hostfs import HostFS, PodRoot, configmap_names
 from .kubeapi import CONFIGMAPS, ENDPOINTS, JOBS, PODS, KubeApi
@@ -140,7 +141,7 @@ class JobRunner:
         try:
             while True:
                 try:
-                    code, message = await asyncio.wait_for(self._run_pod(job), timeout=deadline)
+                    code, message, pod = await asyncio.wait_for(self._run_pod(job), timeout=deadline)
                 except asyncio.TimeoutError:
                     self.finished[uid] = -1
                     await self._job_status(ns, name, self._failed(failures + 1, "DeadlineExceeded",
@@ -148,7 +149,15 @@ class JobRunner:
                     return
                 if code == 0:
                     break
-                failures += 1
+                # the pod failure policy first, as the Job controller does: FailJob ends the Job now,
+                # Ignore does not count the failure against backoffLimit
+                action, why = podfailurepolicy.match(job, pod)
+                if action == podfailurepolicy.FAIL_JOB:
+                    self.finished[uid] = code
+                    await self._job_status(ns, name, self._failed(failures + 1, podfailurepolicy.REASON, why))
+                    return
+                if action != podfailurepolicy.IGNORE:
+                    failures += 1
                 if failures > backoff:
                     break
                 await self._job_status(ns, name, {"active": 1, "failed": failures})
@@ -179,7 +188,8 @@ class JobRunner:
             await self.api.patch(JOBS, name, ns, {"status": status}, subresource="status")
 
     # ------------------------------------------------------------------ one Pod of the Job
-    async def _run_pod(self, job: dict[str, Any]) -> tuple[int, str]:
+    async def _run_pod(self, job: dict[str, Any]) -> tuple[int, str, dict[str, Any]]:
+        """Run one Pod of the Job: (exit code, termination message, the Pod as the Job controller sees it)."""
         meta = job["metadata"]
         ns, job_name = meta["namespace"], meta["name"]
         template = (job.get("spec") or {}).get("template") or {}
@@ -200,10 +210,10 @@ class JobRunner:
                 code, message = await self._execute(argv, env, root)
         except (OSError, ValueError) as exc:  # a volume or ConfigMap the pod cannot start with
             code, message = 128, f"CreateContainerConfigError: {exc}"
-        await self._pod_status(ns, pod_name, objects.terminated_status(
-            container["name"], objects.HOST_IP, started, code, message, image))
+        status = objects.terminated_status(container["name"], objects.HOST_IP, started, code, message, image)
+        await self._pod_status(ns, pod_name, status)
         log.info("build pod %s/%s exited %s", ns, pod_name, code)
-        return code, message
+        return code, message, {"metadata": {"name": pod_name, "namespace": ns}, "status": status}
 
     async def _prepare(self, ns: str, manifest: dict[str, Any], container: dict[str, Any],
                        root: PodRoot) -> tuple[list[str], dict[str, str]]:

@@ -14,6 +14,7 @@ import hashlib
 import json
 from typing import Any
 
+from . import podfailurepolicy
 from .apiserver import ApiServerEmulator
 from .endpoints import endpoints_for
 from .objects import condition_true
@@ -125,9 +126,16 @@ def fail_job(emu: ApiServerEmulator, name: str, namespace: str, *, reason: str =
              message: str = "Job has reached the specified backoff limit", exit_code: int = 1,
              termination_message: str | None = None) -> dict[str, Any]:
     """The Job failed: FailureTarget and Failed conditions with ``reason``/``message``, failed=1, and a Failed
-    Pod whose container terminated with ``exit_code`` and ``termination_message``."""
+    Pod whose container terminated with ``exit_code`` and ``termination_message``.
+
+    As the real Job controller, the Job's podFailurePolicy decides first: an exit code one of its FailJob
+    rules matches fails the Job with reason PodFailurePolicy and the controller's message, whatever
+    ``reason`` says (a Job with that policy cannot end any other way for that code)."""
     job = emu.get_object("batch/v1", "Job", name, namespace)
-    _job_pod(emu, job, "Failed", exit_code, termination_message)
+    pod = _job_pod(emu, job, "Failed", exit_code, termination_message)
+    action, why = podfailurepolicy.match(job, pod)
+    if action == podfailurepolicy.FAIL_JOB:
+        reason, message = podfailurepolicy.REASON, why
     status = {
         "active": 0, "succeeded": 0, "failed": 1, "ready": 0,
         "startTime": (job.get("status") or {}).get("startTime", _now()),

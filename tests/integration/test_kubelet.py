@@ -148,6 +148,27 @@ async def test_failed_build_reports_termination_message_after_backoff(apiserver:
         assert term["message"].startswith("TOOL_FAILURE:") and "CUDA out of memory" in term["message"]
 
 
+async def test_bad_input_build_fails_its_job_after_one_pod(apiserver: EmulatorHandle, node: SimKubelet):
+    """The rendered podFailurePolicy, honoured by the node's Job controller: exit code 2 (BAD_INPUT) ends
+    the Job at once, whatever backoffLimit allows."""
+    em = apiserver.emulator
+    owner = demo_owner(**{"engine.build.backoffLimit": 3, "model.architecture": "qwen"})  # the base is Llama
+    em.create_object(build_configmap(owner, "base"))
+    name = em.create_object(build_job(owner, "base"))["metadata"]["name"]
+    await wait_for(lambda: job_state(em, name), 60, "the build Job to finish")
+    job = em.get_object("batch/v1", "Job", name, NS)
+    assert job_state(em, name) == "Failed" and job["status"]["failed"] == 1
+    (pod,) = build_pods(em, name)
+    term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert term["exitCode"] == 2 and term["message"].startswith("BAD_INPUT: spec says architecture qwen")
+    failed = next(c for c in job["status"]["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "PodFailurePolicy"
+    assert failed["message"] == (f"Container build for pod {NS}/{pod['metadata']['name']} failed with exit code 2 "
+                                 "matching FailJob rule at index 0")
+    await asyncio.sleep(1.0)  # a few node syncs: no further pod
+    assert len(build_pods(em, name)) == 1
+
+
 # ---------------------------------------------------------------------------- serving
 def serving_objects(owner: Owner, variant: str, pool: str, replicas: int = 1) -> list[dict]:
     """A ConfigMap with serving.json and a Deployment shaped like the operator's serving render."""

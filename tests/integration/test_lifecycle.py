@@ -334,14 +334,19 @@ async def test_conflicts_server_errors_and_dropped_watches_still_converge(cluste
         await op.stop()
 
 
-async def test_failed_job_reason_bounded_retries_then_retry_annotation(cluster: Cluster, operator: Operator,
-                                                                       kubectl: Any) -> None:
-    apply(kubectl, example(engine__build__retries=1))
+async def building_redrafter_after_base(cluster: Cluster, kubectl: Any, retries: int) -> str:
+    """Apply the example with ``retries``; complete the base build; the running ReDrafter build Job's name."""
+    apply(kubectl, example(engine__build__retries=retries))
     await until(lambda: len(cluster.running_jobs()) == 2, what="Jobs")
     base_job = next(j for j in cluster.running_jobs() if "-base-" in j)
     controllers.complete_job(cluster.emu, base_job, NS)
-    first = next(j for j in cluster.running_jobs() if "redrafter" in j)
-    controllers.fail_job(cluster.emu, first, NS, reason="BackoffLimitExceeded", exit_code=2,
+    return next(j for j in cluster.running_jobs() if "redrafter" in j)
+
+
+async def test_failed_job_reason_bounded_retries_then_retry_annotation(cluster: Cluster, operator: Operator,
+                                                                       kubectl: Any) -> None:
+    first = await building_redrafter_after_base(cluster, kubectl, retries=1)
+    controllers.fail_job(cluster.emu, first, NS, reason="BackoffLimitExceeded", exit_code=3,
                          termination_message="BuildError: trtllm-build exited 1: CUDA out of memory")
     await until(lambda: len(cluster.running_jobs()) == 1, what="retry Job")
     retry = cluster.running_jobs()[0]
@@ -373,6 +378,33 @@ async def test_failed_job_reason_bounded_retries_then_retry_annotation(cluster: 
     cluster.complete_all()
     await until(lambda: cluster.status().get("phase") == "Serving", what="Serving after retry")
     assert cluster.status()["engines"]["redrafter"]["state"] == "Ready"
+
+
+async def test_bad_input_build_ends_after_one_job_and_status_says_how_to_retry(cluster: Cluster, operator: Operator,
+                                                                             kubectl: Any) -> None:
+    first = await building_redrafter_after_base(cluster, kubectl, retries=2)
+    # the emulated Job controller applies the rendered podFailurePolicy: exit code 2 is FailJob
+    controllers.fail_job(cluster.emu, first, NS, exit_code=2,
+                         termination_message="BAD_INPUT: drafter config.json lacks exit_dim")
+    job = cluster.emu.get_object("batch/v1", "Job", first, NS)
+    assert next(c for c in job["status"]["conditions"] if c["type"] == "Failed")["reason"] == "PodFailurePolicy"
+    await until(lambda: cluster.status().get("phase") == "Failed", what="Failed")
+    engine = cluster.status()["engines"]["redrafter"]
+    assert engine["state"] == "Failed" and engine["attempts"] == 1 and engine["exitCode"] == 2
+    assert engine["message"].startswith("exit code 2 (BAD_INPUT) cannot succeed on retry")
+    assert f"kubectl annotate rdd {NAME} {names.ANNOTATION_RETRY_BUILD}=<new value> --overwrite" in engine["message"]
+    assert "drafter config.json lacks exit_dim" in engine["message"]
+    await until(lambda: any(r == "BuildNotRetried" and "exit code 2 (BAD_INPUT)" in m
+                            for r, _, m in cluster.events()), what="BuildNotRetried Event")
+    assert not any(r == "RetriesExhausted" for r, _, _ in cluster.events())
+    # one Job, one pod, and no retry however long we wait
+    await settle(cluster)
+    mark = len(cluster.emu.request_log)
+    await asyncio.sleep(2.5)
+    assert cluster.operator_writes(mark) == []
+    redrafter_jobs = [j for j in cluster.jobs() if "-redrafter-" in j["metadata"]["name"]]
+    assert [j["metadata"]["name"] for j in redrafter_jobs] == [first]
+    assert len(cluster.emu.list_objects("v1", "Pod", NS, label_selector=f"job-name={first}")) == 1
 
 
 async def test_build_input_change_rolls_to_new_engine_without_gap_and_serving_change_never_rebuilds(

@@ -41,7 +41,7 @@ CONTROLLER_LAYERS: list[str | set[str]] = [
     "workqueue",
     {"apply", "metrics"},
     "plan_types",
-    {"facts", "conditions"},
+    {"facts", "conditions", "build_failure"},
 ]
 
 

@@ -81,3 +81,19 @@ def test_cli_render_rejects_invalid_with_field(tmp_path, capsys):
 def test_cli_crd_matches_committed(capsys):
     assert main(["crd"]) == 0
     assert capsys.readouterr().out == (ROOT / "crds" / "redrafter.dev_redrafterdeployments.yaml").read_text()
+
+
+@pytest.mark.parametrize("variant", ["redrafter", "base"])
+def test_build_job_fails_at_once_on_exit_codes_no_retry_can_fix(variant):
+    from engine_jobs.errors import ExitCode
+    from redrafter_sim import podfailurepolicy
+
+    job = build_job(owner_of(ROOT / "examples" / "llama3-8b.yaml"), variant)
+    spec = job["spec"]
+    assert spec["podFailurePolicy"] == {"rules": [{"action": "FailJob", "onExitCodes": {
+        "containerName": "build", "operator": "In",
+        "values": [int(ExitCode.BAD_INPUT), int(ExitCode.SOURCE_UNAVAILABLE)]}}]}
+    assert spec["template"]["spec"]["restartPolicy"] == "Never"  # required by podFailurePolicy
+    assert spec["backoffLimit"] >= 1  # other codes (tool failure, OOM, lock timeout) still retry in the Job
+    assert spec["template"]["spec"]["containers"][0]["name"] == "build"
+    assert podfailurepolicy.validate(job) == [], "the API server would refuse this Job"

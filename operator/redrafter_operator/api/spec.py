@@ -90,7 +90,10 @@ class ModelSource(ApiModel):
 class Model(ApiModel):
     """The checkpoints that make up the service."""
 
-    base: ModelSource = Field(description="The base (verifier) model: a Llama or Qwen/Qwen2 checkpoint.")
+    base: ModelSource = Field(
+        description="The base (verifier) model: a Llama or Qwen2/Qwen2.5 checkpoint. Qwen v1 (QWenLMHeadModel) "
+        "is refused: its tokenizer is remote code (trust_remote_code), which the operator does not run."
+    )
     drafter: ModelSource = Field(
         description="The ReDrafter drafter head trained for this base model (config.json with "
         "hidden_size, exit_dim, num_draft_layers, rnn)."
@@ -100,7 +103,8 @@ class Model(ApiModel):
     )
     architecture: Literal["auto", "llama", "qwen"] = Field(
         default="auto",
-        description="Base architecture, choosing the TensorRT-LLM converter. auto reads config.json.",
+        description="Base architecture, choosing the TensorRT-LLM converter (qwen: Qwen2/Qwen2.5). "
+        "auto reads config.json.",
     )
 
 
@@ -243,8 +247,10 @@ class Engine(ApiModel):
 class Triton(ApiModel):
     """Triton TensorRT-LLM backend parameters (serving-only: changing them never rebuilds)."""
 
-    batching_strategy: Literal["inflight_fused_batching", "v1"] = Field(
-        default="inflight_fused_batching", description="Triton tensorrt_llm batching_strategy."
+    batching_strategy: Literal["inflight_fused_batching"] = Field(
+        default="inflight_fused_batching",
+        description="Triton tensorrt_llm batching_strategy. Only in-flight batching: static batching (v1) "
+        "is not run by the TensorRT-LLM 1.0 executor.",
     )
     max_queue_delay_microseconds: int = Field(
         default=0, ge=0, le=10_000_000, description="Dynamic batcher max queue delay."
@@ -256,6 +262,15 @@ class Triton(ApiModel):
         default=True, description="Chunked context (only applied when engine.pagedContextFmha is true)."
     )
     enable_kv_cache_reuse: bool = Field(default=True, description="Reuse KV blocks across requests.")
+
+    @field_validator("batching_strategy", mode="before")
+    @classmethod
+    def _no_static_batching(cls, v):
+        # Say why, not only "should be 'inflight_fused_batching'": v1 was accepted before.
+        if isinstance(v, str) and v.lower() == "v1":
+            raise ValueError("batchingStrategy v1 (static batching) is not supported: the TensorRT-LLM 1.0 "
+                             "executor runs only in-flight batching; use inflight_fused_batching")
+        return v
 
 
 class Rollout(ApiModel):

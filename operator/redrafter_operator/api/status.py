@@ -38,6 +38,12 @@ class EngineStatus(ApiModel):
     path: str | None = Field(default=None, description="Artifact directory inside the cache volume.")
     message: str | None = Field(default=None, description="Failure reason (Job termination message).")
     attempts: int = Field(default=0, description="Build Jobs created for this key since the last retry request.")
+    exit_code: int | None = Field(
+        default=None,
+        description="Exit code of a build that no retry can fix (2 bad input, 6 source unavailable): its Job "
+        "failed at once (podFailurePolicy) and no further Job starts until the spec or the "
+        "redrafter.dev/retry-build annotation changes.",
+    )
     retry_token: str | None = Field(
         default=None,
         description="Value of the redrafter.dev/retry-build annotation the attempts count against "

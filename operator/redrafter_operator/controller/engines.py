@@ -20,6 +20,7 @@ from ..api.engine_key import engine_key
 from ..render import names
 from ..render.build import artifact_path, build_configmap, build_job
 from ..render.common import Owner
+from .build_failure import not_retried_message
 from .facts import ANNOTATION_CACHE_CLAIM, ANNOTATION_RETRY_TOKEN, JobFact, Observed
 from .plan_types import READY_STATES, EventSpec, Plan, Resource
 
@@ -29,7 +30,10 @@ MESSAGE_LIMIT = 1024  # engine failure messages in status (the full stderr tail 
 def _failure_text(job: JobFact, observed: Observed) -> str:
     pod = observed.pods.get(job.name)
     detail = (pod.message if pod and pod.message else job.message).strip()
-    text = f"Job {job.name} failed ({job.reason or 'Failed'})" + (f": {detail}" if detail else "")
+    return _bounded(f"Job {job.name} failed ({job.reason or 'Failed'})" + (f": {detail}" if detail else ""))
+
+
+def _bounded(text: str) -> str:
     return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 3] + "..."
 
 
@@ -69,12 +73,18 @@ def plan_engine(
                    message=f"waiting for Job {shared.building_job}, which builds the same engine into the shared cache")
     else:
         n_failed = len(failed)
+        final_code = next((j.final_exit_code for j in reversed(failed) if j.final_exit_code is not None), None)
         if not jobs and old.get("state") == "Failed" and old.get("retryToken", "") == token:
             n_failed = int(old.get("attempts") or 0)  # the failed Jobs expired; status remembers
-        if n_failed > retries:
+            final_code = old.get("exitCode")
+        if final_code is not None and failed:  # podFailurePolicy ended it: no attempt can fix this code
+            msg = f"{not_retried_message(owner.name, final_code)}. {_failure_text(failed[-1], observed)}"
+            out.update(state="Failed", job=failed[-1].name, attempts=n_failed, exitCode=final_code,
+                       message=_bounded(msg))
+        elif final_code is not None or n_failed > retries:
             msg = _failure_text(failed[-1], observed) if failed else old.get("message") or "build failed"
             out.update(state="Failed", job=failed[-1].name if failed else old.get("job"), message=msg,
-                       attempts=n_failed)
+                       attempts=n_failed, exitCode=final_code)
         else:
             attempt = max((j.attempt for j in jobs), default=-1) + 1
             job = build_job(owner, variant, attempt)
@@ -86,12 +96,12 @@ def plan_engine(
             out.update(state="Building", job=job["metadata"]["name"], attempts=n_failed + 1)
             if failed:
                 out["message"] = _failure_text(failed[-1], observed)
-    _engine_events(variant, old, out, observed, retries, plan)
+    _engine_events(variant, old, out, observed, retries, plan, owner.name)
     return {k: v for k, v in out.items() if v is not None}
 
 
 def _engine_events(variant: str, old: Mapping[str, Any], new: Mapping[str, Any], observed: Observed,
-                   retries: int, plan: Plan) -> None:
+                   retries: int, plan: Plan, resource: str) -> None:
     state, job = new["state"], new.get("job")
     if old.get("state") == state and old.get("job") == job:
         return
@@ -112,6 +122,10 @@ def _engine_events(variant: str, old: Mapping[str, Any], new: Mapping[str, Any],
     elif state == "Failed":
         if not prev_job or prev_job.state != "Failed":
             plan.events.append(EventSpec("Warning", "BuildFailed", f"{variant} engine: {new.get('message', '')}"))
+        if new.get("exitCode") is not None:
+            plan.events.append(EventSpec("Warning", "BuildNotRetried", f"{variant} engine {new['key']}: "
+                                         f"{not_retried_message(resource, new['exitCode'])}"))
+            return
         plan.events.append(EventSpec("Warning", "RetriesExhausted",
                                      f"{variant} engine {new['key']}: {new['attempts']} build Jobs failed; "
                                      f"change the spec or set annotation {names.ANNOTATION_RETRY_BUILD} to retry"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
@@ -21,6 +22,10 @@ ANNOTATION_ARTIFACT = f"{names.DOMAIN}/artifact"
 ANNOTATION_RETRY_TOKEN = f"{names.DOMAIN}/retry-token"  # retry-build annotation value a Job was created under
 ANNOTATION_CACHE_CLAIM = f"{names.DOMAIN}/cache-claim"
 JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")
+#: Job condition reason when a podFailurePolicy FailJob rule ended the Job, and the Job controller's
+#: message ("Container build for pod ns/p failed with exit code 2 matching FailJob rule at index 0")
+REASON_POD_FAILURE_POLICY = "PodFailurePolicy"
+_FAIL_JOB_EXIT_CODE = re.compile(r"failed with exit code (\d+) matching FailJob rule")
 
 
 def manifest_hash(manifest: Mapping[str, Any]) -> str:
@@ -61,6 +66,8 @@ class JobFact:
     state: JobState
     reason: str = ""
     message: str = ""
+    #: the exit code when the build Job's podFailurePolicy failed it (a code no retry can fix), else None
+    final_exit_code: int | None = None
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> "JobFact":
@@ -96,7 +103,15 @@ class JobFact:
             state=state,
             reason=reason,
             message=message,
+            final_exit_code=_fail_job_exit_code(reason, message),
         )
+
+
+def _fail_job_exit_code(reason: str, message: str) -> int | None:
+    if reason != REASON_POD_FAILURE_POLICY:
+        return None
+    m = _FAIL_JOB_EXIT_CODE.search(message)
+    return int(m.group(1)) if m else None
 
 
 def _cache_claim(body: Mapping[str, Any]) -> str:

@@ -10,6 +10,7 @@ from typing import Any
 
 from engine_jobs import contract
 from engine_jobs.contract import BuildSpec, EngineLimits, RedrafterParams, SourceRef, Variant
+from engine_jobs.errors import NON_RETRYABLE
 
 from ..api.engine_key import build_inputs, key_of
 from ..api.spec import ModelSource, ReDrafterDeploymentSpec
@@ -18,6 +19,7 @@ from . import names
 from .common import Owner, metadata
 
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+BUILD_CONTAINER = "build"
 FINISHED_JOB_TTL_SECONDS = 86400  # keep failed Jobs a day for `kubectl logs`; status keeps the reason
 
 
@@ -119,6 +121,14 @@ def node_selector(spec: ReDrafterDeploymentSpec, user: dict[str, str]) -> dict[s
     return out
 
 
+def pod_failure_policy() -> dict[str, Any]:
+    """batch/v1 podFailurePolicy: an exit code no retry can fix (engine_jobs NON_RETRYABLE) fails the Job
+    at once (FailJob: no further pod, Job condition reason PodFailurePolicy). Needs restartPolicy Never."""
+    codes = sorted(int(c) for c in NON_RETRYABLE)  # the API requires the values ordered
+    return {"rules": [{"action": "FailJob",
+                       "onExitCodes": {"containerName": BUILD_CONTAINER, "operator": "In", "values": codes}}]}
+
+
 def build_job(owner: Owner, variant: Variant, attempt: int = 0) -> dict[str, Any]:
     spec = owner.spec
     bs = build_spec(spec, variant)
@@ -127,7 +137,7 @@ def build_job(owner: Owner, variant: Variant, attempt: int = 0) -> dict[str, Any
     config_name = names.build_config_name(owner.name, variant, bs.key)
     src_volumes, src_mounts = _source_volumes(spec, variant)
     container = {
-        "name": "build",
+        "name": BUILD_CONTAINER,
         "image": spec.engine.builder_image,
         "imagePullPolicy": "IfNotPresent",
         "command": ["python", "-m", "engine_jobs", "build", "--spec",
@@ -174,7 +184,8 @@ def build_job(owner: Owner, variant: Variant, attempt: int = 0) -> dict[str, Any
             {"redrafter.dev/attempt": str(attempt), "redrafter.dev/artifact": artifact_path(spec, bs.key)},
         ),
         "spec": {
-            "backoffLimit": b.backoff_limit,
+            "backoffLimit": b.backoff_limit,  # still applies to every other exit code
+            "podFailurePolicy": pod_failure_policy(),
             "activeDeadlineSeconds": b.active_deadline_seconds,
             "ttlSecondsAfterFinished": FINISHED_JOB_TTL_SECONDS,
             "template": {"metadata": {"labels": labels}, "spec": pod_spec},

@@ -24,11 +24,11 @@ from prometheus_client.metrics import MetricWrapperBase
 from engine_jobs import contract as c
 from redrafter_operator.controller.metrics import OperatorMetrics
 from redrafter_operator.metrics.prometheus import TARGET_LABELS
+from redrafter_sim import prometheus
 
 ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "redrafter-operator"
-DASHBOARD = CHART / "dashboards" / "redrafter.json"
-ALERTS = CHART / "files" / "alerts.yaml"
+DASHBOARD = prometheus.DASHBOARD
+ALERTS = prometheus.ALERT_RULES
 ALERT_TESTS = ROOT / "tests" / "alerts" / "alerts_test.yaml"
 RUNBOOK = ROOT / "docs" / "runbook.md"
 RUNBOOK_URL = "https://github.com/redrafter/redrafter-operator/blob/main/docs/runbook.md#"
@@ -121,21 +121,11 @@ def dashboard() -> dict:
 def substitute(expr: str) -> str:
     for var, value in sorted(GRAFANA_VARIABLES.items(), key=lambda kv: -len(kv[0])):
         expr = expr.replace(var, value)
-    assert "$" not in expr.replace('"$1"', ""), f"unknown Grafana variable in {expr!r}"
     return expr
 
 
 def dashboard_queries() -> list[tuple[str, str]]:
-    """(where, PromQL with the variables substituted) for every panel target and annotation."""
-    d = dashboard()
-    out = []
-    for panel in d["panels"]:
-        for t in panel.get("targets", []):
-            out.append((f"panel {panel['title']!r} {t['refId']}", substitute(t["expr"])))
-    for a in d["annotations"]["list"]:
-        if "expr" in a:
-            out.append((f"annotation {a['name']!r}", substitute(a["expr"])))
-    return out
+    return prometheus.dashboard_queries(GRAFANA_VARIABLES, DASHBOARD)
 
 
 def variable_queries() -> list[tuple[str, str, str]]:
@@ -182,6 +172,14 @@ def test_dashboard_variables_use_exported_names_only():
         check_names(selector)
         metric = next(iter(names_in(selector)[0]))
         assert label in known[metric], f"variable {name}: {metric} has no label {label}"
+
+
+def test_every_grafana_variable_is_substituted(tmp_path):
+    broken = dashboard()
+    broken["panels"][1]["targets"][0]["expr"] += ' * on () group_left vector($unknown)'
+    (tmp_path / "d.json").write_text(json.dumps(broken))
+    with pytest.raises(ValueError, match="not substituted"):
+        prometheus.dashboard_queries(GRAFANA_VARIABLES, tmp_path / "d.json")
 
 
 def test_name_check_rejects_what_is_not_exported():

@@ -65,18 +65,32 @@ class ServingTarget:
     pod: str
 
 
+def _groups(serving: Iterable[ServingTarget]) -> list[dict]:
+    return [{"targets": [t.address], "labels": {"namespace": t.namespace, "pod": t.pod}} for t in serving]
+
+
 def scrape_config(serving: Iterable[ServingTarget], operator: Iterable[str], interval: str = "1s",
-                  rules: Iterable[Path] = (ALERT_RULES,)) -> dict:
-    """prometheus.yml for these targets (operator: host:port of its /metrics)."""
+                  rules: Iterable[Path] = (ALERT_RULES,), serving_file: Path | None = None) -> dict:
+    """prometheus.yml for these targets (operator: host:port of its /metrics). Serving pods that come and
+    go are listed in ``serving_file`` instead (file-based discovery, see :func:`write_serving_file`)."""
+    serving_job: dict = {"job_name": SERVING_JOB, "static_configs": _groups(serving)}
+    if serving_file is not None:
+        serving_job["file_sd_configs"] = [{"files": [str(serving_file)], "refresh_interval": "2s"}]
     return {
         "global": {"scrape_interval": interval, "scrape_timeout": interval, "evaluation_interval": interval},
         "rule_files": [str(r) for r in rules if Path(r).exists()],  # absent outside a source checkout
         "scrape_configs": [
-            {"job_name": SERVING_JOB, "static_configs": [
-                {"targets": [t.address], "labels": {"namespace": t.namespace, "pod": t.pod}} for t in serving]},
+            serving_job,
             {"job_name": OPERATOR_JOB, "honor_labels": True, "static_configs": [{"targets": list(operator)}]},
         ],
     }
+
+
+def write_serving_file(path: Path, serving: Iterable[ServingTarget]) -> None:
+    """Atomically replace the file-based discovery list (Prometheus never reads a half-written file)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(_groups(serving)), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 @dataclass

@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -26,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from .triton import free_ports
+from .triton import free_ports, stop_session
 
 _CHART = Path(__file__).resolve().parents[2] / "charts" / "redrafter-operator"
 #: the chart's rule file (one source of truth with the PrometheusRule) and dashboard
@@ -177,17 +176,7 @@ class PrometheusServer:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
     def stop(self, timeout: float = 15.0) -> int | None:
-        code = None
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                code = self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                code = self.proc.wait(timeout=5)
-        elif self.proc is not None:
-            code = self.proc.returncode
+        code = stop_session(self.proc, timeout)
         if self._own_workdir and self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
         return code

@@ -56,7 +56,7 @@ class Pod:
         self.variant = variant
         self.name = f"{NAME}-{variant}-0"
         control = root / f"{variant}-control.json"
-        write_control(control, acceptance_rate=ACCEPTANCE, step_ms=4.0)
+        write_control(control, acceptance_rate=ACCEPTANCE, step_ms=20.0)
         cfg = ServingConfig(deployment=NAME, variant=variant, engine_key=f"key-{variant}", artifact_dir="/cache/x",
                             max_batch_size=4, draft_len_per_beam=4 if variant == "redrafter" else 0,
                             num_beams=2 if variant == "redrafter" else 0)

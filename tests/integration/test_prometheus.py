@@ -24,6 +24,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from engine_jobs import contract as c
 from engine_jobs.contract import ENGINE_MODEL, ENTRY_MODEL, ServingConfig
 from redrafter_operator.controller.main import _metrics_server
 from redrafter_operator.controller.metrics import OperatorMetrics
@@ -191,6 +192,13 @@ async def test_every_dashboard_query_returns_data(stack):
         values = finite(stack.prom.query(expr))
         if not values:
             empty[where] = expr
+    # The CPU tritonserver here (nvidia-pytriton's 2.51, core r24.10) predates the first-response histogram
+    # (core r24.11; the serving image's 25.09 has it): only those queries may lack data, and only while the
+    # server under test does not export the family at all.
+    exported = stack.pods["redrafter"].server.scrape()
+    if f"{c.METRIC_FIRST_RESPONSE_HISTOGRAM}_bucket" not in exported:
+        empty = {w: e for w, e in empty.items() if c.METRIC_FIRST_RESPONSE_HISTOGRAM not in e}
+        print(f"\n{c.METRIC_FIRST_RESPONSE_HISTOGRAM} not exported by this tritonserver: Time to first token unchecked")
     assert not empty, f"dashboard queries without data: {empty}"
     queries = dict(dashboard_queries(variables))
     acceptance = finite(stack.prom.query(queries["panel 'Acceptance rate per engine' A"]))

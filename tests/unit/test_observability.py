@@ -73,6 +73,8 @@ def exported() -> dict[str, frozenset[str]]:
                  c.METRIC_TRTLLM_KV_BLOCKS):
         out[name] = triton
     out[c.METRIC_TRTLLM_REQUESTS] = triton | {c.METRIC_TRTLLM_LABEL_TYPE}
+    for sample in _sample_names(c.METRIC_FIRST_RESPONSE_HISTOGRAM, "histogram"):
+        out[sample] = triton | ({"le"} if sample.endswith("_bucket") else set())
     target = set(TARGET_LABELS) | PROMETHEUS_LABELS
     return {k: frozenset(v | target) for k, v in out.items()}
 
@@ -145,7 +147,8 @@ def test_dashboard_has_the_panels_and_variables_per_deployment():
     titles = {p["title"] for p in d["panels"] if p["type"] != "row"}
     for wanted in ("Active engine", "Engine switches", "Acceptance rate per engine", "Acceptance rate per pod",
                    "Tokens per step", "Output tokens/s", "Requests/s per pod", "In-flight and queued requests per pod",
-                   "Replicas: desired vs ready", "Request latency and time per output token", "Engine build state",
+                   "Replicas: desired vs ready", "Time to first token", "Request latency and time per output token",
+                   "Queue time per request", "Engine build state",
                    "Validation verdict", "Builds by result (all resources)", "Reconciles by result",
                    "Reconcile latency"):
         assert wanted in titles

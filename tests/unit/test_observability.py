@@ -158,8 +158,9 @@ def test_dashboard_has_the_panels_and_variables_per_deployment():
     # per resource: every query of a serving or per-resource metric is filtered by both variables
     for where, expr in dashboard_queries():
         selected, _ = names_in(expr)
-        per_resource = [n for n in selected if "namespace" in exported()[n] - set(TARGET_LABELS) - PROMETHEUS_LABELS
-                        or n.startswith("redrafter_") and not n.startswith("redrafter_operator_")]
+        # the operator's per-resource series carry `name`; the metering model's carry `model`
+        per_resource = [n for n in selected if {"name", c.METRIC_LABEL_MODEL} & exported()[n]
+                        and n.startswith("redrafter_")]
         if per_resource:
             assert '"ns"' in expr and '"dep"' in expr, f"{where} is not filtered by namespace and deployment"
 

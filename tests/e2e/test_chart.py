@@ -65,13 +65,19 @@ COMBOS: dict[str, tuple[dict[str, Any], dict[str, int]]] = {
                     "metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}},
                     "podDisruptionBudget": {"enabled": True}, "crds": {"upgradeJob": {"enabled": True}},
                     "defaults": {"engineCacheClaim": "engine-cache"},
+                    "prometheusRule": {"enabled": True}, "grafana": {"dashboards": {"enabled": True}},
                     "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/x"}},
                     "extraEnv": [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}]},
                    {"ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "Role": 1,
                     "RoleBinding": 1, "Deployment": 1, "Service": 1, "ServiceMonitor": 1, "PodMonitor": 1,
-                    "PodDisruptionBudget": 1, "KopfPeering": 1}),
+                    "PodDisruptionBudget": 1, "KopfPeering": 1, "PrometheusRule": 1, "ConfigMap": 1}),
     "no-rbac": ({"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "ops"}},
                 {"Deployment": 1, "Service": 1}),
+    "observability": ({"prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+                       "grafana": {"dashboards": {"enabled": True, "annotations": {"grafana_folder": "ReDrafter"}}},
+                       "metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}}},
+                      {"ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "Deployment": 1,
+                       "Service": 1, "ServiceMonitor": 1, "PodMonitor": 1, "PrometheusRule": 1, "ConfigMap": 1}),
 }
 
 
@@ -129,6 +135,14 @@ def validate_monitor(obj: dict[str, Any]) -> None:
     """Prometheus Operator kinds are not in the Kubernetes schemas: check their structure by hand."""
     assert obj["apiVersion"] == "monitoring.coreos.com/v1"
     spec = obj["spec"]
+    if obj["kind"] == "PrometheusRule":
+        assert set(spec) == {"groups"} and spec["groups"]
+        for group in spec["groups"]:
+            assert set(group) <= {"name", "interval", "rules"} and group["name"] and group["rules"]
+            for rule in group["rules"]:
+                assert set(rule) <= {"alert", "record", "expr", "for", "labels", "annotations"}
+                assert isinstance(rule["expr"], str) and ("alert" in rule) != ("record" in rule)
+        return
     assert set(spec) <= {"selector", "namespaceSelector", "endpoints", "podMetricsEndpoints", "podTargetLabels",
                          "jobLabel"}
     assert spec["selector"]["matchLabels"] and all(isinstance(v, str) for v in spec["selector"]["matchLabels"].values())
@@ -137,7 +151,7 @@ def validate_monitor(obj: dict[str, Any]) -> None:
     endpoints = spec["endpoints"] if obj["kind"] == "ServiceMonitor" else spec["podMetricsEndpoints"]
     assert endpoints
     for ep in endpoints:
-        assert set(ep) <= {"port", "path", "interval", "scrapeTimeout", "scheme", "relabelings"}
+        assert set(ep) <= {"port", "path", "interval", "scrapeTimeout", "scheme", "relabelings", "honorLabels"}
         assert ep["port"] == "metrics" and ep["path"] == "/metrics"
         for key in ("interval", "scrapeTimeout"):
             assert isinstance(ep[key], str) and ep[key][-1] in "smh"
@@ -350,6 +364,28 @@ def test_pod_monitor_selects_the_serving_pods():
     assert ns["spec"]["namespaceSelector"] == {"matchNames": ["ml"]}
 
 
+def test_prometheus_rule_and_dashboard_carry_the_repository_files():
+    """One source of truth: the PrometheusRule is files/alerts.yaml (which promtool checks), the ConfigMap
+    carries dashboards/redrafter.json byte for byte, labelled for Grafana's dashboard sidecar."""
+    objs = manifests(render(COMBOS["observability"][0]))
+    rule = one(objs, "PrometheusRule")
+    assert rule["spec"] == yaml.safe_load((CHART / "files" / "alerts.yaml").read_text())
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert "{{ $labels.namespace }}" in rule["spec"]["groups"][0]["rules"][0]["annotations"]["summary"]
+    cm = one(objs, "ConfigMap")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert cm["metadata"]["annotations"] == {"grafana_folder": "ReDrafter"}
+    assert cm["data"]["redrafter.json"] == (CHART / "dashboards" / "redrafter.json").read_text().rstrip("\n")
+    json.loads(cm["data"]["redrafter.json"])
+    other = one(manifests(render({"grafana": {"dashboards": {"enabled": True, "namespace": "monitoring"}}})),
+                "ConfigMap")
+    assert other["metadata"]["namespace"] == "monitoring"
+    # the operator's per-resource series keep the resource's namespace label (joins with the pods' series)
+    sm = one(objs, "ServiceMonitor")
+    assert sm["spec"]["endpoints"][0]["honorLabels"] is True
+    assert not [o for o in manifests(render({})) if o["kind"] in ("PrometheusRule", "ConfigMap")]
+
+
 def test_pdb_and_peering_follow_replicas():
     pdb = one(manifests(render({"replicas": 2, "podDisruptionBudget": {"enabled": True}})), "PodDisruptionBudget")
     assert pdb["spec"]["minAvailable"] == 1
@@ -385,6 +421,9 @@ BAD_VALUES = {
     "extraEnv without name": {"extraEnv": [{"value": "x"}]},
     "empty command": {"command": []},
     "runAsUser root": {"podSecurityContext": {"runAsUser": 0}},
+    "prometheusRule.enabled as string": {"prometheusRule": {"enabled": "true"}},
+    "dashboards unknown key": {"grafana": {"dashboards": {"enable": True}}},
+    "dashboards namespace not a DNS label": {"grafana": {"dashboards": {"namespace": "Monitoring"}}},
 }
 
 

@@ -1,6 +1,6 @@
 """``python -m engine_jobs build`` end to end, as the Job runs it, with TensorRT-LLM test doubles.
 
-The stand-in converters and ``trtllm-build`` (redrafter_operator/sim/toolchain) parse argv with TensorRT-LLM's real
+The stand-in converters and ``trtllm-build`` (sim/redrafter_sim/toolchain) parse argv with TensorRT-LLM's real
 flag sets, check the inputs the real tools read and write outputs of the same shape. Model sources
 are pvc:// directories and a pre-populated Hugging Face cache used with HF_HUB_OFFLINE=1.
 """

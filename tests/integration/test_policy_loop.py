@@ -266,7 +266,8 @@ async def test_collapse_falls_back_to_base_and_recovery_returns_across_a_restart
     assert event[1] == "Warning" and "LowAcceptance" in event[2]
     m = operator.controller.metrics
     assert m.speculation_switches.labels("base", "LowAcceptance")._value.get() == 1
-    assert m.switches.labels("redrafter", "base")._value.get() == 1
+    assert m.switches.labels(NS, NAME, "redrafter", "base")._value.get() == 1
+    assert m.active_engine.labels(NS, NAME, "base")._value.get() == 1 and m.fallback.labels(NS, NAME)._value.get() == 1
 
     # ---- the canary keeps measuring low acceptance on base: no return; an operator restart resumes the state
     await until(lambda: (cluster.status().get("speculation") or {}).get("reason", "").startswith("CanaryLowAcceptance"),

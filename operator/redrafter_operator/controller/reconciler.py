@@ -118,7 +118,7 @@ class Controller:
             lock = self._locks.get(key)
             if lock is not None and not lock.locked():
                 del self._locks[key]
-            self.metrics.set_phase(key[0], key[1], None)
+            self.metrics.forget_resource(*key)
             self.applier.forget(key[0])
             self.failed_pods.forget(key[0], key[1])
             self.metrics.resources.set(len(self.bodies))
@@ -265,8 +265,9 @@ class Controller:
                 self.metrics.builds.labels(variant, {"EngineReady": "succeeded", "EngineCached": "cached",
                                                      "BuildFailed": "failed"}[ev.reason]).inc()
             if ev.reason == "Switched":
-                self.metrics.switches.labels(current.get("activeEngine", ""), result.status.get("activeEngine", "")).inc()
-        self.metrics.set_phase(res.namespace, res.name, result.status.get("phase"))
+                self.metrics.switches.labels(res.namespace, res.name, current.get("activeEngine", ""),
+                                             result.status.get("activeEngine", "")).inc()
+        self.metrics.observe_resource(res.namespace, res.name, res.spec, result.status)
         self.metrics.reconciles.labels("ok").inc()
         self.metrics.duration.observe(time.perf_counter() - started)
         return result

@@ -149,7 +149,7 @@ def collect(series: Iterable[tuple[str, Mapping[str, str], float]], deployment: 
                 key = by_metric[name]
                 counters[key] = counters.get(key, 0.0) + value
         elif name == c.METRIC_TRTLLM_REQUESTS:
-            kind = labels.get("request_type")
+            kind = labels.get(c.METRIC_TRTLLM_LABEL_TYPE)
             if kind in LOAD_TYPES:
                 load[kind] = load.get(kind, 0.0) + value
     return counters, load

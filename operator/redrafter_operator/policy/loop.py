@@ -8,12 +8,13 @@ the controller stores it (e.g. ``status.policy``) and passes it back.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 from pydantic import BaseModel, Field
 
-from ..metrics.samples import Reading
+from ..metrics.samples import PodStatus, Reading
 from ..metrics.window import Windows, WindowState, advance
-from .autoscaler import AutoscalerState, ScaleDecision, recommend
+from .autoscaler import AutoscalerState, ScaleDecision, pool_load, recommend, settled
 from .speculation import Decision, Observation, SpeculationState, evaluate, initial_state
 
 BOTH = frozenset({"redrafter", "base"})
@@ -69,7 +70,8 @@ class Evaluation:
 
 def step(spec, state: PolicyState | None, reading: Reading | None, now: float, *, current_replicas: int,
          error: str | None = None, available: frozenset[str] = BOTH,
-         measured_crossover: float | None = None, serving: str | None = None) -> tuple[Evaluation, PolicyState]:
+         measured_crossover: float | None = None, serving: str | None = None,
+         pods: Sequence[PodStatus] | None = None) -> tuple[Evaluation, PolicyState]:
     """Evaluate once. ``reading`` is None when the metrics source failed as a whole (``error`` says why).
 
     ``current_replicas``: spec replicas of the serving pool's Deployment (canary excluded). In
@@ -82,6 +84,9 @@ def step(spec, state: PolicyState | None, reading: Reading | None, now: float, *
     ``serving``: the pool the stable Service selects now (default: the engine the policy chose). The
     autoscaler sizes the pool that takes the traffic: while a switch is in flight, or while validation
     holds the Service on base, the chosen engine's pool has no traffic to measure.
+    ``pods``: every serving pod's readiness (the pod list the reading was taken from). The autoscaler
+    multiplies by the pods that reported and counts the others as the HPA does (see
+    :mod:`.autoscaler`); without it only the pods in the reading are known.
     """
     state = state or PolicyState.new(spec, now)
     if spec.autoscaling.mode == "Operator" and state.replicas is not None:
@@ -93,13 +98,15 @@ def step(spec, state: PolicyState | None, reading: Reading | None, now: float, *
         windows, window_state = advance(state.window, reading)
         obs = Observation(windows, None, available, measured_crossover)
     decision, spec_state = evaluate(spec, state.speculation, obs, now)
-    # Scale the pool that serves; on a switch decision, and on the first evaluation after the Service moved
+    # Scale the pool that serves. On a switch decision, and on the first evaluation after the Service moved
     # to another pool, that pool's load is not measured yet (its in-flight gauges still read ~0), so the
-    # autoscaler sees no metrics and keeps the replica count (HPA behaviour without metrics).
+    # autoscaler sees no metrics and keeps the replica count (HPA behaviour without metrics); after the move
+    # the pool is not scaled down for a settle window either (autoscaler.settled).
     pool = serving or decision.engine
     moved = state.serving is not None and pool != state.serving
-    load = windows.pools.get(pool) if windows and not decision.switched and not moved else None
-    scale, auto_state = recommend(spec, state.autoscaler, current_replicas, load, now)
+    auto = settled(spec, current_replicas, now) if moved and spec.autoscaling.mode == "Operator" else state.autoscaler
+    load = pool_load(reading, pool, pods) if reading is not None and not decision.switched and not moved else None
+    scale, auto_state = recommend(spec, auto, current_replicas, load, now)
     new = PolicyState(window=window_state, speculation=spec_state, autoscaler=auto_state, replicas=scale.replicas,
                       serving=pool)
     return Evaluation(decision, scale, windows, current_replicas), new

@@ -315,3 +315,22 @@ def test_load_is_smoothed_so_a_one_interval_burst_is_not_a_failure():
     assert d.measurement.outcome == "Successful" and 10 < d.measurement.batch < 20 and s.batch == d.measurement.batch
     ds, s, _ = run(spec, s, [obs_on_redrafter(acceptance=0.6, active=30)] * 3, start=t + 30)  # sustained
     assert ds[-1].action == "SwitchToBase" and ds[-1].reason == "NoSpeedupAtLoad"
+
+
+def test_flapping_ends_once_the_canary_succeeds_settle_times_in_a_row():
+    """A slow load crossing looks like flapping while noise straddles the threshold; once the load has
+    clearly moved, FLAP_SETTLE successes in a row end the episode and the engine returns (at once: the
+    successLimit is already met). Before, flapping lingered until the 40-outcome history had flushed."""
+    from redrafter_operator.policy.speculation import FLAP_SETTLE
+    spec = make_spec(minDwell="30s", cooldown="30s")
+    s = SpeculationState(engine="base", since=0, last_switch=0, outcomes="FFSFFSFSFF", flapping=True)
+    good = obs_on_base(agg(acceptance=0.55), base_active=12)  # predicted speedup 1.14: pays, not beyond 1.2
+    ds, s, t = run(spec, s, [good] * (FLAP_SETTLE - 1))
+    assert all(1.05 < d.measurement.predicted_speedup < 1.2 for d in ds)
+    assert not any(d.switched for d in ds) and s.flapping  # still flapping: the mean has not moved it
+    ds, s, _ = run(spec, s, [good], start=t)
+    assert ds[-1].action == "SwitchToRedrafter" and not s.flapping
+    # a run of failures does not end flapping: while flapping, the cost model's mean decides a fallback
+    s = SpeculationState(engine="redrafter", since=0, last_switch=0, outcomes="SSFSSFSFSS", flapping=True)
+    ds, s, _ = run(spec, s, [obs_on_redrafter(acceptance=0.30)] * (FLAP_SETTLE + 2))
+    assert s.flapping and not any(d.switched for d in ds)

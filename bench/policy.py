@@ -8,8 +8,9 @@ entry point the controller calls — with its state round-tripped through JSON a
 
 Throughput of a pod comes from the cost model (policy/cost.py) at the true acceptance, so the bench
 measures decision quality, not the cost model's accuracy. A switch is blue/green: the old engine
-serves until the new one is Ready (READY_DELAY). While on base, our policy runs CANARY ReDrafter
-replicas in the base pool (they serve real traffic, at ReDrafter speed, out of the same GPU budget).
+serves until the new one is Ready (READY_DELAY). While on base, our policy runs the ReDrafter canary
+replicas its plan asks for (``ServingPlan.canary``: CANARY, none after a load-caused fallback) in the
+base pool (they serve real traffic, at ReDrafter speed, out of the same GPU budget).
 
 Policies: ours (defaults); ours with minAcceptanceRate 0.1 (the cost model decides); always-ReDrafter;
 always-base; naive threshold (switch on the latest window's acceptance vs minAcceptanceRate 0.35, no
@@ -210,17 +211,18 @@ class Fleet:
 class Ours:
     """The operator's evaluation entry point (policy.loop.step), state carried as the controller does."""
 
-    canary = CANARY
-
     def __init__(self, spec: ReDrafterDeploymentSpec = SPEC, name: str = "ours") -> None:
         self.spec, self.name = spec, name
         self.state = PolicyState.new(spec, 0.0)
         self.engine = self.state.speculation.engine
+        self.canary = 0  # what the last evaluation's plan asks of the base pool
 
     def decide(self, reading: Reading | None, error: str | None, now: float) -> str:
         ev, state = step(self.spec, self.state, reading, now, current_replicas=REPLICAS, error=error)
         self.state = PolicyState.model_validate_json(state.model_dump_json())  # as if stored in status
         self.engine = ev.speculation.engine
+        self.canary = ev.plan(self.spec, REPLICAS).canary
+        assert self.canary <= CANARY == self.spec.speculation.canary_replicas
         return self.engine
 
 

@@ -334,3 +334,31 @@ def test_flapping_ends_once_the_canary_succeeds_settle_times_in_a_row():
     s = SpeculationState(engine="redrafter", since=0, last_switch=0, outcomes="SSFSSFSFSS", flapping=True)
     ds, s, _ = run(spec, s, [obs_on_redrafter(acceptance=0.30)] * (FLAP_SETTLE + 2))
     assert s.flapping and not any(d.switched for d in ds)
+
+
+def test_a_load_caused_fallback_runs_no_canary_and_recovers_from_the_load():
+    """The canary would serve at ReDrafter's speed while the load makes ReDrafter the slower engine;
+    a load-caused fallback needs no fresh acceptance to return, so none runs (canaryReplicas 1 here)."""
+    from redrafter_operator.policy import canary_replicas
+    spec = make_spec(minDwell="30s", cooldown="30s")
+    assert spec.speculation.canary_replicas == 1
+    ds, s, t = run(spec, initial_state(spec, 0), [obs_on_redrafter(acceptance=0.6, active=40)] * 3)
+    assert s.engine == "base" and s.fallback_reason == "NoSpeedupAtLoad" and canary_replicas(spec, s) == 0
+    ds, s, t = run(spec, s, [obs_on_base(None, base_active=40)] * 3, start=t)  # still loaded: stays
+    assert all(d.action == "Stay" and d.reason == "NoSpeedupAtLoad" for d in ds)
+    ds, s, _ = run(spec, s, [obs_on_base(None, base_active=2)] * 6, start=t)  # the load falls
+    assert "LoadDropped" in [d.reason for d in ds] and [d.action for d in ds if d.switched] == ["SwitchToRedrafter"]
+    assert canary_replicas(spec, s) == 0  # on ReDrafter: none
+
+
+def test_the_canary_runs_when_the_fallback_needs_acceptance_measured():
+    from redrafter_operator.policy import canary_replicas
+    spec = make_spec(minDwell="30s", cooldown="30s")
+    _, s, _ = run(spec, initial_state(spec, 0), [obs_on_redrafter(acceptance=0.05)] * 3)
+    assert s.engine == "base" and s.fallback_reason == "LowAcceptance" and canary_replicas(spec, s) == 1
+    # a load fallback with load-awareness off cannot happen; without a ReDrafter measurement the load
+    # alone cannot judge the return either: the canary runs
+    assert canary_replicas(make_spec(loadAware=False), s.model_copy(update={"fallback_reason": "NoSpeedupAtLoad"})) == 1
+    assert canary_replicas(spec, s.model_copy(update={"fallback_reason": "NoSpeedupAtLoad",
+                                                      "last_tokens_per_step": None})) == 1
+    assert canary_replicas(make_spec(mode="Never"), s) == 0

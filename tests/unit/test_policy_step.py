@@ -158,3 +158,20 @@ def test_the_pool_that_took_the_traffic_is_not_scaled_down_after_the_switch():
     t, n = 30 + 120, n + 1
     ev, st = step(s, roundtrip(st), reading(t, n, 0.6, active=0.1, pods=3), t, current_replicas=3, serving="redrafter")
     assert ev.scale.replicas == 1  # the load really is low: ceil(3 ready x 0.1) after the window
+
+
+def test_plan_runs_no_canary_after_a_load_fallback_and_a_restart_resumes_it_from_status():
+    from redrafter_operator.policy import canary_from_status
+    s = spec(autoscaling={"mode": "Disabled"})
+    st, t = None, 0.0
+    for n in range(1, 6):  # acceptance fine, 40 in flight per pod: ReDrafter predicted slower
+        ev, st = step(s, st and roundtrip(st), reading(t, n, 0.6, active=40.0, pods=2), t, current_replicas=2)
+        t += 30
+    assert ev.speculation.engine == "base" and st.speculation.fallback_reason == "NoSpeedupAtLoad"
+    assert ev.plan(s, 2).canary == 0
+    status = {"activeEngine": "base", "policy": json.loads(st.model_dump_json(exclude_none=True))}
+    assert canary_from_status(s, status) == 0  # a restarted operator does not start a canary to drop it
+    low = st.speculation.model_copy(update={"fallback_reason": "LowAcceptance"})
+    assert canary_from_status(s, {**status, "policy": {**status["policy"], "speculation": low.model_dump()}}) == 1
+    assert canary_from_status(s, {"activeEngine": "base"}) == 1  # no policy state yet: the spec's canary
+    assert canary_from_status(s, {"activeEngine": "redrafter", "policy": status["policy"]}) == 0

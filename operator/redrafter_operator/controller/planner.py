@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from ..api.engine_key import engine_key
 from ..api.spec import ReDrafterDeploymentSpec, spec_errors
+from ..policy.loop import canary_from_status
 from ..render import names
 from ..render.build import artifact_path, build_configmap, build_job
 from ..render.common import Owner
@@ -141,7 +142,7 @@ def default_targets(spec: ReDrafterDeploymentSpec, status: Mapping[str, Any]) ->
     other: Variant = "base" if active == "redrafter" else "redrafter"
     # What the policy and the validation gate would keep, read from status, so that a restarted operator's
     # first reconciles (before the evaluators run) neither drop the canary nor a pod under validation.
-    canary = spec.speculation.canary_replicas if active == "base" and mode == "Auto" else 0
+    canary = canary_from_status(spec, status) if active == "base" else 0
     from .validation import gate_from_status  # controller/validation.py imports this module
 
     return gate_from_status(ServingTargets(active=active, replicas={active: replicas, other: 1 if spec.serving.rollout.keep_standby else 0},

@@ -8,13 +8,14 @@ the controller stores it (e.g. ``status.policy``) and passes it back.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from ..metrics.samples import PodStatus, Reading
 from ..metrics.window import Windows, WindowState, advance
 from .autoscaler import AutoscalerState, ScaleDecision, pool_load, recommend, settled
+from .measure import canary_replicas
 from .speculation import Decision, Observation, SpeculationState, evaluate, initial_state
 
 BOTH = frozenset({"redrafter", "base"})
@@ -53,6 +54,7 @@ class Evaluation:
     scale: ScaleDecision
     windows: Windows | None
     current_replicas: int = 0  # the serving pool's replicas this evaluation started from
+    canary: int = 0  # ReDrafter canary replicas the base pool needs (measure.canary_replicas)
 
     def plan(self, spec, current_replicas: int) -> ServingPlan:
         """Targets for the planner. Replicas come from the autoscaler in Operator mode, otherwise
@@ -63,7 +65,7 @@ class Evaluation:
             replicas = self.scale.replicas if self.scale.replicas is not None else current_replicas
         else:
             replicas = spec.serving.replicas
-        canary = spec.speculation.canary_replicas if active == "base" and spec.speculation.mode == "Auto" else 0
+        canary = self.canary if active == "base" else 0
         standby = 1 if spec.serving.rollout.keep_standby else 0
         return ServingPlan(active=active, replicas={active: replicas, other: standby}, canary=canary)
 
@@ -109,4 +111,17 @@ def step(spec, state: PolicyState | None, reading: Reading | None, now: float, *
     scale, auto_state = recommend(spec, auto, current_replicas, load, now)
     new = PolicyState(window=window_state, speculation=spec_state, autoscaler=auto_state, replicas=scale.replicas,
                       serving=pool)
-    return Evaluation(decision, scale, windows, current_replicas), new
+    return Evaluation(decision, scale, windows, current_replicas, canary_replicas(spec, spec_state)), new
+
+
+def canary_from_status(spec, status: Mapping[str, Any]) -> int:
+    """The canary replicas the policy last asked for, from ``status.policy``, for a restarted operator's
+    first reconciles (before the evaluator runs): the spec's ``canaryReplicas`` on base in Auto mode when
+    status holds no readable policy state (so no canary pod is dropped, nor started and dropped again)."""
+    if status.get("activeEngine") != "base" or spec.speculation.mode != "Auto":
+        return 0
+    try:
+        stored = PolicyState.model_validate(status.get("policy") or {}).speculation
+    except ValidationError:
+        return spec.speculation.canary_replicas
+    return canary_replicas(spec, stored) if stored.engine == "base" else spec.speculation.canary_replicas

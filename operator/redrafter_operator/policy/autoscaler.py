@@ -2,13 +2,14 @@
 
 Follows kube-controller-manager's HorizontalPodAutoscaler for a ``Pods`` metric (autoscaling/v2),
 read in kubernetes/kubernetes ``pkg/controller/podautoscaler`` at release-1.28 and at master (v1.34
-development; the same logic, only the tolerance became per direction), so at every 1.30+ release:
+development): the same logic in both (only the tolerance became per direction in between), hence in
+the 1.30+ releases the project targets, which lie between them:
 
 * ``replica_calculator.go``, ``groupPods``: a pod being deleted or terminal is ignored; a Pending pod
   is *unready*; a running pod without a reading is *missing* (here: a pod still loading its engine,
   which is not Ready and therefore not scraped, or a Ready pod whose scrape failed); the others are
   *ready*, and only their readings make the usage ratio.
-* ``replica_calculator.go``, ``calcPlainMetricReplicas``: ratio = mean(active + waiting per ready pod)
+* ``replica_calculator.go``, ``ReplicaCalculator.calcPlainMetricReplicas``: ratio = mean(active + waiting per ready pod)
   / targetQueuePerReplica; no change while |ratio - 1| <= tolerance; otherwise, without unready or
   missing pods, desired = ceil(ratio x **ready pods**) (not x spec replicas: pods that are still
   starting carry no load yet, and counting them again is what ran 2 -> 4 -> 8 -> 16 while engines
@@ -19,7 +20,7 @@ development; the same logic, only the tolerance became per direction), so at eve
   recommendation never scales up on behalf of pods that are still starting.
 * no ready pod reports (every pod starting, or no metrics): no change (upstream: "did not receive
   metrics for targeted pods (pods might be unready)").
-* ``horizontal.go``, ``stabilizeRecommendationWithBehaviors`` (KEP-853): every raw recommendation is
+* ``horizontal.go``, ``HorizontalController.stabilizeRecommendationWithBehaviors`` (KEP-853): every raw recommendation is
   recorded; the result is bounded below by the minimum recommendation within the scale-up window and
   above by the maximum within the scale-down window.
 * after the Service moved to another pool (a switch), that pool is not scaled down below the size it

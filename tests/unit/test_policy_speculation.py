@@ -319,8 +319,9 @@ def test_load_is_smoothed_so_a_one_interval_burst_is_not_a_failure():
 
 def test_flapping_ends_once_the_canary_succeeds_settle_times_in_a_row():
     """A slow load crossing looks like flapping while noise straddles the threshold; once the load has
-    clearly moved, FLAP_SETTLE successes in a row end the episode and the engine returns (at once: the
-    successLimit is already met). Before, flapping lingered until the 40-outcome history had flushed."""
+    clearly moved, FLAP_SETTLE successes in a row, twice any earlier run, end the episode and the engine
+    returns (at once: the successLimit is already met). Before, flapping lingered until the 40-outcome
+    history had flushed."""
     from redrafter_operator.policy.speculation import FLAP_SETTLE
     spec = make_spec(minDwell="30s", cooldown="30s")
     s = SpeculationState(engine="base", since=0, last_switch=0, outcomes="FFSFFSFSFF", flapping=True)
@@ -330,6 +331,12 @@ def test_flapping_ends_once_the_canary_succeeds_settle_times_in_a_row():
     assert not any(d.switched for d in ds) and s.flapping  # still flapping: the mean has not moved it
     ds, s, _ = run(spec, s, [good], start=t)
     assert ds[-1].action == "SwitchToRedrafter" and not s.flapping
+    # an oscillation's runs keep their length: 10 successes after runs of 10 are its next half, not a settling
+    s = SpeculationState(engine="base", since=0, last_switch=0, outcomes="SSSSSSSSSSFFFFFFFFFF", flapping=True)
+    ds, s, t = run(spec, s, [good] * FLAP_SETTLE)
+    assert s.flapping and not any(d.switched for d in ds)
+    ds, s, _ = run(spec, s, [good] * FLAP_SETTLE, start=t)  # twice the longest run: it settled
+    assert not s.flapping and [d.action for d in ds if d.switched] == ["SwitchToRedrafter"]
     # a run of failures does not end flapping: while flapping, the cost model's mean decides a fallback
     s = SpeculationState(engine="redrafter", since=0, last_switch=0, outcomes="SSFSSFSFSS", flapping=True)
     ds, s, _ = run(spec, s, [obs_on_redrafter(acceptance=0.30)] * (FLAP_SETTLE + 2))

@@ -24,10 +24,13 @@ consecutive rule is suspended (a run of failures inside an oscillation is not a 
 engine stays put, unless the mean predicted speedup measured since flapping began (at least
 ``FLAP_MIN`` values) clearly favours the other engine, beyond ``FLAP_MARGIN_FACTOR`` margins. A
 collapse and its recovery are 2 changes, never flapping. Flapping ends at ``FLAP_EXIT`` changes, or
-once ``FLAP_SETTLE`` successes in a row show the input settled in favour of the engine measured (a
-slow load crossing that noise made look like flapping: waiting for the 40-outcome history to flush
-kept the pool on base ~20 minutes after the load had fallen); the older outcomes are then dropped. A
-run of failures does not end it: while flapping, only the cost model's mean moves the engine away.
+once a run of successes of at least ``FLAP_SETTLE`` is twice as long as every earlier run in the
+history: the input left the regime it alternated in (a slow load crossing that noise made look like
+flapping; waiting for the 40-outcome history to flush kept the pool on base ~20 minutes after the
+load had fallen), which an oscillation does not do as its runs keep their length (any half-period
+up to half the history, 10 minutes at the default interval; slower ones are bounded by the cooldown);
+the older outcomes are then dropped. A run of failures does not end it: while flapping,
+only the cost model's mean moves the engine away.
 Detection needs two half-periods of an oscillation; the cooldown after the first switch (default 10m)
 is what gives it that time, so a cooldown much shorter than the oscillation period allows more switches.
 
@@ -51,7 +54,7 @@ Action = Literal["Stay", "Hold", "SwitchToBase", "SwitchToRedrafter"]
 FLAP_HISTORY = 40  # conclusive outcomes remembered (20 minutes at the default 30s interval)
 FLAP_ENTER = 4  # changes between Successful and Failed within the history that mean flapping
 FLAP_EXIT = 1  # ... at or below which it no longer is (hysteresis)
-FLAP_SETTLE = 10  # ... or once this many successes in a row say the input settled (5 minutes at 30s)
+FLAP_SETTLE = 10  # ... or once this many successes in a row, twice any earlier run, say it settled
 FLAP_MIN = 8  # speedups measured while flapping before their mean may move the engine
 FLAP_MARGIN_FACTOR = 4  # ... beyond this many margins (default +-20%): a switch mid-flap is costly
 
@@ -127,7 +130,7 @@ def evaluate(spec, state: SpeculationState, obs: Observation, now: float) -> tup
         s.outcomes = (s.outcomes + m.outcome[0])[-FLAP_HISTORY:]
         was, s.flapping = s.flapping, _flapping(s.outcomes, s.flapping)
         if was and not s.flapping:
-            s.outcomes = s.outcomes[-FLAP_SETTLE:]  # the episode is over: only the settled run counts on
+            s.outcomes = _runs(s.outcomes)[-1]  # the episode is over: only the settled run counts on
         if s.flapping and not was:
             s.speedups = []  # the mean that decides covers the flapping episode only
         if s.flapping and m.predicted_speedup is not None:
@@ -167,11 +170,30 @@ def _changes(outcomes: str) -> int:
     return sum(a != b for a, b in zip(outcomes, outcomes[1:]))
 
 
+def _runs(outcomes: str) -> list[str]:
+    """The outcomes cut into runs of the same letter, oldest first."""
+    runs: list[str] = []
+    for x in outcomes:
+        if runs and runs[-1][0] == x:
+            runs[-1] += x
+        else:
+            runs.append(x)
+    return runs
+
+
+def _settled(outcomes: str) -> bool:
+    """The last run is at least FLAP_SETTLE successes and twice as long as every earlier run in the history:
+    the input left the regime it alternated in (an oscillation's runs keep their length)."""
+    runs = _runs(outcomes)
+    if not runs or runs[-1][0] != "S" or len(runs[-1]) < FLAP_SETTLE:
+        return False
+    return all(len(runs[-1]) >= 2 * len(r) for r in runs[:-1])
+
+
 def _flapping(outcomes: str, was: bool) -> bool:
     n = _changes(outcomes)
     if was:
-        settled = len(outcomes) >= FLAP_SETTLE and set(outcomes[-FLAP_SETTLE:]) == {"S"}
-        return n > FLAP_EXIT and not settled
+        return n > FLAP_EXIT and not _settled(outcomes)
     return n >= FLAP_ENTER
 
 

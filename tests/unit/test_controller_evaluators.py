@@ -344,7 +344,7 @@ def test_planner_defaults_keep_the_canary_and_the_gate_from_status() -> None:
     assert default_targets(spec, {"activeEngine": "base"}).canary == 1  # no canary flap on restart
     # ... nor one started for an interval after a load-caused fallback, which runs none (status.policy)
     load_fallback = {"speculation": {"engine": "base", "since": 0, "fallback_reason": "NoSpeedupAtLoad",
-                                     "last_tokens_per_step": 4.0}}
+                                     "last_acceptance": 0.6, "last_tokens_per_step": 4.0}}
     aware = ReDrafterDeploymentSpec.model_validate(body(loadAware=True)["spec"])
     assert default_targets(aware, {"activeEngine": "base", "policy": load_fallback}).canary == 0
     assert default_targets(spec, {"activeEngine": "base", "policy": load_fallback}).canary == 1  # not load-aware

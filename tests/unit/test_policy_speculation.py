@@ -368,4 +368,10 @@ def test_the_canary_runs_when_the_fallback_needs_acceptance_measured():
     assert canary_replicas(make_spec(loadAware=False), s.model_copy(update={"fallback_reason": "NoSpeedupAtLoad"})) == 1
     assert canary_replicas(spec, s.model_copy(update={"fallback_reason": "NoSpeedupAtLoad",
                                                       "last_tokens_per_step": None})) == 1
+    # no speedup at an acceptance below the canary's recovery bar (0.35 + 0.05): the acceptance decides the
+    # return, so it must stay measured
+    low = s.model_copy(update={"fallback_reason": "NoSpeedupAtLoad", "last_acceptance": 0.38,
+                               "last_tokens_per_step": 2.9})
+    assert canary_replicas(spec, low) == 1
+    assert canary_replicas(spec, low.model_copy(update={"last_acceptance": 0.40})) == 0
     assert canary_replicas(make_spec(mode="Never"), s) == 0

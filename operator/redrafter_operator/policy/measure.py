@@ -10,10 +10,11 @@ What is measured:
   sends them a share of live traffic and acceptance stays measured at base-pool load. Success needs
   acceptance >= minAcceptanceRate + acceptanceHysteresis and, with ``loadAware``, predicted speedup
   > 1 + margin. Cost: canaryReplicas x TP GPUs serve ReDrafter (slower than base while acceptance is
-  low) for a canary/pool share of traffic. A fallback caused by load (``loadAware``) runs no canary
-  (:func:`canary_replicas`): the canary would serve at ReDrafter's speed exactly while the load makes
-  ReDrafter the slower engine, and such a fallback recovers from the last acceptance measured on
-  ReDrafter and the current load, as with ``canaryReplicas: 0``. A fallback caused by low acceptance
+  low) for a canary/pool share of traffic. A fallback caused by load alone (``loadAware``, at an
+  acceptance that cleared the canary's recovery bar) runs no canary (:func:`canary_replicas`): it would
+  serve at ReDrafter's speed exactly while the load makes ReDrafter the slower engine, and such a
+  fallback recovers from the last acceptance measured on ReDrafter and the current load, as with
+  ``canaryReplicas: 0``. A fallback caused by low acceptance
   needs the canary: without one it cannot observe recovery and stays on base (RecoveryUnobservable).
 """
 
@@ -156,14 +157,20 @@ def measure(spec, state: SpeculationState, obs: Observation) -> Measurement:
 
 def canary_replicas(spec, state: SpeculationState) -> int:
     """ReDrafter canary replicas the base pool runs now: ``canaryReplicas`` while on base in Auto mode,
-    except after a fallback caused by load (with ``loadAware``), whose recovery is observed from the
-    load and the acceptance last measured on ReDrafter. There the canary would measure nothing the
-    decision needs, and it costs most: it serves at ReDrafter's speed exactly while the load makes
-    ReDrafter slower than base."""
+    except after a fallback caused by load alone (``loadAware``; the acceptance last measured on
+    ReDrafter already cleared the canary's own recovery bar, minAcceptanceRate + acceptanceHysteresis):
+    its return is judged from the load and that acceptance, and the canary costs most there, serving at
+    ReDrafter's speed exactly while the load makes ReDrafter the slower engine. The trade-off: an
+    acceptance that improves further while on base is not seen until the load falls (one that worsens
+    shows on ReDrafter after the return, as a failure). A fallback for NoSpeedupAtLoad at a lower
+    acceptance keeps the canary: there the acceptance decides the return."""
     sp = spec.speculation
     if state.engine != "base" or sp.mode != "Auto":
         return 0
-    if sp.load_aware and state.fallback_reason == "NoSpeedupAtLoad" and state.last_tokens_per_step is not None:
+    healthy = state.last_acceptance is not None and \
+        state.last_acceptance >= sp.min_acceptance_rate + sp.acceptance_hysteresis
+    if sp.load_aware and state.fallback_reason == "NoSpeedupAtLoad" and healthy and \
+            state.last_tokens_per_step is not None:
         return 0
     return sp.canary_replicas
 

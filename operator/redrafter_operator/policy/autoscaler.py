@@ -8,7 +8,10 @@ the 1.30+ releases the project targets, which lie between them:
 * ``replica_calculator.go``, ``groupPods``: a pod being deleted or terminal is ignored; a Pending pod
   is *unready*; a running pod without a reading is *missing* (here: a pod still loading its engine,
   which is not Ready and therefore not scraped, or a Ready pod whose scrape failed); the others are
-  *ready*, and only their readings make the usage ratio.
+  *ready*, and only their readings make the usage ratio. One deliberate difference: upstream counts a
+  running pod that has a reading as ready even when its Ready condition is False (for non-CPU
+  metrics); here a pod that is not Ready is missing even if a source (Prometheus) has a reading for
+  it, since an engine that is still loading reports no load, which says nothing about its load.
 * ``replica_calculator.go``, ``ReplicaCalculator.calcPlainMetricReplicas``: ratio = mean(active + waiting per ready pod)
   / targetQueuePerReplica; no change while |ratio - 1| <= tolerance; otherwise, without unready or
   missing pods, desired = ceil(ratio x **ready pods**) (not x spec replicas: pods that are still

@@ -186,6 +186,9 @@ def test_pool_load_groups_pods_as_the_hpa_does():
     assert got == PoolLoad(total=8, ready=2, missing=2, unready=1)
     # without a pod list only the reading is known: the error is the missing pod, the deleted pod counts
     assert pool_load(r, "redrafter") == PoolLoad(total=48, ready=3, missing=1, unready=0)
+    # a pod that is not Ready is missing even when the source has a reading for it (Prometheus can)
+    loading = _reading({"redrafter-0": 5, "redrafter-1": 3, "redrafter-3": 0}, errors=("redrafter-2",))
+    assert pool_load(loading, "redrafter", pods) == PoolLoad(total=8, ready=2, missing=2, unready=1)
     # every pod still starting: nothing to compute a ratio from
     assert pool_load(_reading({}), "redrafter", _pods(ready=0, starting=3)) is None
 

@@ -401,7 +401,9 @@ class Speculation(ApiModel):
     canary_replicas: int = Field(
         default=1, ge=0, le=100,
         description="While on base, ReDrafter replicas that keep receiving a share of live traffic so "
-        "acceptance stays measured and recovery can be detected (0 disables recovery detection).",
+        "acceptance stays measured and recovery can be detected (0 disables recovery detection). None run "
+        "after a fallback caused by load alone (loadAware, at an acceptance above minAcceptanceRate + "
+        "acceptanceHysteresis): its return is judged from the load.",
     )
     acceptance_hysteresis: float = Field(
         default=0.05, ge=0, le=1,

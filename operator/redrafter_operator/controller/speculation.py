@@ -3,7 +3,8 @@
 Every ``spec.speculation.interval``, per ReDrafterDeployment (an :class:`~.resource_io.Evaluator` in the
 controller's timer slot):
 
-1. list the serving pods (``LABEL_DEPLOYMENT=<name>``, component serving) -> Ready scrape targets;
+1. list the serving pods (``LABEL_DEPLOYMENT=<name>``, component serving) -> Ready scrape targets, and
+   every pod's readiness for the autoscaler (pods still starting count as the HPA counts them);
 2. read them (pod scrape, or Prometheus per ``spec.metrics``); a source that fails as a whole is the
    policy's ``error`` input (an *Error* measurement: inconclusive, never a switch), never a crash;
 3. ``policy.step`` with the state persisted in ``status.policy`` (or this process's newer copy), the
@@ -36,7 +37,7 @@ from pydantic import ValidationError
 
 from ..api.spec import ReDrafterDeploymentSpec
 from ..api.status import HISTORY_LIMIT
-from ..metrics import PrometheusError, Reading, source_for, targets_from_pods
+from ..metrics import PrometheusError, Reading, source_for, statuses_from_pods, targets_from_pods
 from ..policy import Evaluation, PolicyState, due, step
 from ..render import names
 from .apply import ApiError, merge_patch
@@ -196,7 +197,8 @@ class SpeculationEvaluator:
         dep = deployments.get(serving)
         observed = int(dep.replicas) if dep is not None else spec.serving.replicas
         ev, new = step(spec, state, reading, now, current_replicas=observed, error=error, available=available,
-                       measured_crossover=measured_crossover(status), serving=serving)
+                       measured_crossover=measured_crossover(status), serving=serving,
+                       pods=statuses_from_pods(pods))
         current = ev.current_replicas
         self._states[key] = (uid, new)
 

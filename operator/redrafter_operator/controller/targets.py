@@ -12,6 +12,7 @@ from typing import Any, Mapping
 from engine_jobs.contract import VARIANTS, Variant
 
 from ..api.spec import ReDrafterDeploymentSpec
+from ..policy.loop import canary_from_status
 from .facts import Observed
 from .gate import gate_from_status
 from .plan_types import READY_STATES, ServingTargets
@@ -32,7 +33,7 @@ def default_targets(spec: ReDrafterDeploymentSpec, status: Mapping[str, Any]) ->
     other: Variant = "base" if active == "redrafter" else "redrafter"
     # What the policy and the validation gate would keep, read from status, so that a restarted operator's
     # first reconciles (before the evaluators run) neither drop the canary nor a pod under validation.
-    canary = spec.speculation.canary_replicas if active == "base" and mode == "Auto" else 0
+    canary = canary_from_status(spec, status) if active == "base" else 0
     return gate_from_status(ServingTargets(active=active, replicas={active: replicas, other: 1 if spec.serving.rollout.keep_standby else 0},
                                            canary=canary), spec, status)
 

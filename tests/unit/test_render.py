@@ -26,7 +26,7 @@ def owner_of(path: Path) -> Owner:
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
 def test_rendered_manifests_are_valid(example):
     docs = render_all(owner_of(example))
-    assert {d["kind"] for d in docs} == {"Job", "ConfigMap", "Deployment", "Service"}
+    assert {d["kind"] for d in docs} == {"Job", "ConfigMap", "Deployment", "Service", "NetworkPolicy"}
     for doc in docs:
         kubernetes_validate.validate(doc, "1.30", strict=True)
         assert doc["metadata"]["ownerReferences"][0]["controller"] is True

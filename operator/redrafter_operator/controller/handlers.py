@@ -194,7 +194,8 @@ class Controller:
         ns, name, kind = manifest["metadata"]["namespace"], manifest["metadata"]["name"], manifest["kind"]
         if kind == "Job":
             return "" if self._store("rdd_jobs", ("name", ns, name)) else None
-        index = {"Deployment": "rdd_deployments", "Service": "rdd_services", "ConfigMap": "rdd_configmaps"}[kind]
+        index = {"Deployment": "rdd_deployments", "Service": "rdd_services", "ConfigMap": "rdd_configmaps",
+                 "NetworkPolicy": "rdd_networkpolicies"}[kind]
         facts = self._store(index, ("name", ns, name))
         return facts[0].applied_hash if facts else None
 
@@ -568,6 +569,11 @@ def register(registry: kopf.OperatorRegistry, make_controller: Callable[[], Awai
 
     @kopf.index("", "v1", "configmaps", labels=MANAGED, registry=registry, id="rdd_configmaps")
     def rdd_configmaps(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[Any, ObjectFact]:
+        return {("name", namespace, name): ObjectFact.from_body(body)}
+
+    @kopf.index("networking.k8s.io", "v1", "networkpolicies", labels=MANAGED, registry=registry,
+                id="rdd_networkpolicies")
+    def rdd_networkpolicies(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[Any, ObjectFact]:
         return {("name", namespace, name): ObjectFact.from_body(body)}
 
     @kopf.index(GROUP, VERSION, PLURAL, registry=registry, id="rdd_ready")

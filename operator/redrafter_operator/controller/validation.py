@@ -42,12 +42,11 @@ from typing import Any, Mapping
 
 from engine_jobs.contract import VARIANTS
 
-from .. import __version__
 from ..api.spec import ReDrafterDeploymentSpec
 from ..evaluate.gate import ValidationStep, validation_step
 from ..render import names
 from ..render.common import Owner
-from ..render.validation import validation_job, validation_job_name
+from ..render.validation import DEFAULT_OPERATOR_IMAGE, validation_job, validation_job_name
 from .apply import ApiError, merge_patch
 from .conditions import Cond, merge_conditions
 from .handlers import current_resource, now_rfc3339, post_events, write_status
@@ -58,7 +57,6 @@ log = logging.getLogger("redrafter_operator.controller.validation")
 
 ANNOTATION_RETRY_VALIDATION = f"{names.DOMAIN}/retry-validation"
 ENV_OPERATOR_IMAGE = "REDRAFTER_OPERATOR_IMAGE"
-DEFAULT_OPERATOR_IMAGE = f"ghcr.io/redrafter/redrafter-operator:{__version__}"
 VALIDATION_INTERVAL = 1.0  # the ticker's granularity: a Job starts as soon as both variants are Ready
 READY_STATES = ("Ready", "Cached")
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"

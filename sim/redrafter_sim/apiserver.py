@@ -31,6 +31,7 @@ import attrs
 import yaml
 from kmock import KubernetesEmulator
 
+from . import admission_podsecurity as podsecurity
 from . import apiserver_protobuf as protobuf
 from . import apiserver_resources as res
 from .apiserver_objects import (as_type as _as_type, builtin_defaults as _builtin_defaults, clone as _clone,
@@ -369,6 +370,10 @@ class ApiServerEmulator(KubernetesEmulator):
             causes = validate(obj, rtype.schema) or validate_rules(obj, rtype.schema, old)
             if causes:
                 raise self._invalid(rtype, name, causes)
+        if old is None and (rtype.group, rtype.plural) == ("", "pods"):  # PodSecurity admission, on create
+            ns = self._bucket(self._types[("", "v1", "namespaces")]).get((None, obj["metadata"].get("namespace")))
+            if forbidden := podsecurity.admit_pod(obj, ((ns or {}).get("metadata") or {}).get("labels") or {}):
+                raise ApiError(403, forbidden, reason="Forbidden", details={"name": name, "kind": "pods"})
         if rtype.storage_key == res.CRD_STORAGE_KEY:
             try:
                 types = res.types_from_crd(obj)

@@ -6,7 +6,9 @@ nothing (process or temp dir) outlives the node.
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
+import json
 import os
 import time
 from collections.abc import AsyncIterator, Callable
@@ -127,6 +129,79 @@ async def test_build_jobs_run_engine_jobs_and_report_from_exit_code(apiserver: E
         assert (artifact / contract.ENGINE_DIR / "rank0.engine").is_file()
     # the pvc:// sources were provisioned with the fake checkpoint
     assert (node.fs.claim_dir("models") / "tiny-llama-drafter" / "config.json").is_file()
+
+
+HF_TOKEN = "hf_simNodeTokenThatMustStaySecret"
+HF_COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def gated_model_build(node: SimKubelet, em, *, rendered: bool) -> tuple[str, dict]:
+    """The base-engine build Job of a gated hf:// model whose token Secret is mounted into the pod.
+
+    ``rendered``: as the operator renders it (fsGroup, 0440). Otherwise as before this fix: no fsGroup,
+    the token 0400 and so root-owned and owner-only, the container still running as its image's user.
+    The Hub is offline on this node: the model comes from the Hugging Face cache in the engine claim
+    (HF_HOME=/cache/.hf-home), so the only thing that can fail is reading the token.
+    """
+    from redrafter_sim.checkpoint import write_base, write_tokenizer
+    from redrafter_sim.podidentity import Ownership
+
+    hub = node.fs.claim_dir("engine-cache", "engines") / ".hf-home" / "hub" / "models--acme--gated-llama"
+    write_tokenizer(write_base(hub / "snapshots" / HF_COMMIT))
+    (hub / "refs").mkdir(parents=True, exist_ok=True)
+    (hub / "refs" / "main").write_text(HF_COMMIT)
+    gated = {"source": "hf://acme/gated-llama", "credentialsSecret": "hf-token"}
+    owner = demo_owner(**{"model.base": gated, "model.tokenizer": gated})
+    em.create_object({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf-token", "namespace": NS},
+                      "type": "Opaque", "data": {"token": base64.b64encode(HF_TOKEN.encode()).decode()}})
+    job = build_job(owner, "base")
+    pod = job["spec"]["template"]["spec"]
+    if not rendered:
+        del pod["securityContext"]["fsGroup"], pod["securityContext"]["fsGroupChangePolicy"]
+        next(v for v in pod["volumes"] if "secret" in v)["secret"]["defaultMode"] = 0o400
+        # a provisioner that leaves the claim world-writable: only the token can be the problem
+        node.fs.claim_ownership["engine-cache"] = Ownership(0, 0, 0o777)
+    em.create_object(build_configmap(owner, "base"))
+    return em.create_object(job)["metadata"]["name"], owner
+
+
+@pytest.mark.parametrize("rendered", [True, False], ids=["rendered-security-context", "root-owned-0400-token"])
+async def test_the_token_secret_is_readable_only_as_a_node_would_allow(apiserver: EmulatorHandle, node: SimKubelet,
+                                                                        monkeypatch: pytest.MonkeyPatch, rendered):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the node's runner passes its environment to the container
+    em = apiserver.emulator
+    job_name, _ = gated_model_build(node, em, rendered=rendered)
+    await wait_for(lambda: job_state(em, job_name), 60, "the build Job to finish")
+    (pod, *_) = build_pods(em, job_name)
+    term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert HF_TOKEN not in json.dumps(pod)
+    if rendered:
+        assert job_state(em, job_name) == "Complete", term
+        assert term["message"].startswith("OK: engine ")
+    else:  # what a node answers a non-root builder reading a root-owned 0400 file: EACCES
+        assert job_state(em, job_name) == "Failed"
+        assert term["exitCode"] == 6, term  # engine_jobs ExitCode.SOURCE_UNAVAILABLE
+        assert term["message"].startswith("SOURCE_UNAVAILABLE: cannot read credentials key token in "), term
+        assert term["message"].rstrip().endswith("Permission denied"), term
+
+
+async def test_a_cache_claim_without_fs_group_is_not_writable(apiserver: EmulatorHandle, node: SimKubelet):
+    """No fsGroup and a root-owned 0755 claim (how most provisioners create it): the non-root builder cannot
+    create its lock in the engine cache, as on a node."""
+    em = apiserver.emulator
+    owner = demo_owner()
+    job = build_job(owner, "base")
+    pod = job["spec"]["template"]["spec"]
+    del pod["securityContext"]["fsGroup"], pod["securityContext"]["fsGroupChangePolicy"]
+    em.create_object(build_configmap(owner, "base"))
+    job_name = em.create_object(job)["metadata"]["name"]
+    await wait_for(lambda: job_state(em, job_name), 60, "the build Job to finish")
+    assert job_state(em, job_name) == "Failed"
+    (pod, *_) = build_pods(em, job_name)
+    term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert term["exitCode"] == 6, term  # SOURCE_UNAVAILABLE: a retry cannot help
+    assert term["message"].startswith("SOURCE_UNAVAILABLE: cache directory ") and "is not writable" in term["message"]
+    assert "Permission denied" in term["message"], term
 
 
 async def test_failed_build_reports_termination_message_after_backoff(apiserver: EmulatorHandle, node: SimKubelet,

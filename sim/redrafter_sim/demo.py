@@ -35,6 +35,7 @@ from redrafter_operator.api.crd import crd_yaml
 from redrafter_operator.evaluate.prompts import Prompt
 from redrafter_operator.evaluate.stream import RequestOptions
 from redrafter_operator.render import names
+from . import admission_podsecurity as podsecurity
 from .engine import SimEngineSettings
 from .kubeapi import EVENTS, KubeApi, Kind
 from .kubelet import SimKubelet
@@ -160,6 +161,12 @@ def load_resource(path: Path) -> dict[str, Any]:
     return body
 
 
+def restricted_namespace(name: str) -> dict[str, Any]:
+    """The Namespace labelled so the API server's PodSecurity admission enforces ``restricted``."""
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {
+        podsecurity.ENFORCE_LABEL: "restricted", podsecurity.ENFORCE_VERSION_LABEL: "latest"}}}
+
+
 def demo_prompts(n: int = 16) -> list[Prompt]:
     """Prompts in the fake checkpoint's vocabulary ("w<id>" words), distinct per request slot."""
     return [Prompt(" ".join(f"w{3 + (i * 37 + j * 11) % 990}" for j in range(12))) for i in range(n)]
@@ -201,6 +208,9 @@ class DemoRun:
             await kubectl(kubeconfig, self.tmp, "apply", "-f", "-", stdin=crd_yaml())
             await kubectl(kubeconfig, self.tmp, "wait", "--for", "condition=established", "--timeout=30s",
                           f"crd/{PLURAL}.{API_VERSION.split('/')[0]}")
+            # as a hardened cluster would: Pods that do not meet the restricted profile are rejected
+            await kubectl(kubeconfig, self.tmp, "apply", "-f", "-", stdin=yaml.safe_dump(restricted_namespace(self.namespace)))
+            self.view.note(f"namespace {self.namespace} enforces Pod Security restricted")
             self.operator = OperatorProcess(kubeconfig, self.namespace, self.tmp / "operator.log")
             await self.operator.start()
             self.view.note("operator started: " + " ".join(self.operator.argv[1:3]))

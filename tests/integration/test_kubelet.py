@@ -399,3 +399,71 @@ async def test_validation_job_runs_against_the_variant_services(apiserver: Emula
     term = pods[-1]["status"]["containerStatuses"][0]["state"]["terminated"]
     assert state == "Complete", term
     assert term["exitCode"] == 0 and term["message"]
+
+
+RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted"}
+
+
+def unhardened(workload: dict) -> dict:
+    """``workload`` with its pod template's security settings removed (what the operator rendered before)."""
+    out = copy.deepcopy(workload)
+    pod = out["spec"]["template"]["spec"]
+    pod.pop("securityContext", None)
+    for c in pod["containers"]:
+        c.pop("securityContext", None)
+    return out
+
+
+def warning_events(em, namespace: str, name: str) -> list[dict]:
+    return [e for e in em.list_objects("v1", "Event", namespace)
+            if e["involvedObject"]["name"] == name and e["reason"] == "FailedCreate"]
+
+
+async def test_restricted_namespace_rejects_unhardened_pods_and_controllers_say_why(apiserver: EmulatorHandle,
+                                                                                     node: SimKubelet):
+    from redrafter_operator.render.serving import serving_deployment
+    from redrafter_sim import controllers
+    from redrafter_sim.apiserver import ApiError
+
+    em = apiserver.emulator
+    ns = "secure"
+    em.create_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": RESTRICTED}})
+    bare = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bare", "namespace": ns},
+            "spec": {"containers": [{"name": "app", "image": "busybox:1.36"}]}}
+    with pytest.raises(ApiError) as rejected:
+        em.create_object(bare)
+    assert rejected.value.code == 403 and rejected.value.reason == "Forbidden"
+    assert rejected.value.message.startswith('pods "bare" is forbidden: violates PodSecurity "restricted:latest": '
+                                             'allowPrivilegeEscalation != false (container "app" must set ')
+    em.create_object({**bare, "metadata": {"name": "bare", "namespace": NS}})  # unlabelled namespace: admitted
+
+    owner = Owner.from_body({**yaml.safe_load((ROOT / "examples" / "demo-tiny.yaml").read_text()),
+                             "metadata": {"name": "demo-tiny", "namespace": ns, "uid": "1-2-3"}})
+    # the simulated node's Job controller: the build pod is rejected, the Job says why in an Event
+    em.create_object(build_configmap(owner, "base"))
+    job = em.create_object(unhardened(build_job(owner, "base")))
+    events = await wait_for(lambda: warning_events(em, ns, job["metadata"]["name"]), 30, "the Job's FailedCreate Event")
+    assert events[0]["message"].startswith(f'Error creating: pods "{job["metadata"]["name"]}-')
+    assert 'violates PodSecurity "restricted:latest"' in events[0]["message"]
+    assert events[0]["type"] == "Warning" and events[0]["involvedObject"]["kind"] == "Job"
+    assert not build_pods(em, job["metadata"]["name"])
+    # its ReplicaSet controller: a FailedCreate Event and the Deployment's ReplicaFailure condition
+    dep = em.create_object(unhardened(serving_deployment(owner, "base", "0" * 20, 1)))
+    name = dep["metadata"]["name"]
+
+    def replica_failure() -> dict | None:
+        status = em.get_object("apps/v1", "Deployment", name, ns).get("status") or {}
+        return next((c for c in status.get("conditions") or [] if c["type"] == "ReplicaFailure"), None)
+    condition = await wait_for(replica_failure, 30, "the Deployment's ReplicaFailure condition")
+    assert condition["reason"] == "FailedCreate" and "violates PodSecurity" in condition["message"]
+    assert warning_events(em, ns, name)
+    assert not [p for p in em.list_objects("v1", "Pod", ns) if p["metadata"]["name"].startswith(name)]
+    # the in-process Deployment controller the lifecycle tests drive reports it the same way
+    plain = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "plain", "namespace": ns},
+             "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "plain"}},
+                      "template": {"metadata": {"labels": {"app": "plain"}}, "spec": bare["spec"]}}}
+    em.create_object(plain)
+    assert controllers.sync_deployment_pods(em, "plain", ns) == []
+    status = em.get_object("apps/v1", "Deployment", "plain", ns)["status"]
+    (failure,) = [c for c in status["conditions"] if c["type"] == "ReplicaFailure"]
+    assert failure["reason"] == "FailedCreate" and failure["message"].startswith('pods "plain-')

@@ -81,3 +81,12 @@ def test_cli_render_rejects_invalid_with_field(tmp_path, capsys):
 def test_cli_crd_matches_committed(capsys):
     assert main(["crd"]) == 0
     assert capsys.readouterr().out == (ROOT / "crds" / "redrafter.dev_redrafterdeployments.yaml").read_text()
+
+
+def test_cli_render_admits_the_operators_namespace_to_scrape(capsys):
+    assert main(["render", "-f", str(ROOT / "examples" / "llama3-8b.yaml"), "--operator-namespace", "ops"]) == 0
+    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    (serving, _) = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    peers = [p for rule in serving["spec"]["ingress"] for p in rule["from"]]
+    assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ops"}}} in peers
+    assert any(d["kind"] == "Job" and d["metadata"]["name"].startswith("llama3-8b-validate-") for d in docs)

@@ -72,8 +72,19 @@ def _create_pod(emu: ApiServerEmulator, owner: dict[str, Any], component: str, p
         return emu.create_object(pod)
     except ApiError as exc:
         if exc.code == 403:
-            emu.create_object(failed_create_event(owner, exc.message, component))
+            _record(emu, failed_create_event(owner, exc.message, component))
         raise
+
+
+def _record(emu: ApiServerEmulator, event: dict[str, Any]) -> None:
+    """Post ``event``, or count it on the same earlier one (the event recorder's aggregation)."""
+    for seen in emu.list_objects("v1", "Event", event["metadata"]["namespace"]):
+        if all(seen.get(k) == event[k] for k in ("reason", "message")) and \
+                seen["involvedObject"].get("uid") == event["involvedObject"]["uid"]:
+            emu.patch_object("v1", "Event", seen["metadata"]["name"], seen["metadata"]["namespace"],
+                             {"count": int(seen.get("count") or 1) + 1, "lastTimestamp": event["lastTimestamp"]})
+            return
+    emu.create_object(event)
 
 
 def _job_pod(emu: ApiServerEmulator, job: dict[str, Any], phase: str, exit_code: int | None,

@@ -130,6 +130,8 @@ class HostFS:
             target.mkdir(parents=True, exist_ok=True)
             for key, text in configmaps[cm].items():
                 (target / _safe(key)).write_text(text, encoding="utf-8")
+                if identity is not None:  # same ownership rules as a Secret volume
+                    identity.apply(target / _safe(key), identity.secret_file(vol["configMap"].get("defaultMode")))
             return target
         if "secret" in vol:
             return self._secret_dir(pod, vol, secrets, identity)

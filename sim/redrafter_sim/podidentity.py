@@ -31,7 +31,7 @@ DEFAULT_CAPABILITIES = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3, "FSETID": 4,
                         "MKNOD": 27, "AUDIT_WRITE": 29, "SETFCAP": 31}
 PR_CAPBSET_DROP = 24
 RO_MASK, RW_MASK = 0o440, 0o660
-DEFAULT_SECRET_MODE = 0o644  # SecretVolumeSource.defaultMode when unset
+DEFAULT_SECRET_MODE = 0o644  # Secret/ConfigMapVolumeSource.defaultMode when unset
 
 
 @dataclass(frozen=True)

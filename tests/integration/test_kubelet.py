@@ -464,6 +464,9 @@ async def test_restricted_namespace_rejects_unhardened_pods_and_controllers_say_
                       "template": {"metadata": {"labels": {"app": "plain"}}, "spec": bare["spec"]}}}
     em.create_object(plain)
     assert controllers.sync_deployment_pods(em, "plain", ns) == []
+    assert controllers.sync_deployment_pods(em, "plain", ns) == []
+    (event,) = warning_events(em, ns, "plain")  # the second failure is counted on the first Event
+    assert event["count"] == 2 and event["involvedObject"]["kind"] == "Deployment"
     status = em.get_object("apps/v1", "Deployment", "plain", ns)["status"]
     (failure,) = [c for c in status["conditions"] if c["type"] == "ReplicaFailure"]
     assert failure["reason"] == "FailedCreate" and failure["message"].startswith('pods "plain-')

@@ -12,7 +12,7 @@ rank, because both the build and the serving pod run one process per GPU:
   plus the gRPC/HTTP front end and the Python pre/post-processing models with their tokenizers;
   each rank stages its engine shard in host memory while loading (8B bf16: ~16 GB at TP 1,
   70B: ~17.5 GB per rank at TP 8) and keeps pinned host buffers after. 2 CPUs and 16Gi per rank.
-* validation: a gRPC client (the existing 250m / 256Mi, with a 1Gi memory limit).
+* validation: a gRPC client and small prompt sets: 250m / 256Mi, with a 1Gi memory limit.
 
 No default limits on the GPU pods: the memory peak depends on the model, a limit that is too low
 kills a build that would succeed, and a CPU limit throttles the MPI ranks' polling. The spec's
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from typing import Any
 
-CPU_MEMORY = ("cpu", "memory")
 BUILD_PER_RANK = {"cpu": 2, "memory_gi": 16}
 SERVING_PER_RANK = {"cpu": 2, "memory_gi": 16}
 VALIDATION = {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}

@@ -191,3 +191,23 @@ def test_admission_names_each_violation_like_the_plugin():
         'restricted volume types (volume "host" uses restricted volume type "hostPath")']
     assert violations(broken(**{"containers.0.securityContext.seccompProfile": {"type": "Unconfined"}})) == [
         'seccompProfile (container "build" must not set securityContext.seccompProfile.type to "Unconfined")']
+
+
+def test_baseline_checks_reject_what_the_plugin_rejects():
+    ok = {"containers": [{"name": "c", "image": "x"}]}
+    assert violations(ok, "baseline") == []
+    bad = {
+        "securityContext": {"sysctls": [{"name": "kernel.msgmax", "value": "1"}, {"name": "net.ipv4.tcp_rmem", "value": "1"}],
+                            "seLinuxOptions": {"user": "system_u", "role": "r"}},
+        "containers": [{"name": "c", "image": "x", "readinessProbe": {"httpGet": {"host": "10.0.0.1", "port": 80}},
+                        "securityContext": {"procMount": "Unmasked", "seccompProfile": {"type": "Unconfined"},
+                                            "appArmorProfile": {"type": "Unconfined"}}}],
+    }
+    assert violations(bad, "baseline") == [
+        'forbidden AppArmor profile (container "c" must not set AppArmor profile type to "Unconfined")',
+        'probe or lifecycle host (container "c" uses probe or lifecycle host "10.0.0.1")',
+        'procMount (container "c" must not set securityContext.procMount to "Unmasked")',
+        "seLinuxOptions (pod set forbidden securityContext.seLinuxOptions: user may not be set; role may not be set)",
+        'seccompProfile (container "c" must not set securityContext.seccompProfile.type to "Unconfined")',
+        "forbidden sysctls (kernel.msgmax)",
+    ]

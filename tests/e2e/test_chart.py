@@ -287,6 +287,18 @@ def _env(container: dict[str, Any]) -> dict[str, Any]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
 
 
+@pytest.mark.parametrize("combo", sorted(COMBOS))
+def test_chart_pods_pass_the_restricted_pod_security_profile(combo: str):
+    """The operator and its CRD-upgrade hook install into a namespace enforcing restricted."""
+    from redrafter_sim.admission_podsecurity import violations
+
+    values = {**COMBOS[combo][0], "crds": {"upgradeJob": {"enabled": True}}}
+    pods = [o for o in manifests(render(values)) if o["kind"] in ("Deployment", "Job")]
+    assert {o["kind"] for o in pods} == {"Deployment", "Job"}
+    for o in pods:
+        assert violations(o["spec"]["template"]["spec"]) == [], o["metadata"]["name"]
+
+
 def test_deployment_args_and_env_follow_values():
     (c,) = one(manifests(render()), "Deployment")["spec"]["template"]["spec"]["containers"]
     assert c["command"] == ["redrafter-operator"]

@@ -31,6 +31,7 @@ import attrs
 import yaml
 from kmock import KubernetesEmulator
 
+from . import admission_podsecurity as podsecurity
 from . import apiserver_protobuf as protobuf
 from . import apiserver_resources as res
 from . import podfailurepolicy
@@ -372,6 +373,10 @@ class ApiServerEmulator(KubernetesEmulator):
                 raise self._invalid(rtype, name, causes)
         if rtype.storage_key == ("batch", "jobs") and (causes := podfailurepolicy.validate(obj)):
             raise self._invalid(rtype, name, causes)
+        if old is None and (rtype.group, rtype.plural) == ("", "pods"):  # PodSecurity admission, on create
+            ns = self._bucket(self._types[("", "v1", "namespaces")]).get((None, obj["metadata"].get("namespace")))
+            if forbidden := podsecurity.admit_pod(obj, ((ns or {}).get("metadata") or {}).get("labels") or {}):
+                raise ApiError(403, forbidden, reason="Forbidden", details={"name": name, "kind": "pods"})
         if rtype.storage_key == res.CRD_STORAGE_KEY:
             try:
                 types = res.types_from_crd(obj)

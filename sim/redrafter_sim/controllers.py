@@ -15,9 +15,9 @@ import json
 from typing import Any
 
 from . import podfailurepolicy
-from .apiserver import ApiServerEmulator
+from .apiserver import ApiError, ApiServerEmulator
 from .endpoints import endpoints_for
-from .objects import condition_true
+from .objects import condition_true, failed_create_event, replica_failure_condition
 
 JOB_NAME_LABELS = ("job-name", "batch.kubernetes.io/job-name")
 JOB_UID_LABELS = ("controller-uid", "batch.kubernetes.io/controller-uid")
@@ -66,6 +66,28 @@ def pod_ip(uid: str) -> str:
 # ----------------------------------------------------------------------------- Jobs
 
 
+def _create_pod(emu: ApiServerEmulator, owner: dict[str, Any], component: str, pod: dict[str, Any]) -> dict[str, Any]:
+    """Create a controller's Pod; a rejection (PodSecurity: 403) becomes a FailedCreate Event on the owner
+    and is raised again, as the real controller's sync fails."""
+    try:
+        return emu.create_object(pod)
+    except ApiError as exc:
+        if exc.code == 403:
+            _record(emu, failed_create_event(owner, exc.message, component))
+        raise
+
+
+def _record(emu: ApiServerEmulator, event: dict[str, Any]) -> None:
+    """Post ``event``, or count it on the same earlier one (the event recorder's aggregation)."""
+    for seen in emu.list_objects("v1", "Event", event["metadata"]["namespace"]):
+        if all(seen.get(k) == event[k] for k in ("reason", "message")) and \
+                seen["involvedObject"].get("uid") == event["involvedObject"]["uid"]:
+            emu.patch_object("v1", "Event", seen["metadata"]["name"], seen["metadata"]["namespace"],
+                             {"count": int(seen.get("count") or 1) + 1, "lastTimestamp": event["lastTimestamp"]})
+            return
+    emu.create_object(event)
+
+
 def _job_pod(emu: ApiServerEmulator, job: dict[str, Any], phase: str, exit_code: int | None,
              message: str | None) -> dict[str, Any]:
     """Create (or update) the Job's single Pod with a terminated or running container state."""
@@ -76,7 +98,7 @@ def _job_pod(emu: ApiServerEmulator, job: dict[str, Any], phase: str, exit_code:
     pod_name = f"{name}-{job['metadata']['uid'][:5]}"
     pod = emu.find_object("v1", "Pod", pod_name, namespace)
     if pod is None:
-        pod = emu.create_object({
+        pod = _create_pod(emu, job, "job-controller", {
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": pod_name, "namespace": namespace, "labels": labels,
                          "ownerReferences": [_owner_ref(job)]},
@@ -192,6 +214,7 @@ def sync_deployment_pods(emu: ApiServerEmulator, name: str, namespace: str, *, r
     for extra in pods[replicas:]:
         emu.delete_object("v1", "Pod", extra["metadata"]["name"], namespace)
     pods = pods[:replicas]
+    failure: str | None = None  # why admission rejected a Pod (the ReplicaSet's ReplicaFailure)
     taken = {p["metadata"]["name"] for p in pods}
     index = 0
     while len(pods) < replicas:
@@ -200,23 +223,30 @@ def sync_deployment_pods(emu: ApiServerEmulator, name: str, namespace: str, *, r
         if pod_name in taken:
             continue
         labels = {**((template.get("metadata") or {}).get("labels") or {}), TEMPLATE_HASH: current_hash}
-        pods.append(emu.create_object({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": pod_name, "namespace": namespace, "labels": labels,
-                         "annotations": (template.get("metadata") or {}).get("annotations") or {},
-                         "ownerReferences": [_owner_ref(deploy)]},
-            "spec": {**(template.get("spec") or {}), "nodeName": "sim-node"},
-        }))
+        try:
+            pods.append(_create_pod(emu, deploy, "replicaset-controller", {
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": pod_name, "namespace": namespace, "labels": labels,
+                             "annotations": (template.get("metadata") or {}).get("annotations") or {},
+                             "ownerReferences": [_owner_ref(deploy)]},
+                "spec": {**(template.get("spec") or {}), "nodeName": "sim-node"},
+            }))
+        except ApiError as exc:
+            if exc.code != 403:
+                raise
+            failure = exc.message
+            break
     limit = len(pods) if max_ready is None else max_ready
     pods = [_set_pod_ready(emu, p, ready and i < limit) for i, p in enumerate(pods)]
     ready_count = sum(1 for p in pods if is_pod_ready(p))
-    mark_deployment_ready(emu, name, namespace, ready_replicas=ready_count)
+    mark_deployment_ready(emu, name, namespace, ready_replicas=ready_count, failure=failure)
     return pods
 
 
 def mark_deployment_ready(emu: ApiServerEmulator, name: str, namespace: str, *,
-                          ready_replicas: int | None = None) -> dict[str, Any]:
-    """Deployment status as its controller would write it once ``ready_replicas`` (default: all) are up."""
+                          ready_replicas: int | None = None, failure: str | None = None) -> dict[str, Any]:
+    """Deployment status as its controller would write it once ``ready_replicas`` (default: all) are up;
+    ``failure``: why a Pod could not be created (condition ReplicaFailure, reason FailedCreate)."""
     deploy = emu.get_object("apps/v1", "Deployment", name, namespace)
     replicas = (deploy.get("spec") or {}).get("replicas", 1)
     ready = replicas if ready_replicas is None else ready_replicas
@@ -232,6 +262,7 @@ def mark_deployment_ready(emu: ApiServerEmulator, name: str, namespace: str, *,
                        "Deployment does not have minimum availability."),
             _condition("Progressing", "True", "NewReplicaSetAvailable" if available else "ReplicaSetUpdated",
                        f'ReplicaSet "{name}" has successfully progressed.'),
+            *([replica_failure_condition(failure)] if failure else []),
         ]),
     }
     return emu.patch_object("apps/v1", "Deployment", name, namespace, {"status": status}, subresource="status")

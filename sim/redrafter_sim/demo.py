@@ -36,6 +36,7 @@ from redrafter_operator.evaluate.prompts import Prompt
 from redrafter_operator.evaluate.stream import RequestOptions
 from engine_jobs.contract import METRICS_PORT
 from redrafter_operator.render import names
+from . import admission_podsecurity as podsecurity
 from .engine import SimEngineSettings
 from .kubeapi import EVENTS, PODS, KubeApi, Kind
 from .kubelet import SimKubelet
@@ -148,6 +149,12 @@ def load_resource(path: Path) -> dict[str, Any]:
     return body
 
 
+def restricted_namespace(name: str) -> dict[str, Any]:
+    """The Namespace labelled so the API server's PodSecurity admission enforces ``restricted``."""
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {
+        podsecurity.ENFORCE_LABEL: "restricted", podsecurity.ENFORCE_VERSION_LABEL: "latest"}}}
+
+
 def demo_prompts(n: int = 16) -> list[Prompt]:
     """Prompts in the fake checkpoint's vocabulary ("w<id>" words), distinct per request slot."""
     return [Prompt(" ".join(f"w{3 + (i * 37 + j * 11) % 990}" for j in range(12))) for i in range(n)]
@@ -191,6 +198,9 @@ class DemoRun:
             await kubectl(kubeconfig, self.tmp, "apply", "-f", "-", stdin=crd_yaml())
             await kubectl(kubeconfig, self.tmp, "wait", "--for", "condition=established", "--timeout=30s",
                           f"crd/{PLURAL}.{API_VERSION.split('/')[0]}")
+            # as a hardened cluster would: Pods that do not meet the restricted profile are rejected
+            await kubectl(kubeconfig, self.tmp, "apply", "-f", "-", stdin=yaml.safe_dump(restricted_namespace(self.namespace)))
+            self.view.note(f"namespace {self.namespace} enforces Pod Security restricted")
             metrics_port = free_ports("127.0.0.1", 1)[0] if self.opts.prometheus else None
             self.operator = OperatorProcess(kubeconfig, self.namespace, self.tmp / "operator.log", metrics_port)
             await self.operator.start()

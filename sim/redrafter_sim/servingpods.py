@@ -31,7 +31,7 @@ from redrafter_operator.render import names
 from . import objects
 from .engine import SimEngineSettings, add_load_gauges, install_sim_engine
 from .hostfs import HostFS, PodRoot, configmap_names
-from .kubeapi import CONFIGMAPS, DEPLOYMENTS, PODS, ApiStatusError, KubeApi
+from .kubeapi import CONFIGMAPS, DEPLOYMENTS, EVENTS, PODS, ApiStatusError, KubeApi
 from .triton import STUB_TIMEOUT_SECONDS, TritonServer, port_is_free
 
 log = logging.getLogger("redrafter.sim.serving")
@@ -108,6 +108,7 @@ class ServingController:
         self._stopping: set[asyncio.Task[None]] = set()
         self._http: aiohttp.ClientSession | None = None
         self._start_slots = asyncio.Semaphore(STARTS_IN_PARALLEL)
+        self.create_errors: dict[str, str] = {}  # Deployment uid -> why its last Pod was rejected
 
     async def sync(self) -> None:
         if self._http is None:
@@ -154,7 +155,8 @@ class ServingController:
         for p in doomed:
             await self._delete(p)
         for _ in range(desired - len(current)):
-            await self._create(dep, template, thash)
+            if not await self._create(dep, template, thash):
+                break
         if len(current) > desired:  # scale down: not-Ready pods first, then the newest
             victims = sorted(sorted(current, key=lambda p: p.started, reverse=True), key=lambda p: p.ready)
             for p in victims[: len(current) - desired]:
@@ -176,7 +178,9 @@ class ServingController:
             "unavailableReplicas": max(0, (desired or 0) - ready),
         }
         have = dep.get("status") or {}
-        if all(have.get(k, 0) == v for k, v in status.items()):
+        failure = self.create_errors.get(meta["uid"])
+        had_failure = any(c.get("type") == "ReplicaFailure" for c in have.get("conditions") or [])
+        if all(have.get(k, 0) == v for k, v in status.items()) and had_failure == bool(failure):
             return
         t = objects.now()
         status["conditions"] = [
@@ -187,11 +191,16 @@ class ServingController:
              "reason": "NewReplicaSetAvailable" if updated == len(pods) == ready else "ReplicaSetUpdated",
              "lastUpdateTime": t, "lastTransitionTime": t},
         ]
+        if failure:
+            status["conditions"].append(objects.replica_failure_condition(failure))
         with contextlib.suppress(ApiStatusError):
             await self.api.patch(DEPLOYMENTS, meta["name"], meta["namespace"], {"status": status}, subresource="status")
 
     # ------------------------------------------------------------------ pod lifecycle
-    async def _create(self, dep: dict[str, Any], template: dict[str, Any], thash: str) -> None:
+    async def _create(self, dep: dict[str, Any], template: dict[str, Any], thash: str) -> bool:
+        """Create one Pod; False when admission rejected it (recorded as the ReplicaSet controller does:
+        a FailedCreate Event and the Deployment's ReplicaFailure condition; this node has no ReplicaSet
+        objects, so both are on the Deployment)."""
         ns = dep["metadata"]["namespace"]
         name = f"{dep['metadata']['name'][:46]}-{thash[:8]}-{objects.suffix()}"
         manifest = objects.pod_manifest(dep, name, template, {objects.POD_TEMPLATE_HASH: thash})
@@ -202,12 +211,21 @@ class ServingController:
                          container=container["name"], image=container.get("image", ""))
         try:
             await self.api.create(PODS, manifest, ns)
-        except ApiStatusError:
+        except ApiStatusError as exc:
             self.ips.release(ip)
-            raise
+            if exc.code != 403:
+                raise
+            if self.create_errors.get(dep["metadata"]["uid"]) != exc.message:
+                self.create_errors[dep["metadata"]["uid"]] = exc.message
+                log.warning("pod of %s/%s rejected: %s", ns, dep["metadata"]["name"], exc.message)
+                with contextlib.suppress(ApiStatusError):
+                    await self.api.create(EVENTS, objects.failed_create_event(dep, exc.message, "replicaset-controller"), ns)
+            return False
+        self.create_errors.pop(dep["metadata"]["uid"], None)
         self.pods[(ns, name)] = pod
         pod.starting = asyncio.create_task(self._start(pod, manifest), name=f"pod/{name}")
         log.info("pod %s/%s scheduled on %s", ns, name, ip)
+        return True
 
     async def _start(self, pod: ServingPod, manifest: dict[str, Any]) -> None:
         try:

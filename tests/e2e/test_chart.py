@@ -45,21 +45,21 @@ RELEASE, NAMESPACE = "rdo", "redrafter-system"
 # leader election), with the objects it must render (kind -> count). The counts are the closing note's.
 COMBOS: dict[str, tuple[dict[str, Any], dict[str, int]]] = {
     "default": ({}, {"ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "Deployment": 1,
-                     "Service": 1}),
+                     "Service": 1, "NetworkPolicy": 1}),
     "namespaced": ({"watchNamespaces": ["team-a", "team-b"]},
                    {"ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "Role": 2,
-                    "RoleBinding": 2, "Deployment": 1, "Service": 1}),
+                    "RoleBinding": 2, "Deployment": 1, "Service": 1, "NetworkPolicy": 1}),
     "monitors": ({"metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}}},
                  {"ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "Deployment": 1,
-                  "Service": 1, "ServiceMonitor": 1, "PodMonitor": 1}),
+                  "Service": 1, "NetworkPolicy": 1, "ServiceMonitor": 1, "PodMonitor": 1}),
     "replicas2": ({"replicas": 2, "podDisruptionBudget": {"enabled": True}},
                   {"ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "Deployment": 1,
-                   "Service": 1, "PodDisruptionBudget": 1, "ClusterKopfPeering": 1}),
+                   "Service": 1, "NetworkPolicy": 1, "PodDisruptionBudget": 1, "ClusterKopfPeering": 1}),
     "replicas2-namespaced": ({"replicas": 2, "watchNamespaces": ["team-a", "team-b"],
                               "podDisruptionBudget": {"enabled": True, "minAvailable": None,
                                                       "maxUnavailable": "50%"}},
                              {"ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "Role": 2,
-                              "RoleBinding": 2, "Deployment": 1, "Service": 1, "PodDisruptionBudget": 1,
+                              "RoleBinding": 2, "Deployment": 1, "Service": 1, "NetworkPolicy": 1, "PodDisruptionBudget": 1,
                               "KopfPeering": 2}),
     "everything": ({"replicas": 3, "watchNamespaces": ["ml"],
                     "metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}},
@@ -67,17 +67,21 @@ COMBOS: dict[str, tuple[dict[str, Any], dict[str, int]]] = {
                     "defaults": {"engineCacheClaim": "engine-cache"},
                     "prometheusRule": {"enabled": True}, "grafana": {"dashboards": {"enabled": True}},
                     "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/x"}},
-                    "extraEnv": [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}]},
+                    "extraEnv": [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}],
+                    "networkPolicy": {"from": [{"namespaceSelector": {"matchLabels": {
+                        "kubernetes.io/metadata.name": "monitoring"}}}]}},
                    {"ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "Role": 1,
-                    "RoleBinding": 1, "Deployment": 1, "Service": 1, "ServiceMonitor": 1, "PodMonitor": 1,
-                    "PodDisruptionBudget": 1, "KopfPeering": 1, "PrometheusRule": 1, "ConfigMap": 1}),
-    "no-rbac": ({"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "ops"}},
+                    "RoleBinding": 1, "Deployment": 1, "Service": 1, "NetworkPolicy": 1, "ServiceMonitor": 1,
+                    "PodMonitor": 1, "PodDisruptionBudget": 1, "KopfPeering": 1, "PrometheusRule": 1, "ConfigMap": 1}),
+    "no-rbac": ({"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "ops"},
+                 "networkPolicy": {"enabled": False}},
                 {"Deployment": 1, "Service": 1}),
     "observability": ({"prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
                        "grafana": {"dashboards": {"enabled": True, "annotations": {"grafana_folder": "ReDrafter"}}},
                        "metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}}},
                       {"ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "Deployment": 1,
-                       "Service": 1, "ServiceMonitor": 1, "PodMonitor": 1, "PrometheusRule": 1, "ConfigMap": 1}),
+                       "Service": 1, "NetworkPolicy": 1, "ServiceMonitor": 1, "PodMonitor": 1, "PrometheusRule": 1,
+                       "ConfigMap": 1}),
 }
 
 
@@ -296,6 +300,18 @@ def test_operator_deployment_is_hardened_and_probed():
 
 def _env(container: dict[str, Any]) -> dict[str, Any]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+@pytest.mark.parametrize("combo", sorted(COMBOS))
+def test_chart_pods_pass_the_restricted_pod_security_profile(combo: str):
+    """The operator and its CRD-upgrade hook install into a namespace enforcing restricted."""
+    from redrafter_sim.admission_podsecurity import violations
+
+    values = {**COMBOS[combo][0], "crds": {"upgradeJob": {"enabled": True}}}
+    pods = [o for o in manifests(render(values)) if o["kind"] in ("Deployment", "Job")]
+    assert {o["kind"] for o in pods} == {"Deployment", "Job"}
+    for o in pods:
+        assert violations(o["spec"]["template"]["spec"]) == [], o["metadata"]["name"]
 
 
 def test_deployment_args_and_env_follow_values():
@@ -778,6 +794,9 @@ def test_operator_runs_from_the_chart_and_rbac_is_exact(mode, apiserver, helm_co
             {"apiVersion": "v1", "kind": "Service", "metadata": {"name": names.service_name("llama3-8b", "base"),
                                                                  "namespace": "default"},
              "spec": {"selector": names.serving_selector("llama3-8b", "base"), "ports": [{"name": "http", "port": 80}]}},
+            {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+             "metadata": {"name": names.safe_name("llama3-8b", "serving"), "namespace": "default"},
+             "spec": {"podSelector": {}}},
             {"apiVersion": "apps/v1", "kind": "Deployment",
              "metadata": {"name": names.serving_deployment_name("llama3-8b", "base"), "namespace": "default"},
              "spec": {"replicas": 0, "selector": {"matchLabels": names.serving_selector("llama3-8b", "base")},

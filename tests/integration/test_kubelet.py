@@ -6,7 +6,9 @@ nothing (process or temp dir) outlives the node.
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
+import json
 import os
 import time
 from collections.abc import AsyncIterator, Callable
@@ -127,6 +129,79 @@ async def test_build_jobs_run_engine_jobs_and_report_from_exit_code(apiserver: E
         assert (artifact / contract.ENGINE_DIR / "rank0.engine").is_file()
     # the pvc:// sources were provisioned with the fake checkpoint
     assert (node.fs.claim_dir("models") / "tiny-llama-drafter" / "config.json").is_file()
+
+
+HF_TOKEN = "hf_simNodeTokenThatMustStaySecret"
+HF_COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def gated_model_build(node: SimKubelet, em, *, rendered: bool) -> tuple[str, dict]:
+    """The base-engine build Job of a gated hf:// model whose token Secret is mounted into the pod.
+
+    ``rendered``: as the operator renders it (fsGroup, 0440). Otherwise as before this fix: no fsGroup,
+    the token 0400 and so root-owned and owner-only, the container still running as its image's user.
+    The Hub is offline on this node: the model comes from the Hugging Face cache in the engine claim
+    (HF_HOME=/cache/.hf-home), so the only thing that can fail is reading the token.
+    """
+    from redrafter_sim.checkpoint import write_base, write_tokenizer
+    from redrafter_sim.podidentity import Ownership
+
+    hub = node.fs.claim_dir("engine-cache", "engines") / ".hf-home" / "hub" / "models--acme--gated-llama"
+    write_tokenizer(write_base(hub / "snapshots" / HF_COMMIT))
+    (hub / "refs").mkdir(parents=True, exist_ok=True)
+    (hub / "refs" / "main").write_text(HF_COMMIT)
+    gated = {"source": "hf://acme/gated-llama", "credentialsSecret": "hf-token"}
+    owner = demo_owner(**{"model.base": gated, "model.tokenizer": gated})
+    em.create_object({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf-token", "namespace": NS},
+                      "type": "Opaque", "data": {"token": base64.b64encode(HF_TOKEN.encode()).decode()}})
+    job = build_job(owner, "base")
+    pod = job["spec"]["template"]["spec"]
+    if not rendered:
+        del pod["securityContext"]["fsGroup"], pod["securityContext"]["fsGroupChangePolicy"]
+        next(v for v in pod["volumes"] if "secret" in v)["secret"]["defaultMode"] = 0o400
+        # a provisioner that leaves the claim world-writable: only the token can be the problem
+        node.fs.claim_ownership["engine-cache"] = Ownership(0, 0, 0o777)
+    em.create_object(build_configmap(owner, "base"))
+    return em.create_object(job)["metadata"]["name"], owner
+
+
+@pytest.mark.parametrize("rendered", [True, False], ids=["rendered-security-context", "root-owned-0400-token"])
+async def test_the_token_secret_is_readable_only_as_a_node_would_allow(apiserver: EmulatorHandle, node: SimKubelet,
+                                                                        monkeypatch: pytest.MonkeyPatch, rendered):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the node's runner passes its environment to the container
+    em = apiserver.emulator
+    job_name, _ = gated_model_build(node, em, rendered=rendered)
+    await wait_for(lambda: job_state(em, job_name), 60, "the build Job to finish")
+    (pod, *_) = build_pods(em, job_name)
+    term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert HF_TOKEN not in json.dumps(pod)
+    if rendered:
+        assert job_state(em, job_name) == "Complete", term
+        assert term["message"].startswith("OK: engine ")
+    else:  # what a node answers a non-root builder reading a root-owned 0400 file: EACCES
+        assert job_state(em, job_name) == "Failed"
+        assert term["exitCode"] == 6, term  # engine_jobs ExitCode.SOURCE_UNAVAILABLE
+        assert term["message"].startswith("SOURCE_UNAVAILABLE: cannot read credentials key token in "), term
+        assert term["message"].rstrip().endswith("Permission denied"), term
+
+
+async def test_a_cache_claim_without_fs_group_is_not_writable(apiserver: EmulatorHandle, node: SimKubelet):
+    """No fsGroup and a root-owned 0755 claim (how most provisioners create it): the non-root builder cannot
+    create its lock in the engine cache, as on a node."""
+    em = apiserver.emulator
+    owner = demo_owner()
+    job = build_job(owner, "base")
+    pod = job["spec"]["template"]["spec"]
+    del pod["securityContext"]["fsGroup"], pod["securityContext"]["fsGroupChangePolicy"]
+    em.create_object(build_configmap(owner, "base"))
+    job_name = em.create_object(job)["metadata"]["name"]
+    await wait_for(lambda: job_state(em, job_name), 60, "the build Job to finish")
+    assert job_state(em, job_name) == "Failed"
+    (pod, *_) = build_pods(em, job_name)
+    term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert term["exitCode"] == 6, term  # SOURCE_UNAVAILABLE: a retry cannot help
+    assert term["message"].startswith("SOURCE_UNAVAILABLE: cache directory ") and "is not writable" in term["message"]
+    assert "Permission denied" in term["message"], term
 
 
 async def test_failed_build_reports_termination_message_after_backoff(apiserver: EmulatorHandle, node: SimKubelet,
@@ -345,3 +420,74 @@ async def test_validation_job_runs_against_the_variant_services(apiserver: Emula
     term = pods[-1]["status"]["containerStatuses"][0]["state"]["terminated"]
     assert state == "Complete", term
     assert term["exitCode"] == 0 and term["message"]
+
+
+RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted"}
+
+
+def unhardened(workload: dict) -> dict:
+    """``workload`` with its pod template's security settings removed (what the operator rendered before)."""
+    out = copy.deepcopy(workload)
+    pod = out["spec"]["template"]["spec"]
+    pod.pop("securityContext", None)
+    for c in pod["containers"]:
+        c.pop("securityContext", None)
+    return out
+
+
+def warning_events(em, namespace: str, name: str) -> list[dict]:
+    return [e for e in em.list_objects("v1", "Event", namespace)
+            if e["involvedObject"]["name"] == name and e["reason"] == "FailedCreate"]
+
+
+async def test_restricted_namespace_rejects_unhardened_pods_and_controllers_say_why(apiserver: EmulatorHandle,
+                                                                                     node: SimKubelet):
+    from redrafter_operator.render.serving import serving_deployment
+    from redrafter_sim import controllers
+    from redrafter_sim.apiserver import ApiError
+
+    em = apiserver.emulator
+    ns = "secure"
+    em.create_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": RESTRICTED}})
+    bare = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bare", "namespace": ns},
+            "spec": {"containers": [{"name": "app", "image": "busybox:1.36"}]}}
+    with pytest.raises(ApiError) as rejected:
+        em.create_object(bare)
+    assert rejected.value.code == 403 and rejected.value.reason == "Forbidden"
+    assert rejected.value.message.startswith('pods "bare" is forbidden: violates PodSecurity "restricted:latest": '
+                                             'allowPrivilegeEscalation != false (container "app" must set ')
+    em.create_object({**bare, "metadata": {"name": "bare", "namespace": NS}})  # unlabelled namespace: admitted
+
+    owner = Owner.from_body({**yaml.safe_load((ROOT / "examples" / "demo-tiny.yaml").read_text()),
+                             "metadata": {"name": "demo-tiny", "namespace": ns, "uid": "1-2-3"}})
+    # the simulated node's Job controller: the build pod is rejected, the Job says why in an Event
+    em.create_object(build_configmap(owner, "base"))
+    job = em.create_object(unhardened(build_job(owner, "base")))
+    events = await wait_for(lambda: warning_events(em, ns, job["metadata"]["name"]), 30, "the Job's FailedCreate Event")
+    assert events[0]["message"].startswith(f'Error creating: pods "{job["metadata"]["name"]}-')
+    assert 'violates PodSecurity "restricted:latest"' in events[0]["message"]
+    assert events[0]["type"] == "Warning" and events[0]["involvedObject"]["kind"] == "Job"
+    assert not build_pods(em, job["metadata"]["name"])
+    # its ReplicaSet controller: a FailedCreate Event and the Deployment's ReplicaFailure condition
+    dep = em.create_object(unhardened(serving_deployment(owner, "base", "0" * 20, 1)))
+    name = dep["metadata"]["name"]
+
+    def replica_failure() -> dict | None:
+        status = em.get_object("apps/v1", "Deployment", name, ns).get("status") or {}
+        return next((c for c in status.get("conditions") or [] if c["type"] == "ReplicaFailure"), None)
+    condition = await wait_for(replica_failure, 30, "the Deployment's ReplicaFailure condition")
+    assert condition["reason"] == "FailedCreate" and "violates PodSecurity" in condition["message"]
+    assert warning_events(em, ns, name)
+    assert not [p for p in em.list_objects("v1", "Pod", ns) if p["metadata"]["name"].startswith(name)]
+    # the in-process Deployment controller the lifecycle tests drive reports it the same way
+    plain = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "plain", "namespace": ns},
+             "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "plain"}},
+                      "template": {"metadata": {"labels": {"app": "plain"}}, "spec": bare["spec"]}}}
+    em.create_object(plain)
+    assert controllers.sync_deployment_pods(em, "plain", ns) == []
+    assert controllers.sync_deployment_pods(em, "plain", ns) == []
+    (event,) = warning_events(em, ns, "plain")  # the second failure is counted on the first Event
+    assert event["count"] == 2 and event["involvedObject"]["kind"] == "Deployment"
+    status = em.get_object("apps/v1", "Deployment", "plain", ns)["status"]
+    (failure,) = [c for c in status["conditions"] if c["type"] == "ReplicaFailure"]
+    assert failure["reason"] == "FailedCreate" and failure["message"].startswith('pods "plain-')

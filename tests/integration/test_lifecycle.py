@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "llama3-8b.yaml"
 NS = "default"
 NAME = "llama3-8b"
+RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -155,6 +156,8 @@ async def settle(cluster: Cluster, seconds: float = 1.0) -> None:
 async def running(apiserver: EmulatorHandle, make: Callable[[EmulatorHandle], Any]) -> AsyncIterator[Any]:
     """The CRD installed and ``make(apiserver)``'s cluster loop running until the test ends (shared by fixtures)."""
     apiserver.emulator.create_object(yaml.safe_load((ROOT / "crds" / "redrafter.dev_redrafterdeployments.yaml").read_text()))
+    # as a hardened cluster: the API server rejects Pods that do not meet the restricted profile
+    apiserver.emulator.patch_object("v1", "Namespace", NS, None, {"metadata": {"labels": RESTRICTED}})
     c = make(apiserver)
     stop = asyncio.Event()
     task = asyncio.create_task(c.run(stop))
@@ -195,6 +198,11 @@ async def to_serving(cluster: Cluster, name: str = NAME) -> None:
 # ---------------------------------------------------------------------------------------------------------
 async def test_apply_to_serving_with_conditions_events_and_printer_columns(cluster: Cluster, operator: Operator,
                                                                            kubectl: Any) -> None:
+    from redrafter_sim.apiserver import ApiError
+
+    with pytest.raises(ApiError, match='violates PodSecurity "restricted:latest"'):  # the namespace enforces it
+        cluster.emu.create_object({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bare", "namespace": NS},
+                                   "spec": {"containers": [{"name": "app", "image": "busybox:1.36"}]}})
     kubectl("apply", "-f", str(EXAMPLE), check=True)
     await until(lambda: len(cluster.jobs()) == 2, what="two build Jobs")
     await until(lambda: cluster.status().get("phase") == "Building", what="Building")

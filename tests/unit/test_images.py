@@ -90,6 +90,20 @@ def test_non_root_numeric_user_and_pinned_bases(dockerfile: Path):
         assert ":" in resolved.rsplit("/", 1)[-1] and not resolved.endswith(":latest"), resolved
 
 
+def test_pods_run_as_their_images_user():
+    """The securityContext the operator renders names each image's own USER (and group): the builder and
+    Triton images run as 10001, the validation Job in the operator image as 65532."""
+    from redrafter_operator.render import security
+
+    def user(name: str) -> tuple[int, int]:
+        (spec,) = re.findall(r"^USER\s+(\S+)", (IMAGES / f"{name}.Dockerfile").read_text(), re.M)
+        uid, _, gid = spec.partition(":")
+        return int(uid), int(gid or uid)
+
+    assert user("engine-builder") == user("triton-runtime") == (security.IMAGE_USER, security.IMAGE_USER)
+    assert user("operator") == (security.OPERATOR_USER, security.OPERATOR_USER)
+
+
 def test_gpu_images_share_one_base_and_agree_with_versions_env():
     v = _versions()
     for name in ("engine-builder.Dockerfile", "triton-runtime.Dockerfile"):

@@ -87,7 +87,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 RBAC rules on namespaced resources: exactly what the operator calls, no more. tests/e2e/test_chart.py runs
 the operator from this chart against the emulated API server and compares its request log with these.
 - ReDrafterDeployments: kopf lists/watches them; the operator writes only their status subresource.
-- children (Deployments, Services, ConfigMaps): created, and on a conflict read and merge-patched;
+- children (Deployments, Services, ConfigMaps, NetworkPolicies): created, and on a conflict read and merge-patched;
   build Jobs are only ever created (a retry is a new Job); none is deleted by the operator (owner
   references let the garbage collector remove them with their ReDrafterDeployment).
 - Pods: watched (build Pods, for termination messages). Events: created. Secrets: never read.
@@ -111,6 +111,9 @@ the operator from this chart against the emulated API server and compares its re
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch"]
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["list", "watch", "create", "get", "patch"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]

@@ -16,6 +16,7 @@ from .defaults import DEFAULT_BUILDER_IMAGE, DEFAULT_SERVING_IMAGE  # noqa: F401
 from .types import (
     ApiModel,
     Duration,
+    NetworkPolicyPeer,
     ResourceRequirements,
     SOURCE_PATTERN,
     StringMap,
@@ -195,7 +196,10 @@ class BuildJob(ApiModel):
     node_selector: StringMap = Field(default_factory=dict, description="Extra node selector for build Pods.")
     tolerations: list[Toleration] = Field(default_factory=list, description="Tolerations for build Pods.")
     resources: ResourceRequirements = Field(
-        default_factory=dict, description="CPU/memory requests and limits (GPUs are added from tensor size)."
+        default_factory=dict,
+        description="CPU/memory requests and limits over the default requests of 2 CPUs and 16Gi per "
+        "tensor-parallel rank (a request here wins; a limit without a request replaces the default "
+        "request). GPUs are added from tensor size.",
     )
     active_deadline_seconds: int = Field(
         default=14400, ge=60, le=604800, description="Upper bound of one build Job's run time."
@@ -286,6 +290,27 @@ class Rollout(ApiModel):
     )
 
 
+class ServingNetworkPolicy(ApiModel):
+    """NetworkPolicies for this resource's pods (enforced only where the cluster's network plugin does).
+
+    Serving pods admit ingress only on their HTTP, gRPC and metrics ports, from ``ingressFrom`` (by
+    default every pod of this namespace: clients and the validation Job), plus the metrics port from the
+    operator's namespace (its Pods metrics source) and ``metricsFrom`` (e.g. Prometheus). Build and
+    validation pods admit no ingress at all: nothing connects to them.
+    """
+
+    enabled: bool = Field(default=False, description="Create the NetworkPolicies.")
+    ingress_from: list[NetworkPolicyPeer] = Field(
+        default_factory=list,
+        description="NetworkPolicyPeers allowed on the serving ports (HTTP, gRPC, metrics). Empty: every pod "
+        "in this namespace.",
+    )
+    metrics_from: list[NetworkPolicyPeer] = Field(
+        default_factory=list,
+        description="Extra NetworkPolicyPeers allowed on the metrics port only (e.g. Prometheus's namespace).",
+    )
+
+
 class Serving(ApiModel):
     """Triton serving pods."""
 
@@ -297,7 +322,10 @@ class Serving(ApiModel):
     replicas: int = Field(default=1, ge=0, le=1000, description="Replicas of the active variant (scale subresource).")
     triton: Triton = Field(default_factory=Triton, description="Triton backend parameters.")
     resources: ResourceRequirements = Field(
-        default_factory=dict, description="CPU/memory for each pod (GPUs are added from tensor size)."
+        default_factory=dict,
+        description="CPU/memory for each pod, over the default requests of 2 CPUs and 16Gi per tensor-parallel "
+        "rank (a request here wins; a limit without a request replaces the default request). GPUs are added "
+        "from tensor size.",
     )
     node_selector: StringMap = Field(default_factory=dict, description="Node selector for serving Pods.")
     tolerations: list[Toleration] = Field(default_factory=list, description="Tolerations for serving Pods.")
@@ -305,6 +333,9 @@ class Serving(ApiModel):
         default=1800, ge=30, le=86400, description="How long engine loading may take before the pod restarts."
     )
     rollout: Rollout = Field(default_factory=Rollout, description="Engine switch strategy.")
+    network_policy: ServingNetworkPolicy = Field(
+        default_factory=ServingNetworkPolicy, description="Optional NetworkPolicies for this resource's pods."
+    )
 
 
 class Autoscaling(ApiModel):
@@ -489,7 +520,9 @@ class Validation(ApiModel):
         default=1800, ge=60, le=86400, description="Upper bound of the validation Job's run time."
     )
     resources: ResourceRequirements = Field(
-        default_factory=dict, description="CPU/memory of the validation pod (it needs no GPU)."
+        default_factory=dict,
+        description="CPU/memory of the validation pod (it needs no GPU), over the defaults: requests 250m "
+        "CPU and 256Mi, memory limit 1Gi.",
     )
 
 

@@ -75,6 +75,11 @@ def register(registry: kopf.OperatorRegistry, make_controller: Callable[[], Awai
     def rdd_configmaps(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[Any, ObjectFact]:
         return {("name", namespace, name): ObjectFact.from_body(body)}
 
+    @kopf.index("networking.k8s.io", "v1", "networkpolicies", labels=MANAGED, registry=registry,
+                id="rdd_networkpolicies")
+    def rdd_networkpolicies(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[Any, ObjectFact]:
+        return {("name", namespace, name): ObjectFact.from_body(body)}
+
     @kopf.index(GROUP, VERSION, PLURAL, registry=registry, id="rdd_ready")
     def rdd_ready(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[Any, str]:
         """Artifacts a resource's status shows Ready: they outlive the Jobs that built them."""

@@ -47,7 +47,8 @@ def observed_hash(indexes: Mapping[str, Any], manifest: Mapping[str, Any]) -> st
     ns, name, kind = manifest["metadata"]["namespace"], manifest["metadata"]["name"], manifest["kind"]
     if kind == "Job":
         return "" if index_entries(indexes, "rdd_jobs", ("name", ns, name)) else None
-    index = {"Deployment": "rdd_deployments", "Service": "rdd_services", "ConfigMap": "rdd_configmaps"}[kind]
+    index = {"Deployment": "rdd_deployments", "Service": "rdd_services", "ConfigMap": "rdd_configmaps",
+             "NetworkPolicy": "rdd_networkpolicies"}[kind]
     facts = index_entries(indexes, index, ("name", ns, name))
     return facts[0].applied_hash if facts else None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from engine_jobs.contract import Variant
@@ -26,5 +27,10 @@ def _candidate(owner: Owner, key: str, replicas: int) -> list[dict[str, Any]]:
             serving.candidate_deployment(owner, key, replicas), serving.candidate_service(owner)]
 
 
+def _services(owner: Owner, pool: Variant) -> list[dict[str, Any]]:
+    """The Services, then the optional NetworkPolicies (admitting this operator's namespace to scrape)."""
+    return [*serving.services(owner, pool), *serving.network_policies(owner, os.environ.get("POD_NAMESPACE"))]
+
+
 def default_renderers() -> Renderers:
-    return Renderers(variant=_variant, services=serving.services, canary=_canary, candidate=_candidate)
+    return Renderers(variant=_variant, services=_services, canary=_canary, candidate=_candidate)

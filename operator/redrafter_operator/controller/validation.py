@@ -40,11 +40,12 @@ import os
 from dataclasses import replace
 from typing import Any, Mapping
 
-from .. import __version__
+from engine_jobs.contract import VARIANTS
+
 from ..api.spec import ReDrafterDeploymentSpec
 from ..evaluate.gate import ValidationStep, validation_step
 from ..render.common import Owner
-from ..render.validation import validation_job, validation_job_name
+from ..render.validation import DEFAULT_OPERATOR_IMAGE, validation_job, validation_job_name
 from .apply import ApiError, merge_patch
 from .conditions import Cond, merge_conditions
 from .gate import ANNOTATION_RETRY_VALIDATION, Gate, engine_pair, gate_of, gated_targets, pods_ready
@@ -55,7 +56,6 @@ from .targets import default_targets
 log = logging.getLogger("redrafter_operator.controller.validation")
 
 ENV_OPERATOR_IMAGE = "REDRAFTER_OPERATOR_IMAGE"
-DEFAULT_OPERATOR_IMAGE = f"ghcr.io/redrafter/redrafter-operator:{__version__}"
 VALIDATION_INTERVAL = 1.0  # the ticker's granularity: a Job starts as soon as both variants are Ready
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 

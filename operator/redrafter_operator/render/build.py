@@ -15,7 +15,7 @@ from engine_jobs.errors import NON_RETRYABLE
 from ..api.engine_key import build_inputs, key_of
 from ..api.spec import ModelSource, ReDrafterDeploymentSpec
 from ..api.types import parse_source
-from . import names
+from . import names, resources, security
 from .common import Owner, metadata
 
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -99,18 +99,20 @@ def _source_volumes(spec: ReDrafterDeploymentSpec, variant: Variant) -> tuple[li
         volumes.append({"name": f"source-{i}", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
         mounts.append({"name": f"source-{i}", "mountPath": posixpath.join(contract.SOURCES_MOUNT, claim), "readOnly": True})
     for i, secret in enumerate(secrets):
-        volumes.append({"name": f"credentials-{i}", "secret": {"secretName": secret, "defaultMode": 0o400}})
+        volumes.append({"name": f"credentials-{i}", "secret": {"secretName": secret, "defaultMode": security.SECRET_MODE}})
         mounts.append({"name": f"credentials-{i}", "mountPath": posixpath.join(contract.SECRETS_MOUNT, secret), "readOnly": True})
     return volumes, mounts
 
 
-def gpu_resources(spec: ReDrafterDeploymentSpec, user: dict[str, Any]) -> dict[str, Any]:
-    """User CPU/memory plus ``tensor`` GPUs as both request and limit (extended resources need equal)."""
+def gpu_resources(spec: ReDrafterDeploymentSpec, user: dict[str, Any], per_rank: dict[str, int]) -> dict[str, Any]:
+    """Default CPU/memory requests per rank (:mod:`.resources`) under the user's, plus ``tensor`` GPUs
+    as both request and limit (extended resources need them equal)."""
     gpus = str(spec.parallelism.tensor)
     gpu = spec.engine.build.gpu_resource
+    cpu_memory = resources.merged(resources.per_rank(per_rank, spec.parallelism.tensor), user)
     return {
-        "requests": {**user.get("requests", {}), gpu: gpus},
-        "limits": {**user.get("limits", {}), gpu: gpus},
+        "requests": {**cpu_memory.get("requests", {}), gpu: gpus},
+        "limits": {**cpu_memory.get("limits", {}), gpu: gpus},
     }
 
 
@@ -136,6 +138,7 @@ def build_job(owner: Owner, variant: Variant, attempt: int = 0) -> dict[str, Any
     labels = build_labels(owner, variant, bs.key)
     config_name = names.build_config_name(owner.name, variant, bs.key)
     src_volumes, src_mounts = _source_volumes(spec, variant)
+    tmp_volume, tmp_mount = security.tmp_volume()
     container = {
         "name": BUILD_CONTAINER,
         "image": spec.engine.builder_image,
@@ -147,16 +150,17 @@ def build_job(owner: Owner, variant: Variant, attempt: int = 0) -> dict[str, Any
             {"name": "HF_HOME", "value": posixpath.join(contract.CACHE_MOUNT, ".hf-home")},
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         ],
-        "resources": gpu_resources(spec, b.resources),
+        "resources": gpu_resources(spec, b.resources, resources.BUILD_PER_RANK),
         "volumeMounts": [
             {"name": "cache", "mountPath": contract.CACHE_MOUNT, "subPath": spec.engine.cache.sub_path},
             {"name": "build-spec", "mountPath": contract.CONFIG_MOUNT, "readOnly": True},
             {"name": "dshm", "mountPath": "/dev/shm"},
+            tmp_mount,
             *src_mounts,
         ],
         "terminationMessagePath": contract.TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        "securityContext": security.container_security_context(security.IMAGE_USER),
     }
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
@@ -165,9 +169,11 @@ def build_job(owner: Owner, variant: Variant, attempt: int = 0) -> dict[str, Any
             {"name": "cache", "persistentVolumeClaim": {"claimName": spec.engine.cache.claim_name}},
             {"name": "build-spec", "configMap": {"name": config_name}},
             {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+            tmp_volume,
             *src_volumes,
         ],
-        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": security.pod_security_context(security.IMAGE_USER),
+        "automountServiceAccountToken": False,  # the builder reads files and the Hub/S3, never the API
         "enableServiceLinks": False,
     }
     if selector := node_selector(spec, b.node_selector):

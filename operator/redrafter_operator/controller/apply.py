@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+import aiohttp
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 
@@ -98,7 +99,7 @@ class KubeClient:
                 status = resp.status
                 raw = await resp.read()
                 resp.release()
-            except (OSError, asyncio.TimeoutError, k8s_client.exceptions.ApiException) as exc:
+            except (OSError, asyncio.TimeoutError, aiohttp.ClientError, k8s_client.exceptions.ApiException) as exc:
                 status, raw = 0, str(exc).encode()
                 if isinstance(exc, k8s_client.exceptions.ApiException) and exc.status:
                     status, raw = exc.status, (exc.body or b"") if isinstance(exc.body, bytes) else str(exc.body or "").encode()

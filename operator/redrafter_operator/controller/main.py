@@ -120,12 +120,18 @@ async def run_operator(
     lost = False
 
     async def start(controller: Controller) -> None:
-        """Standalone: the loops start with kopf. Elected: only once this replica holds the Lease."""
+        """Standalone: the loops start with kopf. Elected: only once this replica holds the Lease.
+
+        The election task starts here, inside kopf's startup, so it and the loops it starts inherit kopf's
+        context (the Event poster's settings and queue), as the standalone loops do.
+        """
         if not created.done():
             created.set_result(controller)
         if election is None:
             metrics.leader.set(1)
             await controller.start()
+        else:
+            helpers.append(asyncio.create_task(elect(), name="redrafter-leader-election"))
 
     async def stopped_leading() -> None:
         """Stop every writer (workers, evaluators) first, then kopf; the process then exits non-zero."""
@@ -139,7 +145,6 @@ async def run_operator(
 
     async def elect() -> None:
         assert elector is not None
-        await created  # kopf is up and its indexes are filling: no lease before that
         try:
             await elector.run()
         except asyncio.CancelledError:
@@ -157,11 +162,28 @@ async def run_operator(
         lease_client = KubeClient(configuration, on_request=metrics.on_request, backoff=())  # the elector retries
         elector = LeaderElector(lease_client, election, on_started_leading=lambda: created.result().start(),
                                 on_stopped_leading=stopped_leading, on_leader=lambda on: metrics.leader.set(int(on)))
+    async def step_down() -> None:
+        """A graceful stop of a leader: loops first, then the Lease, so a standby takes over at once."""
+        for task in helpers:
+            task.cancel()
+        await asyncio.gather(*helpers, return_exceptions=True)
+        if created.done():
+            await created.result().stop()  # idempotent; nothing may write once the lease is released
+        if elector is not None and not lost and elector.is_leader():
+            try:
+                async with asyncio.timeout(elector.cfg.renew_deadline):
+                    await elector.release()
+            except TimeoutError:
+                log.warning("could not release the lease in time; a standby takes over when it expires")
+
+    @kopf.on.cleanup(registry=registry)
+    async def release_lease(**_: Any) -> None:
+        """kopf's shutdown (SIGTERM, stop flag) waits for tasks started in its handlers: step down now."""
+        await step_down()
+
     register(registry, make_controller, start=start)
     runner = await _metrics_server(metrics, opts.metrics_host, opts.metrics_port) if opts.metrics_port else None
-    helpers = [asyncio.create_task(relay_stop())] if stop_flag is not None else []
-    if elector is not None:
-        helpers.append(asyncio.create_task(elect(), name="redrafter-leader-election"))
+    helpers: list[asyncio.Task[None]] = [asyncio.create_task(relay_stop())] if stop_flag is not None else []
     try:
         await kopf.operator(
             registry=registry,
@@ -174,18 +196,8 @@ async def run_operator(
             memo=kopf.Memo(),
         )
     finally:
-        for task in helpers:
-            task.cancel()
-        await asyncio.gather(*helpers, return_exceptions=True)
-        if elector is not None and lease_client is not None:
-            if created.done():
-                await created.result().stop()  # idempotent; nothing may write once the lease is released
-            if not lost and elector.is_leader():
-                try:
-                    async with asyncio.timeout(election.renew_deadline if election else 10):
-                        await elector.release()
-                except TimeoutError:
-                    log.warning("could not release the lease in time; a standby takes over when it expires")
+        await step_down()  # again, for a cancelled run that skipped kopf's cleanup
+        if lease_client is not None:
             await lease_client.close()
         if runner:
             await runner.cleanup()

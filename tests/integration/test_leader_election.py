@@ -321,7 +321,7 @@ async def test_standby_writes_nothing_and_takes_over_after_sigkill(cluster: Clus
                                                                    replicas: list[Replica]) -> None:
     mark = len(cluster.emu.request_log)
     a, b = await start_pair(cluster, apiserver, tmp_path, replicas)
-    apply(kubectl, example())
+    apply(kubectl, example(speculation__interval="2s"))  # the policy evaluates often: its state must carry over
     await until(lambda: len(cluster.jobs()) == 2 and cluster.status().get("phase") == "Building", what="builds")
     cluster.complete_all()
     await until(lambda: cluster.status().get("phase") == "Serving", what="Serving")
@@ -362,9 +362,13 @@ async def test_standby_writes_nothing_and_takes_over_after_sigkill(cluster: Clus
     assert [r for r in by(cluster, "op-b", mark, writes=True) if r.path.endswith("/configmaps/" + names.serving_config_name(NAME, "base"))]
     assert cluster.job_names() == jobs_before  # it saw the existing Jobs before deciding: no duplicate build
     assert not [r for r in by(cluster, "op-b", mark) if r.status == 409 and r.path.endswith("/jobs")]
-    status = cluster.emu.get_object(API, "ReDrafterDeployment", NAME, NS)["status"]
-    if policy_before:  # the policy resumes from status.policy: the new leader keeps what the old one wrote
-        assert status.get("policy"), "the new leader dropped status.policy"
+    # the policy resumes from status.policy: the new leader's first evaluation continues the old state
+    assert policy_before and policy_before["speculation"]["since"]
+    await until(lambda: (cluster.status()["policy"]["speculation"].get("last_evaluated") or 0)
+                > micro(acquired["acquireTime"]), timeout=20, what="the new leader's first policy evaluation")
+    policy_after = cluster.status()["policy"]
+    assert policy_after["speculation"]["since"] == policy_before["speculation"]["since"], (policy_before, policy_after)
+    assert policy_after["speculation"]["engine"] == policy_before["speculation"]["engine"]
 
 
 @pytest.mark.slow

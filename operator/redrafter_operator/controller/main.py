@@ -117,6 +117,7 @@ async def run_operator(
     lease_client: KubeClient | None = None
     created: asyncio.Future[Controller] = asyncio.get_running_loop().create_future()
     kopf_stop = asyncio.Event()  # ours, so losing the lease can stop kopf too
+    helpers: list[asyncio.Task[None]] = []  # the election and the stop_flag relay
     lost = False
 
     async def start(controller: Controller) -> None:
@@ -132,6 +133,10 @@ async def run_operator(
             await controller.start()
         else:
             helpers.append(asyncio.create_task(elect(), name="redrafter-leader-election"))
+
+    async def started_leading() -> None:
+        await created.result().start()
+        log.info("leading: reconcile workers and evaluators started")
 
     async def stopped_leading() -> None:
         """Stop every writer (workers, evaluators) first, then kopf; the process then exits non-zero."""
@@ -160,8 +165,9 @@ async def run_operator(
 
     if election is not None:
         lease_client = KubeClient(configuration, on_request=metrics.on_request, backoff=())  # the elector retries
-        elector = LeaderElector(lease_client, election, on_started_leading=lambda: created.result().start(),
+        elector = LeaderElector(lease_client, election, on_started_leading=started_leading,
                                 on_stopped_leading=stopped_leading, on_leader=lambda on: metrics.leader.set(int(on)))
+
     async def step_down() -> None:
         """A graceful stop of a leader: loops first, then the Lease, so a standby takes over at once."""
         for task in helpers:
@@ -169,6 +175,7 @@ async def run_operator(
         await asyncio.gather(*helpers, return_exceptions=True)
         if created.done():
             await created.result().stop()  # idempotent; nothing may write once the lease is released
+        metrics.leader.set(0)
         if elector is not None and not lost and elector.is_leader():
             try:
                 async with asyncio.timeout(elector.cfg.renew_deadline):
@@ -183,7 +190,8 @@ async def run_operator(
 
     register(registry, make_controller, start=start)
     runner = await _metrics_server(metrics, opts.metrics_host, opts.metrics_port) if opts.metrics_port else None
-    helpers: list[asyncio.Task[None]] = [asyncio.create_task(relay_stop())] if stop_flag is not None else []
+    if stop_flag is not None:
+        helpers.append(asyncio.create_task(relay_stop()))
     try:
         await kopf.operator(
             registry=registry,

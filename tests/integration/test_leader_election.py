@@ -107,12 +107,15 @@ async def test_two_electors_one_leader_takeover_only_after_expiry_and_a_stale_le
         clock_a, clock_b = Clock(), Clock()
         a, b = elector(ca, "pod-a", clock_a), elector(cb, "pod-b", clock_b)
         assert await a.try_acquire_or_renew() and a.is_leader()
+        assert a.may_write() and not b.may_write()
         assert not await b.try_acquire_or_renew()  # held and valid on b's clock
         clock_b.now = LEASE_DURATION - 0.1
         assert not await b.try_acquire_or_renew()
         # a renews: the record changes, so b's expiry clock restarts from this observation
+        clock_a.now = RENEW_DEADLINE  # a renewal older than RenewDeadline fences the leader's writes ...
+        assert not a.may_write()
         clock_a.now = 1.0
-        assert await a.try_acquire_or_renew()
+        assert await a.try_acquire_or_renew() and a.may_write()  # ... until the next renewal
         assert not await b.try_acquire_or_renew()
         clock_b.now += LEASE_DURATION - 0.1
         assert not await b.try_acquire_or_renew()
@@ -127,10 +130,27 @@ async def test_two_electors_one_leader_takeover_only_after_expiry_and_a_stale_le
         # a still believes it leads (its clock says its lease is valid): its optimistic renewal carries the old
         # resourceVersion and is refused with 409; it reads the Lease, sees b, and is no longer the leader
         clock_a.now = 2.0
-        assert not await a.try_acquire_or_renew() and not a.is_leader()
+        assert not await a.try_acquire_or_renew() and not a.is_leader() and not a.may_write()
         puts = [(r.method, r.status) for r in emu.request_log[mark:] if r.path.startswith(LEASES)]
         assert ("PUT", 409) in puts
         assert LeaseRecord.from_lease(emu.get_object("coordination.k8s.io/v1", "Lease", LEASE, LEASE_NS)).holder == "pod-b"
+
+
+async def test_a_fenced_client_sends_no_write(apiserver: EmulatorHandle, kubeconfig: Path) -> None:
+    allowed = False
+    client = KubeClient(await load_configuration(str(kubeconfig)), may_write=lambda: allowed)
+    try:
+        mark = len(apiserver.emulator.request_log)
+        with pytest.raises(ApiError) as refused:
+            await client.request("POST", LEASES, lease_body(holderIdentity="x", leaseDurationSeconds=1))
+        assert refused.value.reason == "NotLeader"
+        assert (await client.request("GET", LEASES))["items"] == []
+        assert apiserver.emulator.writes(mark) == []  # refused before it was sent; reads still go through
+        allowed = True
+        await client.request("POST", LEASES, lease_body(holderIdentity="x", leaseDurationSeconds=1))
+        assert len(apiserver.emulator.writes(mark)) == 1
+    finally:
+        await client.close()
 
 
 async def test_concurrent_takeover_of_an_expired_lease_has_one_winner(apiserver: EmulatorHandle,

@@ -161,6 +161,7 @@ class LeaderElector:
         self._observed: LeaseRecord | None = None
         self._observed_at = 0.0
         self._reported = ""
+        self._renewed_at = float("-inf")  # local start time of the last successful acquire or renewal
         self.leading = False
 
     @property
@@ -172,6 +173,15 @@ class LeaderElector:
 
     def is_leader(self) -> bool:
         return self._observed is not None and self._observed.holder == self.cfg.identity
+
+    def may_write(self) -> bool:
+        """Fencing for the leader's writes: it holds the lease and renewed it less than RenewDeadline ago.
+
+        A standby takes over no earlier than LeaseDuration after the last renewal it saw, which began
+        after this one started; so within RenewDeadline < LeaseDuration nobody else can lead, even if this
+        process was paused (a stalled event loop) and its elector has not noticed yet.
+        """
+        return self.is_leader() and self._clock() - self._renewed_at < self.cfg.renew_deadline
 
     def _observe(self, record: LeaseRecord, *, written: bool = False) -> None:
         """setObservedRecord: a changed (or just written) record restarts the expiry clock."""
@@ -194,7 +204,14 @@ class LeaderElector:
 
     async def try_acquire_or_renew(self) -> bool:
         """One attempt (client-go tryAcquireOrRenew); True when we hold the lease afterwards."""
-        now, wall = self._clock(), self._wall()
+        started = self._clock()
+        held = await self._try_acquire_or_renew(started)
+        if held:
+            self._renewed_at = started
+        return held
+
+    async def _try_acquire_or_renew(self, now: float) -> bool:
+        wall = self._wall()
         # 1. fast path: the leader updates the object it last wrote, without reading it first
         if self.is_leader() and self._observed is not None and lease_valid(self._observed, self._observed_at, now):
             desired = desired_record(self._observed, self._observed_at, now, wall, self.cfg)

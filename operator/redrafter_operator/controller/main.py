@@ -83,7 +83,10 @@ async def run_operator(
     registry = kopf.OperatorRegistry()
 
     async def make_controller() -> Controller:
-        client = KubeClient(configuration, on_request=metrics.on_request)
+        # elected: the reconciler's writes are fenced by the Lease (LeaderElector.may_write; the elector
+        # below exists before kopf calls this)
+        client = KubeClient(configuration, on_request=metrics.on_request,
+                            may_write=elector.may_write if elector is not None else None)
         controller = Controller(client=client, renderers=renderers or default_renderers(), metrics=metrics,
                                 settings=ControllerSettings(workers=opts.workers, resync_seconds=opts.resync_seconds))
         promotion = Promotion()  # the validation gate applied to the speculation policy's targets

@@ -94,3 +94,55 @@ def test_identity_is_the_pod_name_else_unique_per_process(monkeypatch: pytest.Mo
     monkeypatch.delenv("POD_NAME")
     a, b = default_identity(), default_identity()
     assert a != b and a.split("_")[0] == b.split("_")[0]
+
+
+# ---- the `run` flags (controller/main.py)
+def test_run_flags_default_to_client_go_and_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from redrafter_operator.cli import build_parser
+
+    args = build_parser().parse_args(["run"])
+    assert not args.leader_elect and not args.standalone
+    assert (args.lease_duration, args.renew_deadline, args.retry_period) == (15.0, 10.0, 2.0)
+    assert args.leader_election_id == "redrafter-operator" and args.leader_election_namespace is None
+    for name, value in {"REDRAFTER_LEADER_ELECT": "1", "REDRAFTER_LEADER_ELECTION_NAMESPACE": "ops",
+                        "REDRAFTER_LEADER_ELECTION_ID": "lease-x", "REDRAFTER_LEASE_DURATION": "30s",
+                        "REDRAFTER_RENEW_DEADLINE": "20", "REDRAFTER_RETRY_PERIOD": "500ms"}.items():
+        monkeypatch.setenv(name, value)
+    args = build_parser().parse_args(["run"])
+    assert args.leader_elect and args.leader_election_namespace == "ops" and args.leader_election_id == "lease-x"
+    assert (args.lease_duration, args.renew_deadline, args.retry_period) == (30.0, 20.0, 0.5)
+    assert build_parser().parse_args(["run", "--lease-duration", "1m"]).lease_duration == 60.0
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--peering", "x"], "--peering (kopf peering) was replaced by --leader-elect"),
+    (["--leader-elect", "--leader-election-namespace", "ops", "--lease-duration", "5", "--renew-deadline", "6"],
+     "lease duration (5s) must be greater than renew deadline (6s)"),
+    (["--leader-elect", "--leader-election-namespace", "ops", "--lease-duration", "15.5s"], "whole seconds"),
+])
+def test_run_rejects_bad_election_flags_with_a_clear_error(argv: list[str], message: str,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from redrafter_operator.cli import main
+
+    assert main(["run", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_run_needs_a_lease_namespace_off_cluster(monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from redrafter_operator.cli import main
+    from redrafter_operator.controller import main as run_module
+
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    monkeypatch.setattr(run_module, "SERVICE_ACCOUNT_NAMESPACE", "/nonexistent/namespace")
+    assert main(["run", "--leader-elect"]) == 2
+    assert "--leader-elect needs --leader-election-namespace" in capsys.readouterr().err
+
+
+def test_a_bad_duration_is_an_argument_error(capsys: pytest.CaptureFixture[str]) -> None:
+    from redrafter_operator.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "--retry-period", "soon"])
+    assert exit_.value.code == 2
+    assert "'soon' is not a duration such as 15s, 500ms or 1m" in capsys.readouterr().err

@@ -14,6 +14,7 @@ import asyncio
 import inspect
 import logging
 import os
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -296,13 +297,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
     all_ns = bool(args.all_namespaces) or (not namespaces and os.environ.get("REDRAFTER_ALL_NAMESPACES", "") in ("1", "true"))
     if not namespaces and not all_ns:
         namespaces = [os.environ.get("POD_NAMESPACE") or "default"]
-    level = args.log_level.upper()
-    kopf.configure(debug=level == "DEBUG", quiet=level in ("WARNING", "ERROR"),
-                   log_format={"plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}[args.log_format])
-    logging.getLogger().setLevel(level)
-    if level != "DEBUG":
-        # kopf logs every handler call at INFO; ours only enqueue work, the reconciler logs what happens
-        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     if args.peering is not None:
         return _usage_error("--peering (kopf peering) was replaced by --leader-elect: replicas elect one active "
                             "operator through a coordination.k8s.io/v1 Lease (see `redrafter-operator run --help`)")
@@ -318,6 +312,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
                                       retry_period=args.retry_period)
         except ValueError as exc:
             return _usage_error(str(exc))
+    level = args.log_level.upper()
+    kopf.configure(debug=level == "DEBUG", quiet=level in ("WARNING", "ERROR"),
+                   log_format={"plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}[args.log_format])
+    logging.getLogger().setLevel(level)
+    if level != "DEBUG":
+        # kopf logs every handler call at INFO; ours only enqueue work, the reconciler logs what happens
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     opts = RunOptions(namespaces=namespaces, all_namespaces=all_ns, election=election,
                       liveness=args.liveness, metrics_port=args.metrics_port,
                       kubeconfig=args.kubeconfig, context=args.context, workers=args.workers,
@@ -333,7 +334,5 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _usage_error(message: str) -> int:
-    import sys
-
     print(f"error: {message}", file=sys.stderr)
     return 2

@@ -33,7 +33,8 @@ from test_lifecycle import NAME, NS, Cluster, apply, example, running, until  # 
 LEASE_NS, LEASE = "redrafter-system", "redrafter-operator"
 LEASES = f"/apis/coordination.k8s.io/v1/namespaces/{LEASE_NS}/leases"
 # Short durations keep the tests quick; the ratios are client-go's (15/10/2 s by default).
-LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD = 6, 4.0, 1.0
+# A leader steps down by RetryPeriod + RenewDeadline after its last renewal, 3 s before the lease can expire.
+LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD = 8, 4.0, 1.0
 
 
 # ------------------------------------------------------------------------------------ the Lease itself
@@ -263,7 +264,7 @@ class Replica:
         self.proc = subprocess.Popen(
             [str(exe), "run", "--kubeconfig", str(kubeconfig), "--namespace", NS, "--leader-elect",
              f"--leader-election-id={LEASE}", f"--lease-duration={LEASE_DURATION}s",
-             f"--renew-deadline={RENEW_DEADLINE}s", f"--retry-period={RETRY_PERIOD}s", "--log-format=plain",
+             f"--renew-deadline={RENEW_DEADLINE}s", f"--retry-period={RETRY_PERIOD}s", "--log-format=json",
              "--resync-seconds=2"],
             env=env, stdout=self.log.open("w"), stderr=subprocess.STDOUT)
         self.exited_at: float | None = None  # wall time, comparable with the emulator's request timestamps
@@ -275,6 +276,13 @@ class Replica:
 
     def text(self) -> str:
         return self.log.read_text()
+
+    def logged_at(self, fragment: str) -> float:
+        """When (wall time) the process logged a message containing ``fragment`` (JSON log lines)."""
+        for line in self.text().splitlines():
+            if line.startswith("{") and fragment in (record := json.loads(line)).get("message", ""):
+                return dt.datetime.fromisoformat(record["timestamp"]).timestamp()
+        raise AssertionError(f"{self.pod} never logged {fragment!r}")
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -409,18 +417,20 @@ async def test_partitioned_leader_steps_down_before_the_standby_acts(cluster: Cl
         await until(lambda: a.exited_at is not None, timeout=RETRY_PERIOD + RENEW_DEADLINE + 15,
                     what=f"the partitioned leader to step down\n{a.text()[-3000:]}")
         assert a.proc.returncode == 1, a.text()[-3000:]
-        assert "leader election lost" in a.text() and "reconcile loops stopped" in a.text()
+        stopped_at = a.logged_at("leader election lost")  # logged once its workers and evaluators had stopped
+        assert "reconcile loops stopped" in a.text()
         await until(lambda: holder(cluster) == "op-b", timeout=LEASE_DURATION + 10, what=f"op-b to take over\n{b.text()}")
         b_lease_writes = [r for r in by(cluster, "op-b", mark, writes=True) if r.path.startswith(LEASES)]
         acquired_at = min(r.timestamp for r in b_lease_writes if r.status in (200, 201))
-        # the old leader stopped every loop (and exited) before the standby acquired the lease ...
-        assert a.exited_at < acquired_at, (a.exited_at - cut_at, acquired_at - cut_at)
+        # the old leader stopped every loop before the standby acquired the lease ...
+        assert stopped_at < acquired_at, (stopped_at - cut_at, acquired_at - cut_at)
         # ... and made no write after that moment (nor did any reach the server once cut off)
         assert [r for r in by(cluster, "op-a", mark, writes=True) if r.timestamp >= acquired_at] == []
         # the standby wrote nothing before it held the lease
         assert [r for r in by(cluster, "op-b", mark, writes=True) if r.timestamp < acquired_at] == \
             [r for r in b_lease_writes if r.timestamp < acquired_at]
-        print(f"partition: leader exited {a.exited_at - cut_at:.2f}s after the cut, standby acquired "
+        print(f"partition: leader stopped its loops {stopped_at - cut_at:.2f}s and exited {a.exited_at - cut_at:.2f}s "
+              f"after the cut, standby acquired "
               f"{acquired_at - cut_at:.2f}s after it (renew deadline {RENEW_DEADLINE}s, lease {LEASE_DURATION}s)")
         # the new leader carries on: the build Jobs finish and it brings the resource to Serving
         jobs_before = cluster.job_names()

@@ -16,8 +16,10 @@ import os
 import signal
 import subprocess
 import sys
+import socket
 import threading
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -261,11 +263,14 @@ class Replica:
         kubeconfig = write_kubeconfig(url, tmp_path / f"kubeconfig-{pod}", token=f"token-{pod}")
         exe = Path(sys.executable).parent / "redrafter-operator"
         env = {**os.environ, "POD_NAME": pod, "POD_NAMESPACE": LEASE_NS, "PYTHONUNBUFFERED": "1"}
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.metrics_port = s.getsockname()[1]
         self.proc = subprocess.Popen(
             [str(exe), "run", "--kubeconfig", str(kubeconfig), "--namespace", NS, "--leader-elect",
              f"--leader-election-id={LEASE}", f"--lease-duration={LEASE_DURATION}s",
              f"--renew-deadline={RENEW_DEADLINE}s", f"--retry-period={RETRY_PERIOD}s", "--log-format=json",
-             "--resync-seconds=2"],
+             "--resync-seconds=2", f"--metrics-port={self.metrics_port}"],
             env=env, stdout=self.log.open("w"), stderr=subprocess.STDOUT)
         self.exited_at: float | None = None  # wall time, comparable with the emulator's request timestamps
         threading.Thread(target=self._wait, daemon=True).start()
@@ -276,6 +281,13 @@ class Replica:
 
     def text(self) -> str:
         return self.log.read_text()
+
+    def metric(self, name: str) -> float:
+        """The sum of a metric's samples on the process's /metrics (0 when it has none)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as rsp:
+            text = rsp.read().decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith(name) and not line.startswith("#") and line[len(name)] in " {")
 
     def logged_at(self, fragment: str) -> float:
         """When (wall time) the process logged a message containing ``fragment`` (JSON log lines)."""
@@ -361,6 +373,12 @@ async def test_standby_writes_nothing_and_takes_over_after_sigkill(cluster: Clus
     assert any(r.method == "POST" and r.path.endswith("/jobs") for r in leader_writes)
     assert any(r.path.endswith("/status") for r in leader_writes)
     assert "default/llama3-8b" not in b.text() and "default/llama3-8b" in a.text()
+    # ... and ran no reconcile, no policy evaluation (speculation and autoscaler), no validation Job
+    assert b.metric("redrafter_operator_leader") == 0 and a.metric("redrafter_operator_leader") == 1
+    assert b.metric("redrafter_operator_reconciles_total") == 0 < a.metric("redrafter_operator_reconciles_total")
+    assert b.metric("redrafter_operator_speculation_evaluations_total") == 0
+    assert a.metric("redrafter_operator_speculation_evaluations_total") > 0
+    assert b.metric("redrafter_operator_resources") == 1  # its watches are warm all the same
     policy_before = cluster.status().get("policy")
     jobs_before = cluster.job_names()
     transitions = lease(cluster)["spec"]["leaseTransitions"]
@@ -387,6 +405,7 @@ async def test_standby_writes_nothing_and_takes_over_after_sigkill(cluster: Clus
         config = cluster.emu.get_object("v1", "ConfigMap", names.serving_config_name(NAME, "base"), NS)
         return config["data"] != config_before["data"]
     await until(reconfigured, timeout=30, what=f"the new leader to act on the change\n{b.text()[-3000:]}")
+    assert b.metric("redrafter_operator_leader") == 1 and b.metric("redrafter_operator_reconciles_total") > 0
     assert [r for r in by(cluster, "op-b", mark, writes=True) if r.path.endswith("/configmaps/" + names.serving_config_name(NAME, "base"))]
     assert cluster.job_names() == jobs_before  # it saw the existing Jobs before deciding: no duplicate build
     assert not [r for r in by(cluster, "op-b", mark) if r.status == 409 and r.path.endswith("/jobs")]

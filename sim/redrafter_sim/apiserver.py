@@ -35,6 +35,7 @@ from . import admission_podsecurity as podsecurity
 from . import apiserver_protobuf as protobuf
 from . import apiserver_resources as res
 from . import podfailurepolicy
+from .apiserver_leases import LeaseDecodeError, decode_lease, lease_causes
 from .apiserver_objects import (as_type as _as_type, builtin_defaults as _builtin_defaults, clone as _clone,
                                 events_v1_to_core as _events_v1_to_core, now as _now, set_path as _set_path,
                                 spec_part as _spec_part, without_rv as _without_rv)
@@ -95,6 +96,7 @@ class RequestRecord:
     timestamp: float
     user_agent: str
     status: int = 0
+    user: str = ""  # who the bearer token authenticates (see ``add_token``); "" for anonymous requests
 
     @property
     def is_write(self) -> bool:
@@ -169,6 +171,7 @@ class ApiServerEmulator(KubernetesEmulator):
     _mutex: threading.RLock = attrs.field(factory=threading.RLock, init=False, repr=False)
     _log: list[RequestRecord] = attrs.field(factory=list, init=False, repr=False)
     _faults: list[Fault] = attrs.field(factory=list, init=False, repr=False)
+    _tokens: dict[str, str] = attrs.field(factory=dict, init=False, repr=False)  # bearer token -> user name
     _owned: dict[str, set[tuple[StoreKey, ObjKey]]] = attrs.field(factory=dict, init=False, repr=False)
     # Last configuration each field manager applied (server-side apply ownership, simplified).
     _applied: dict[tuple[StoreKey, ObjKey, str], Any] = attrs.field(factory=dict, init=False, repr=False)
@@ -203,6 +206,13 @@ class ApiServerEmulator(KubernetesEmulator):
                 if (kind is None or r.kind == kind) and (method is None or r.method == method.upper())
                 and (pattern is None or pattern.search(r.path)) and
                 (user_agent is None or r.user_agent.startswith(user_agent))]
+
+    def add_token(self, token: str, user: str) -> None:
+        """Authenticate ``token`` as ``user`` (a static token file): requests carrying it are logged with
+        ``RequestRecord.user``, so a test tells apart processes that share a User-Agent. Requests without a
+        known token stay anonymous (this server does not authorize)."""
+        with self._mutex:
+            self._tokens[token] = user
 
     def clear_faults(self) -> None:
         with self._mutex:
@@ -366,6 +376,14 @@ class ApiServerEmulator(KubernetesEmulator):
                old: dict[str, Any] | None = None) -> dict[str, Any]:
         """CRD schema handling (prune, default, validate, CEL rules) and CRD acceptance; raises 422 Invalid."""
         name = obj["metadata"].get("name", "")
+        if rtype.storage_key == ("coordination.k8s.io", "leases"):
+            try:
+                decode_lease(obj)
+            except LeaseDecodeError as exc:
+                raise ApiError(400, f'Lease in version "{rtype.version}" cannot be handled as a Lease: {exc}') from None
+            causes = lease_causes(obj)
+            if causes:
+                raise self._invalid(rtype, name, causes)
         if rtype.schema is not None:
             obj = apply_defaults(prune(obj, rtype.schema, root=True), rtype.schema)
             causes = validate(obj, rtype.schema) or validate_rules(obj, rtype.schema, old)
@@ -713,8 +731,11 @@ class ApiServerEmulator(KubernetesEmulator):
         method = raw.method.upper()
         kind = "watch" if method == "GET" and query.get("watch", "") in TRUE_VALUES else \
             "read" if method in ("GET", "HEAD", "OPTIONS") else "write"
+        scheme, _, token = raw.headers.get("Authorization", "").partition(" ")
+        with self._mutex:
+            user = self._tokens.get(token, "") if scheme.lower() == "bearer" else ""
         record = RequestRecord(method, raw.path, query, raw.headers.get("Content-Type", ""), kind, time.time(),
-                               raw.headers.get("User-Agent", ""))
+                               raw.headers.get("User-Agent", ""), user=user)
         with self._mutex:
             self._log.append(record)
             fault = next((f for f in self._faults if f.matches(method, raw.path)), None)

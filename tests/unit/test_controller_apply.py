@@ -16,7 +16,6 @@ from redrafter_operator.controller.facts import (
     manifest_hash,
 )
 from redrafter_operator.controller.workqueue import WorkQueue
-from redrafter_operator.controller.main import _replica_priority
 
 
 class FakeClient:
@@ -151,15 +150,6 @@ async def test_work_queue_dedups_and_requeues_dirty_keys() -> None:
     await asyncio.sleep(0.05)
     assert len(q) == 3
     q.close()
-
-
-def test_replica_priority_differs_per_pod(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("POD_NAME", "op-a")
-    a = _replica_priority()
-    monkeypatch.setenv("POD_NAME", "op-b")
-    assert _replica_priority() != a
-    monkeypatch.setenv("POD_NAME", "op-a")
-    assert _replica_priority() == a > 0
 
 
 async def test_evaluator_slot_runs_per_resource_and_targets_enqueue() -> None:

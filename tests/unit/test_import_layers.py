@@ -29,6 +29,7 @@ OPERATOR_LAYERS: list[str | set[str]] = [
 # Inside the controller: the shell on top, the pure planner and the shared resource I/O below.
 CONTROLLER_LAYERS: list[str | set[str]] = [
     "main",  # `redrafter-operator run`: wires everything
+    "leader",  # Lease leader election: gates the loops main starts
     "handlers",  # the kopf shell: indexes, event handlers, startup
     "reconciler",  # the controller's state, workers and the reconcile of one resource
     {"speculation", "validation", "observe"},  # evaluators and index reading, each on its own

@@ -1,7 +1,7 @@
 """The operator's controller, top to bottom (each module imports only those below it; see
 tests/unit/test_import_layers.py):
 
-* ``main`` wires the process: ``redrafter-operator run``; ``handlers`` is the kopf shell (indexes, event
+* ``main`` wires the process: ``redrafter-operator run``, gated by ``leader`` (Lease election); ``handlers`` is the kopf shell (indexes, event
   handlers, startup); ``reconciler`` holds the state, the workers and the reconcile of one resource.
 * ``speculation`` and ``validation`` are the evaluators (policy/autoscaler, validation gate); ``observe``
   turns the indexes into the planner's facts.

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+import aiohttp
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 
@@ -74,13 +75,18 @@ WriteHook = Callable[[str, str, int], None]  # (verb, resource, status code)
 
 
 class KubeClient:
-    """Generic JSON REST calls with retries. ``on_request`` sees every request (for metrics)."""
+    """Generic JSON REST calls with retries. ``on_request`` sees every request (for metrics).
+
+    ``may_write`` fences writes: when it answers False (a leader whose Lease may have lapsed), a write is
+    refused before it is sent, with reason NotLeader.
+    """
 
     def __init__(self, configuration: k8s_client.Configuration, on_request: WriteHook | None = None,
-                 backoff: tuple[float, ...] = BACKOFF):
+                 backoff: tuple[float, ...] = BACKOFF, may_write: Callable[[], bool] | None = None):
         self._api = k8s_client.ApiClient(configuration=configuration)
         self._on_request = on_request
         self._backoff = backoff
+        self._may_write = may_write
 
     async def close(self) -> None:
         await self._api.close()
@@ -89,6 +95,8 @@ class KubeClient:
                       query: list[tuple[str, str]] | None = None, retry_conflict: bool = True) -> dict[str, Any]:
         resource = path.rsplit("/namespaces/", 1)[-1].split("/")[1] if "/namespaces/" in path else path
         for attempt in range(len(self._backoff) + 1):
+            if method != "GET" and self._may_write is not None and not self._may_write():
+                raise ApiError(0, "NotLeader", "this replica no longer holds the leader lease", method, path)
             try:
                 resp = await self._api.call_api(
                     path, method, query_params=query or [], body=body,
@@ -99,7 +107,7 @@ class KubeClient:
                 status = resp.status
                 raw = await resp.read()
                 resp.release()
-            except (OSError, asyncio.TimeoutError, k8s_client.exceptions.ApiException) as exc:
+            except (OSError, asyncio.TimeoutError, aiohttp.ClientError, k8s_client.exceptions.ApiException) as exc:
                 status, raw = 0, str(exc).encode()
                 if isinstance(exc, k8s_client.exceptions.ApiException) and exc.status:
                     status, raw = exc.status, (exc.body or b"") if isinstance(exc.body, bytes) else str(exc.body or "").encode()

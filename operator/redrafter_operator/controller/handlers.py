@@ -27,8 +27,12 @@ BUILD = {**MANAGED, names.LABEL_COMPONENT: "engine-build"}
 
 
 def register(registry: kopf.OperatorRegistry, make_controller: Callable[[], Awaitable[Controller]],
-             configure: Callable[[kopf.OperatorSettings], None] | None = None) -> None:
-    """Register every handler into ``registry`` (a fresh one per run keeps test runs independent)."""
+             configure: Callable[[kopf.OperatorSettings], None] | None = None,
+             start: Callable[[Controller], Awaitable[None]] | None = None) -> None:
+    """Register every handler into ``registry`` (a fresh one per run keeps test runs independent).
+
+    ``start`` replaces ``Controller.start`` (leader election starts the loops only while leading).
+    """
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
@@ -42,7 +46,7 @@ def register(registry: kopf.OperatorRegistry, make_controller: Callable[[], Awai
         controller = await make_controller()
         controller.indexes = {k: v for k, v in kwargs.items() if k.startswith("rdd_")}
         memo.controller = controller
-        await controller.start()
+        await (start or Controller.start)(controller)
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:

@@ -77,6 +77,9 @@ class OperatorMetrics:
         self.queue_depth = Gauge("redrafter_operator_workqueue_depth", "Resources waiting to be reconciled.",
                                  registry=r)
         self.resources = Gauge("redrafter_operator_resources", "ReDrafterDeployments watched.", registry=r)
+        self.leader = Gauge("redrafter_operator_leader",
+                            "1 while this replica runs the reconcile loops (holds the leader Lease, or standalone).",
+                            registry=r)
 
     def on_request(self, verb: str, resource: str, code: int) -> None:
         self.api_requests.labels(verb, resource, str(code)).inc()

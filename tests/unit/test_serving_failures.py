@@ -144,6 +144,7 @@ def test_deadline_names_the_pod_behind_it_and_a_new_pod_cause_is_a_new_event() -
     p1 = plan(res_of(doc), _observed(doc, late, [failing(Fault("ImagePullBackOff"))]), now=NOW, renderers=RENDER)
     f1 = p1.status["serving"]["failure"]
     assert f1["reason"] == "ImagePullBackOff" and "ProgressDeadlineExceeded" in f1["message"]
+    assert cond(p1.status, "Progressing")["status"] == "False"  # the Deployment controller gave up
     p2 = plan(res_of(doc, p1.status), _observed(doc, late, [failing(Fault("ErrImagePull"))]), now=LATER,
               renderers=RENDER)
     assert [e.reason for e in p2.events] == ["ErrImagePull"]

@@ -26,6 +26,7 @@ class ServingFailure:
     message: str
     deployment: str
     pod: str = ""
+    deadline_exceeded: bool = False  # the Deployment controller gave up waiting (Progressing=False)
 
     @property
     def summary(self) -> str:
@@ -56,7 +57,8 @@ def serving_failure(observed: Observed, variants: Iterable[str]) -> ServingFailu
     for v in wanted:
         dep = observed.deployments[v]
         if dep.failure_reason == PROGRESS_DEADLINE:
-            deadline = deadline or ServingFailure(dep.failure_reason, dep.failure_message, dep.name)
+            deadline = deadline or ServingFailure(dep.failure_reason, dep.failure_message, dep.name,
+                                                  deadline_exceeded=True)
         elif dep.failure_reason:
             return ServingFailure(dep.failure_reason, dep.failure_message, dep.name)
     for pod in sorted(observed.serving_pods, key=lambda p: p.name):
@@ -64,6 +66,6 @@ def serving_failure(observed: Observed, variants: Iterable[str]) -> ServingFailu
             dep = observed.deployments[pod.variant]
             if deadline:  # say which pod is the reason the deadline passed
                 return ServingFailure(pod.reason, f"{pod.message} ({deadline.reason}: {deadline.message})",
-                                      dep.name, pod.name)
+                                      dep.name, pod.name, deadline_exceeded=True)
             return ServingFailure(pod.reason, pod.message, dep.name, pod.name)
     return deadline

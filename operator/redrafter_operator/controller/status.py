@@ -18,7 +18,7 @@ from .facts import DeploymentFact, Observed
 from .gate import ANNOTATION_RETRY_VALIDATION, Gate
 from .gitops import gitops_conditions
 from .plan_types import EventSpec, Plan, Resource, ServingTargets
-from .serving_health import PROGRESS_DEADLINE, ServingFailure, serving_failure
+from .serving_health import ServingFailure, serving_failure
 from .targets import ServingPlan
 
 
@@ -84,7 +84,7 @@ def resource_status(res: Resource, spec: ReDrafterDeploymentSpec, observed: Obse
     if targets.active in failed and not available:
         conds.append(Cond("Progressing", "False", "BuildFailed", f"the {targets.active} engine could not be built"))
     elif failure:  # the kubelet retries, so it is still progressing, until the Deployment's deadline says not
-        conds.append(Cond("Progressing", "False" if failure.reason == PROGRESS_DEADLINE else "True", failure.reason,
+        conds.append(Cond("Progressing", "False" if failure.deadline_exceeded else "True", failure.reason,
                           failure.summary))
     elif invalid and not step.switching:
         conds.append(Cond("Progressing", "False", "ValidationFailed", invalid))

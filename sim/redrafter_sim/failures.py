@@ -100,19 +100,49 @@ def pod_status(pod: Mapping[str, Any], fault: Fault, *, host_ip: str = "192.168.
     else:  # CrashLoopBackOff / OOMKilled: the container ran, died, and the kubelet backs off restarting it
         oom = fault.cause == "OOMKilled"
         restarts, phase = fault.restarts, "Running"
-        backoff = min(300, 10 * 2 ** max(0, fault.restarts - 1))
-        delay = f"{backoff // 60}m{backoff % 60}s" if backoff >= 60 else f"{backoff}s"
-        state = {"waiting": {"reason": "CrashLoopBackOff",
-                             "message": f"back-off {delay} restarting failed container={first['name']} pod={pod_ref}"}}
-        last = {"terminated": {"exitCode": 137 if oom else 1, "reason": "OOMKilled" if oom else "Error",
-                               "startedAt": t, "finishedAt": t, "containerID": f"containerd://{meta.get('uid', '')[:12]}",
-                               **({} if oom else {"message": fault.detail or "engine failed to load"})}}
+        state, last = crash_loop_states(first["name"], pod_ref, restarts, exit_code=137 if oom else 1,
+                                        reason="OOMKilled" if oom else "Error",
+                                        message="" if oom else fault.detail or "engine failed to load",
+                                        container_id=f"containerd://{meta.get('uid', '')[:12]}", at=t)
     statuses = [_container_status(c, state if i == 0 else {"waiting": {"reason": "PodInitializing"}},
                                   restarts=restarts if i == 0 else 0, last=last if i == 0 else None)
                 for i, c in enumerate(containers)]
     return {"phase": phase, "hostIP": host_ip, "hostIPs": [{"ip": host_ip}], "podIP": pod_ip,
             "podIPs": [{"ip": pod_ip}], "startTime": t, "qosClass": "Burstable",
             "conditions": _pod_conditions(True, t, [c["name"] for c in containers]), "containerStatuses": statuses}
+
+
+def crash_loop_states(container: str, pod_ref: str, restarts: int, *, exit_code: int, reason: str, message: str,
+                      container_id: str, at: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(state, lastState) of a container the kubelet backs off restarting: 10 s doubling per restart, at most
+    5 min (pkg/kubelet/kubelet.go backOffPeriod / MaxContainerBackOff); ``pod_ref`` is name_namespace(uid)."""
+    backoff = min(300, 10 * 2 ** max(0, restarts - 1))
+    delay = f"{backoff // 60}m{backoff % 60}s" if backoff >= 60 else f"{backoff}s"
+    state = {"waiting": {"reason": "CrashLoopBackOff",
+                         "message": f"back-off {delay} restarting failed container={container} pod={pod_ref}"}}
+    last = {"terminated": {"exitCode": exit_code, "reason": reason, "startedAt": at, "finishedAt": at,
+                           "containerID": container_id, **({"message": message} if message else {})}}
+    return state, last
+
+
+def missing_env_source(container: Mapping[str, Any], exists: Any) -> str:
+    """The kubelet's CreateContainerConfigError message for the first env source that does not exist
+    ('secret "x" not found' / 'configmap "x" not found'), "" when all exist; ``exists(kind, name)``
+    answers for Secret/ConfigMap. Optional references never block."""
+    refs: list[tuple[str, str, bool]] = []
+    for env in container.get("env") or []:
+        source = env.get("valueFrom") or {}
+        for key, kind in (("secretKeyRef", "Secret"), ("configMapKeyRef", "ConfigMap")):
+            if key in source:
+                refs.append((kind, source[key].get("name", ""), bool(source[key].get("optional"))))
+    for env_from in container.get("envFrom") or []:
+        for key, kind in (("secretRef", "Secret"), ("configMapRef", "ConfigMap")):
+            if key in env_from:
+                refs.append((kind, env_from[key].get("name", ""), bool(env_from[key].get("optional"))))
+    for kind, name, optional in refs:
+        if not optional and not exists(kind, name):
+            return f'{kind.lower()} "{name}" not found'
+    return ""
 
 
 def replica_failure(pod_name: str, detail: str = "") -> dict[str, Any]:

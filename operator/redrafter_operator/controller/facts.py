@@ -189,11 +189,19 @@ def _pod_failure(status: Mapping[str, Any], conditions: Mapping[str, Mapping[str
         if waiting.get("reason") in FAILED_WAITING:
             detail = waiting.get("message") or ""
             if waiting["reason"] == "CrashLoopBackOff" and last:
-                why = last.get("message") or last.get("reason") or ""
-                detail = (f"container {name} exited with code {last.get('exitCode')}" + (f" ({why.strip()})" if why else "")
-                          + f", restarted {restarts} times" + (f"; {detail}" if detail else ""))
+                detail = _exited(name, last, restarts) + (f"; {detail}" if detail else "")
             return waiting["reason"], detail or f"container {name} is waiting: {waiting['reason']}"
+        if last.get("exitCode") and restarts and not cs.get("ready"):
+            # between two back-offs the kubelet runs the container again (state running, not Ready): the
+            # same crash loop, not a recovery, until the container stays up and gets Ready
+            return "CrashLoopBackOff", _exited(name, last, restarts)
     return "", ""
+
+
+def _exited(container: str, last: Mapping[str, Any], restarts: int) -> str:
+    why = (last.get("message") or last.get("reason") or "").strip()
+    return (f"container {container} exited with code {last.get('exitCode')}" + (f" ({why})" if why else "")
+            + f", restarted {restarts} times")
 
 
 @dataclass(frozen=True)

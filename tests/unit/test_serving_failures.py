@@ -178,3 +178,19 @@ def test_the_planner_does_not_mutate_the_observed_facts() -> None:
     before = copy.deepcopy(observed)
     plan(res_of(doc), observed, now=NOW, renderers=RENDER)
     assert observed == before  # the planner does not mutate its inputs
+
+
+def test_a_crash_loop_between_two_back_offs_is_still_the_crash_loop() -> None:
+    # the kubelet runs the container again after the back-off: running, not Ready, the crash in lastState
+    restarted = pod()
+    restarted["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}],
+                           "containerStatuses": [{"name": "triton", "ready": False, "restartCount": 2,
+                                                  "state": {"running": {"startedAt": NOW}},
+                                                  "lastState": {"terminated": {"exitCode": 1, "reason": "Error",
+                                                                               "message": "engine failed to load"}}}]}
+    fact = ServingPodFact.from_body(restarted)
+    assert fact.reason == "CrashLoopBackOff"
+    assert fact.message == "container triton exited with code 1 (engine failed to load), restarted 2 times"
+    clean_exit = copy.deepcopy(restarted)  # a container that exited 0 and restarted is not a crash
+    clean_exit["status"]["containerStatuses"][0]["lastState"]["terminated"]["exitCode"] = 0
+    assert ServingPodFact.from_body(clean_exit).reason == ""

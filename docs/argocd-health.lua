@@ -29,25 +29,26 @@ local function message(condition)
   end
   return condition.reason or ""
 end
-if conditions.Stalled ~= nil and conditions.Stalled.status == "True" then
-  hs.status = "Degraded"
-  hs.message = message(conditions.Stalled)
+local function verdict(status, condition)
+  hs.status = status
+  hs.message = message(condition)
   return hs
 end
-if conditions.Reconciling ~= nil and conditions.Reconciling.status == "True" then
-  hs.status = "Progressing"
-  hs.message = message(conditions.Reconciling)
-  return hs
+local function is_true(condition)
+  return condition ~= nil and condition.status == "True"
 end
-if conditions.Ready ~= nil and conditions.Ready.status == "True" then
-  hs.status = "Healthy"
-  hs.message = message(conditions.Ready)
-  return hs
+if is_true(conditions.Stalled) then
+  return verdict("Degraded", conditions.Stalled)
+end
+if is_true(conditions.Reconciling) then
+  return verdict("Progressing", conditions.Reconciling)
+end
+if is_true(conditions.Ready) then
+  return verdict("Healthy", conditions.Ready)
+end
+if conditions.Ready ~= nil then
+  return verdict("Progressing", conditions.Ready)
 end
 hs.status = "Progressing"
-if conditions.Ready ~= nil then
-  hs.message = message(conditions.Ready)
-else
-  hs.message = "waiting for the Ready condition"
-end
+hs.message = "waiting for the Ready condition"
 return hs

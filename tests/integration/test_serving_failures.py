@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from redrafter_operator.controller.facts import ServingPodFact
 from redrafter_operator.render import names
 from redrafter_sim.failures import Fault
 from test_lifecycle import NAME, Cluster, Operator, apply, cluster, example, operator, until  # noqa: F401
@@ -81,3 +82,32 @@ async def test_a_serving_failure_shows_in_status_columns_and_one_event_then_clea
     await until(lambda: cluster.condition("Ready")["status"] == "True", what="Ready after recovery")
     assert _failure(cluster) == {} and cluster.condition("Stalled")["status"] == "False"
     assert cluster.condition("Available")["reason"] == "MinimumReplicasAvailable"
+
+
+async def test_the_cause_reaches_status_from_the_pod_event_not_a_resync(cluster: Cluster, kubeconfig: Any,
+                                                                         kubectl: Any) -> None:
+    op = Operator(kubeconfig, resync=300.0)  # no periodic resync during the test: only watch events drive it
+    await op.start()
+    try:
+        apply(kubectl, example(validation__enabled=False))
+        await until(lambda: len(cluster.running_jobs()) == 2, what="build Jobs")
+        cluster.complete_all()
+        await until(lambda: cluster.condition("Ready")["status"] == "True", what="Ready")
+        cluster.faults[DEPLOYMENT] = Fault("OOMKilled")
+        # a new template makes new Pods (the stand-in controller applies faults to the current template's Pods)
+        cluster.emu.patch_object("apps/v1", "Deployment", DEPLOYMENT, "default",
+                                 {"spec": {"template": {"metadata": {"annotations": {"test/rollout": "1"}}}}})
+
+        def oom_pod() -> bool:
+            return any(ServingPodFact.from_body(p).reason == "OOMKilled" for p in cluster.emu.list_objects(
+                "v1", "Pod", "default", label_selector=f"{names.LABEL_COMPONENT}=serving"))
+
+        await until(oom_pod, what="an OOMKilled pod")
+        written = time.monotonic()
+        await until(lambda: _failure(cluster).get("reason") == "OOMKilled", timeout=10, what="the cause in status")
+        latency = time.monotonic() - written
+        print(f"pod status -> resource status: {latency * 1000:.0f} ms")
+        assert latency < 5.0  # far below the 300 s resync: the Pod's watch event drove the reconcile
+        assert "exit code 137" in _failure(cluster)["message"]
+    finally:
+        await op.stop()

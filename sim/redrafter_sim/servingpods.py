@@ -13,7 +13,9 @@ Failures come out as the real scheduler and kubelet write them (:mod:`.failures`
 pod whose nvidia.com/gpu limit does not fit the node's free GPUs stays Pending/Unschedulable until one
 frees up; an image in ``unpullable`` is ErrImagePull, then ImagePullBackOff; an env reference to a
 missing Secret/ConfigMap is CreateContainerConfigError; a server that dies is CrashLoopBackOff with its
-last run in ``lastState.terminated``.
+last run in ``lastState.terminated``; with ``memory_needed`` set, a memory limit below it is OOMKilled
+(exit code 137) once the server is up; a rollout not available within the progress deadline gets
+``Progressing=False ProgressDeadlineExceeded``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +40,8 @@ from engine_jobs.model_repo import write_model_repository
 from redrafter_operator.render import names
 from . import objects
 from .engine import SimEngineSettings, add_load_gauges, install_sim_engine
-from .failures import GPU_RESOURCE, Fault, crash_loop_states, missing_env_source, pod_status, unschedulable_message
+from .failures import (GPU_RESOURCE, Fault, crash_loop_states, missing_env_source, pod_status,
+                       progress_deadline_exceeded, unschedulable_message)
 from .hostfs import HostFS, PodRoot, configmap_names
 from .kubeapi import CONFIGMAPS, DEPLOYMENTS, PODS, SECRETS, ApiStatusError, KubeApi
 from .triton import STUB_TIMEOUT_SECONDS, TritonServer, port_is_free
@@ -102,6 +107,8 @@ class ServingPod:
     gpus: int = 0  # nvidia.com/gpu limit of its container
     scheduled: bool = True  # False: Pending, no node has the GPUs
     blocked: tuple[str, str] | None = None  # (waiting reason, message): the container cannot be created
+    memory_limit: int | None = None  # bytes (resources.limits.memory)
+    oom: bool = False  # its last run was killed for exceeding the memory limit
     last_exit: dict[str, Any] | None = None  # lastState of a container that ran and died
     backing_off: bool = False  # between a crash and the next start
     pulls_failed: int = 0
@@ -115,6 +122,9 @@ class ServingController:
         self.api = api
         self.gpus = gpus  # the node's allocatable nvidia.com/gpu (None: not limited)
         self.unpullable: set[str] = set()  # images the node's registry does not have
+        self.memory_needed: int | None = None  # bytes a started server takes: a lower memory limit is OOM-killed
+        self.deadline_seconds: float | None = None  # overrides the Deployments' progressDeadlineSeconds
+        self._progress_since: dict[tuple[str, str], float] = {}  # (Deployment uid, template) -> not available since
         self.fs = fs
         self.control_dir = control_dir
         self.sim = sim or SimEngineSettings()
@@ -192,14 +202,24 @@ class ServingController:
             "availableReplicas": ready,
             "unavailableReplicas": max(0, (desired or 0) - ready),
         }
+        ref = (meta["uid"], thash)
+        if ready >= (desired or 0):
+            self._progress_since.pop(ref, None)
+        else:
+            self._progress_since.setdefault(ref, time.monotonic())
+        deadline = self.deadline_seconds if self.deadline_seconds is not None else \
+            float((dep.get("spec") or {}).get("progressDeadlineSeconds", 600))
+        exceeded = ref in self._progress_since and time.monotonic() - self._progress_since[ref] > deadline
         have = dep.get("status") or {}
-        if all(have.get(k, 0) == v for k, v in status.items()):
+        have_exceeded = any(c.get("reason") == "ProgressDeadlineExceeded" for c in have.get("conditions") or [])
+        if all(have.get(k, 0) == v for k, v in status.items()) and have_exceeded == exceeded:
             return
         t = objects.now()
         status["conditions"] = [
             {"type": "Available", "status": "True" if ready >= (desired or 0) else "False",
              "reason": "MinimumReplicasAvailable" if ready >= (desired or 0) else "MinimumReplicasUnavailable",
              "lastUpdateTime": t, "lastTransitionTime": t},
+            progress_deadline_exceeded(f"{meta['name']}-{thash[:8]}") if exceeded else
             {"type": "Progressing", "status": "True",
              "reason": "NewReplicaSetAvailable" if updated == len(pods) == ready else "ReplicaSetUpdated",
              "lastUpdateTime": t, "lastTransitionTime": t},
@@ -218,7 +238,8 @@ class ServingController:
         ip = self.ips.allocate() if fits else ""
         pod = ServingPod(namespace=ns, name=name, owner_uid=dep["metadata"]["uid"], template_hash=thash,
                          labels=manifest["metadata"]["labels"], ip=ip, root=self.fs.pod_root(ns, name),
-                         container=container["name"], image=container.get("image", ""), gpus=gpus, scheduled=fits)
+                         container=container["name"], image=container.get("image", ""), gpus=gpus, scheduled=fits,
+                         memory_limit=_memory_limit(container))
         try:
             created = await self.api.create(PODS, manifest, ns)
         except ApiStatusError:
@@ -283,6 +304,13 @@ class ServingController:
             pod.started = objects.now()
             async with self._start_slots:
                 await asyncio.to_thread(server.start)
+            pod.oom = self.memory_needed is not None and pod.memory_limit is not None \
+                and pod.memory_limit < self.memory_needed
+            if pod.oom:  # the kernel kills the container once the engine is loaded into its cgroup
+                await asyncio.to_thread(server.stop)
+                pod.server = None
+                pod.error = "OOMKilled"
+                return
             pod.error = ""
         except asyncio.CancelledError:
             raise
@@ -367,7 +395,8 @@ class ServingController:
             ready = False
             if not pod.backing_off:
                 _, pod.last_exit = crash_loop_states(
-                    pod.container, "", 0, exit_code=1, reason="Error", message=pod.error or "tritonserver exited",
+                    pod.container, "", 0, exit_code=137 if pod.oom else 1, reason="OOMKilled" if pod.oom else "Error",
+                    message="" if pod.oom else pod.error or "tritonserver exited",
                     container_id=f"sim://{pod.container}-{pod.restarts}", at=objects.now())
             state, _ = crash_loop_states(pod.container, f"{pod.name}_{pod.namespace}({pod.uid})", pod.restarts + 1,
                                          exit_code=1, reason="Error", message="", container_id="", at="")
@@ -439,3 +468,21 @@ def _env_source_names(container: Mapping[str, Any], kind: str) -> list[str]:
     names_ = [((e.get("valueFrom") or {}).get(key) or {}).get("name", "") for e in container.get("env") or []]
     names_ += [(e.get(from_key) or {}).get("name", "") for e in container.get("envFrom") or []]
     return [n for n in names_ if n]
+
+
+_QUANTITY_SUFFIXES = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+                      "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18, "m": 10**-3}
+
+
+def parse_quantity(text: str) -> int:
+    """A Kubernetes resource quantity in base units ("8Gi", "512M", "1e9", "1500m"), rounded up."""
+    text = str(text).strip()
+    for suffix in sorted(_QUANTITY_SUFFIXES, key=len, reverse=True):
+        if text.endswith(suffix) and text[: -len(suffix)]:
+            return math.ceil(float(text[: -len(suffix)]) * _QUANTITY_SUFFIXES[suffix])
+    return math.ceil(float(text))
+
+
+def _memory_limit(container: Mapping[str, Any]) -> int | None:
+    value = ((container.get("resources") or {}).get("limits") or {}).get("memory")
+    return parse_quantity(value) if value else None

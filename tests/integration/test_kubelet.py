@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import os
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -19,7 +20,7 @@ import yaml
 
 from engine_jobs import contract
 from engine_jobs.contract import ServingConfig
-from redrafter_operator.controller.facts import ServingPodFact
+from redrafter_operator.controller.facts import DeploymentFact, ServingPodFact
 from redrafter_operator.render import names
 from redrafter_operator.render.build import build_configmap, build_job, build_spec
 from redrafter_operator.render.common import Owner
@@ -404,3 +405,36 @@ async def test_serving_failures_are_written_as_the_scheduler_and_kubelet_write_t
             seen.update(_reasons(em, config))
             await asyncio.sleep(0.2)
         assert seen == {"CrashLoopBackOff"}
+
+
+async def test_an_engine_over_its_memory_limit_is_oom_killed_and_the_rollout_times_out(apiserver: EmulatorHandle):
+    try:
+        TritonInstall.find()
+    except TritonUnavailable as exc:
+        pytest.skip(f"tritonserver cannot run here: {exc}")
+    em = apiserver.emulator
+    owner = demo_owner()
+    async with SimKubelet(apiserver.url, sync_period=0.2) as node:
+        assert set((await build_engines(em, owner)).values()) == {"Complete"}
+        node.serving.memory_needed = 2 * 2**30  # the loaded engine takes 2 GiB
+        node.serving.deadline_seconds = 4.0
+        cm, dep = _failing_deployment(owner, "oom")
+        dep["spec"]["template"]["spec"]["containers"][0]["resources"] = {"limits": {"memory": "1Gi"}}
+        em.create_object(cm)
+        em.create_object(dep)
+        name = dep["metadata"]["name"]
+        await wait_for(lambda: _reasons(em, name) == ["OOMKilled"], 60, "OOMKilled")
+        cs = _pods_of(em, name)[0]["status"]["containerStatuses"][0]
+        assert cs["lastState"]["terminated"]["reason"] == "OOMKilled"
+        assert cs["lastState"]["terminated"]["exitCode"] == 137
+        assert "exit code 137" in ServingPodFact.from_body(_pods_of(em, name)[0]).message
+
+        def progressing() -> dict:
+            status = em.get_object("apps/v1", "Deployment", name, NS).get("status") or {}
+            return next((c for c in status.get("conditions") or [] if c["type"] == "Progressing"), {})
+
+        await wait_for(lambda: progressing().get("reason") == "ProgressDeadlineExceeded", 30, "the progress deadline")
+        assert progressing()["status"] == "False"
+        assert re.fullmatch(rf'ReplicaSet "{name}-[0-9a-f]{{8}}" has timed out progressing\.', progressing()["message"])
+        fact = DeploymentFact.from_body(em.get_object("apps/v1", "Deployment", name, NS))
+        assert fact.failure_reason == "ProgressDeadlineExceeded"

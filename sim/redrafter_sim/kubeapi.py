@@ -23,7 +23,6 @@ class ApiStatusError(RuntimeError):
         super().__init__(f"{code} {reason}: {message}")
         self.code = code
         self.reason = reason
-        self.message = message
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,7 @@ frees up; an image in ``unpullable`` is ErrImagePull, then ImagePullBackOff; an 
 missing Secret/ConfigMap is CreateContainerConfigError; a server that dies is CrashLoopBackOff with its
 last run in ``lastState.terminated``; with ``memory_needed`` set, a memory limit below it is OOMKilled
 (exit code 137) once the server is up; a rollout not available within the progress deadline gets
-``Progressing=False ProgressDeadlineExceeded``; a Pod the API server rejects (quota, Pod Security) is the
-Deployment's ``ReplicaFailure`` (FailedCreate) with the server's message.
+``Progressing=False ProgressDeadlineExceeded``.
 """
 
 from __future__ import annotations
@@ -42,7 +41,7 @@ from redrafter_operator.render import names
 from . import objects
 from .engine import SimEngineSettings, add_load_gauges, install_sim_engine
 from .failures import (GPU_RESOURCE, Fault, crash_loop_states, missing_env_source, pod_status,
-                       progress_deadline_exceeded, replica_failure, unschedulable_message)
+                       progress_deadline_exceeded, unschedulable_message)
 from .hostfs import HostFS, PodRoot, configmap_names
 from .kubeapi import CONFIGMAPS, DEPLOYMENTS, PODS, SECRETS, ApiStatusError, KubeApi
 from .triton import STUB_TIMEOUT_SECONDS, TritonServer, port_is_free
@@ -126,7 +125,6 @@ class ServingController:
         self.memory_needed: int | None = None  # bytes a started server takes: a lower memory limit is OOM-killed
         self.deadline_seconds: float | None = None  # overrides the Deployments' progressDeadlineSeconds
         self._progress_since: dict[tuple[str, str], float] = {}  # (Deployment uid, template) -> not available since
-        self._create_failed: dict[str, dict[str, Any]] = {}  # Deployment uid -> its ReplicaFailure condition
         self.fs = fs
         self.control_dir = control_dir
         self.sim = sim or SimEngineSettings()
@@ -152,8 +150,6 @@ class ServingController:
         await self._schedule_pending()
         await self._probe_all()
         live_owners = {d["metadata"]["uid"] for d in deployments}
-        for uid in [u for u in self._create_failed if u not in live_owners]:
-            del self._create_failed[uid]
         for pod in list(self.pods.values()):
             if pod.owner_uid not in live_owners and not pod.deleted:
                 await self._delete(pod)
@@ -216,10 +212,7 @@ class ServingController:
         exceeded = ref in self._progress_since and time.monotonic() - self._progress_since[ref] > deadline
         have = dep.get("status") or {}
         have_exceeded = any(c.get("reason") == "ProgressDeadlineExceeded" for c in have.get("conditions") or [])
-        failure = self._create_failed.get(meta["uid"])
-        have_failure = next((c for c in have.get("conditions") or [] if c.get("type") == "ReplicaFailure"), None)
-        if (all(have.get(k, 0) == v for k, v in status.items()) and have_exceeded == exceeded
-                and (have_failure or {}).get("message") == (failure or {}).get("message")):
+        if all(have.get(k, 0) == v for k, v in status.items()) and have_exceeded == exceeded:
             return
         t = objects.now()
         status["conditions"] = [
@@ -230,7 +223,7 @@ class ServingController:
             {"type": "Progressing", "status": "True",
              "reason": "NewReplicaSetAvailable" if updated == len(pods) == ready else "ReplicaSetUpdated",
              "lastUpdateTime": t, "lastTransitionTime": t},
-        ] + ([failure] if failure else [])
+        ]
         with contextlib.suppress(ApiStatusError):
             await self.api.patch(DEPLOYMENTS, meta["name"], meta["namespace"], {"status": status}, subresource="status")
 
@@ -249,15 +242,10 @@ class ServingController:
                          memory_limit=_memory_limit(container))
         try:
             created = await self.api.create(PODS, manifest, ns)
-        except ApiStatusError as exc:
+        except ApiStatusError:
             if ip:
                 self.ips.release(ip)
-            if exc.code not in (403, 422):  # not an admission rejection (quota, Pod Security, validation)
-                raise
-            # the ReplicaSet controller's FailedCreate, surfaced on the Deployment as ReplicaFailure
-            self._create_failed[dep["metadata"]["uid"]] = {**replica_failure(name), "message": exc.message}
-            return
-        self._create_failed.pop(dep["metadata"]["uid"], None)
+            raise
         pod.uid = (created or {}).get("metadata", {}).get("uid", "")
         self.pods[(ns, name)] = pod
         if not fits:

@@ -438,25 +438,3 @@ async def test_an_engine_over_its_memory_limit_is_oom_killed_and_the_rollout_tim
         assert re.fullmatch(rf'ReplicaSet "{name}-[0-9a-f]{{8}}" has timed out progressing\.', progressing()["message"])
         fact = DeploymentFact.from_body(em.get_object("apps/v1", "Deployment", name, NS))
         assert fact.failure_reason == "ProgressDeadlineExceeded"
-
-
-async def test_a_pod_the_api_server_rejects_is_the_deployments_replica_failure(apiserver: EmulatorHandle):
-    em = apiserver.emulator
-    owner = demo_owner()
-    rejection = ('pods "demo-tiny-quota-0" is forbidden: exceeded quota: gpu-quota, requested: '
-                 'requests.nvidia.com/gpu=1, used: requests.nvidia.com/gpu=4, limited: requests.nvidia.com/gpu=4')
-    em.inject("POST", rf"/namespaces/{NS}/pods$", 403, times=10**6, message=rejection)
-    async with SimKubelet(apiserver.url, sync_period=0.2) as node:
-        cm, dep = _failing_deployment(owner, "quota")
-        em.create_object(cm)
-        em.create_object(dep)
-        name = dep["metadata"]["name"]
-
-        def fact() -> DeploymentFact:
-            return DeploymentFact.from_body(em.get_object("apps/v1", "Deployment", name, NS))
-
-        await wait_for(lambda: fact().failure_reason == "FailedCreate", 20, "ReplicaFailure FailedCreate")
-        assert fact().failure_message == rejection and _pods_of(em, name) == []
-        assert node.sync_errors == 0  # a rejection is the Deployment's status, not the node's error
-        em.clear_faults()  # the quota is raised: the next attempt creates the Pod, the condition goes
-        await wait_for(lambda: _pods_of(em, name) and fact().failure_reason == "", 20, "the Pod created")

@@ -80,6 +80,7 @@ async def test_a_serving_failure_shows_in_status_columns_and_one_event_then_clea
     cluster.faults.clear()
     cluster.pods_ready, cluster.deadline_seconds = True, None
     await until(lambda: cluster.condition("Ready")["status"] == "True", what="Ready after recovery")
+    kubectl("wait", f"rdd/{NAME}", "--for=condition=Ready", "--timeout=20s", check=True)
     assert _failure(cluster) == {} and cluster.condition("Stalled")["status"] == "False"
     assert cluster.condition("Available")["reason"] == "MinimumReplicasAvailable"
 

@@ -194,3 +194,12 @@ def test_a_crash_loop_between_two_back_offs_is_still_the_crash_loop() -> None:
     clean_exit = copy.deepcopy(restarted)  # a container that exited 0 and restarted is not a crash
     clean_exit["status"]["containerStatuses"][0]["lastState"]["terminated"]["exitCode"] = 0
     assert ServingPodFact.from_body(clean_exit).reason == ""
+
+
+def test_a_deployment_reason_outside_the_condition_reason_syntax_is_named_replica_failure() -> None:
+    odd = replica_failure(f"{NAME}-redrafter-7d9f4c8b-0") | {"reason": "Failed Create!"}
+    doc = body(validation__enabled=False)
+    st = plan(res_of(doc), _observed(doc, deployment(key=keys(doc)["redrafter"], conditions=[odd]), []), now=NOW,
+              renderers=RENDER).status
+    assert st["serving"]["failure"]["reason"] == "ReplicaFailure"
+    ReDrafterDeploymentStatus.model_validate(st)  # the CRD's reason pattern holds

@@ -9,12 +9,14 @@ GitOps conditions (:mod:`.gitops`) and one Event per cause.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from .facts import Observed
 
 PROGRESS_DEADLINE = "ProgressDeadlineExceeded"
+_REASON = re.compile(r"[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?")  # api/status.py Condition.reason
 PRIMARY_ROLE = "primary"  # the variant Deployment's Pods (render/serving.py); canary and candidate serve no pool
 
 
@@ -59,8 +61,9 @@ def serving_failure(observed: Observed, variants: Iterable[str]) -> ServingFailu
         if dep.failure_reason == PROGRESS_DEADLINE:
             deadline = deadline or ServingFailure(dep.failure_reason, dep.failure_message, dep.name,
                                                   deadline_exceeded=True)
-        elif dep.failure_reason:
-            return ServingFailure(dep.failure_reason, dep.failure_message, dep.name)
+        elif dep.failure_reason:  # a condition reason is CamelCase by API convention; the CRD enforces it here
+            reason = dep.failure_reason if _REASON.fullmatch(dep.failure_reason) else "ReplicaFailure"
+            return ServingFailure(reason, dep.failure_message, dep.name)
     for pod in sorted(observed.serving_pods, key=lambda p: p.name):
         if pod.reason and pod.variant in wanted and pod.role in ("", PRIMARY_ROLE):
             dep = observed.deployments[pod.variant]

@@ -10,6 +10,7 @@ import base64
 import copy
 import json
 import os
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -21,6 +22,7 @@ import yaml
 
 from engine_jobs import contract
 from engine_jobs.contract import ServingConfig
+from redrafter_operator.controller.facts import DeploymentFact, ServingPodFact
 from redrafter_operator.render import names
 from redrafter_operator.render.build import build_configmap, build_job, build_spec
 from redrafter_operator.render.common import Owner
@@ -420,6 +422,118 @@ async def test_validation_job_runs_against_the_variant_services(apiserver: Emula
     term = pods[-1]["status"]["containerStatuses"][0]["state"]["terminated"]
     assert state == "Complete", term
     assert term["exitCode"] == 0 and term["message"]
+
+
+def _failing_deployment(owner: Owner, suffix: str, replicas: int = 1, gpus: int = 0, image: str | None = None,
+                        env: list[dict] | None = None) -> list[dict]:
+    """A serving Deployment (and its ConfigMap) of ``owner`` under its own name, with the given GPU limit,
+    image and env; the engines are not built, so a pod that gets as far as starting crashes."""
+    cm, dep = copy.deepcopy(serving_objects(owner, "redrafter", pool="redrafter"))
+    dep["metadata"]["name"] = f"{owner.name}-{suffix}"
+    dep["spec"]["replicas"] = replicas
+    container = dep["spec"]["template"]["spec"]["containers"][0]
+    if gpus:
+        container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
+    if image:
+        container["image"] = image
+    if env:
+        container["env"] = env
+    return [cm, dep]
+
+
+def _pods_of(em, deployment: str) -> list[dict]:
+    uid = em.get_object("apps/v1", "Deployment", deployment, NS)["metadata"]["uid"]
+    return sorted((p for p in em.list_objects("v1", "Pod", NS, label_selector=f"{names.LABEL_COMPONENT}=serving")
+                   if p["metadata"]["ownerReferences"][0]["uid"] == uid), key=lambda p: p["metadata"]["name"])
+
+
+def _reasons(em, deployment: str) -> list[str]:
+    return [ServingPodFact.from_body(p).reason for p in _pods_of(em, deployment)]
+
+
+async def test_serving_failures_are_written_as_the_scheduler_and_kubelet_write_them(apiserver: EmulatorHandle):
+    em = apiserver.emulator
+    owner = demo_owner()
+    async with SimKubelet(apiserver.url, sync_period=0.2, gpus=1) as node:
+        node.serving.unpullable.add("registry.invalid/triton:missing")
+        gpu = f"{owner.name}-gpu"
+        for obj in (_failing_deployment(owner, "gpu", replicas=2, gpus=1)
+                    + _failing_deployment(owner, "pull", image="registry.invalid/triton:missing")
+                    + _failing_deployment(owner, "config", env=[{"name": "HF_TOKEN", "valueFrom": {
+                        "secretKeyRef": {"name": "hf-token", "key": "token"}}}])):
+            if em.find_object(obj["apiVersion"], obj["kind"], obj["metadata"]["name"], NS) is None:
+                em.create_object(obj)
+
+        # one GPU on the node: the first pod gets it (and crash-loops: its engine was never built), the second
+        # stays Pending with the scheduler's message
+        await wait_for(lambda: sorted(_reasons(em, gpu)) == ["CrashLoopBackOff", "Unschedulable"], 30,
+                       "a crash-looping pod and an unschedulable one")
+        by_reason = {ServingPodFact.from_body(p).reason: p for p in _pods_of(em, gpu)}
+        sched = next(c for c in by_reason["Unschedulable"]["status"]["conditions"] if c["type"] == "PodScheduled")
+        assert (sched["status"], sched["reason"]) == ("False", "Unschedulable")
+        assert sched["message"].startswith("0/1 nodes are available: 1 Insufficient nvidia.com/gpu.")
+        assert not by_reason["Unschedulable"]["status"].get("podIP")
+        crashing = by_reason["CrashLoopBackOff"]
+        cs = crashing["status"]["containerStatuses"][0]
+        assert cs["state"]["waiting"]["reason"] == "CrashLoopBackOff" or cs["restartCount"] >= 1
+        assert cs["lastState"]["terminated"]["exitCode"] == 1 and cs["lastState"]["terminated"]["reason"] == "Error"
+        assert "engine artifact" in cs["lastState"]["terminated"]["message"]
+        fact = ServingPodFact.from_body(crashing)
+        assert "exited with code 1" in fact.message and "engine artifact" in fact.message
+
+        pull = f"{owner.name}-pull"
+        await wait_for(lambda: _reasons(em, pull) == ["ErrImagePull"], 20, "ErrImagePull")
+        await wait_for(lambda: _reasons(em, pull) == ["ImagePullBackOff"], 20, "ImagePullBackOff")
+        waiting = _pods_of(em, pull)[0]["status"]["containerStatuses"][0]["state"]["waiting"]
+        assert waiting["message"] == 'Back-off pulling image "registry.invalid/triton:missing"'
+
+        config = f"{owner.name}-config"
+        await wait_for(lambda: _reasons(em, config) == ["CreateContainerConfigError"], 20, "CreateContainerConfigError")
+        assert ServingPodFact.from_body(_pods_of(em, config)[0]).message == 'secret "hf-token" not found'
+        # the Secret appears: the kubelet's next attempt creates the container (which then crashes: no engine)
+        em.create_object({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf-token", "namespace": NS},
+                          "data": {"token": "eA=="}})
+        await wait_for(lambda: _reasons(em, config) == ["CrashLoopBackOff"], 20, "the config error resolved")
+
+        # the crash loop stays one cause across restarts (no flapping to "no failure" in between)
+        seen = set()
+        for _ in range(25):
+            seen.update(_reasons(em, config))
+            await asyncio.sleep(0.2)
+        assert seen == {"CrashLoopBackOff"}
+
+
+async def test_an_engine_over_its_memory_limit_is_oom_killed_and_the_rollout_times_out(apiserver: EmulatorHandle):
+    try:
+        TritonInstall.find()
+    except TritonUnavailable as exc:
+        pytest.skip(f"tritonserver cannot run here: {exc}")
+    em = apiserver.emulator
+    owner = demo_owner()
+    async with SimKubelet(apiserver.url, sync_period=0.2) as node:
+        assert set((await build_engines(em, owner)).values()) == {"Complete"}
+        node.serving.memory_needed = 2 * 2**30  # the loaded engine takes 2 GiB
+        node.serving.deadline_seconds = 4.0
+        cm, dep = _failing_deployment(owner, "oom")
+        dep["spec"]["template"]["spec"]["containers"][0]["resources"] = {"limits": {"memory": "1Gi"}}
+        em.create_object(cm)
+        em.create_object(dep)
+        name = dep["metadata"]["name"]
+        await wait_for(lambda: _reasons(em, name) == ["OOMKilled"], 60, "OOMKilled")
+        cs = _pods_of(em, name)[0]["status"]["containerStatuses"][0]
+        assert cs["lastState"]["terminated"]["reason"] == "OOMKilled"
+        assert cs["lastState"]["terminated"]["exitCode"] == 137
+        assert "exit code 137" in ServingPodFact.from_body(_pods_of(em, name)[0]).message
+
+        def progressing() -> dict:
+            status = em.get_object("apps/v1", "Deployment", name, NS).get("status") or {}
+            return next((c for c in status.get("conditions") or [] if c["type"] == "Progressing"), {})
+
+        await wait_for(lambda: progressing().get("reason") == "ProgressDeadlineExceeded", 30, "the progress deadline")
+        assert progressing()["status"] == "False"
+        assert re.fullmatch(rf'ReplicaSet "{name}-[0-9a-f]{{8}}" has timed out progressing\.', progressing()["message"])
+        fact = DeploymentFact.from_body(em.get_object("apps/v1", "Deployment", name, NS))
+        assert fact.failure_reason == "ProgressDeadlineExceeded"
 
 
 RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted"}

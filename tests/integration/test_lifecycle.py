@@ -24,6 +24,7 @@ from redrafter_operator.controller.plan_types import ServingTargets
 from redrafter_operator.controller.reconciler import Controller
 from redrafter_operator.render import names
 from redrafter_sim import controllers
+from redrafter_sim.failures import Fault
 from redrafter_sim.server import EmulatorHandle
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,10 +85,13 @@ class Cluster:
         self.emu = handle.emulator
         self.samples: list[tuple[float, str, int]] = []  # (time, service pool, ready endpoint IPs)
         self.pods_ready = True
+        self.faults: dict[str, Fault] = {}  # by Deployment name: what the scheduler/kubelet/admission does to its Pods
+        self.deadline_seconds: float | None = None  # the Deployments' progress deadline, shortened
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            controllers.reconcile_once(self.emu, NS, pods_ready=self.pods_ready)
+            controllers.reconcile_once(self.emu, NS, pods_ready=self.pods_ready, faults=self.faults,
+                                       deadline_seconds=self.deadline_seconds)
             svc = self.emu.find_object("v1", "Service", NAME, NS)
             if svc:
                 pool = svc["spec"]["selector"].get(names.LABEL_TRAFFIC, "")

@@ -98,7 +98,7 @@ def test_crd_is_a_valid_crd(committed_crd):
     version = committed_crd["spec"]["versions"][0]
     assert version["subresources"]["scale"]["labelSelectorPath"] == ".status.serving.selector"
     assert [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")] == [
-        "Phase", "Engine", "Ready", "Acceptance", "Age"]
+        "Phase", "Engine", "Ready", "Reason", "Acceptance", "Age"]
 
 
 def test_crd_is_structural(committed_crd):

@@ -37,7 +37,7 @@ CONTROLLER_LAYERS: list[str | set[str]] = [
     {"engines", "status"},
     "targets",  # serving targets and the blue/green step
     "renderers",
-    "gate",  # the validation gate's rules (pure)
+    {"gate", "serving_health", "gitops"},  # pure rules: the validation gate, serving failures, GitOps health
     "resource_io",  # what the reconciler and the evaluators share
     "workqueue",
     {"apply", "metrics"},

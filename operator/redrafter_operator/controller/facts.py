@@ -150,6 +150,75 @@ class PodFact:
                    started=body.get("metadata", {}).get("creationTimestamp", ""))
 
 
+#: container waiting reasons the kubelet writes when a container cannot start (pkg/kubelet/images/types.go,
+#: pkg/kubelet/kuberuntime/kuberuntime_container.go, pkg/kubelet/container/sync_result.go at Kubernetes
+#: v1.30); ContainerCreating / PodInitializing are the normal way up and are not failures
+FAILED_WAITING = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
+                  "CreateContainerConfigError", "CreateContainerError", "RunContainerError", "CrashLoopBackOff")
+
+
+@dataclass(frozen=True)
+class ServingPodFact:
+    """A serving Pod, and why it cannot serve when the scheduler or the kubelet says so.
+
+    ``reason``/``message`` are empty for a Pod on its normal way up (scheduled, pulling, loading the
+    engine); a failure is what the scheduler (PodScheduled=False, Unschedulable) or the kubelet
+    (a container waiting for one of :data:`FAILED_WAITING`, or last killed for memory) wrote.
+    """
+
+    name: str
+    owner: str  # LABEL_DEPLOYMENT value
+    variant: str
+    role: str
+    ready: bool
+    reason: str = ""
+    message: str = ""
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> "ServingPodFact":
+        labels = _labels(body)
+        status = body.get("status") or {}
+        conditions = {c.get("type"): c for c in status.get("conditions") or []}
+        ready = (conditions.get("Ready") or {}).get("status") == "True"
+        reason, message = ("", "") if ready else _pod_failure(status, conditions)
+        return cls(name=body.get("metadata", {}).get("name", ""), owner=labels.get(names.LABEL_DEPLOYMENT, ""),
+                   variant=labels.get(names.LABEL_VARIANT, ""), role=labels.get(names.LABEL_ROLE, ""),
+                   ready=ready, reason=reason, message=message)
+
+
+def _pod_failure(status: Mapping[str, Any], conditions: Mapping[str, Mapping[str, Any]]) -> tuple[str, str]:
+    """(reason, message) of a Pod that is not Ready because something failed, ("", "") otherwise."""
+    scheduled = conditions.get("PodScheduled") or {}
+    if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
+        return "Unschedulable", scheduled.get("message") or "no node can run the pod"
+    for cs in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        name = cs.get("name", "")
+        state, last = cs.get("state") or {}, (cs.get("lastState") or {}).get("terminated") or {}
+        term = state.get("terminated") or {}
+        waiting = state.get("waiting") or {}
+        restarts = int(cs.get("restartCount") or 0)
+        if term.get("reason") == "OOMKilled" or (last.get("reason") == "OOMKilled" and not cs.get("ready")):
+            code = (term or last).get("exitCode", 137)
+            return "OOMKilled", (f"container {name} was killed for exceeding its memory limit (OOMKilled, exit code "
+                                 f"{code}), restarted {restarts} times")
+        if waiting.get("reason") in FAILED_WAITING:
+            detail = waiting.get("message") or ""
+            if waiting["reason"] == "CrashLoopBackOff" and last:
+                detail = _exited(name, last, restarts) + (f"; {detail}" if detail else "")
+            return waiting["reason"], detail or f"container {name} is waiting: {waiting['reason']}"
+        if last.get("exitCode") and restarts and not cs.get("ready"):
+            # between two back-offs the kubelet runs the container again (state running, not Ready): the
+            # same crash loop, not a recovery, until the container stays up and gets Ready
+            return "CrashLoopBackOff", _exited(name, last, restarts)
+    return "", ""
+
+
+def _exited(container: str, last: Mapping[str, Any], restarts: int) -> str:
+    why = (last.get("message") or last.get("reason") or "").strip()
+    return (f"container {container} exited with code {last.get('exitCode')}" + (f" ({why})" if why else "")
+            + f", restarted {restarts} times")
+
+
 @dataclass(frozen=True)
 class DeploymentFact:
     """One serving Deployment: which engine it runs and whether its rollout is done."""
@@ -164,12 +233,15 @@ class DeploymentFact:
     generation: int
     observed_generation: int
     applied_hash: str
+    failure_reason: str = ""  # ReplicaFailure=True or Progressing=False ProgressDeadlineExceeded
+    failure_message: str = ""
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> "DeploymentFact":
         meta = body.get("metadata", {})
         status = body.get("status") or {}
         spec_replicas = (body.get("spec") or {}).get("replicas")
+        failure_reason, failure_message = _deployment_failure(status)
         return cls(
             name=meta.get("name", ""),
             variant=_labels(body).get(names.LABEL_VARIANT, ""),
@@ -181,6 +253,8 @@ class DeploymentFact:
             generation=int(meta.get("generation") or 0),
             observed_generation=int(status.get("observedGeneration") or 0),
             applied_hash=_annotations(body).get(ANNOTATION_APPLIED_HASH, ""),
+            failure_reason=failure_reason,
+            failure_message=failure_message,
         )
 
     @property
@@ -192,6 +266,20 @@ class DeploymentFact:
             and self.ready_replicas >= self.replicas
             and self.total_replicas <= self.replicas
         )
+
+
+def _deployment_failure(status: Mapping[str, Any]) -> tuple[str, str]:
+    """What the Deployment controller reports as stuck (pkg/controller/deployment/util/deployment_util.go,
+    Kubernetes v1.30): ReplicaFailure=True (the ReplicaSet's FailedCreate: admission, quota, Pod Security)
+    or Progressing=False with reason ProgressDeadlineExceeded."""
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    failure = conditions.get("ReplicaFailure") or {}
+    if failure.get("status") == "True":
+        return failure.get("reason") or "ReplicaFailure", failure.get("message") or ""
+    progressing = conditions.get("Progressing") or {}
+    if progressing.get("status") == "False" and progressing.get("reason") == "ProgressDeadlineExceeded":
+        return "ProgressDeadlineExceeded", progressing.get("message") or ""
+    return "", ""
 
 
 @dataclass(frozen=True)
@@ -229,5 +317,6 @@ class Observed:
     jobs: list[JobFact] = field(default_factory=list)  # this resource's build Jobs
     pods: dict[str, PodFact] = field(default_factory=dict)  # build Pod outcome by Job name
     deployments: dict[str, DeploymentFact] = field(default_factory=dict)  # by variant, and "canary" / "candidate"
+    serving_pods: list[ServingPodFact] = field(default_factory=list)  # this resource's serving Pods
     service_pool: str | None = None  # traffic pool the stable Service selects now (None: no Service)
     shared: dict[str, SharedArtifact] = field(default_factory=dict)  # by variant

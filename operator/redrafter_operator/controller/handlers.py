@@ -19,11 +19,12 @@ import kopf
 
 from ..api import GROUP, PLURAL, VERSION
 from ..render import names
-from .facts import DeploymentFact, JobFact, ObjectFact, PodFact
+from .facts import DeploymentFact, JobFact, ObjectFact, PodFact, ServingPodFact
 from .reconciler import Controller
 
 MANAGED = {"app.kubernetes.io/managed-by": names.MANAGED_BY}
 BUILD = {**MANAGED, names.LABEL_COMPONENT: "engine-build"}
+SERVING = {**MANAGED, names.LABEL_COMPONENT: "serving"}
 
 
 def register(registry: kopf.OperatorRegistry, make_controller: Callable[[], Awaitable[Controller]],
@@ -65,6 +66,12 @@ def register(registry: kopf.OperatorRegistry, make_controller: Callable[[], Awai
         pod = PodFact.from_body(body)
         return {(namespace, pod.job): pod} if pod.job else {}
 
+    @kopf.index("", "v1", "pods", labels=SERVING, registry=registry, id="rdd_serving_pods")
+    def rdd_serving_pods(body: kopf.Body, namespace: str, **_: Any) -> dict[Any, ServingPodFact]:
+        """Serving Pods: the scheduler's and the kubelet's word on why a rollout does not progress."""
+        pod = ServingPodFact.from_body(body)
+        return {("owner", namespace, pod.owner): pod} if pod.owner else {}
+
     @kopf.index("apps", "v1", "deployments", labels=MANAGED, registry=registry, id="rdd_deployments")
     def rdd_deployments(body: kopf.Body, namespace: str, **_: Any) -> dict[Any, DeploymentFact]:
         dep = DeploymentFact.from_body(body)
@@ -102,6 +109,7 @@ def register(registry: kopf.OperatorRegistry, make_controller: Callable[[], Awai
 
     kopf.on.event("batch", "v1", "jobs", labels=BUILD, registry=registry, id="job_event")(child_event)
     kopf.on.event("", "v1", "pods", labels=BUILD, registry=registry, id="build_pod_event")(child_event)
+    kopf.on.event("", "v1", "pods", labels=SERVING, registry=registry, id="serving_pod_event")(child_event)
     kopf.on.event("apps", "v1", "deployments", labels=MANAGED, registry=registry, id="deployment_event")(child_event)
     kopf.on.event("", "v1", "services", labels=MANAGED, registry=registry, id="service_event")(child_event)
 

@@ -17,7 +17,7 @@ from ..api.spec import ReDrafterDeploymentSpec
 from ..render import names
 from ..render.build import artifact_path
 from .apply import KubeClient
-from .facts import DeploymentFact, JobFact, ObjectFact, Observed, PodFact, SharedArtifact
+from .facts import DeploymentFact, JobFact, ObjectFact, Observed, PodFact, ServingPodFact, SharedArtifact
 from .plan_types import Resource
 from .resource_io import index_entries
 
@@ -75,6 +75,8 @@ def observe(indexes: Mapping[str, Any], res: Resource, claim: str, paths: Mappin
             deployments["canary"] = dep
         elif dep.name == names.candidate_name(res.name):
             deployments["candidate"] = dep
+    serving_pods: list[ServingPodFact] = sorted(index_entries(indexes, "rdd_serving_pods", ("owner", ns, owner)),
+                                                key=lambda p: p.name)
     services: list[ObjectFact] = index_entries(indexes, "rdd_services", ("name", ns, names.service_name(res.name)))
     shared: dict[str, SharedArtifact] = {}
     for variant, path in paths.items():
@@ -92,7 +94,7 @@ def observe(indexes: Mapping[str, Any], res: Resource, claim: str, paths: Mappin
                 and not index_entries(indexes, "rdd_jobs", ("name", ns, c.job))):  # once seen, the Job itself tells
             building = c.job
         shared[variant] = SharedArtifact(ready_by=ready_by, building_job=building)
-    return Observed(jobs=jobs, pods=pods, deployments=deployments,
+    return Observed(jobs=jobs, pods=pods, deployments=deployments, serving_pods=serving_pods,
                     service_pool=services[0].pool if services else None, shared=shared)
 
 

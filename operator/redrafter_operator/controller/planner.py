@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from ..api.spec import ReDrafterDeploymentSpec, spec_errors
 from ..render.common import Owner
 from .engines import plan_engine
-from .facts import Observed
+from .facts import Observed, manifest_hash
 from .gate import gate_from_status, promotion_state
 from .plan_types import READY_STATES, Plan, Renderers, Resource, ServingTargets
 from .status import invalid_plan, resource_status, status_events
@@ -71,6 +71,8 @@ def plan(
         result.apply += renderers.services(owner, step.pool)
 
     result.status = resource_status(res, spec, observed, engines=engines, targets=tgt, step=step, deploy=deploy,
-                                    gate=gate, stable=stable, candidate=candidate, now=now)
+                                    gate=gate, stable=stable, candidate=candidate, now=now,
+                                    applied={m["metadata"]["name"]: manifest_hash(m) for m in result.apply
+                                             if m.get("kind") == "Deployment"})
     status_events(old_status, result.status, result)
     return result

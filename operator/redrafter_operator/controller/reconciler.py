@@ -143,6 +143,9 @@ class Controller:
             else:  # a build Pod: its owner is a Job, whose owner is the resource
                 for job in index_entries(self.indexes, "rdd_jobs", ("name", ns, name)):
                     self._enqueue_owner(ns, job.owner)
+        labels = meta.get("labels") or {}
+        if raw.get("kind") == "Pod" and labels.get(names.LABEL_COMPONENT) == "serving":
+            self._enqueue_owner(ns, labels.get(names.LABEL_DEPLOYMENT, ""))  # owned by a ReplicaSet, not by us
         if raw.get("kind") == "Job":
             job = JobFact.from_body(raw)
             for key, waits in self.waiting.items():

@@ -16,15 +16,21 @@ from ..render import names
 from .conditions import Cond, find, merge_conditions
 from .facts import DeploymentFact, Observed
 from .gate import ANNOTATION_RETRY_VALIDATION, Gate
+from .gitops import gitops_conditions
 from .plan_types import EventSpec, Plan, Resource, ServingTargets
+from .serving_health import ServingFailure, serving_failure
 from .targets import ServingPlan
 
 
 def resource_status(res: Resource, spec: ReDrafterDeploymentSpec, observed: Observed, *,
                     engines: Mapping[str, Mapping[str, Any]], targets: ServingTargets, step: ServingPlan,
                     deploy: Mapping[str, str | None], gate: Gate | None, stable: str | None,
-                    candidate: str | None, now: str) -> dict[str, Any]:
-    """The whole status after one plan step: what serves, how ready, and why (conditions and phase)."""
+                    candidate: str | None, now: str, applied: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The whole status after one plan step: what serves, how ready, and why (conditions and phase).
+
+    ``applied`` maps each Deployment this step applies to its manifest hash: a Deployment whose observed
+    hash differs has not seen this step's spec yet, so its rollout is not complete however Ready it is.
+    """
     old_status = dict(res.status)
     old_conditions = list(old_status.get("conditions") or [])
     active = step.pool
@@ -33,7 +39,9 @@ def resource_status(res: Resource, spec: ReDrafterDeploymentSpec, observed: Obse
     ready = active_dep.ready_replicas if active_dep and observed.service_pool == active else 0
     target_engine = engines[targets.active]
     current_key = bool(active_dep and active_dep.key == engines[active]["key"]) if active else False
-    rolled = bool(active_dep and active_dep.rolled_out and active_dep.replicas == want_active)
+    current_spec = bool(active_dep and (not active_dep.applied_hash or not applied
+                                        or applied.get(active_dep.name, active_dep.applied_hash) == active_dep.applied_hash))
+    rolled = bool(active_dep and active_dep.rolled_out and active_dep.replicas == want_active and current_spec)
     settled = bool(active and active == targets.active and not step.switching and current_key and rolled
                    and observed.service_pool == active)
     # after the switch completes, the scale-down of the old pool must also be observed
@@ -45,6 +53,8 @@ def resource_status(res: Resource, spec: ReDrafterDeploymentSpec, observed: Obse
     failed = [v for v in VARIANTS if engines[v]["state"] == "Failed"]
     building = [v for v in VARIANTS if engines[v]["state"] == "Building"]
     available = ready >= 1
+    running = [v for v in VARIANTS if step.replicas.get(v, 0) > 0 and deploy[v] is not None]
+    failure = None if settled else serving_failure(observed, running)
 
     conds = [Cond("SpecValid", "True", "Valid", "spec is valid")]
     if failed:
@@ -66,11 +76,16 @@ def resource_status(res: Resource, spec: ReDrafterDeploymentSpec, observed: Obse
     elif active is None:
         reason = "EngineFailed" if target_engine["state"] == "Failed" else "EngineNotReady"
         conds.append(Cond("Available", "False", reason, f"the {targets.active} engine is {target_engine['state']}"))
+    elif failure:
+        conds.append(Cond("Available", "False", failure.reason, f"0/{want_active} {active} replicas Ready; {failure.summary}"))
     else:
         conds.append(Cond("Available", "False", "NoReadyReplicas", f"0/{want_active} {active} replicas Ready"))
     invalid = _validation_failure(gate, stable, old_status, engines)
     if targets.active in failed and not available:
         conds.append(Cond("Progressing", "False", "BuildFailed", f"the {targets.active} engine could not be built"))
+    elif failure:  # the kubelet retries, so it is still progressing, until the Deployment's deadline says not
+        conds.append(Cond("Progressing", "False" if failure.deadline_exceeded else "True", failure.reason,
+                          failure.summary))
     elif invalid and not step.switching:
         conds.append(Cond("Progressing", "False", "ValidationFailed", invalid))
     elif gate and gate.state in ("Pending", "Running") and not step.switching:  # not promoted yet: not complete
@@ -88,6 +103,10 @@ def resource_status(res: Resource, spec: ReDrafterDeploymentSpec, observed: Obse
         conds.append(Cond("Progressing", "True", "Building", f"building the {' and '.join(building)} engine(s)"))
     else:
         conds.append(Cond("Progressing", "True", "RollingOut", f"waiting for {active or targets.active} replicas to be Ready"))
+    by_type = {c.type: c for c in conds}
+    stall = (("BuildFailed", by_type["EnginesReady"].message) if failed else (failure.reason, failure.summary)
+             if failure else ("ValidationFailed", invalid) if invalid else None)
+    conds += gitops_conditions(by_type["Progressing"], by_type["Available"], stall)
     if spec.speculation.mode == "Never":
         conds.append(Cond("SpeculationHealthy", "False", "SpeculationDisabled", "speculation.mode is Never: serving the base engine"))
     elif not find(old_conditions, "SpeculationHealthy") or find(old_conditions, "SpeculationHealthy").get("reason") == "SpeculationDisabled":
@@ -119,6 +138,7 @@ def resource_status(res: Resource, spec: ReDrafterDeploymentSpec, observed: Obse
             "readyReplicas": ready,
             "selector": names.selector_string(names.traffic_selector(res.name, active or targets.active)),
             "service": names.service_name(res.name),
+            **({"failure": failure.as_status()} if failure else {}),
         },
     )
     if active:
@@ -146,6 +166,7 @@ def invalid_plan(res: Resource, errors: list[str], now: str) -> Plan:
         Cond("SpecValid", "False", "InvalidSpec", message),
         Cond("Progressing", "False", "InvalidSpec", "fix the spec; nothing is changed until it is valid"),
     ]
+    conds += gitops_conditions(conds[1], None, ("InvalidSpec", message))
     phase = old.get("phase") if old.get("phase") in ("Serving", "Degraded") else "Failed"
     status = {**{k: v for k, v in old.items() if k != "kopf"}, "phase": phase, "observedGeneration": res.generation,
               "conditions": merge_conditions(old.get("conditions") or [], conds, generation=res.generation, now=now)}
@@ -164,6 +185,10 @@ def status_events(old: Mapping[str, Any], new: Mapping[str, Any], p: Plan, skip_
             p.events.append(EventSpec("Normal", "SpecValid", "spec is valid again"))
     if old.get("activeEngine") and new.get("activeEngine") and old["activeEngine"] != new["activeEngine"]:
         p.events.append(EventSpec("Normal", "Switched", f"Service now selects the {new['activeEngine']} engine (was {old['activeEngine']})"))
+    failure = ServingFailure.from_status(new.get("serving"))
+    before = ServingFailure.from_status(old.get("serving"))
+    if failure and (before is None or (before.reason, before.pod, before.deployment) != (failure.reason, failure.pod, failure.deployment)):
+        p.events.append(EventSpec("Warning", failure.reason, failure.summary))  # once per cause, not per reconcile
     if old.get("phase") != new.get("phase"):
         serving = new.get("serving") or {}
         typ = "Warning" if new.get("phase") in ("Failed", "Degraded") else "Normal"

@@ -10,7 +10,8 @@ from .types import ApiModel
 
 Phase = Literal["Pending", "Building", "Deploying", "Serving", "Degraded", "Failed"]
 EngineState = Literal["Pending", "Cached", "Building", "Ready", "Failed"]
-ConditionType = Literal["SpecValid", "EnginesReady", "Validated", "Available", "Progressing", "SpeculationHealthy"]
+ConditionType = Literal["SpecValid", "EnginesReady", "Validated", "Available", "Progressing", "SpeculationHealthy",
+                        "InferencePoolReady"]
 CONDITION_TYPES: tuple[str, ...] = ConditionType.__args__  # type: ignore[attr-defined]
 HISTORY_LIMIT = 20
 
@@ -19,7 +20,8 @@ class Condition(ApiModel):
     """A Kubernetes-style condition (metav1.Condition)."""
 
     type: str = Field(
-        description="SpecValid, EnginesReady, Validated, Available, Progressing or SpeculationHealthy."
+        description="SpecValid, EnginesReady, Validated, Available, Progressing, SpeculationHealthy or "
+        "InferencePoolReady (with spec.routing.inferencePool)."
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", max_length=1024,

@@ -196,7 +196,8 @@ class DeploymentFact:
 
 @dataclass(frozen=True)
 class ObjectFact:
-    """Any other child (ConfigMap, Service): its applied hash and, for Services, the traffic pool."""
+    """Any other child (ConfigMap, Service, InferencePool): its applied hash and, for what selects serving pods
+    (a Service's ``selector``, an InferencePool's ``selector.matchLabels``), the traffic pool."""
 
     kind: str
     name: str
@@ -206,6 +207,8 @@ class ObjectFact:
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> "ObjectFact":
         selector = (body.get("spec") or {}).get("selector") or {}
+        if isinstance(selector, dict) and isinstance(selector.get("matchLabels"), dict):
+            selector = selector["matchLabels"]
         return cls(
             kind=body.get("kind", ""),
             name=body.get("metadata", {}).get("name", ""),
@@ -230,4 +233,5 @@ class Observed:
     pods: dict[str, PodFact] = field(default_factory=dict)  # build Pod outcome by Job name
     deployments: dict[str, DeploymentFact] = field(default_factory=dict)  # by variant, and "canary" / "candidate"
     service_pool: str | None = None  # traffic pool the stable Service selects now (None: no Service)
+    routing_pool: str | None = None  # traffic pool the InferencePool <name> selects now (None: none observed)
     shared: dict[str, SharedArtifact] = field(default_factory=dict)  # by variant

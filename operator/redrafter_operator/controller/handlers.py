@@ -1,7 +1,7 @@
 """The kopf shell: the watch-fed indexes, the event handlers that feed the work queue, and startup/cleanup.
 
   * kopf watches ReDrafterDeployments and the labelled children (Jobs, build Pods, Deployments,
-    Services, ConfigMaps) and keeps small facts about them in ``@kopf.index`` indexes; kopf starts
+    Services, ConfigMaps, InferencePools) and keeps small facts about them in ``@kopf.index`` indexes; kopf starts
     handlers only after every index is populated, so a restarted operator sees every existing Job
     before it decides anything (never a duplicate Job).
   * ``@kopf.on.event`` handlers do nothing but hand the object to the controller, which enqueues the
@@ -18,7 +18,7 @@ from typing import Any, Awaitable, Callable, Mapping
 import kopf
 
 from ..api import GROUP, PLURAL, VERSION
-from ..render import names
+from ..render import inference_pool, names
 from .facts import DeploymentFact, JobFact, ObjectFact, PodFact
 from .reconciler import Controller
 
@@ -75,6 +75,13 @@ def register(registry: kopf.OperatorRegistry, make_controller: Callable[[], Awai
     def rdd_configmaps(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[Any, ObjectFact]:
         return {("name", namespace, name): ObjectFact.from_body(body)}
 
+    # The InferencePool CRD may be absent (the feature is optional): kopf then serves nothing for these two
+    # handlers and starts watching as soon as the CRD is installed (it watches CRDs); indexes never block on it.
+    @kopf.index(inference_pool.GROUP, inference_pool.VERSION, inference_pool.PLURAL, labels=MANAGED, registry=registry,
+                id="rdd_inferencepools")
+    def rdd_inferencepools(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[Any, ObjectFact]:
+        return {("name", namespace, name): ObjectFact.from_body(body)}
+
     @kopf.index(GROUP, VERSION, PLURAL, registry=registry, id="rdd_ready")
     def rdd_ready(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[Any, str]:
         """Artifacts a resource's status shows Ready: they outlive the Jobs that built them."""
@@ -95,6 +102,8 @@ def register(registry: kopf.OperatorRegistry, make_controller: Callable[[], Awai
     kopf.on.event("", "v1", "pods", labels=BUILD, registry=registry, id="build_pod_event")(child_event)
     kopf.on.event("apps", "v1", "deployments", labels=MANAGED, registry=registry, id="deployment_event")(child_event)
     kopf.on.event("", "v1", "services", labels=MANAGED, registry=registry, id="service_event")(child_event)
+    kopf.on.event(inference_pool.GROUP, inference_pool.VERSION, inference_pool.PLURAL, labels=MANAGED,
+                  registry=registry, id="inferencepool_event")(child_event)
 
 
 __all__ = ["register"]

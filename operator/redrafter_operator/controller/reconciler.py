@@ -28,8 +28,9 @@ from .apply import ApiError, Applier, KubeClient, merge_patch
 from .facts import JobFact
 from .metrics import OperatorMetrics
 from .observe import BuildClaim, ClaimRef, FailedPodMessages, cache_of, observe, observed_hash
-from .plan_types import Plan, Renderers, Resource, ServingTargets
+from .plan_types import EventSpec, Plan, Renderers, Resource, ServingTargets
 from .planner import plan
+from .routing import CRD_MISSING_MESSAGE, crd_missing
 from .resource_io import Evaluator, Key, index_entries, now_rfc3339, post_event, status_path
 from .workqueue import WorkQueue
 
@@ -245,7 +246,18 @@ class Controller:
             if created and manifest["kind"] == "Job":
                 self.metrics.builds.labels(manifest["metadata"]["labels"][names.LABEL_VARIANT], "started").inc()
         for manifest in result.apply:
-            await self.applier.ensure(manifest)
+            try:
+                await self.applier.ensure(manifest)
+            except ApiError as exc:
+                # An API the cluster does not serve answers 404 to the write: only the optional InferencePool
+                # may be missing; say so in status (and an Event) instead of failing the whole reconcile.
+                if exc.status != 404 or manifest["kind"] != "InferencePool":
+                    raise
+                result.status, news = crd_missing(res.status, result.status, generation=res.generation, now=now_rfc3339())
+                if news:
+                    result.events.append(EventSpec("Warning", "InferencePoolCRDMissing", CRD_MISSING_MESSAGE))
+        for manifest in result.delete:
+            await self.applier.delete(manifest)
         self.waiting[key] = {(claim, e["path"]) for e in result.status.get("engines", {}).values()
                              if e.get("state") == "Building"}
         current = {k: v for k, v in res.status.items() if k != "kopf"}

@@ -6,7 +6,7 @@ from typing import Any
 
 from engine_jobs.contract import Variant
 
-from ..render import names, serving
+from ..render import inference_pool, names, serving
 from ..render.common import Owner
 from .plan_types import Renderers
 
@@ -26,5 +26,10 @@ def _candidate(owner: Owner, key: str, replicas: int) -> list[dict[str, Any]]:
             serving.candidate_deployment(owner, key, replicas), serving.candidate_service(owner)]
 
 
+def _inference_pool(owner: Owner, pool: Variant) -> list[dict[str, Any]]:
+    return [inference_pool.inference_pool(owner, pool)]
+
+
 def default_renderers() -> Renderers:
-    return Renderers(variant=_variant, services=serving.services, canary=_canary, candidate=_candidate)
+    return Renderers(variant=_variant, services=serving.services, canary=_canary, candidate=_candidate,
+                     inference_pool=_inference_pool)

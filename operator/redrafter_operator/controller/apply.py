@@ -190,9 +190,13 @@ class Applier:
         self._applied[self._ref(manifest)] = _Applied(digest, time.monotonic())
         return True
 
+    def deleted(self, obj: Mapping[str, Any]) -> None:
+        """A child observed deleted: what this process wrote to it no longer holds (the next ensure recreates it)."""
+        self._applied.pop(self._ref(obj), None)
+
     async def delete(self, manifest: Mapping[str, Any]) -> None:
         """Delete a child no longer wanted (already gone is fine), forgetting what this process applied to it."""
-        self._applied.pop(self._ref(manifest), None)
+        self.deleted(manifest)
         try:
             await self.client.request("DELETE", object_path(manifest))
         except ApiError as exc:

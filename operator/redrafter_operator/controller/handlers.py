@@ -96,7 +96,7 @@ def register(registry: kopf.OperatorRegistry, make_controller: Callable[[], Awai
         memo.controller.on_resource_event(event.get("type"), event["object"])
 
     def child_event(event: Mapping[str, Any], memo: kopf.Memo, **_: Any) -> None:
-        memo.controller.on_child_event(event["object"])
+        memo.controller.on_child_event(event["object"], deleted=event.get("type") == "DELETED")
 
     kopf.on.event("batch", "v1", "jobs", labels=BUILD, registry=registry, id="job_event")(child_event)
     kopf.on.event("", "v1", "pods", labels=BUILD, registry=registry, id="build_pod_event")(child_event)

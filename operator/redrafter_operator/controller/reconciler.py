@@ -134,9 +134,11 @@ class Controller:
         if old is None or _reconcile_relevant(old) != _reconcile_relevant(body):
             self.queue.add(key)
 
-    def on_child_event(self, raw: Mapping[str, Any]) -> None:
+    def on_child_event(self, raw: Mapping[str, Any], deleted: bool = False) -> None:
         meta = raw.get("metadata") or {}
         ns = meta.get("namespace") or "default"
+        if deleted and raw.get("kind") and meta.get("name"):
+            self.applier.deleted({**raw, "metadata": {**meta, "namespace": ns}})
         owners = [r.get("name") for r in meta.get("ownerReferences") or [] if r.get("kind") in (KIND, "Job")]
         for name in owners:
             if (ns, name) in self.bodies:

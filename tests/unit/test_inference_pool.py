@@ -182,3 +182,18 @@ def test_turning_the_feature_off_deletes_the_pool_and_drops_the_condition():
     assert find(p.status["conditions"], CONDITION) is None
     # gone: nothing left to delete
     assert run(off, serving(off, service="redrafter", routing=None), p.status).delete == []
+
+
+def test_the_documented_pool_is_what_the_operator_renders():
+    """docs/gateway.md shows the pool the operator creates: it must not drift from the renderer."""
+    import re
+
+    blocks = re.findall(r"```yaml\n(.*?)```", (ROOT / "docs" / "gateway.md").read_text(), re.S)
+    documented = next(d for b in blocks for d in yaml.safe_load_all(b) if d and d.get("kind") == "InferencePool")
+    spec_block = next(yaml.safe_load(b) for b in blocks if "routing:" in b)
+    doc = example(**spec_block["spec"]["routing"]["inferencePool"])
+    rendered = inference_pool(Owner.from_body(doc), "redrafter")
+    assert documented["spec"] == rendered["spec"] and documented["apiVersion"] == rendered["apiVersion"]
+    route = next(d for b in blocks for d in yaml.safe_load_all(b) if d and d.get("kind") == "HTTPRoute")
+    assert route["spec"]["rules"][0]["backendRefs"] == [
+        {"group": rendered["apiVersion"].split("/")[0], "kind": "InferencePool", "name": rendered["metadata"]["name"]}]

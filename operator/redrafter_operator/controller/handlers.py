@@ -23,12 +23,34 @@ from .facts import DeploymentFact, JobFact, ObjectFact, PodFact
 from .reconciler import Controller
 
 MANAGED = {"app.kubernetes.io/managed-by": names.MANAGED_BY}
+_UNRESOLVED = "Unresolved resources cannot be served"  # kopf 1.45, _core/reactor/observation.py
+
+
+class OptionalApiFilter(logging.Filter):
+    """Drops kopf's warning when the only unresolved resource is the optional InferencePool API.
+
+    Without its CRD (the feature unused) nothing is wrong; a resource that enables it gets the
+    ``InferencePoolReady=False CRDNotInstalled`` condition instead, and kopf starts watching once it appears.
+    """
+
+    SELECTOR = f"Selector(group='{inference_pool.GROUP}', version='{inference_pool.VERSION}', any_name='{inference_pool.PLURAL}')"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith(_UNRESOLVED) and message.split(":", 1)[-1].strip() == self.SELECTOR)
+
+
+def _quiet_optional_apis() -> None:
+    logger = logging.getLogger("kopf._core.reactor.observation")
+    if not any(isinstance(f, OptionalApiFilter) for f in logger.filters):
+        logger.addFilter(OptionalApiFilter())
 BUILD = {**MANAGED, names.LABEL_COMPONENT: "engine-build"}
 
 
 def register(registry: kopf.OperatorRegistry, make_controller: Callable[[], Awaitable[Controller]],
              configure: Callable[[kopf.OperatorSettings], None] | None = None) -> None:
     """Register every handler into ``registry`` (a fresh one per run keeps test runs independent)."""
+    _quiet_optional_apis()
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:

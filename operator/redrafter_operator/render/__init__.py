@@ -7,6 +7,7 @@ from typing import Any
 from engine_jobs.contract import VARIANTS, Variant
 
 from ..api.engine_key import engine_key
+from . import inference_pool as _inference_pool
 from .build import build_configmap, build_job
 from .common import Owner
 from .serving import serving_configmap, serving_deployment, services
@@ -27,4 +28,7 @@ def render_all(owner: Owner, active: Variant = "redrafter") -> list[dict[str, An
         key = engine_key(spec, variant)
         replicas = spec.serving.replicas if variant == active else standby
         out += [serving_configmap(owner, variant, key), serving_deployment(owner, variant, key, replicas)]
-    return out + services(owner, active)
+    out += services(owner, active)
+    if spec.routing.inference_pool.enabled:
+        out.append(_inference_pool.inference_pool(owner, active))
+    return out

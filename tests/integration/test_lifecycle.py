@@ -94,21 +94,17 @@ class Cluster:
             if svc:
                 pool = svc["spec"]["selector"].get(names.LABEL_TRAFFIC, "")
                 self.samples.append((time.monotonic(), pool, len(set(controllers.ready_endpoint_ips(self.emu, NAME, NS)))))
-            if self.inference_pools_served():
-                ipool = self.emu.find_object(INFERENCE_POOL_API, "InferencePool", NAME, NS)
-                if ipool:
-                    match = ipool["spec"]["selector"]["matchLabels"]
-                    pods = self.emu.list_objects("v1", "Pod", NS, label_selector=names.selector_string(match))
-                    self.pool_samples.append((time.monotonic(), match.get(names.LABEL_TRAFFIC, ""),
-                                              sum(1 for p in pods if controllers.is_pod_ready(p))))
+            self.sample_inference_pool()
             await asyncio.sleep(0.05)  # not wait_for(stop.wait()): kopf cancels tasks spawned while it runs
 
-    def inference_pools_served(self) -> bool:
-        try:
-            self.emu.resource_type(INFERENCE_POOL_API, "InferencePool")
-        except KeyError:
-            return False
-        return True
+    def sample_inference_pool(self) -> None:
+        """Which pool the InferencePool selects now, and how many Ready pods that is (if the CRD is served)."""
+        ipool = self.emu.find_object(INFERENCE_POOL_API, "InferencePool", NAME, NS)  # None without the CRD too
+        if ipool:
+            match = ipool["spec"]["selector"]["matchLabels"]
+            pods = self.emu.list_objects("v1", "Pod", NS, label_selector=names.selector_string(match))
+            self.pool_samples.append((time.monotonic(), match.get(names.LABEL_TRAFFIC, ""),
+                                      sum(1 for p in pods if controllers.is_pod_ready(p))))
 
     # -- views --
     def rdd(self, name: str = NAME) -> dict[str, Any]:
@@ -517,6 +513,7 @@ async def test_inference_pool_follows_every_switch_blue_green(cluster: Cluster, 
             await until(lambda: cluster.deployment(other)["spec"]["replicas"] == 0, what=f"{other} scaled down")
             await until(lambda: cluster.condition("Progressing")["reason"] == "Complete", what="switch complete")
             await until(lambda: cluster.condition("InferencePoolReady")["status"] == "True", what="pool Ready")
+            await until(lambda: cluster.pool_samples[-1][1] == target, what="a sample of the pool on the target")
             samples = cluster.pool_samples[start:]
             assert [s for s in samples if s[2] == 0] == [], f"the InferencePool selected no Ready pod: {samples}"
             assert samples[0][1] == other and samples[-1][1] == target  # it moved, within this switch

@@ -25,10 +25,10 @@ PLURAL = "inferencepools"
 
 
 def inference_pool(owner: Owner, pool: Variant) -> dict[str, Any]:
-    """``<name>``: selects every pod of the traffic pool ``pool`` on the OpenAI port (``None``-free, v1 schema)."""
+    """``<name>``: every pod of the traffic pool ``pool``, on the OpenAI port, for the user's endpoint picker."""
     cfg = owner.spec.routing.inference_pool
     picker = cfg.endpoint_picker_ref
-    if picker is None:  # the API rejects enabled without a picker; a caller rendering a disabled pool is a bug
+    if picker is None:  # the API requires a picker when enabled: only a caller bug renders a pool without one
         raise ValueError("spec.routing.inferencePool.endpointPickerRef is required to render the InferencePool")
     return {
         "apiVersion": API_VERSION,

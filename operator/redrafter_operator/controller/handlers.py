@@ -23,6 +23,7 @@ from .facts import DeploymentFact, JobFact, ObjectFact, PodFact
 from .reconciler import Controller
 
 MANAGED = {"app.kubernetes.io/managed-by": names.MANAGED_BY}
+BUILD = {**MANAGED, names.LABEL_COMPONENT: "engine-build"}
 _UNRESOLVED = "Unresolved resources cannot be served"  # kopf 1.45, _core/reactor/observation.py
 
 
@@ -33,7 +34,8 @@ class OptionalApiFilter(logging.Filter):
     ``InferencePoolReady=False CRDNotInstalled`` condition instead, and kopf starts watching once it appears.
     """
 
-    SELECTOR = f"Selector(group='{inference_pool.GROUP}', version='{inference_pool.VERSION}', any_name='{inference_pool.PLURAL}')"
+    SELECTOR = (f"Selector(group='{inference_pool.GROUP}', version='{inference_pool.VERSION}', "
+                f"any_name='{inference_pool.PLURAL}')")  # kopf's repr of the handlers' selector
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
@@ -44,7 +46,6 @@ def _quiet_optional_apis() -> None:
     logger = logging.getLogger("kopf._core.reactor.observation")
     if not any(isinstance(f, OptionalApiFilter) for f in logger.filters):
         logger.addFilter(OptionalApiFilter())
-BUILD = {**MANAGED, names.LABEL_COMPONENT: "engine-build"}
 
 
 def register(registry: kopf.OperatorRegistry, make_controller: Callable[[], Awaitable[Controller]],

@@ -55,8 +55,9 @@ def observed_hash(indexes: Mapping[str, Any], manifest: Mapping[str, Any]) -> st
 
 def observe(indexes: Mapping[str, Any], res: Resource, claim: str, paths: Mapping[str, str],
             claims: Mapping[ClaimRef, BuildClaim], *, claim_seconds: float, now: float) -> Observed:
-    """The facts the planner needs for ``res``: its Jobs (and failed builds' Pods), Deployments, the pool
-    the Service (and the InferencePool) selects, and for each variant's artifact who in the namespace already built or is building it."""
+    """The facts the planner needs for ``res``: its Jobs (and failed builds' Pods), Deployments, the pool the
+    Service (and the InferencePool) selects, and for each variant's artifact who in the namespace already
+    built or is building it."""
     ns = res.namespace
     owner = names.label_value(res.name)
     jobs: list[JobFact] = index_entries(indexes, "rdd_jobs", ("owner", ns, owner))

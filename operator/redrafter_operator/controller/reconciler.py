@@ -30,8 +30,8 @@ from .metrics import OperatorMetrics
 from .observe import BuildClaim, ClaimRef, FailedPodMessages, cache_of, observe, observed_hash
 from .plan_types import EventSpec, Plan, Renderers, Resource, ServingTargets
 from .planner import plan
-from .routing import CRD_MISSING_MESSAGE, crd_missing
 from .resource_io import Evaluator, Key, index_entries, now_rfc3339, post_event, status_path
+from .routing import CRD_MISSING_MESSAGE, crd_missing
 from .workqueue import WorkQueue
 
 log = logging.getLogger("redrafter_operator.controller")
@@ -255,7 +255,8 @@ class Controller:
                 # may be missing; say so in status (and an Event) instead of failing the whole reconcile.
                 if exc.status != 404 or manifest["kind"] != "InferencePool":
                     raise
-                result.status, news = crd_missing(res.status, result.status, generation=res.generation, now=now_rfc3339())
+                result.status, news = crd_missing(res.status, result.status, generation=res.generation,
+                                                  now=now_rfc3339())
                 if news:
                     result.events.append(EventSpec("Warning", "InferencePoolCRDMissing", CRD_MISSING_MESSAGE))
         for manifest in result.delete:

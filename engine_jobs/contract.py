@@ -44,6 +44,7 @@ POSTPROCESSING_MODEL = "postprocessing"
 HTTP_PORT = 8000
 GRPC_PORT = 8001
 METRICS_PORT = 8002
+OPENAI_PORT = 9000  # the OpenAI-compatible front; what gateways (InferencePool targetPorts) route to
 
 # ---- serving metrics (exported by the metering model through Triton's custom-metrics API) ------
 METRIC_REQUESTS = "redrafter_requests_total"

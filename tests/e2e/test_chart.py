@@ -37,6 +37,8 @@ from redrafter_sim import controllers
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "redrafter-operator"
+INFERENCE_POOL_CRD = ROOT / "tests" / "fixtures" / "crds" / "inference.networking.k8s.io_inferencepools.yaml"
+INFERENCE_POOL_API = "inference.networking.k8s.io/v1"
 KUBE_VERSION = "1.30"
 RELEASE, NAMESPACE = "rdo", "redrafter-system"
 
@@ -773,8 +775,12 @@ def test_operator_runs_from_the_chart_and_rbac_is_exact(mode, apiserver, helm_co
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5) as rsp:
             assert rsp.status == 200
 
-        example = (ROOT / "examples" / "llama3-8b.yaml").read_text()
-        kubectl("apply", "-f", "-", input=example, check=True)
+        # The InferencePool (upstream v1 CRD) on: its verbs are derived from the requests like the others.
+        emu.create_object(yaml.safe_load(INFERENCE_POOL_CRD.read_text()))
+        doc = yaml.safe_load((ROOT / "examples" / "llama3-8b.yaml").read_text())
+        doc["spec"]["routing"] = {"inferencePool": {"enabled": True,
+                                                    "endpointPickerRef": {"name": "llama3-8b-epp", "port": 9002}}}
+        kubectl("apply", "-f", "-", input=yaml.safe_dump(doc), check=True)
 
         def phase() -> str:
             out = kubectl("get", "rdd", "llama3-8b", "-n", "default", "-o", "jsonpath={.status.phase}")
@@ -801,6 +807,10 @@ def test_operator_runs_from_the_chart_and_rbac_is_exact(mode, apiserver, helm_co
              "spec": {"replicas": 0, "selector": {"matchLabels": names.serving_selector("llama3-8b", "base")},
                       "template": {"metadata": {"labels": names.serving_selector("llama3-8b", "base")},
                                    "spec": {"containers": [{"name": "old", "image": "old:1"}]}}}},
+            {"apiVersion": INFERENCE_POOL_API, "kind": "InferencePool",
+             "metadata": {"name": names.service_name("llama3-8b"), "namespace": "default"},
+             "spec": {"selector": {"matchLabels": {"app": "old"}}, "targetPorts": [{"number": 8000}],
+                      "endpointPickerRef": {"name": "old-epp", "port": {"number": 9002}}}},
         ):
             emu.create_object(leftover)
 
@@ -844,6 +854,15 @@ def test_operator_runs_from_the_chart_and_rbac_is_exact(mode, apiserver, helm_co
                 svc = emu.find_object("v1", "Service", "llama3-8b", "default")
                 return bool(svc) and svc["spec"]["selector"].get("redrafter.dev/traffic") == "base"
             _wait(switched, 60, "traffic to move to the base engine", interval=0.3)
+
+            def pool_on_base() -> bool:
+                pool = emu.find_object(INFERENCE_POOL_API, "InferencePool", "llama3-8b", "default")
+                return bool(pool) and pool["spec"]["selector"]["matchLabels"].get("redrafter.dev/traffic") == "base"
+            _wait(pool_on_base, 60, "the InferencePool to move to the base engine", interval=0.3)
+            kubectl("patch", "rdd", "llama3-8b", "-n", "default", "--type=merge", "-p", json.dumps(
+                {"spec": {"routing": {"inferencePool": {"enabled": False}}}}), check=True)
+            _wait(lambda: emu.find_object(INFERENCE_POOL_API, "InferencePool", "llama3-8b", "default") is None, 60,
+                  "the InferencePool to be deleted once turned off", interval=0.3)
             _wait(lambda: phase() == "Serving", 60, "Serving after the change", interval=0.3)
             kubectl("delete", "rdd", "llama3-8b", "-n", "default", "--wait=false", check=True)
             _wait(lambda: emu.find_object("redrafter.dev/v1alpha1", "ReDrafterDeployment", "llama3-8b", "default")

@@ -32,6 +32,8 @@ EXAMPLE = ROOT / "examples" / "llama3-8b.yaml"
 NS = "default"
 NAME = "llama3-8b"
 RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}
+INFERENCE_POOL_CRD = ROOT / "tests" / "fixtures" / "crds" / "inference.networking.k8s.io_inferencepools.yaml"
+INFERENCE_POOL_API = "inference.networking.k8s.io/v1"
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -84,6 +86,7 @@ class Cluster:
     def __init__(self, handle: EmulatorHandle) -> None:
         self.emu = handle.emulator
         self.samples: list[tuple[float, str, int]] = []  # (time, service pool, ready endpoint IPs)
+        self.pool_samples: list[tuple[float, str, int]] = []  # (time, InferencePool's traffic pool, Ready pods it selects)
         self.pods_ready = True
         self.faults: dict[str, Fault] = {}  # by Deployment name: what the scheduler/kubelet/admission does to its Pods
         self.deadline_seconds: float | None = None  # the Deployments' progress deadline, shortened
@@ -96,7 +99,17 @@ class Cluster:
             if svc:
                 pool = svc["spec"]["selector"].get(names.LABEL_TRAFFIC, "")
                 self.samples.append((time.monotonic(), pool, len(set(controllers.ready_endpoint_ips(self.emu, NAME, NS)))))
+            self.sample_inference_pool()
             await asyncio.sleep(0.05)  # not wait_for(stop.wait()): kopf cancels tasks spawned while it runs
+
+    def sample_inference_pool(self) -> None:
+        """Which pool the InferencePool selects now, and how many Ready pods that is (if the CRD is served)."""
+        ipool = self.emu.find_object(INFERENCE_POOL_API, "InferencePool", NAME, NS)  # None without the CRD too
+        if ipool:
+            match = ipool["spec"]["selector"]["matchLabels"]
+            pods = self.emu.list_objects("v1", "Pod", NS, label_selector=names.selector_string(match))
+            self.pool_samples.append((time.monotonic(), match.get(names.LABEL_TRAFFIC, ""),
+                                      sum(1 for p in pods if controllers.is_pod_ready(p))))
 
     # -- views --
     def rdd(self, name: str = NAME) -> dict[str, Any]:
@@ -486,6 +499,72 @@ async def _switch_blue_green(cluster: Cluster, operator: Operator) -> None:
     assert first_base[2] == 2
     await until(lambda: ("Switched", "Normal", "Service now selects the base engine (was redrafter)")
                 in cluster.events(), what="Switched Event")
+
+
+def routed(**spec: Any) -> dict[str, Any]:
+    return example(routing__inferencePool={"enabled": True, "endpointPickerRef": {"name": "llama3-8b-epp", "port": 9002}},
+                   **spec)
+
+
+async def test_inference_pool_follows_every_switch_blue_green(cluster: Cluster, kubeconfig: Path, kubectl: Any) -> None:
+    """The upstream v1 CRD installed: the pool is created with the Service, follows it to base and back, never
+    selects a pool without Ready pods, and is deleted when the feature is turned off."""
+    cluster.emu.create_object(yaml.safe_load(INFERENCE_POOL_CRD.read_text()))
+    operator = Operator(kubeconfig, resync=1.0, policy=False)  # switches driven through the policy's seam
+    await operator.start()
+    try:
+        doc = routed(validation__enabled=False, autoscaling__mode="Disabled")
+        apply(kubectl, doc)
+        await to_serving(cluster)
+        await until(lambda: cluster.condition("InferencePoolReady")["status"] == "True", what="pool Ready")
+        for target, other in (("base", "redrafter"), ("redrafter", "base")):
+            start = len(cluster.pool_samples)
+            assert operator.controller is not None
+            operator.controller.set_targets(NS, NAME, ServingTargets(active=target, replicas={target: 2, other: 0}))
+            await until(lambda: cluster.status().get("activeEngine") == target, what=f"Service on {target}")
+            await until(lambda: cluster.deployment(other)["spec"]["replicas"] == 0, what=f"{other} scaled down")
+            await until(lambda: cluster.condition("Progressing")["reason"] == "Complete", what="switch complete")
+            await until(lambda: cluster.condition("InferencePoolReady")["status"] == "True", what="pool Ready")
+            await until(lambda: cluster.pool_samples[-1][1] == target, what="a sample of the pool on the target")
+            samples = cluster.pool_samples[start:]
+            assert [s for s in samples if s[2] == 0] == [], f"the InferencePool selected no Ready pod: {samples}"
+            assert samples[0][1] == other and samples[-1][1] == target  # it moved, within this switch
+            # it moved only once the target was up (its first sample on the target already has 2 Ready pods)
+            assert next(s for s in samples if s[1] == target)[2] == 2
+            pool = cluster.emu.get_object(INFERENCE_POOL_API, "InferencePool", NAME, NS)
+            svc = cluster.emu.get_object("v1", "Service", NAME, NS)
+            assert pool["spec"]["selector"]["matchLabels"] == svc["spec"]["selector"]
+            assert pool["spec"]["targetPorts"] == [{"number": 9000}]
+            assert pool["metadata"]["ownerReferences"][0]["uid"] == cluster.rdd()["metadata"]["uid"]
+        assert cluster.condition("InferencePoolReady")["reason"] == "Selecting"
+
+        # a deleted pool is seen (the watch-fed index) and recreated
+        cluster.emu.delete_object(INFERENCE_POOL_API, "InferencePool", NAME, NS)
+        await until(lambda: cluster.emu.find_object(INFERENCE_POOL_API, "InferencePool", NAME, NS), what="pool recreated")
+
+        off = copy.deepcopy(doc)
+        off["spec"]["routing"]["inferencePool"]["enabled"] = False
+        apply(kubectl, off)
+        await until(lambda: cluster.emu.find_object(INFERENCE_POOL_API, "InferencePool", NAME, NS) is None,
+                    what="pool deleted once turned off")
+        await until(lambda: all(c["type"] != "InferencePoolReady" for c in cluster.status().get("conditions", [])),
+                    what="condition removed")
+    finally:
+        await operator.stop()
+
+
+async def test_inference_pool_without_its_crd_is_a_clear_status_error_until_the_crd_is_installed(
+        cluster: Cluster, operator: Operator, kubectl: Any) -> None:
+    apply(kubectl, routed(validation__enabled=False))
+    await to_serving(cluster)  # the Service serves regardless
+    await until(lambda: cluster.condition("InferencePoolReady")["reason"] == "CRDNotInstalled", what="CRD missing")
+    cond = cluster.condition("InferencePoolReady")
+    assert cond["status"] == "False" and "inferencepools.inference.networking.k8s.io" in cond["message"]
+    await until(lambda: [e for e in cluster.events() if e[0] == "InferencePoolCRDMissing"], what="Warning Event")
+    assert [e[1] for e in cluster.events() if e[0] == "InferencePoolCRDMissing"] == ["Warning"]
+    # once installed, the next reconcile creates the pool and kopf starts watching it
+    cluster.emu.create_object(yaml.safe_load(INFERENCE_POOL_CRD.read_text()))
+    await until(lambda: cluster.condition("InferencePoolReady")["status"] == "True", what="pool Ready after install")
 
 
 async def test_two_resources_sharing_a_cache_build_once(cluster: Cluster, operator: Operator, kubectl: Any) -> None:

@@ -34,7 +34,7 @@ CONTROLLER_LAYERS: list[str | set[str]] = [
     "reconciler",  # the controller's state, workers and the reconcile of one resource
     {"speculation", "validation", "observe"},  # evaluators and index reading, each on its own
     "planner",  # one plan step
-    {"engines", "status"},
+    {"engines", "status", "routing"},  # routing: the InferencePool beside the Service
     "targets",  # serving targets and the blue/green step
     "renderers",
     {"gate", "serving_health", "gitops"},  # pure rules: the validation gate, serving failures, GitOps health

@@ -97,6 +97,9 @@ the operator from this chart against the emulated API server and compares its re
   build Jobs are only ever created (a retry is a new Job); none is deleted by the operator (owner
   references let the garbage collector remove them with their ReDrafterDeployment).
 - Pods: watched (build Pods, for termination messages). Events: created. Secrets: never read.
+- InferencePools (Gateway API Inference Extension, spec.routing.inferencePool): watched, created, on a
+  conflict read and merge-patched like the other children, and deleted when the feature is turned off.
+  Granted whether or not the CRD is installed (the operator reports a missing CRD in status).
 */}}
 {{- define "redrafter-operator.namespacedRules" -}}
 - apiGroups: ["redrafter.dev"]
@@ -120,6 +123,9 @@ the operator from this chart against the emulated API server and compares its re
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["list", "watch", "create", "get", "patch"]
+- apiGroups: ["inference.networking.k8s.io"]
+  resources: ["inferencepools"]
+  verbs: ["list", "watch", "create", "get", "patch", "delete"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]

@@ -338,6 +338,50 @@ class Serving(ApiModel):
     )
 
 
+class EndpointPickerRef(ApiModel):
+    """The Endpoint Picker (EPP) Service the gateway consults for each request (InferencePool v1 ``endpointPickerRef``)."""
+
+    name: str = Field(min_length=1, max_length=63, pattern=_DNS1123_LABEL,
+                      description="Name of the endpoint picker's Service, in the resource's namespace.")
+    port: int = Field(ge=1, le=65535, description="The endpoint picker Service's port (its gRPC ext-proc port).")
+    failure_mode: Literal["FailOpen", "FailClose"] = Field(
+        default="FailClose",
+        description="What the gateway does when the endpoint picker does not answer: FailClose rejects the "
+        "request, FailOpen routes it to any pod of the pool.",
+    )
+
+
+class InferencePool(ApiModel):
+    """A Gateway API Inference Extension ``InferencePool`` (inference.networking.k8s.io/v1) named like the Service."""
+
+    model_config = {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                _cel("!self.enabled || has(self.endpointPickerRef)",
+                     "endpointPickerRef is required when the InferencePool is enabled")
+            ]
+        }
+    }
+
+    enabled: bool = Field(default=False, description="Manage an InferencePool <name> that selects the active "
+                          "engine's pods exactly as the Service <name> does (moved blue/green with it).")
+    endpoint_picker_ref: EndpointPickerRef | None = Field(
+        default=None, description="The endpoint picker the gateway consults; required when enabled.")
+
+    @model_validator(mode="after")
+    def _picker_when_enabled(self) -> "InferencePool":
+        if self.enabled and self.endpoint_picker_ref is None:
+            raise ValueError("endpointPickerRef is required when the InferencePool is enabled")
+        return self
+
+
+class Routing(ApiModel):
+    """How gateways reach the serving pods beyond the Service <name>."""
+
+    inference_pool: InferencePool = Field(default_factory=InferencePool,
+                                          description="Gateway API Inference Extension InferencePool.")
+
+
 class Autoscaling(ApiModel):
     """Replica autoscaling with HPA semantics on the serving queue."""
 
@@ -541,6 +585,7 @@ class ReDrafterDeploymentSpec(ApiModel):
     validation: Validation = Field(
         default_factory=Validation, description="Validation of new engines before promotion."
     )
+    routing: Routing = Field(default_factory=Routing, description="Gateway routing (InferencePool).")
 
 
 def spec_errors(raw: dict) -> list[str]:

@@ -11,7 +11,7 @@ from .types import ApiModel
 Phase = Literal["Pending", "Building", "Deploying", "Serving", "Degraded", "Failed"]
 EngineState = Literal["Pending", "Cached", "Building", "Ready", "Failed"]
 ConditionType = Literal["SpecValid", "EnginesReady", "Validated", "Available", "Progressing", "SpeculationHealthy",
-                        "Ready", "Reconciling", "Stalled"]
+                        "Ready", "Reconciling", "Stalled", "InferencePoolReady"]
 CONDITION_TYPES: tuple[str, ...] = ConditionType.__args__  # type: ignore[attr-defined]
 HISTORY_LIMIT = 20
 
@@ -20,8 +20,9 @@ class Condition(ApiModel):
     """A Kubernetes-style condition (metav1.Condition)."""
 
     type: str = Field(
-        description="SpecValid, EnginesReady, Validated, Available, Progressing, SpeculationHealthy, and the "
-        "GitOps health conditions Ready, Reconciling and Stalled (kstatus conventions)."
+        description="SpecValid, EnginesReady, Validated, Available, Progressing, SpeculationHealthy, the "
+        "GitOps health conditions Ready, Reconciling and Stalled (kstatus conventions), and InferencePoolReady "
+        "(with spec.routing.inferencePool)."
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", max_length=1024,

@@ -6,7 +6,8 @@ tests/unit/test_import_layers.py):
 * ``speculation`` and ``validation`` are the evaluators (policy/autoscaler, validation gate); ``observe``
   turns the indexes into the planner's facts.
 * ``planner`` is one pure plan step: ``engines`` (builds), ``targets`` (serving targets, blue/green),
-  ``status`` (conditions, phase, Events), ``gate`` (the validation gate's rules).
+  ``status`` (conditions, phase, Events), ``routing`` (the InferencePool beside the Service), ``gate`` (the
+  validation gate's rules).
 * ``resource_io`` is the I/O the reconciler and the evaluators share; ``apply`` the Kubernetes client;
   ``plan_types``, ``facts`` and ``conditions`` are plain values.
 """

@@ -44,6 +44,7 @@ _KINDS: dict[tuple[str, str], tuple[str, str]] = {
     ("apps/v1", "Deployment"): ("/apis/apps/v1", "deployments"),
     ("batch/v1", "Job"): ("/apis/batch/v1", "jobs"),
     ("networking.k8s.io/v1", "NetworkPolicy"): ("/apis/networking.k8s.io/v1", "networkpolicies"),
+    ("inference.networking.k8s.io/v1", "InferencePool"): ("/apis/inference.networking.k8s.io/v1", "inferencepools"),
 }
 
 
@@ -197,6 +198,19 @@ class Applier:
                     await self.client.request("PATCH", object_path(manifest), body, content_type=MERGE_PATCH)
         self._applied[self._ref(manifest)] = _Applied(digest, time.monotonic())
         return True
+
+    def deleted(self, obj: Mapping[str, Any]) -> None:
+        """A child observed deleted: what this process wrote to it no longer holds (the next ensure recreates it)."""
+        self._applied.pop(self._ref(obj), None)
+
+    async def delete(self, manifest: Mapping[str, Any]) -> None:
+        """Delete a child no longer wanted (already gone is fine), forgetting what this process applied to it."""
+        self.deleted(manifest)
+        try:
+            await self.client.request("DELETE", object_path(manifest))
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
 
     async def create(self, manifest: dict[str, Any]) -> bool:
         """Create-only (Jobs, build ConfigMaps): an existing object with that name is left as it is."""

@@ -284,7 +284,8 @@ def _deployment_failure(status: Mapping[str, Any]) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class ObjectFact:
-    """Any other child (ConfigMap, Service): its applied hash and, for Services, the traffic pool."""
+    """Any other child (ConfigMap, Service, InferencePool): its applied hash and, for what selects serving pods
+    (a Service's ``selector``, an InferencePool's ``selector.matchLabels``), the traffic pool."""
 
     kind: str
     name: str
@@ -294,6 +295,8 @@ class ObjectFact:
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> "ObjectFact":
         selector = (body.get("spec") or {}).get("selector") or {}
+        if isinstance(selector, dict) and isinstance(selector.get("matchLabels"), dict):
+            selector = selector["matchLabels"]
         return cls(
             kind=body.get("kind", ""),
             name=body.get("metadata", {}).get("name", ""),
@@ -319,4 +322,5 @@ class Observed:
     deployments: dict[str, DeploymentFact] = field(default_factory=dict)  # by variant, and "canary" / "candidate"
     serving_pods: list[ServingPodFact] = field(default_factory=list)  # this resource's serving Pods
     service_pool: str | None = None  # traffic pool the stable Service selects now (None: no Service)
+    routing_pool: str | None = None  # traffic pool the InferencePool <name> selects now (None: none observed)
     shared: dict[str, SharedArtifact] = field(default_factory=dict)  # by variant

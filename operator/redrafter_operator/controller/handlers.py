@@ -1,7 +1,7 @@
 """The kopf shell: the watch-fed indexes, the event handlers that feed the work queue, and startup/cleanup.
 
   * kopf watches ReDrafterDeployments and the labelled children (Jobs, build Pods, Deployments,
-    Services, ConfigMaps) and keeps small facts about them in ``@kopf.index`` indexes; kopf starts
+    Services, ConfigMaps, InferencePools) and keeps small facts about them in ``@kopf.index`` indexes; kopf starts
     handlers only after every index is populated, so a restarted operator sees every existing Job
     before it decides anything (never a duplicate Job).
   * ``@kopf.on.event`` handlers do nothing but hand the object to the controller, which enqueues the
@@ -18,13 +18,37 @@ from typing import Any, Awaitable, Callable, Mapping
 import kopf
 
 from ..api import GROUP, PLURAL, VERSION
-from ..render import names
+from ..render import inference_pool, names
 from .facts import DeploymentFact, JobFact, ObjectFact, PodFact, ServingPodFact
 from .reconciler import Controller
 
 MANAGED = {"app.kubernetes.io/managed-by": names.MANAGED_BY}
 BUILD = {**MANAGED, names.LABEL_COMPONENT: "engine-build"}
 SERVING = {**MANAGED, names.LABEL_COMPONENT: "serving"}
+
+
+_UNRESOLVED = "Unresolved resources cannot be served"  # kopf 1.45, _core/reactor/observation.py
+
+
+class OptionalApiFilter(logging.Filter):
+    """Drops kopf's warning when the only unresolved resource is the optional InferencePool API.
+
+    Without its CRD (the feature unused) nothing is wrong; a resource that enables it gets the
+    ``InferencePoolReady=False CRDNotInstalled`` condition instead, and kopf starts watching once it appears.
+    """
+
+    SELECTOR = (f"Selector(group='{inference_pool.GROUP}', version='{inference_pool.VERSION}', "
+                f"any_name='{inference_pool.PLURAL}')")  # kopf's repr of the handlers' selector
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith(_UNRESOLVED) and message.split(":", 1)[-1].strip() == self.SELECTOR)
+
+
+def _quiet_optional_apis() -> None:
+    logger = logging.getLogger("kopf._core.reactor.observation")
+    if not any(isinstance(f, OptionalApiFilter) for f in logger.filters):
+        logger.addFilter(OptionalApiFilter())
 
 
 def register(registry: kopf.OperatorRegistry, make_controller: Callable[[], Awaitable[Controller]],
@@ -34,6 +58,7 @@ def register(registry: kopf.OperatorRegistry, make_controller: Callable[[], Awai
 
     ``start`` replaces ``Controller.start`` (leader election starts the loops only while leading).
     """
+    _quiet_optional_apis()
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
@@ -91,6 +116,13 @@ def register(registry: kopf.OperatorRegistry, make_controller: Callable[[], Awai
     def rdd_networkpolicies(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[Any, ObjectFact]:
         return {("name", namespace, name): ObjectFact.from_body(body)}
 
+    # The InferencePool CRD may be absent (the feature is optional): kopf then serves nothing for these two
+    # handlers and starts watching as soon as the CRD is installed (it watches CRDs); indexes never block on it.
+    @kopf.index(inference_pool.GROUP, inference_pool.VERSION, inference_pool.PLURAL, labels=MANAGED, registry=registry,
+                id="rdd_inferencepools")
+    def rdd_inferencepools(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[Any, ObjectFact]:
+        return {("name", namespace, name): ObjectFact.from_body(body)}
+
     @kopf.index(GROUP, VERSION, PLURAL, registry=registry, id="rdd_ready")
     def rdd_ready(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[Any, str]:
         """Artifacts a resource's status shows Ready: they outlive the Jobs that built them."""
@@ -105,13 +137,15 @@ def register(registry: kopf.OperatorRegistry, make_controller: Callable[[], Awai
         memo.controller.on_resource_event(event.get("type"), event["object"])
 
     def child_event(event: Mapping[str, Any], memo: kopf.Memo, **_: Any) -> None:
-        memo.controller.on_child_event(event["object"])
+        memo.controller.on_child_event(event["object"], deleted=event.get("type") == "DELETED")
 
     kopf.on.event("batch", "v1", "jobs", labels=BUILD, registry=registry, id="job_event")(child_event)
     kopf.on.event("", "v1", "pods", labels=BUILD, registry=registry, id="build_pod_event")(child_event)
     kopf.on.event("", "v1", "pods", labels=SERVING, registry=registry, id="serving_pod_event")(child_event)
     kopf.on.event("apps", "v1", "deployments", labels=MANAGED, registry=registry, id="deployment_event")(child_event)
     kopf.on.event("", "v1", "services", labels=MANAGED, registry=registry, id="service_event")(child_event)
+    kopf.on.event(inference_pool.GROUP, inference_pool.VERSION, inference_pool.PLURAL, labels=MANAGED,
+                  registry=registry, id="inferencepool_event")(child_event)
 
 
 __all__ = ["register"]

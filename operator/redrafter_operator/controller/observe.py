@@ -48,15 +48,16 @@ def observed_hash(indexes: Mapping[str, Any], manifest: Mapping[str, Any]) -> st
     if kind == "Job":
         return "" if index_entries(indexes, "rdd_jobs", ("name", ns, name)) else None
     index = {"Deployment": "rdd_deployments", "Service": "rdd_services", "ConfigMap": "rdd_configmaps",
-             "NetworkPolicy": "rdd_networkpolicies"}[kind]
+             "NetworkPolicy": "rdd_networkpolicies", "InferencePool": "rdd_inferencepools"}[kind]
     facts = index_entries(indexes, index, ("name", ns, name))
     return facts[0].applied_hash if facts else None
 
 
 def observe(indexes: Mapping[str, Any], res: Resource, claim: str, paths: Mapping[str, str],
             claims: Mapping[ClaimRef, BuildClaim], *, claim_seconds: float, now: float) -> Observed:
-    """The facts the planner needs for ``res``: its Jobs (and failed builds' Pods), Deployments, Service
-    pool, and for each variant's artifact who in the namespace already built or is building it."""
+    """The facts the planner needs for ``res``: its Jobs (and failed builds' Pods), Deployments, the pool the
+    Service (and the InferencePool) selects, and for each variant's artifact who in the namespace already
+    built or is building it."""
     ns = res.namespace
     owner = names.label_value(res.name)
     jobs: list[JobFact] = index_entries(indexes, "rdd_jobs", ("owner", ns, owner))
@@ -78,6 +79,7 @@ def observe(indexes: Mapping[str, Any], res: Resource, claim: str, paths: Mappin
     serving_pods: list[ServingPodFact] = sorted(index_entries(indexes, "rdd_serving_pods", ("owner", ns, owner)),
                                                 key=lambda p: p.name)
     services: list[ObjectFact] = index_entries(indexes, "rdd_services", ("name", ns, names.service_name(res.name)))
+    pools: list[ObjectFact] = index_entries(indexes, "rdd_inferencepools", ("name", ns, names.service_name(res.name)))
     shared: dict[str, SharedArtifact] = {}
     for variant, path in paths.items():
         ready_by = building = ""
@@ -95,7 +97,8 @@ def observe(indexes: Mapping[str, Any], res: Resource, claim: str, paths: Mappin
             building = c.job
         shared[variant] = SharedArtifact(ready_by=ready_by, building_job=building)
     return Observed(jobs=jobs, pods=pods, deployments=deployments, serving_pods=serving_pods,
-                    service_pool=services[0].pool if services else None, shared=shared)
+                    service_pool=services[0].pool if services else None,
+                    routing_pool=pools[0].pool if pools else None, shared=shared)
 
 
 class FailedPodMessages:

@@ -83,6 +83,7 @@ class Renderers:
     services: ServiceRenderer
     canary: CanaryRenderer | None = None  # ReDrafter pods in the base pool (policy-driven; none without it)
     candidate: CanaryRenderer | None = None  # a new ReDrafter engine under validation, in no pool
+    inference_pool: ServiceRenderer | None = None  # the InferencePool <name> (with spec.routing.inferencePool)
 
 
 # ---- outputs -----------------------------------------------------------------------------------
@@ -98,5 +99,6 @@ class Plan:
     status: dict[str, Any]
     create: list[dict[str, Any]] = field(default_factory=list)  # create-only, in order (build ConfigMap, Job)
     apply: list[dict[str, Any]] = field(default_factory=list)  # create-or-patch, in order
+    delete: list[dict[str, Any]] = field(default_factory=list)  # children no longer wanted (apiVersion, kind, metadata)
     events: list[EventSpec] = field(default_factory=list)
     claims: list[tuple[str, str, str]] = field(default_factory=list)  # (claim, artifact path, job) builds started

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from ..api.spec import ReDrafterDeploymentSpec, spec_errors
 from ..render.common import Owner
+from . import routing
 from .engines import plan_engine
 from .facts import Observed, manifest_hash
 from .gate import gate_from_status, promotion_state
@@ -55,7 +56,9 @@ def plan(
     if stable:  # the promoted ReDrafter engine keeps the primary Deployment until the new one passes
         deploy["redrafter"] = stable
     # A variant whose Deployment runs an old key keeps it only while its new engine is not built.
-    step = plan_switch(tgt, {v: deploy[v] is not None for v in VARIANTS}, observed, spec.serving.rollout.strategy)
+    routed = routing.enabled(spec) and renderers.inference_pool is not None
+    step = plan_switch(tgt, {v: deploy[v] is not None for v in VARIANTS}, observed, spec.serving.rollout.strategy,
+                       routed=routed)
     for v in VARIANTS:
         key = deploy[v]
         if key is not None:
@@ -69,10 +72,17 @@ def plan(
         result.apply += renderers.candidate(owner, observed.deployments["candidate"].key, 0)
     if step.pool is not None:
         result.apply += renderers.services(owner, step.pool)
+        if routed and renderers.inference_pool:  # the same step as the Service: gateways follow it exactly
+            result.apply += renderers.inference_pool(owner, step.pool)
+    if not routing.enabled(spec) and observed.routing_pool is not None:
+        result.delete.append(routing.stale_pool(res.name, res.namespace))
 
     result.status = resource_status(res, spec, observed, engines=engines, targets=tgt, step=step, deploy=deploy,
                                     gate=gate, stable=stable, candidate=candidate, now=now,
                                     applied={m["metadata"]["name"]: manifest_hash(m) for m in result.apply
                                              if m.get("kind") == "Deployment"})
+    if renderers.inference_pool:
+        result.status = routing.with_condition(result.status, routing.condition(spec, res.name, observed, step.pool),
+                                               generation=res.generation, now=now)
     status_events(old_status, result.status, result)
     return result

@@ -28,9 +28,10 @@ from .apply import ApiError, Applier, KubeClient, merge_patch
 from .facts import JobFact
 from .metrics import OperatorMetrics
 from .observe import BuildClaim, ClaimRef, FailedPodMessages, cache_of, observe, observed_hash
-from .plan_types import Plan, Renderers, Resource, ServingTargets
+from .plan_types import EventSpec, Plan, Renderers, Resource, ServingTargets
 from .planner import plan
 from .resource_io import Evaluator, Key, index_entries, now_rfc3339, post_event, status_path
+from .routing import CRD_MISSING_MESSAGE, crd_missing
 from .workqueue import WorkQueue
 
 log = logging.getLogger("redrafter_operator.controller")
@@ -133,9 +134,11 @@ class Controller:
         if old is None or _reconcile_relevant(old) != _reconcile_relevant(body):
             self.queue.add(key)
 
-    def on_child_event(self, raw: Mapping[str, Any]) -> None:
+    def on_child_event(self, raw: Mapping[str, Any], deleted: bool = False) -> None:
         meta = raw.get("metadata") or {}
         ns = meta.get("namespace") or "default"
+        if deleted and raw.get("kind") and meta.get("name"):
+            self.applier.deleted({**raw, "metadata": {**meta, "namespace": ns}})
         owners = [r.get("name") for r in meta.get("ownerReferences") or [] if r.get("kind") in (KIND, "Job")]
         for name in owners:
             if (ns, name) in self.bodies:
@@ -248,7 +251,19 @@ class Controller:
             if created and manifest["kind"] == "Job":
                 self.metrics.builds.labels(manifest["metadata"]["labels"][names.LABEL_VARIANT], "started").inc()
         for manifest in result.apply:
-            await self.applier.ensure(manifest)
+            try:
+                await self.applier.ensure(manifest)
+            except ApiError as exc:
+                # An API the cluster does not serve answers 404 to the write: only the optional InferencePool
+                # may be missing; say so in status (and an Event) instead of failing the whole reconcile.
+                if exc.status != 404 or manifest["kind"] != "InferencePool":
+                    raise
+                result.status, news = crd_missing(res.status, result.status, generation=res.generation,
+                                                  now=now_rfc3339())
+                if news:
+                    result.events.append(EventSpec("Warning", "InferencePoolCRDMissing", CRD_MISSING_MESSAGE))
+        for manifest in result.delete:
+            await self.applier.delete(manifest)
         self.waiting[key] = {(claim, e["path"]) for e in result.status.get("engines", {}).values()
                              if e.get("state") == "Building"}
         current = {k: v for k, v in res.status.items() if k != "kopf"}

@@ -7,7 +7,7 @@ from typing import Any
 
 from engine_jobs.contract import Variant
 
-from ..render import names, serving
+from ..render import inference_pool, names, serving
 from ..render.common import Owner
 from .plan_types import Renderers
 
@@ -32,5 +32,10 @@ def _services(owner: Owner, pool: Variant) -> list[dict[str, Any]]:
     return [*serving.services(owner, pool), *serving.network_policies(owner, os.environ.get("POD_NAMESPACE"))]
 
 
+def _inference_pool(owner: Owner, pool: Variant) -> list[dict[str, Any]]:
+    return [inference_pool.inference_pool(owner, pool)]
+
+
 def default_renderers() -> Renderers:
-    return Renderers(variant=_variant, services=_services, canary=_canary, candidate=_candidate)
+    return Renderers(variant=_variant, services=_services, canary=_canary, candidate=_candidate,
+                     inference_pool=_inference_pool)

@@ -57,12 +57,14 @@ class ServingPlan:
 
 
 def plan_switch(targets: ServingTargets, deployable: Mapping[str, bool], observed: Observed,
-                strategy: str) -> ServingPlan:
+                strategy: str, *, routed: bool = False) -> ServingPlan:
     """Blue/green (or Recreate) step toward ``targets`` from what is observed (pure, one step per call).
 
     BlueGreen: the target variant is scaled up first; the Service moves only once that Deployment's
     rollout is complete and Ready; the previous variant is scaled down only once the Service is
-    observed selecting the target — so the Service never selects a pool without Ready pods.
+    observed selecting the target — so the Service never selects a pool without Ready pods. ``routed``:
+    the InferencePool <name> moves with the Service, and the previous variant also waits until the
+    InferencePool is observed on the target (gateways, too, never route to a pool without Ready pods).
     Recreate: the previous variant goes to zero first (no spare GPUs), then the target comes up.
     """
     target = targets.active
@@ -74,6 +76,11 @@ def plan_switch(targets: ServingTargets, deployable: Mapping[str, bool], observe
             keep = {**want, current: max(want.get(current, 0), int(targets.replicas.get(target, 0)))}
             return ServingPlan(current, keep, True, f"waiting for the {target} engine before switching")
         return ServingPlan(current, want, False, f"waiting for the {target} engine")
+    lagging = observed.routing_pool if routed and observed.routing_pool in VARIANTS else None
+    if current == target and lagging and lagging != target and deployable.get(lagging) and strategy != "Recreate":
+        lag_dep = observed.deployments.get(lagging)
+        keep_lagging = max(want.get(lagging, 0), lag_dep.replicas if lag_dep else 0)
+        return ServingPlan(target, {**want, lagging: keep_lagging}, True, f"moving the InferencePool to {target}")
     if current is None or current == target:
         return ServingPlan(target, want, False, "")
     old_dep = observed.deployments.get(current)

@@ -7,6 +7,7 @@ from typing import Any
 from engine_jobs.contract import VARIANTS, Variant
 
 from ..api.engine_key import engine_key
+from . import inference_pool as _inference_pool
 from .build import build_configmap, build_job
 from .common import Owner
 from .serving import network_policies, serving_configmap, serving_deployment, services
@@ -33,4 +34,7 @@ def render_all(owner: Owner, active: Variant = "redrafter", operator_namespace: 
     if spec.validation.enabled:
         out.append(validation_job(owner, redrafter_key=engine_key(spec, "redrafter"), base_key=engine_key(spec, "base"),
                                   operator_image=DEFAULT_OPERATOR_IMAGE))
-    return out + services(owner, active) + network_policies(owner, operator_namespace)
+    out += services(owner, active)
+    if spec.routing.inference_pool.enabled:
+        out.append(_inference_pool.inference_pool(owner, active))
+    return out + network_policies(owner, operator_namespace)

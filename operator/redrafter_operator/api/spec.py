@@ -27,6 +27,7 @@ from .types import (
 _DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 _IMAGE = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$"
 _REVISION = r"^[A-Za-z0-9][A-Za-z0-9._/-]*$"
+_MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$"
 
 
 MAX_DRAFT_TOKENS = 64  # numBeams x draftLenPerBeam; larger trees cost more than they accept
@@ -290,6 +291,11 @@ class Serving(ApiModel):
         default=1800, ge=30, le=86400, description="How long engine loading may take before the pod restarts."
     )
     rollout: Rollout = Field(default_factory=Rollout, description="Engine switch strategy.")
+    model_name: str | None = Field(
+        default=None, pattern=_MODEL_NAME, max_length=256,
+        description="Model id of the OpenAI-compatible API (GET /v1/models, the `model` of requests). "
+        "Unset: the resource name.",
+    )
 
 
 class Autoscaling(ApiModel):

@@ -10,6 +10,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 
 from engine_jobs.contract import ENTRY_MODEL, GRPC_PORT
+from engine_jobs.triton_bridge import describe as describe_error
 
 from .tokens import TokenCounter
 
@@ -145,17 +146,6 @@ async def stream_request(
     if result.error is None and counted == 0:
         result.error = "empty generation: no output tokens"
     return result
-
-
-def describe_error(exc: BaseException) -> str:
-    """One line for an error from tritonclient (``message()``), grpc (``details()``) or anything else."""
-    for attr in ("message", "details"):
-        fn = getattr(exc, attr, None)
-        if callable(fn):
-            text = fn()
-            if text:
-                return " ".join(str(text).split())
-    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
 
 
 def _read_perf(res, result: RequestResult) -> None:

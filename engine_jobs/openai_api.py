@@ -123,9 +123,12 @@ class Front:
             raise ApiError(400, f"{prompt_tokens} prompt tokens + {limit} output tokens exceed this model's "
                            f"maximum sequence length of {self.settings.max_seq_len} tokens",
                            param="max_tokens", code="context_length_exceeded")
+        if req.min_tokens is not None and req.min_tokens > limit:
+            raise ApiError(400, f"min_tokens ({req.min_tokens}) exceeds max_tokens ({limit})", param="min_tokens",
+                           code="invalid_value")
         return Sampling(max_tokens=limit, stop=tuple(req.stop_list), temperature=req.temperature,
                         top_p=req.top_p, seed=req.seed, presence_penalty=req.presence_penalty,
-                        frequency_penalty=req.frequency_penalty)
+                        frequency_penalty=req.frequency_penalty, min_tokens=req.min_tokens)
 
     def chat_prompt(self, req: ChatCompletionRequest) -> str:
         try:

@@ -3,7 +3,8 @@
 Fields a client may send but this server cannot honour are accepted only at their neutral value, so a
 request never silently gets something other than what it asked for (``n > 1``: greedy ReDrafter
 verification yields one sequence; log probabilities are not returned by the entry model). Unknown
-fields are ignored, as OpenAI's API does for fields it does not know.
+fields are ignored, as OpenAI's API does for fields it does not know. ``min_tokens`` is an extension
+(vLLM's name for it): benchmarks use it to make every request generate exactly ``max_tokens``.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class _Request(BaseModel):
     stream_options: StreamOptions | None = None
     n: int = Field(default=1, ge=1)
     user: str | None = None
+    min_tokens: int | None = Field(default=None, ge=0)
 
     @field_validator("n")
     @classmethod

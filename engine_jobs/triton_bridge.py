@@ -41,6 +41,7 @@ class Sampling:
     seed: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    min_tokens: int | None = None
 
 
 @dataclass
@@ -114,6 +115,8 @@ def entry_inputs(prompt: str, s: Sampling) -> list[grpcclient.InferInput]:
                         ("frequency_penalty", s.frequency_penalty)):
         if value is not None:
             inputs.append(_tensor(name, [value], "FP32", np.float32))
+    if s.min_tokens:
+        inputs.append(_tensor("min_tokens", [s.min_tokens], "INT32", np.int32))
     if s.seed is not None:
         inputs.append(_tensor("seed", [s.seed], "UINT64", np.uint64))
     return inputs

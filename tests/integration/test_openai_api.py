@@ -459,3 +459,36 @@ def test_metered_requests_match_the_engine_ledger(stack):
     ok = [r for r in ledger if r["error"] is None]
     assert metric(stack, METRIC_REQUESTS) == len(ok)
     assert metric(stack, METRIC_OUTPUT_TOKENS) == sum(r["output_tokens"] for r in ok)
+
+
+# ---- evaluate --protocol openai ------------------------------------------------------------------
+def test_evaluate_validate_and_sweep_over_the_openai_protocol(stack, tmp_path):
+    from redrafter_operator.cli import main
+
+    url = stack["front"].url  # both "engines" are the one front: validation must find identical outputs
+    log = tmp_path / "termination-log"
+    rc = main(["evaluate", "validate", "--protocol", "openai", "--redrafter", url, "--base", url,
+               "--max-tokens", "8", "--long-max-tokens", "16", "--batch-size", "4", "--single-requests", "2",
+               "--ready-timeout", "10", "--termination-log", str(log), "--out", str(log.with_suffix(".json"))])
+    assert rc == 0, log.read_text()
+    details = json.loads(log.with_suffix(".json").read_text())
+    assert details["requests"]["redrafter"] == details["requests"]["base"] > 0 and not details["failures"]
+    out = tmp_path / "report"
+    rc = main(["evaluate", "--protocol", "openai", "--redrafter", url, "--concurrency", "1,4", "--max-tokens", "12",
+               "--requests-per-worker", "2", "--warmup", "1", "--out", str(out)])
+    assert rc == 0
+    levels = json.loads((out / "report.json").read_text())["levels"]["redrafter"]
+    assert [lv["concurrency"] for lv in levels] == [1, 4]
+    for lv in levels:
+        assert lv["errors"] == 0 and lv["output_tokens"] == 12 * lv["requests"]
+        assert lv["acceptance"] is not None and 0 < lv["ttft"]["p50"] <= lv["e2e"]["p50"]
+
+
+def test_evaluate_rejects_a_bad_openai_endpoint(stack, tmp_path):
+    from redrafter_operator.cli import main
+
+    log = tmp_path / "termination-log"
+    dead = f"http://127.0.0.1:{free_ports(count=1)[0]}"
+    rc = main(["evaluate", "validate", "--protocol", "openai", "--redrafter", stack["front"].url, "--base", dead,
+               "--ready-timeout", "1", "--termination-log", str(log)])
+    assert rc == 3 and log.read_text().startswith(f"EndpointUnavailable: base endpoint {dead}/v1 not ready")

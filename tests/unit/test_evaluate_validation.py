@@ -151,6 +151,18 @@ def test_grpc_target():
             grpc_target(bad)
 
 
+def test_openai_endpoints():
+    from redrafter_operator.evaluate.channel import endpoint_for
+
+    assert endpoint_for("svc.ns.svc", "openai") == "http://svc.ns.svc:9000/v1"
+    assert endpoint_for("http://127.0.0.1:9000/", "openai") == "http://127.0.0.1:9000/v1"
+    assert endpoint_for("https://llm.example.com/v1", "openai") == "https://llm.example.com/v1"
+    assert endpoint_for("svc:8001", "grpc") == "svc:8001"
+    for bad in ("ftp://x", "http://"):
+        with pytest.raises(ValueError):
+            endpoint_for(bad, "openai")
+
+
 # ---- CLI input errors (no server needed) -----------------------------------------------------------
 def test_validate_cli_reports_invalid_input(tmp_path, capsys):
     bad = tmp_path / "prompts.yaml"

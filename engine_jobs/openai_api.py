@@ -109,6 +109,8 @@ class Front:
     def prompt_tokens(self, prompt: str, param: str) -> int:
         """Tokens of ``prompt`` as the preprocessing model encodes it; refuses what the engine cannot take."""
         n = len(self.tokenizer.encode(prompt))
+        if n == 0:
+            raise ApiError(400, "the prompt encodes to zero tokens", param=param, code="invalid_value")
         if n > self.settings.max_input_len:
             raise ApiError(400, f"the prompt has {n} tokens, more than this model's maximum input length of "
                            f"{self.settings.max_input_len} tokens", param=param, code="context_length_exceeded")

@@ -122,9 +122,10 @@ def prepare(cfg: ServingConfig, s: LaunchSettings) -> list[str]:
 
 
 def front_argv(s: LaunchSettings, config_path: str) -> list[str]:
-    """The OpenAI-compatible front of this pod, calling rank 0's gRPC port on localhost."""
+    """The OpenAI-compatible front of this pod, calling rank 0's gRPC port on the pod's own address."""
+    grpc_host = "127.0.0.1" if s.host in ("0.0.0.0", "::", "") else s.host
     return [sys.executable, "-m", "engine_jobs", "openai", "--config", config_path,
-            "--host", s.host, "--port", str(s.openai_port), "--grpc-url", f"127.0.0.1:{s.grpc_port}",
+            "--host", s.host, "--port", str(s.openai_port), "--grpc-url", f"{grpc_host}:{s.grpc_port}",
             "--shutdown-timeout", str(s.exit_timeout_secs)]
 
 

@@ -26,6 +26,7 @@ from openai import AsyncOpenAI
 from tokenizers import Tokenizer
 
 from engine_jobs.contract import ACCEPTANCE_HEADER, ENTRY_MODEL, METRIC_OUTPUT_TOKENS, METRIC_REQUESTS, ServingConfig
+from redrafter_sim.checkpoint import write_tokenizer
 from redrafter_sim.engine import SimEngineSettings, write_control
 from redrafter_sim.triton import TritonServer, build_sim_repository, free_ports
 from triton_servers import TOKENIZER_VOCAB, make_tokenizer, start_servers, stop_servers  # noqa: I001 (same dir)
@@ -35,21 +36,11 @@ pytestmark = [pytest.mark.triton, pytest.mark.timeout(240)]
 MODEL = "acme/chat-7b"
 MAX_INPUT_LEN = 64
 MAX_SEQ_LEN = 320
-# The tiny tokenizer's chat template: system/user/assistant turns marked by words of its vocabulary;
-# any other role is refused through raise_exception, as real templates refuse what they cannot render.
-CHAT_TEMPLATE = (
-    "{% for m in messages %}"
-    "{% if m['role'] == 'system' %}w10 {{ m['content'] }} "
-    "{% elif m['role'] == 'user' %}w11 {{ m['content'] }} "
-    "{% elif m['role'] == 'assistant' %}w12 {{ m['content'] }}{{ eos_token }} "
-    "{% else %}{{ raise_exception('Only system, user and assistant roles are supported') }}"
-    "{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}w12{% endif %}"
-)
 
 
 def render(messages: list[dict]) -> str:
-    """What CHAT_TEMPLATE renders (written out by hand: the test must not reuse the code under test)."""
+    """What the fake checkpoint's CHAT_TEMPLATE renders (written out by hand: the test must not reuse the
+    code under test). Any other role is refused through raise_exception, as real templates refuse."""
     parts = []
     for m in messages:
         marker = {"system": "w10", "user": "w11", "assistant": "w12"}[m["role"]]
@@ -134,10 +125,7 @@ class Served:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     root = tmp_path_factory.mktemp("openai")
-    tokenizer = make_tokenizer(root / "tokenizer")
-    (tokenizer / "tokenizer_config.json").write_text(json.dumps({
-        "chat_template": CHAT_TEMPLATE, "eos_token": {"content": "</s>", "special": True}, "pad_token": "[PAD]",
-    }))
+    tokenizer = write_tokenizer(root / "tokenizer", TOKENIZER_VOCAB)  # the fake checkpoint's, chat template included
     bare = make_tokenizer(root / "bare-tokenizer")  # no tokenizer_config.json: no chat template
     served = start_servers(lambda _variant: Served(root, tokenizer), variants=("redrafter",))["redrafter"]
     fronts = []

@@ -365,3 +365,35 @@ async def test_validation_job_runs_against_the_variant_services(apiserver: Emula
     term = pods[-1]["status"]["containerStatuses"][0]["state"]["terminated"]
     assert state == "Complete", term
     assert term["exitCode"] == 0 and term["message"]
+
+
+async def test_validation_job_over_the_openai_api(apiserver: EmulatorHandle):
+    """``spec.validation.protocol: openai``: the Job validates the pair through the pods' OpenAI fronts,
+    reached as ``http://<svc>.<ns>.svc:9000`` (the operator's own serving and validation renders)."""
+    try:
+        TritonInstall.find()
+    except TritonUnavailable as exc:
+        pytest.skip(f"tritonserver cannot run here: {exc}")
+    from redrafter_operator.render.serving import serving_configmap, serving_deployment, variant_service
+    from redrafter_operator.render.validation import validation_job
+
+    em = apiserver.emulator
+    owner = demo_owner(**{"validation.protocol": "openai", "validation.measureCrossover": False})
+    async with SimKubelet(apiserver.url, sync_period=0.3, openai_front=True):
+        assert set((await build_engines(em, owner)).values()) == {"Complete"}
+        keys = {v: build_spec(owner.spec, v).key for v in contract.VARIANTS}
+        for variant in contract.VARIANTS:
+            em.create_object(serving_configmap(owner, variant, keys[variant]))
+            em.create_object(serving_deployment(owner, variant, keys[variant], 1))
+            em.create_object(variant_service(owner, variant))
+        for variant in contract.VARIANTS:
+            await wait_for(lambda v=variant: ready_pods(em, v), 90, f"a Ready {variant} pod")
+        job = em.create_object(validation_job(owner, redrafter_key=keys["redrafter"], base_key=keys["base"],
+                                              operator_image="op:dev"))
+        args = job["spec"]["template"]["spec"]["containers"][0]["command"]
+        assert args[args.index("--protocol") + 1] == "openai"
+        name = job["metadata"]["name"]
+        state = await wait_for(lambda: job_state(em, name), 150, "the validation Job to finish")
+        term = build_pods(em, name)[-1]["status"]["containerStatuses"][0]["state"]["terminated"]
+        assert state == "Complete", term
+        assert term["exitCode"] == 0 and "greedy outputs identical" in term["message"]

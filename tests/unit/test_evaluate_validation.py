@@ -248,3 +248,14 @@ def test_validation_job_options_from_spec():
     assert "--sweep-concurrency" not in args
     assert pod["volumes"] == [{"name": "prompts", "configMap": {"name": "my-prompts"}}]
     assert c["resources"] == {"requests": {"cpu": "1"}}
+    assert args[args.index("--protocol") + 1] == "grpc"
+
+
+def test_validation_job_can_go_through_the_openai_api():
+    owner = owner_of(EXAMPLES[0], protocol="openai")
+    args = validation_job(owner, redrafter_key=RKEY, base_key=BKEY, operator_image=IMAGE)["spec"]["template"][
+        "spec"]["containers"][0]["command"]
+    assert args[args.index("--protocol") + 1] == "openai"
+    assert args[args.index("--redrafter") + 1] == (
+        f"http://{names.service_name(owner.name, 'redrafter')}.{owner.namespace}.svc:9000")
+    assert args[args.index("--base") + 1] == f"http://{names.service_name(owner.name, 'base')}.{owner.namespace}.svc:9000"

@@ -474,6 +474,11 @@ class Validation(ApiModel):
         default=True,
         description="After passing, sweep concurrency 1, 2, 4, ..., maxBatchSize and record the measured crossover.",
     )
+    protocol: Literal["grpc", "openai"] = Field(
+        default="grpc",
+        description="How the Job calls the engines: grpc (Triton's entry model, port 8001) or openai (the "
+        "pods' OpenAI-compatible API, port 9000, as applications call it).",
+    )
     active_deadline_seconds: int = Field(
         default=1800, ge=60, le=86400, description="Upper bound of the validation Job's run time."
     )

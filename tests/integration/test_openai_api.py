@@ -366,6 +366,25 @@ async def test_503_while_triton_is_not_ready(stack, clients):
         await clients(front).completions.create(model="x", prompt=prompt(1))
 
 
+async def test_engine_failure_is_a_500_or_an_error_event(stack, clients):
+    served, client = stack["served"], clients(stack["front"])
+    write_control(served.control, error="injected engine failure")
+    try:
+        with pytest.raises(openai.InternalServerError) as exc:
+            await client.completions.create(model=MODEL, prompt=prompt(2), max_tokens=8)
+        err = error_of(exc.value)
+        assert exc.value.status_code == 500 and "injected engine failure" in err["message"]
+        assert err["type"] == "server_error"
+        # streaming: the headers are gone when the engine fails, so the error is an event, as OpenAI sends it
+        with pytest.raises(openai.APIError, match="injected engine failure"):
+            async for _ in await client.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": "w5"}], max_tokens=8, stream=True):
+                pass
+    finally:
+        write_control(served.control, error=None)
+    assert (await client.completions.create(model=MODEL, prompt=prompt(2), max_tokens=8)).usage.completion_tokens == 8
+
+
 # ---- concurrency, cancellation, drain ------------------------------------------------------------
 async def test_20_concurrent_streams_are_not_mixed_up(stack, clients):
     client = clients(stack["front"])

@@ -153,3 +153,29 @@ def test_run_together_stops_the_rest_when_one_exits_unasked():
     assert code == 3 and time.monotonic() - start < 30
     # a component that exits 0 unasked is still a failure of the pod
     assert run_together([[sys.executable, "-c", "pass"], [sys.executable, "-c", "import time; time.sleep(60)"]]) == 1
+
+
+def test_chat_prompt_keeps_one_bos_when_the_tokenizer_adds_it(tmp_path):
+    """A template that writes BOS itself plus a tokenizer that adds BOS would give the engine two."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    from engine_jobs.openai_api import Front, FrontSettings
+
+    vocab = {"<s>": 0, "</s>": 1, "[UNK]": 2, "hi": 3, "[INST]": 4}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(["<s>", "</s>", "[UNK]"])
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    tokenizer_dir(tmp_path, chat_template="{{ bos_token }}[INST] {{ messages[0]['content'] }}",
+                  bos_token="<s>", eos_token="</s>")
+    front = Front(FrontSettings("m", 64, 128, 0), tmp_path, "127.0.0.1:1")
+    req = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    prompt = front.chat_prompt(req)
+    assert prompt == "[INST] hi"
+    assert front.tokenizer.encode(prompt) == [0, 4, 3]  # exactly one BOS, added by the tokenizer
+    assert front.prompt_tokens(prompt, "messages") == 3
+    # a tokenizer that adds nothing keeps the template's BOS
+    tok.post_processor = None
+    tok.save(str(tmp_path / "tokenizer.json"))
+    assert Front(FrontSettings("m", 64, 128, 0), tmp_path, "127.0.0.1:1").chat_prompt(req) == "<s>[INST] hi"

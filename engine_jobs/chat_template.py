@@ -5,7 +5,8 @@ With ``transformers`` installed (the serving image) its ``apply_chat_template`` 
 (transformers ``utils/chat_template_utils.py``: ``_compile_jinja_template`` / ``render_jinja_template``):
 an ImmutableSandboxedEnvironment with trim_blocks and lstrip_blocks, the loopcontrols extension, a
 ``{% generation %}`` block, ``raise_exception``, ``strftime_now``, a ``tojson`` filter that does not
-HTML-escape, and the tokenizer's special tokens (``bos_token``, ``eos_token``, ...) as variables.
+HTML-escape, and the tokenizer's special tokens (``bos_token``, ``eos_token``, ...) as variables
+(renders compared equal with transformers 4.53.1's ``apply_chat_template``).
 The template comes from ``chat_template.jinja`` or ``tokenizer_config.json`` (``chat_template``: a
 string, or a list of named templates of which ``default`` is used).
 """

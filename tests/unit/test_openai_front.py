@@ -168,7 +168,7 @@ def test_chat_prompt_keeps_one_bos_when_the_tokenizer_adds_it(tmp_path):
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
     tok.save(str(tmp_path / "tokenizer.json"))
     tokenizer_dir(tmp_path, chat_template="{{ bos_token }}[INST] {{ messages[0]['content'] }}",
-                  bos_token="<s>", eos_token="</s>")
+                  bos_token="<s>", eos_token="</s>", tokenizer_class="PreTrainedTokenizerFast")
     front = Front(FrontSettings("m", 64, 128, 0), tmp_path, "127.0.0.1:1")
     req = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
     prompt = front.chat_prompt(req)

@@ -179,3 +179,28 @@ def test_chat_prompt_keeps_one_bos_when_the_tokenizer_adds_it(tmp_path):
     tok.post_processor = None
     tok.save(str(tmp_path / "tokenizer.json"))
     assert Front(FrontSettings("m", 64, 128, 0), tmp_path, "127.0.0.1:1").chat_prompt(req) == "<s>[INST] hi"
+
+
+def test_run_together_forwards_sigterm_to_every_process_and_waits_for_their_drain(tmp_path):
+    import os
+    import signal
+    import threading
+
+    drain = ("import signal, sys, time, pathlib\n"
+             "signal.signal(signal.SIGTERM, lambda *a: (time.sleep(0.5), pathlib.Path(sys.argv[1]).write_text('drained'),"
+             " sys.exit(0)))\n"
+             "pathlib.Path(sys.argv[1] + '.up').touch()\n"
+             "time.sleep(60)\n")
+    marks = [tmp_path / "triton", tmp_path / "front"]
+
+    def terminate_when_up():
+        deadline = time.monotonic() + 30
+        while not all(Path(f"{m}.up").exists() for m in marks) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)  # what the kubelet sends after the preStop hook
+
+    before = signal.getsignal(signal.SIGTERM)
+    threading.Thread(target=terminate_when_up, daemon=True).start()
+    assert run_together([[sys.executable, "-c", drain, str(m)] for m in marks]) == 0
+    assert [m.read_text() for m in marks] == ["drained", "drained"]
+    assert signal.getsignal(signal.SIGTERM) == before  # the previous handler is back

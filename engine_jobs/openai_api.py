@@ -124,7 +124,8 @@ class Front:
         elif prompt_tokens + limit > self.settings.max_seq_len:
             raise ApiError(400, f"{prompt_tokens} prompt tokens + {limit} output tokens exceed this model's "
                            f"maximum sequence length of {self.settings.max_seq_len} tokens",
-                           param="max_tokens", code="context_length_exceeded")
+                           param="max_completion_tokens" if getattr(req, "max_completion_tokens", None)
+                           else "max_tokens", code="context_length_exceeded")
         if req.min_tokens is not None and req.min_tokens > limit:
             raise ApiError(400, f"min_tokens ({req.min_tokens}) exceeds max_tokens ({limit})", param="min_tokens",
                            code="invalid_value")

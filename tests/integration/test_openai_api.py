@@ -412,9 +412,17 @@ async def test_20_concurrent_streams_are_not_mixed_up(stack, clients):
     assert len({ids.pop() for _, ids, _ in results}) == n
 
 
+async def wait_log(front: Front, text: str, count: int, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while front.log().count(text) < count and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert front.log().count(text) == count, front.log()
+
+
 async def test_client_disconnect_cancels_the_triton_request(stack, clients):
     served, front = stack["served"], stack["front"]
-    write_control(served.control, step_ms=15.0)
+    write_control(served.control, step_ms=40.0)  # 250 tokens take ~3 s: both clients leave long before
+    before = front.log().count("cancelled: its client went away")
     try:
         client = clients(front)
         stream = await client.completions.create(model=MODEL, prompt=prompt(9), max_tokens=250, stream=True)
@@ -424,10 +432,13 @@ async def test_client_disconnect_cancels_the_triton_request(stack, clients):
             if got == 3:
                 break
         await stream.close()
-        deadline = time.monotonic() + 20
-        while "cancelled: its client went away" not in front.log() and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
-        assert "cancelled: its client went away" in front.log(), front.log()
+        await wait_log(front, "cancelled: its client went away", count=before + 1)
+        # a non-streaming request whose client gives up is cancelled too
+        async with aiohttp.ClientSession() as session:
+            with pytest.raises(asyncio.TimeoutError):
+                await session.post(f"{front.url}/v1/completions", timeout=aiohttp.ClientTimeout(total=1),
+                                   json={"model": MODEL, "prompt": prompt(10), "max_tokens": 250})
+        await wait_log(front, "cancelled: its client went away", count=before + 2)
     finally:
         write_control(served.control, step_ms=2.0)
     done = await clients(front).completions.create(model=MODEL, prompt=prompt(9), max_tokens=5)

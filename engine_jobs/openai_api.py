@@ -234,7 +234,7 @@ async def _respond(request: web.Request, front: Front, kind: _Kind, req: _Reques
 
 async def _stream(request: web.Request, front: Front, kind: _Kind, req: _Request, head: dict,
                   deltas: AsyncIterator[str], outcome: Outcome, prompt_tokens: int) -> web.StreamResponse:
-    resp = EventSourceResponse(allow_all_methods=True)
+    resp = EventSourceResponse(allow_all_methods=True, sep="\n")  # LF line ends, as OpenAI's own stream
     await resp.prepare(request)
     usage_field = {"usage": None} if req.include_usage else {}
 

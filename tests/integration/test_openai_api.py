@@ -236,6 +236,15 @@ async def test_streamed_completion_joins_to_the_full_text_and_reports_usage_last
     assert all(c.usage is None for c in chunks[:-1])
     plain = [c async for c in await client.completions.create(model=MODEL, prompt=text, max_tokens=30, stream=True)]
     assert all(c.usage is None and c.choices for c in plain), "usage sent although not asked for"
+    # on the wire: one JSON object per `data:` event, LF-separated, ending with data: [DONE]
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{stack['front'].url}/v1/completions",
+                                json={"model": MODEL, "prompt": text, "max_tokens": 5, "stream": True}) as r:
+            assert r.status == 200 and r.headers["content-type"].startswith("text/event-stream")
+            body = (await r.read()).decode()
+    events = body.split("\n\n")
+    assert events[-2:] == ["data: [DONE]", ""] and "\r" not in body
+    assert all(json.loads(e.removeprefix("data: "))["object"] == "text_completion" for e in events[:-2])
 
 
 async def test_stop_sequences_cut_text_and_finish_with_stop(stack, clients):

@@ -102,6 +102,14 @@ class Front:
             raise ApiError(503, "the inference server is not ready yet; retry shortly",
                            type_="server_error", code="service_unavailable")
 
+    def failure(self, exc: UpstreamError) -> ApiError:
+        """A failed generation in OpenAI's terms: 503 (retry) when Triton went away, else 500."""
+        if exc.unavailable:
+            self.ready = False  # the poller may not have noticed yet
+            return ApiError(503, f"the inference server is unavailable: {exc}", type_="server_error",
+                            code="service_unavailable")
+        return ApiError(500, f"inference failed: {exc}", type_="server_error", code="upstream_error")
+
     # ---- requests ------------------------------------------------------------------------------
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False)) if text else 0
@@ -222,30 +230,38 @@ async def _respond(request: web.Request, front: Front, kind: _Kind, req: _Reques
         try:
             text = "".join([d async for d in deltas])
         except UpstreamError as exc:
-            raise ApiError(500, f"inference failed: {exc}", type_="server_error", code="upstream_error") from None
+            raise front.failure(exc) from None
         body = {**head, "object": kind.object, "choices": [kind.choice(text, outcome.finish_reason)],
                 "usage": _usage(prompt_tokens, outcome)}
         headers = {}
         if outcome.acceptance_rate is not None:
             headers[ACCEPTANCE_HEADER] = f"{outcome.acceptance_rate:.6f}"
         return web.json_response(body, headers=headers)
-    return await _stream(request, front, kind, req, head, deltas, outcome, prompt_tokens)
+    # The headers wait for Triton's first answer: a request that fails before any text still gets its
+    # HTTP status (503 lets clients retry); later failures can only be an event in the stream.
+    try:
+        first = await anext(deltas, None)
+    except UpstreamError as exc:
+        raise front.failure(exc) from None
+    return await _stream(request, kind, req, head, first, deltas, outcome, prompt_tokens)
 
 
-async def _stream(request: web.Request, front: Front, kind: _Kind, req: _Request, head: dict,
+async def _stream(request: web.Request, kind: _Kind, req: _Request, head: dict, first: str | None,
                   deltas: AsyncIterator[str], outcome: Outcome, prompt_tokens: int) -> web.StreamResponse:
     resp = EventSourceResponse(allow_all_methods=True, sep="\n")  # LF line ends, as OpenAI's own stream
-    await resp.prepare(request)
     usage_field = {"usage": None} if req.include_usage else {}
 
     async def send(choices: list[dict], **extra) -> None:
         await resp.send(json.dumps({**head, "object": kind.chunk_object, "choices": choices, **usage_field, **extra}))
 
     try:
+        await resp.prepare(request)
         async with resp:
             try:
                 if kind.first is not None:
                     await send([kind.first])
+                if first is not None:
+                    await send([kind.delta(first, None)])
                 async for delta in deltas:
                     await send([kind.delta(delta, None)])
                 speculation = _speculation(outcome)
@@ -257,11 +273,11 @@ async def _stream(request: web.Request, front: Front, kind: _Kind, req: _Request
             except UpstreamError as exc:  # headers are gone: the error travels as an event, as OpenAI sends it
                 err = ApiError(500, f"inference failed: {exc}", type_="server_error", code="upstream_error")
                 await resp.send(json.dumps(err.body()))
-            finally:
-                await deltas.aclose()  # a client that went away: cancels the Triton request
             await resp.send("[DONE]")
     except ConnectionResetError:
         log.info("%s: the client went away mid-stream", head["id"])
+    finally:
+        await deltas.aclose()  # a client that went away: cancels the Triton request
     return resp
 
 

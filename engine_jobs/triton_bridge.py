@@ -27,7 +27,20 @@ log = logging.getLogger("redrafter.openai")
 
 
 class UpstreamError(RuntimeError):
-    """Triton or the engine failed the request."""
+    """Triton or the engine failed the request (``unavailable``: Triton could not be reached)."""
+
+    def __init__(self, message: str, *, unavailable: bool = False):
+        super().__init__(message)
+        self.unavailable = unavailable
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """gRPC UNAVAILABLE, as tritonclient (``status()``) or grpc (``code()``) reports it."""
+    for attr in ("status", "code"):
+        fn = getattr(exc, attr, None)
+        if callable(fn) and "UNAVAILABLE" in str(fn()):
+            return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -177,7 +190,7 @@ async def generate(client: grpcaio.InferenceServerClient, prompt: str, s: Sampli
     except UpstreamError:
         raise
     except Exception as exc:  # gRPC errors: Triton unreachable, stream reset
-        raise UpstreamError(describe(exc)) from exc
+        raise UpstreamError(describe(exc), unavailable=is_unavailable(exc)) from exc
     finally:
         responses.cancel()
     if not matcher.hit:

@@ -204,3 +204,26 @@ def test_run_together_forwards_sigterm_to_every_process_and_waits_for_their_drai
     assert run_together([[sys.executable, "-c", drain, str(m)] for m in marks]) == 0
     assert [m.read_text() for m in marks] == ["drained", "drained"]
     assert signal.getsignal(signal.SIGTERM) == before  # the previous handler is back
+
+
+async def test_an_unreachable_triton_is_reported_as_unavailable(tmp_path):
+    """What a request meets when Triton went away between two readiness polls: the front answers 503."""
+    import tritonclient.grpc.aio as grpcaio
+
+    from engine_jobs.openai_api import Front, FrontSettings
+    from engine_jobs.triton_bridge import UpstreamError, generate
+    from redrafter_sim.checkpoint import write_tokenizer
+    from redrafter_sim.triton import free_ports
+
+    (port,) = free_ports(count=1)
+    async with grpcaio.InferenceServerClient(f"127.0.0.1:{port}") as client:
+        outcome = Outcome()
+        with pytest.raises(UpstreamError) as exc:
+            async for _ in generate(client, "w5", Sampling(max_tokens=4), outcome, len):
+                pass
+    assert exc.value.unavailable, str(exc.value)
+    front = Front(FrontSettings("m", 64, 128, 0), write_tokenizer(tmp_path), f"127.0.0.1:{port}")
+    front.ready = True  # as it was at the last poll
+    err = front.failure(exc.value)
+    assert (err.status, err.code, front.ready) == (503, "service_unavailable", False)
+    assert front.failure(UpstreamError("tensorrt_llm: boom")).status == 500

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from .commands import add_build_parser, add_plan_parser
-from .serve import add_serve_parser
+from .serve import add_openai_parser, add_serve_parser
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -15,6 +15,7 @@ def main(argv: list[str] | None = None) -> int:
     add_plan_parser(sub)
     add_build_parser(sub)
     add_serve_parser(sub)
+    add_openai_parser(sub)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -28,6 +28,7 @@ from .types import (
 _DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 _IMAGE = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$"
 _REVISION = r"^[A-Za-z0-9][A-Za-z0-9._/-]*$"
+_MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$"
 
 
 MAX_DRAFT_TOKENS = 64  # numBeams x draftLenPerBeam; larger trees cost more than they accept
@@ -337,6 +338,12 @@ class Serving(ApiModel):
         default_factory=ServingNetworkPolicy, description="Optional NetworkPolicies for this resource's pods."
     )
 
+    model_name: str | None = Field(
+        default=None, pattern=_MODEL_NAME, max_length=256,
+        description="Model id of the OpenAI-compatible API (GET /v1/models, the `model` of requests). "
+        "Unset: the resource name.",
+    )
+
 
 class EndpointPickerRef(ApiModel):
     """The Endpoint Picker (EPP) Service the gateway consults for each request (InferencePool v1 ``endpointPickerRef``)."""
@@ -559,6 +566,11 @@ class Validation(ApiModel):
     measure_crossover: bool = Field(
         default=True,
         description="After passing, sweep concurrency 1, 2, 4, ..., maxBatchSize and record the measured crossover.",
+    )
+    protocol: Literal["grpc", "openai"] = Field(
+        default="grpc",
+        description="How the Job calls the engines: grpc (Triton's entry model, port 8001) or openai (the "
+        "pods' OpenAI-compatible API, port 9000, as applications call it).",
     )
     active_deadline_seconds: int = Field(
         default=1800, ge=60, le=86400, description="Upper bound of the validation Job's run time."

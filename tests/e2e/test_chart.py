@@ -937,8 +937,8 @@ def test_two_replicas_from_the_chart_elect_one_leader_and_hand_over_on_shutdown(
         found = emu.find_object("coordination.k8s.io/v1", "Lease", f"{RELEASE}-redrafter-operator", NAMESPACE)
         return (found or {}).get("spec") or {}
 
-    def writes_by(pod: str) -> list[Any]:
-        return [r for r in emu.writes(mark) if r.user == pod]
+    def writes_by(pod: str, since: int | None = None) -> list[Any]:
+        return [r for r in emu.writes(mark if since is None else since) if r.user == pod]
 
     mark = len(emu.request_log)
     try:
@@ -952,12 +952,16 @@ def test_two_replicas_from_the_chart_elect_one_leader_and_hand_over_on_shutdown(
         active = _wait(lambda: lease().get("holderIdentity") in procs and lease()["holderIdentity"], 60,
                        "a replica to acquire the Lease")
         (standby,) = set(procs) - {active}
+        elected = len(emu.request_log)
+        # before anyone held the Lease both replicas may try to create it: the loser's create is refused (409)
+        assert all(r.path.endswith("/leases") and r.method == "POST" and r.status == 409
+                   for r in writes_by(standby)), writes_by(standby)
         shown = kubectl("get", "lease", "-n", NAMESPACE, check=True).stdout
         assert active in shown and standby not in shown  # `kubectl get lease` shows the leader
         apply("first")
         _wait(lambda: phase("first") == "Building", 30, "the leader to handle a resource", interval=0.3)
         time.sleep(2.0)
-        assert writes_by(standby) == [], "the standby wrote"
+        assert writes_by(standby, since=elected) == [], "the standby wrote while the leader held the Lease"
         assert [r for r in writes_by(active) if r.path.endswith("/jobs")]
         assert "default/first" in logs[active].read_text() and "default/first" not in logs[standby].read_text()
 

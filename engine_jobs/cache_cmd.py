@@ -7,19 +7,23 @@ collection Job and writes what it removed as JSON to the termination message.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import sys
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
 from .cache_gc import Retention, collect, parse_duration
 from .cache_index import Engine, load_references, scan
 from .contract import CACHE_MOUNT
-from .errors import BuildError, ExitCode, format_termination_message, write_termination_message
+from .errors import TERMINATION_MESSAGE_LIMIT, BuildError, ExitCode, format_termination_message, \
+    write_termination_message
 from .progress import Log, human_bytes
 from .settings import Settings
 
+COMPRESSED_PREFIX = "zlib+base64:"
 COLUMNS = ("KEY", "VARIANT", "MODEL", "TRTLLM", "GPU", "SIZE", "BUILT", "REFERENCED BY")
 
 
@@ -35,6 +39,8 @@ def add_cache_parser(sub: Any) -> None:
     _cache_argument(ls)
     ls.add_argument("--references", metavar="FILE", help="the operator's references JSON (who uses each key)")
     ls.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    ls.add_argument("--termination-log", metavar="FILE",
+                    help="also write the listing there, compressed to fit Kubernetes' 4096 bytes (listing pods)")
     ls.set_defaults(func=cmd_ls)
     gc = verbs.add_parser("gc", help="remove unreferenced engines beyond the retention")
     _cache_argument(gc)
@@ -70,6 +76,41 @@ def listing_document(root: Path, engines: list[Engine]) -> dict[str, Any]:
             "totalBytes": sum(e.size_bytes for e in engines)}
 
 
+def encode_message(doc: dict[str, Any], limit: int = TERMINATION_MESSAGE_LIMIT) -> str:
+    """JSON if it fits, else zlib+base64 of it; engines dropped from the end (``truncated`` counts them) as a last resort.
+
+    The listing pod's only channel back is its termination message (readable with ``get pods`` alone,
+    and kept after the logs are gone), which Kubernetes cuts at 4096 bytes.
+    """
+    doc = dict(doc)
+    engines = list(doc.get("engines") or [])
+    while True:
+        text = json.dumps(doc, separators=(",", ":"))
+        if len(text.encode()) <= limit:
+            return text
+        packed = COMPRESSED_PREFIX + base64.b64encode(zlib.compress(text.encode(), 9)).decode()
+        if len(packed) <= limit or not engines:
+            return packed[:limit]
+        drop = max(1, len(engines) // 10)  # few compressions even for thousands of engines
+        del engines[-drop:]
+        doc["engines"] = engines
+        doc["truncated"] = int(doc.get("truncated", 0)) + drop
+
+
+def decode_message(text: str) -> dict[str, Any]:
+    """The document :func:`encode_message` wrote (raises ValueError on anything else)."""
+    text = text.strip()
+    if text.startswith(COMPRESSED_PREFIX):
+        try:
+            text = zlib.decompress(base64.b64decode(text[len(COMPRESSED_PREFIX):])).decode()
+        except (zlib.error, ValueError) as exc:
+            raise ValueError(f"corrupt compressed message: {exc}") from None
+    doc = json.loads(text)
+    if not isinstance(doc, dict):
+        raise ValueError("not a JSON object")
+    return doc
+
+
 def _fail(exc: BuildError) -> int:
     print(f"error ({exc.code.name}): {exc.reason}", file=sys.stderr)
     return int(exc.code)
@@ -88,8 +129,11 @@ def cmd_ls(args: argparse.Namespace) -> int:
     except ValueError as exc:  # a malformed setting
         print(f"error (BAD_INPUT): {exc}", file=sys.stderr)
         return int(ExitCode.BAD_INPUT)
+    doc = listing_document(root, engines)
+    if args.termination_log:
+        write_termination_message(args.termination_log, encode_message(doc))
     if args.output == "json":
-        print(json.dumps(listing_document(root, engines), indent=2))
+        print(json.dumps(doc, indent=2))
     else:
         print(table(engines))
         print(f"\n{len(engines)} engine(s), {human_bytes(sum(e.size_bytes for e in engines))}")
@@ -113,8 +157,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     except ValueError as exc:  # a malformed setting
         print(f"error (BAD_INPUT): {exc}", file=sys.stderr)
         return int(ExitCode.BAD_INPUT)
-    if not args.dry_run:
-        write_termination_message(termination_log, report.termination_message())
+    write_termination_message(termination_log, report.termination_message())
     if args.output == "json":
         print(json.dumps(report.to_json(), indent=2))
     return 0

@@ -69,6 +69,16 @@ class Engine:
                                  for r in self.referenced_by],
                 "unreferencedSince": self.unreferenced_since}
 
+    @classmethod
+    def from_json(cls, item: dict[str, Any]) -> Engine:
+        """The inverse of :meth:`to_json` (a listing read back from a listing pod)."""
+        return cls(key=item["key"], complete=item["complete"], variant=item["variant"], model=item["model"],
+                   tensorrt_llm_version=item["tensorrtLlmVersion"], gpu_product=item["gpuProduct"],
+                   size_bytes=item["sizeBytes"], built_at=item["builtAt"], locked_by=item["lockedBy"],
+                   referenced_by=[Reference(item["key"], r["namespace"], r["name"], r["role"])
+                                  for r in item["referencedBy"]],
+                   unreferenced_since=item["unreferencedSince"])
+
 
 def iso(epoch: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))

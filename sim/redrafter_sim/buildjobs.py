@@ -1,13 +1,14 @@
 """The simulated node's Job controller + kubelet for the operator's Jobs (engine builds, validation).
 
-For each Job labelled ``app.kubernetes.io/component`` ``engine-build`` or ``validation`` it creates a Pod in the API,
-lays out the Pod's volumes on this machine (:mod:`.hostfs`), and runs the container's own command —
+For each Job labelled ``app.kubernetes.io/component`` ``engine-build``, ``validation`` or ``engine-cache`` it
+creates a Pod in the API, lays out the Pod's volumes on this machine (:mod:`.hostfs`), and runs the container's own command —
 ``python -m engine_jobs build --spec /etc/redrafter/build.json`` — as a real subprocess with the
 stand-in TensorRT-LLM toolchain. Only paths change: build.json's ``cache_dir`` and credentials
 directories point into the pod's root, and engine_jobs' settings (environment variables) name the
 toolchain, the pvc:// mount root and the termination-message file. pvc:// source claims are
 provisioned with a tiny fake checkpoint (:mod:`.checkpoint`) the first time a build reads them.
-Validation Jobs run ``redrafter-operator evaluate validate`` the same way; their in-cluster Service
+Validation Jobs run ``redrafter-operator evaluate validate`` the same way, engine-cache Jobs
+``python -m engine_jobs cache ls|gc`` (their read-only mounts are not enforced: a mount is a symlink); their in-cluster Service
 addresses (``<svc>.<ns>.svc:<port>``) are resolved to a Ready endpoint of that Service, as cluster DNS
 and kube-proxy would. The Pod's and Job's status come from the real exit code and termination-message
 file, with the Job's ``podFailurePolicy`` (a FailJob exit code ends the Job at once), ``backoffLimit``
@@ -42,7 +43,7 @@ log = logging.getLogger("redrafter.sim.jobs")
 TOOLCHAIN_DIR = Path(__file__).resolve().parent / "toolchain"
 
 COMPONENT_LABEL = "app.kubernetes.io/component"
-JOB_COMPONENTS = ("engine-build", "validation")
+JOB_COMPONENTS = ("engine-build", "validation", "engine-cache")
 SERVICE_ADDRESS = re.compile(r"\b([a-z0-9]([-a-z0-9]*[a-z0-9])?)\.([a-z0-9]([-a-z0-9]*[a-z0-9])?)\.svc(\.cluster\.local)?:(\d+)\b")
 TERMINATION_MESSAGE_LIMIT = 4096
 LOG_TAIL_LINES = 80

@@ -18,6 +18,7 @@ PACKAGES = ("redrafter_operator", "engine_jobs", "redrafter_sim")
 # members must not import each other (independent siblings).
 OPERATOR_LAYERS: list[str | set[str]] = [
     "cli",  # the command line: everything else is reached from here
+    "cache_cli",  # `cache ls|gc`: engine_jobs' cache code, locally or in a pod through the API
     "controller",  # kopf shell, reconciler, evaluators, planner
     "policy",  # speculation policy and autoscaler, pure
     "metrics",  # reads serving pods' metrics (scrape / Prometheus)

@@ -1,0 +1,118 @@
+"""Jobs that read or collect an engine cache: ``python -m engine_jobs cache ls|gc`` on the cache claim.
+
+They run the operator image (it carries engine_jobs), unprivileged under the restricted Pod Security
+Standard: non-root, no capabilities, RuntimeDefault seccomp, read-only root filesystem. The listing
+mounts the claim read-only. They run as the builder image's user (images/engine-builder.Dockerfile
+``USER 10001``), which owns every engine file: a collection as another user could not remove them.
+
+The references (which keys any ReDrafterDeployment still needs) reach the pod as a ConfigMap; the
+result comes back as the container's termination message (readable with ``get pods`` alone).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine_jobs.contract import CACHE_MOUNT, TERMINATION_LOG
+
+from . import names
+
+COMPONENT = "engine-cache"
+CONTAINER = "cache"
+REFERENCES_MOUNT = "/etc/redrafter/cache"
+REFERENCES_FILE = "references.json"
+#: the builder image's user, owner of the engine files
+CACHE_UID = 10001
+LIST_DEADLINE_SECONDS = 300
+GC_DEADLINE_SECONDS = 3600
+FINISHED_JOB_TTL_SECONDS = 3600
+RESOURCES = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}
+
+
+def cache_labels(claim: str, verb: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "redrafter",
+        names.LABEL_COMPONENT: COMPONENT,
+        "app.kubernetes.io/managed-by": names.MANAGED_BY,
+        f"{names.DOMAIN}/cache-claim": names.label_value(claim),
+        f"{names.DOMAIN}/cache-verb": verb,
+    }
+
+
+def restricted_pod(container: dict[str, Any], volumes: list[dict[str, Any]]) -> dict[str, Any]:
+    """A pod spec that passes the restricted Pod Security Standard."""
+    container["securityContext"] = {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    return {
+        "restartPolicy": "Never",
+        "containers": [container],
+        "volumes": volumes,
+        "automountServiceAccountToken": False,  # it reads files only, never the API
+        "enableServiceLinks": False,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": CACHE_UID, "runAsGroup": CACHE_UID,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+    }
+
+
+def cache_job(*, name: str, namespace: str, claim: str, sub_path: str, references_config_map: str,
+              image: str, args: list[str], verb: str, read_only: bool) -> dict[str, Any]:
+    """One pod running ``python -m engine_jobs cache <args>`` on ``<claim>/<sub_path>``, no retries."""
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["python", "-m", "engine_jobs", "cache", *args],
+        "resources": RESOURCES,
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": [
+            {"name": "cache", "mountPath": CACHE_MOUNT, "subPath": sub_path, "readOnly": read_only},
+            {"name": "references", "mountPath": REFERENCES_MOUNT, "readOnly": True},
+        ],
+    }
+    volumes = [
+        {"name": "cache", "persistentVolumeClaim": {"claimName": claim, "readOnly": read_only}},
+        {"name": "references", "configMap": {"name": references_config_map}},
+    ]
+    labels = cache_labels(claim, verb)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": LIST_DEADLINE_SECONDS if read_only else GC_DEADLINE_SECONDS,
+            "ttlSecondsAfterFinished": FINISHED_JOB_TTL_SECONDS,
+            "template": {"metadata": {"labels": labels}, "spec": restricted_pod(container, volumes)},
+        },
+    }
+
+
+def references_path() -> str:
+    return f"{REFERENCES_MOUNT}/{REFERENCES_FILE}"
+
+
+def list_args() -> list[str]:
+    return ["ls", "--local", CACHE_MOUNT, "--references", references_path(), "-o", "json",
+            "--termination-log", TERMINATION_LOG]
+
+
+def gc_args(*, keep: int | None, max_age: str | None, dry_run: bool) -> list[str]:
+    args = ["gc", "--local", CACHE_MOUNT, "--references", references_path(), "--termination-log", TERMINATION_LOG]
+    if keep is not None:
+        args += ["--keep", str(keep)]
+    if max_age:
+        args += ["--max-age", max_age]
+    if dry_run:
+        args.append("--dry-run")
+    return args
+
+
+def references_config_map(*, name: str, namespace: str, claim: str, document: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": namespace, "labels": cache_labels(claim, "references")},
+            "data": {REFERENCES_FILE: document}}

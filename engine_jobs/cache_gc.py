@@ -83,7 +83,8 @@ def plan(engines: list[Engine], retention: Retention, now: float) -> list[Decisi
         else:
             groups.setdefault((engine.model, engine.variant), []).append(engine)
     for group in groups.values():
-        group.sort(key=lambda e: (parse_iso(e.unreferenced_since) or now, parse_iso(e.built_at) or 0.0),
+        # most recently referenced first, then most recently built (second resolution), then by key: deterministic
+        group.sort(key=lambda e: (parse_iso(e.unreferenced_since) or now, parse_iso(e.built_at) or 0.0, e.key),
                    reverse=True)
         for rank, engine in enumerate(group):
             age = now - (parse_iso(engine.unreferenced_since) or now)

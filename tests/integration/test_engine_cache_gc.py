@@ -130,13 +130,17 @@ def test_gc_removes_only_unreferenced_unlocked_engines(cache: Cache):
 
 
 def test_dry_run_removes_nothing(cache: Cache):
+    state = {"unreferencedSince": {"llama-rd-new": iso(time.time() - 3600), "llama-base-new": iso(time.time() - 3600),
+                                   "llama-rd-old": iso(time.time() - 60), "llama-base-old": iso(time.time() - 60)}}
+    (cache.dir / STATE_FILE).write_text(json.dumps(state))
     result = cache.gc("--keep", "1", "--dry-run", "-o", "json")
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
-    # one per model and variant is kept: the most recent by unreferenced-since, then built-at
+    # one per model and variant is kept: the most recently referenced
     assert sorted(r["key"] for r in doc["removed"]) == ["llama-base-new", "llama-rd-new"]
     assert doc["dryRun"] is True and cache.complete() == set(ENGINES)
-    assert cache.report()["dryRun"] is True and not (cache.dir / STATE_FILE).exists()
+    assert cache.report()["dryRun"] is True
+    assert json.loads((cache.dir / STATE_FILE).read_text()) == state, "a dry run writes nothing"
 
 
 def test_max_age_counts_from_when_a_collection_first_saw_it_unreferenced(cache: Cache):

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from engine_jobs.contract import BuildResult
 from redrafter_operator.api.engine_key import engine_key
 from redrafter_operator.api.spec import ReDrafterDeploymentSpec
 from redrafter_operator.api.status import ReDrafterDeploymentStatus
@@ -446,3 +447,26 @@ def test_without_a_promoted_engine_the_primary_runs_the_new_engine_as_before():
     assert ("Deployment", names.candidate_name("llama3-8b")) not in by
     prog = cond(p.status, "Progressing")  # not promoted yet: the rollout is not complete
     assert (prog["status"], prog["reason"]) == ("True", "Validating") and "serves meanwhile" in prog["message"]
+
+
+def test_engine_status_reports_size_and_built_at_from_the_build_message():
+    """The build Pod's success message carries the manifest's size and built-at; status keeps them after
+    the Job expires, and a Cached engine gets them from the Job that built it for another resource."""
+    doc = body()
+    built = BuildResult(size_bytes=16 * 2**30, built_at="2026-01-01T00:00:00Z")
+    rd = job(doc, "redrafter", "Succeeded")
+    ok = PodFact(job=rd.name, phase="Succeeded", message=built.message("OK: engine k (redrafter) is complete at /c/k"))
+    other_ok = built.model_copy(update={"size_bytes": 123}).message("OK: engine b (base) is complete at /c/b")
+    obs = Observed(jobs=[rd], pods={rd.name: ok}, shared={"base": SharedArtifact(ready_by="Job other-build-base",
+                                                                                 built_message=other_ok)})
+    p = plan(res_of(doc), obs, now=NOW, renderers=RENDER)
+    engines = p.status["engines"]
+    assert (engines["redrafter"]["sizeBytes"], engines["redrafter"]["builtAt"]) == (16 * 2**30, "2026-01-01T00:00:00Z")
+    assert engines["base"]["state"] == "Cached" and engines["base"]["sizeBytes"] == 123
+    ReDrafterDeploymentStatus.model_validate(p.status)
+    later = plan(res_of(doc, p.status), Observed(), now=LATER, renderers=RENDER)  # Jobs and Pods expired
+    assert all((later.status["engines"][v]["sizeBytes"], later.status["engines"][v]["builtAt"])
+               == (engines[v]["sizeBytes"], engines[v]["builtAt"]) for v in ("redrafter", "base"))
+    # a message from an older builder (no result line) leaves the fields out rather than inventing them
+    bare = Observed(jobs=[rd], pods={rd.name: PodFact(job=rd.name, phase="Succeeded", message="OK: engine k")})
+    assert "sizeBytes" not in plan(res_of(doc), bare, now=NOW, renderers=RENDER).status["engines"]["redrafter"]

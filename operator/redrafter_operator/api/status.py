@@ -36,6 +36,10 @@ class EngineStatus(ApiModel):
     state: EngineState = Field(default="Pending", description="Pending, Cached, Building, Ready or Failed.")
     job: str | None = Field(default=None, description="Name of the current/last build Job.")
     path: str | None = Field(default=None, description="Artifact directory inside the cache volume.")
+    size_bytes: int | None = Field(
+        default=None, ge=0, description="Size of the artifact (engine, tokenizer, model repository) in bytes, from "
+        "its manifest, as the build Job reported it.")
+    built_at: str | None = Field(default=None, description="When the artifact was built (RFC 3339, from its manifest).")
     message: str | None = Field(default=None, description="Failure reason (Job termination message).")
     attempts: int = Field(default=0, description="Build Jobs created for this key since the last retry request.")
     exit_code: int | None = Field(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from engine_jobs.contract import Variant
+from engine_jobs.contract import BuildResult, Variant
 
 from ..api.engine_key import engine_key
 from ..render import names
@@ -35,6 +35,14 @@ def _failure_text(job: JobFact, observed: Observed) -> str:
 
 def _bounded(text: str) -> str:
     return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 3] + "..."
+
+
+def _built(message: str, old: Mapping[str, Any]) -> dict[str, Any]:
+    """sizeBytes and builtAt from a build Pod's success message, else what status already knew."""
+    result = BuildResult.from_message(message)
+    if result is not None:
+        return {"sizeBytes": result.size_bytes, "builtAt": result.built_at}
+    return {"sizeBytes": old.get("sizeBytes"), "builtAt": old.get("builtAt")}
 
 
 def plan_engine(
@@ -59,11 +67,13 @@ def plan_engine(
     shared = observed.shared.get(variant)
     out: dict[str, Any] = {"key": key, "path": path, "attempts": len(epoch), "retryToken": token}
     if succeeded:
-        out.update(state="Ready", job=succeeded[-1].name)
+        pod = observed.pods.get(succeeded[-1].name)
+        out.update(state="Ready", job=succeeded[-1].name, **_built(pod.message if pod else "", old))
     elif old.get("state") in READY_STATES:
-        out.update(state=old["state"], job=old.get("job"), attempts=old.get("attempts", 0))
+        out.update(state=old["state"], job=old.get("job"), attempts=old.get("attempts", 0), **_built("", old))
     elif shared and shared.ready_by:
-        out.update(state="Cached", message=f"engine already in the cache (built for {shared.ready_by})")
+        out.update(state="Cached", message=f"engine already in the cache (built for {shared.ready_by})",
+                   **_built(shared.built_message, old))
     elif running:
         out.update(state="Building", job=running[-1].name)
         if failed:

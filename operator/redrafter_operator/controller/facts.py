@@ -220,6 +220,7 @@ class SharedArtifact:
 
     ready_by: str = ""  # a succeeded Job or a resource whose status shows the engine Ready
     building_job: str = ""  # a Job (any owner) currently building it
+    built_message: str = ""  # termination message of the succeeded Job's Pod (size and built-at)
 
 
 @dataclass

@@ -148,7 +148,8 @@ async def run_in_cluster(args: argparse.Namespace) -> dict[str, Any]:
         await client.request("POST", f"/api/v1/namespaces/{ns}/configmaps", cache_jobs.references_config_map(
             name=name, namespace=ns, claim=args.claim, document=document))
         job = cache_jobs.cache_job(name=name, namespace=ns, claim=args.claim, sub_path=args.sub_path,
-                                   references_config_map=name, image=image, args=pod_args, verb=args.verb,
+                                   references_config_map=name, image=image, args=pod_args,
+                                   verb="ls" if args.verb == "ls" else "gc-dry-run",  # the operator reports "gc"
                                    read_only=read_only)
         await client.request("POST", f"/apis/batch/v1/namespaces/{ns}/jobs", job)
         try:

@@ -128,3 +128,47 @@ def test_listing_message_fits_and_round_trips():
     huge = listing(2000)
     doc = decode_message(encode_message(huge))
     assert doc["truncated"] == 2000 - len(doc["engines"]) > 0 and doc["engines"] == huge["engines"][:len(doc["engines"])]
+
+
+def test_collection_cronjob_runs_a_restricted_gc_with_the_claims_references():
+    cj = cache_jobs.collection_cronjob(namespace="ns", claim="engine-cache", sub_path="engines", image="img",
+                                       schedule="@daily", keep=2, max_age="2592000s",
+                                       owners=[{"apiVersion": "redrafter.dev/v1alpha1", "kind": "ReDrafterDeployment",
+                                                "name": "a", "uid": "u", "blockOwnerDeletion": False}])
+    assert cj["spec"]["concurrencyPolicy"] == "Forbid" and cj["spec"]["schedule"] == "@daily"
+    pod = cj["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    assert restricted_violations(pod) == []
+    (c,) = pod["containers"]
+    assert c["command"][4:] == ["gc", "--local", "/cache", "--references", "/etc/redrafter/cache/references.json",
+                                "--termination-log", "/dev/termination-log", "--keep", "2", "--max-age", "2592000s"]
+    assert next(v for v in pod["volumes"] if v["name"] == "references")["configMap"]["name"] == \
+        cache_jobs.collection_name("engine-cache")
+    assert not any(m.get("readOnly") for m in c["volumeMounts"] if m["name"] == "cache"), "it removes engines"
+
+
+def test_retentions_sharing_a_claim_keep_the_union():
+    from redrafter_operator.controller.cache_retention import merged_retention
+
+    def spec(**retention):
+        body = demo_body()
+        body["spec"]["engine"]["cache"] = {"retention": retention}
+        return ReDrafterDeploymentSpec.model_validate(body["spec"])
+
+    assert merged_retention([spec(), spec()]) is None  # nothing enabled: no collection at all
+    assert merged_retention([spec(keep=1), spec(maxAge="24h"), spec(keep=3, schedule="@hourly")]) == \
+        (3, "86400s", "30 3 * * *")
+    assert merged_retention([spec(), spec(maxAge="90m")]) == (None, "5400s", "30 3 * * *")
+
+
+def test_chart_defaults_supply_the_retention():
+    import pytest
+
+    from redrafter_operator.api.defaults import OperatorDefaults
+
+    d = OperatorDefaults.from_env({"REDRAFTER_DEFAULT_CACHE_RETENTION_KEEP": "2",
+                                   "REDRAFTER_DEFAULT_CACHE_RETENTION_MAX_AGE": "720h",
+                                   "REDRAFTER_DEFAULT_CACHE_RETENTION_SCHEDULE": "0 * * * *"})
+    assert (d.cache_retention_keep, d.cache_retention_max_age, d.cache_retention_schedule) == (2, "720h", "0 * * * *")
+    assert OperatorDefaults.from_env({}).cache_retention_keep is None
+    with pytest.raises(ValueError, match="REDRAFTER_DEFAULT_CACHE_RETENTION_MAX_AGE"):
+        OperatorDefaults.from_env({"REDRAFTER_DEFAULT_CACHE_RETENTION_MAX_AGE": "30d"})

@@ -32,6 +32,7 @@ CONTROLLER_LAYERS: list[str | set[str]] = [
     "main",  # `redrafter-operator run`: wires everything
     "handlers",  # the kopf shell: indexes, event handlers, startup
     "reconciler",  # the controller's state, workers and the reconcile of one resource
+    "cache_retention",  # per cache claim: references ConfigMap, collection CronJob, their results
     {"speculation", "validation", "observe"},  # evaluators and index reading, each on its own
     "planner",  # one plan step
     {"engines", "status"},

@@ -42,6 +42,7 @@ _KINDS: dict[tuple[str, str], tuple[str, str]] = {
     ("v1", "Service"): ("/api/v1", "services"),
     ("apps/v1", "Deployment"): ("/apis/apps/v1", "deployments"),
     ("batch/v1", "Job"): ("/apis/batch/v1", "jobs"),
+    ("batch/v1", "CronJob"): ("/apis/batch/v1", "cronjobs"),
 }
 
 

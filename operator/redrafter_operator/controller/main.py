@@ -21,6 +21,7 @@ import kopf
 from aiohttp import web
 
 from .apply import KubeClient, load_configuration
+from .cache_retention import CacheRetention
 from .handlers import register
 from .metrics import OperatorMetrics
 from .plan_types import Renderers
@@ -82,6 +83,7 @@ async def run_operator(
         promotion = Promotion()  # the validation gate applied to the speculation policy's targets
         controller.add_evaluator(SpeculationEvaluator(promotion=promotion))
         controller.add_evaluator(ValidationEvaluator(promotion))
+        controller.add_evaluator(CacheRetention(metrics))
         if on_controller:
             on_controller(controller)
         return controller

@@ -112,7 +112,42 @@ def gc_args(*, keep: int | None, max_age: str | None, dry_run: bool) -> list[str
     return args
 
 
-def references_config_map(*, name: str, namespace: str, claim: str, document: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": name, "namespace": namespace, "labels": cache_labels(claim, "references")},
-            "data": {REFERENCES_FILE: document}}
+def references_config_map(*, name: str, namespace: str, claim: str, document: str,
+                          owners: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": cache_labels(claim, "references")}
+    if owners:
+        meta["ownerReferences"] = owners
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {REFERENCES_FILE: document}}
+
+
+def collection_name(claim: str) -> str:
+    """One CronJob and one references ConfigMap per claim (and namespace): a pure function of the claim."""
+    return names.safe_name("engine-cache-gc", claim)
+
+
+def collection_cronjob(*, namespace: str, claim: str, sub_path: str, image: str, schedule: str, keep: int | None,
+                       max_age: str | None, owners: list[dict[str, Any]]) -> dict[str, Any]:
+    """The scheduled collection: a CronJob whose Jobs run ``cache gc`` with the claim's references.
+
+    ``owners``: owner references to every ReDrafterDeployment using the claim (none of them the controller),
+    so the CronJob goes with the last of them. concurrencyPolicy Forbid: two collections of one claim
+    never run at once.
+    """
+    name = collection_name(claim)
+    job = cache_job(name=name, namespace=namespace, claim=claim, sub_path=sub_path, references_config_map=name,
+                    image=image, args=gc_args(keep=keep, max_age=max_age, dry_run=False), verb="gc",
+                    read_only=False)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "CronJob",
+        "metadata": {"name": name, "namespace": namespace, "labels": cache_labels(claim, "gc"),
+                     "ownerReferences": owners},
+        "spec": {
+            "schedule": schedule,
+            "concurrencyPolicy": "Forbid",
+            "startingDeadlineSeconds": 3600,
+            "successfulJobsHistoryLimit": 1,
+            "failedJobsHistoryLimit": 1,
+            "jobTemplate": {"metadata": {"labels": cache_labels(claim, "gc")}, "spec": job["spec"]},
+        },
+    }

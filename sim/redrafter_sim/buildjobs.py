@@ -203,15 +203,29 @@ class JobRunner:
         image = container.get("image", "")
         started = objects.now()
         root = self.fs.pod_root(ns, pod_name)
+        inits: list[dict[str, Any]] = []  # initContainerStatuses: each runs to completion first, in order
         try:
             async with self._slots:
-                argv, env = await self._prepare(ns, manifest, container, root)
-                await self._pod_status(ns, pod_name, objects.running_status(
-                    container["name"], objects.HOST_IP, started, True, 0, image))
-                code, message = await self._execute(argv, env, root)
+                for init in manifest["spec"].get("initContainers") or []:
+                    argv, env = await self._prepare(ns, manifest, init, root)
+                    code, message = await self._execute(argv, env, root)
+                    inits.append(objects.terminated_status(init["name"], objects.HOST_IP, started, code, message,
+                                                           init.get("image", ""))["containerStatuses"][0])
+                    if code != 0:  # the pod fails with its init container; the main container never starts
+                        break
+                else:
+                    argv, env = await self._prepare(ns, manifest, container, root)
+                    await self._pod_status(ns, pod_name, {**objects.running_status(
+                        container["name"], objects.HOST_IP, started, True, 0, image),
+                        **({"initContainerStatuses": inits} if inits else {})})
+                    code, message = await self._execute(argv, env, root)
         except (OSError, ValueError) as exc:  # a volume or ConfigMap the pod cannot start with
             code, message = 128, f"CreateContainerConfigError: {exc}"
         status = objects.terminated_status(container["name"], objects.HOST_IP, started, code, message, image)
+        if inits:
+            status["initContainerStatuses"] = inits
+            if inits[-1]["state"]["terminated"]["exitCode"] != 0:  # the main container never ran
+                status["containerStatuses"][0]["state"] = {"waiting": {"reason": "PodInitializing"}}
         await self._pod_status(ns, pod_name, status)
         log.info("build pod %s/%s exited %s", ns, pod_name, code)
         return code, message, {"metadata": {"name": pod_name, "namespace": ns}, "status": status}
@@ -241,7 +255,8 @@ class JobRunner:
                 env[item["name"]] = manifest["metadata"]["name"]
         env.update(toolchain_env(self.toolchain))
         env["REDRAFTER_SOURCES_MOUNT"] = root.to_host(contract.SOURCES_MOUNT)
-        env["REDRAFTER_TERMINATION_LOG"] = root.to_host(container.get("terminationMessagePath") or contract.TERMINATION_LOG)
+        # each container has its own termination-message file, as each has its own /dev/termination-log
+        env["REDRAFTER_TERMINATION_LOG"] = str(root.root / "termination" / container["name"])
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         Path(env["REDRAFTER_TERMINATION_LOG"]).parent.mkdir(parents=True, exist_ok=True)
         command = [*(container.get("command") or []), *(container.get("args") or [])]

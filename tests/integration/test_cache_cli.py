@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_kubelet import build_engines, demo_owner, node  # noqa: F401 (the node fixture)
+from test_kubelet import build_engines, demo_owner, job_state, node, wait_for  # noqa: F401 (the node fixture)
 
-from redrafter_operator.render.build import build_spec
+from engine_jobs.cache import CachePaths, publish, write_json_atomic
+from redrafter_operator.render import cache_jobs
+from redrafter_operator.render.build import build_configmap, build_job, build_spec
 from redrafter_operator.render.common import Owner
 from redrafter_sim.kubelet import SimKubelet
 from redrafter_sim.server import EmulatorHandle
@@ -95,3 +97,36 @@ async def test_cache_ls_local_is_engine_jobs_listing(tmp_path: Path):
     assert json.loads(out) == {"cache": str(cache), "engines": [], "totalBytes": 0}
     code, _, err = await cli("cache", "gc", "--local", str(cache), "--keep", "0")
     assert code == 2 and "--references FILE" in err
+
+
+async def test_a_build_job_that_collects_first_runs_the_collection_then_the_build(apiserver: EmulatorHandle,  # noqa: F811
+                                                                                 node: SimKubelet):
+    """The retry after an out-of-disk failure: its init container (the real ``cache gc``) runs to completion
+    before the build container starts, on the same claim."""
+    em = apiserver.emulator
+    owner = demo_owner()
+    keys = {v: build_spec(owner.spec, v).key for v in ("redrafter", "base")}
+    claim, sub = owner.spec.engine.cache.claim_name, owner.spec.engine.cache.sub_path
+    cache_dir = node.fs.claim_dir(claim, sub)
+    for stale in ("stale-engine-1", keys["base"]):  # an unreferenced engine, and the base engine (referenced)
+        paths = CachePaths(cache_dir, stale)
+        tmp = paths.new_tmp()
+        (tmp / "engine").mkdir(parents=True)
+        (tmp / "engine" / "rank0.engine").write_bytes(b"\0" * 4096)
+        write_json_atomic(tmp / "manifest.json", {"key": stale, "variant": "base", "inputs": {}})
+        publish(tmp, paths.final)
+    em.create_object(cache_jobs.references_config_map(
+        name=cache_jobs.collection_name(claim), namespace=NS, claim=claim, document=json.dumps(
+            {"references": [{"key": keys["base"], "namespace": NS, "name": owner.name, "role": "spec.base"}]})))
+    em.create_object(build_configmap(owner, "redrafter"))
+    job = cache_jobs.collect_before_build(build_job(owner, "redrafter", 1), claim=claim, keep=0, max_age=None)
+    name = em.create_object(job)["metadata"]["name"]
+    await wait_for(lambda: job_state(em, name), 90, "the collecting build Job")
+    assert job_state(em, name) == "Complete"
+    (pod,) = em.list_objects("v1", "Pod", NS, label_selector=f"job-name={name}")
+    (init,) = pod["status"]["initContainerStatuses"]
+    report = json.loads(init["state"]["terminated"]["message"])
+    assert [r["key"] for r in report["removed"]] == ["stale-engine-1"] and report["freedBytes"] > 4096
+    assert pod["status"]["containerStatuses"][0]["state"]["terminated"]["message"].startswith("OK: engine ")
+    assert not (cache_dir / "stale-engine-1").exists()
+    assert all((cache_dir / k / "manifest.json").is_file() for k in keys.values())

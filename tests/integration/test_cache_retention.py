@@ -105,3 +105,38 @@ async def test_no_retention_no_cronjob(cluster: Cluster, operator: Operator, kub
                 is None, what="nothing")
     await asyncio.sleep(1.5)
     assert cronjob(cluster, "engine-cache") is None
+
+
+async def test_out_of_disk_collects_then_retries_once(cluster: Cluster, operator: Operator, kubectl: Any):
+    doc = example(engine__build__retries=0, engine__cache={"retention": {"keep": 0}})
+    apply(kubectl, doc)
+    await until(lambda: len(cluster.running_jobs()) == 2, what="build Jobs")
+    first = next(j for j in cluster.running_jobs() if "redrafter" in j)
+    controllers.fail_job(cluster.emu, first, NS, exit_code=4, termination_message=(
+        "OUT_OF_DISK: not enough free space on the cache volume: about 16.0 GiB needed, 1.0 GiB free"))
+    retry = await until(lambda: next((j for j in cluster.jobs() if j["metadata"]["name"] != first
+                                      and "redrafter" in j["metadata"]["name"]), None), what="the retry")
+    (collect,) = retry["spec"]["template"]["spec"]["initContainers"]
+    assert collect["command"][4:6] == ["gc", "--local"] and "--keep" in collect["command"]
+    engine = await until(lambda: (e := cluster.status()["engines"]["redrafter"]).get("job") == retry["metadata"]["name"]
+                         and "collects" in e.get("message", "") and e, what="status naming the collecting retry")
+    assert engine["state"] == "Building" and "OUT_OF_DISK" in engine["message"]
+    assert "collects unreferenced engines in cache claim engine-cache, then builds once more" in engine["message"]
+    # the references the collection reads exist for the claim
+    await until(lambda: cluster.emu.find_object("v1", "ConfigMap", cache_jobs.collection_name("engine-cache"), NS),
+                what="the references ConfigMap")
+    # the node ran the init container (the collection), then the build
+    name = retry["metadata"]["name"]
+    report = Report(dry_run=False, removed=[{"key": "0123", "variant": "base", "model": "m", "bytes": 2**34}],
+                    kept=2, cache_bytes=2**35)
+    controllers.complete_job(cluster.emu, name, NS, message="OK: engine built")
+    (pod,) = cluster.emu.list_objects("v1", "Pod", NS, label_selector=f"job-name={name}")
+    cluster.emu.patch_object("v1", "Pod", pod["metadata"]["name"], NS, {"status": {"initContainerStatuses": [
+        {"name": "collect", "ready": False, "restartCount": 0, "image": collect["image"], "imageID": "",
+         "state": {"terminated": {"exitCode": 0, "reason": "Completed",
+                                  "message": report.termination_message()}}}]}}, subresource="status")
+    await until(lambda: cluster.status()["engines"]["redrafter"]["state"] == "Ready", what="the retry built it")
+    await until(lambda: any(r == "EngineCacheCollected" for r, _, _ in cluster.events()), what="the Event")
+    (message,) = [m for r, _, m in cluster.events() if r == "EngineCacheCollected"]
+    assert "removed 1 engine(s), freed 16.0 GiB" in message
+    assert len([j for j in cluster.jobs() if "redrafter" in j["metadata"]["name"]]) == 2, "one retry only"

@@ -470,3 +470,44 @@ def test_engine_status_reports_size_and_built_at_from_the_build_message():
     # a message from an older builder (no result line) leaves the fields out rather than inventing them
     bare = Observed(jobs=[rd], pods={rd.name: PodFact(job=rd.name, phase="Succeeded", message="OK: engine k")})
     assert "sizeBytes" not in plan(res_of(doc), bare, now=NOW, renderers=RENDER).status["engines"]["redrafter"]
+
+
+def test_out_of_disk_collects_then_retries_once_beyond_the_retries():
+    """An out-of-disk failure (exit 4) is followed by one build whose init container collects unreferenced
+    engines under the resource's retention; a second out-of-disk failure is final (retries 0 here)."""
+    doc = body(engine__build__retries=0, engine__cache={"retention": {"keep": 1, "maxAge": "24h"}})
+    st0 = plan(res_of(doc), Observed(), now=NOW, renderers=RENDER).status
+    failed0 = job(doc, "redrafter", "Failed", reason="BackoffLimitExceeded")
+    ood = "OUT_OF_DISK: not enough free space on the cache volume: about 16.0 GiB needed, 2.0 GiB free"
+    obs = Observed(jobs=[failed0, job(doc, "base", "Succeeded")],
+                   pods={failed0.name: PodFact(job=failed0.name, phase="Failed", message=ood)})
+    p1 = plan(res_of(doc, st0), obs, now=NOW, renderers=RENDER)
+    (retry,) = [m for m in p1.create if m["kind"] == "Job"]
+    assert retry["metadata"]["name"] == names.build_job_name("llama3-8b", "redrafter", keys(doc)["redrafter"], 1)
+    pod = retry["spec"]["template"]["spec"]
+    (collect,) = pod["initContainers"]
+    assert collect["image"] == pod["containers"][0]["image"]  # the builder image: engine_jobs, the files' owner
+    assert collect["command"][4:] == ["gc", "--local", "/cache", "--references", "/etc/redrafter/cache/references.json",
+                                      "--termination-log", "/dev/termination-log", "--keep", "1", "--max-age", "86400s"]
+    assert retry["metadata"]["labels"]["redrafter.dev/cache-verb"] == "gc-before-build"
+    engine = p1.status["engines"]["redrafter"]
+    assert engine["state"] == "Building" and "ran out of disk" in engine["message"] and "then one more build" in \
+        engine["message"]
+    failed1 = JobFact.from_body({**retry, "status": {"conditions": [
+        {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "x"}]}})
+    assert failed1.collected and failed1.state == "Failed"
+    obs.jobs.append(failed1)
+    obs.pods[failed1.name] = PodFact(job=failed1.name, phase="Failed", message=ood)
+    p2 = plan(res_of(doc, p1.status), obs, now=LATER, renderers=RENDER)
+    assert p2.create == [] and p2.status["engines"]["redrafter"]["state"] == "Failed"
+
+
+def test_out_of_disk_without_a_retention_collects_nothing():
+    doc = body(engine__build__retries=0)
+    failed0 = job(doc, "redrafter", "Failed", reason="BackoffLimitExceeded")
+    obs = Observed(jobs=[failed0], pods={failed0.name: PodFact(job=failed0.name, phase="Failed",
+                                                               message="OUT_OF_DISK: not enough free space")})
+    p = plan(res_of(doc), obs, now=NOW, renderers=RENDER)
+    assert not [m for m in p.create if m["kind"] == "Job" and m["metadata"]["labels"].get(names.LABEL_VARIANT) ==
+                "redrafter"]
+    assert p.status["engines"]["redrafter"]["state"] == "Failed"

@@ -161,9 +161,14 @@ class CacheRetention:
 
     async def report(self, controller: Host, ns: str, claim: str, users: list[tuple[Key, Mapping[str, Any]]]) -> None:
         """Events and metrics for each finished, unreported collection Job of the claim."""
-        selector = f"{names.DOMAIN}/cache-claim={names.label_value(claim)},{names.DOMAIN}/cache-verb=gc"
-        jobs = (await controller.client.request("GET", f"/apis/batch/v1/namespaces/{ns}/jobs",
-                                                query=[("labelSelector", selector)])).get("items") or []
+        for verb, statuses in (("gc", "containerStatuses"), (cache_jobs.VERB_BEFORE_BUILD, "initContainerStatuses")):
+            selector = f"{cache_jobs.LABEL_CLAIM}={names.label_value(claim)},{cache_jobs.LABEL_VERB}={verb}"
+            jobs = (await controller.client.request("GET", f"/apis/batch/v1/namespaces/{ns}/jobs",
+                                                    query=[("labelSelector", selector)])).get("items") or []
+            await self._report_jobs(controller, ns, claim, users, jobs, statuses)
+
+    async def _report_jobs(self, controller: Host, ns: str, claim: str, users: list[tuple[Key, Mapping[str, Any]]],
+                           jobs: list[dict[str, Any]], statuses: str) -> None:
         for job in jobs:
             meta = job.get("metadata") or {}
             if (meta.get("annotations") or {}).get(ANNOTATION_REPORTED):
@@ -172,7 +177,8 @@ class CacheRetention:
                      if c.get("status") == "True"}
             if "Complete" not in conds and "Failed" not in conds:
                 continue
-            event = await self._outcome(controller, ns, meta["name"], claim, failed="Failed" in conds)
+            event = await self._outcome(controller, ns, meta["name"], claim, failed="Failed" in conds,
+                                        statuses=statuses)
             for _, body in users:
                 post_events(controller, body, [event])
             await controller.client.request(
@@ -180,12 +186,13 @@ class CacheRetention:
                 {"metadata": {"annotations": {ANNOTATION_REPORTED: "true"}}},
                 content_type="application/merge-patch+json")
 
-    async def _outcome(self, controller: Host, ns: str, job: str, claim: str, *, failed: bool) -> tuple[str, str, str]:
+    async def _outcome(self, controller: Host, ns: str, job: str, claim: str, *, failed: bool,
+                       statuses: str) -> tuple[str, str, str]:
         pods = (await controller.client.request("GET", f"/api/v1/namespaces/{ns}/pods",
                                                 query=[("labelSelector", f"job-name={job}")])).get("items") or []
         message = ""
         for pod in pods:
-            for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            for cs in (pod.get("status") or {}).get(statuses) or []:
                 message = ((cs.get("state") or {}).get("terminated") or {}).get("message") or message
         try:
             report = json.loads(message)

@@ -29,13 +29,20 @@ FINISHED_JOB_TTL_SECONDS = 3600
 RESOURCES = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}
 
 
+LABEL_CLAIM = f"{names.DOMAIN}/cache-claim"
+LABEL_VERB = f"{names.DOMAIN}/cache-verb"
+#: a build Job whose init container collects unreferenced engines first (the retry after out of disk)
+VERB_BEFORE_BUILD = "gc-before-build"
+COLLECT_CONTAINER = "collect"
+
+
 def cache_labels(claim: str, verb: str) -> dict[str, str]:
     return {
         "app.kubernetes.io/name": "redrafter",
         names.LABEL_COMPONENT: COMPONENT,
         "app.kubernetes.io/managed-by": names.MANAGED_BY,
-        f"{names.DOMAIN}/cache-claim": names.label_value(claim),
-        f"{names.DOMAIN}/cache-verb": verb,
+        LABEL_CLAIM: names.label_value(claim),
+        LABEL_VERB: verb,
     }
 
 
@@ -151,3 +158,31 @@ def collection_cronjob(*, namespace: str, claim: str, sub_path: str, image: str,
             "jobTemplate": {"metadata": {"labels": cache_labels(claim, "gc")}, "spec": job["spec"]},
         },
     }
+
+
+def collect_before_build(job: dict[str, Any], *, claim: str, keep: int | None, max_age: str | None) -> dict[str, Any]:
+    """``job`` (a build Job) with an init container that first collects the claim's unreferenced engines.
+
+    The retry of a build that ran out of disk: Kubernetes runs init containers to completion before the
+    build container, so the collection is over before the build looks at the free space. It runs the
+    build's own image (engine_jobs, the engine files' user) with the claim's references ConfigMap.
+    """
+    pod = job["spec"]["template"]["spec"]
+    build = pod["containers"][0]
+    cache_mount = next(m for m in build["volumeMounts"] if m["name"] == "cache")
+    pod["volumes"] = [*pod["volumes"], {"name": "references", "configMap": {"name": collection_name(claim)}}]
+    pod["initContainers"] = [{
+        "name": COLLECT_CONTAINER,
+        "image": build["image"],
+        "imagePullPolicy": build.get("imagePullPolicy", "IfNotPresent"),
+        "command": ["python", "-m", "engine_jobs", "cache", *gc_args(keep=keep, max_age=max_age, dry_run=False)],
+        "resources": RESOURCES,
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": [dict(cache_mount), {"name": "references", "mountPath": REFERENCES_MOUNT, "readOnly": True}],
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "capabilities": {"drop": ["ALL"]}},
+    }]
+    for labels in (job["metadata"]["labels"], job["spec"]["template"]["metadata"]["labels"]):
+        labels.update({LABEL_CLAIM: names.label_value(claim), LABEL_VERB: VERB_BEFORE_BUILD})
+    return job

@@ -511,3 +511,46 @@ def test_out_of_disk_without_a_retention_collects_nothing():
     assert not [m for m in p.create if m["kind"] == "Job" and m["metadata"]["labels"].get(names.LABEL_VARIANT) ==
                 "redrafter"]
     assert p.status["engines"]["redrafter"]["state"] == "Failed"
+
+
+def _prewarm_to_rest(doc, obs, st, rounds=3):
+    """Plan a few steps, the Deployments following what was applied (Ready when they have replicas)."""
+    k = keys(doc)
+    p = None
+    for _ in range(rounds):
+        p = plan(res_of(doc, st), obs, now=LATER, renderers=RENDER)
+        st = p.status
+        want = {v: m["spec"]["replicas"] for m in p.apply for v in ("redrafter", "base")
+                if m["kind"] == "Deployment" and m["metadata"]["name"] == names.serving_deployment_name("llama3-8b", v)}
+        obs.deployments = {v: dep("llama3-8b", v, k[v], replicas=want.get(v, 0), ready=want.get(v, 0))
+                           for v in ("redrafter", "base")}
+        svc = next((m for m in p.apply if m["kind"] == "Service"), None)
+        obs.service_pool = svc["spec"]["selector"].get(names.LABEL_TRAFFIC) if svc else None
+    return p
+
+
+def test_prewarm_builds_and_validates_then_rests_without_serving_and_scaling_up_serves_at_once():
+    doc = body(serving__replicas=0, autoscaling__mode="Disabled")
+    k = keys(doc)
+    obs = Observed(jobs=[job(doc, "redrafter", "Succeeded"), job(doc, "base", "Succeeded")])
+    first = plan(res_of(doc), obs, now=NOW, renderers=RENDER)
+    assert first.status["phase"] != "Prewarmed"  # the pair is validated first (its pods run for that)
+    st = {**first.status, "validation": {"state": "Passed", "redrafterKey": k["redrafter"], "baseKey": k["base"],
+                                         "promoted": {"redrafterKey": k["redrafter"], "baseKey": k["base"]}}}
+    p = _prewarm_to_rest(doc, obs, st)
+    assert p.status["phase"] == "Prewarmed" and p.create == []
+    assert {m["metadata"]["name"]: m["spec"]["replicas"] for m in p.apply if m["kind"] == "Deployment"} == \
+        {"llama3-8b-redrafter": 0, "llama3-8b-base": 0}
+    available = cond(p.status, "Available")
+    assert available["status"] == "False" and available["reason"] == "Prewarmed"
+    ReDrafterDeploymentStatus.model_validate(p.status)
+    # scaling up: the built, validated engine serves; nothing is rebuilt
+    up = copy.deepcopy(doc)
+    up["spec"]["serving"]["replicas"] = 2
+    p2 = _prewarm_to_rest(up, obs, p.status)
+    assert p2.create == [] and p2.status["phase"] == "Serving"
+    assert {m["metadata"]["name"]: m["spec"]["replicas"] for m in p2.apply if m["kind"] == "Deployment"}[
+        f"llama3-8b-{p2.status['activeEngine']}"] == 2
+    # zero replicas while the autoscaler may scale up again is not a prewarm
+    auto = body(serving__replicas=0, autoscaling__mode="External")
+    assert _prewarm_to_rest(auto, obs, p.status).status["phase"] == "Serving"

@@ -8,7 +8,8 @@ from pydantic import Field, WithJsonSchema
 
 from .types import ApiModel
 
-Phase = Literal["Pending", "Building", "Deploying", "Serving", "Degraded", "Failed"]
+#: Prewarmed: engines built and validated, nothing served (serving.replicas 0, autoscaling Disabled)
+Phase = Literal["Pending", "Building", "Deploying", "Serving", "Prewarmed", "Degraded", "Failed"]
 EngineState = Literal["Pending", "Cached", "Building", "Ready", "Failed"]
 ConditionType = Literal["SpecValid", "EnginesReady", "Validated", "Available", "Progressing", "SpeculationHealthy"]
 CONDITION_TYPES: tuple[str, ...] = ConditionType.__args__  # type: ignore[attr-defined]
@@ -117,7 +118,8 @@ class HistoryEntry(ApiModel):
 
 
 class ReDrafterDeploymentStatus(ApiModel):
-    phase: Phase = Field(default="Pending", description="Pending, Building, Deploying, Serving, Degraded or Failed.")
+    phase: Phase = Field(default="Pending", description="Pending, Building, Deploying, Serving, Prewarmed (built and validated, "
+                         "serving.replicas 0 with autoscaling Disabled), Degraded or Failed.")
     active_engine: Literal["redrafter", "base"] | None = Field(default=None, description="Engine the Service selects.")
     observed_generation: int | None = Field(default=None, description="Last generation acted on.")
     conditions: list[Condition] = Field(default_factory=list, description="Standard conditions.")

@@ -593,7 +593,7 @@ NOT_YET_EXERCISED: dict[Call, str] = {
     # engine cache retention (the example enables none): the collection CronJob per claim, and the
     # "reported" annotation on its finished Jobs (tests/integration/test_cache_retention.py calls them)
     ("batch", "cronjobs", "create"): "a resource with spec.engine.cache.retention",
-    ("batch", "cronjobs", "get"): "re-applying a CronJob this process did not create",
+    ("batch", "cronjobs", "delete"): "a retention that was removed (the CronJob is deleted)",
     ("batch", "cronjobs", "patch"): "a changed retention",
     ("batch", "jobs", "patch"): "a finished collection Job",
 }

@@ -96,6 +96,10 @@ async def test_retention_cronjob_references_and_reported_collection(cluster: Clu
     assert "redrafter_engine_cache_reclaimed_bytes_total 5e+09" in metrics
     await asyncio.sleep(1.5)  # a few more evaluations: reported once only
     assert [r for r, _, _ in cluster.events()].count("EngineCacheCollected") == 1
+    # the retention removed: no more scheduled collections
+    kubectl("patch", "rdd", doc["metadata"]["name"], "-n", NS, "--type=merge", "-p",
+            json.dumps({"spec": {"engine": {"cache": {"retention": None}}}}), check=True)
+    await until(lambda: cronjob(cluster, claim) is None, what="the CronJob deleted")
 
 
 async def test_no_retention_no_cronjob(cluster: Cluster, operator: Operator, kubectl: Any):

@@ -151,7 +151,9 @@ class CacheRetention:
         self._applied[ref] = (digest, time.monotonic())
 
     async def _delete(self, controller: Host, path: str) -> None:
+        """Delete if present: a read first, so that an operator restart writes nothing when nothing changed."""
         try:
+            await controller.client.request("GET", path)
             await controller.client.request("DELETE", path, {"propagationPolicy": "Background"})
         except ApiError as exc:
             if exc.status != 404:

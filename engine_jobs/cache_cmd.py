@@ -57,7 +57,8 @@ def add_cache_parser(sub: Any) -> None:
 def referenced_text(engine: Engine) -> str:
     if engine.referenced_by:
         return ", ".join(r.describe() for r in engine.referenced_by)
-    text = f"unreferenced since {engine.unreferenced_since}"
+    text = (f"unreferenced since {engine.unreferenced_since}" if engine.unreferenced_since
+            else "unreferenced (since before any collection saw it)")
     if engine.locked_by:
         text += f"; being built by {engine.locked_by}"
     return text if engine.complete else f"incomplete; {text}"

@@ -203,7 +203,7 @@ def collect(root: Path, references_path: str, retention: Retention, *, stale_sec
         raise bad_input(f"cache directory {root} does not exist")
     if not dry_run:
         finish_trash(root, report, log)
-    engines = scan(root, load_references(references_path), stale_seconds=stale_seconds, now=now)
+    engines = scan(root, load_references(references_path), stale_seconds=stale_seconds, first_seen=iso(now))
     if not dry_run:
         save_state(root, engines)  # record first-seen-unreferenced times even if we remove nothing
     gone: set[str] = set()

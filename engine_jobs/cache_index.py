@@ -153,9 +153,12 @@ def _describe_manifest(engine: Engine, manifest: dict[str, Any]) -> None:
 
 
 def scan(root: Path, references: list[Reference], *, stale_seconds: float,
-         now: float | None = None) -> list[Engine]:
-    """Every engine directory in the cache, sorted by key, with references and unreferenced-since joined."""
-    now = time.time() if now is None else now
+         first_seen: str | None = None) -> list[Engine]:
+    """Every engine directory in the cache, sorted by key, with references and unreferenced-since joined.
+
+    ``first_seen``: the unreferenced-since of an engine no collection has recorded yet (a collection passes
+    its start time and records it; a listing passes None and says so).
+    """
     state = load_state(root)
     by_key: dict[str, list[Reference]] = {}
     for ref in references:
@@ -172,7 +175,7 @@ def scan(root: Path, references: list[Reference], *, stale_seconds: float,
         engine.locked_by = live_lock_owner(root, entry.name, stale_seconds)
         engine.referenced_by = sorted(by_key.get(entry.name, []), key=lambda r: (r.namespace, r.name, r.role))
         if not engine.referenced_by:
-            engine.unreferenced_since = state.get(entry.name) or iso(now)
+            engine.unreferenced_since = state.get(entry.name) or first_seen
         engines.append(engine)
     return engines
 

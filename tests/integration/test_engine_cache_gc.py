@@ -98,13 +98,19 @@ def test_ls_lists_every_engine_with_its_facts_and_references(cache: Cache):
         assert engine["sizeBytes"] == tree_size(cache.dir / key) > 0
     assert [(r["namespace"], r["name"]) for r in engines["llama-rd-new"]["referencedBy"]] == \
         [("team-a", "llama"), ("team-b", "llama-canary")]
-    assert engines["llama-rd-old"]["referencedBy"] == [] and engines["llama-rd-old"]["unreferencedSince"]
+    assert engines["llama-rd-old"]["referencedBy"] == [] and engines["llama-rd-old"]["unreferencedSince"] is None
     assert doc["totalBytes"] == sum(e["sizeBytes"] for e in engines.values())
     table = cache.run("ls", "--references", str(cache.refs)).stdout
-    assert "team-b/llama-canary (serving)" in table and "unreferenced since" in table
+    assert "team-b/llama-canary (serving)" in table and "unreferenced (since before any collection saw it)" in table
     assert table.splitlines()[0].split()[:3] == ["KEY", "VARIANT", "MODEL"]
     assert cache.complete() == set(ENGINES), "ls must not change anything"
     assert not (cache.dir / STATE_FILE).exists()
+    # a collection that removes nothing records since when each engine is unreferenced
+    before = iso(time.time())
+    assert cache.gc("--max-age", "1000h").returncode == 0 and cache.complete() == set(ENGINES)
+    since = {e["key"]: e["unreferencedSince"] for e in cache.ls()["engines"]}
+    assert since["llama-rd-new"] is None and before <= since["llama-rd-old"] <= iso(time.time())
+    assert f"unreferenced since {since['llama-rd-old']}" in cache.run("ls", "--references", str(cache.refs)).stdout
 
 
 def test_gc_removes_only_unreferenced_unlocked_engines(cache: Cache):

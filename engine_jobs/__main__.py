@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .cache_cmd import add_cache_parser
 from .commands import add_build_parser, add_plan_parser
 from .serve import add_openai_parser, add_serve_parser
 
@@ -16,6 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     add_build_parser(sub)
     add_serve_parser(sub)
     add_openai_parser(sub)
+    add_cache_parser(sub)
     args = parser.parse_args(argv)
     return args.func(args)
 

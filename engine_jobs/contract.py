@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
 
 CONTRACT_VERSION = 1
 
@@ -160,3 +161,27 @@ class ServingConfig(_Strict):
     @property
     def served_model_name(self) -> str:
         return self.model_name or self.deployment
+
+
+class BuildResult(BaseModel):
+    """What a successful build reports on the second line of its termination message (the operator puts it
+    into ``status.engines.<variant>``): the artifact's size and when it was built, from its manifest."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, alias_generator=to_camel, populate_by_name=True)
+
+    size_bytes: int = Field(ge=0)
+    built_at: str | None = None
+
+    def message(self, first_line: str) -> str:
+        return f"{first_line}\n{self.model_dump_json(by_alias=True)}"
+
+    @classmethod
+    def from_message(cls, message: str) -> BuildResult | None:
+        """The result in an ``OK: ...`` termination message, or None (older builders, failures)."""
+        lines = message.strip().splitlines()
+        if len(lines) < 2 or not lines[0].startswith("OK:"):
+            return None
+        try:
+            return cls.model_validate_json(lines[1])
+        except ValueError:
+            return None

@@ -547,6 +547,8 @@ def test_prewarm_builds_and_validates_then_rests_without_serving_and_scaling_up_
         {"llama3-8b-redrafter": 0, "llama3-8b-base": 0}
     available = cond(p.status, "Available")
     assert available["status"] == "False" and available["reason"] == "Prewarmed"
+    # GitOps tools see a prewarmed resource as healthy and done (kstatus Current, Argo CD Healthy)
+    assert [cond(p.status, t)["status"] for t in ("Ready", "Reconciling", "Stalled")] == ["True", "False", "False"]
     ReDrafterDeploymentStatus.model_validate(p.status)
     # scaling up: the built, validated engine serves; nothing is rebuilt
     up = copy.deepcopy(doc)

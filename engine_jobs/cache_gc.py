@@ -17,7 +17,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +29,6 @@ from .progress import Log, human_bytes, tree_size
 
 #: set to "after-rename" in tests only: the process SIGKILLs itself between the rename into the trash and
 #: the removal, to prove a rerun finishes the job
-CRASH_HOOK_ENV = "REDRAFTER_GC_TEST_CRASH"
 
 _DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 
@@ -188,8 +186,6 @@ def remove_engine(root: Path, engine: Engine, references_path: str, stale_second
         fsync_dir(root)
     finally:
         lock.release()
-    if os.environ.get(CRASH_HOOK_ENV) == "after-rename":
-        os.kill(os.getpid(), signal.SIGKILL)
     shutil.rmtree(target, ignore_errors=True)
     return size, ""
 

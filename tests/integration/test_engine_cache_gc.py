@@ -13,7 +13,6 @@ import pytest
 from test_engine_build import DRAFTER, LLAMA, REPO, Env, llama_pvc, write_model  # same dir
 
 from engine_jobs.cache import CachePaths, KeyLock
-from engine_jobs.cache_gc import CRASH_HOOK_ENV
 from engine_jobs.cache_index import STATE_FILE, TRASH_DIR, iso
 from engine_jobs.contract import MANIFEST_FILE
 from engine_jobs.progress import Log, tree_size
@@ -39,6 +38,13 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return e.cache
 
 
+#: Runs the real program with shutil.rmtree replaced by a SIGKILL of the process: a crash between the
+#: rename into the trash and the removal, without a test hook in the program itself.
+CRASH_SHIM = ("import os, signal, sys, engine_jobs.cache_gc as gc; "
+              "gc.shutil.rmtree = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL); "
+              "from engine_jobs.__main__ import main; sys.exit(main(sys.argv[1:]))")
+
+
 class Cache:
     def __init__(self, root: Path, built: Path) -> None:
         self.root = root
@@ -52,14 +58,19 @@ class Cache:
         self.refs.write_text(json.dumps({"references": [
             {"key": k, "namespace": ns, "name": n, "role": role} for k, ns, n, role in refs]}))
 
-    def run(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        argv = [sys.executable, "-m", "engine_jobs", "cache", *args, "--local", str(self.dir)]
+    def run(self, *args: str, env: dict[str, str] | None = None,
+            crash_at_removal: bool = False) -> subprocess.CompletedProcess[str]:
+        """``python -m engine_jobs cache ...``; ``crash_at_removal``: the process is SIGKILLed at its first
+        directory removal (from outside the program: the shim replaces shutil.rmtree before running it)."""
+        entry = ["-c", CRASH_SHIM] if crash_at_removal else ["-m", "engine_jobs"]
+        argv = [sys.executable, *entry, "cache", *args, "--local", str(self.dir)]
         return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120,
                               env={"PATH": "/usr/bin:/bin", "REDRAFTER_TERMINATION_LOG": str(self.termination),
                                    **(env or {})})
 
-    def gc(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        return self.run("gc", "--references", str(self.refs), *args, env=env)
+    def gc(self, *args: str, env: dict[str, str] | None = None,
+           crash_at_removal: bool = False) -> subprocess.CompletedProcess[str]:
+        return self.run("gc", "--references", str(self.refs), *args, env=env, crash_at_removal=crash_at_removal)
 
     def ls(self) -> dict:
         result = self.run("ls", "--references", str(self.refs), "-o", "json")
@@ -165,7 +176,7 @@ def test_crash_between_rename_and_removal_is_finished_by_the_rerun(cache: Cache)
     cache.set_refs(REFS)
     size = tree_size(cache.dir / "llama-base-old")
     manifest_bytes = (cache.dir / "llama-base-old" / MANIFEST_FILE).stat().st_size
-    result = cache.gc("--keep", "0", env={CRASH_HOOK_ENV: "after-rename"})
+    result = cache.gc("--keep", "0", crash_at_removal=True)
     assert result.returncode == -9  # killed at the first removal (keys in order)
     assert not (cache.dir / "llama-base-old").exists(), "renamed away before the crash"
     trash = list((cache.dir / TRASH_DIR).iterdir())

@@ -24,7 +24,6 @@ from engine_jobs.contract import MANIFEST_FILE
 from engine_jobs.progress import Log
 
 STALE = 180.0
-NOW = time.time()
 
 engine_st = st.fixed_dictionaries({
     "model": st.sampled_from(["hf://a/llama", "hf://b/qwen"]),
@@ -38,14 +37,14 @@ engine_st = st.fixed_dictionaries({
 })
 
 
-def publish_engine(root: Path, key: str, spec: dict) -> None:
+def publish_engine(root: Path, key: str, spec: dict, now: float) -> None:
     paths = CachePaths(root, key)
     tmp = paths.new_tmp()
     (tmp / "engine").mkdir(parents=True)
     (tmp / "engine" / "rank0.engine").write_bytes(b"\0" * 100)
     write_json_atomic(tmp / MANIFEST_FILE, {
         "key": key, "variant": spec["variant"], "inputs": {"base": {"source": spec["model"]}},
-        "builder": {"built_at": iso(NOW - spec["built_age"])}})
+        "builder": {"built_at": iso(now - spec["built_age"])}})
     publish(tmp, paths.final)
 
 
@@ -67,16 +66,17 @@ def test_nothing_referenced_or_locked_is_ever_removed(engines: list[dict], keep:
                                                       max_age: float | None) -> None:
     if keep is None and max_age is None:
         keep = 0
+    now = time.time()  # per example: lock staleness is judged against the clock, not against import time
     with tempfile.TemporaryDirectory() as d:
         root = Path(d) / "cache"
         root.mkdir()
         keys = [f"k{i}" for i in range(len(engines))]
         for key, spec in zip(keys, engines):
-            publish_engine(root, key, spec)
+            publish_engine(root, key, spec, now)
             if spec["lock"]:
-                write_lock(root, key, NOW - (1 if spec["lock"] == "fresh" else STALE * 10))
+                write_lock(root, key, now - (1 if spec["lock"] == "fresh" else STALE * 10))
         (root / STATE_FILE).write_text(json.dumps({"unreferencedSince": {
-            k: iso(NOW - s["unreferenced_age"]) for k, s in zip(keys, engines) if s["unreferenced_age"] is not None}}))
+            k: iso(now - s["unreferenced_age"]) for k, s in zip(keys, engines) if s["unreferenced_age"] is not None}}))
         refs = Path(d) / "refs.json"
         referenced = [k for k, s in zip(keys, engines) if s["referenced"]]
         refs.write_text(refs_doc(referenced))
@@ -94,7 +94,7 @@ def test_nothing_referenced_or_locked_is_ever_removed(engines: list[dict], keep:
         with mock.patch.object(cache_gc, "plan", plan_then_change):
             report = cache_gc.collect(root, str(refs), cache_gc.Retention(keep=keep, max_age_seconds=max_age),
                                       stale_seconds=STALE, dry_run=False, log=Log(stream=io.StringIO()),
-                                      now=NOW)
+                                      now=now)
         complete = {p.parent.name for p in root.glob(f"*/{MANIFEST_FILE}")}
         removed = {r["key"] for r in report.removed}
         protected = {k for k, s in zip(keys, engines)

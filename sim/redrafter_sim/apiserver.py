@@ -56,8 +56,6 @@ class ApiServerEmulator(HttpFrontend, KubernetesEmulator):
     _log: list[RequestRecord] = attrs.field(factory=list, init=False, repr=False)
     _faults: list[Fault] = attrs.field(factory=list, init=False, repr=False)
     _owned: dict[str, set[tuple[StoreKey, ObjKey]]] = attrs.field(factory=dict, init=False, repr=False)
-    # Last configuration each field manager applied (server-side apply ownership, simplified).
-    _applied: dict[tuple[StoreKey, ObjKey, str], Any] = attrs.field(factory=dict, init=False, repr=False)
     internal_errors: list[Exception] = attrs.field(factory=list, init=False, repr=False)  # emulator bugs (answered 500)
 
     def __attrs_post_init__(self) -> None:
@@ -150,16 +148,24 @@ class ApiServerEmulator(HttpFrontend, KubernetesEmulator):
         return self._list(rtype, namespace, parse_label_selector(label_selector),
                           parse_field_selector(field_selector))
 
-    def create_object(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Create from a full manifest (apiVersion/kind/metadata) as a POST would."""
+    def create_object(self, body: dict[str, Any], *, field_manager: str | None = None) -> dict[str, Any]:
+        """Create from a full manifest (apiVersion/kind/metadata) as a POST would (no field_manager: the
+        emulator's own write, which records no managedFields)."""
         rtype = self.resource_type(body["apiVersion"], body["kind"])
-        return self._create(rtype, body.get("metadata", {}).get("namespace"), body)
+        return self._create(rtype, body.get("metadata", {}).get("namespace"), body, manager=field_manager)
 
     def patch_object(self, api_version: str, kind: str, name: str, namespace: str | None,
-                     patch: Any, *, subresource: str | None = None, patch_type: str = "merge") -> dict[str, Any]:
-        """Patch as a PATCH request would (patch_type: merge | strategic | json | apply)."""
+                     patch: Any, *, subresource: str | None = None, patch_type: str = "merge",
+                     field_manager: str | None = None, force: bool = False) -> dict[str, Any]:
+        """Patch as a PATCH request would (patch_type: merge | strategic | json | apply; an apply needs a
+        field_manager; without one other patches keep ownership as it was, like the emulator's own writes)."""
         rtype = self.resource_type(api_version, kind)
-        return self._patch(rtype, namespace, name, patch_type, patch, subresource, {})
+        if patch_type == "apply" and not field_manager:
+            raise ValueError("a server-side apply needs a field_manager")
+        params = {"fieldManager": field_manager} if field_manager else {}
+        if force:
+            params["force"] = "true"
+        return self._patch(rtype, namespace, name, patch_type, patch, subresource, params)
 
     def delete_object(self, api_version: str, kind: str, name: str, namespace: str | None = None,
                       propagation: str = "Background") -> dict[str, Any]:

@@ -157,6 +157,8 @@ class HttpFrontend(ObjectStore):
         if rtype.namespaced is False:
             namespace = None
         accept = raw.headers.get("Accept", "")
+        if method in ("POST", "PUT", "PATCH"):
+            query = {**query, "fieldManager": self._field_manager(raw, method, query)}
         labels = parse_label_or_400(query.get("labelSelector"), parse_label_selector)
         fields = parse_label_or_400(query.get("fieldSelector"), parse_field_selector)
 
@@ -173,7 +175,8 @@ class HttpFrontend(ObjectStore):
                                               "metadata": {"resourceVersion": rv}, "items": items})
         if name is None and method == "POST":
             return aiohttp.web.json_response(
-                self._create(rtype, namespace, self._body(body, raw), dry_run="dryRun" in query), status=201)
+                self._create(rtype, namespace, self._body(body, raw), dry_run="dryRun" in query,
+                             manager=query["fieldManager"]), status=201)
         if name is None and method == "DELETE":
             items = self._list(rtype, namespace, labels, fields)
             for item in items:
@@ -211,6 +214,23 @@ class HttpFrontend(ObjectStore):
                                   dry_run="dryRun" in query)
             return aiohttp.web.json_response(result)
         raise ApiError(405, f"method {method} is not allowed")
+
+    @staticmethod
+    def _field_manager(raw: aiohttp.web.BaseRequest, method: str, query: dict[str, str]) -> str:
+        """The writer's field manager: ``fieldManager``, else the User-Agent up to its first "/" (as
+        k8s.io/apiserver handlers prefixFromUserAgent); an apply must name one, only an apply may force."""
+        is_apply = method == "PATCH" and PATCH_TYPES.get(
+            raw.headers.get("Content-Type", "").split(";")[0].strip()) == "apply"
+        causes = []
+        if is_apply and not query.get("fieldManager"):
+            causes.append("fieldManager: Required value: is required for apply patch")
+        if not is_apply and "force" in query:
+            causes.append("force: Forbidden: may not be specified for non-apply patch")
+        if causes:
+            joined = causes[0] if len(causes) == 1 else "[" + ", ".join(causes) + "]"
+            raise ApiError(422, f'PatchOptions.meta.k8s.io "" is invalid: {joined}')
+        manager = query.get("fieldManager") or raw.headers.get("User-Agent", "").split("/")[0]
+        return "".join(c for c in manager if c.isprintable())[:128]
 
     @staticmethod
     def _body(body: bytes, raw: aiohttp.web.BaseRequest) -> Any:

@@ -17,12 +17,12 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from . import apiserver_apply as ssa
 from . import apiserver_resources as res
 from .apiserver_objects import (as_type as _as_type, builtin_defaults as _builtin_defaults, clone as _clone,
                                 events_v1_to_core as _events_v1_to_core, now as _now, set_path as _set_path,
                                 spec_part as _spec_part, without_rv as _without_rv)
-from .apiserver_patch import (PatchError, PatchTestFailed, json_patch, merge_patch, remove_unapplied,
-                              strategic_merge_patch)
+from .apiserver_patch import PatchError, PatchTestFailed, json_patch, merge_patch, strategic_merge_patch
 from .apiserver_resources import ResourceType
 from .apiserver_schema import Cause, apply_defaults, prune, validate, validate_rules
 from .apiserver_selectors import Matcher, jsonpath
@@ -76,7 +76,6 @@ class ObjectStore:
     _watchers: set[Watcher]
     _mutex: threading.RLock
     _owned: dict[str, set[tuple[StoreKey, ObjKey]]]
-    _applied: dict[tuple[StoreKey, ObjKey, str], Any]
     auto_create_namespaces: bool
 
     def _bucket(self, rtype: ResourceType) -> dict[ObjKey, dict[str, Any]]:
@@ -92,8 +91,6 @@ class ObjectStore:
 
     def _remove(self, rtype: ResourceType, key: ObjKey) -> dict[str, Any]:
         self._unindex(rtype.storage_key, key)
-        for applied in [k for k in self._applied if k[0] == rtype.storage_key and k[1] == key]:
-            del self._applied[applied]
         return self._bucket(rtype).pop(key)
 
     def _unindex(self, store: StoreKey, key: ObjKey) -> None:
@@ -211,7 +208,9 @@ class ObjectStore:
                 self._emit(types[0], "DELETED", obj, obj)
 
     def _create(self, rtype: ResourceType, namespace: str | None, body: dict[str, Any],
-                dry_run: bool = False) -> dict[str, Any]:
+                dry_run: bool = False, *, manager: str | None = None,
+                applied: dict[str, Any] | None = None) -> dict[str, Any]:
+        """POST (``manager`` owns what it set) or an apply that creates (``applied``: the configuration)."""
         if not isinstance(body, dict):
             raise ApiError(400, "the body of the request was in an unknown format")
         obj = _clone(body)
@@ -257,6 +256,11 @@ class ObjectStore:
             _builtin_defaults(rtype, obj)
             obj = self._admit(rtype, obj)
             obj["apiVersion"], obj["kind"] = rtype.api_version, rtype.kind
+            obj["metadata"].pop("managedFields", None)
+            if manager:
+                obj["metadata"]["managedFields"] = ssa.created(
+                    obj, applied, manager=manager, api_version=rtype.api_version, now=_now(),
+                    status_subresource=rtype.status_subresource)
             if dry_run:
                 return _as_type(obj, rtype)
             obj["metadata"]["resourceVersion"] = self._next_rv()
@@ -267,8 +271,11 @@ class ObjectStore:
             return _as_type(obj, rtype)
 
     def _update(self, rtype: ResourceType, namespace: str | None, name: str, new: dict[str, Any],
-                subresource: str | None, requested_rv: str | None, dry_run: bool = False) -> dict[str, Any]:
-        """Common tail of PUT and PATCH: subresource rules, preconditions, generation, no-op detection."""
+                subresource: str | None, requested_rv: str | None, dry_run: bool = False, *,
+                manager: str | None = None, applied: bool = False) -> dict[str, Any]:
+        """Common tail of PUT and PATCH: subresource rules, preconditions, generation, field ownership,
+        no-op detection. ``manager`` records an Update; ``applied``: ``new`` carries its managedFields
+        from server-side apply; neither (the emulator's own writes): ownership is kept as it was."""
         with self._mutex:
             key = self._key(rtype, namespace, name)
             old = self._bucket(rtype).get(key)
@@ -287,6 +294,8 @@ class ObjectStore:
                     merged["status"] = new["status"]
                 else:
                     merged.pop("status", None)
+                if applied:
+                    merged["metadata"]["managedFields"] = (new.get("metadata") or {}).get("managedFields")
                 new = merged
             else:
                 new = _clone(new)
@@ -315,7 +324,20 @@ class ObjectStore:
             new["apiVersion"], new["kind"] = rtype.api_version, rtype.kind
             meta = new["metadata"]
             meta["resourceVersion"] = old["metadata"]["resourceVersion"]
-            if _without_rv(new) == _without_rv(old) or dry_run:
+            if manager:
+                meta["managedFields"] = ssa.update(old, new, manager=manager, api_version=rtype.api_version,
+                                                  now=_now(), subresource=subresource,
+                                                  status_subresource=rtype.status_subresource)
+            elif not applied:
+                if old["metadata"].get("managedFields"):
+                    meta["managedFields"] = old["metadata"]["managedFields"]
+                else:
+                    meta.pop("managedFields", None)
+            if not meta.get("managedFields"):
+                meta.pop("managedFields", None)
+            unchanged = _without_rv(new) == _without_rv(old) and \
+                ssa.same_ownership(meta.get("managedFields"), old["metadata"].get("managedFields"))
+            if unchanged or dry_run:
                 return _as_type(new if dry_run else old, rtype)
             meta["resourceVersion"] = self._next_rv()
             if meta.get("deletionTimestamp") and not meta.get("finalizers"):
@@ -337,31 +359,21 @@ class ObjectStore:
         if subresource == "scale":
             return self._write_scale(rtype, namespace, name, body, params)
         rv = (body.get("metadata") or {}).get("resourceVersion")
-        return self._update(rtype, namespace, name, body, subresource, rv, "dryRun" in params)
+        return self._update(rtype, namespace, name, body, subresource, rv, "dryRun" in params,
+                            manager=params.get("fieldManager"))
 
     def _patch(self, rtype: ResourceType, namespace: str | None, name: str, patch_type: str, patch: Any,
                subresource: str | None, params: dict[str, str]) -> dict[str, Any]:
+        if patch_type == "apply" and subresource != "scale":
+            return self._server_side_apply(rtype, namespace, name, patch, subresource, params)
         with self._mutex:
-            key = self._key(rtype, namespace, name)
-            stored = self._bucket(rtype).get(key)
-            if stored is None and patch_type == "apply" and subresource is None:
-                if not isinstance(patch, dict):
-                    raise ApiError(400, "the body of the request was in an unknown format")
-                body = {**patch, "metadata": {**(patch.get("metadata") or {}), "name": name}}
-                created = self._create(rtype, namespace, body, dry_run="dryRun" in params)
-                if "dryRun" not in params:
-                    self._applied[(rtype.storage_key, key, params.get("fieldManager", ""))] = _clone(patch)
-                return created
+            stored = self._bucket(rtype).get(self._key(rtype, namespace, name))
             if stored is None:
                 raise self._not_found(rtype, name)
             current = _as_type(stored, rtype)
             if subresource == "scale":
                 scale = self._scale_of(rtype, current)
                 return self._write_scale(rtype, namespace, name, self._apply(patch_type, scale, patch), params)
-            manager = params.get("fieldManager", "")
-            applied_key = (rtype.storage_key, key, manager)
-            if patch_type == "apply" and applied_key in self._applied and isinstance(patch, dict):
-                current = remove_unapplied(current, self._applied[applied_key], patch)
             try:
                 new = self._apply(patch_type, current, patch)
             except PatchTestFailed as exc:
@@ -376,10 +388,36 @@ class ObjectStore:
             elif isinstance(new, dict):
                 new_rv = (new.get("metadata") or {}).get("resourceVersion")
                 requested_rv = new_rv if new_rv != current["metadata"]["resourceVersion"] else None
-            result = self._update(rtype, namespace, name, new, subresource, requested_rv, "dryRun" in params)
-            if patch_type == "apply" and "dryRun" not in params and isinstance(patch, dict):
-                self._applied[applied_key] = _clone(patch)
-            return result
+            return self._update(rtype, namespace, name, new, subresource, requested_rv, "dryRun" in params,
+                                manager=params.get("fieldManager"))
+
+    def _server_side_apply(self, rtype: ResourceType, namespace: str | None, name: str, config: Any,
+                           subresource: str | None, params: dict[str, str]) -> dict[str, Any]:
+        """PATCH application/apply-patch+yaml: create, or merge with ownership and conflicts (apiserver_apply)."""
+        manager = params.get("fieldManager", "")
+        if not isinstance(config, dict):
+            raise ApiError(400, "the body of the request was in an unknown format")
+        if not config.get("apiVersion") or not config.get("kind"):
+            raise ApiError(400, "apiVersion and kind must be set in an apply configuration")
+        if (config.get("metadata") or {}).get("name", name) != name:
+            raise ApiError(400, "the name of the object does not match the name on the URL")
+        dry_run = "dryRun" in params
+        with self._mutex:
+            stored = self._bucket(rtype).get(self._key(rtype, namespace, name))
+            if stored is None:
+                if subresource is not None:
+                    raise self._not_found(rtype, name)
+                body = {**config, "metadata": {**(config.get("metadata") or {}), "name": name}}
+                return self._create(rtype, namespace, body, dry_run, manager=manager, applied=config)
+            live = _as_type(stored, rtype)
+            try:
+                new = ssa.apply(live, config, manager=manager, api_version=rtype.api_version, now=_now(),
+                                subresource=subresource, status_subresource=rtype.status_subresource,
+                                force=params.get("force", "") in ("1", "t", "T", "true", "TRUE", "True"))
+            except ssa.ApplyConflicts as exc:
+                raise ApiError(409, exc.message(), reason="Conflict", details={"causes": exc.causes()}) from None
+            requested_rv = (config.get("metadata") or {}).get("resourceVersion")
+            return self._update(rtype, namespace, name, new, subresource, requested_rv, dry_run, applied=True)
 
     @staticmethod
     def _apply(patch_type: str, current: Any, patch: Any) -> Any:
@@ -421,7 +459,8 @@ class ObjectStore:
             current = self._get(rtype, namespace, name)
             _set_path(current, rtype.scale.spec_replicas_path, replicas)
             rv = ((scale or {}).get("metadata") or {}).get("resourceVersion")
-            updated = self._update(rtype, namespace, name, current, None, rv, "dryRun" in params)
+            updated = self._update(rtype, namespace, name, current, "scale", rv, "dryRun" in params,
+                                   manager=params.get("fieldManager"))
             return self._scale_of(rtype, updated)
 
     def _delete(self, rtype: ResourceType, namespace: str | None, name: str,

@@ -328,8 +328,13 @@ def apply(live: dict[str, Any], config: dict[str, Any], *, manager: str, api_ver
 
 def update(old: dict[str, Any] | None, new: dict[str, Any], *, manager: str, api_version: str, now: str,
            subresource: str | None, status_subresource: bool) -> list[dict[str, Any]]:
-    """managedFields after an Update by ``manager``: what it changed is its own and nobody else's."""
-    owners = Ownership.of(old or {})
+    """managedFields after an Update by ``manager``: what it changed is its own and nobody else's.
+
+    managedFields the request itself carries (not on a subresource) are the starting point instead of
+    the live ones: that is how clients move ownership (k8s.io/apiserver fieldmanager FieldManager.Update).
+    """
+    given = (new.get("metadata") or {}).get("managedFields")
+    owners = Ownership.of(new if given and subresource is None else (old or {}))
     old_view = owned_view(old or {}, subresource, status_subresource)
     new_view = owned_view(new, subresource, status_subresource)
     changed = changed_paths(old_view, new_view)

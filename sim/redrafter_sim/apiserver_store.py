@@ -318,6 +318,8 @@ class ObjectStore:
                 meta["generation"] = old["metadata"].get("generation", 1)
             else:
                 meta.pop("generation", None)
+            if subresource is None:
+                _builtin_defaults(rtype, new)  # defaulting runs on every write (a removed default comes back)
             new = self._admit(rtype, new, old)
             if rtype.generation_tracked and _spec_part(new) != _spec_part(old):
                 new["metadata"]["generation"] = meta["generation"] + 1

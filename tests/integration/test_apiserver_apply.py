@@ -201,3 +201,25 @@ def test_kubectl_server_side_apply_conflict_and_force(kubectl: Any, tmp_path: Pa
     got = json.loads(kubectl("get", "configmap", "test-cm", "-o", "json", "--show-managed-fields", check=True).stdout)
     assert got["data"]["key"] == "changed"
     assert {e["manager"] for e in got["metadata"]["managedFields"]} == {"kubectl", "other"}
+
+
+async def test_a_patch_may_move_ownership_and_defaults_come_back_after_a_removal(api: Api) -> None:
+    """managedFields sent in an Update are its starting point (k8s.io/apiserver FieldManager.Update): how
+    client-go's csaupgrade hands a client-side manager's fields to an applier."""
+    svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"},
+           "spec": {"selector": {"app": "a"}, "ports": [{"port": 80}], "sessionAffinity": "ClientIP"}}
+    _, created = await api("POST", "/api/v1/namespaces/default/services", svc, fieldManager="old-client")
+    (entry,) = created["metadata"]["managedFields"]
+    moved = [{**entry, "manager": "applier", "operation": "Apply"}]
+    status, patched = await api("PATCH", "/api/v1/namespaces/default/services/s",
+                                [{"op": "replace", "path": "/metadata/managedFields", "value": moved}],
+                                "application/json-patch+json", fieldManager="mover")
+    assert status == 200 and [(e["manager"], e["operation"]) for e in patched["metadata"]["managedFields"]] == [
+        ("applier", "Apply")]
+    config = yaml.safe_dump({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"},
+                             "spec": {"selector": {"app": "a"}, "ports": [{"port": 80}]}})
+    _, applied = await api("PATCH", "/api/v1/namespaces/default/services/s", config, APPLY, fieldManager="applier")
+    assert "sessionAffinity" not in applied["spec"], "the applier owned it and no longer applies it"
+    assert applied["spec"]["type"] == "ClusterIP" and applied["spec"]["ports"][0]["protocol"] == "TCP", \
+        "defaults it no longer applies are defaulted again"
+    assert applied["spec"]["clusterIP"] == created["spec"]["clusterIP"]

@@ -78,7 +78,7 @@ def job(doc, variant, state, attempt=0, token="", reason="", message="", owner=N
 def dep(name, variant, key, replicas=1, ready=1, gen=1, observed_gen=1) -> DeploymentFact:
     return DeploymentFact(name=names.serving_deployment_name(name, variant), variant=variant, key=key,
                           replicas=replicas, ready_replicas=ready, updated_replicas=ready, total_replicas=replicas,
-                          generation=gen, observed_generation=observed_gen, applied_hash="h")
+                          generation=gen, observed_generation=observed_gen)
 
 
 def cond(status: dict, type_: str) -> dict:

@@ -33,7 +33,7 @@ from ..api import GROUP, KIND, PLURAL, VERSION
 from ..api.spec import ReDrafterDeploymentSpec
 from ..api.types import parse_duration
 from ..render import names
-from .apply import ApiError, Applier, KubeClient, merge_patch
+from .apply import ApiError, Applier, ChildState, KubeClient, merge_patch
 from .facts import DeploymentFact, JobFact, ObjectFact, Observed, PodFact, SharedArtifact
 from .metrics import OperatorMetrics
 from .planner import Plan, Renderers, Resource, ServingTargets, plan
@@ -143,7 +143,7 @@ class Controller:
         self.failures: dict[Key, int] = {}
         self.evaluators: list[Evaluator] = []
         self._next_eval: dict[tuple[Key, int], float] = {}
-        self.applier = Applier(self.client, self._observed_hash)
+        self.applier = Applier(self.client, self._child_state)
         self._tasks: list[asyncio.Task[None]] = []
         self._pod_messages: dict[tuple[str, str], PodFact] = {}
         self._locks: dict[Key, asyncio.Lock] = {}
@@ -190,13 +190,13 @@ class Controller:
             return []
         return list(idx[key])
 
-    def _observed_hash(self, manifest: Mapping[str, Any]) -> str | None:
+    def _child_state(self, manifest: Mapping[str, Any]) -> ChildState | None:
         ns, name, kind = manifest["metadata"]["namespace"], manifest["metadata"]["name"], manifest["kind"]
         if kind == "Job":
-            return "" if self._store("rdd_jobs", ("name", ns, name)) else None
+            return ChildState("", "") if self._store("rdd_jobs", ("name", ns, name)) else None
         index = {"Deployment": "rdd_deployments", "Service": "rdd_services", "ConfigMap": "rdd_configmaps"}[kind]
         facts = self._store(index, ("name", ns, name))
-        return facts[0].applied_hash if facts else None
+        return ChildState(facts[0].resource_version, facts[0].owned_fields) if facts else None
 
     def observe(self, res: Resource, claim: str, paths: Mapping[str, str]) -> Observed:
         ns = res.namespace
@@ -288,9 +288,11 @@ class Controller:
         if old is None or _reconcile_relevant(old) != _reconcile_relevant(body):
             self.queue.add(key)
 
-    def on_child_event(self, raw: Mapping[str, Any]) -> None:
+    def on_child_event(self, raw: Mapping[str, Any], event_type: str | None = None) -> None:
         meta = raw.get("metadata") or {}
         ns = meta.get("namespace") or "default"
+        if event_type == "DELETED":  # the applier re-creates it at the owner's reconcile, enqueued below
+            self.applier.forget_object(raw.get("kind", ""), ns, meta.get("name", ""))
         owners = [r.get("name") for r in meta.get("ownerReferences") or [] if r.get("kind") in (KIND, "Job")]
         for name in owners:
             if (ns, name) in self.bodies:
@@ -584,12 +586,13 @@ def register(registry: kopf.OperatorRegistry, make_controller: Callable[[], Awai
         memo.controller.on_resource_event(event.get("type"), event["object"])
 
     def child_event(event: Mapping[str, Any], memo: kopf.Memo, **_: Any) -> None:
-        memo.controller.on_child_event(event["object"])
+        memo.controller.on_child_event(event["object"], event.get("type"))
 
     kopf.on.event("batch", "v1", "jobs", labels=BUILD, registry=registry, id="job_event")(child_event)
     kopf.on.event("", "v1", "pods", labels=BUILD, registry=registry, id="build_pod_event")(child_event)
     kopf.on.event("apps", "v1", "deployments", labels=MANAGED, registry=registry, id="deployment_event")(child_event)
     kopf.on.event("", "v1", "services", labels=MANAGED, registry=registry, id="service_event")(child_event)
+    kopf.on.event("", "v1", "configmaps", labels=MANAGED, registry=registry, id="configmap_event")(child_event)
 
 
 def interval_of(body: Mapping[str, Any]) -> float:

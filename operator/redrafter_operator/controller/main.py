@@ -20,6 +20,7 @@ from typing import Any, Callable
 import kopf
 from aiohttp import web
 
+from ..render import names
 from .apply import KubeClient, load_configuration
 from .handlers import Controller, ControllerSettings, register
 from .metrics import OperatorMetrics
@@ -104,7 +105,7 @@ async def run_operator(
             password=configuration.password or None,
         )
 
-    register(registry, make_controller)
+    register(registry, make_controller, configure=_configure_posting)
     runner = await _metrics_server(metrics, opts.metrics_host, opts.metrics_port) if opts.metrics_port else None
     try:
         await kopf.operator(
@@ -124,14 +125,25 @@ async def run_operator(
             await runner.cleanup()
 
 
+def _instance() -> str:
+    """This replica's name: its pod (POD_NAME, from the chart's downward API), else the host name."""
+    return os.environ.get("POD_NAME") or socket.gethostname()
+
+
+def _configure_posting(settings: kopf.OperatorSettings) -> None:
+    """Events name this operator and the replica that posted them, not kopf's defaults ("kopf", "dev")."""
+    settings.posting.reporting_component = names.MANAGED_BY  # core/v1 reportingComponent = events/v1 reportingController
+    settings.posting.reporting_instance = _instance()
+    settings.posting.event_name_prefix = f"{names.MANAGED_BY}-"
+
+
 def _replica_priority() -> int:
     """A stable per-replica peering priority: kopf pauses *every* peer when priorities tie.
 
     Derived from the pod name (hostname), so two replicas of one Deployment get different
     priorities and exactly one of them is active; a restarted pod keeps its priority.
     """
-    ident = os.environ.get("POD_NAME") or socket.gethostname()
-    return 1 + int(hashlib.sha256(ident.encode()).hexdigest()[:6], 16) % 1_000_000
+    return 1 + int(hashlib.sha256(_instance().encode()).hexdigest()[:6], 16) % 1_000_000
 
 
 def _env_list(name: str) -> list[str]:

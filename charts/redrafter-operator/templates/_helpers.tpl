@@ -87,9 +87,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 RBAC rules on namespaced resources: exactly what the operator calls, no more. tests/e2e/test_chart.py runs
 the operator from this chart against the emulated API server and compares its request log with these.
 - ReDrafterDeployments: kopf lists/watches them; the operator writes only their status subresource.
-- children (Deployments, Services, ConfigMaps): created, and on a conflict read and merge-patched;
-  build Jobs are only ever created (a retry is a new Job); none is deleted by the operator (owner
-  references let the garbage collector remove them with their ReDrafterDeployment).
+- children (Deployments, Services, ConfigMaps): server-side applied (a PATCH, authorized as create too
+  when it creates the object); build Jobs and their ConfigMaps are only ever created (a retry is a new
+  Job); none is deleted by the operator (owner references let the garbage collector remove them with
+  their ReDrafterDeployment).
 - Pods: watched (build Pods, for termination messages). Events: created. Secrets: never read.
 */}}
 {{- define "redrafter-operator.namespacedRules" -}}
@@ -104,10 +105,10 @@ the operator from this chart against the emulated API server and compares its re
   verbs: ["list", "watch", "create", "get"]
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["list", "watch", "create", "get", "patch"]
+  verbs: ["list", "watch", "create", "patch"]
 - apiGroups: [""]
   resources: ["services", "configmaps"]
-  verbs: ["list", "watch", "create", "get", "patch"]
+  verbs: ["list", "watch", "create", "patch"]
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch"]

@@ -197,40 +197,41 @@ class Applier:
         if self.in_sync(manifest):
             return False
         seen = self._observed(manifest)
-        if seen is not None and not seen.owned_fields:
-            await self._adopt(manifest)
-        applied = await self.client.request("PATCH", object_path(manifest), manifest, content_type=APPLY_PATCH,
-                                            query=[("fieldManager", FIELD_MANAGER), ("force", "true")])
+        applied = await self._apply(manifest)
+        if await self._adopt(manifest, applied):
+            applied = await self._apply(manifest)
         self._applied[self._ref(manifest)] = _Applied(
             manifest_hash(manifest), applied.get("metadata", {}).get("resourceVersion", ""), owned_fields(applied),
             seen.resource_version if seen else None, time.monotonic())
         return True
 
-    async def _adopt(self, manifest: Mapping[str, Any]) -> None:
+    async def _apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        return await self.client.request("PATCH", object_path(manifest), manifest, content_type=APPLY_PATCH,
+                                         query=[("fieldManager", FIELD_MANAGER), ("force", "true")])
+
+    async def _adopt(self, manifest: Mapping[str, Any], live: Mapping[str, Any]) -> bool:
         """Hand the fields an earlier operator version wrote by create/merge patch (an Update by the client
         library's User-Agent, "OpenAPI-Generator") to this operator's apply, as client-go's csaupgrade does:
-        otherwise the apply would share them and never remove the ones it no longer sets."""
-        try:
-            live = await self.client.request("GET", object_path(manifest))
-        except ApiError as exc:
-            if exc.status == 404:
-                return
-            raise
+        otherwise the apply would share them and never remove the ones it no longer sets. True if it did
+        (the caller applies again, which now removes them)."""
         meta = live.get("metadata") or {}
         entries = meta.get("managedFields") or []
         ours = [e for e in entries if e.get("manager") in PREVIOUS_MANAGERS and e.get("operation") == "Update"
                 and not e.get("subresource")]
         if not ours:
-            return
+            return False
         fields: dict[str, Any] = {}
-        for entry in ours:
+        mine = [e for e in entries if e.get("manager") == FIELD_MANAGER and e.get("operation") == "Apply"
+                and not e.get("subresource")]
+        for entry in ours + mine:
             _merge_fields(fields, entry.get("fieldsV1") or {})
-        upgraded = [e for e in entries if e not in ours] + [
+        upgraded = [e for e in entries if e not in ours and e not in mine] + [
             {"manager": FIELD_MANAGER, "operation": "Apply", "apiVersion": manifest["apiVersion"],
-             "time": ours[-1].get("time"), "fieldsType": "FieldsV1", "fieldsV1": fields}]
+             "time": (mine or ours)[-1].get("time"), "fieldsType": "FieldsV1", "fieldsV1": fields}]
         await self.client.request("PATCH", object_path(manifest), [
             {"op": "test", "path": "/metadata/resourceVersion", "value": meta.get("resourceVersion")},
             {"op": "replace", "path": "/metadata/managedFields", "value": upgraded}], content_type=JSON_PATCH)
+        return True
 
     async def create(self, manifest: dict[str, Any]) -> bool:
         """Create-only (Jobs, build ConfigMaps): an existing object with that name is left as it is.

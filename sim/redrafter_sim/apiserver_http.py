@@ -33,6 +33,7 @@ PATCH_TYPES = {
     "application/apply-patch+json": "apply",
 }
 TRUE_VALUES = ("1", "t", "T", "true", "TRUE", "True")  # Go's strconv.ParseBool
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 @dataclass
 class RequestRecord:
@@ -244,7 +245,10 @@ class HttpFrontend(ObjectStore):
             return {}
         try:
             if "yaml" in ctype:
-                return yaml.safe_load(body)
+                try:
+                    return json.loads(body)  # JSON is YAML, and most clients send apply configurations as JSON
+                except ValueError:
+                    return yaml.load(body, Loader=_YAML_LOADER)
             return json.loads(body)
         except (ValueError, yaml.YAMLError) as exc:
             raise ApiError(400, f"the body of the request was in an unknown format: {exc}") from None

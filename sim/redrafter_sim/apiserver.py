@@ -8,7 +8,8 @@ defaulting, validation, printer columns as Tables) and real Status error bodies.
 log and can inject faults, so tests can count writes and exercise retries. kmock's Server still serves it.
 
 Where each behaviour lives: ``apiserver_store`` (objects, CRUD, admission, garbage collection),
-``apiserver_http`` (routing, discovery, watch streams, request log), ``apiserver_patch`` (patch formats),
+``apiserver_http`` (routing, discovery, watch streams, request log), ``apiserver_apply`` (server-side apply:
+managedFields, conflicts, removal of unapplied fields), ``apiserver_patch`` (the other patch formats),
 ``apiserver_schema`` (CRD schemas), ``apiserver_resources`` (kinds and discovery documents); this module
 holds the state and the API tests call directly.
 

@@ -131,7 +131,11 @@ def _instance() -> str:
 
 
 def _configure_posting(settings: kopf.OperatorSettings) -> None:
-    """Events name this operator and the replica that posted them, not kopf's defaults ("kopf", "dev")."""
+    """Events name this operator and the replica that posted them, not kopf's defaults ("kopf", "dev").
+
+    kopf 1.45 PostingSettings (kopf/_cogs/configs/configuration.py) puts these in every Event it posts:
+    reportingComponent, reportingInstance, source.component and the generateName prefix.
+    """
     settings.posting.reporting_component = names.MANAGED_BY  # core/v1 reportingComponent = events/v1 reportingController
     settings.posting.reporting_instance = _instance()
     settings.posting.event_name_prefix = f"{names.MANAGED_BY}-"

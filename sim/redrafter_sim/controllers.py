@@ -9,12 +9,14 @@ not in its HTTP request log, so write counts in tests only see the operator).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import hashlib
 import json
+from collections.abc import Iterator
 from typing import Any
 
-from .apiserver import ApiServerEmulator
+from .apiserver import ApiError, ApiServerEmulator
 from .endpoints import endpoints_for
 from .objects import condition_true
 
@@ -252,13 +254,28 @@ def ready_endpoint_ips(emu: ApiServerEmulator, service: str, namespace: str) -> 
 
 
 def reconcile_once(emu: ApiServerEmulator, namespace: str | None = None, *, pods_ready: bool = True) -> None:
-    """One pass of the Deployment and Endpoints controllers over every Deployment and Service."""
+    """One pass of the Deployment and Endpoints controllers over every Deployment and Service; one deleted
+    while the pass runs is skipped, as a real controller drops a key whose object is gone."""
     for deploy in emu.list_objects("apps/v1", "Deployment", namespace):
         if not deploy["metadata"].get("deletionTimestamp"):
-            sync_deployment_pods(emu, deploy["metadata"]["name"], deploy["metadata"]["namespace"], ready=pods_ready)
+            with _unless_gone():
+                sync_deployment_pods(emu, deploy["metadata"]["name"], deploy["metadata"]["namespace"],
+                                     ready=pods_ready)
     for svc in emu.list_objects("v1", "Service", namespace):
         if (svc.get("spec") or {}).get("selector"):
-            sync_endpoints(emu, svc["metadata"]["name"], svc["metadata"]["namespace"])
+            with _unless_gone():
+                sync_endpoints(emu, svc["metadata"]["name"], svc["metadata"]["namespace"])
+
+
+@contextlib.contextmanager
+def _unless_gone() -> Iterator[None]:
+    try:
+        yield
+    except KeyError:  # get_object of an object deleted since the list
+        pass
+    except ApiError as exc:
+        if exc.code != 404:
+            raise
 
 
 async def run_controllers(emu: ApiServerEmulator, stop: asyncio.Event, interval: float = 0.2,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from typing import Any
 
 import pytest
 
@@ -202,3 +203,23 @@ def test_field_sets_round_trip_through_fields_v1_with_members_and_keys() -> None
     assert path_string(("f:spec", "f:ports", 'k:{"port":80,"protocol":"TCP"}', "f:targetPort")) == \
         '.spec.ports[port=80,protocol="TCP"].targetPort'
     assert path_string(("f:metadata", "f:finalizers", 'v:"x/y"')) == '.metadata.finalizers[="x/y"]'
+
+
+def test_a_controller_pass_skips_a_deployment_deleted_while_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Deployment deleted between the pass's list and its sync (kubectl delete, garbage collection)."""
+    from redrafter_sim import controllers
+    from redrafter_sim.apiserver import ApiServerEmulator
+
+    emu = ApiServerEmulator()
+    emu.create_object({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d", "namespace": "default"},
+                       "spec": {"replicas": 1, "selector": {"matchLabels": {"a": "b"}},
+                                "template": {"metadata": {"labels": {"a": "b"}},
+                                             "spec": {"containers": [{"name": "c", "image": "i"}]}}}})
+    sync = controllers.sync_deployment_pods
+
+    def deleted_first(emu: Any, name: str, namespace: str, **kw: Any) -> Any:
+        emu.delete_object("apps/v1", "Deployment", name, namespace)
+        return sync(emu, name, namespace, **kw)
+    monkeypatch.setattr(controllers, "sync_deployment_pods", deleted_first)
+    controllers.reconcile_once(emu, "default")
+    assert emu.list_objects("apps/v1", "Deployment", "default") == []

@@ -3,6 +3,10 @@ PYTHON ?= python3.11
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# checkov pins boto3 and others differently from requirements-dev.lock: it gets a venv of its own,
+# fully pinned by requirements-checkov.lock (tests/e2e/test_checkov.py runs its executable).
+CHECKOV_VENV  ?= .venv-checkov
+CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
 
@@ -15,7 +19,13 @@ $(STAMP): requirements-dev.lock pyproject.toml sim/pyproject.toml
 	$(PY) -m pip install -q --no-deps -e . -e ./sim
 	@touch $@
 
-install: $(STAMP)
+$(CHECKOV_STAMP): requirements-checkov.lock
+	@test -x $(CHECKOV_VENV)/bin/python || $(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip install -q --upgrade pip
+	$(CHECKOV_VENV)/bin/python -m pip install -q -r requirements-checkov.lock
+	@touch $@
+
+install: $(STAMP) $(CHECKOV_STAMP)
 
 test: install
 	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
@@ -37,4 +47,4 @@ render: install
 	@for f in examples/*.yaml; do echo "# --- $$f"; $(VENV)/bin/redrafter-operator render -f $$f; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(CHECKOV_VENV) .pytest_cache

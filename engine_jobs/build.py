@@ -209,8 +209,13 @@ def build(spec: BuildSpec, settings: Settings, log: Log) -> dict[str, Any]:
         return hit
     lock = KeyLock(paths.lock, stale_seconds=settings.lock_stale_seconds,
                    heartbeat_seconds=settings.lock_heartbeat_seconds, log=log)
-    hit = acquire_or_wait(paths, lock, wait_seconds=settings.lock_wait_seconds,
-                          poll_seconds=settings.lock_poll_seconds, log=log)
+    try:
+        hit = acquire_or_wait(paths, lock, wait_seconds=settings.lock_wait_seconds,
+                              poll_seconds=settings.lock_poll_seconds, log=log)
+    except PermissionError as exc:  # e.g. a claim not chowned to the pod's fsGroup: a retry cannot help
+        raise BuildError(ExitCode.SOURCE_UNAVAILABLE,
+                         f"cache directory {root} is not writable by this pod's user: {exc.strerror} (give the "
+                         "pod an fsGroup the volume supports, or make the claim writable)") from None
     if hit is not None:
         log(f"cache hit: {paths.final} was completed by another builder; nothing to do")
         return hit

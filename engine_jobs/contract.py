@@ -44,6 +44,7 @@ POSTPROCESSING_MODEL = "postprocessing"
 HTTP_PORT = 8000
 GRPC_PORT = 8001
 METRICS_PORT = 8002
+OPENAI_PORT = 9000  # the OpenAI-compatible front; what gateways (InferencePool targetPorts) route to
 
 # ---- serving metrics (exported by the metering model through Triton's custom-metrics API) ------
 METRIC_REQUESTS = "redrafter_requests_total"
@@ -59,6 +60,16 @@ METRIC_LABEL_VARIANT = "variant"
 METRIC_TRTLLM_REQUESTS = "nv_trt_llm_request_metrics"  # label request_type=active|waiting|scheduled|max|...
 METRIC_TRTLLM_KV_BLOCKS = "nv_trt_llm_kv_cache_block_metrics"
 METRIC_QUEUE_DURATION = "nv_inference_queue_duration_us"
+# Triton's per-model request counters (docs/user_guide/metrics.md, Triton 25.09): cumulative duration of
+# finished requests and their count, exported for every model without extra flags.
+METRIC_REQUEST_DURATION = "nv_inference_request_duration_us"
+METRIC_REQUEST_SUCCESS = "nv_inference_request_success"
+#: histogram of the time to a decoupled model's first response (Triton >= 24.11 with histogram_latencies=true,
+#: which the serving pods set; core r25.09 src/metrics.cc)
+METRIC_FIRST_RESPONSE_HISTOGRAM = "nv_inference_first_response_histogram_ms"
+#: labels of Triton's own nv_* metrics; the TensorRT-LLM backend's add METRIC_TRTLLM_LABEL_TYPE
+TRITON_METRIC_LABELS = ("model", "version")
+METRIC_TRTLLM_LABEL_TYPE = "request_type"
 
 Variant = Literal["redrafter", "base"]
 VARIANTS: tuple[Variant, ...] = ("redrafter", "base")
@@ -112,7 +123,8 @@ class BuildSpec(_Strict):
 
 
 class TritonParams(_Strict):
-    batching_strategy: Literal["inflight_fused_batching", "v1"] = "inflight_fused_batching"
+    #: in-flight batching only: the TensorRT-LLM 1.0 executor does not run static batching ("v1")
+    batching_strategy: Literal["inflight_fused_batching"] = "inflight_fused_batching"
     max_queue_delay_microseconds: int = 0
     kv_cache_free_gpu_mem_fraction: float = 0.9
     enable_chunked_context: bool = True

@@ -24,7 +24,8 @@ class ExitCode(enum.IntEnum):
     3  TOOL_FAILURE        a converter or trtllm-build failed or produced incomplete output
     4  OUT_OF_DISK         the cache volume has clearly too little free space for this build
     5  LOCK_TIMEOUT        another live builder held the key's lock longer than the wait timeout
-    6  SOURCE_UNAVAILABLE  a model source (or the cache volume) could not be reached (may be transient)
+    6  SOURCE_UNAVAILABLE  a model source (or the cache volume) could not be reached (wrong path, revoked
+                           token, outage): not retried by the operator, which asks for a fix and a retry
     143 TERMINATED         stopped by SIGTERM (Job deadline, pod deletion); the lock was released
     """
 
@@ -36,6 +37,12 @@ class ExitCode(enum.IntEnum):
     LOCK_TIMEOUT = 5
     SOURCE_UNAVAILABLE = 6
     TERMINATED = 143
+
+
+#: codes a new attempt cannot fix without a change: the build Job's podFailurePolicy fails the Job at the
+#: first such exit (no pod retry) and the operator starts no further Job until the spec or its
+#: retry-build annotation changes
+NON_RETRYABLE: tuple[ExitCode, ...] = (ExitCode.BAD_INPUT, ExitCode.SOURCE_UNAVAILABLE)
 
 
 class BuildError(Exception):

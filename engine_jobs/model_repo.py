@@ -208,7 +208,10 @@ def model_config(
 
 
 def engine_parameters(cfg: ServingConfig, engine_dir: str) -> dict[str, str]:
-    """tensorrt_llm parameters (names as in tensorrtllm_backend's config.pbtxt / model_config docs)."""
+    """tensorrt_llm parameters (names as in tensorrtllm_backend's config.pbtxt / model_config docs).
+
+    Every name in :data:`trtllm_backend.REQUIRED_PARAMETER_NAMES` must be here (the contract test checks it).
+    """
     t = cfg.triton
     params = {
         "max_beam_width": "1",
@@ -224,6 +227,12 @@ def engine_parameters(cfg: ServingConfig, engine_dir: str) -> dict[str, str]:
         "iter_stats_max_iterations": "1000",
         "request_stats_max_iterations": "1000",
         "executor_worker_path": "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker",
+        # Read with no default when the backend builds its guided-decoding config (trtllm_backend.py):
+        # without them the model does not load. Empty = guided decoding off, as upstream's
+        # config.pbtxt leaves them; the C++ backend does not use tokenizer_dir.
+        "tokenizer_dir": "",
+        "guided_decoding_backend": "",
+        "xgrammar_tokenizer_info_path": "",
     }
     # Chunked context needs paged context FMHA in the engine; elsewhere the backend refuses to start.
     if cfg.paged_context_fmha:

@@ -24,11 +24,19 @@ Architecture = Literal["llama", "qwen"]
 #: base classes (LlamaForCausalLM, QWenForCausalLM, Qwen2ForCausalLM), which these HF classes convert to.
 HF_ARCHITECTURES: dict[str, Architecture] = {
     "LlamaForCausalLM": "llama",
-    "QWenLMHeadModel": "qwen",  # Qwen (v1)
     "Qwen2ForCausalLM": "qwen",  # Qwen1.5, Qwen2, Qwen2.5
 }
 #: HF ``model_type`` -> converter family (used when ``architectures`` is absent)
-HF_MODEL_TYPES: dict[str, Architecture] = {"llama": "llama", "qwen": "qwen", "qwen2": "qwen"}
+HF_MODEL_TYPES: dict[str, Architecture] = {"llama": "llama", "qwen2": "qwen"}
+#: Qwen v1 converts (TensorRT-LLM maps QWenLMHeadModel), but its tokenizer is remote code
+#: (tokenization_qwen.py via auto_map): serving it needs trust_remote_code, which the pre/post-processing
+#: models never enable. Refused up front rather than after GPU time is spent.
+QWEN_V1_ARCHITECTURE = "QWenLMHeadModel"
+QWEN_V1_MODEL_TYPE = "qwen"
+QWEN_V1_REFUSED = (
+    "Qwen v1 (QWenLMHeadModel) needs trust_remote_code tokenizers, which this operator does not run; "
+    "use Qwen2/Qwen2.5"
+)
 
 #: converter script per family, relative to the examples root
 CONVERTERS: dict[Architecture, str] = {
@@ -69,10 +77,12 @@ class Layout:
 
 
 def detect_architecture(config: dict, where: str = "base config.json") -> Architecture:
-    """Converter family from an HF config.json; anything but Llama or Qwen/Qwen2 is bad input."""
+    """Converter family from an HF config.json; anything but Llama or Qwen2/Qwen2.5 is bad input."""
     archs = config.get("architectures") or []
     if not isinstance(archs, list):
         archs = [archs]
+    if QWEN_V1_ARCHITECTURE in archs or (not archs and config.get("model_type") == QWEN_V1_MODEL_TYPE):
+        raise bad_input(f"{QWEN_V1_REFUSED} ({where})")
     for arch in archs:
         if arch in HF_ARCHITECTURES:
             return HF_ARCHITECTURES[arch]

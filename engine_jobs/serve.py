@@ -73,6 +73,10 @@ def rank_argv(s: LaunchSettings, repo: str, rank: int, shm_prefix: str = "prefix
             f"--grpc-address={s.host}", f"--grpc-port={s.grpc_port}",
             "--allow-metrics=true", f"--metrics-address={s.host}", f"--metrics-port={s.metrics_port}",
             "--allow-gpu-metrics=false", "--allow-cpu-metrics=false", "--metrics-interval-ms=1000",
+            # nv_inference_first_response_histogram_ms of decoupled models (triton-inference-server/core r25.09
+            # src/metric_model_reporter.cc; since r24.11, older servers ignore the setting): the decoupled entry
+            # model's first response is a streaming request's first token
+            "--metrics-config=histogram_latencies=true",
             f"--exit-timeout-secs={s.exit_timeout_secs}",
         ]
         if s.log_verbose:

@@ -11,11 +11,11 @@ from .plan import DRAFTER_CONFIG_KEYS
 #: files copied into <artifact>/tokenizer (pre/post-processing load it with AutoTokenizer)
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
-    "added_tokens.json", "vocab.json", "merges.txt", "vocab.txt", "qwen.tiktoken",
+    "added_tokens.json", "vocab.json", "merges.txt", "vocab.txt",
     "generation_config.json", "config.json",
 )
 #: at least one of these must exist for a tokenizer to load
-TOKENIZER_VOCAB = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "qwen.tiktoken")
+TOKENIZER_VOCAB = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
 
 
 def read_config(directory: Path, role: str) -> dict:
@@ -56,8 +56,29 @@ def validate_drafter(directory: Path) -> dict:
 
 
 def validate_tokenizer(directory: Path) -> list[str]:
-    """Names of the tokenizer files present; at least one vocabulary file is required."""
+    """Names of the tokenizer files present; at least one vocabulary file is required.
+
+    A tokenizer whose class is remote code (``auto_map`` in tokenizer_config.json, as Qwen v1's) is
+    refused: pre/post-processing load tokenizers without trust_remote_code, so serving it would fail.
+    """
     present = [name for name in TOKENIZER_FILES if (directory / name).is_file()]
     if not any(name in present for name in TOKENIZER_VOCAB):
         raise bad_input(f"tokenizer files missing: none of {', '.join(TOKENIZER_VOCAB)} in {directory}")
+    remote = _remote_tokenizer_class(directory / "tokenizer_config.json")
+    if remote:
+        raise bad_input(f"tokenizer_config.json maps AutoTokenizer to remote code ({remote}), which needs "
+                        "trust_remote_code; this operator does not run remote code")
     return present
+
+
+def _remote_tokenizer_class(path: Path) -> str | None:
+    """The ``auto_map.AutoTokenizer`` entry of tokenizer_config.json, if any (unreadable: None)."""
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    auto_map = config.get("auto_map") if isinstance(config, dict) else None
+    entry = auto_map.get("AutoTokenizer") if isinstance(auto_map, dict) else None
+    if not entry:
+        return None
+    return ", ".join(str(e) for e in entry if e) if isinstance(entry, list) else str(entry)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the three images (operator, engine builder, Triton runtime) from the repository root.
 #   images/build.sh              build all three (needs a Docker engine; the two NGC-based ones are ~20 GB)
-#   images/build.sh --dry-run    print the commands only
+#   images/build.sh --dry-run    print the commands, then check no build context or wheel holds a test double
 #   images/build.sh --push       build, then push to $REGISTRY
 #   IMAGES="operator" images/build.sh      build a subset (operator engine-builder triton-runtime)
 # Versions come from images/versions.env; the tags are the operator's default images (api/spec.py).
@@ -47,7 +47,10 @@ done
 
 if [ "$DRY_RUN" = 1 ]; then
   printf '%s\n' "${commands[@]}"
-  exit 0
+  # Prove what the images can contain: each build context and the wheel built from it hold no test double.
+  PYTHON="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}"
+  # shellcheck disable=SC2086
+  exec "$PYTHON" images/check_context.py $IMAGES
 fi
 
 if ! command -v docker >/dev/null 2>&1 || ! docker info >/dev/null 2>&1; then

@@ -41,7 +41,7 @@ def _cmd_render(args: argparse.Namespace) -> int:
             name = body.get("metadata", {}).get("name", "?")
             print(f"error: {KIND} {name} is invalid:", *(f"  {e}" for e in errors), sep="\n", file=sys.stderr)
             return 2
-        out.extend(render_all(Owner.from_body(body), active=args.active))
+        out.extend(render_all(Owner.from_body(body), active=args.active, operator_namespace=args.operator_namespace))
     sys.stdout.write(dump_all(out))
     return 0
 
@@ -72,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--namespace", help="namespace to render into (default: the file's, else default)")
     p.add_argument("--active", choices=["redrafter", "base"], default="redrafter",
                    help="engine the stable Service should select")
+    p.add_argument("--operator-namespace", help="namespace the operator runs in (its metrics scrape is admitted by "
+                   "spec.serving.networkPolicy)")
     p.set_defaults(func=_cmd_render)
 
     for register in _plugins():

@@ -29,11 +29,11 @@ import attrs
 from kmock import KubernetesEmulator
 
 from . import apiserver_resources as res
-from .apiserver_http import Fault, HttpFrontend, RequestRecord, Watcher
+from .apiserver_http import Fault, HttpFrontend, RequestRecord
 from .apiserver_objects import as_type as _as_type
 from .apiserver_resources import ResourceType
 from .apiserver_selectors import parse_field_selector, parse_label_selector
-from .apiserver_store import ApiError, Event, ObjKey, StoreKey
+from .apiserver_store import ApiError, Event, ObjKey, StoreKey, Watcher
 
 __all__ = ["ApiError", "ApiServerEmulator", "Fault", "RequestRecord"]
 
@@ -56,6 +56,7 @@ class ApiServerEmulator(HttpFrontend, KubernetesEmulator):
     _mutex: threading.RLock = attrs.field(factory=threading.RLock, init=False, repr=False)
     _log: list[RequestRecord] = attrs.field(factory=list, init=False, repr=False)
     _faults: list[Fault] = attrs.field(factory=list, init=False, repr=False)
+    _tokens: dict[str, str] = attrs.field(factory=dict, init=False, repr=False)  # bearer token -> user name
     _owned: dict[str, set[tuple[StoreKey, ObjKey]]] = attrs.field(factory=dict, init=False, repr=False)
     internal_errors: list[Exception] = attrs.field(factory=list, init=False, repr=False)  # emulator bugs (answered 500)
 
@@ -88,6 +89,13 @@ class ApiServerEmulator(HttpFrontend, KubernetesEmulator):
                 if (kind is None or r.kind == kind) and (method is None or r.method == method.upper())
                 and (pattern is None or pattern.search(r.path)) and
                 (user_agent is None or r.user_agent.startswith(user_agent))]
+
+    def add_token(self, token: str, user: str) -> None:
+        """Authenticate ``token`` as ``user`` (a static token file): requests carrying it are logged with
+        ``RequestRecord.user``, so a test tells apart processes that share a User-Agent. Requests without a
+        known token stay anonymous (this server does not authorize)."""
+        with self._mutex:
+            self._tokens[token] = user
 
     def clear_faults(self) -> None:
         with self._mutex:

@@ -11,7 +11,7 @@ import asyncio
 import json
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp.web
@@ -22,7 +22,7 @@ from . import apiserver_resources as res
 from .apiserver_objects import as_type as _as_type
 from .apiserver_resources import ResourceType
 from .apiserver_selectors import Matcher, parse_field_selector, parse_label_selector
-from .apiserver_store import ApiError, Event, ObjectStore
+from .apiserver_store import ApiError, Event, ObjectStore, Watcher
 from .apiserver_table import table, wants_table
 
 PATCH_TYPES = {
@@ -47,6 +47,7 @@ class RequestRecord:
     timestamp: float
     user_agent: str
     status: int = 0
+    user: str = ""  # who the bearer token authenticates (see ``add_token``); "" for anonymous requests
 
     @property
     def is_write(self) -> bool:
@@ -67,40 +68,12 @@ class Fault:
         return self.remaining > 0 and self.method in ("*", method) and self.path.search(path) is not None
 
 
-@dataclass(eq=False)
-class Watcher:
-    """An open watch stream: what it selects and the queue its events arrive on (in its own loop)."""
-
-    rtype: ResourceType
-    namespace: str | None
-    labels: Matcher
-    fields: Matcher
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[Event | None] = field(default_factory=asyncio.Queue)
-    transport: Any = None
-    as_table: bool = False  # kubectl get -w asks for meta.k8s.io Tables
-
-    def translate(self, event: Event) -> tuple[str, dict[str, Any]] | None:
-        """The event as this watcher sees it: filtered, and ADDED/DELETED when selection changes."""
-        def selected(obj: dict[str, Any] | None) -> bool:
-            if obj is None:
-                return False
-            ns = obj["metadata"].get("namespace")
-            return (self.namespace is None or ns == self.namespace) and self.labels(obj) and self.fields(obj)
-        now, before = selected(event.obj), selected(event.old)
-        if event.type == "MODIFIED" and now != before:
-            kind = "ADDED" if now else "DELETED"
-        elif now:
-            kind = event.type
-        else:
-            return None
-        return kind, _as_type(event.obj, self.rtype)
-
 class HttpFrontend(ObjectStore):
     """HTTP handling over the object store (the request log and faults live in ApiServerEmulator's fields)."""
 
     _log: list[RequestRecord]
     _faults: list[Fault]
+    _tokens: dict[str, str]
     internal_errors: list[Exception]
 
     async def __call__(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:  # type: ignore[override]
@@ -109,8 +82,11 @@ class HttpFrontend(ObjectStore):
         method = raw.method.upper()
         kind = "watch" if method == "GET" and query.get("watch", "") in TRUE_VALUES else \
             "read" if method in ("GET", "HEAD", "OPTIONS") else "write"
+        scheme, _, token = raw.headers.get("Authorization", "").partition(" ")
+        with self._mutex:
+            user = self._tokens.get(token, "") if scheme.lower() == "bearer" else ""
         record = RequestRecord(method, raw.path, query, raw.headers.get("Content-Type", ""), kind, time.time(),
-                               raw.headers.get("User-Agent", ""))
+                               raw.headers.get("User-Agent", ""), user=user)
         with self._mutex:
             self._log.append(record)
             fault = next((f for f in self._faults if f.matches(method, raw.path)), None)

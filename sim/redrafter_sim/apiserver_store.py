@@ -8,17 +8,21 @@ Errors are ``ApiError``s, answered with real metav1.Status bodies.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import random
 import re
 import string
 import threading
 import uuid
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
+from . import admission_podsecurity as podsecurity
 from . import apiserver_apply as ssa
 from . import apiserver_resources as res
+from . import podfailurepolicy
+from .apiserver_leases import LeaseDecodeError, decode_lease, lease_causes
 from .apiserver_objects import (as_type as _as_type, builtin_defaults as _builtin_defaults, clone as _clone,
                                 events_v1_to_core as _events_v1_to_core, now as _now, set_path as _set_path,
                                 spec_part as _spec_part, without_rv as _without_rv)
@@ -26,9 +30,6 @@ from .apiserver_patch import PatchError, PatchTestFailed, json_patch, merge_patc
 from .apiserver_resources import ResourceType
 from .apiserver_schema import Cause, apply_defaults, prune, validate, validate_rules
 from .apiserver_selectors import Matcher, jsonpath
-
-if TYPE_CHECKING:
-    from .apiserver_http import Watcher
 
 StoreKey = tuple[str, str]  # (group, plural) shared by all versions of a kind
 ObjKey = tuple[str | None, str]  # (namespace, name)
@@ -64,6 +65,36 @@ class Event:
     type: str  # ADDED | MODIFIED | DELETED
     obj: dict[str, Any]
     old: dict[str, Any] | None
+
+
+@dataclass(eq=False)
+class Watcher:
+    """An open watch stream: what it selects and the queue its events arrive on (in its own loop)."""
+
+    rtype: ResourceType
+    namespace: str | None
+    labels: Matcher
+    fields: Matcher
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[Event | None] = field(default_factory=asyncio.Queue)
+    transport: Any = None
+    as_table: bool = False  # kubectl get -w asks for meta.k8s.io Tables
+
+    def translate(self, event: Event) -> tuple[str, dict[str, Any]] | None:
+        """The event as this watcher sees it: filtered, and ADDED/DELETED when selection changes."""
+        def selected(obj: dict[str, Any] | None) -> bool:
+            if obj is None:
+                return False
+            ns = obj["metadata"].get("namespace")
+            return (self.namespace is None or ns == self.namespace) and self.labels(obj) and self.fields(obj)
+        now, before = selected(event.obj), selected(event.old)
+        if event.type == "MODIFIED" and now != before:
+            kind = "ADDED" if now else "DELETED"
+        elif now:
+            kind = event.type
+        else:
+            return None
+        return kind, _as_type(event.obj, self.rtype)
 
 
 class ObjectStore:
@@ -161,11 +192,25 @@ class ObjectStore:
                old: dict[str, Any] | None = None) -> dict[str, Any]:
         """CRD schema handling (prune, default, validate, CEL rules) and CRD acceptance; raises 422 Invalid."""
         name = obj["metadata"].get("name", "")
+        if rtype.storage_key == ("coordination.k8s.io", "leases"):
+            try:
+                decode_lease(obj)
+            except LeaseDecodeError as exc:
+                raise ApiError(400, f'Lease in version "{rtype.version}" cannot be handled as a Lease: {exc}') from None
+            causes = lease_causes(obj)
+            if causes:
+                raise self._invalid(rtype, name, causes)
         if rtype.schema is not None:
             obj = apply_defaults(prune(obj, rtype.schema, root=True), rtype.schema)
             causes = validate(obj, rtype.schema) or validate_rules(obj, rtype.schema, old)
             if causes:
                 raise self._invalid(rtype, name, causes)
+        if rtype.storage_key == ("batch", "jobs") and (causes := podfailurepolicy.validate(obj)):
+            raise self._invalid(rtype, name, causes)
+        if old is None and (rtype.group, rtype.plural) == ("", "pods"):  # PodSecurity admission, on create
+            ns = self._bucket(self._types[("", "v1", "namespaces")]).get((None, obj["metadata"].get("namespace")))
+            if forbidden := podsecurity.admit_pod(obj, ((ns or {}).get("metadata") or {}).get("labels") or {}):
+                raise ApiError(403, forbidden, reason="Forbidden", details={"name": name, "kind": "pods"})
         if rtype.storage_key == res.CRD_STORAGE_KEY:
             try:
                 types = res.types_from_crd(obj)

@@ -130,6 +130,7 @@ BUILTIN_COLUMNS: dict[tuple[str, str], list[Column]] = {
                        ("Cluster-IP", _S, 0, lambda o: (o.get("spec") or {}).get("clusterIP", "<none>")),
                        ("Port(s)", _S, 0, _ports)],
     ("", "endpoints"): [("Endpoints", _S, 0, _endpoints)],
+    ("coordination.k8s.io", "leases"): [("Holder", _S, 0, lambda o: (o.get("spec") or {}).get("holderIdentity") or "")],
     ("", "events"): [("Type", _S, 0, lambda o: o.get("type")), ("Reason", _S, 0, lambda o: o.get("reason")),
                      ("Object", _S, 0, _involved),
                      ("Message", _S, 0, lambda o: o.get("message") or o.get("note"))],

@@ -10,12 +10,14 @@ provisioned with a tiny fake checkpoint (:mod:`.checkpoint`) the first time a bu
 Validation Jobs run ``redrafter-operator evaluate validate`` the same way; their in-cluster Service
 addresses (``<svc>.<ns>.svc:<port>``) are resolved to a Ready endpoint of that Service, as cluster DNS
 and kube-proxy would. The Pod's and Job's status come from the real exit code and termination-message
-file, with the Job's ``backoffLimit`` retries and ``activeDeadlineSeconds``.
+file, with the Job's ``podFailurePolicy`` (a FailJob exit code ends the Job at once), ``backoffLimit``
+retries and ``activeDeadlineSeconds``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import os
@@ -29,10 +31,11 @@ from typing import Any
 from engine_jobs import contract
 from engine_jobs.contract import BuildSpec, SourceRef
 
-from . import objects
+from . import objects, podfailurepolicy
 from .checkpoint import write_base, write_drafter, write_tokenizer
-from .hostfs import HostFS, PodRoot, configmap_names
-from .kubeapi import CONFIGMAPS, ENDPOINTS, JOBS, PODS, KubeApi
+from .hostfs import HostFS, PodRoot, configmap_names, secret_names
+from .kubeapi import CONFIGMAPS, ENDPOINTS, EVENTS, JOBS, PODS, SECRETS, ApiStatusError, KubeApi
+from .podidentity import Identity
 
 log = logging.getLogger("redrafter.sim.jobs")
 
@@ -45,6 +48,7 @@ JOB_COMPONENTS = ("engine-build", "validation")
 SERVICE_ADDRESS = re.compile(r"\b([a-z0-9]([-a-z0-9]*[a-z0-9])?)\.([a-z0-9]([-a-z0-9]*[a-z0-9])?)\.svc(\.cluster\.local)?:(\d+)\b")
 TERMINATION_MESSAGE_LIMIT = 4096
 LOG_TAIL_LINES = 80
+POD_CREATE_RETRY_SECONDS = 1.0
 
 
 def toolchain_env(toolchain: Path = TOOLCHAIN_DIR) -> dict[str, str]:
@@ -140,7 +144,7 @@ class JobRunner:
         try:
             while True:
                 try:
-                    code, message = await asyncio.wait_for(self._run_pod(job), timeout=deadline)
+                    code, message, pod = await asyncio.wait_for(self._run_pod(job), timeout=deadline)
                 except asyncio.TimeoutError:
                     self.finished[uid] = -1
                     await self._job_status(ns, name, self._failed(failures + 1, "DeadlineExceeded",
@@ -148,7 +152,15 @@ class JobRunner:
                     return
                 if code == 0:
                     break
-                failures += 1
+                # the pod failure policy first, as the Job controller does: FailJob ends the Job now,
+                # Ignore does not count the failure against backoffLimit
+                action, why = podfailurepolicy.match(job, pod)
+                if action == podfailurepolicy.FAIL_JOB:
+                    self.finished[uid] = code
+                    await self._job_status(ns, name, self._failed(failures + 1, podfailurepolicy.REASON, why))
+                    return
+                if action != podfailurepolicy.IGNORE:
+                    failures += 1
                 if failures > backoff:
                     break
                 await self._job_status(ns, name, {"active": 1, "failed": failures})
@@ -179,7 +191,8 @@ class JobRunner:
             await self.api.patch(JOBS, name, ns, {"status": status}, subresource="status")
 
     # ------------------------------------------------------------------ one Pod of the Job
-    async def _run_pod(self, job: dict[str, Any]) -> tuple[int, str]:
+    async def _run_pod(self, job: dict[str, Any]) -> tuple[int, str, dict[str, Any]]:
+        """Run one Pod of the Job: (exit code, termination message, the Pod as the Job controller sees it)."""
         meta = job["metadata"]
         ns, job_name = meta["namespace"], meta["name"]
         template = (job.get("spec") or {}).get("template") or {}
@@ -187,26 +200,44 @@ class JobRunner:
         labels = {"job-name": job_name, "batch.kubernetes.io/job-name": job_name,
                   "controller-uid": meta["uid"], "batch.kubernetes.io/controller-uid": meta["uid"]}
         manifest = objects.pod_manifest(job, pod_name, template, labels)
-        await self.api.create(PODS, manifest, ns)
+        await self._create_pod(job, manifest)
         container = manifest["spec"]["containers"][0]
         image = container.get("image", "")
         started = objects.now()
         root = self.fs.pod_root(ns, pod_name)
         try:
             async with self._slots:
-                argv, env = await self._prepare(ns, manifest, container, root)
+                argv, env, identity = await self._prepare(ns, manifest, container, root)
                 await self._pod_status(ns, pod_name, objects.running_status(
                     container["name"], objects.HOST_IP, started, True, 0, image))
-                code, message = await self._execute(argv, env, root)
+                code, message = await self._execute(argv, env, root, identity)
         except (OSError, ValueError) as exc:  # a volume or ConfigMap the pod cannot start with
             code, message = 128, f"CreateContainerConfigError: {exc}"
-        await self._pod_status(ns, pod_name, objects.terminated_status(
-            container["name"], objects.HOST_IP, started, code, message, image))
+        status = objects.terminated_status(container["name"], objects.HOST_IP, started, code, message, image)
+        await self._pod_status(ns, pod_name, status)
         log.info("build pod %s/%s exited %s", ns, pod_name, code)
-        return code, message
+        return code, message, {"metadata": {"name": pod_name, "namespace": ns}, "status": status}
+
+    async def _create_pod(self, job: dict[str, Any], manifest: dict[str, Any]) -> None:
+        """Create the Pod; while admission rejects it, record a FailedCreate Event on the Job (once per
+        message) and retry as the Job controller does, until the Job's activeDeadlineSeconds."""
+        ns, reported = job["metadata"]["namespace"], ""
+        while True:
+            try:
+                await self.api.create(PODS, manifest, ns)
+                return
+            except ApiStatusError as exc:
+                if exc.code != 403:
+                    raise
+                if exc.message != reported:
+                    reported = exc.message
+                    log.warning("pod of job %s/%s rejected: %s", ns, job["metadata"]["name"], exc.message)
+                    with contextlib.suppress(ApiStatusError):
+                        await self.api.create(EVENTS, objects.failed_create_event(job, exc.message, "job-controller"), ns)
+            await asyncio.sleep(POD_CREATE_RETRY_SECONDS)
 
     async def _prepare(self, ns: str, manifest: dict[str, Any], container: dict[str, Any],
-                       root: PodRoot) -> tuple[list[str], dict[str, str]]:
+                       root: PodRoot) -> tuple[list[str], dict[str, str], Identity]:
         pod_spec = manifest["spec"]
         configmaps: dict[str, dict[str, str]] = {}
         for cm_name in configmap_names(pod_spec):
@@ -221,7 +252,14 @@ class JobRunner:
                 provision_source(self.fs, spec.tokenizer, "tokenizer")
                 data[contract.BUILD_SPEC_FILE] = localize_build_spec(data[contract.BUILD_SPEC_FILE], root)
             configmaps[cm_name] = data
-        self.fs.mount_volumes(root, pod_spec, container, configmaps)
+        secrets: dict[str, dict[str, bytes]] = {}
+        for secret_name in secret_names(pod_spec):
+            secret = await self.api.get(SECRETS, secret_name, ns)
+            if secret is not None:
+                secrets[secret_name] = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
+                secrets[secret_name].update({k: v.encode() for k, v in (secret.get("stringData") or {}).items()})
+        identity = Identity.of(pod_spec, container)
+        self.fs.mount_volumes(root, pod_spec, container, configmaps, secrets, identity)
         env = dict(os.environ)
         for item in container.get("env") or []:
             if "value" in item:
@@ -242,7 +280,7 @@ class JobRunner:
             command[0] = str(Path(sys.executable).parent / "redrafter-operator")
         term_path = container.get("terminationMessagePath") or contract.TERMINATION_LOG
         argv = [env["REDRAFTER_TERMINATION_LOG"] if a == term_path else root.translate(a) for a in command]
-        return [await self._resolve_services(a, ns) for a in argv], env
+        return [await self._resolve_services(a, ns) for a in argv], env, identity
 
     async def _resolve_services(self, arg: str, namespace: str) -> str:
         """``<svc>.<ns>.svc:<port>`` -> ``<ready endpoint ip>:<target port>`` (cluster DNS + kube-proxy)."""
@@ -265,11 +303,14 @@ class JobRunner:
             last = m.end()
         return "".join(out) + arg[last:]
 
-    async def _execute(self, argv: list[str], env: dict[str, str], root: PodRoot) -> tuple[int, str]:
+    async def _execute(self, argv: list[str], env: dict[str, str], root: PodRoot,
+                       identity: Identity) -> tuple[int, str]:
+        """Run the container's command as ``identity`` (its capabilities; file access was set at mount)."""
         log_path = root.root / "container.log"
         with open(log_path, "wb") as out:
             proc = await asyncio.create_subprocess_exec(*argv, stdout=out, stderr=asyncio.subprocess.STDOUT,
-                                                        env=env, cwd=root.root, start_new_session=True)
+                                                        env=env, cwd=root.root, start_new_session=True,
+                                                        preexec_fn=identity.preexec)
         try:
             code = await proc.wait()
         except asyncio.CancelledError:

@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=None)
     args, rest = parser.parse_known_args(argv)
     if args.command == "server":
-        return server.main(rest)
+        return server.main(rest, prog=f"{parser.prog} server")
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     return args.func(args)

@@ -14,11 +14,13 @@ import datetime
 import hashlib
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Mapping
 
+from . import podfailurepolicy
 from .apiserver import ApiError, ApiServerEmulator
 from .endpoints import endpoints_for
-from .objects import condition_true
+from .failures import POD_CAUSES, Fault, pod_status, progress_deadline_exceeded, replica_failure
+from .objects import condition_true, failed_create_event, replica_failure_condition
 
 JOB_NAME_LABELS = ("job-name", "batch.kubernetes.io/job-name")
 JOB_UID_LABELS = ("controller-uid", "batch.kubernetes.io/controller-uid")
@@ -67,6 +69,28 @@ def pod_ip(uid: str) -> str:
 # ----------------------------------------------------------------------------- Jobs
 
 
+def _create_pod(emu: ApiServerEmulator, owner: dict[str, Any], component: str, pod: dict[str, Any]) -> dict[str, Any]:
+    """Create a controller's Pod; a rejection (PodSecurity: 403) becomes a FailedCreate Event on the owner
+    and is raised again, as the real controller's sync fails."""
+    try:
+        return emu.create_object(pod)
+    except ApiError as exc:
+        if exc.code == 403:
+            _record(emu, failed_create_event(owner, exc.message, component))
+        raise
+
+
+def _record(emu: ApiServerEmulator, event: dict[str, Any]) -> None:
+    """Post ``event``, or count it on the same earlier one (the event recorder's aggregation)."""
+    for seen in emu.list_objects("v1", "Event", event["metadata"]["namespace"]):
+        if all(seen.get(k) == event[k] for k in ("reason", "message")) and \
+                seen["involvedObject"].get("uid") == event["involvedObject"]["uid"]:
+            emu.patch_object("v1", "Event", seen["metadata"]["name"], seen["metadata"]["namespace"],
+                             {"count": int(seen.get("count") or 1) + 1, "lastTimestamp": event["lastTimestamp"]})
+            return
+    emu.create_object(event)
+
+
 def _job_pod(emu: ApiServerEmulator, job: dict[str, Any], phase: str, exit_code: int | None,
              message: str | None) -> dict[str, Any]:
     """Create (or update) the Job's single Pod with a terminated or running container state."""
@@ -77,7 +101,7 @@ def _job_pod(emu: ApiServerEmulator, job: dict[str, Any], phase: str, exit_code:
     pod_name = f"{name}-{job['metadata']['uid'][:5]}"
     pod = emu.find_object("v1", "Pod", pod_name, namespace)
     if pod is None:
-        pod = emu.create_object({
+        pod = _create_pod(emu, job, "job-controller", {
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": pod_name, "namespace": namespace, "labels": labels,
                          "ownerReferences": [_owner_ref(job)]},
@@ -127,9 +151,16 @@ def fail_job(emu: ApiServerEmulator, name: str, namespace: str, *, reason: str =
              message: str = "Job has reached the specified backoff limit", exit_code: int = 1,
              termination_message: str | None = None) -> dict[str, Any]:
     """The Job failed: FailureTarget and Failed conditions with ``reason``/``message``, failed=1, and a Failed
-    Pod whose container terminated with ``exit_code`` and ``termination_message``."""
+    Pod whose container terminated with ``exit_code`` and ``termination_message``.
+
+    As the real Job controller, the Job's podFailurePolicy decides first: an exit code one of its FailJob
+    rules matches fails the Job with reason PodFailurePolicy and the controller's message, whatever
+    ``reason`` says (a Job with that policy cannot end any other way for that code)."""
     job = emu.get_object("batch/v1", "Job", name, namespace)
-    _job_pod(emu, job, "Failed", exit_code, termination_message)
+    pod = _job_pod(emu, job, "Failed", exit_code, termination_message)
+    action, why = podfailurepolicy.match(job, pod)
+    if action == podfailurepolicy.FAIL_JOB:
+        reason, message = podfailurepolicy.REASON, why
     status = {
         "active": 0, "succeeded": 0, "failed": 1, "ready": 0,
         "startTime": (job.get("status") or {}).get("startTime", _now()),
@@ -168,10 +199,34 @@ def is_pod_ready(pod: dict[str, Any]) -> bool:
     return condition_true(pod, "Ready")
 
 
+def _fault_signature(status: dict[str, Any]) -> tuple[Any, ...]:
+    """What distinguishes one failure shape from another (a repeated pass over the same fault writes nothing)."""
+    cs = (status.get("containerStatuses") or [{}])[0]
+    sched = next((c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), {})
+    return (status.get("phase"), sched.get("status"), ((cs.get("state") or {}).get("waiting") or {}).get("reason"),
+            ((cs.get("lastState") or {}).get("terminated") or {}).get("reason"))
+
+
+def _set_pod_failed(emu: ApiServerEmulator, pod: dict[str, Any], fault: Fault) -> dict[str, Any]:
+    status = pod_status(pod, fault, pod_ip=pod_ip(pod["metadata"]["uid"]))
+    if fault.cause == "Unschedulable":  # never bound to a node: no IPs, no container statuses
+        status = {**status, "podIP": None, "podIPs": None, "hostIP": None, "hostIPs": None, "startTime": None,
+                  "containerStatuses": None}
+    if _fault_signature(pod.get("status") or {}) == _fault_signature(status):
+        return pod
+    return emu.patch_object("v1", "Pod", pod["metadata"]["name"], pod["metadata"]["namespace"], {"status": status},
+                            subresource="status")
+
+
 def sync_deployment_pods(emu: ApiServerEmulator, name: str, namespace: str, *, ready: bool = True,
-                         max_ready: int | None = None) -> list[dict[str, Any]]:
+                         max_ready: int | None = None, fault: Fault | None = None,
+                         deadline_seconds: float | None = None) -> list[dict[str, Any]]:
     """Make the Deployment's Pods match spec.replicas and its current template (old-template Pods are
-    replaced), mark up to ``max_ready`` of them Ready (all if None), and write the Deployment status."""
+    replaced), mark up to ``max_ready`` of them Ready (all if None), and write the Deployment status.
+
+    ``fault`` makes the current template's Pods fail as the scheduler/kubelet would report it, or (cause
+    FailedCreate) the API server reject them; ``deadline_seconds`` overrides the Deployment's
+    progressDeadlineSeconds (a test cannot wait ten minutes)."""
     deploy = emu.get_object("apps/v1", "Deployment", name, namespace)
     spec = deploy.get("spec") or {}
     replicas = spec.get("replicas", 1)
@@ -186,6 +241,7 @@ def sync_deployment_pods(emu: ApiServerEmulator, name: str, namespace: str, *, r
     for extra in pods[replicas:]:
         emu.delete_object("v1", "Pod", extra["metadata"]["name"], namespace)
     pods = pods[:replicas]
+    failure: str | None = None  # why admission rejected a Pod (the ReplicaSet's ReplicaFailure)
     taken = {p["metadata"]["name"] for p in pods}
     index = 0
     while len(pods) < replicas:
@@ -193,40 +249,78 @@ def sync_deployment_pods(emu: ApiServerEmulator, name: str, namespace: str, *, r
         index += 1
         if pod_name in taken:
             continue
+        if fault is not None and fault.cause == "FailedCreate":  # a quota admission says no: the Pod never exists
+            failure = replica_failure(pod_name, fault.detail)["message"]
+            break
         labels = {**((template.get("metadata") or {}).get("labels") or {}), TEMPLATE_HASH: current_hash}
-        pods.append(emu.create_object({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": pod_name, "namespace": namespace, "labels": labels,
-                         "annotations": (template.get("metadata") or {}).get("annotations") or {},
-                         "ownerReferences": [_owner_ref(deploy)]},
-            "spec": {**(template.get("spec") or {}), "nodeName": "sim-node"},
-        }))
+        try:
+            pods.append(_create_pod(emu, deploy, "replicaset-controller", {
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": pod_name, "namespace": namespace, "labels": labels,
+                             "annotations": (template.get("metadata") or {}).get("annotations") or {},
+                             "ownerReferences": [_owner_ref(deploy)]},
+                "spec": {**(template.get("spec") or {}), "nodeName": "sim-node"},
+            }))
+        except ApiError as exc:
+            if exc.code != 403:
+                raise
+            failure = exc.message
+            break
     limit = len(pods) if max_ready is None else max_ready
-    pods = [_set_pod_ready(emu, p, ready and i < limit) for i, p in enumerate(pods)]
+    if fault is not None and fault.cause in POD_CAUSES:
+        pods = [_set_pod_failed(emu, p, fault) for p in pods]
+    else:
+        pods = [_set_pod_ready(emu, p, ready and i < limit) for i, p in enumerate(pods)]
     ready_count = sum(1 for p in pods if is_pod_ready(p))
-    mark_deployment_ready(emu, name, namespace, ready_replicas=ready_count)
+    mark_deployment_ready(emu, name, namespace, ready_replicas=ready_count, existing=len(pods), failure=failure,
+                          deadline_seconds=deadline_seconds)
     return pods
 
 
-def mark_deployment_ready(emu: ApiServerEmulator, name: str, namespace: str, *,
-                          ready_replicas: int | None = None) -> dict[str, Any]:
-    """Deployment status as its controller would write it once ``ready_replicas`` (default: all) are up."""
+def _age_seconds(timestamp: str | None) -> float:
+    if not timestamp:
+        return 0.0
+    then = datetime.datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+    return (datetime.datetime.now(datetime.UTC) - then).total_seconds()
+
+
+def mark_deployment_ready(emu: ApiServerEmulator, name: str, namespace: str, *, ready_replicas: int | None = None,
+                          existing: int | None = None, failure: str | None = None,
+                          deadline_seconds: float | None = None) -> dict[str, Any]:
+    """Deployment status as its controller would write it once ``ready_replicas`` (default: all) are up.
+
+    ``failure``: why a Pod could not be created (condition ReplicaFailure, reason FailedCreate); a rollout
+    that has not become available within the progress deadline gets Progressing=False ProgressDeadlineExceeded."""
     deploy = emu.get_object("apps/v1", "Deployment", name, namespace)
-    replicas = (deploy.get("spec") or {}).get("replicas", 1)
+    spec = deploy.get("spec") or {}
+    replicas = spec.get("replicas", 1)
     ready = replicas if ready_replicas is None else ready_replicas
+    count = replicas if existing is None else existing
     available = ready >= replicas
+    old_conditions = (deploy.get("status") or {}).get("conditions")
+    progressing = _condition("Progressing", "True", "NewReplicaSetAvailable" if available else "ReplicaSetUpdated",
+                             f'ReplicaSet "{name}-{template_hash(spec.get("template") or {})[:8]}" has '
+                             + ("successfully progressed." if available else "is progressing."))
+    if not available:
+        deadline = deadline_seconds if deadline_seconds is not None else spec.get("progressDeadlineSeconds", 600)
+        since = next((c for c in old_conditions or [] if c.get("type") == "Progressing"), {})
+        if since.get("reason") == "ProgressDeadlineExceeded" or (
+                since.get("reason") == "ReplicaSetUpdated" and _age_seconds(since.get("lastTransitionTime")) > deadline):
+            progressing = progress_deadline_exceeded(f"{name}-{template_hash(spec.get('template') or {})[:8]}")
+    conditions = [
+        _condition("Available", "True" if available else "False",
+                   "MinimumReplicasAvailable" if available else "MinimumReplicasUnavailable",
+                   "Deployment has minimum availability." if available else
+                   "Deployment does not have minimum availability."),
+        progressing,
+    ]
+    if failure:
+        conditions.append(replica_failure_condition(failure))
     status = {
         "observedGeneration": deploy["metadata"].get("generation", 1),
-        "replicas": replicas, "updatedReplicas": replicas, "readyReplicas": ready, "availableReplicas": ready,
+        "replicas": count, "updatedReplicas": count, "readyReplicas": ready, "availableReplicas": ready,
         "unavailableReplicas": max(replicas - ready, 0),
-        "conditions": _keep_transitions((deploy.get("status") or {}).get("conditions"), [
-            _condition("Available", "True" if available else "False",
-                       "MinimumReplicasAvailable" if available else "MinimumReplicasUnavailable",
-                       "Deployment has minimum availability." if available else
-                       "Deployment does not have minimum availability."),
-            _condition("Progressing", "True", "NewReplicaSetAvailable" if available else "ReplicaSetUpdated",
-                       f'ReplicaSet "{name}" has successfully progressed.'),
-        ]),
+        "conditions": _keep_transitions(old_conditions, conditions),
     }
     return emu.patch_object("apps/v1", "Deployment", name, namespace, {"status": status}, subresource="status")
 
@@ -253,14 +347,17 @@ def ready_endpoint_ips(emu: ApiServerEmulator, service: str, namespace: str) -> 
 # ----------------------------------------------------------------------------- all together
 
 
-def reconcile_once(emu: ApiServerEmulator, namespace: str | None = None, *, pods_ready: bool = True) -> None:
-    """One pass of the Deployment and Endpoints controllers over every Deployment and Service; one deleted
-    while the pass runs is skipped, as a real controller drops a key whose object is gone."""
+def reconcile_once(emu: ApiServerEmulator, namespace: str | None = None, *, pods_ready: bool = True,
+                   faults: Mapping[str, Fault] | None = None, deadline_seconds: float | None = None) -> None:
+    """One pass of the Deployment and Endpoints controllers over every Deployment and Service
+    (``faults``: by Deployment name, see :func:`sync_deployment_pods`); one deleted while the pass runs
+    is skipped, as a real controller drops a key whose object is gone."""
     for deploy in emu.list_objects("apps/v1", "Deployment", namespace):
         if not deploy["metadata"].get("deletionTimestamp"):
+            name = deploy["metadata"]["name"]
             with _unless_gone():
-                sync_deployment_pods(emu, deploy["metadata"]["name"], deploy["metadata"]["namespace"],
-                                     ready=pods_ready)
+                sync_deployment_pods(emu, name, deploy["metadata"]["namespace"], ready=pods_ready,
+                                     fault=(faults or {}).get(name), deadline_seconds=deadline_seconds)
     for svc in emu.list_objects("v1", "Service", namespace):
         if (svc.get("spec") or {}).get("selector"):
             with _unless_gone():

@@ -24,7 +24,7 @@ import signal
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +34,11 @@ from redrafter_operator.api import API_VERSION, KIND, PLURAL
 from redrafter_operator.api.crd import crd_yaml
 from redrafter_operator.evaluate.prompts import Prompt
 from redrafter_operator.evaluate.stream import RequestOptions
+from engine_jobs.contract import METRICS_PORT
 from redrafter_operator.render import names
+from . import admission_podsecurity as podsecurity
 from .engine import SimEngineSettings
-from .kubeapi import EVENTS, KubeApi, Kind
+from .kubeapi import EVENTS, PODS, KubeApi, Kind
 from .kubelet import SimKubelet
 from .router import ServiceRouter
 from .scenarios import (
@@ -45,12 +47,15 @@ from .scenarios import (
     SCENARIOS,
     Scenario,
     Stage,
+    StageResult,
     all_hold,
     describe,
     load_scenario,
     lookup,
 )
+from .prometheus import PrometheusServer, PrometheusUnavailable, ServingTarget, scrape_config, write_serving_file
 from .server import EmulatorThread, write_kubeconfig
+from .triton import free_ports
 from .traffic import RoutedLoadGenerator, TrafficStats
 from .view import DemoView, render_summary
 
@@ -73,31 +78,13 @@ class Interrupted(Exception):
 
 
 @dataclass
-class StageResult:
-    name: str
-    description: str
-    expect: str
-    condition: str
-    started_s: float
-    duration_s: float = 0.0
-    happened: bool = False
-    observed: dict[str, Any] = field(default_factory=dict)  # each until-condition's path -> value at the end
-    failure: str = ""
-    speculation: dict[str, Any] = field(default_factory=dict)
-    replicas: dict[str, Any] = field(default_factory=dict)
-    decisions: list[dict[str, Any]] = field(default_factory=list)
-    traffic: dict[str, Any] = field(default_factory=dict)
-    wall_start: float = 0.0
-    wall_end: float = 0.0
-
-
-@dataclass
 class DemoOptions:
     manifest: Path = DEFAULT_MANIFEST
     scenario: str = DEFAULT_SCENARIO
     fast: bool = False
     summary_json: Path | None = None
     keep_temp: bool = False
+    prometheus: bool = False
 
 
 # ---------------------------------------------------------------------------- processes
@@ -116,9 +103,11 @@ async def kubectl(kubeconfig: Path, tmp: Path, *args: str, stdin: str | None = N
 class OperatorProcess:
     """``redrafter-operator run`` against the emulator, as a subprocess (exactly the production entry point)."""
 
-    def __init__(self, kubeconfig: Path, namespace: str, log_path: Path) -> None:
+    def __init__(self, kubeconfig: Path, namespace: str, log_path: Path, metrics_port: int | None = None) -> None:
         self.argv = [str(BIN / "redrafter-operator"), "run", "--kubeconfig", str(kubeconfig), "--namespace", namespace,
                      "--standalone", "--resync-seconds", "30"]
+        if metrics_port is not None:
+            self.argv += ["--metrics-port", str(metrics_port)]
         self.log_path = log_path
         self.proc: asyncio.subprocess.Process | None = None
 
@@ -160,6 +149,12 @@ def load_resource(path: Path) -> dict[str, Any]:
     return body
 
 
+def restricted_namespace(name: str) -> dict[str, Any]:
+    """The Namespace labelled so the API server's PodSecurity admission enforces ``restricted``."""
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {
+        podsecurity.ENFORCE_LABEL: "restricted", podsecurity.ENFORCE_VERSION_LABEL: "latest"}}}
+
+
 def demo_prompts(n: int = 16) -> list[Prompt]:
     """Prompts in the fake checkpoint's vocabulary ("w<id>" words), distinct per request slot."""
     return [Prompt(" ".join(f"w{3 + (i * 37 + j * 11) % 990}" for j in range(12))) for i in range(n)]
@@ -185,6 +180,7 @@ class DemoRun:
         self.node: SimKubelet | None = None
         self.loadgen: RoutedLoadGenerator | None = None
         self.operator: OperatorProcess | None = None
+        self.prometheus: PrometheusServer | None = None
         self.events: list[dict[str, Any]] = []
 
     def elapsed(self) -> float:
@@ -195,18 +191,25 @@ class DemoRun:
         emulator = EmulatorThread()
         handle = emulator.start()
         loadgen_task: asyncio.Task[Any] | None = None
+        prometheus_task: asyncio.Task[Any] | None = None
         try:
             write_kubeconfig(handle.url, kubeconfig, namespace=self.namespace)
             self.view.note(f"API server emulator on {handle.url}")
             await kubectl(kubeconfig, self.tmp, "apply", "-f", "-", stdin=crd_yaml())
             await kubectl(kubeconfig, self.tmp, "wait", "--for", "condition=established", "--timeout=30s",
                           f"crd/{PLURAL}.{API_VERSION.split('/')[0]}")
-            self.operator = OperatorProcess(kubeconfig, self.namespace, self.tmp / "operator.log")
+            # as a hardened cluster would: Pods that do not meet the restricted profile are rejected
+            await kubectl(kubeconfig, self.tmp, "apply", "-f", "-", stdin=yaml.safe_dump(restricted_namespace(self.namespace)))
+            self.view.note(f"namespace {self.namespace} enforces Pod Security restricted")
+            metrics_port = free_ports("127.0.0.1", 1)[0] if self.opts.prometheus else None
+            self.operator = OperatorProcess(kubeconfig, self.namespace, self.tmp / "operator.log", metrics_port)
             await self.operator.start()
             self.view.note("operator started: " + " ".join(self.operator.argv[1:3]))
             async with KubeApi(handle.url) as api, SimKubelet(handle.url, sim=SIM_ENGINE,
                                                              node_dir=self.tmp / "node") as node:
                 self.api, self.node = api, node
+                if metrics_port is not None:
+                    prometheus_task = asyncio.create_task(self._prometheus(api, metrics_port), name="prometheus")
                 first = self.scenario.stages[0]
                 if first.acceptance is not None:
                     node.set_engine(self.namespace, self.name, "redrafter", acceptance_rate=first.acceptance)
@@ -229,11 +232,44 @@ class DemoRun:
             if loadgen_task is not None and not loadgen_task.done():
                 loadgen_task.cancel()
                 await asyncio.gather(loadgen_task, return_exceptions=True)
+            if prometheus_task is not None:
+                prometheus_task.cancel()
+                await asyncio.gather(prometheus_task, return_exceptions=True)
+            if self.prometheus is not None:
+                await asyncio.to_thread(self.prometheus.stop)
             operator_tail = self.operator.log_tail() if self.operator else ""
             if self.operator is not None:
                 await self.operator.stop()
             emulator.stop()
         return self.summary(operator_tail)
+
+    async def _prometheus(self, api: KubeApi, operator_port: int) -> None:
+        """A real Prometheus scraping the operator and every serving pod (the list follows the API's Pods),
+        as the chart's ServiceMonitor and PodMonitor would; the dashboard's queries run against it."""
+        targets = self.tmp / "prometheus" / "serving.json"
+        targets.parent.mkdir(parents=True, exist_ok=True)
+        write_serving_file(targets, [])
+        self.prometheus = PrometheusServer(
+            scrape_config([], [f"127.0.0.1:{operator_port}"], serving_file=targets), workdir=self.tmp / "prometheus")
+        try:
+            await asyncio.to_thread(self.prometheus.start)
+        except (PrometheusUnavailable, RuntimeError) as exc:
+            self.view.note(f"no Prometheus: {exc}".splitlines()[0])
+            return
+        self.view.note(f"Prometheus on {self.prometheus.url} (queries: charts/redrafter-operator/dashboards/)")
+        print(f"Prometheus: {self.prometheus.url}/graph  (namespace={self.namespace}, deployment={self.name})",
+              file=sys.stderr, flush=True)
+        selector = names.selector_string({names.LABEL_COMPONENT: "serving"})
+        listed: list[ServingTarget] = []
+        while True:
+            with contextlib.suppress(Exception):  # the emulator is going away at the end: keep the last list
+                pods = await api.list(PODS, self.namespace, label_selector=selector)
+                now = [ServingTarget(f"{ip}:{METRICS_PORT}", self.namespace, p["metadata"]["name"]) for p in pods
+                       if (ip := (p.get("status") or {}).get("podIP"))]
+                if now != listed:
+                    write_serving_file(targets, now)
+                    listed = now
+            await asyncio.sleep(1.0)
 
     # -------------------------------------------------------------------------- stages
     async def _stages(self) -> None:
@@ -382,7 +418,8 @@ async def run_demo(opts: DemoOptions) -> int:
 # ---------------------------------------------------------------------------- CLI
 def _cmd_demo(args: argparse.Namespace) -> int:
     opts = DemoOptions(manifest=Path(args.file), scenario=args.scenario, fast=args.fast,
-                       summary_json=Path(args.summary_json) if args.summary_json else None, keep_temp=args.keep_temp)
+                       summary_json=Path(args.summary_json) if args.summary_json else None, keep_temp=args.keep_temp,
+                       prometheus=args.prometheus)
     try:
         load_scenario(opts.scenario)
         load_resource(opts.manifest)
@@ -403,4 +440,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fast", action="store_true", help=f"shorten every stage's minimum duration x{FAST_FACTOR}")
     p.add_argument("--summary-json", metavar="PATH", help="also write the summary as JSON")
     p.add_argument("--keep-temp", action="store_true", help="keep the temp dir (logs, engine cache) for debugging")
+    p.add_argument("--prometheus", action="store_true",
+                   help="also run a real Prometheus (Debian package `prometheus`) scraping the operator and the "
+                        "serving pods, with the chart's alert rules; prints its URL for the dashboard's queries")
     p.set_defaults(func=_cmd_demo)

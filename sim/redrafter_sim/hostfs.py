@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .podidentity import PROVISIONED, Identity, Ownership
+
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -63,6 +65,8 @@ class HostFS:
         self.node_dir = Path(node_dir)
         (self.node_dir / "pvc").mkdir(parents=True, exist_ok=True)
         (self.node_dir / "pods").mkdir(parents=True, exist_ok=True)
+        #: how each claim's root was provisioned (owner, group, mode) where not root:root 0755
+        self.claim_ownership: dict[str, Ownership] = {}
 
     def claim_dir(self, claim: str, sub_path: str = "") -> Path:
         path = self.node_dir / "pvc" / _safe(claim)
@@ -80,21 +84,28 @@ class HostFS:
         shutil.rmtree(self.node_dir / "pods" / f"{_safe(namespace)}_{_safe(name)}", ignore_errors=True)
 
     def mount_volumes(self, pod: PodRoot, pod_spec: Mapping[str, Any], container: Mapping[str, Any],
-                      configmaps: Mapping[str, Mapping[str, str]]) -> PodRoot:
+                      configmaps: Mapping[str, Mapping[str, str]],
+                      secrets: Mapping[str, Mapping[str, bytes]] | None = None,
+                      identity: Identity | None = None) -> PodRoot:
         """Lay out the container's volume mounts under the pod's rootfs.
 
-        ``configmaps`` maps a ConfigMap name to its data (already fetched by the caller); a ConfigMap
-        volume becomes a read-only-by-convention directory of files.
+        ``configmaps`` / ``secrets`` map a name to its (decoded) data, already fetched by the caller; a
+        ConfigMap volume becomes a read-only-by-convention directory of files. With ``identity`` (the
+        container's user and groups, :mod:`.podidentity`) Secret files and writable claims get the access
+        a node's kubelet would give that identity, so an unreadable token or cache fails the same way.
         """
         volumes = {v["name"]: v for v in pod_spec.get("volumes") or []}
         for vm in container.get("volumeMounts") or []:
             vol = volumes.get(vm["name"])
             if vol is None:
                 raise ValueError(f"volumeMount {vm['name']!r} has no volume")
-            host = self._volume_dir(pod, vol, configmaps)
+            host = self._volume_dir(pod, vol, configmaps, secrets or {}, identity)
             if vm.get("subPath"):
                 host = host.joinpath(*(_safe(p) for p in vm["subPath"].strip("/").split("/") if p))
                 host.mkdir(parents=True, exist_ok=True)
+            claim = vol.get("persistentVolumeClaim")
+            if identity is not None and claim is not None and not vm.get("readOnly") and not claim.get("readOnly"):
+                identity.apply(host, identity.claim_root(self.claim_ownership.get(claim["claimName"], PROVISIONED)))
             link = Path(pod.to_host(vm["mountPath"]))
             link.parent.mkdir(parents=True, exist_ok=True)
             if link.is_symlink() or link.exists():
@@ -106,7 +117,8 @@ class HostFS:
             pod.mounts.append(Mount(vm["mountPath"], host))
         return pod
 
-    def _volume_dir(self, pod: PodRoot, vol: Mapping[str, Any], configmaps: Mapping[str, Mapping[str, str]]) -> Path:
+    def _volume_dir(self, pod: PodRoot, vol: Mapping[str, Any], configmaps: Mapping[str, Mapping[str, str]],
+                    secrets: Mapping[str, Mapping[str, bytes]], identity: Identity | None) -> Path:
         name = _safe(vol["name"])
         if "persistentVolumeClaim" in vol:
             return self.claim_dir(vol["persistentVolumeClaim"]["claimName"])
@@ -118,12 +130,46 @@ class HostFS:
             target.mkdir(parents=True, exist_ok=True)
             for key, text in configmaps[cm].items():
                 (target / _safe(key)).write_text(text, encoding="utf-8")
+                if identity is not None:  # same ownership rules as a Secret volume
+                    identity.apply(target / _safe(key), identity.secret_file(vol["configMap"].get("defaultMode")))
             return target
-        if "emptyDir" in vol or "secret" in vol:
+        if "secret" in vol:
+            return self._secret_dir(pod, vol, secrets, identity)
+        if "emptyDir" in vol:
             target = pod.root / "volumes" / "empty" / name
             target.mkdir(parents=True, exist_ok=True)
             return target
         raise ValueError(f"volume {vol['name']!r}: unsupported volume type {sorted(vol)}")
+
+
+    @staticmethod
+    def _secret_dir(pod: PodRoot, vol: Mapping[str, Any], secrets: Mapping[str, Mapping[str, bytes]],
+                    identity: Identity | None) -> Path:
+        """The Secret's keys as files (``items`` select and rename them), each with its mode's access."""
+        src = vol["secret"]
+        name = src["secretName"]
+        if name not in secrets:
+            if src.get("optional"):
+                secrets = {name: {}}
+            else:
+                raise FileNotFoundError(f"secret {name!r} not found")
+        target = pod.root / "volumes" / "secret" / _safe(vol["name"])
+        target.mkdir(parents=True, exist_ok=True)
+        data = secrets[name]
+        items = src.get("items") or [{"key": k, "path": k} for k in data]
+        for item in items:
+            if item["key"] not in data:
+                raise FileNotFoundError(f"secret {name!r} has no key {item['key']!r}")
+            path = target.joinpath(*(_safe(p) for p in item["path"].split("/")))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data[item["key"]])
+            if identity is not None:
+                identity.apply(path, identity.secret_file(item.get("mode", src.get("defaultMode"))))
+        return target
+
+
+def secret_names(pod_spec: Mapping[str, Any]) -> list[str]:
+    return [v["secret"]["secretName"] for v in pod_spec.get("volumes") or [] if "secret" in v]
 
 
 def configmap_names(pod_spec: Mapping[str, Any]) -> list[str]:

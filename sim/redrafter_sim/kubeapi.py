@@ -23,6 +23,7 @@ class ApiStatusError(RuntimeError):
         super().__init__(f"{code} {reason}: {message}")
         self.code = code
         self.reason = reason
+        self.message = message
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ PODS = Kind("v1", "pods")
 SERVICES = Kind("v1", "services")
 ENDPOINTS = Kind("v1", "endpoints")
 CONFIGMAPS = Kind("v1", "configmaps")
+SECRETS = Kind("v1", "secrets")
 EVENTS = Kind("v1", "events")
 JOBS = Kind("batch/v1", "jobs")
 DEPLOYMENTS = Kind("apps/v1", "deployments")

@@ -116,3 +116,25 @@ def terminated_status(container: str, ip: str, started: str, exit_code: int, mes
 def condition_true(obj: Mapping[str, Any], ctype: str) -> bool:
     return any(c.get("type") == ctype and c.get("status") == "True"
                for c in (obj.get("status") or {}).get("conditions") or [])
+
+
+def failed_create_event(owner: Mapping[str, Any], message: str, component: str) -> dict[str, Any]:
+    """The Warning Event a workload controller records when the API server rejects its Pod
+    (``Error creating: <the API server's message>``, reason FailedCreate, as in the real controllers)."""
+    meta, t = owner["metadata"], now()
+    return {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": f"{meta['name']}.{suffix(10)}", "namespace": meta["namespace"]},
+        "involvedObject": {"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": meta["name"],
+                           "namespace": meta["namespace"], "uid": meta["uid"]},
+        "reason": "FailedCreate", "message": f"Error creating: {message}", "type": "Warning",
+        "source": {"component": component}, "reportingComponent": component,
+        "firstTimestamp": t, "lastTimestamp": t, "count": 1,
+    }
+
+
+def replica_failure_condition(message: str) -> dict[str, Any]:
+    """Deployment condition ReplicaFailure (copied by the Deployment controller from its ReplicaSet)."""
+    t = now()
+    return {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": message,
+            "lastUpdateTime": t, "lastTransitionTime": t}

@@ -199,6 +199,27 @@ DEFAULT_SCENARIO = "lifecycle"
 FAST_FACTOR = 0.5
 
 
+@dataclass
+class StageResult:
+    """What one stage of a run did: whether its until-conditions held, and what the operator said meanwhile."""
+
+    name: str
+    description: str
+    expect: str
+    condition: str
+    started_s: float
+    duration_s: float = 0.0
+    happened: bool = False
+    observed: dict[str, Any] = field(default_factory=dict)  # each until-condition's path -> value at the end
+    failure: str = ""
+    speculation: dict[str, Any] = field(default_factory=dict)
+    replicas: dict[str, Any] = field(default_factory=dict)
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    traffic: dict[str, Any] = field(default_factory=dict)
+    wall_start: float = 0.0
+    wall_end: float = 0.0
+
+
 def load_scenario(name_or_path: str) -> Scenario:
     """A built-in scenario by name, or one from a YAML/JSON file (same fields as :class:`Stage`)."""
     if name_or_path in SCENARIOS:

@@ -87,24 +87,25 @@ class EmulatorThread:
             self._ready.set()
 
 
-def kubeconfig_dict(url: str, namespace: str = "default", context: str = "redrafter-sim") -> dict[str, object]:
-    """A kubeconfig for an insecure loopback server (no credentials: the emulator has no auth)."""
+def kubeconfig_dict(url: str, namespace: str = "default", context: str = "redrafter-sim",
+                    token: str | None = None) -> dict[str, object]:
+    """A kubeconfig for an insecure loopback server; ``token`` (see ApiServerEmulator.add_token) names the caller."""
     return {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": context, "cluster": {"server": url}}],
-        "users": [{"name": context, "user": {}}],
+        "users": [{"name": context, "user": {"token": token} if token else {}}],
         "contexts": [{"name": context, "context": {"cluster": context, "user": context, "namespace": namespace}}],
         "current-context": context,
         "preferences": {},
     }
 
 
-def write_kubeconfig(url: str, path: str | Path, namespace: str = "default") -> Path:
+def write_kubeconfig(url: str, path: str | Path, namespace: str = "default", token: str | None = None) -> Path:
     """Write a kubeconfig for ``url`` so kubectl, Helm and kubernetes-asyncio can talk to the emulator."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(yaml.safe_dump(kubeconfig_dict(url, namespace), sort_keys=False))
+    target.write_text(yaml.safe_dump(kubeconfig_dict(url, namespace, token=token), sort_keys=False))
     target.chmod(0o600)
     return target
 
@@ -128,11 +129,11 @@ async def _serve_forever(port: int, kubeconfig: Path | None, manifests: list[Pat
             await stop.wait()
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m redrafter_sim.server``: an emulated cluster for manual kubectl sessions."""
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """``redrafter-sim server`` (or ``python -m redrafter_sim.server``): an emulated cluster for manual kubectl sessions."""
     import argparse
 
-    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser = argparse.ArgumentParser(prog=prog, description=main.__doc__)
     parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: a free one)")
     parser.add_argument("--kubeconfig", type=Path, help="write a kubeconfig for the server here")
     parser.add_argument("--load", type=Path, action="append", default=[], help="YAML manifests to create first")

@@ -8,6 +8,14 @@ engine_jobs.model_repo from the built artifact in the engine cache — with the 
 place of tensorrt_llm (plus the backend's load gauges, :mod:`.engine.load`). Readiness comes from
 ``/v2/health/ready``; a dead server is restarted (restartCount + 1); scale-down deletes the Pod and
 then stops its server (Triton drains).
+
+Failures come out as the real scheduler and kubelet write them (:mod:`.failures`): with ``gpus`` set, a
+pod whose nvidia.com/gpu limit does not fit the node's free GPUs stays Pending/Unschedulable until one
+frees up; an image in ``unpullable`` is ErrImagePull, then ImagePullBackOff; an env reference to a
+missing Secret/ConfigMap is CreateContainerConfigError; a server that dies is CrashLoopBackOff with its
+last run in ``lastState.terminated``; with ``memory_needed`` set, a memory limit below it is OOMKilled
+(exit code 137) once the server is up; a rollout not available within the progress deadline gets
+``Progressing=False ProgressDeadlineExceeded``.
 """
 
 from __future__ import annotations
@@ -15,7 +23,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,8 +40,10 @@ from engine_jobs.model_repo import write_model_repository
 from redrafter_operator.render import names
 from . import objects
 from .engine import SimEngineSettings, add_load_gauges, install_sim_engine
+from .failures import (GPU_RESOURCE, Fault, crash_loop_states, missing_env_source, pod_status,
+                       progress_deadline_exceeded, unschedulable_message)
 from .hostfs import HostFS, PodRoot, configmap_names
-from .kubeapi import CONFIGMAPS, DEPLOYMENTS, PODS, ApiStatusError, KubeApi
+from .kubeapi import CONFIGMAPS, DEPLOYMENTS, EVENTS, PODS, SECRETS, ApiStatusError, KubeApi
 from .triton import STUB_TIMEOUT_SECONDS, TritonServer, port_is_free
 
 log = logging.getLogger("redrafter.sim.serving")
@@ -91,14 +103,28 @@ class ServingPod:
     starting: asyncio.Task[None] | None = None
     error: str = ""
     deleted: bool = False
+    uid: str = ""
+    gpus: int = 0  # nvidia.com/gpu limit of its container
+    scheduled: bool = True  # False: Pending, no node has the GPUs
+    blocked: tuple[str, str] | None = None  # (waiting reason, message): the container cannot be created
+    memory_limit: int | None = None  # bytes (resources.limits.memory)
+    oom: bool = False  # its last run was killed for exceeding the memory limit
+    last_exit: dict[str, Any] | None = None  # lastState of a container that ran and died
+    backing_off: bool = False  # between a crash and the next start
+    pulls_failed: int = 0
 
 
 class ServingController:
     """Reconciles serving Deployments into running tritonserver pods."""
 
     def __init__(self, api: KubeApi, fs: HostFS, control_dir: Path, *,
-                 sim: SimEngineSettings | None = None, exit_timeout_secs: int = 3) -> None:
+                 sim: SimEngineSettings | None = None, exit_timeout_secs: int = 3, gpus: int | None = None) -> None:
         self.api = api
+        self.gpus = gpus  # the node's allocatable nvidia.com/gpu (None: not limited)
+        self.unpullable: set[str] = set()  # images the node's registry does not have
+        self.memory_needed: int | None = None  # bytes a started server takes: a lower memory limit is OOM-killed
+        self.deadline_seconds: float | None = None  # overrides the Deployments' progressDeadlineSeconds
+        self._progress_since: dict[tuple[str, str], float] = {}  # (Deployment uid, template) -> not available since
         self.fs = fs
         self.control_dir = control_dir
         self.sim = sim or SimEngineSettings()
@@ -108,6 +134,7 @@ class ServingController:
         self._stopping: set[asyncio.Task[None]] = set()
         self._http: aiohttp.ClientSession | None = None
         self._start_slots = asyncio.Semaphore(STARTS_IN_PARALLEL)
+        self.create_errors: dict[str, str] = {}  # Deployment uid -> why its last Pod was rejected
 
     async def sync(self) -> None:
         if self._http is None:
@@ -121,6 +148,7 @@ class ServingController:
                 self._stop(pod)
         for dep in deployments:
             await self._reconcile(dep)
+        await self._schedule_pending()
         await self._probe_all()
         live_owners = {d["metadata"]["uid"] for d in deployments}
         for pod in list(self.pods.values()):
@@ -154,7 +182,8 @@ class ServingController:
         for p in doomed:
             await self._delete(p)
         for _ in range(desired - len(current)):
-            await self._create(dep, template, thash)
+            if not await self._create(dep, template, thash):
+                break
         if len(current) > desired:  # scale down: not-Ready pods first, then the newest
             victims = sorted(sorted(current, key=lambda p: p.started, reverse=True), key=lambda p: p.ready)
             for p in victims[: len(current) - desired]:
@@ -175,42 +204,114 @@ class ServingController:
             "availableReplicas": ready,
             "unavailableReplicas": max(0, (desired or 0) - ready),
         }
+        ref = (meta["uid"], thash)
+        if ready >= (desired or 0):
+            self._progress_since.pop(ref, None)
+        else:
+            self._progress_since.setdefault(ref, time.monotonic())
+        deadline = self.deadline_seconds if self.deadline_seconds is not None else \
+            float((dep.get("spec") or {}).get("progressDeadlineSeconds", 600))
+        exceeded = ref in self._progress_since and time.monotonic() - self._progress_since[ref] > deadline
         have = dep.get("status") or {}
-        if all(have.get(k, 0) == v for k, v in status.items()):
+        have_exceeded = any(c.get("reason") == "ProgressDeadlineExceeded" for c in have.get("conditions") or [])
+        failure = self.create_errors.get(meta["uid"])
+        had_failure = any(c.get("type") == "ReplicaFailure" for c in have.get("conditions") or [])
+        if (all(have.get(k, 0) == v for k, v in status.items()) and have_exceeded == exceeded
+                and had_failure == bool(failure)):
             return
         t = objects.now()
         status["conditions"] = [
             {"type": "Available", "status": "True" if ready >= (desired or 0) else "False",
              "reason": "MinimumReplicasAvailable" if ready >= (desired or 0) else "MinimumReplicasUnavailable",
              "lastUpdateTime": t, "lastTransitionTime": t},
+            progress_deadline_exceeded(f"{meta['name']}-{thash[:8]}") if exceeded else
             {"type": "Progressing", "status": "True",
              "reason": "NewReplicaSetAvailable" if updated == len(pods) == ready else "ReplicaSetUpdated",
              "lastUpdateTime": t, "lastTransitionTime": t},
         ]
+        if failure:
+            status["conditions"].append(objects.replica_failure_condition(failure))
         with contextlib.suppress(ApiStatusError):
             await self.api.patch(DEPLOYMENTS, meta["name"], meta["namespace"], {"status": status}, subresource="status")
 
     # ------------------------------------------------------------------ pod lifecycle
-    async def _create(self, dep: dict[str, Any], template: dict[str, Any], thash: str) -> None:
+    async def _create(self, dep: dict[str, Any], template: dict[str, Any], thash: str) -> bool:
+        """Create one Pod; False when admission rejected it (recorded as the ReplicaSet controller does:
+        a FailedCreate Event and the Deployment's ReplicaFailure condition; this node has no ReplicaSet
+        objects, so both are on the Deployment)."""
         ns = dep["metadata"]["namespace"]
         name = f"{dep['metadata']['name'][:46]}-{thash[:8]}-{objects.suffix()}"
         manifest = objects.pod_manifest(dep, name, template, {objects.POD_TEMPLATE_HASH: thash})
         container = manifest["spec"]["containers"][0]
-        ip = self.ips.allocate()
+        gpus = _gpu_limit(container)
+        fits = self.gpus is None or self._gpus_used() + gpus <= self.gpus
+        ip = self.ips.allocate() if fits else ""
         pod = ServingPod(namespace=ns, name=name, owner_uid=dep["metadata"]["uid"], template_hash=thash,
                          labels=manifest["metadata"]["labels"], ip=ip, root=self.fs.pod_root(ns, name),
-                         container=container["name"], image=container.get("image", ""))
+                         container=container["name"], image=container.get("image", ""), gpus=gpus, scheduled=fits,
+                         memory_limit=_memory_limit(container))
         try:
-            await self.api.create(PODS, manifest, ns)
-        except ApiStatusError:
-            self.ips.release(ip)
-            raise
+            created = await self.api.create(PODS, manifest, ns)
+        except ApiStatusError as exc:
+            if ip:
+                self.ips.release(ip)
+            if exc.code != 403:
+                raise
+            if self.create_errors.get(dep["metadata"]["uid"]) != exc.message:
+                self.create_errors[dep["metadata"]["uid"]] = exc.message
+                log.warning("pod of %s/%s rejected: %s", ns, dep["metadata"]["name"], exc.message)
+                with contextlib.suppress(ApiStatusError):
+                    await self.api.create(EVENTS, objects.failed_create_event(dep, exc.message, "replicaset-controller"), ns)
+            return False
+        self.create_errors.pop(dep["metadata"]["uid"], None)
+        pod.uid = (created or {}).get("metadata", {}).get("uid", "")
         self.pods[(ns, name)] = pod
+        if not fits:
+            log.info("pod %s/%s unschedulable: %d %s wanted, %d free", ns, name, gpus, GPU_RESOURCE,
+                     (self.gpus or 0) - self._gpus_used())
+            return True
         pod.starting = asyncio.create_task(self._start(pod, manifest), name=f"pod/{name}")
         log.info("pod %s/%s scheduled on %s", ns, name, ip)
+        return True
+
+    def _gpus_used(self) -> int:
+        return sum(p.gpus for p in self.pods.values() if p.scheduled and not p.deleted)
+
+    async def _schedule_pending(self) -> None:
+        """The scheduler's retry: a pending pod binds once the node has its GPUs free (oldest first)."""
+        for pod in sorted((p for p in self.pods.values() if not p.scheduled and not p.deleted), key=lambda p: p.started):
+            if self.gpus is not None and self._gpus_used() + pod.gpus > self.gpus:
+                continue
+            manifest = await self.api.get(PODS, pod.name, pod.namespace)
+            if manifest is None:
+                continue
+            pod.ip, pod.scheduled, pod.started = self.ips.allocate(), True, objects.now()
+            pod.starting = asyncio.create_task(self._start(pod, manifest), name=f"pod/{pod.name}")
+            log.info("pod %s/%s scheduled on %s", pod.namespace, pod.name, pod.ip)
+
+    async def _blocked(self, pod: ServingPod, manifest: dict[str, Any]) -> tuple[str, str] | None:
+        """Why the kubelet cannot create the container (image pull, env from a missing Secret/ConfigMap)."""
+        if pod.image in self.unpullable:
+            pod.pulls_failed += 1
+            if pod.pulls_failed == 1:
+                return "ErrImagePull", (f'rpc error: code = NotFound desc = failed to pull and unpack image '
+                                        f'"{pod.image}": failed to resolve reference "{pod.image}": {pod.image}: not found')
+            return "ImagePullBackOff", f'Back-off pulling image "{pod.image}"'
+        pod.pulls_failed = 0
+        found: dict[tuple[str, str], bool] = {}
+        for kind, api_kind in (("Secret", SECRETS), ("ConfigMap", CONFIGMAPS)):
+            for container in manifest["spec"]["containers"]:
+                for name in _env_source_names(container, kind):
+                    if (kind, name) not in found:
+                        found[(kind, name)] = await self.api.get(api_kind, name, pod.namespace) is not None
+        message = missing_env_source(manifest["spec"]["containers"][0], lambda k, n: found.get((k, n), True))
+        return ("CreateContainerConfigError", message) if message else None
 
     async def _start(self, pod: ServingPod, manifest: dict[str, Any]) -> None:
         try:
+            pod.blocked = await self._blocked(pod, manifest)
+            if pod.blocked:
+                return
             repo = await self._prepare(pod, manifest)
             # every pod listens on the same ports (on its own IP): the default shared-memory prefix
             # (pid + HTTP port) would collide between pods and crash the Python backends
@@ -222,6 +323,13 @@ class ServingController:
             pod.started = objects.now()
             async with self._start_slots:
                 await asyncio.to_thread(server.start)
+            pod.oom = self.memory_needed is not None and pod.memory_limit is not None \
+                and pod.memory_limit < self.memory_needed
+            if pod.oom:  # the kernel kills the container once the engine is loaded into its cgroup
+                await asyncio.to_thread(server.stop)
+                pod.server = None
+                pod.error = "OOMKilled"
+                return
             pod.error = ""
         except asyncio.CancelledError:
             raise
@@ -282,7 +390,8 @@ class ServingController:
                 await pod.starting  # start() cannot be interrupted mid-way; stop what it started
         if pod.server is not None:
             await asyncio.to_thread(pod.server.stop)
-        self.ips.release(pod.ip)
+        if pod.ip:
+            self.ips.release(pod.ip)
         self.fs.remove_pod(pod.namespace, pod.name)
         log.info("pod %s/%s stopped", pod.namespace, pod.name)
 
@@ -291,19 +400,43 @@ class ServingController:
         await asyncio.gather(*(self._probe(p) for p in list(self.pods.values()) if not p.deleted))
 
     async def _probe(self, pod: ServingPod) -> None:
-        if pod.starting is not None and not pod.starting.done():
+        ref = {"metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid},
+               "spec": {"containers": [{"name": pod.container, "image": pod.image}]}}
+        if not pod.scheduled:
+            ready, status = False, pod_status(ref, Fault("Unschedulable", detail=unschedulable_message(1)))
+        elif pod.blocked:  # also while the next attempt waits: the kubelet keeps the waiting reason
+            ready = False
+            status = objects.waiting_status(pod.container, pod.blocked[0], pod.blocked[1], pod.restarts, pod.image,
+                                            pod.started)
+            await self._restart(pod, count=False)
+        elif pod.backing_off or (pod.starting is None or pod.starting.done()) and (
+                pod.error or (pod.server is not None and not pod.server.alive())):
+            ready = False
+            if not pod.backing_off:
+                _, pod.last_exit = crash_loop_states(
+                    pod.container, "", 0, exit_code=137 if pod.oom else 1, reason="OOMKilled" if pod.oom else "Error",
+                    message="" if pod.oom else pod.error or "tritonserver exited",
+                    container_id=f"sim://{pod.container}-{pod.restarts}", at=objects.now())
+            state, _ = crash_loop_states(pod.container, f"{pod.name}_{pod.namespace}({pod.uid})", pod.restarts + 1,
+                                         exit_code=1, reason="Error", message="", container_id="", at="")
+            status = objects.waiting_status(pod.container, "CrashLoopBackOff", "", pod.restarts, pod.image, pod.started)
+            status["phase"] = "Running"
+            status["containerStatuses"][0].update(state=state, lastState=pod.last_exit or {})
+            await self._restart(pod)
+        elif pod.starting is not None and not pod.starting.done():
             ready, status = False, objects.waiting_status(pod.container, "ContainerCreating", "", pod.restarts,
                                                          pod.image, pod.started)
-        elif pod.error or (pod.server is not None and not pod.server.alive()):
-            ready = False
-            status = objects.waiting_status(pod.container, "CrashLoopBackOff", pod.error or "tritonserver exited",
-                                            pod.restarts, pod.image, pod.started)
-            await self._restart(pod)
+            if pod.last_exit:  # a restart: the container runs again, its previous run is lastState
+                status["phase"] = "Running"
+                status["containerStatuses"][0]["lastState"] = pod.last_exit
         else:
             ready = await self._ready(pod)
             status = objects.running_status(pod.container, pod.ip, pod.started, ready, pod.restarts, pod.image)
+            if pod.last_exit:
+                status["containerStatuses"][0]["lastState"] = pod.last_exit
         pod.ready = ready
-        fingerprint = f"{status['phase']}/{ready}/{pod.restarts}/{pod.error}"
+        fingerprint = (f"{status['phase']}/{ready}/{pod.restarts}/{pod.error}/{pod.scheduled}/{pod.blocked}/"
+                       f"{pod.backing_off}/{bool(pod.starting and not pod.starting.done())}")
         if fingerprint != pod.reported:
             with contextlib.suppress(ApiStatusError):
                 await self.api.patch(PODS, pod.name, pod.namespace, {"status": status}, subresource="status")
@@ -317,18 +450,22 @@ class ServingController:
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
             return False
 
-    async def _restart(self, pod: ServingPod) -> None:
+    async def _restart(self, pod: ServingPod, count: bool = True) -> None:
+        """Try the container again after a back-off (``count``: it ran and died, restartCount + 1)."""
         if pod.starting is not None and not pod.starting.done():
             return
         if pod.server is not None:
             await asyncio.to_thread(pod.server.stop)
             pod.server = None
-        pod.restarts += 1
+        if count:
+            pod.backing_off = True
 
         async def later() -> None:
             await asyncio.sleep(RESTART_BACKOFF_SECONDS)
             manifest = await self.api.get(PODS, pod.name, pod.namespace)
             if manifest is not None and not pod.deleted:
+                if pod.backing_off:  # the kubelet creates the container again: restartCount + 1
+                    pod.restarts, pod.backing_off = pod.restarts + 1, False
                 await self._start(pod, manifest)
 
         pod.starting = asyncio.create_task(later(), name=f"restart/{pod.name}")
@@ -337,3 +474,34 @@ class ServingController:
     def pods_of(self, namespace: str, labels: Mapping[str, str]) -> list[ServingPod]:
         return [p for p in self.pods.values() if p.namespace == namespace
                 and all(p.labels.get(k) == v for k, v in labels.items())]
+
+
+def _gpu_limit(container: Mapping[str, Any]) -> int:
+    resources = container.get("resources") or {}
+    value = (resources.get("limits") or {}).get(GPU_RESOURCE) or (resources.get("requests") or {}).get(GPU_RESOURCE)
+    return int(value or 0)
+
+
+def _env_source_names(container: Mapping[str, Any], kind: str) -> list[str]:
+    key, from_key = {"Secret": ("secretKeyRef", "secretRef"), "ConfigMap": ("configMapKeyRef", "configMapRef")}[kind]
+    names_ = [((e.get("valueFrom") or {}).get(key) or {}).get("name", "") for e in container.get("env") or []]
+    names_ += [(e.get(from_key) or {}).get("name", "") for e in container.get("envFrom") or []]
+    return [n for n in names_ if n]
+
+
+_QUANTITY_SUFFIXES = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+                      "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18, "m": 10**-3}
+
+
+def parse_quantity(text: str) -> int:
+    """A Kubernetes resource quantity in base units ("8Gi", "512M", "1e9", "1500m"), rounded up."""
+    text = str(text).strip()
+    for suffix in sorted(_QUANTITY_SUFFIXES, key=len, reverse=True):
+        if text.endswith(suffix) and text[: -len(suffix)]:
+            return math.ceil(float(text[: -len(suffix)]) * _QUANTITY_SUFFIXES[suffix])
+    return math.ceil(float(text))
+
+
+def _memory_limit(container: Mapping[str, Any]) -> int | None:
+    value = ((container.get("resources") or {}).get("limits") or {}).get("memory")
+    return parse_quantity(value) if value else None

@@ -113,6 +113,25 @@ def free_ports(host: str = "127.0.0.1", count: int = 3) -> list[int]:
     return ports
 
 
+def stop_session(proc: subprocess.Popen | None, timeout: float) -> int | None:
+    """SIGTERM a server started in its own session, SIGKILL its group if it outlives ``timeout``, and in any
+    case SIGKILL what is left of the group (children such as Triton's backend stubs must not outlive it)."""
+    if proc is None:
+        return None
+    code = proc.returncode if proc.poll() is not None else None
+    if code is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            code = proc.wait(timeout=5)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    return code
+
+
 def build_sim_repository(out_dir: Path, cfg: ServingConfig, tokenizer_dir: str, sim: SimEngineSettings) -> Path:
     """The generated repository for ``cfg`` with the simulated engine in place of tensorrt_llm."""
     write_model_repository(out_dir, cfg, engine_dir="/nonexistent/sim-engine", tokenizer_dir=tokenizer_dir)
@@ -221,21 +240,7 @@ class TritonServer:
 
     def stop(self, timeout: float = 15.0) -> int | None:
         """SIGTERM (Triton drains for --exit-timeout-secs), then SIGKILL the group; clean shm."""
-        code = None
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                code = self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                code = self.proc.wait(timeout=5)
-        elif self.proc is not None:
-            code = self.proc.returncode
-        if self.proc is not None:
-            # stubs are in the server's session; none may outlive it
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
+        code = stop_session(self.proc, timeout)
         self._cleanup_shm()
         return code
 

@@ -9,17 +9,15 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from .scenarios import Scenario, describe, lookup
-
-if TYPE_CHECKING:
-    from .demo import DemoRun, StageResult
+from .scenarios import Scenario, Stage, StageResult, describe, lookup
+from .traffic import RoutedLoadGenerator, TrafficStats
 
 PLAIN_EVERY_S = 5.0
 
@@ -28,8 +26,20 @@ def _num(v: Any, fmt: str = "{:.2f}") -> str:
     return "-" if v is None else fmt.format(v)
 
 
+class RunState(Protocol):
+    """What the view reads of a running demo (demo.DemoRun): the view never drives the run."""
+
+    obj: dict[str, Any] | None  # the resource as last read
+    stats: TrafficStats
+    loadgen: RoutedLoadGenerator | None
+    current: Stage | None
+    results: list[StageResult]
+
+    def elapsed(self) -> float: ...
+
+
 class DemoView:
-    def __init__(self, scenario: Scenario, run: "DemoRun") -> None:
+    def __init__(self, scenario: Scenario, run: RunState) -> None:
         self.scenario = scenario
         self.run = run
         self.console = Console()
@@ -46,7 +56,7 @@ class DemoView:
         if self._live is None:
             self.console.print(line, highlight=False)
 
-    def stage_done(self, res: "StageResult") -> None:
+    def stage_done(self, res: StageResult) -> None:
         mark = "✓" if res.happened else "✗"
         seen = ", ".join(f"{v!r}" for v in res.observed.values())
         detail = f"{res.condition} (observed {seen})" if res.happened else res.failure

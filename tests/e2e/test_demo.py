@@ -6,6 +6,7 @@ Events), and nothing is left behind — no tritonserver or operator process, no 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -125,4 +126,47 @@ def test_ctrl_c_stops_every_process_and_removes_temp_files(tmp_path: Path):
     output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, output[-4000:]
     assert "every process stopped" in output
+    assert_nothing_left(tmpdir, proc.pid)
+
+
+def test_demo_prometheus_scrapes_the_operator_and_the_serving_pods(tmp_path: Path):
+    """`demo --prometheus` prints a Prometheus URL whose series answer the dashboard's queries, and stops it."""
+    import queue
+    import shutil
+    import threading
+
+    from redrafter_sim.prometheus import PrometheusServer, dashboard_queries
+
+    if shutil.which("prometheus") is None:
+        pytest.skip("prometheus not installed (Debian package `prometheus`; .ci/run installs it)")
+    tmpdir = tmp_path / "tmp"
+    proc = subprocess.Popen([str(CLI), "demo", "--fast", "--prometheus"], env=demo_env(tmpdir),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+    seen: list[str] = []
+    try:
+        url = None
+        deadline = time.monotonic() + 60
+        while url is None and time.monotonic() < deadline:
+            with contextlib.suppress(queue.Empty):
+                seen.append(line := lines.get(timeout=1))
+                if line.startswith("Prometheus: http://"):
+                    url = line.split()[1].removesuffix("/graph")
+        assert url, "".join(seen)[-4000:]
+        host, port = url.removeprefix("http://").split(":")
+        prom = PrometheusServer({}, host=host, port=int(port))  # a client of the demo's server
+        variables = {"$__rate_interval": "30s", "$__range": "5m", "$namespace": "default", "$deployment": "demo-tiny"}
+        queries = dict(dashboard_queries(variables))
+        wanted = ["panel 'Acceptance rate per engine' A", "panel 'Output tokens/s' A", "panel 'Active engine' A",
+                  "panel 'In-flight and queued requests per pod' A", "panel 'Replicas: desired vs ready' B"]
+        missing = wanted
+        deadline = time.monotonic() + 180  # builds, validation and the first serving pods come first
+        while missing and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(2)
+            missing = [w for w in wanted if not prom.query(queries[w])]
+        assert not missing, f"no data for {missing}\n{''.join(seen)[-3000:]}"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
     assert_nothing_left(tmpdir, proc.pid)

@@ -721,6 +721,33 @@ def test_job_controller_helpers_complete_and_fail(apiserver: EmulatorHandle, kub
     assert emu.list_objects("v1", "Pod", "default", label_selector="job-name=bad") == []
 
 
+def test_job_pod_failure_policy_is_validated_and_fail_job_applied(apiserver: EmulatorHandle, kubectl: Any,
+                                                                  tmp_path: Path) -> None:
+    from redrafter_sim import controllers
+
+    policy = {"rules": [{"action": "FailJob", "onExitCodes": {"containerName": "build", "operator": "In",
+                                                               "values": [2, 6]}}]}
+    bad = _job("restarts")
+    bad["spec"]["podFailurePolicy"] = policy
+    bad["spec"]["template"]["spec"]["restartPolicy"] = "OnFailure"
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    result = kubectl("apply", "-f", str(path))
+    assert result.returncode != 0
+    assert 'spec.template.spec.restartPolicy: Invalid value: "OnFailure": only "Never" is supported when ' \
+           "podFailurePolicy is specified" in result.stderr
+    emu = apiserver.emulator
+    job = _job("strict")
+    job["spec"]["backoffLimit"] = 3
+    job["spec"]["podFailurePolicy"] = policy
+    emu.create_object(job)
+    failed = controllers.fail_job(emu, "strict", "default", exit_code=6, termination_message="SOURCE_UNAVAILABLE: x")
+    cond = next(c for c in failed["status"]["conditions"] if c["type"] == "Failed")
+    assert cond["reason"] == "PodFailurePolicy"
+    assert cond["message"].startswith("Container build for pod default/strict-") and cond["message"].endswith(
+        "failed with exit code 6 matching FailJob rule at index 0")
+
+
 def test_deployment_pods_and_service_endpoints(apiserver: EmulatorHandle, kubectl: Any) -> None:
     from redrafter_sim import controllers
 

@@ -1,6 +1,6 @@
 """``python -m engine_jobs build`` end to end, as the Job runs it, with TensorRT-LLM test doubles.
 
-The stand-in converters and ``trtllm-build`` (redrafter_operator/sim/toolchain) parse argv with TensorRT-LLM's real
+The stand-in converters and ``trtllm-build`` (sim/redrafter_sim/toolchain) parse argv with TensorRT-LLM's real
 flag sets, check the inputs the real tools read and write outputs of the same shape. Model sources
 are pvc:// directories and a pre-populated Hugging Face cache used with HF_HUB_OFFLINE=1.
 """
@@ -296,6 +296,11 @@ def _unsupported_architecture(env: Env) -> dict:
     return llama_pvc(base=pvc("models/gpt2"), architecture="auto")
 
 
+def _qwen_v1(env: Env) -> dict:
+    write_model(env.sources / "models" / "qwen-7b", {"architectures": ["QWenLMHeadModel"], "model_type": "qwen"})
+    return llama_pvc(base=pvc("models/qwen-7b"), tokenizer=pvc("models/qwen-7b"), architecture="qwen")
+
+
 def _missing_pvc_path(env: Env) -> dict:
     return llama_pvc(drafter=pvc("drafters/not-there"))
 
@@ -318,6 +323,8 @@ BAD_INPUTS = {
                          "SOURCE_UNAVAILABLE: drafter source pvc://drafters/not-there: path not-there does not exist"),
     "hf-offline": (_hf_offline, 6, "SOURCE_UNAVAILABLE: base source hf://acme/not-cached@main is unreachable"),
     "no-tokenizer-files": (_no_tokenizer, 2, "BAD_INPUT: tokenizer files missing"),
+    "qwen-v1": (_qwen_v1, 2, "BAD_INPUT: Qwen v1 (QWenLMHeadModel) needs trust_remote_code tokenizers, which "
+                             "this operator does not run; use Qwen2/Qwen2.5"),
 }
 
 

@@ -6,8 +6,11 @@ nothing (process or temp dir) outlives the node.
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
+import json
 import os
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -19,6 +22,7 @@ import yaml
 
 from engine_jobs import contract
 from engine_jobs.contract import ServingConfig
+from redrafter_operator.controller.facts import DeploymentFact, ServingPodFact
 from redrafter_operator.render import names
 from redrafter_operator.render.build import build_configmap, build_job, build_spec
 from redrafter_operator.render.common import Owner
@@ -129,6 +133,79 @@ async def test_build_jobs_run_engine_jobs_and_report_from_exit_code(apiserver: E
     assert (node.fs.claim_dir("models") / "tiny-llama-drafter" / "config.json").is_file()
 
 
+HF_TOKEN = "hf_simNodeTokenThatMustStaySecret"
+HF_COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def gated_model_build(node: SimKubelet, em, *, rendered: bool) -> tuple[str, dict]:
+    """The base-engine build Job of a gated hf:// model whose token Secret is mounted into the pod.
+
+    ``rendered``: as the operator renders it (fsGroup, 0440). Otherwise as before this fix: no fsGroup,
+    the token 0400 and so root-owned and owner-only, the container still running as its image's user.
+    The Hub is offline on this node: the model comes from the Hugging Face cache in the engine claim
+    (HF_HOME=/cache/.hf-home), so the only thing that can fail is reading the token.
+    """
+    from redrafter_sim.checkpoint import write_base, write_tokenizer
+    from redrafter_sim.podidentity import Ownership
+
+    hub = node.fs.claim_dir("engine-cache", "engines") / ".hf-home" / "hub" / "models--acme--gated-llama"
+    write_tokenizer(write_base(hub / "snapshots" / HF_COMMIT))
+    (hub / "refs").mkdir(parents=True, exist_ok=True)
+    (hub / "refs" / "main").write_text(HF_COMMIT)
+    gated = {"source": "hf://acme/gated-llama", "credentialsSecret": "hf-token"}
+    owner = demo_owner(**{"model.base": gated, "model.tokenizer": gated})
+    em.create_object({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf-token", "namespace": NS},
+                      "type": "Opaque", "data": {"token": base64.b64encode(HF_TOKEN.encode()).decode()}})
+    job = build_job(owner, "base")
+    pod = job["spec"]["template"]["spec"]
+    if not rendered:
+        del pod["securityContext"]["fsGroup"], pod["securityContext"]["fsGroupChangePolicy"]
+        next(v for v in pod["volumes"] if "secret" in v)["secret"]["defaultMode"] = 0o400
+        # a provisioner that leaves the claim world-writable: only the token can be the problem
+        node.fs.claim_ownership["engine-cache"] = Ownership(0, 0, 0o777)
+    em.create_object(build_configmap(owner, "base"))
+    return em.create_object(job)["metadata"]["name"], owner
+
+
+@pytest.mark.parametrize("rendered", [True, False], ids=["rendered-security-context", "root-owned-0400-token"])
+async def test_the_token_secret_is_readable_only_as_a_node_would_allow(apiserver: EmulatorHandle, node: SimKubelet,
+                                                                        monkeypatch: pytest.MonkeyPatch, rendered):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the node's runner passes its environment to the container
+    em = apiserver.emulator
+    job_name, _ = gated_model_build(node, em, rendered=rendered)
+    await wait_for(lambda: job_state(em, job_name), 60, "the build Job to finish")
+    (pod, *_) = build_pods(em, job_name)
+    term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert HF_TOKEN not in json.dumps(pod)
+    if rendered:
+        assert job_state(em, job_name) == "Complete", term
+        assert term["message"].startswith("OK: engine ")
+    else:  # what a node answers a non-root builder reading a root-owned 0400 file: EACCES
+        assert job_state(em, job_name) == "Failed"
+        assert term["exitCode"] == 6, term  # engine_jobs ExitCode.SOURCE_UNAVAILABLE
+        assert term["message"].startswith("SOURCE_UNAVAILABLE: cannot read credentials key token in "), term
+        assert term["message"].rstrip().endswith("Permission denied"), term
+
+
+async def test_a_cache_claim_without_fs_group_is_not_writable(apiserver: EmulatorHandle, node: SimKubelet):
+    """No fsGroup and a root-owned 0755 claim (how most provisioners create it): the non-root builder cannot
+    create its lock in the engine cache, as on a node."""
+    em = apiserver.emulator
+    owner = demo_owner()
+    job = build_job(owner, "base")
+    pod = job["spec"]["template"]["spec"]
+    del pod["securityContext"]["fsGroup"], pod["securityContext"]["fsGroupChangePolicy"]
+    em.create_object(build_configmap(owner, "base"))
+    job_name = em.create_object(job)["metadata"]["name"]
+    await wait_for(lambda: job_state(em, job_name), 60, "the build Job to finish")
+    assert job_state(em, job_name) == "Failed"
+    (pod, *_) = build_pods(em, job_name)
+    term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert term["exitCode"] == 6, term  # SOURCE_UNAVAILABLE: a retry cannot help
+    assert term["message"].startswith("SOURCE_UNAVAILABLE: cache directory ") and "is not writable" in term["message"]
+    assert "Permission denied" in term["message"], term
+
+
 async def test_failed_build_reports_termination_message_after_backoff(apiserver: EmulatorHandle, node: SimKubelet,
                                                                       monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("FAKE_TRTLLM_FAIL", "trtllm-build")
@@ -146,6 +223,27 @@ async def test_failed_build_reports_termination_message_after_backoff(apiserver:
         term = pods[0]["status"]["containerStatuses"][0]["state"]["terminated"]
         assert term["exitCode"] == 3  # engine_jobs ExitCode.TOOL_FAILURE
         assert term["message"].startswith("TOOL_FAILURE:") and "CUDA out of memory" in term["message"]
+
+
+async def test_bad_input_build_fails_its_job_after_one_pod(apiserver: EmulatorHandle, node: SimKubelet):
+    """The rendered podFailurePolicy, honoured by the node's Job controller: exit code 2 (BAD_INPUT) ends
+    the Job at once, whatever backoffLimit allows."""
+    em = apiserver.emulator
+    owner = demo_owner(**{"engine.build.backoffLimit": 3, "model.architecture": "qwen"})  # the base is Llama
+    em.create_object(build_configmap(owner, "base"))
+    name = em.create_object(build_job(owner, "base"))["metadata"]["name"]
+    await wait_for(lambda: job_state(em, name), 60, "the build Job to finish")
+    job = em.get_object("batch/v1", "Job", name, NS)
+    assert job_state(em, name) == "Failed" and job["status"]["failed"] == 1
+    (pod,) = build_pods(em, name)
+    term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert term["exitCode"] == 2 and term["message"].startswith("BAD_INPUT: spec says architecture qwen")
+    failed = next(c for c in job["status"]["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "PodFailurePolicy"
+    assert failed["message"] == (f"Container build for pod {NS}/{pod['metadata']['name']} failed with exit code 2 "
+                                 "matching FailJob rule at index 0")
+    await asyncio.sleep(1.0)  # a few node syncs: no further pod
+    assert len(build_pods(em, name)) == 1
 
 
 # ---------------------------------------------------------------------------- serving
@@ -324,3 +422,186 @@ async def test_validation_job_runs_against_the_variant_services(apiserver: Emula
     term = pods[-1]["status"]["containerStatuses"][0]["state"]["terminated"]
     assert state == "Complete", term
     assert term["exitCode"] == 0 and term["message"]
+
+
+def _failing_deployment(owner: Owner, suffix: str, replicas: int = 1, gpus: int = 0, image: str | None = None,
+                        env: list[dict] | None = None) -> list[dict]:
+    """A serving Deployment (and its ConfigMap) of ``owner`` under its own name, with the given GPU limit,
+    image and env; the engines are not built, so a pod that gets as far as starting crashes."""
+    cm, dep = copy.deepcopy(serving_objects(owner, "redrafter", pool="redrafter"))
+    dep["metadata"]["name"] = f"{owner.name}-{suffix}"
+    dep["spec"]["replicas"] = replicas
+    container = dep["spec"]["template"]["spec"]["containers"][0]
+    if gpus:
+        container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
+    if image:
+        container["image"] = image
+    if env:
+        container["env"] = env
+    return [cm, dep]
+
+
+def _pods_of(em, deployment: str) -> list[dict]:
+    uid = em.get_object("apps/v1", "Deployment", deployment, NS)["metadata"]["uid"]
+    return sorted((p for p in em.list_objects("v1", "Pod", NS, label_selector=f"{names.LABEL_COMPONENT}=serving")
+                   if p["metadata"]["ownerReferences"][0]["uid"] == uid), key=lambda p: p["metadata"]["name"])
+
+
+def _reasons(em, deployment: str) -> list[str]:
+    return [ServingPodFact.from_body(p).reason for p in _pods_of(em, deployment)]
+
+
+async def test_serving_failures_are_written_as_the_scheduler_and_kubelet_write_them(apiserver: EmulatorHandle):
+    em = apiserver.emulator
+    owner = demo_owner()
+    async with SimKubelet(apiserver.url, sync_period=0.2, gpus=1) as node:
+        node.serving.unpullable.add("registry.invalid/triton:missing")
+        gpu = f"{owner.name}-gpu"
+        for obj in (_failing_deployment(owner, "gpu", replicas=2, gpus=1)
+                    + _failing_deployment(owner, "pull", image="registry.invalid/triton:missing")
+                    + _failing_deployment(owner, "config", env=[{"name": "HF_TOKEN", "valueFrom": {
+                        "secretKeyRef": {"name": "hf-token", "key": "token"}}}])):
+            if em.find_object(obj["apiVersion"], obj["kind"], obj["metadata"]["name"], NS) is None:
+                em.create_object(obj)
+
+        # one GPU on the node: the first pod gets it (and crash-loops: its engine was never built), the second
+        # stays Pending with the scheduler's message
+        await wait_for(lambda: sorted(_reasons(em, gpu)) == ["CrashLoopBackOff", "Unschedulable"], 30,
+                       "a crash-looping pod and an unschedulable one")
+        by_reason = {ServingPodFact.from_body(p).reason: p for p in _pods_of(em, gpu)}
+        sched = next(c for c in by_reason["Unschedulable"]["status"]["conditions"] if c["type"] == "PodScheduled")
+        assert (sched["status"], sched["reason"]) == ("False", "Unschedulable")
+        assert sched["message"].startswith("0/1 nodes are available: 1 Insufficient nvidia.com/gpu.")
+        assert not by_reason["Unschedulable"]["status"].get("podIP")
+        crashing = by_reason["CrashLoopBackOff"]
+        cs = crashing["status"]["containerStatuses"][0]
+        assert cs["state"]["waiting"]["reason"] == "CrashLoopBackOff" or cs["restartCount"] >= 1
+        assert cs["lastState"]["terminated"]["exitCode"] == 1 and cs["lastState"]["terminated"]["reason"] == "Error"
+        assert "engine artifact" in cs["lastState"]["terminated"]["message"]
+        fact = ServingPodFact.from_body(crashing)
+        assert "exited with code 1" in fact.message and "engine artifact" in fact.message
+
+        pull = f"{owner.name}-pull"
+        await wait_for(lambda: _reasons(em, pull) == ["ErrImagePull"], 20, "ErrImagePull")
+        await wait_for(lambda: _reasons(em, pull) == ["ImagePullBackOff"], 20, "ImagePullBackOff")
+        waiting = _pods_of(em, pull)[0]["status"]["containerStatuses"][0]["state"]["waiting"]
+        assert waiting["message"] == 'Back-off pulling image "registry.invalid/triton:missing"'
+
+        config = f"{owner.name}-config"
+        await wait_for(lambda: _reasons(em, config) == ["CreateContainerConfigError"], 20, "CreateContainerConfigError")
+        assert ServingPodFact.from_body(_pods_of(em, config)[0]).message == 'secret "hf-token" not found'
+        # the Secret appears: the kubelet's next attempt creates the container (which then crashes: no engine)
+        em.create_object({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf-token", "namespace": NS},
+                          "data": {"token": "eA=="}})
+        await wait_for(lambda: _reasons(em, config) == ["CrashLoopBackOff"], 20, "the config error resolved")
+
+        # the crash loop stays one cause across restarts (no flapping to "no failure" in between)
+        seen = set()
+        for _ in range(25):
+            seen.update(_reasons(em, config))
+            await asyncio.sleep(0.2)
+        assert seen == {"CrashLoopBackOff"}
+
+
+async def test_an_engine_over_its_memory_limit_is_oom_killed_and_the_rollout_times_out(apiserver: EmulatorHandle):
+    try:
+        TritonInstall.find()
+    except TritonUnavailable as exc:
+        pytest.skip(f"tritonserver cannot run here: {exc}")
+    em = apiserver.emulator
+    owner = demo_owner()
+    async with SimKubelet(apiserver.url, sync_period=0.2) as node:
+        assert set((await build_engines(em, owner)).values()) == {"Complete"}
+        node.serving.memory_needed = 2 * 2**30  # the loaded engine takes 2 GiB
+        node.serving.deadline_seconds = 4.0
+        cm, dep = _failing_deployment(owner, "oom")
+        dep["spec"]["template"]["spec"]["containers"][0]["resources"] = {"limits": {"memory": "1Gi"}}
+        em.create_object(cm)
+        em.create_object(dep)
+        name = dep["metadata"]["name"]
+        await wait_for(lambda: _reasons(em, name) == ["OOMKilled"], 60, "OOMKilled")
+        cs = _pods_of(em, name)[0]["status"]["containerStatuses"][0]
+        assert cs["lastState"]["terminated"]["reason"] == "OOMKilled"
+        assert cs["lastState"]["terminated"]["exitCode"] == 137
+        assert "exit code 137" in ServingPodFact.from_body(_pods_of(em, name)[0]).message
+
+        def progressing() -> dict:
+            status = em.get_object("apps/v1", "Deployment", name, NS).get("status") or {}
+            return next((c for c in status.get("conditions") or [] if c["type"] == "Progressing"), {})
+
+        await wait_for(lambda: progressing().get("reason") == "ProgressDeadlineExceeded", 30, "the progress deadline")
+        assert progressing()["status"] == "False"
+        assert re.fullmatch(rf'ReplicaSet "{name}-[0-9a-f]{{8}}" has timed out progressing\.', progressing()["message"])
+        fact = DeploymentFact.from_body(em.get_object("apps/v1", "Deployment", name, NS))
+        assert fact.failure_reason == "ProgressDeadlineExceeded"
+
+
+RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted"}
+
+
+def unhardened(workload: dict) -> dict:
+    """``workload`` with its pod template's security settings removed (what the operator rendered before)."""
+    out = copy.deepcopy(workload)
+    pod = out["spec"]["template"]["spec"]
+    pod.pop("securityContext", None)
+    for c in pod["containers"]:
+        c.pop("securityContext", None)
+    return out
+
+
+def warning_events(em, namespace: str, name: str) -> list[dict]:
+    return [e for e in em.list_objects("v1", "Event", namespace)
+            if e["involvedObject"]["name"] == name and e["reason"] == "FailedCreate"]
+
+
+async def test_restricted_namespace_rejects_unhardened_pods_and_controllers_say_why(apiserver: EmulatorHandle,
+                                                                                     node: SimKubelet):
+    from redrafter_operator.render.serving import serving_deployment
+    from redrafter_sim import controllers
+    from redrafter_sim.apiserver import ApiError
+
+    em = apiserver.emulator
+    ns = "secure"
+    em.create_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": RESTRICTED}})
+    bare = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bare", "namespace": ns},
+            "spec": {"containers": [{"name": "app", "image": "busybox:1.36"}]}}
+    with pytest.raises(ApiError) as rejected:
+        em.create_object(bare)
+    assert rejected.value.code == 403 and rejected.value.reason == "Forbidden"
+    assert rejected.value.message.startswith('pods "bare" is forbidden: violates PodSecurity "restricted:latest": '
+                                             'allowPrivilegeEscalation != false (container "app" must set ')
+    em.create_object({**bare, "metadata": {"name": "bare", "namespace": NS}})  # unlabelled namespace: admitted
+
+    owner = Owner.from_body({**yaml.safe_load((ROOT / "examples" / "demo-tiny.yaml").read_text()),
+                             "metadata": {"name": "demo-tiny", "namespace": ns, "uid": "1-2-3"}})
+    # the simulated node's Job controller: the build pod is rejected, the Job says why in an Event
+    em.create_object(build_configmap(owner, "base"))
+    job = em.create_object(unhardened(build_job(owner, "base")))
+    events = await wait_for(lambda: warning_events(em, ns, job["metadata"]["name"]), 30, "the Job's FailedCreate Event")
+    assert events[0]["message"].startswith(f'Error creating: pods "{job["metadata"]["name"]}-')
+    assert 'violates PodSecurity "restricted:latest"' in events[0]["message"]
+    assert events[0]["type"] == "Warning" and events[0]["involvedObject"]["kind"] == "Job"
+    assert not build_pods(em, job["metadata"]["name"])
+    # its ReplicaSet controller: a FailedCreate Event and the Deployment's ReplicaFailure condition
+    dep = em.create_object(unhardened(serving_deployment(owner, "base", "0" * 20, 1)))
+    name = dep["metadata"]["name"]
+
+    def replica_failure() -> dict | None:
+        status = em.get_object("apps/v1", "Deployment", name, ns).get("status") or {}
+        return next((c for c in status.get("conditions") or [] if c["type"] == "ReplicaFailure"), None)
+    condition = await wait_for(replica_failure, 30, "the Deployment's ReplicaFailure condition")
+    assert condition["reason"] == "FailedCreate" and "violates PodSecurity" in condition["message"]
+    assert warning_events(em, ns, name)
+    assert not [p for p in em.list_objects("v1", "Pod", ns) if p["metadata"]["name"].startswith(name)]
+    # the in-process Deployment controller the lifecycle tests drive reports it the same way
+    plain = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "plain", "namespace": ns},
+             "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "plain"}},
+                      "template": {"metadata": {"labels": {"app": "plain"}}, "spec": bare["spec"]}}}
+    em.create_object(plain)
+    assert controllers.sync_deployment_pods(em, "plain", ns) == []
+    assert controllers.sync_deployment_pods(em, "plain", ns) == []
+    (event,) = warning_events(em, ns, "plain")  # the second failure is counted on the first Event
+    assert event["count"] == 2 and event["involvedObject"]["kind"] == "Deployment"
+    status = em.get_object("apps/v1", "Deployment", "plain", ns)["status"]
+    (failure,) = [c for c in status["conditions"] if c["type"] == "ReplicaFailure"]
+    assert failure["reason"] == "FailedCreate" and failure["message"].startswith('pods "plain-')

@@ -19,17 +19,21 @@ import pytest
 import yaml
 
 from redrafter_operator.api import API_VERSION, KIND
-from redrafter_operator.controller.handlers import Controller
 from redrafter_operator.controller.main import RunOptions, run_operator
-from redrafter_operator.controller.planner import ServingTargets
+from redrafter_operator.controller.plan_types import ServingTargets
+from redrafter_operator.controller.reconciler import Controller
 from redrafter_operator.render import names
 from redrafter_sim import controllers
+from redrafter_sim.failures import Fault
 from redrafter_sim.server import EmulatorHandle
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "llama3-8b.yaml"
 NS = "default"
 NAME = "llama3-8b"
+RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}
+INFERENCE_POOL_CRD = ROOT / "tests" / "fixtures" / "crds" / "inference.networking.k8s.io_inferencepools.yaml"
+INFERENCE_POOL_API = "inference.networking.k8s.io/v1"
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -82,16 +86,30 @@ class Cluster:
     def __init__(self, handle: EmulatorHandle) -> None:
         self.emu = handle.emulator
         self.samples: list[tuple[float, str, int]] = []  # (time, service pool, ready endpoint IPs)
+        self.pool_samples: list[tuple[float, str, int]] = []  # (time, InferencePool's traffic pool, Ready pods it selects)
         self.pods_ready = True
+        self.faults: dict[str, Fault] = {}  # by Deployment name: what the scheduler/kubelet/admission does to its Pods
+        self.deadline_seconds: float | None = None  # the Deployments' progress deadline, shortened
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            controllers.reconcile_once(self.emu, NS, pods_ready=self.pods_ready)
+            controllers.reconcile_once(self.emu, NS, pods_ready=self.pods_ready, faults=self.faults,
+                                       deadline_seconds=self.deadline_seconds)
             svc = self.emu.find_object("v1", "Service", NAME, NS)
             if svc:
                 pool = svc["spec"]["selector"].get(names.LABEL_TRAFFIC, "")
                 self.samples.append((time.monotonic(), pool, len(set(controllers.ready_endpoint_ips(self.emu, NAME, NS)))))
+            self.sample_inference_pool()
             await asyncio.sleep(0.05)  # not wait_for(stop.wait()): kopf cancels tasks spawned while it runs
+
+    def sample_inference_pool(self) -> None:
+        """Which pool the InferencePool selects now, and how many Ready pods that is (if the CRD is served)."""
+        ipool = self.emu.find_object(INFERENCE_POOL_API, "InferencePool", NAME, NS)  # None without the CRD too
+        if ipool:
+            match = ipool["spec"]["selector"]["matchLabels"]
+            pods = self.emu.list_objects("v1", "Pod", NS, label_selector=names.selector_string(match))
+            self.pool_samples.append((time.monotonic(), match.get(names.LABEL_TRAFFIC, ""),
+                                      sum(1 for p in pods if controllers.is_pod_ready(p))))
 
     # -- views --
     def rdd(self, name: str = NAME) -> dict[str, Any]:
@@ -155,6 +173,8 @@ async def settle(cluster: Cluster, seconds: float = 1.0) -> None:
 async def running(apiserver: EmulatorHandle, make: Callable[[EmulatorHandle], Any]) -> AsyncIterator[Any]:
     """The CRD installed and ``make(apiserver)``'s cluster loop running until the test ends (shared by fixtures)."""
     apiserver.emulator.create_object(yaml.safe_load((ROOT / "crds" / "redrafter.dev_redrafterdeployments.yaml").read_text()))
+    # as a hardened cluster: the API server rejects Pods that do not meet the restricted profile
+    apiserver.emulator.patch_object("v1", "Namespace", NS, None, {"metadata": {"labels": RESTRICTED}})
     c = make(apiserver)
     stop = asyncio.Event()
     task = asyncio.create_task(c.run(stop))
@@ -195,6 +215,11 @@ async def to_serving(cluster: Cluster, name: str = NAME) -> None:
 # ---------------------------------------------------------------------------------------------------------
 async def test_apply_to_serving_with_conditions_events_and_printer_columns(cluster: Cluster, operator: Operator,
                                                                            kubectl: Any) -> None:
+    from redrafter_sim.apiserver import ApiError
+
+    with pytest.raises(ApiError, match='violates PodSecurity "restricted:latest"'):  # the namespace enforces it
+        cluster.emu.create_object({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bare", "namespace": NS},
+                                   "spec": {"containers": [{"name": "app", "image": "busybox:1.36"}]}})
     kubectl("apply", "-f", str(EXAMPLE), check=True)
     await until(lambda: len(cluster.jobs()) == 2, what="two build Jobs")
     await until(lambda: cluster.status().get("phase") == "Building", what="Building")
@@ -344,14 +369,19 @@ async def test_conflicts_server_errors_and_dropped_watches_still_converge(cluste
         await op.stop()
 
 
-async def test_failed_job_reason_bounded_retries_then_retry_annotation(cluster: Cluster, operator: Operator,
-                                                                       kubectl: Any) -> None:
-    apply(kubectl, example(engine__build__retries=1))
+async def building_redrafter_after_base(cluster: Cluster, kubectl: Any, retries: int) -> str:
+    """Apply the example with ``retries``; complete the base build; the running ReDrafter build Job's name."""
+    apply(kubectl, example(engine__build__retries=retries))
     await until(lambda: len(cluster.running_jobs()) == 2, what="Jobs")
     base_job = next(j for j in cluster.running_jobs() if "-base-" in j)
     controllers.complete_job(cluster.emu, base_job, NS)
-    first = next(j for j in cluster.running_jobs() if "redrafter" in j)
-    controllers.fail_job(cluster.emu, first, NS, reason="BackoffLimitExceeded", exit_code=2,
+    return next(j for j in cluster.running_jobs() if "redrafter" in j)
+
+
+async def test_failed_job_reason_bounded_retries_then_retry_annotation(cluster: Cluster, operator: Operator,
+                                                                       kubectl: Any) -> None:
+    first = await building_redrafter_after_base(cluster, kubectl, retries=1)
+    controllers.fail_job(cluster.emu, first, NS, reason="BackoffLimitExceeded", exit_code=3,
                          termination_message="BuildError: trtllm-build exited 1: CUDA out of memory")
     await until(lambda: len(cluster.running_jobs()) == 1, what="retry Job")
     retry = cluster.running_jobs()[0]
@@ -383,6 +413,33 @@ async def test_failed_job_reason_bounded_retries_then_retry_annotation(cluster: 
     cluster.complete_all()
     await until(lambda: cluster.status().get("phase") == "Serving", what="Serving after retry")
     assert cluster.status()["engines"]["redrafter"]["state"] == "Ready"
+
+
+async def test_bad_input_build_ends_after_one_job_and_status_says_how_to_retry(cluster: Cluster, operator: Operator,
+                                                                             kubectl: Any) -> None:
+    first = await building_redrafter_after_base(cluster, kubectl, retries=2)
+    # the emulated Job controller applies the rendered podFailurePolicy: exit code 2 is FailJob
+    controllers.fail_job(cluster.emu, first, NS, exit_code=2,
+                         termination_message="BAD_INPUT: drafter config.json lacks exit_dim")
+    job = cluster.emu.get_object("batch/v1", "Job", first, NS)
+    assert next(c for c in job["status"]["conditions"] if c["type"] == "Failed")["reason"] == "PodFailurePolicy"
+    await until(lambda: cluster.status().get("phase") == "Failed", what="Failed")
+    engine = cluster.status()["engines"]["redrafter"]
+    assert engine["state"] == "Failed" and engine["attempts"] == 1 and engine["exitCode"] == 2
+    assert engine["message"].startswith("exit code 2 (BAD_INPUT) cannot succeed on retry")
+    assert f"kubectl annotate rdd {NAME} {names.ANNOTATION_RETRY_BUILD}=<new value> --overwrite" in engine["message"]
+    assert "drafter config.json lacks exit_dim" in engine["message"]
+    await until(lambda: any(r == "BuildNotRetried" and "exit code 2 (BAD_INPUT)" in m
+                            for r, _, m in cluster.events()), what="BuildNotRetried Event")
+    assert not any(r == "RetriesExhausted" for r, _, _ in cluster.events())
+    # one Job, one pod, and no retry however long we wait
+    await settle(cluster)
+    mark = len(cluster.emu.request_log)
+    await asyncio.sleep(2.5)
+    assert cluster.operator_writes(mark) == []
+    redrafter_jobs = [j for j in cluster.jobs() if "-redrafter-" in j["metadata"]["name"]]
+    assert [j["metadata"]["name"] for j in redrafter_jobs] == [first]
+    assert len(cluster.emu.list_objects("v1", "Pod", NS, label_selector=f"job-name={first}")) == 1
 
 
 async def test_build_input_change_rolls_to_new_engine_without_gap_and_serving_change_never_rebuilds(
@@ -452,6 +509,72 @@ async def _switch_blue_green(cluster: Cluster, operator: Operator) -> None:
     assert first_base[2] == 2
     await until(lambda: ("Switched", "Normal", "Service now selects the base engine (was redrafter)")
                 in cluster.events(), what="Switched Event")
+
+
+def routed(**spec: Any) -> dict[str, Any]:
+    return example(routing__inferencePool={"enabled": True, "endpointPickerRef": {"name": "llama3-8b-epp", "port": 9002}},
+                   **spec)
+
+
+async def test_inference_pool_follows_every_switch_blue_green(cluster: Cluster, kubeconfig: Path, kubectl: Any) -> None:
+    """The upstream v1 CRD installed: the pool is created with the Service, follows it to base and back, never
+    selects a pool without Ready pods, and is deleted when the feature is turned off."""
+    cluster.emu.create_object(yaml.safe_load(INFERENCE_POOL_CRD.read_text()))
+    operator = Operator(kubeconfig, resync=1.0, policy=False)  # switches driven through the policy's seam
+    await operator.start()
+    try:
+        doc = routed(validation__enabled=False, autoscaling__mode="Disabled")
+        apply(kubectl, doc)
+        await to_serving(cluster)
+        await until(lambda: cluster.condition("InferencePoolReady")["status"] == "True", what="pool Ready")
+        for target, other in (("base", "redrafter"), ("redrafter", "base")):
+            start = len(cluster.pool_samples)
+            assert operator.controller is not None
+            operator.controller.set_targets(NS, NAME, ServingTargets(active=target, replicas={target: 2, other: 0}))
+            await until(lambda: cluster.status().get("activeEngine") == target, what=f"Service on {target}")
+            await until(lambda: cluster.deployment(other)["spec"]["replicas"] == 0, what=f"{other} scaled down")
+            await until(lambda: cluster.condition("Progressing")["reason"] == "Complete", what="switch complete")
+            await until(lambda: cluster.condition("InferencePoolReady")["status"] == "True", what="pool Ready")
+            await until(lambda: cluster.pool_samples[-1][1] == target, what="a sample of the pool on the target")
+            samples = cluster.pool_samples[start:]
+            assert [s for s in samples if s[2] == 0] == [], f"the InferencePool selected no Ready pod: {samples}"
+            assert samples[0][1] == other and samples[-1][1] == target  # it moved, within this switch
+            # it moved only once the target was up (its first sample on the target already has 2 Ready pods)
+            assert next(s for s in samples if s[1] == target)[2] == 2
+            pool = cluster.emu.get_object(INFERENCE_POOL_API, "InferencePool", NAME, NS)
+            svc = cluster.emu.get_object("v1", "Service", NAME, NS)
+            assert pool["spec"]["selector"]["matchLabels"] == svc["spec"]["selector"]
+            assert pool["spec"]["targetPorts"] == [{"number": 9000}]
+            assert pool["metadata"]["ownerReferences"][0]["uid"] == cluster.rdd()["metadata"]["uid"]
+        assert cluster.condition("InferencePoolReady")["reason"] == "Selecting"
+
+        # a deleted pool is seen (the watch-fed index) and recreated
+        cluster.emu.delete_object(INFERENCE_POOL_API, "InferencePool", NAME, NS)
+        await until(lambda: cluster.emu.find_object(INFERENCE_POOL_API, "InferencePool", NAME, NS), what="pool recreated")
+
+        off = copy.deepcopy(doc)
+        off["spec"]["routing"]["inferencePool"]["enabled"] = False
+        apply(kubectl, off)
+        await until(lambda: cluster.emu.find_object(INFERENCE_POOL_API, "InferencePool", NAME, NS) is None,
+                    what="pool deleted once turned off")
+        await until(lambda: all(c["type"] != "InferencePoolReady" for c in cluster.status().get("conditions", [])),
+                    what="condition removed")
+    finally:
+        await operator.stop()
+
+
+async def test_inference_pool_without_its_crd_is_a_clear_status_error_until_the_crd_is_installed(
+        cluster: Cluster, operator: Operator, kubectl: Any) -> None:
+    apply(kubectl, routed(validation__enabled=False))
+    await to_serving(cluster)  # the Service serves regardless
+    await until(lambda: cluster.condition("InferencePoolReady")["reason"] == "CRDNotInstalled", what="CRD missing")
+    cond = cluster.condition("InferencePoolReady")
+    assert cond["status"] == "False" and "inferencepools.inference.networking.k8s.io" in cond["message"]
+    await until(lambda: [e for e in cluster.events() if e[0] == "InferencePoolCRDMissing"], what="Warning Event")
+    assert [e[1] for e in cluster.events() if e[0] == "InferencePoolCRDMissing"] == ["Warning"]
+    # once installed, the next reconcile creates the pool and kopf starts watching it
+    cluster.emu.create_object(yaml.safe_load(INFERENCE_POOL_CRD.read_text()))
+    await until(lambda: cluster.condition("InferencePoolReady")["status"] == "True", what="pool Ready after install")
 
 
 async def test_two_resources_sharing_a_cache_build_once(cluster: Cluster, operator: Operator, kubectl: Any) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from aiohttp import web
 
 from engine_jobs import contract as c
@@ -26,7 +27,8 @@ from redrafter_operator.policy import Evaluation
 from redrafter_operator.render import names
 from redrafter_sim import controllers
 from redrafter_sim.server import EmulatorHandle
-from test_lifecycle import NAME, NS, Cluster, Operator, apply, example, running, until  # noqa: I001 (same dir)
+from test_lifecycle import (INFERENCE_POOL_CRD, NAME, NS, Cluster, Operator, apply, example, routed,  # noqa: I001
+                            running, until)  # (same dir)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -153,6 +155,7 @@ class MeteredCluster(Cluster):
                     selected = self.emu.list_objects("v1", "Pod", NS,
                                                      label_selector=names.selector_string(svc["spec"]["selector"]))
                     self.selected_ready.append((now, pool, sum(controllers.is_pod_ready(p) for p in selected)))
+                self.sample_inference_pool()
                 self._traffic(svc)
                 await asyncio.sleep(0.05)
         finally:
@@ -226,7 +229,11 @@ def first_switch(evals: list[Evaluation], action: str) -> tuple[int, Evaluation]
 # ---------------------------------------------------------------------------------------------------------
 async def test_collapse_falls_back_to_base_and_recovery_returns_across_a_restart(
         cluster: MeteredCluster, operator: Watched, kubectl: Any, kubeconfig: Path) -> None:
-    apply(kubectl, policy_doc())
+    # with the InferencePool on (the upstream v1 CRD installed): it follows the fallback and the return
+    cluster.emu.create_object(yaml.safe_load(INFERENCE_POOL_CRD.read_text()))
+    doc = policy_doc()
+    doc["spec"]["routing"] = routed()["spec"]["routing"]
+    apply(kubectl, doc)
     await serving_with_measurements(cluster)
     st = cluster.status()
     assert st["speculation"]["decision"] == "Stay" and st["speculation"]["acceptanceRate"] == pytest.approx(0.8)
@@ -266,7 +273,8 @@ async def test_collapse_falls_back_to_base_and_recovery_returns_across_a_restart
     assert event[1] == "Warning" and "LowAcceptance" in event[2]
     m = operator.controller.metrics
     assert m.speculation_switches.labels("base", "LowAcceptance")._value.get() == 1
-    assert m.switches.labels("redrafter", "base")._value.get() == 1
+    assert m.switches.labels(NS, NAME, "redrafter", "base")._value.get() == 1
+    assert m.active_engine.labels(NS, NAME, "base")._value.get() == 1 and m.fallback.labels(NS, NAME)._value.get() == 1
 
     # ---- the canary keeps measuring low acceptance on base: no return; an operator restart resumes the state
     await until(lambda: (cluster.status().get("speculation") or {}).get("reason", "").startswith("CanaryLowAcceptance"),
@@ -309,6 +317,14 @@ async def test_collapse_falls_back_to_base_and_recovery_returns_across_a_restart
     first = next(i for i, s in enumerate(endpoints) if s[2] > 0)
     assert all(n >= 1 for _, _, n in endpoints[first:])
     assert {p for _, p, _ in serving[first:]} == {"redrafter", "base"}
+    # ... and neither did the InferencePool, which followed both switches (once the sampler saw the return)
+    await until(lambda: cluster.pool_samples[-1][1] == "redrafter", what="a sample of the pool back on ReDrafter")
+    pooled = [s for s in cluster.pool_samples if s[1]]
+    first = next(i for i, s in enumerate(pooled) if s[2] > 0)
+    assert all(n >= 1 for _, _, n in pooled[first:]), [s for s in pooled[first:] if s[2] < 1][:5]
+    moves = [b[1] for a, b in zip(pooled[first:], pooled[first + 1:]) if a[1] != b[1]]
+    assert pooled[first][1] == "redrafter" and moves == ["base", "redrafter"], moves
+    await until(lambda: cluster.condition("InferencePoolReady")["status"] == "True", what="the pool observed back")
 
 
 async def test_metric_outage_is_inconclusive_and_never_switches(cluster: MeteredCluster, operator: Watched,

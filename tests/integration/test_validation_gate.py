@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from redrafter_operator.controller.validation import ANNOTATION_RETRY_VALIDATION
+from redrafter_operator.controller.gate import ANNOTATION_RETRY_VALIDATION
 from redrafter_operator.render import names
 from redrafter_operator.render.validation import validation_job_name
 from redrafter_sim import controllers

@@ -71,6 +71,7 @@ INVALID = [
     ("autoscaling-mode", "spec.autoscaling.mode", "Auto", "spec.autoscaling.mode"),
     ("bad-interval", "spec.speculation.interval", "30 seconds", "spec.speculation.interval"),
     ("acceptance-gt-1", "spec.speculation.minAcceptanceRate", 1.5, "spec.speculation.minAcceptanceRate"),
+    ("static-batching", "spec.serving.triton", {"batchingStrategy": "v1"}, "spec.serving.triton.batchingStrategy"),
     ("kv-fraction-0", "spec.serving.triton", {"kvCacheFreeGpuMemFraction": 0}, "spec.serving.triton.kvCacheFreeGpuMemFraction"),
     ("negative-replicas", "spec.serving.replicas", -1, "spec.serving.replicas"),
     ("rollout-strategy", "spec.serving.rollout", {"strategy": "Canary"}, "spec.serving.rollout.strategy"),
@@ -97,7 +98,7 @@ def test_crd_is_a_valid_crd(committed_crd):
     version = committed_crd["spec"]["versions"][0]
     assert version["subresources"]["scale"]["labelSelectorPath"] == ".status.serving.selector"
     assert [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")] == [
-        "Phase", "Engine", "Ready", "Acceptance", "Age"]
+        "Phase", "Engine", "Ready", "Reason", "Acceptance", "Age"]
 
 
 def test_crd_is_structural(committed_crd):
@@ -192,3 +193,12 @@ def test_durations(text, seconds):
 
 def test_crd_function_matches_yaml():
     assert yaml.safe_load(crd_yaml()) == crd()
+
+
+@pytest.mark.parametrize("value", ["v1", "V1"])
+def test_static_batching_error_says_why_and_what_to_use(value, committed_crd):
+    doc = _set(MINIMAL, "spec.serving.triton", {"batchingStrategy": value})
+    errors = spec_errors(doc["spec"])
+    assert any("static batching" in e and "inflight_fused_batching" in e for e in errors), errors
+    crd_errors = validate_resource(committed_crd, doc)
+    assert any("inflight_fused_batching" in e for e in crd_errors), crd_errors

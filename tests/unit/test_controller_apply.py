@@ -16,8 +16,8 @@ from redrafter_operator.controller.facts import (
     PodFact,
     manifest_hash,
 )
-from redrafter_operator.controller.handlers import WorkQueue
-from redrafter_operator.controller.main import _instance, _replica_priority
+from redrafter_operator.controller.main import _instance
+from redrafter_operator.controller.workqueue import WorkQueue
 from redrafter_sim.apiserver import ApiError as EmulatorError
 from redrafter_sim.apiserver import ApiServerEmulator
 
@@ -121,12 +121,48 @@ async def test_the_watch_view_from_before_an_apply_is_not_taken_for_drift() -> N
     assert await applier.ensure(service()) is True
 
 
+def deployment(image: str = "triton:1") -> dict[str, Any]:
+    labels = {"app": "d"}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d", "namespace": "ns"},
+            "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels},
+                                  "spec": {"containers": [{"name": "triton", "image": image}]}}}}
+
+
+def carried(applier: Applier, seen: dict[str, Any]) -> str:
+    fact = DeploymentFact.from_body(seen)
+    return applier.carried("Deployment", "ns", "d", fact.generation, ChildState(fact.resource_version, fact.owned_fields))
+
+
+async def test_which_manifest_a_deployment_carries_follows_the_apply_its_echo_and_drift() -> None:
+    """What tells GitOps health that a Deployment runs this step's template (the rollout check)."""
+    client = EmulatorClient()
+    applier = Applier(client, client.watch_view)  # type: ignore[arg-type]
+    await applier.ensure(deployment())
+    v1 = client.emu.get_object("apps/v1", "Deployment", "d", "ns")
+    assert carried(applier, v1) == manifest_hash(deployment())
+    await applier.ensure(deployment("triton:2"))  # a new template: generation 2
+    assert carried(applier, v1) == "", "the watch still shows generation 1: not the new manifest"
+    v2 = client.emu.get_object("apps/v1", "Deployment", "d", "ns")
+    assert v2["metadata"]["generation"] == 2 and carried(applier, v2) == manifest_hash(deployment("triton:2"))
+    client.emu.patch_object("apps/v1", "Deployment", "d", "ns", {"status": {"observedGeneration": 2}},
+                            subresource="status")
+    status_only = client.emu.get_object("apps/v1", "Deployment", "d", "ns")
+    assert carried(applier, status_only) == manifest_hash(deployment("triton:2")), "status is not drift"
+    client.emu.patch_object("apps/v1", "Deployment", "d", "ns",
+                            {"spec": {"template": {"spec": {"containers": [{"name": "triton", "image": "evil"}]}}}},
+                            patch_type="strategic", field_manager="kubectl-edit")
+    edited = client.emu.get_object("apps/v1", "Deployment", "d", "ns")
+    assert carried(applier, edited) == "", "a hand edit of the template: not the operator's manifest"
+    assert carried(Applier(client, client.watch_view), v2) == "", "a restarted operator knows nothing yet"  # type: ignore[arg-type]
+
+
 async def test_a_deleted_child_is_applied_again_at_once() -> None:
     client = EmulatorClient()
     applier = Applier(client, client.watch_view)  # type: ignore[arg-type]
     await applier.ensure(service())
     client.emu.delete_object("v1", "Service", "s", "ns")
-    applier.forget_object("Service", "ns", "s")  # what the controller does on the DELETED event
+    applier.deleted(service())  # what the controller does on the DELETED event
     assert await applier.ensure(service()) is True
     assert stored(client)["spec"]["selector"] == {"pool": "redrafter"}
 
@@ -233,15 +269,6 @@ async def test_work_queue_dedups_and_requeues_dirty_keys() -> None:
     q.close()
 
 
-def test_replica_priority_differs_per_pod(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("POD_NAME", "op-a")
-    a = _replica_priority()
-    monkeypatch.setenv("POD_NAME", "op-b")
-    assert _replica_priority() != a
-    monkeypatch.setenv("POD_NAME", "op-a")
-    assert _replica_priority() == a > 0
-
-
 def test_events_report_the_pod_name_else_the_host_name(monkeypatch: pytest.MonkeyPatch) -> None:
     import socket
 
@@ -253,8 +280,9 @@ def test_events_report_the_pod_name_else_the_host_name(monkeypatch: pytest.Monke
 
 async def test_evaluator_slot_runs_per_resource_and_targets_enqueue() -> None:
     """The policy seam: an evaluator is called per resource on its interval and may set serving targets."""
-    from redrafter_operator.controller.handlers import Controller, interval_of
-    from redrafter_operator.controller.planner import ServingTargets
+    from redrafter_operator.controller.plan_types import ServingTargets
+    from redrafter_operator.controller.reconciler import Controller
+    from redrafter_operator.controller.resource_io import interval_of
     from redrafter_operator.controller.renderers import default_renderers
 
     class Client(EmulatorClient):

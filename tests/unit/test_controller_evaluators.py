@@ -14,11 +14,11 @@ import pytest
 from aiohttp import web
 
 from engine_jobs import contract as c
-from redrafter_operator.controller import handlers
+from redrafter_operator.controller import resource_io
 from redrafter_operator.controller import speculation as sp
 from redrafter_operator.controller.apply import ApiError
 from redrafter_operator.controller.metrics import OperatorMetrics
-from redrafter_operator.controller.planner import ServingTargets
+from redrafter_operator.controller.plan_types import ServingTargets
 from redrafter_operator.controller.speculation import (
     SpeculationEvaluator, newer_state, status_fragment, status_patch, stored_state,
 )
@@ -87,6 +87,7 @@ class FakeController:
         self.bodies = {(NS, NAME): obj}
         self.written: dict[Any, Any] = {}
         self.indexes: dict[str, Any] = {}
+        self.posting_vars: list[Any] = []
         self.metrics = OperatorMetrics()
         self.pods = [pod("chat-redrafter-0")]
         self.client = FakeClient(self)
@@ -106,6 +107,7 @@ class Metrics:
     def __init__(self) -> None:
         self.n = {"requests": 0.0, "draft": 0.0, "accepted": 0.0}
         self.down = False
+        self.active: float | None = None  # in-flight requests gauge (exported when set)
 
     def serve(self, requests: int, acceptance: float) -> None:
         self.n["requests"] += requests
@@ -116,10 +118,13 @@ class Metrics:
         if self.down:
             return web.Response(status=503)
         labels = f'model="{NAME}",variant="redrafter"'
+        gauge = (f"# TYPE {c.METRIC_TRTLLM_REQUESTS} gauge\n"
+                 f'{c.METRIC_TRTLLM_REQUESTS}{{model="{c.ENGINE_MODEL}",request_type="active"}} {self.active}\n'
+                 if self.active is not None else "")
         return web.Response(text="".join(
             f"# TYPE {m} counter\n{m}{{{labels}}} {self.n[k]}\n" for m, k in (
                 (c.METRIC_REQUESTS, "requests"), (c.METRIC_DRAFT_TOKENS, "draft"),
-                (c.METRIC_ACCEPTED_DRAFT_TOKENS, "accepted"))))
+                (c.METRIC_ACCEPTED_DRAFT_TOKENS, "accepted"))) + gauge)
 
 
 @pytest.fixture
@@ -139,7 +144,7 @@ async def endpoint():
 @pytest.fixture
 def events(monkeypatch):
     posted: list[tuple[str, str, str]] = []
-    monkeypatch.setattr(handlers, "_post", lambda b, t, r, msg: posted.append((t, r, msg)))
+    monkeypatch.setattr(resource_io, "post_event", lambda b, t, r, msg: posted.append((t, r, msg)))
     return posted
 
 
@@ -300,10 +305,11 @@ def test_pure_helpers() -> None:
 
 # ---- the validation gate's pure parts -------------------------------------------------------------------
 from redrafter_operator.api.spec import ReDrafterDeploymentSpec  # noqa: E402
-from redrafter_operator.controller.planner import default_targets  # noqa: E402
-from redrafter_operator.controller.validation import (  # noqa: E402
-    Gate, Promotion, engine_pair, gate_from_status, gate_of, gated_targets,
+from redrafter_operator.controller.gate import (  # noqa: E402
+    Gate, engine_pair, gate_from_status, gate_of, gated_targets,
 )
+from redrafter_operator.controller.targets import default_targets  # noqa: E402
+from redrafter_operator.controller.validation import Promotion  # noqa: E402
 
 PAIR_STATUS = {"engines": {"redrafter": {"key": "r1", "state": "Ready"}, "base": {"key": "b1", "state": "Cached"}}}
 POLICY = ServingTargets(active="redrafter", replicas={"redrafter": 3, "base": 0}, canary=0)
@@ -338,6 +344,12 @@ def test_gated_targets() -> None:
 def test_planner_defaults_keep_the_canary_and_the_gate_from_status() -> None:
     spec = ReDrafterDeploymentSpec.model_validate(body()["spec"])
     assert default_targets(spec, {"activeEngine": "base"}).canary == 1  # no canary flap on restart
+    # ... nor one started for an interval after a load-caused fallback, which runs none (status.policy)
+    load_fallback = {"speculation": {"engine": "base", "since": 0, "fallback_reason": "NoSpeedupAtLoad",
+                                     "last_acceptance": 0.6, "last_tokens_per_step": 4.0}}
+    aware = ReDrafterDeploymentSpec.model_validate(body(loadAware=True)["spec"])
+    assert default_targets(aware, {"activeEngine": "base", "policy": load_fallback}).canary == 0
+    assert default_targets(spec, {"activeEngine": "base", "policy": load_fallback}).canary == 1  # not load-aware
     running = {**PAIR_STATUS, "activeEngine": "redrafter",
                "validation": {"redrafterKey": "r1", "baseKey": "b1", "state": "Running"}}
     assert default_targets(spec, running).replicas == {"redrafter": 1, "base": 1}
@@ -417,3 +429,28 @@ def test_gating_twice_changes_nothing() -> None:
             for targets in (POLICY, on_base):
                 once = gated_targets(targets, gate, pool)
                 assert gated_targets(once, gate, pool) == once, (gate, pool, targets)
+
+
+async def test_the_autoscaler_counts_the_pods_still_starting(endpoint, events) -> None:
+    """The evaluator passes every serving pod's readiness to the autoscaler. Two Ready pods with 1 request in
+    flight each, target 4, two pods still loading their engine (not Ready, not scraped): on a scale-down
+    those count at the target, (2 + 2 x 4) / 4 pods / 4 -> ceil(0.625 x 4) = 3, where the Ready pods alone
+    would say ceil(2 x 1/4) = 1 and take away the pods that are about to serve."""
+    obj = body()
+    obj["spec"]["autoscaling"] = {"mode": "Operator", "minReplicas": 1, "maxReplicas": 16, "targetQueuePerReplica": 4,
+                                  "scaleDownStabilization": "0s"}
+    obj["spec"]["serving"] = {"replicas": 4}
+    ctl, clock = FakeController(obj), Clock()
+    ctl.pods = [pod(f"chat-redrafter-{i}", ready=i < 2) for i in range(4)]
+    endpoint.active = 1.0
+    ev = evaluator(endpoint, clock)
+    await ev.evaluate(ctl, ctl.bodies[(NS, NAME)])
+    assert ctl.targets[-1].replicas["redrafter"] == 3
+    assert [e for e in events if e[1] == "Scaling"] and "2 missing" in events[-1][2]
+    # the load rises to 16 in flight on the 2 Ready pods while the third replica still loads: the starting
+    # pod counts as idle, 16 / 3 pods / 4 -> ceil(1.33 x 3) = 4 = what the load needs (not 3 x 8/4 = 6)
+    ctl.pods = [pod(f"chat-redrafter-{i}", ready=i < 2) for i in range(3)]
+    endpoint.active = 8.0
+    clock.t += 1
+    await ev.evaluate(ctl, ctl.bodies[(NS, NAME)])
+    assert ctl.targets[-1].replicas["redrafter"] == 4

@@ -19,7 +19,9 @@ from redrafter_operator.controller.facts import (
     PodFact,
     SharedArtifact,
 )
-from redrafter_operator.controller.planner import Renderers, Resource, ServingTargets, plan, plan_switch
+from redrafter_operator.controller.plan_types import Renderers, Resource, ServingTargets
+from redrafter_operator.controller.planner import plan
+from redrafter_operator.controller.targets import plan_switch
 from redrafter_operator.render import names
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -190,6 +192,66 @@ def test_failed_job_retries_with_attempt_suffix_then_fails_without_loop():
     assert [m["metadata"]["name"] for m in jobs5] == [names.build_job_name("llama3-8b", "redrafter", keys(doc)["redrafter"], 2)]
     assert jobs5[0]["metadata"]["annotations"]["redrafter.dev/retry-token"] == "1"
     assert p5.status["engines"]["redrafter"]["state"] == "Building"
+
+
+def _fail_job_body(doc, code: int) -> dict:
+    """A build Job as the Job controller leaves it after its podFailurePolicy matched ``code``."""
+    k = keys(doc)["redrafter"]
+    name = names.build_job_name("llama3-8b", "redrafter", k, 0)
+    why = f"Container build for pod default/{name}-x7k2p failed with exit code {code} matching FailJob rule at index 0"
+    return {"metadata": {"name": name, "namespace": "default",
+                         "labels": {names.LABEL_DEPLOYMENT: "llama3-8b", names.LABEL_VARIANT: "redrafter",
+                                    names.LABEL_ENGINE_KEY: k},
+                         "annotations": {"redrafter.dev/attempt": "0", "redrafter.dev/artifact": f"engines/{k}",
+                                         "redrafter.dev/cache-claim": "engine-cache"}},
+            "status": {"failed": 1, "conditions": [
+                {"type": "FailureTarget", "status": "True", "reason": "PodFailurePolicy", "message": why},
+                {"type": "Failed", "status": "True", "reason": "PodFailurePolicy", "message": why}]}}
+
+
+def test_job_fact_reads_the_exit_code_a_fail_job_rule_matched():
+    doc = body()
+    fact = JobFact.from_body(_fail_job_body(doc, 2))
+    assert fact.state == "Failed" and fact.reason == "PodFailurePolicy" and fact.final_exit_code == 2
+    other = _fail_job_body(doc, 2)
+    for c in other["status"]["conditions"]:
+        c["reason"] = "BackoffLimitExceeded"
+    assert JobFact.from_body(other).final_exit_code is None, "only the pod failure policy makes a failure final"
+
+
+@pytest.mark.parametrize(("code", "name"), [(2, "BAD_INPUT"), (6, "SOURCE_UNAVAILABLE")])
+def test_non_retryable_exit_code_fails_the_engine_after_one_job(code, name):
+    doc = body(engine__build__retries=2)
+    st0 = plan(res_of(doc), Observed(), now=NOW, renderers=RENDER).status
+    failed = JobFact.from_body(_fail_job_body(doc, code))
+    pod = PodFact(job=failed.name, phase="Failed", message=f"{name}: base source hf://x/y is unreachable")
+    obs = Observed(jobs=[failed, job(doc, "base", "Succeeded")], pods={failed.name: pod})
+    p = plan(res_of(doc, st0), obs, now=NOW, renderers=RENDER)
+    assert [m for m in p.create if m["kind"] == "Job"] == [], "no second Job for a code no retry can fix"
+    eng = p.status["engines"]["redrafter"]
+    assert eng["state"] == "Failed" and eng["attempts"] == 1 and eng["exitCode"] == code
+    assert eng["message"].startswith(f"exit code {code} ({name}) cannot succeed on retry")
+    assert "kubectl annotate rdd llama3-8b redrafter.dev/retry-build=<new value> --overwrite" in eng["message"]
+    assert f"{name}: base source" in eng["message"]  # the build's own reason follows
+    assert p.status["phase"] == "Failed"
+    events = {e.reason: e for e in p.events}
+    assert "BuildNotRetried" in events and "RetriesExhausted" not in events
+    assert f"exit code {code} ({name})" in events["BuildNotRetried"].message
+    assert "retry-build" in events["BuildNotRetried"].message
+    # a long stderr tail never pushes the code and the retry hint out of the bounded message
+    long_tail = Observed(jobs=obs.jobs, pods={failed.name: PodFact(job=failed.name, phase="Failed",
+                                                                    message="x" * 5000)})
+    bounded = plan(res_of(doc, st0), long_tail, now=NOW, renderers=RENDER).status["engines"]["redrafter"]["message"]
+    assert len(bounded) <= 1024 and "retry-build=<new value>" in bounded
+    # the Job expires (TTL): status remembers the code, still no Job
+    p2 = plan(res_of(doc, p.status), Observed(jobs=[job(doc, "base", "Succeeded")]), now=LATER, renderers=RENDER)
+    assert p2.create == [] and p2.status["engines"]["redrafter"]["exitCode"] == code
+    # a new retry-build value starts one fresh Job
+    doc2 = copy.deepcopy(doc)
+    doc2["metadata"]["annotations"] = {names.ANNOTATION_RETRY_BUILD: "fixed"}
+    p3 = plan(res_of(doc2, p.status), obs, now=LATER, renderers=RENDER)
+    assert len([m for m in p3.create if m["kind"] == "Job"]) == 1
+    assert "exitCode" not in p3.status["engines"]["redrafter"]
 
 
 def test_shared_cache_running_or_complete_elsewhere_means_no_build():

@@ -20,7 +20,7 @@ from engine_jobs.fetch import fetch_s3, parse_uri
 from engine_jobs.plan import Layout, detect_architecture, estimate_required_bytes, plan_steps, resolve_architecture
 from engine_jobs.progress import Log
 from engine_jobs.settings import Settings
-from engine_jobs.validate import validate_drafter
+from engine_jobs.validate import validate_drafter, validate_tokenizer
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "build_specs"
 FAKES = Path(__file__).resolve().parents[2] / "sim" / "redrafter_sim" / "toolchain"
@@ -170,7 +170,6 @@ def test_redrafter_variant_without_drafter_is_bad_input():
 @pytest.mark.parametrize("config,arch", [
     ({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}, "llama"),
     ({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}, "qwen"),
-    ({"architectures": ["QWenLMHeadModel"], "model_type": "qwen"}, "qwen"),
     ({"model_type": "qwen2"}, "qwen"),
 ])
 def test_detect_supported_architectures(config, arch):
@@ -182,6 +181,29 @@ def test_unsupported_architecture_is_bad_input(config):
     with pytest.raises(BuildError) as err:
         detect_architecture(config)
     assert err.value.code == ExitCode.BAD_INPUT and "unsupported base architecture" in err.value.reason
+
+
+@pytest.mark.parametrize("config", [{"architectures": ["QWenLMHeadModel"], "model_type": "qwen"},
+                                    {"model_type": "qwen"}])
+def test_qwen_v1_is_refused_because_its_tokenizer_is_remote_code(config):
+    for requested in ("auto", "qwen"):
+        with pytest.raises(BuildError) as err:
+            resolve_architecture(requested, config)
+        assert err.value.code == ExitCode.BAD_INPUT
+        assert err.value.reason.startswith("Qwen v1 (QWenLMHeadModel) needs trust_remote_code tokenizers, which "
+                                           "this operator does not run; use Qwen2/Qwen2.5")
+
+
+def test_remote_code_tokenizer_is_bad_input(tmp_path: Path):
+    (tmp_path / "tokenizer.json").write_text("{}")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    assert "tokenizer.json" in validate_tokenizer(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"auto_map": {"AutoTokenizer": ["tokenization_qwen.QWenTokenizer", None]}}))
+    with pytest.raises(BuildError) as err:
+        validate_tokenizer(tmp_path)
+    assert err.value.code == ExitCode.BAD_INPUT
+    assert "remote code (tokenization_qwen.QWenTokenizer)" in err.value.reason
 
 
 def test_explicit_architecture_must_agree_with_config():

@@ -234,5 +234,6 @@ def test_validation_job_options_from_spec():
     e = owner.spec.engine
     assert args[args.index("--max-tokens") + 1] == str(min(1000, e.max_seq_len - e.max_input_len))
     assert "--sweep-concurrency" not in args
-    assert pod["volumes"] == [{"name": "prompts", "configMap": {"name": "my-prompts"}}]
-    assert c["resources"] == {"requests": {"cpu": "1"}}
+    assert pod["volumes"] == [{"name": "tmp", "emptyDir": {}}, {"name": "prompts", "configMap": {"name": "my-prompts"}}]
+    # the spec's CPU request replaces the default one; the default memory request and limit stay
+    assert c["resources"] == {"requests": {"cpu": "1", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}

@@ -90,6 +90,20 @@ def test_non_root_numeric_user_and_pinned_bases(dockerfile: Path):
         assert ":" in resolved.rsplit("/", 1)[-1] and not resolved.endswith(":latest"), resolved
 
 
+def test_pods_run_as_their_images_user():
+    """The securityContext the operator renders names each image's own USER (and group): the builder and
+    Triton images run as 10001, the validation Job in the operator image as 65532."""
+    from redrafter_operator.render import security
+
+    def user(name: str) -> tuple[int, int]:
+        (spec,) = re.findall(r"^USER\s+(\S+)", (IMAGES / f"{name}.Dockerfile").read_text(), re.M)
+        uid, _, gid = spec.partition(":")
+        return int(uid), int(gid or uid)
+
+    assert user("engine-builder") == user("triton-runtime") == (security.IMAGE_USER, security.IMAGE_USER)
+    assert user("operator") == (security.OPERATOR_USER, security.OPERATOR_USER)
+
+
 def test_gpu_images_share_one_base_and_agree_with_versions_env():
     v = _versions()
     for name in ("engine-builder.Dockerfile", "triton-runtime.Dockerfile"):
@@ -181,9 +195,12 @@ def test_gpu_image_requirements_are_bounded_ranges():
 
 def test_build_script_dry_run_and_no_docker(tmp_path: Path):
     script = IMAGES / "build.sh"
-    dry = subprocess.run([str(script), "--dry-run"], capture_output=True, text=True, timeout=30, check=True)
-    lines = dry.stdout.splitlines()
+    dry = subprocess.run([str(script), "--dry-run"], capture_output=True, text=True, timeout=600, check=True)
+    lines = [line for line in dry.stdout.splitlines() if not line.startswith("#")]
+    proofs = [line for line in dry.stdout.splitlines() if line.startswith("#")]
     assert len(lines) == 3
+    assert [p.split(":")[0] for p in proofs] == ["# operator", "# engine-builder", "# triton-runtime"]
+    assert all(p.endswith("no emulated cluster, no stand-in TensorRT-LLM tool") for p in proofs), proofs
     for line, dockerfile, tag in zip(lines, ("operator", "engine-builder", "triton-runtime"),
                                      (None, DEFAULT_BUILDER_IMAGE, DEFAULT_SERVING_IMAGE)):
         assert f"--file images/{dockerfile}.Dockerfile" in line and line.endswith(" .")
@@ -201,3 +218,25 @@ def test_build_script_dry_run_and_no_docker(tmp_path: Path):
     hard = subprocess.run([str(script)], capture_output=True, text=True, timeout=30,
                           env={**env, "REQUIRE_DOCKER": "1"})
     assert hard.returncode == 1
+
+
+def test_context_check_catches_a_double_that_would_ship(tmp_path: Path):
+    """The dry run's proof can fail: a .dockerignore that lets the sim in is caught, file by file."""
+    sys.path.insert(0, str(IMAGES))
+    try:
+        import check_context
+    finally:
+        sys.path.remove(str(IMAGES))
+    for rel in ("pyproject.toml", "operator/redrafter_operator/__init__.py", "engine_jobs/__init__.py",
+                "sim/redrafter_sim/__init__.py", "sim/redrafter_sim/toolchain/bin/trtllm-build"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    (tmp_path / "images").mkdir()
+    ignore = (IMAGES / "operator.Dockerfile.dockerignore").read_text()
+    (tmp_path / "images" / "operator.Dockerfile.dockerignore").write_text(ignore)
+    clean = check_context.context_files("operator", root=tmp_path)
+    assert "operator/redrafter_operator/__init__.py" in clean and check_context.forbidden(clean) == []
+    (tmp_path / "images" / "operator.Dockerfile.dockerignore").write_text(ignore + "!sim/\n")
+    leaky = check_context.context_files("operator", root=tmp_path)
+    assert check_context.forbidden(leaky) == ["sim/redrafter_sim/__init__.py",
+                                              "sim/redrafter_sim/toolchain/bin/trtllm-build"]

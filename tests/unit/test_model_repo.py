@@ -62,10 +62,10 @@ def test_engine_parameters_follow_variant_and_serving_config():
     assert p["enable_chunked_context"] == "true"
     no_fmha = parse(model_configs(cfg(paged_context_fmha=False), "/e", "/t")[contract.ENGINE_MODEL])
     assert "enable_chunked_context" not in params(no_fmha)
-    tuned = cfg(triton=TritonParams(batching_strategy="v1", max_queue_delay_microseconds=250,
+    tuned = cfg(triton=TritonParams(max_queue_delay_microseconds=250,
                                     kv_cache_free_gpu_mem_fraction=0.55, enable_kv_cache_reuse=False))
     t = parse(model_configs(tuned, "/e", "/t")[contract.ENGINE_MODEL])
-    assert params(t)["gpt_model_type"] == "v1"
+    assert params(t)["gpt_model_type"] == "inflight_fused_batching"
     assert params(t)["kv_cache_free_gpu_mem_fraction"] == "0.55"
     assert params(t)["enable_kv_cache_reuse"] == "false"
     assert t.dynamic_batching.max_queue_delay_microseconds == 250
@@ -103,7 +103,9 @@ def test_sim_engine_declares_the_same_io_as_the_real_engine():
     assert io(sim) == io(real)
     assert sim.max_batch_size == real.max_batch_size
     assert sim.model_transaction_policy.decoupled == real.model_transaction_policy.decoupled
-    assert sim.backend == "python" and params(sim)["control_file"] == "/tmp/c.json"
+    assert sim.backend == "python" and params(sim)["sim_control_file"] == "/tmp/c.json"
+    assert {k: v for k, v in params(sim).items() if not k.startswith("sim_")} == params(real), \
+        "the simulated engine sees exactly the parameters the real backend would"
 
 
 def test_write_model_repository_lays_out_models_and_replaces_old(tmp_path: Path):
@@ -120,7 +122,8 @@ def test_write_model_repository_lays_out_models_and_replaces_old(tmp_path: Path)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".repo.")], "temp dir left behind"
     install_sim_engine(out / contract.ENGINE_MODEL, SimEngineSettings())
     assert parse((out / contract.ENGINE_MODEL / "config.pbtxt").read_text()).backend == "python"
-    assert {p.name for p in (out / contract.ENGINE_MODEL / "1").iterdir()} == {"model.py", "_sim_control.py"}
+    assert {p.name for p in (out / contract.ENGINE_MODEL / "1").iterdir()} == {
+        "model.py", "_sim_control.py", "_sim_backend.py", "_trtllm_backend.py"}
 
 
 def test_sim_control_file_roundtrip_and_watcher(tmp_path: Path):

@@ -315,3 +315,63 @@ def test_load_is_smoothed_so_a_one_interval_burst_is_not_a_failure():
     assert d.measurement.outcome == "Successful" and 10 < d.measurement.batch < 20 and s.batch == d.measurement.batch
     ds, s, _ = run(spec, s, [obs_on_redrafter(acceptance=0.6, active=30)] * 3, start=t + 30)  # sustained
     assert ds[-1].action == "SwitchToBase" and ds[-1].reason == "NoSpeedupAtLoad"
+
+
+def test_flapping_ends_once_the_canary_succeeds_settle_times_in_a_row():
+    """A slow load crossing looks like flapping while noise straddles the threshold; once the load has
+    clearly moved, FLAP_SETTLE successes in a row, twice any earlier run, end the episode and the engine
+    returns (at once: the successLimit is already met). Before, flapping lingered until the 40-outcome
+    history had flushed."""
+    from redrafter_operator.policy.speculation import FLAP_SETTLE
+    spec = make_spec(minDwell="30s", cooldown="30s")
+    s = SpeculationState(engine="base", since=0, last_switch=0, outcomes="FFSFFSFSFF", flapping=True)
+    good = obs_on_base(agg(acceptance=0.55), base_active=12)  # predicted speedup 1.14: pays, not beyond 1.2
+    ds, s, t = run(spec, s, [good] * (FLAP_SETTLE - 1))
+    assert all(1.05 < d.measurement.predicted_speedup < 1.2 for d in ds)
+    assert not any(d.switched for d in ds) and s.flapping  # still flapping: the mean has not moved it
+    ds, s, _ = run(spec, s, [good], start=t)
+    assert ds[-1].action == "SwitchToRedrafter" and not s.flapping
+    # an oscillation's runs keep their length: 10 successes after runs of 10 are its next half, not a settling
+    s = SpeculationState(engine="base", since=0, last_switch=0, outcomes="SSSSSSSSSSFFFFFFFFFF", flapping=True)
+    ds, s, t = run(spec, s, [good] * FLAP_SETTLE)
+    assert s.flapping and not any(d.switched for d in ds)
+    ds, s, _ = run(spec, s, [good] * FLAP_SETTLE, start=t)  # twice the longest run: it settled
+    assert not s.flapping and [d.action for d in ds if d.switched] == ["SwitchToRedrafter"]
+    # a run of failures does not end flapping: while flapping, the cost model's mean decides a fallback
+    s = SpeculationState(engine="redrafter", since=0, last_switch=0, outcomes="SSFSSFSFSS", flapping=True)
+    ds, s, _ = run(spec, s, [obs_on_redrafter(acceptance=0.30)] * (FLAP_SETTLE + 2))
+    assert s.flapping and not any(d.switched for d in ds)
+
+
+def test_a_load_caused_fallback_runs_no_canary_and_recovers_from_the_load():
+    """The canary would serve at ReDrafter's speed while the load makes ReDrafter the slower engine;
+    a load-caused fallback needs no fresh acceptance to return, so none runs (canaryReplicas 1 here)."""
+    from redrafter_operator.policy import canary_replicas
+    spec = make_spec(minDwell="30s", cooldown="30s")
+    assert spec.speculation.canary_replicas == 1
+    ds, s, t = run(spec, initial_state(spec, 0), [obs_on_redrafter(acceptance=0.6, active=40)] * 3)
+    assert s.engine == "base" and s.fallback_reason == "NoSpeedupAtLoad" and canary_replicas(spec, s) == 0
+    ds, s, t = run(spec, s, [obs_on_base(None, base_active=40)] * 3, start=t)  # still loaded: stays
+    assert all(d.action == "Stay" and d.reason == "NoSpeedupAtLoad" for d in ds)
+    ds, s, _ = run(spec, s, [obs_on_base(None, base_active=2)] * 6, start=t)  # the load falls
+    assert "LoadDropped" in [d.reason for d in ds] and [d.action for d in ds if d.switched] == ["SwitchToRedrafter"]
+    assert canary_replicas(spec, s) == 0  # on ReDrafter: none
+
+
+def test_the_canary_runs_when_the_fallback_needs_acceptance_measured():
+    from redrafter_operator.policy import canary_replicas
+    spec = make_spec(minDwell="30s", cooldown="30s")
+    _, s, _ = run(spec, initial_state(spec, 0), [obs_on_redrafter(acceptance=0.05)] * 3)
+    assert s.engine == "base" and s.fallback_reason == "LowAcceptance" and canary_replicas(spec, s) == 1
+    # a load fallback with load-awareness off cannot happen; without a ReDrafter measurement the load
+    # alone cannot judge the return either: the canary runs
+    assert canary_replicas(make_spec(loadAware=False), s.model_copy(update={"fallback_reason": "NoSpeedupAtLoad"})) == 1
+    assert canary_replicas(spec, s.model_copy(update={"fallback_reason": "NoSpeedupAtLoad",
+                                                      "last_tokens_per_step": None})) == 1
+    # no speedup at an acceptance below the canary's recovery bar (0.35 + 0.05): the acceptance decides the
+    # return, so it must stay measured
+    low = s.model_copy(update={"fallback_reason": "NoSpeedupAtLoad", "last_acceptance": 0.38,
+                               "last_tokens_per_step": 2.9})
+    assert canary_replicas(spec, low) == 1
+    assert canary_replicas(spec, low.model_copy(update={"last_acceptance": 0.40})) == 0
+    assert canary_replicas(make_spec(mode="Never"), s) == 0

@@ -139,3 +139,39 @@ def test_no_scaling_on_the_first_evaluation_after_the_service_moved():
     ev, st = step(s, roundtrip(st), reading(60, 3, 0.6, active=0.0, pods=3), 60, current_replicas=6,
                   serving="redrafter")
     assert ev.scale.reason != "NoMetrics"  # measured from the next evaluation on
+
+
+def test_the_pool_that_took_the_traffic_is_not_scaled_down_after_the_switch():
+    """After the Service moved, the new pool's gauges read ~0 for several evaluations: no 3 -> 1 -> 3 dip.
+    The hold lasts the scale-down window from the move; a real drop in load scales down after it."""
+    s = spec(autoscaling={"targetQueuePerReplica": 1, "maxReplicas": 8, "scaleDownStabilization": "120s"})
+    busy_base = reading(0, 1, 0.6, active=1.0, pods=3, variant="base", pool="base")
+    ev, st = step(s, None, busy_base, 0, current_replicas=3, serving="base")
+    assert ev.scale.replicas == 3
+    t, n = 30, 2
+    ev, st = step(s, roundtrip(st), reading(t, n, 0.6, active=0.0, pods=3), t, current_replicas=3, serving="redrafter")
+    while t < 30 + 120 - 30:  # the moved evaluation, then near-zero load for the rest of the window
+        t, n = t + 30, n + 1
+        ev, st = step(s, roundtrip(st), reading(t, n, 0.6, active=0.1, pods=3), t, current_replicas=3,
+                      serving="redrafter")
+        assert ev.scale.replicas == 3 and ev.scale.reason == "SwitchSettling", (t, ev.scale)
+    t, n = 30 + 120, n + 1
+    ev, st = step(s, roundtrip(st), reading(t, n, 0.6, active=0.1, pods=3), t, current_replicas=3, serving="redrafter")
+    assert ev.scale.replicas == 1  # the load really is low: ceil(3 ready x 0.1) after the window
+
+
+def test_plan_runs_no_canary_after_a_load_fallback_and_a_restart_resumes_it_from_status():
+    from redrafter_operator.policy import canary_from_status
+    s = spec(autoscaling={"mode": "Disabled"})
+    st, t = None, 0.0
+    for n in range(1, 6):  # acceptance fine, 40 in flight per pod: ReDrafter predicted slower
+        ev, st = step(s, st and roundtrip(st), reading(t, n, 0.6, active=40.0, pods=2), t, current_replicas=2)
+        t += 30
+    assert ev.speculation.engine == "base" and st.speculation.fallback_reason == "NoSpeedupAtLoad"
+    assert ev.plan(s, 2).canary == 0
+    status = {"activeEngine": "base", "policy": json.loads(st.model_dump_json(exclude_none=True))}
+    assert canary_from_status(s, status) == 0  # a restarted operator does not start a canary to drop it
+    low = st.speculation.model_copy(update={"fallback_reason": "LowAcceptance"})
+    assert canary_from_status(s, {**status, "policy": {**status["policy"], "speculation": low.model_dump()}}) == 1
+    assert canary_from_status(s, {"activeEngine": "base"}) == 1  # no policy state yet: the spec's canary
+    assert canary_from_status(s, {"activeEngine": "redrafter", "policy": status["policy"]}) == 0

@@ -26,7 +26,7 @@ def owner_of(path: Path) -> Owner:
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
 def test_rendered_manifests_are_valid(example):
     docs = render_all(owner_of(example))
-    assert {d["kind"] for d in docs} == {"Job", "ConfigMap", "Deployment", "Service"}
+    assert {d["kind"] for d in docs} == {"Job", "ConfigMap", "Deployment", "Service", "NetworkPolicy"}
     for doc in docs:
         kubernetes_validate.validate(doc, "1.30", strict=True)
         assert doc["metadata"]["ownerReferences"][0]["controller"] is True
@@ -81,3 +81,28 @@ def test_cli_render_rejects_invalid_with_field(tmp_path, capsys):
 def test_cli_crd_matches_committed(capsys):
     assert main(["crd"]) == 0
     assert capsys.readouterr().out == (ROOT / "crds" / "redrafter.dev_redrafterdeployments.yaml").read_text()
+
+
+@pytest.mark.parametrize("variant", ["redrafter", "base"])
+def test_build_job_fails_at_once_on_exit_codes_no_retry_can_fix(variant):
+    from engine_jobs.errors import ExitCode
+    from redrafter_sim import podfailurepolicy
+
+    job = build_job(owner_of(ROOT / "examples" / "llama3-8b.yaml"), variant)
+    spec = job["spec"]
+    assert spec["podFailurePolicy"] == {"rules": [{"action": "FailJob", "onExitCodes": {
+        "containerName": "build", "operator": "In",
+        "values": [int(ExitCode.BAD_INPUT), int(ExitCode.SOURCE_UNAVAILABLE)]}}]}
+    assert spec["template"]["spec"]["restartPolicy"] == "Never"  # required by podFailurePolicy
+    assert spec["backoffLimit"] >= 1  # other codes (tool failure, OOM, lock timeout) still retry in the Job
+    assert spec["template"]["spec"]["containers"][0]["name"] == "build"
+    assert podfailurepolicy.validate(job) == [], "the API server would refuse this Job"
+
+
+def test_cli_render_admits_the_operators_namespace_to_scrape(capsys):
+    assert main(["render", "-f", str(ROOT / "examples" / "llama3-8b.yaml"), "--operator-namespace", "ops"]) == 0
+    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    (serving, _) = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    peers = [p for rule in serving["spec"]["ingress"] for p in rule["from"]]
+    assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ops"}}} in peers
+    assert any(d["kind"] == "Job" and d["metadata"]["name"].startswith("llama3-8b-validate-") for d in docs)

@@ -17,7 +17,8 @@ def test_tp1_is_one_tritonserver_serving_all_endpoints():
     argv = launch_argv(S, "/tmp/repo", 1)
     assert argv[0] == "/opt/tritonserver/bin/tritonserver"
     assert "--model-repository=/tmp/repo" in argv
-    assert {"--http-port=8000", "--grpc-port=8001", "--metrics-port=8002", "--allow-metrics=true"} <= set(argv)
+    assert {"--http-port=8000", "--grpc-port=8001", "--metrics-port=8002", "--allow-metrics=true",
+            "--metrics-config=histogram_latencies=true"} <= set(argv)
     assert "--model-control-mode=explicit" not in argv
     assert all(isinstance(a, str) for a in argv)
 

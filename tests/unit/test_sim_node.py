@@ -109,3 +109,12 @@ def test_pod_paths_map_under_the_pod_root_and_build_spec_paths_are_localized(tmp
     assert local.cache_dir == pod.to_host("/cache")
     assert local.base.credentials_dir == pod.to_host("/var/run/secrets/redrafter/hf-token")
     assert local.key == BuildSpec.model_validate_json(raw).key
+
+
+def test_resource_quantities_parse_as_kubernetes_reads_them() -> None:
+    from redrafter_sim.servingpods import parse_quantity
+
+    assert parse_quantity("1Gi") == 2**30 and parse_quantity("512M") == 512 * 10**6
+    assert parse_quantity("1500m") == 2 and parse_quantity("2") == 2 and parse_quantity("1.5Ki") == 1536
+    with pytest.raises(ValueError):
+        parse_quantity("lots")

@@ -52,12 +52,13 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 {{- end -}}
 
-{{/* Leader election: more than one replica coordinates through kopf peering. */}}
-{{- define "redrafter-operator.peering" -}}
+{{/* Leader election: more than one replica elects one active operator through a Lease. */}}
+{{- define "redrafter-operator.leaderElection" -}}
 {{- if gt (int .Values.replicas) 1 -}}true{{- end -}}
 {{- end -}}
 
-{{- define "redrafter-operator.peeringName" -}}
+{{/* The coordination.k8s.io/v1 Lease: in the release namespace, named like the release's operator. */}}
+{{- define "redrafter-operator.leaseName" -}}
 {{- include "redrafter-operator.fullname" . -}}
 {{- end -}}
 
@@ -69,8 +70,13 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- else }}
 - --all-namespaces
 {{- end }}
-{{- if include "redrafter-operator.peering" . }}
-- --peering={{ include "redrafter-operator.peeringName" . }}
+{{- if include "redrafter-operator.leaderElection" . }}
+- --leader-elect
+- --leader-election-namespace={{ .Release.Namespace }}
+- --leader-election-id={{ include "redrafter-operator.leaseName" . }}
+- --lease-duration={{ .Values.leaderElection.leaseDuration }}
+- --renew-deadline={{ .Values.leaderElection.renewDeadline }}
+- --retry-period={{ .Values.leaderElection.retryPeriod }}
 {{- else }}
 - --standalone
 {{- end }}
@@ -87,11 +93,14 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 RBAC rules on namespaced resources: exactly what the operator calls, no more. tests/e2e/test_chart.py runs
 the operator from this chart against the emulated API server and compares its request log with these.
 - ReDrafterDeployments: kopf lists/watches them; the operator writes only their status subresource.
-- children (Deployments, Services, ConfigMaps): server-side applied (a PATCH, authorized as create too
-  when it creates the object); build Jobs and their ConfigMaps are only ever created (a retry is a new
-  Job); none is deleted by the operator (owner references let the garbage collector remove them with
-  their ReDrafterDeployment).
+- children (Deployments, Services, ConfigMaps, NetworkPolicies, InferencePools): server-side applied (a
+  PATCH, authorized as create too when it creates the object); build Jobs and their ConfigMaps are only
+  ever created (a retry is a new Job); none is deleted by the operator (owner references let the garbage
+  collector remove them with their ReDrafterDeployment), except an InferencePool when the feature is turned off.
 - Pods: watched (build Pods, for termination messages). Events: created. Secrets: never read.
+- InferencePools (Gateway API Inference Extension, spec.routing.inferencePool) and NetworkPolicies
+  (spec.serving.networkPolicy.enabled): watched and applied like the other children. InferencePools are
+  granted whether or not the CRD is installed (the operator reports a missing CRD in status).
 */}}
 {{- define "redrafter-operator.namespacedRules" -}}
 - apiGroups: ["redrafter.dev"]
@@ -112,14 +121,25 @@ the operator from this chart against the emulated API server and compares its re
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch"]
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["list", "watch", "create", "patch"]
+- apiGroups: ["inference.networking.k8s.io"]
+  resources: ["inferencepools"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
-{{- if and (include "redrafter-operator.peering" .) .Values.watchNamespaces }}
-- apiGroups: ["kopf.dev"]
-  resources: ["kopfpeerings"]
-  verbs: ["list", "watch", "patch"]
-{{- end }}
+{{- end -}}
+
+{{/*
+Leader election (replicas > 1), always a Role in the release namespace, even in cluster-wide mode: the
+elector reads its Lease, creates it once, and updates it to acquire, renew and release. Nothing else.
+*/}}
+{{- define "redrafter-operator.leaseRules" -}}
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  verbs: ["get", "create", "update"]
 {{- end -}}
 
 {{/* Cluster-scoped reads kopf does in every mode: it watches CRDs to notice resources appear or change. */}}
@@ -131,9 +151,5 @@ the operator from this chart against the emulated API server and compares its re
 - apiGroups: [""]
   resources: ["namespaces"]
   verbs: ["list", "watch"]
-{{- else if include "redrafter-operator.peering" . }}
-- apiGroups: ["kopf.dev"]
-  resources: ["clusterkopfpeerings"]
-  verbs: ["list", "watch", "patch"]
 {{- end }}
 {{- end -}}

@@ -112,6 +112,8 @@ PRINTER_COLUMNS = [
     {"name": "Engine", "type": "string", "jsonPath": ".status.activeEngine"},
     {"name": "Ready", "type": "integer", "jsonPath": ".status.serving.readyReplicas"},
     {"name": "Replicas", "type": "integer", "jsonPath": ".status.serving.replicas", "priority": 1},
+    {"name": "Reason", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].reason'},
+    {"name": "Message", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].message', "priority": 1},
     {"name": "Acceptance", "type": "number", "jsonPath": ".status.speculation.acceptanceRate"},
     {"name": "Decision", "type": "string", "jsonPath": ".status.speculation.decision", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

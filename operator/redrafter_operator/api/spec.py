@@ -16,6 +16,7 @@ from .defaults import DEFAULT_BUILDER_IMAGE, DEFAULT_SERVING_IMAGE  # noqa: F401
 from .types import (
     ApiModel,
     Duration,
+    NetworkPolicyPeer,
     ResourceRequirements,
     SOURCE_PATTERN,
     StringMap,
@@ -90,7 +91,10 @@ class ModelSource(ApiModel):
 class Model(ApiModel):
     """The checkpoints that make up the service."""
 
-    base: ModelSource = Field(description="The base (verifier) model: a Llama or Qwen/Qwen2 checkpoint.")
+    base: ModelSource = Field(
+        description="The base (verifier) model: a Llama or Qwen2/Qwen2.5 checkpoint. Qwen v1 (QWenLMHeadModel) "
+        "is refused: its tokenizer is remote code (trust_remote_code), which the operator does not run."
+    )
     drafter: ModelSource = Field(
         description="The ReDrafter drafter head trained for this base model (config.json with "
         "hidden_size, exit_dim, num_draft_layers, rnn)."
@@ -100,7 +104,8 @@ class Model(ApiModel):
     )
     architecture: Literal["auto", "llama", "qwen"] = Field(
         default="auto",
-        description="Base architecture, choosing the TensorRT-LLM converter. auto reads config.json.",
+        description="Base architecture, choosing the TensorRT-LLM converter (qwen: Qwen2/Qwen2.5). "
+        "auto reads config.json.",
     )
 
 
@@ -191,7 +196,10 @@ class BuildJob(ApiModel):
     node_selector: StringMap = Field(default_factory=dict, description="Extra node selector for build Pods.")
     tolerations: list[Toleration] = Field(default_factory=list, description="Tolerations for build Pods.")
     resources: ResourceRequirements = Field(
-        default_factory=dict, description="CPU/memory requests and limits (GPUs are added from tensor size)."
+        default_factory=dict,
+        description="CPU/memory requests and limits over the default requests of 2 CPUs and 16Gi per "
+        "tensor-parallel rank (a request here wins; a limit without a request replaces the default "
+        "request). GPUs are added from tensor size.",
     )
     active_deadline_seconds: int = Field(
         default=14400, ge=60, le=604800, description="Upper bound of one build Job's run time."
@@ -243,8 +251,10 @@ class Engine(ApiModel):
 class Triton(ApiModel):
     """Triton TensorRT-LLM backend parameters (serving-only: changing them never rebuilds)."""
 
-    batching_strategy: Literal["inflight_fused_batching", "v1"] = Field(
-        default="inflight_fused_batching", description="Triton tensorrt_llm batching_strategy."
+    batching_strategy: Literal["inflight_fused_batching"] = Field(
+        default="inflight_fused_batching",
+        description="Triton tensorrt_llm batching_strategy. Only in-flight batching: static batching (v1) "
+        "is not run by the TensorRT-LLM 1.0 executor.",
     )
     max_queue_delay_microseconds: int = Field(
         default=0, ge=0, le=10_000_000, description="Dynamic batcher max queue delay."
@@ -256,6 +266,15 @@ class Triton(ApiModel):
         default=True, description="Chunked context (only applied when engine.pagedContextFmha is true)."
     )
     enable_kv_cache_reuse: bool = Field(default=True, description="Reuse KV blocks across requests.")
+
+    @field_validator("batching_strategy", mode="before")
+    @classmethod
+    def _no_static_batching(cls, v):
+        # Say why, not only "should be 'inflight_fused_batching'": v1 was accepted before.
+        if isinstance(v, str) and v.lower() == "v1":
+            raise ValueError("batchingStrategy v1 (static batching) is not supported: the TensorRT-LLM 1.0 "
+                             "executor runs only in-flight batching; use inflight_fused_batching")
+        return v
 
 
 class Rollout(ApiModel):
@@ -271,6 +290,27 @@ class Rollout(ApiModel):
     )
 
 
+class ServingNetworkPolicy(ApiModel):
+    """NetworkPolicies for this resource's pods (enforced only where the cluster's network plugin does).
+
+    Serving pods admit ingress only on their HTTP, gRPC and metrics ports, from ``ingressFrom`` (by
+    default every pod of this namespace: clients and the validation Job), plus the metrics port from the
+    operator's namespace (its Pods metrics source) and ``metricsFrom`` (e.g. Prometheus). Build and
+    validation pods admit no ingress at all: nothing connects to them.
+    """
+
+    enabled: bool = Field(default=False, description="Create the NetworkPolicies.")
+    ingress_from: list[NetworkPolicyPeer] = Field(
+        default_factory=list,
+        description="NetworkPolicyPeers allowed on the serving ports (HTTP, gRPC, metrics). Empty: every pod "
+        "in this namespace.",
+    )
+    metrics_from: list[NetworkPolicyPeer] = Field(
+        default_factory=list,
+        description="Extra NetworkPolicyPeers allowed on the metrics port only (e.g. Prometheus's namespace).",
+    )
+
+
 class Serving(ApiModel):
     """Triton serving pods."""
 
@@ -282,7 +322,10 @@ class Serving(ApiModel):
     replicas: int = Field(default=1, ge=0, le=1000, description="Replicas of the active variant (scale subresource).")
     triton: Triton = Field(default_factory=Triton, description="Triton backend parameters.")
     resources: ResourceRequirements = Field(
-        default_factory=dict, description="CPU/memory for each pod (GPUs are added from tensor size)."
+        default_factory=dict,
+        description="CPU/memory for each pod, over the default requests of 2 CPUs and 16Gi per tensor-parallel "
+        "rank (a request here wins; a limit without a request replaces the default request). GPUs are added "
+        "from tensor size.",
     )
     node_selector: StringMap = Field(default_factory=dict, description="Node selector for serving Pods.")
     tolerations: list[Toleration] = Field(default_factory=list, description="Tolerations for serving Pods.")
@@ -290,6 +333,53 @@ class Serving(ApiModel):
         default=1800, ge=30, le=86400, description="How long engine loading may take before the pod restarts."
     )
     rollout: Rollout = Field(default_factory=Rollout, description="Engine switch strategy.")
+    network_policy: ServingNetworkPolicy = Field(
+        default_factory=ServingNetworkPolicy, description="Optional NetworkPolicies for this resource's pods."
+    )
+
+
+class EndpointPickerRef(ApiModel):
+    """The Endpoint Picker (EPP) Service the gateway consults for each request (InferencePool v1 ``endpointPickerRef``)."""
+
+    name: str = Field(min_length=1, max_length=63, pattern=_DNS1123_LABEL,
+                      description="Name of the endpoint picker's Service, in the resource's namespace.")
+    port: int = Field(ge=1, le=65535, description="The endpoint picker Service's port (its gRPC ext-proc port).")
+    failure_mode: Literal["FailOpen", "FailClose"] = Field(
+        default="FailClose",
+        description="What the gateway does when the endpoint picker does not answer: FailClose rejects the "
+        "request, FailOpen routes it to any pod of the pool.",
+    )
+
+
+class InferencePool(ApiModel):
+    """A Gateway API Inference Extension ``InferencePool`` (inference.networking.k8s.io/v1) named like the Service."""
+
+    model_config = {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                _cel("!self.enabled || has(self.endpointPickerRef)",
+                     "endpointPickerRef is required when the InferencePool is enabled")
+            ]
+        }
+    }
+
+    enabled: bool = Field(default=False, description="Manage an InferencePool <name> that selects the active "
+                          "engine's pods exactly as the Service <name> does (moved blue/green with it).")
+    endpoint_picker_ref: EndpointPickerRef | None = Field(
+        default=None, description="The endpoint picker the gateway consults; required when enabled.")
+
+    @model_validator(mode="after")
+    def _picker_when_enabled(self) -> "InferencePool":
+        if self.enabled and self.endpoint_picker_ref is None:
+            raise ValueError("endpointPickerRef is required when the InferencePool is enabled")
+        return self
+
+
+class Routing(ApiModel):
+    """How gateways reach the serving pods beyond the Service <name>."""
+
+    inference_pool: InferencePool = Field(default_factory=InferencePool,
+                                          description="Gateway API Inference Extension InferencePool.")
 
 
 class Autoscaling(ApiModel):
@@ -386,7 +476,9 @@ class Speculation(ApiModel):
     canary_replicas: int = Field(
         default=1, ge=0, le=100,
         description="While on base, ReDrafter replicas that keep receiving a share of live traffic so "
-        "acceptance stays measured and recovery can be detected (0 disables recovery detection).",
+        "acceptance stays measured and recovery can be detected (0 disables recovery detection). None run "
+        "after a fallback caused by load alone (loadAware, at an acceptance above minAcceptanceRate + "
+        "acceptanceHysteresis): its return is judged from the load.",
     )
     acceptance_hysteresis: float = Field(
         default=0.05, ge=0, le=1,
@@ -472,7 +564,9 @@ class Validation(ApiModel):
         default=1800, ge=60, le=86400, description="Upper bound of the validation Job's run time."
     )
     resources: ResourceRequirements = Field(
-        default_factory=dict, description="CPU/memory of the validation pod (it needs no GPU)."
+        default_factory=dict,
+        description="CPU/memory of the validation pod (it needs no GPU), over the defaults: requests 250m "
+        "CPU and 256Mi, memory limit 1Gi.",
     )
 
 
@@ -491,6 +585,7 @@ class ReDrafterDeploymentSpec(ApiModel):
     validation: Validation = Field(
         default_factory=Validation, description="Validation of new engines before promotion."
     )
+    routing: Routing = Field(default_factory=Routing, description="Gateway routing (InferencePool).")
 
 
 def spec_errors(raw: dict) -> list[str]:

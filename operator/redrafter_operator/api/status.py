@@ -10,7 +10,8 @@ from .types import ApiModel
 
 Phase = Literal["Pending", "Building", "Deploying", "Serving", "Degraded", "Failed"]
 EngineState = Literal["Pending", "Cached", "Building", "Ready", "Failed"]
-ConditionType = Literal["SpecValid", "EnginesReady", "Validated", "Available", "Progressing", "SpeculationHealthy"]
+ConditionType = Literal["SpecValid", "EnginesReady", "Validated", "Available", "Progressing", "SpeculationHealthy",
+                        "Ready", "Reconciling", "Stalled", "InferencePoolReady"]
 CONDITION_TYPES: tuple[str, ...] = ConditionType.__args__  # type: ignore[attr-defined]
 HISTORY_LIMIT = 20
 
@@ -19,7 +20,9 @@ class Condition(ApiModel):
     """A Kubernetes-style condition (metav1.Condition)."""
 
     type: str = Field(
-        description="SpecValid, EnginesReady, Validated, Available, Progressing or SpeculationHealthy."
+        description="SpecValid, EnginesReady, Validated, Available, Progressing, SpeculationHealthy, the "
+        "GitOps health conditions Ready, Reconciling and Stalled (kstatus conventions), and InferencePoolReady "
+        "(with spec.routing.inferencePool)."
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", max_length=1024,
@@ -38,6 +41,12 @@ class EngineStatus(ApiModel):
     path: str | None = Field(default=None, description="Artifact directory inside the cache volume.")
     message: str | None = Field(default=None, description="Failure reason (Job termination message).")
     attempts: int = Field(default=0, description="Build Jobs created for this key since the last retry request.")
+    exit_code: int | None = Field(
+        default=None,
+        description="Exit code of a build that no retry can fix (2 bad input, 6 source unavailable): its Job "
+        "failed at once (podFailurePolicy) and no further Job starts until the spec or the "
+        "redrafter.dev/retry-build annotation changes.",
+    )
     retry_token: str | None = Field(
         default=None,
         description="Value of the redrafter.dev/retry-build annotation the attempts count against "
@@ -50,11 +59,23 @@ class EnginesStatus(ApiModel):
     base: EngineStatus | None = Field(default=None, description="The base (fallback) engine.")
 
 
+class ServingFailure(ApiModel):
+    """Why serving replicas do not come up, as the scheduler, the kubelet or the Deployment controller said."""
+
+    reason: str = Field(description="Unschedulable, ErrImagePull, ImagePullBackOff, CrashLoopBackOff, OOMKilled, "
+                        "CreateContainerConfigError, FailedCreate (ReplicaFailure), ProgressDeadlineExceeded, ...")
+    message: str = Field(default="", description="The scheduler's, kubelet's or Deployment controller's message.")
+    deployment: str = Field(description="The serving Deployment.")
+    pod: str | None = Field(default=None, description="The failing Pod (absent when the Deployment itself reports it).")
+
+
 class ServingStatus(ApiModel):
     replicas: int = Field(default=0, description="Replicas of the active variant (scale subresource).")
     ready_replicas: int = Field(default=0, description="Ready replicas of the active variant.")
     selector: str = Field(default="", description="Label selector of the active pods (scale subresource).")
     service: str | None = Field(default=None, description="The stable Service clients use.")
+    failure: ServingFailure | None = Field(default=None, description="Why serving does not come up (absent when "
+                                           "nothing failed).")
 
 
 class SpeculationStatus(ApiModel):

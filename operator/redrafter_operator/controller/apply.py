@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+import aiohttp
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 
@@ -50,6 +51,8 @@ _KINDS: dict[tuple[str, str], tuple[str, str]] = {
     ("v1", "Service"): ("/api/v1", "services"),
     ("apps/v1", "Deployment"): ("/apis/apps/v1", "deployments"),
     ("batch/v1", "Job"): ("/apis/batch/v1", "jobs"),
+    ("networking.k8s.io/v1", "NetworkPolicy"): ("/apis/networking.k8s.io/v1", "networkpolicies"),
+    ("inference.networking.k8s.io/v1", "InferencePool"): ("/apis/inference.networking.k8s.io/v1", "inferencepools"),
 }
 
 
@@ -81,13 +84,18 @@ WriteHook = Callable[[str, str, int], None]  # (verb, resource, status code)
 
 
 class KubeClient:
-    """Generic JSON REST calls with retries. ``on_request`` sees every request (for metrics)."""
+    """Generic JSON REST calls with retries. ``on_request`` sees every request (for metrics).
+
+    ``may_write`` fences writes: when it answers False (a leader whose Lease may have lapsed), a write is
+    refused before it is sent, with reason NotLeader.
+    """
 
     def __init__(self, configuration: k8s_client.Configuration, on_request: WriteHook | None = None,
-                 backoff: tuple[float, ...] = BACKOFF):
+                 backoff: tuple[float, ...] = BACKOFF, may_write: Callable[[], bool] | None = None):
         self._api = k8s_client.ApiClient(configuration=configuration)
         self._on_request = on_request
         self._backoff = backoff
+        self._may_write = may_write
 
     async def close(self) -> None:
         await self._api.close()
@@ -99,6 +107,8 @@ class KubeClient:
         if method in ("POST", "PUT", "PATCH") and not any(k == "fieldManager" for k, _ in query):
             query.append(("fieldManager", FIELD_MANAGER))  # managedFields name the operator, not the client library
         for attempt in range(len(self._backoff) + 1):
+            if method != "GET" and self._may_write is not None and not self._may_write():
+                raise ApiError(0, "NotLeader", "this replica no longer holds the leader lease", method, path)
             try:
                 resp = await self._api.call_api(
                     path, method, query_params=query, body=body,
@@ -109,7 +119,7 @@ class KubeClient:
                 status = resp.status
                 raw = await resp.read()
                 resp.release()
-            except (OSError, asyncio.TimeoutError, k8s_client.exceptions.ApiException) as exc:
+            except (OSError, asyncio.TimeoutError, aiohttp.ClientError, k8s_client.exceptions.ApiException) as exc:
                 status, raw = 0, str(exc).encode()
                 if isinstance(exc, k8s_client.exceptions.ApiException) and exc.status:
                     status, raw = exc.status, (exc.body or b"") if isinstance(exc.body, bytes) else str(exc.body or "").encode()
@@ -150,6 +160,7 @@ class _Applied:
     owned_fields: str  # fingerprint right after the apply
     before: str | None  # resourceVersion the watch showed when we applied: that view is stale from then on
     at: float
+    generation: int = 0  # metadata.generation of the object the apply produced
 
 
 class Applier:
@@ -159,7 +170,7 @@ class Applier:
     as that apply left it (its resourceVersion), or still as before it (the echo is on its way), or
     later with the operator's owned fields unchanged (status or another manager's fields changed). A
     restarted operator knows nothing yet and applies each child once; the server answers an apply that
-    changes nothing without writing. A deleted child is forgotten (``forget_object``) and re-applied.
+    changes nothing without writing. A deleted child is forgotten (:meth:`deleted`) and re-applied.
     """
 
     def __init__(self, client: KubeClient, observed: Callable[[Mapping[str, Any]], ChildState | None],
@@ -176,10 +187,6 @@ class Applier:
     def forget(self, namespace: str, name_prefix: str = "") -> None:
         for ref in [r for r in self._applied if r[1] == namespace and r[2].startswith(name_prefix)]:
             del self._applied[ref]
-
-    def forget_object(self, kind: str, namespace: str, name: str) -> None:
-        """The child is gone: the next ensure creates it again."""
-        self._applied.pop((kind, namespace, name), None)
 
     def in_sync(self, manifest: Mapping[str, Any]) -> bool:
         mem = self._applied.get(self._ref(manifest))
@@ -200,10 +207,26 @@ class Applier:
         applied = await self._apply(manifest)
         if await self._adopt(manifest, applied):
             applied = await self._apply(manifest)
+        meta = applied.get("metadata") or {}
         self._applied[self._ref(manifest)] = _Applied(
-            manifest_hash(manifest), applied.get("metadata", {}).get("resourceVersion", ""), owned_fields(applied),
-            seen.resource_version if seen else None, time.monotonic())
+            manifest_hash(manifest), meta.get("resourceVersion", ""), owned_fields(applied),
+            seen.resource_version if seen else None, time.monotonic(), int(meta.get("generation") or 0))
         return True
+
+    def carried(self, kind: str, namespace: str, name: str, generation: int, seen: ChildState) -> str:
+        """The manifest hash the watched object (``seen``, at ``generation``) is known to carry, "" if none.
+
+        Known means: this process applied it, the watch shows the apply's result or later (a spec the
+        apply changed bumps the generation), and the operator's owned fields are as the apply left them.
+        Without the applied-hash annotation of merge-patch days, this is what tells a Deployment that
+        already runs this step's template from one that still runs the previous one.
+        """
+        mem = self._applied.get((kind, namespace, name))
+        if mem is None or not mem.digest or generation < mem.generation:
+            return ""
+        if seen.resource_version != mem.resource_version and seen.owned_fields != mem.owned_fields:
+            return ""  # someone changed the operator's fields since: an apply is pending
+        return mem.digest
 
     async def _apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
         return await self.client.request("PATCH", object_path(manifest), manifest, content_type=APPLY_PATCH,
@@ -232,6 +255,19 @@ class Applier:
             {"op": "test", "path": "/metadata/resourceVersion", "value": meta.get("resourceVersion")},
             {"op": "replace", "path": "/metadata/managedFields", "value": upgraded}], content_type=JSON_PATCH)
         return True
+
+    def deleted(self, obj: Mapping[str, Any]) -> None:
+        """A child observed deleted: what this process wrote to it no longer holds (the next ensure recreates it)."""
+        self._applied.pop(self._ref(obj), None)
+
+    async def delete(self, manifest: Mapping[str, Any]) -> None:
+        """Delete a child no longer wanted (already gone is fine), forgetting what this process applied to it."""
+        self.deleted(manifest)
+        try:
+            await self.client.request("DELETE", object_path(manifest))
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
 
     async def create(self, manifest: dict[str, Any]) -> bool:
         """Create-only (Jobs, build ConfigMaps): an existing object with that name is left as it is.

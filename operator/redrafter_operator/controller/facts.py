@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
@@ -21,6 +22,10 @@ ANNOTATION_ARTIFACT = f"{names.DOMAIN}/artifact"
 ANNOTATION_RETRY_TOKEN = f"{names.DOMAIN}/retry-token"  # retry-build annotation value a Job was created under
 ANNOTATION_CACHE_CLAIM = f"{names.DOMAIN}/cache-claim"
 JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")
+#: Job condition reason when a podFailurePolicy FailJob rule ended the Job, and the Job controller's
+#: message ("Container build for pod ns/p failed with exit code 2 matching FailJob rule at index 0")
+REASON_POD_FAILURE_POLICY = "PodFailurePolicy"
+_FAIL_JOB_EXIT_CODE = re.compile(r"failed with exit code (\d+) matching FailJob rule")
 
 
 def manifest_hash(manifest: Mapping[str, Any]) -> str:
@@ -74,6 +79,8 @@ class JobFact:
     state: JobState
     reason: str = ""
     message: str = ""
+    #: the exit code when the build Job's podFailurePolicy failed it (a code no retry can fix), else None
+    final_exit_code: int | None = None
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> "JobFact":
@@ -109,7 +116,15 @@ class JobFact:
             state=state,
             reason=reason,
             message=message,
+            final_exit_code=_fail_job_exit_code(reason, message),
         )
+
+
+def _fail_job_exit_code(reason: str, message: str) -> int | None:
+    if reason != REASON_POD_FAILURE_POLICY:
+        return None
+    m = _FAIL_JOB_EXIT_CODE.search(message)
+    return int(m.group(1)) if m else None
 
 
 def _cache_claim(body: Mapping[str, Any]) -> str:
@@ -148,6 +163,75 @@ class PodFact:
                    started=body.get("metadata", {}).get("creationTimestamp", ""))
 
 
+#: container waiting reasons the kubelet writes when a container cannot start (pkg/kubelet/images/types.go,
+#: pkg/kubelet/kuberuntime/kuberuntime_container.go, pkg/kubelet/container/sync_result.go at Kubernetes
+#: v1.30); ContainerCreating / PodInitializing are the normal way up and are not failures
+FAILED_WAITING = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
+                  "CreateContainerConfigError", "CreateContainerError", "RunContainerError", "CrashLoopBackOff")
+
+
+@dataclass(frozen=True)
+class ServingPodFact:
+    """A serving Pod, and why it cannot serve when the scheduler or the kubelet says so.
+
+    ``reason``/``message`` are empty for a Pod on its normal way up (scheduled, pulling, loading the
+    engine); a failure is what the scheduler (PodScheduled=False, Unschedulable) or the kubelet
+    (a container waiting for one of :data:`FAILED_WAITING`, or last killed for memory) wrote.
+    """
+
+    name: str
+    owner: str  # LABEL_DEPLOYMENT value
+    variant: str
+    role: str
+    ready: bool
+    reason: str = ""
+    message: str = ""
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> "ServingPodFact":
+        labels = _labels(body)
+        status = body.get("status") or {}
+        conditions = {c.get("type"): c for c in status.get("conditions") or []}
+        ready = (conditions.get("Ready") or {}).get("status") == "True"
+        reason, message = ("", "") if ready else _pod_failure(status, conditions)
+        return cls(name=body.get("metadata", {}).get("name", ""), owner=labels.get(names.LABEL_DEPLOYMENT, ""),
+                   variant=labels.get(names.LABEL_VARIANT, ""), role=labels.get(names.LABEL_ROLE, ""),
+                   ready=ready, reason=reason, message=message)
+
+
+def _pod_failure(status: Mapping[str, Any], conditions: Mapping[str, Mapping[str, Any]]) -> tuple[str, str]:
+    """(reason, message) of a Pod that is not Ready because something failed, ("", "") otherwise."""
+    scheduled = conditions.get("PodScheduled") or {}
+    if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
+        return "Unschedulable", scheduled.get("message") or "no node can run the pod"
+    for cs in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        name = cs.get("name", "")
+        state, last = cs.get("state") or {}, (cs.get("lastState") or {}).get("terminated") or {}
+        term = state.get("terminated") or {}
+        waiting = state.get("waiting") or {}
+        restarts = int(cs.get("restartCount") or 0)
+        if term.get("reason") == "OOMKilled" or (last.get("reason") == "OOMKilled" and not cs.get("ready")):
+            code = (term or last).get("exitCode", 137)
+            return "OOMKilled", (f"container {name} was killed for exceeding its memory limit (OOMKilled, exit code "
+                                 f"{code}), restarted {restarts} times")
+        if waiting.get("reason") in FAILED_WAITING:
+            detail = waiting.get("message") or ""
+            if waiting["reason"] == "CrashLoopBackOff" and last:
+                detail = _exited(name, last, restarts) + (f"; {detail}" if detail else "")
+            return waiting["reason"], detail or f"container {name} is waiting: {waiting['reason']}"
+        if last.get("exitCode") and restarts and not cs.get("ready"):
+            # between two back-offs the kubelet runs the container again (state running, not Ready): the
+            # same crash loop, not a recovery, until the container stays up and gets Ready
+            return "CrashLoopBackOff", _exited(name, last, restarts)
+    return "", ""
+
+
+def _exited(container: str, last: Mapping[str, Any], restarts: int) -> str:
+    why = (last.get("message") or last.get("reason") or "").strip()
+    return (f"container {container} exited with code {last.get('exitCode')}" + (f" ({why})" if why else "")
+            + f", restarted {restarts} times")
+
+
 @dataclass(frozen=True)
 class DeploymentFact:
     """One serving Deployment: which engine it runs and whether its rollout is done."""
@@ -163,12 +247,15 @@ class DeploymentFact:
     observed_generation: int
     owned_fields: str = ""  # see owned_fields()
     resource_version: str = ""
+    failure_reason: str = ""  # ReplicaFailure=True or Progressing=False ProgressDeadlineExceeded
+    failure_message: str = ""
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> "DeploymentFact":
         meta = body.get("metadata", {})
         status = body.get("status") or {}
         spec_replicas = (body.get("spec") or {}).get("replicas")
+        failure_reason, failure_message = _deployment_failure(status)
         return cls(
             name=meta.get("name", ""),
             variant=_labels(body).get(names.LABEL_VARIANT, ""),
@@ -181,6 +268,8 @@ class DeploymentFact:
             observed_generation=int(status.get("observedGeneration") or 0),
             owned_fields=owned_fields(body),
             resource_version=meta.get("resourceVersion", ""),
+            failure_reason=failure_reason,
+            failure_message=failure_message,
         )
 
     @property
@@ -194,9 +283,25 @@ class DeploymentFact:
         )
 
 
+def _deployment_failure(status: Mapping[str, Any]) -> tuple[str, str]:
+    """What the Deployment controller reports as stuck (pkg/controller/deployment/util/deployment_util.go,
+    Kubernetes v1.30): ReplicaFailure=True (the ReplicaSet's FailedCreate: admission, quota, Pod Security)
+    or Progressing=False with reason ProgressDeadlineExceeded."""
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    failure = conditions.get("ReplicaFailure") or {}
+    if failure.get("status") == "True":
+        return failure.get("reason") or "ReplicaFailure", failure.get("message") or ""
+    progressing = conditions.get("Progressing") or {}
+    if progressing.get("status") == "False" and progressing.get("reason") == "ProgressDeadlineExceeded":
+        return "ProgressDeadlineExceeded", progressing.get("message") or ""
+    return "", ""
+
+
 @dataclass(frozen=True)
 class ObjectFact:
-    """Any other child (ConfigMap, Service): what the operator owns of it and, for Services, the traffic pool."""
+    """Any other child (ConfigMap, Service, NetworkPolicy, InferencePool): what the operator owns of it and, for
+    what selects serving pods (a Service's ``selector``, an InferencePool's ``selector.matchLabels``), the traffic
+    pool."""
 
     kind: str
     name: str
@@ -207,6 +312,8 @@ class ObjectFact:
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> "ObjectFact":
         selector = (body.get("spec") or {}).get("selector") or {}
+        if isinstance(selector, dict) and isinstance(selector.get("matchLabels"), dict):
+            selector = selector["matchLabels"]
         return cls(
             kind=body.get("kind", ""),
             name=body.get("metadata", {}).get("name", ""),
@@ -231,5 +338,11 @@ class Observed:
     jobs: list[JobFact] = field(default_factory=list)  # this resource's build Jobs
     pods: dict[str, PodFact] = field(default_factory=dict)  # build Pod outcome by Job name
     deployments: dict[str, DeploymentFact] = field(default_factory=dict)  # by variant, and "canary" / "candidate"
+    serving_pods: list[ServingPodFact] = field(default_factory=list)  # this resource's serving Pods
     service_pool: str | None = None  # traffic pool the stable Service selects now (None: no Service)
+    routing_pool: str | None = None  # traffic pool the InferencePool <name> selects now (None: none observed)
     shared: dict[str, SharedArtifact] = field(default_factory=dict)  # by variant
+    #: Deployment name -> hash of the manifest the observed object is known to carry (the applier's last
+    #: server-side apply, once the watch shows its result and nobody changed the operator's fields since);
+    #: "" = not known to carry one. A name left out is not tracked and taken as current.
+    applied: dict[str, str] = field(default_factory=dict)

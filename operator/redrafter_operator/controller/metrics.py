@@ -6,12 +6,20 @@ test process, or a restart, never collide on metric names.
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from ..api.status import Phase
+from ..api.spec import Speculation
+from ..api.status import EngineState, Phase, ValidationState
 
 PHASES: tuple[str, ...] = Phase.__args__  # type: ignore[attr-defined]
+ENGINE_STATES: tuple[str, ...] = EngineState.__args__  # type: ignore[attr-defined]
+VALIDATION_STATES: tuple[str, ...] = ValidationState.__args__  # type: ignore[attr-defined]
+ENGINES: tuple[str, ...] = ("redrafter", "base")
+#: per-resource gauges: the facts the dashboard and the alert rules ask about each ReDrafterDeployment
+RESOURCE_LABELS = ["namespace", "name"]
 WRITE_VERBS = {"POST", "PUT", "PATCH", "DELETE"}
 
 
@@ -35,7 +43,26 @@ class OperatorMetrics:
         self.phase = Gauge("redrafter_operator_resource_phase", "1 for the current phase of each resource.",
                            ["namespace", "name", "phase"], registry=r)
         self.switches = Counter("redrafter_operator_engine_switches_total", "Service moves between engines.",
-                                ["from_engine", "to_engine"], registry=r)
+                                [*RESOURCE_LABELS, "from_engine", "to_engine"], registry=r)
+        self.active_engine = Gauge("redrafter_operator_active_engine",
+                                   "1 for the engine the Service of each resource selects.",
+                                   [*RESOURCE_LABELS, "engine"], registry=r)
+        self.fallback = Gauge("redrafter_operator_speculation_fallback",
+                              "1 while a resource serves the base engine although speculation.mode is not Never "
+                              "(acceptance fell, the ReDrafter engine failed or is not validated).",
+                              RESOURCE_LABELS, registry=r)
+        self.engine_state = Gauge("redrafter_operator_engine_state", "1 for the build state of each engine.",
+                                  [*RESOURCE_LABELS, "variant", "state"], registry=r)
+        self.validation_state = Gauge("redrafter_operator_validation_state",
+                                      "1 for the state of the newest engine pair's validation.",
+                                      [*RESOURCE_LABELS, "state"], registry=r)
+        self.replicas = Gauge("redrafter_operator_serving_replicas", "Desired replicas of the active engine.",
+                              [*RESOURCE_LABELS, "engine"], registry=r)
+        self.ready_replicas = Gauge("redrafter_operator_serving_ready_replicas",
+                                    "Ready replicas of the active engine.", [*RESOURCE_LABELS, "engine"], registry=r)
+        self.min_acceptance = Gauge("redrafter_operator_min_acceptance_rate",
+                                    "spec.speculation.minAcceptanceRate of each resource.", RESOURCE_LABELS,
+                                    registry=r)
         self.speculation_evaluations = Counter(
             "redrafter_operator_speculation_evaluations_total",
             "Speculation policy evaluations by measurement outcome (Successful, Failed, Inconclusive, Error).",
@@ -50,19 +77,48 @@ class OperatorMetrics:
         self.queue_depth = Gauge("redrafter_operator_workqueue_depth", "Resources waiting to be reconciled.",
                                  registry=r)
         self.resources = Gauge("redrafter_operator_resources", "ReDrafterDeployments watched.", registry=r)
+        self.leader = Gauge("redrafter_operator_leader",
+                            "1 while this replica runs the reconcile loops (holds the leader Lease, or standalone).",
+                            registry=r)
 
     def on_request(self, verb: str, resource: str, code: int) -> None:
         self.api_requests.labels(verb, resource, str(code)).inc()
 
     def set_phase(self, namespace: str, name: str, phase: str | None) -> None:
-        for p in PHASES:
-            if p == phase:
-                self.phase.labels(namespace, name, p).set(1)
-            else:
-                try:
-                    self.phase.remove(namespace, name, p)
-                except KeyError:
-                    pass
+        _one_of(self.phase, (namespace, name), PHASES, phase)
+
+    def observe_resource(self, namespace: str, name: str, spec: Mapping[str, Any],
+                         status: Mapping[str, Any]) -> None:
+        """Export what the status just written says about one resource (and the threshold its spec sets)."""
+        self.set_phase(namespace, name, status.get("phase"))
+        key = (namespace, name)
+        active = status.get("activeEngine")
+        _one_of(self.active_engine, key, ENGINES, active)
+        speculation = spec.get("speculation") or {}
+        mode = speculation.get("mode", Speculation.model_fields["mode"].default)
+        self.fallback.labels(*key).set(1 if active == "base" and mode != "Never" else 0)
+        engines = status.get("engines") or {}
+        for variant in ENGINES:
+            _one_of(self.engine_state, (*key, variant), ENGINE_STATES, (engines.get(variant) or {}).get("state"))
+        _one_of(self.validation_state, key, VALIDATION_STATES, (status.get("validation") or {}).get("state"))
+        serving = status.get("serving") or {}
+        for gauge, field in ((self.replicas, "replicas"), (self.ready_replicas, "readyReplicas")):
+            _one_of(gauge, key, ENGINES, active, float(serving.get(field, 0)))
+        threshold = speculation.get("minAcceptanceRate", Speculation.model_fields["min_acceptance_rate"].default)
+        self.min_acceptance.labels(*key).set(float(threshold))
+
+    def forget_resource(self, namespace: str, name: str) -> None:
+        """Drop every per-resource series of a deleted resource (a stale 1 would keep alerts firing)."""
+        self.set_phase(namespace, name, None)
+        key = (namespace, name)
+        _one_of(self.active_engine, key, ENGINES, None)
+        _one_of(self.validation_state, key, VALIDATION_STATES, None)
+        for variant in ENGINES:
+            _one_of(self.engine_state, (*key, variant), ENGINE_STATES, None)
+        for gauge in (self.replicas, self.ready_replicas):
+            _one_of(gauge, key, ENGINES, None)
+        for gauge in (self.fallback, self.min_acceptance):
+            _remove(gauge, key)
 
     def writes(self) -> float:
         """Total write requests so far (bench and tests read this)."""
@@ -71,3 +127,20 @@ class OperatorMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _remove(gauge: Gauge, labels: tuple[str, ...]) -> None:
+    try:
+        gauge.remove(*labels)
+    except KeyError:
+        pass
+
+
+def _one_of(gauge: Gauge, prefix: tuple[str, ...], values: tuple[str, ...], current: Any,
+            value: float = 1.0) -> None:
+    """Keep only the series whose last label is ``current`` (set to ``value``); none when it is unknown."""
+    for v in values:
+        if v == current:
+            gauge.labels(*prefix, v).set(value)
+        else:
+            _remove(gauge, (*prefix, v))

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from engine_jobs.contract import Variant
 
-from ..render import names, serving
+from ..render import inference_pool, names, serving
 from ..render.common import Owner
-from .planner import Renderers
+from .plan_types import Renderers
 
 
 def _variant(owner: Owner, variant: Variant, key: str, replicas: int) -> list[dict[str, Any]]:
@@ -26,5 +27,15 @@ def _candidate(owner: Owner, key: str, replicas: int) -> list[dict[str, Any]]:
             serving.candidate_deployment(owner, key, replicas), serving.candidate_service(owner)]
 
 
+def _services(owner: Owner, pool: Variant) -> list[dict[str, Any]]:
+    """The Services, then the optional NetworkPolicies (admitting this operator's namespace to scrape)."""
+    return [*serving.services(owner, pool), *serving.network_policies(owner, os.environ.get("POD_NAMESPACE"))]
+
+
+def _inference_pool(owner: Owner, pool: Variant) -> list[dict[str, Any]]:
+    return [inference_pool.inference_pool(owner, pool)]
+
+
 def default_renderers() -> Renderers:
-    return Renderers(variant=_variant, services=serving.services, canary=_canary, candidate=_candidate)
+    return Renderers(variant=_variant, services=_services, canary=_canary, candidate=_candidate,
+                     inference_pool=_inference_pool)

@@ -1,9 +1,10 @@
 """The speculation policy in the controller: a thin shell around :func:`redrafter_operator.policy.step`.
 
-Every ``spec.speculation.interval``, per ReDrafterDeployment (an :class:`~.handlers.Evaluator` in the
+Every ``spec.speculation.interval``, per ReDrafterDeployment (an :class:`~.resource_io.Evaluator` in the
 controller's timer slot):
 
-1. list the serving pods (``LABEL_DEPLOYMENT=<name>``, component serving) -> Ready scrape targets;
+1. list the serving pods (``LABEL_DEPLOYMENT=<name>``, component serving) -> Ready scrape targets, and
+   every pod's readiness for the autoscaler (pods still starting count as the HPA counts them);
 2. read them (pod scrape, or Prometheus per ``spec.metrics``); a source that fails as a whole is the
    policy's ``error`` input (an *Error* measurement: inconclusive, never a switch), never a crash;
 3. ``policy.step`` with the state persisted in ``status.policy`` (or this process's newer copy), the
@@ -36,23 +37,20 @@ from pydantic import ValidationError
 
 from ..api.spec import ReDrafterDeploymentSpec
 from ..api.status import HISTORY_LIMIT
-from ..metrics import PrometheusError, Reading, source_for, targets_from_pods
+from ..metrics import PrometheusError, Reading, source_for, statuses_from_pods, targets_from_pods
 from ..policy import Evaluation, PolicyState, due, step
 from ..render import names
 from .apply import ApiError, merge_patch
 from .conditions import Cond, merge_conditions
-from .handlers import current_resource, interval_of, post_events, write_status
-from .planner import ServingTargets
+from .plan_types import READY_STATES, ServingTargets
+from .resource_io import Host, Key, current_resource, interval_of, post_events, variant_deployments, write_status
 
 log = logging.getLogger("redrafter_operator.controller.speculation")
 
-READY_STATES = ("Ready", "Cached")
 HEARTBEAT_INTERVALS = 10
 HEARTBEAT_MIN_SECONDS = 300.0
 HISTORY_REASON_LIMIT = 512
 CONDITION = "SpeculationHealthy"
-
-Key = tuple[str, str]
 
 
 def rfc3339(epoch: float) -> str:
@@ -166,7 +164,7 @@ class SpeculationEvaluator:
     def interval(self, body: Mapping[str, Any]) -> float:
         return interval_of(body)
 
-    async def evaluate(self, controller: Any, body: Mapping[str, Any]) -> None:
+    async def evaluate(self, controller: Host, body: Mapping[str, Any]) -> None:
         for k in [k for k in self._states if k not in controller.bodies]:
             del self._states[k]
             self._scaled.pop(k, None)
@@ -189,7 +187,7 @@ class SpeculationEvaluator:
         if pods is None:
             return
         reading, error = await self._read(spec, name, ns, pods)
-        deployments = _deployments(controller, ns, name)
+        deployments = variant_deployments(controller, ns, name)
         available = frozenset(v for v in VARIANTS
                               if ((status.get("engines") or {}).get(v) or {}).get("state") in READY_STATES
                               or (deployments.get(v) is not None and getattr(deployments[v], "key", "")))
@@ -199,7 +197,8 @@ class SpeculationEvaluator:
         dep = deployments.get(serving)
         observed = int(dep.replicas) if dep is not None else spec.serving.replicas
         ev, new = step(spec, state, reading, now, current_replicas=observed, error=error, available=available,
-                       measured_crossover=measured_crossover(status), serving=serving)
+                       measured_crossover=measured_crossover(status), serving=serving,
+                       pods=statuses_from_pods(pods))
         current = ev.current_replicas
         self._states[key] = (uid, new)
 
@@ -221,7 +220,7 @@ class SpeculationEvaluator:
             observer(key, ev)
 
     # ---- I/O -------------------------------------------------------------------------------------
-    async def _pods(self, controller: Any, ns: str, name: str) -> list[dict[str, Any]] | None:
+    async def _pods(self, controller: Host, ns: str, name: str) -> list[dict[str, Any]] | None:
         selector = names.selector_string({names.LABEL_DEPLOYMENT: names.label_value(name),
                                           names.LABEL_COMPONENT: "serving"})
         try:
@@ -244,13 +243,13 @@ class SpeculationEvaluator:
             log.warning("%s/%s: metrics read failed: %s", ns, name, exc)
             return None, f"{type(exc).__name__}: {exc}"
 
-    async def _write(self, controller: Any, key: Key, patch: Mapping[str, Any]) -> None:
+    async def _write(self, controller: Host, key: Key, patch: Mapping[str, Any]) -> None:
         try:
             await write_status(controller, key, patch)
         except ApiError as exc:  # retried on the next evaluation: the fragment still differs from status
             log.warning("%s/%s: status write failed (%s); retried next interval", key[0], key[1], exc)
 
-    def _account(self, controller: Any, key: Key, body: Mapping[str, Any], spec: ReDrafterDeploymentSpec,
+    def _account(self, controller: Host, key: Key, body: Mapping[str, Any], spec: ReDrafterDeploymentSpec,
                  ev: Evaluation, previous: str, serving: str, current: int, replicas: int) -> None:
         d = ev.speculation
         m = getattr(controller, "metrics", None)
@@ -269,21 +268,6 @@ class SpeculationEvaluator:
             s = ev.scale
             post_events(controller, body, [("Normal", "Scaling",
                                              f"{serving} replicas {current} -> {replicas}: {s.reason}: {s.message}")])
-
-
-def _deployments(controller: Any, ns: str, name: str) -> dict[str, Any]:
-    """The variant Deployments' facts from the reconciler's index (spec replicas, engine key), and the
-    candidate's (key ``candidate``) when there is one."""
-    idx = (getattr(controller, "indexes", None) or {}).get("rdd_deployments")
-    out: dict[str, Any] = {}
-    wanted = {**{v: names.serving_deployment_name(name, v) for v in VARIANTS}, "candidate": names.candidate_name(name)}
-    for v, dep_name in wanted.items():
-        ref = ("name", ns, dep_name)
-        if idx is not None and ref in idx:
-            facts = list(idx[ref])
-            if facts:
-                out[v] = facts[0]
-    return out
 
 
 __all__ = ["SpeculationEvaluator", "newer_state", "status_fragment", "status_patch", "stored_state"]

@@ -1,7 +1,7 @@
-"""Validation before promotion (issue 9), in the controller: the shell around ``evaluate.gate.validation_step``.
+"""Validation before promotion, in the controller: the shell around ``evaluate.gate.validation_step``.
 
 When ``spec.validation.enabled`` and both engines are Ready/Cached, every VALIDATION_INTERVAL seconds per
-resource (an :class:`~.handlers.Evaluator` in the controller's timer slot):
+resource (an :class:`~.resource_io.Evaluator` in the controller's timer slot):
 
 1. while ``status.validation`` is not Passed for the current (ReDrafter key, base key) pair, both variant
    Deployments keep >= 1 replica (the Job compares the two variant Services' greedy outputs);
@@ -37,108 +37,30 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Mapping
 
 from engine_jobs.contract import VARIANTS
 
-from .. import __version__
 from ..api.spec import ReDrafterDeploymentSpec
 from ..evaluate.gate import ValidationStep, validation_step
-from ..render import names
 from ..render.common import Owner
-from ..render.validation import validation_job, validation_job_name
+from ..render.validation import DEFAULT_OPERATOR_IMAGE, validation_job, validation_job_name
 from .apply import ApiError, merge_patch
 from .conditions import Cond, merge_conditions
-from .handlers import current_resource, now_rfc3339, post_events, write_status
-from .planner import ServingTargets, default_targets
-from .speculation import _deployments
+from .gate import ANNOTATION_RETRY_VALIDATION, Gate, engine_pair, gate_of, gated_targets, pods_ready
+from .plan_types import ServingTargets
+from .resource_io import Host, Key, current_resource, now_rfc3339, post_events, variant_deployments, write_status
+from .targets import default_targets
 
 log = logging.getLogger("redrafter_operator.controller.validation")
 
-ANNOTATION_RETRY_VALIDATION = f"{names.DOMAIN}/retry-validation"
 ENV_OPERATOR_IMAGE = "REDRAFTER_OPERATOR_IMAGE"
-DEFAULT_OPERATOR_IMAGE = f"ghcr.io/redrafter/redrafter-operator:{__version__}"
 VALIDATION_INTERVAL = 1.0  # the ticker's granularity: a Job starts as soon as both variants are Ready
-READY_STATES = ("Ready", "Cached")
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
-
-Key = tuple[str, str]
-
-
-@dataclass(frozen=True)
-class Gate:
-    """Whether ReDrafter may be promoted, and the validation state behind it."""
-
-    promote: bool
-    state: str  # Pending | Running | Passed | Failed
-    stable: str | None = None  # the promoted ReDrafter key that keeps serving while a newer one is validated
 
 
 # ---- pure parts ----------------------------------------------------------------------------------
-def engine_pair(status: Mapping[str, Any]) -> tuple[str, str] | None:
-    """(ReDrafter key, base key) when both engines are Ready/Cached, else None (nothing to validate)."""
-    engines = status.get("engines") or {}
-    keys = []
-    for v in ("redrafter", "base"):
-        e = engines.get(v) or {}
-        if e.get("state") not in READY_STATES or not e.get("key"):
-            return None
-        keys.append(str(e["key"]))
-    return keys[0], keys[1]
-
-
-def gate_of(status: Mapping[str, Any], pair: tuple[str, str]) -> Gate:
-    """The gate as status.validation shows it for ``pair`` (a pair not validated yet is Pending)."""
-    v = status.get("validation") or {}
-    promoted = (v.get("promoted") or {}).get("redrafterKey")
-    stable = str(promoted) if promoted and promoted != pair[0] else None
-    if v.get("redrafterKey") != pair[0] or v.get("baseKey") != pair[1]:
-        return Gate(False, "Pending", stable)
-    state = str(v.get("state") or "Pending")
-    return Gate(True, state) if state == "Passed" else Gate(False, state, stable)
-
-
-def gated_targets(targets: ServingTargets, gate: Gate | None, current_pool: str | None) -> ServingTargets:
-    """The serving targets with the promotion gate applied (see the module docs)."""
-    if gate is None or gate.promote:
-        return targets
-    if gate.stable:  # the promoted engine serves as the policy says; base stays up as the reference
-        if gate.state == "Failed":
-            return targets
-        return replace(targets, replicas={**targets.replicas, "base": max(1, int(targets.replicas.get("base", 0)))})
-    size = int(targets.replicas.get(targets.active, 0))
-    if gate.state == "Failed":
-        return ServingTargets(active="base", replicas={"base": size, "redrafter": 0}, canary=0)
-    if targets.active == "base":  # a fallback to the reference engine is never held; ReDrafter stays up to validate
-        return ServingTargets(active="base", replicas={"base": size, "redrafter": max(1, int(targets.replicas.get("redrafter", 0)))},
-                              canary=0)
-    stay = current_pool if current_pool in VARIANTS else "base"
-    other = "base" if stay == "redrafter" else "redrafter"
-    # the other variant: one pod to validate against (its standby size if larger), not the policy's full size
-    spare = 0 if other == targets.active else int(targets.replicas.get(other, 0))
-    return ServingTargets(active=stay, replicas={stay: max(size, 1), other: max(1, spare)}, canary=0)
-
-
-def gate_from_status(targets: ServingTargets, spec: ReDrafterDeploymentSpec,
-                     status: Mapping[str, Any]) -> ServingTargets:
-    """``targets`` with the gate status implies (the planner's defaults, before any evaluation)."""
-    pair = engine_pair(status) if spec.validation.enabled else None
-    if pair is None:
-        return targets
-    return gated_targets(targets, gate_of(status, pair), status.get("activeEngine"))
-
-
-def pods_ready(deployments: Mapping[str, Any], pair: tuple[str, str], candidate: bool = False) -> bool:
-    """Both Deployments under test (the candidate's for ReDrafter when ``candidate``) rolled out on the
-    pair's keys with >= 1 Ready pod."""
-    for variant, key in zip(("redrafter", "base"), pair):
-        dep = deployments.get("candidate" if candidate and variant == "redrafter" else variant)
-        if dep is None or dep.key != key or not dep.rolled_out or dep.ready_replicas < 1:
-            return False
-    return True
-
-
 def validation_fragment(old: Mapping[str, Any], step: ValidationStep, *, generation: int, now: str) -> dict[str, Any]:
     """status.validation / conditions (/ speculation.crossoverConcurrency) after one step (pure)."""
     out: dict[str, Any] = {}
@@ -182,17 +104,17 @@ class Promotion:
         gate = self.gates.get(key)
         return gate is None or gate.promote or gate.stable is not None
 
-    def set_policy(self, controller: Any, key: Key, targets: ServingTargets, spec: ReDrafterDeploymentSpec,
+    def set_policy(self, controller: Host, key: Key, targets: ServingTargets, spec: ReDrafterDeploymentSpec,
                    status: Mapping[str, Any]) -> None:
         self.policy[key] = targets
         self.publish(controller, key, spec, status)
 
-    def set_gate(self, controller: Any, key: Key, gate: Gate | None, spec: ReDrafterDeploymentSpec,
+    def set_gate(self, controller: Host, key: Key, gate: Gate | None, spec: ReDrafterDeploymentSpec,
                  status: Mapping[str, Any]) -> None:
         self.gates[key] = gate
         self.publish(controller, key, spec, status)
 
-    def publish(self, controller: Any, key: Key, spec: ReDrafterDeploymentSpec, status: Mapping[str, Any]) -> None:
+    def publish(self, controller: Host, key: Key, spec: ReDrafterDeploymentSpec, status: Mapping[str, Any]) -> None:
         for k in [k for k in {*self.policy, *self.gates} if k not in controller.bodies]:
             self.policy.pop(k, None)
             self.gates.pop(k, None)
@@ -226,7 +148,7 @@ class ValidationEvaluator:
     def interval(self, body: Mapping[str, Any]) -> float:
         return self.interval_seconds
 
-    async def evaluate(self, controller: Any, body: Mapping[str, Any]) -> None:
+    async def evaluate(self, controller: Host, body: Mapping[str, Any]) -> None:
         view = current_resource(controller, body)
         if view is None:
             return
@@ -247,7 +169,7 @@ class ValidationEvaluator:
         # Keep both variants up before looking at their pods (the gate raises their replicas to >= 1).
         if self.promotion.gates.get(key) is None or self.promotion.gates[key].promote:
             self.promotion.set_gate(controller, key, gate, spec, status)
-        ready = pods_ready(_deployments(controller, ns, name), pair, candidate=gate.stable is not None)
+        ready = pods_ready(variant_deployments(controller, ns, name), pair, candidate=gate.stable is not None)
         same = prev.get("redrafterKey") == pair[0] and prev.get("baseKey") == pair[1]
         attempt = int(prev.get("attempt", 0)) if same else 0
         job_name = validation_job_name(name, pair[0], pair[1], attempt)
@@ -286,7 +208,7 @@ class ValidationEvaluator:
         new_status = {**status, **fragment}
         self.promotion.set_gate(controller, key, gate_of(new_status, pair), spec, new_status)
 
-    async def _get(self, controller: Any, path: str) -> dict[str, Any] | None:
+    async def _get(self, controller: Host, path: str) -> dict[str, Any] | None:
         try:
             return await controller.client.request("GET", path)
         except ApiError as exc:
@@ -295,5 +217,4 @@ class ValidationEvaluator:
             raise
 
 
-__all__ = ["ANNOTATION_RETRY_VALIDATION", "Gate", "Promotion", "ValidationEvaluator", "engine_pair", "gate_from_status",
-           "gate_of", "gated_targets", "pods_ready", "validation_fragment"]
+__all__ = ["Promotion", "ValidationEvaluator", "latest_pod", "validation_fragment"]

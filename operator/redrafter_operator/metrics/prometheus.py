@@ -19,6 +19,8 @@ from .samples import COUNTER_METRICS, PodError, PodSample, PodTarget, Reading, c
 from engine_jobs import contract as c
 
 _NAMES = sorted({*COUNTER_METRICS.values(), c.METRIC_TRTLLM_REQUESTS, "up"})
+#: target labels the scrape config must attach to every serving pod's series
+TARGET_LABELS = ("namespace", "pod")
 
 
 def _quote(value: str) -> str:
@@ -29,7 +31,8 @@ def build_query(namespace: str, pods: Sequence[str]) -> str:
     """One PromQL selector returning every series the readers need for the given pods."""
     names = "|".join(re.escape(n) for n in _NAMES)
     pod_re = "|".join(re.escape(p) for p in pods)
-    return f'{{__name__=~{_quote(names)},namespace={_quote(namespace)},pod=~{_quote(pod_re)}}}'
+    ns_label, pod_label = TARGET_LABELS
+    return f'{{__name__=~{_quote(names)},{ns_label}={_quote(namespace)},{pod_label}=~{_quote(pod_re)}}}'
 
 
 class PrometheusError(RuntimeError):

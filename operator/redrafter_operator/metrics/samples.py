@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Iterable, Mapping, Protocol, Sequence
+from typing import Any, Iterable, Literal, Mapping, Protocol, Sequence
 
 from engine_jobs import contract as c
 from engine_jobs.contract import Variant
@@ -75,6 +75,41 @@ def pod_is_ready(pod: Mapping[str, Any]) -> bool:
         return False
     conds = (pod.get("status") or {}).get("conditions") or []
     return any(x.get("type") == "Ready" and x.get("status") == "True" for x in conds)
+
+
+PodPhase = Literal["Ready", "Starting", "Pending", "Ignored"]
+
+
+@dataclass(frozen=True)
+class PodStatus:
+    """A serving pod's readiness, grouped as kube-controller-manager's HPA groups pods (``groupPods``
+    in pkg/controller/podautoscaler/replica_calculator.go): Ignored (being deleted, or terminal),
+    Pending, Ready (scraped), Starting (running but not Ready: e.g. still loading its engine; not
+    scraped, so the autoscaler counts it as a pod whose metric is missing)."""
+
+    name: str
+    variant: Variant
+    pool: Variant
+    phase: PodPhase
+
+    @classmethod
+    def from_pod(cls, pod: Mapping[str, Any]) -> "PodStatus":
+        """From a Pod object (dict as returned by the API); ValueError without a valid variant label."""
+        meta, status = pod.get("metadata", {}) or {}, pod.get("status", {}) or {}
+        labels = meta.get("labels", {}) or {}
+        variant = labels.get(LABEL_VARIANT)
+        if variant not in c.VARIANTS:
+            raise ValueError(f"pod {meta.get('name')!r} has no valid {LABEL_VARIANT} label")
+        pool = labels.get(LABEL_TRAFFIC, variant)
+        phase = status.get("phase")
+        grouped: PodPhase
+        if meta.get("deletionTimestamp") or phase in ("Failed", "Succeeded"):
+            grouped = "Ignored"
+        elif phase == "Pending":
+            grouped = "Pending"
+        else:
+            grouped = "Ready" if pod_is_ready(pod) else "Starting"
+        return cls(name=meta["name"], variant=variant, pool=pool if pool in c.VARIANTS else variant, phase=grouped)
 
 
 def _container_start(statuses: list[dict]) -> str | None:
@@ -149,7 +184,7 @@ def collect(series: Iterable[tuple[str, Mapping[str, str], float]], deployment: 
                 key = by_metric[name]
                 counters[key] = counters.get(key, 0.0) + value
         elif name == c.METRIC_TRTLLM_REQUESTS:
-            kind = labels.get("request_type")
+            kind = labels.get(c.METRIC_TRTLLM_LABEL_TYPE)
             if kind in LOAD_TYPES:
                 load[kind] = load.get(kind, 0.0) + value
     return counters, load

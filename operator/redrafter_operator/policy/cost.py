@@ -84,7 +84,7 @@ def speedup(batch: float, tps: float, p: CostParams) -> float:
 def calibrated(p: CostParams, measured_crossover: float | None, tps: float) -> CostParams:
     """``p`` with ``token_cost`` solved so that :func:`crossover` at ``tps`` equals the measured one.
 
-    The validation Job measures where ReDrafter stops beating base on the real engines (issue 9); that
+    The validation Job measures where ReDrafter stops beating base on the real engines; that
     beats any published calibration. token_cost is the model's one free batch-scaling parameter, so
     anchoring it keeps the model's shape (and its dependence on live tokens per step) while moving the
     crossover to the measured point. Unusable measurements leave ``p`` as it is.

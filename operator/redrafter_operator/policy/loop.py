@@ -8,12 +8,14 @@ the controller stores it (e.g. ``status.policy``) and passes it back.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
-from ..metrics.samples import Reading
+from ..metrics.samples import PodStatus, Reading
 from ..metrics.window import Windows, WindowState, advance
-from .autoscaler import AutoscalerState, ScaleDecision, recommend
+from .autoscaler import AutoscalerState, ScaleDecision, pool_load, recommend, settled
+from .measure import canary_replicas
 from .speculation import Decision, Observation, SpeculationState, evaluate, initial_state
 
 BOTH = frozenset({"redrafter", "base"})
@@ -52,6 +54,7 @@ class Evaluation:
     scale: ScaleDecision
     windows: Windows | None
     current_replicas: int = 0  # the serving pool's replicas this evaluation started from
+    canary: int = 0  # ReDrafter canary replicas the base pool needs (measure.canary_replicas)
 
     def plan(self, spec, current_replicas: int) -> ServingPlan:
         """Targets for the planner. Replicas come from the autoscaler in Operator mode, otherwise
@@ -62,14 +65,15 @@ class Evaluation:
             replicas = self.scale.replicas if self.scale.replicas is not None else current_replicas
         else:
             replicas = spec.serving.replicas
-        canary = spec.speculation.canary_replicas if active == "base" and spec.speculation.mode == "Auto" else 0
+        canary = self.canary if active == "base" else 0
         standby = 1 if spec.serving.rollout.keep_standby else 0
         return ServingPlan(active=active, replicas={active: replicas, other: standby}, canary=canary)
 
 
 def step(spec, state: PolicyState | None, reading: Reading | None, now: float, *, current_replicas: int,
          error: str | None = None, available: frozenset[str] = BOTH,
-         measured_crossover: float | None = None, serving: str | None = None) -> tuple[Evaluation, PolicyState]:
+         measured_crossover: float | None = None, serving: str | None = None,
+         pods: Sequence[PodStatus] | None = None) -> tuple[Evaluation, PolicyState]:
     """Evaluate once. ``reading`` is None when the metrics source failed as a whole (``error`` says why).
 
     ``current_replicas``: spec replicas of the serving pool's Deployment (canary excluded). In
@@ -82,6 +86,9 @@ def step(spec, state: PolicyState | None, reading: Reading | None, now: float, *
     ``serving``: the pool the stable Service selects now (default: the engine the policy chose). The
     autoscaler sizes the pool that takes the traffic: while a switch is in flight, or while validation
     holds the Service on base, the chosen engine's pool has no traffic to measure.
+    ``pods``: every serving pod's readiness (the pod list the reading was taken from). The autoscaler
+    multiplies by the pods that reported and counts the others as the HPA does (see
+    :mod:`.autoscaler`); without it only the pods in the reading are known.
     """
     state = state or PolicyState.new(spec, now)
     if spec.autoscaling.mode == "Operator" and state.replicas is not None:
@@ -93,13 +100,28 @@ def step(spec, state: PolicyState | None, reading: Reading | None, now: float, *
         windows, window_state = advance(state.window, reading)
         obs = Observation(windows, None, available, measured_crossover)
     decision, spec_state = evaluate(spec, state.speculation, obs, now)
-    # Scale the pool that serves; on a switch decision, and on the first evaluation after the Service moved
+    # Scale the pool that serves. On a switch decision, and on the first evaluation after the Service moved
     # to another pool, that pool's load is not measured yet (its in-flight gauges still read ~0), so the
-    # autoscaler sees no metrics and keeps the replica count (HPA behaviour without metrics).
+    # autoscaler sees no metrics and keeps the replica count (HPA behaviour without metrics); after the move
+    # the pool is not scaled down for a settle window either (autoscaler.settled).
     pool = serving or decision.engine
     moved = state.serving is not None and pool != state.serving
-    load = windows.pools.get(pool) if windows and not decision.switched and not moved else None
-    scale, auto_state = recommend(spec, state.autoscaler, current_replicas, load, now)
+    auto = settled(spec, current_replicas, now) if moved and spec.autoscaling.mode == "Operator" else state.autoscaler
+    load = pool_load(reading, pool, pods) if reading is not None and not decision.switched and not moved else None
+    scale, auto_state = recommend(spec, auto, current_replicas, load, now)
     new = PolicyState(window=window_state, speculation=spec_state, autoscaler=auto_state, replicas=scale.replicas,
                       serving=pool)
-    return Evaluation(decision, scale, windows, current_replicas), new
+    return Evaluation(decision, scale, windows, current_replicas, canary_replicas(spec, spec_state)), new
+
+
+def canary_from_status(spec, status: Mapping[str, Any]) -> int:
+    """The canary replicas the policy last asked for, from ``status.policy``, for a restarted operator's
+    first reconciles (before the evaluator runs): the spec's ``canaryReplicas`` on base in Auto mode when
+    status holds no readable policy state (so no canary pod is dropped, nor started and dropped again)."""
+    if status.get("activeEngine") != "base" or spec.speculation.mode != "Auto":
+        return 0
+    try:
+        stored = PolicyState.model_validate(status.get("policy") or {}).speculation
+    except ValidationError:
+        return spec.speculation.canary_replicas
+    return canary_replicas(spec, stored) if stored.engine == "base" else spec.speculation.canary_replicas

@@ -10,9 +10,12 @@ What is measured:
   sends them a share of live traffic and acceptance stays measured at base-pool load. Success needs
   acceptance >= minAcceptanceRate + acceptanceHysteresis and, with ``loadAware``, predicted speedup
   > 1 + margin. Cost: canaryReplicas x TP GPUs serve ReDrafter (slower than base while acceptance is
-  low) for a canary/pool share of traffic. With ``canaryReplicas: 0`` a fallback caused by load
-  recovers from the last acceptance measured on ReDrafter and the current load; a fallback caused
-  by low acceptance cannot observe recovery and stays on base (reason RecoveryUnobservable).
+  low) for a canary/pool share of traffic. A fallback caused by load alone (``loadAware``, at an
+  acceptance that cleared the canary's recovery bar) runs no canary (:func:`canary_replicas`): it would
+  serve at ReDrafter's speed exactly while the load makes ReDrafter the slower engine, and such a
+  fallback recovers from the last acceptance measured on ReDrafter and the current load, as with
+  ``canaryReplicas: 0``. A fallback caused by low acceptance
+  needs the canary: without one it cannot observe recovery and stays on base (RecoveryUnobservable).
 """
 
 from __future__ import annotations
@@ -124,7 +127,7 @@ def measure(spec, state: SpeculationState, obs: Observation) -> Measurement:
     inconclusive, pooled = _acceptance_of(red, recent_rows(state, obs), sp.min_samples)
     samples = red.samples if red else 0
     if inconclusive:
-        if state.engine == "base" and sp.canary_replicas == 0:
+        if state.engine == "base" and canary_replicas(spec, state) == 0:
             return _recover_without_canary(spec, state, batch, params, obs.measured_crossover)
         return Measurement("Inconclusive", *inconclusive, samples=samples, batch=batch)
     (requests, draft, accepted, output, steps), windows = pooled
@@ -150,6 +153,26 @@ def measure(spec, state: SpeculationState, obs: Observation) -> Measurement:
         return Measurement("Failed", "NoSpeedupAtLoad",
                            f"predicted speedup {pred:.2f} <= {1 + sp.margin:.2f} at batch {batch:.1f}", **common)
     return Measurement("Successful", "CanaryRecovered", "canary " + _pays(acc, pred), **common)
+
+
+def canary_replicas(spec, state: SpeculationState) -> int:
+    """ReDrafter canary replicas the base pool runs now: ``canaryReplicas`` while on base in Auto mode,
+    except after a fallback caused by load alone (``loadAware``; the acceptance last measured on
+    ReDrafter already cleared the canary's own recovery bar, minAcceptanceRate + acceptanceHysteresis):
+    its return is judged from the load and that acceptance, and the canary costs most there, serving at
+    ReDrafter's speed exactly while the load makes ReDrafter the slower engine. The trade-off: an
+    acceptance that improves further while on base is not seen until the load falls (one that worsens
+    shows on ReDrafter after the return, as a failure). A fallback for NoSpeedupAtLoad at a lower
+    acceptance keeps the canary: there the acceptance decides the return."""
+    sp = spec.speculation
+    if state.engine != "base" or sp.mode != "Auto":
+        return 0
+    healthy = state.last_acceptance is not None and \
+        state.last_acceptance >= sp.min_acceptance_rate + sp.acceptance_hysteresis
+    if sp.load_aware and state.fallback_reason == "NoSpeedupAtLoad" and healthy and \
+            state.last_tokens_per_step is not None:
+        return 0
+    return sp.canary_replicas
 
 
 def _pays(acc: float, pred: float | None) -> str:

@@ -23,7 +23,14 @@ they change between Successful and Failed ``FLAP_ENTER`` times or more, the inpu
 consecutive rule is suspended (a run of failures inside an oscillation is not a collapse): the
 engine stays put, unless the mean predicted speedup measured since flapping began (at least
 ``FLAP_MIN`` values) clearly favours the other engine, beyond ``FLAP_MARGIN_FACTOR`` margins. A
-collapse and its recovery are 2 changes, never flapping. Flapping ends at ``FLAP_EXIT`` changes.
+collapse and its recovery are 2 changes, never flapping. Flapping ends at ``FLAP_EXIT`` changes, or
+once a run of successes of at least ``FLAP_SETTLE`` is twice as long as every earlier run in the
+history: the input left the regime it alternated in (a slow load crossing that noise made look like
+flapping; waiting for the 40-outcome history to flush kept the pool on base ~20 minutes after the
+load had fallen), which an oscillation does not do as its runs keep their length (any half-period
+up to half the history, 10 minutes at the default interval; slower ones are bounded by the cooldown);
+the older outcomes are then dropped. A run of failures does not end it: while flapping,
+only the cost model's mean moves the engine away.
 Detection needs two half-periods of an oscillation; the cooldown after the first switch (default 10m)
 is what gives it that time, so a cooldown much shorter than the oscillation period allows more switches.
 
@@ -47,6 +54,7 @@ Action = Literal["Stay", "Hold", "SwitchToBase", "SwitchToRedrafter"]
 FLAP_HISTORY = 40  # conclusive outcomes remembered (20 minutes at the default 30s interval)
 FLAP_ENTER = 4  # changes between Successful and Failed within the history that mean flapping
 FLAP_EXIT = 1  # ... at or below which it no longer is (hysteresis)
+FLAP_SETTLE = 10  # ... or once this many successes in a row, twice any earlier run, say it settled
 FLAP_MIN = 8  # speedups measured while flapping before their mean may move the engine
 FLAP_MARGIN_FACTOR = 4  # ... beyond this many margins (default +-20%): a switch mid-flap is costly
 
@@ -121,6 +129,8 @@ def evaluate(spec, state: SpeculationState, obs: Observation, now: float) -> tup
     if m.outcome in ("Successful", "Failed"):
         s.outcomes = (s.outcomes + m.outcome[0])[-FLAP_HISTORY:]
         was, s.flapping = s.flapping, _flapping(s.outcomes, s.flapping)
+        if was and not s.flapping:
+            s.outcomes = _runs(s.outcomes)[-1]  # the episode is over: only the settled run counts on
         if s.flapping and not was:
             s.speedups = []  # the mean that decides covers the flapping episode only
         if s.flapping and m.predicted_speedup is not None:
@@ -160,9 +170,31 @@ def _changes(outcomes: str) -> int:
     return sum(a != b for a, b in zip(outcomes, outcomes[1:]))
 
 
+def _runs(outcomes: str) -> list[str]:
+    """The outcomes cut into runs of the same letter, oldest first."""
+    runs: list[str] = []
+    for x in outcomes:
+        if runs and runs[-1][0] == x:
+            runs[-1] += x
+        else:
+            runs.append(x)
+    return runs
+
+
+def _settled(outcomes: str) -> bool:
+    """The last run is at least FLAP_SETTLE successes and twice as long as every earlier run in the history:
+    the input left the regime it alternated in (an oscillation's runs keep their length)."""
+    runs = _runs(outcomes)
+    if not runs or runs[-1][0] != "S" or len(runs[-1]) < FLAP_SETTLE:
+        return False
+    return all(len(runs[-1]) >= 2 * len(r) for r in runs[:-1])
+
+
 def _flapping(outcomes: str, was: bool) -> bool:
     n = _changes(outcomes)
-    return n > FLAP_EXIT if was else n >= FLAP_ENTER
+    if was:
+        return n > FLAP_EXIT and not _settled(outcomes)
+    return n >= FLAP_ENTER
 
 
 def _flap_target(sp, s: SpeculationState) -> Engine | None:

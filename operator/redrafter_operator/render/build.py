@@ -10,14 +10,16 @@ from typing import Any
 
 from engine_jobs import contract
 from engine_jobs.contract import BuildSpec, EngineLimits, RedrafterParams, SourceRef, Variant
+from engine_jobs.errors import NON_RETRYABLE
 
 from ..api.engine_key import build_inputs, key_of
 from ..api.spec import ModelSource, ReDrafterDeploymentSpec
 from ..api.types import parse_source
-from . import names
+from . import names, resources, security
 from .common import Owner, metadata
 
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+BUILD_CONTAINER = "build"
 FINISHED_JOB_TTL_SECONDS = 86400  # keep failed Jobs a day for `kubectl logs`; status keeps the reason
 
 
@@ -97,18 +99,20 @@ def _source_volumes(spec: ReDrafterDeploymentSpec, variant: Variant) -> tuple[li
         volumes.append({"name": f"source-{i}", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
         mounts.append({"name": f"source-{i}", "mountPath": posixpath.join(contract.SOURCES_MOUNT, claim), "readOnly": True})
     for i, secret in enumerate(secrets):
-        volumes.append({"name": f"credentials-{i}", "secret": {"secretName": secret, "defaultMode": 0o400}})
+        volumes.append({"name": f"credentials-{i}", "secret": {"secretName": secret, "defaultMode": security.SECRET_MODE}})
         mounts.append({"name": f"credentials-{i}", "mountPath": posixpath.join(contract.SECRETS_MOUNT, secret), "readOnly": True})
     return volumes, mounts
 
 
-def gpu_resources(spec: ReDrafterDeploymentSpec, user: dict[str, Any]) -> dict[str, Any]:
-    """User CPU/memory plus ``tensor`` GPUs as both request and limit (extended resources need equal)."""
+def gpu_resources(spec: ReDrafterDeploymentSpec, user: dict[str, Any], per_rank: dict[str, int]) -> dict[str, Any]:
+    """Default CPU/memory requests per rank (:mod:`.resources`) under the user's, plus ``tensor`` GPUs
+    as both request and limit (extended resources need them equal)."""
     gpus = str(spec.parallelism.tensor)
     gpu = spec.engine.build.gpu_resource
+    cpu_memory = resources.merged(resources.per_rank(per_rank, spec.parallelism.tensor), user)
     return {
-        "requests": {**user.get("requests", {}), gpu: gpus},
-        "limits": {**user.get("limits", {}), gpu: gpus},
+        "requests": {**cpu_memory.get("requests", {}), gpu: gpus},
+        "limits": {**cpu_memory.get("limits", {}), gpu: gpus},
     }
 
 
@@ -119,6 +123,14 @@ def node_selector(spec: ReDrafterDeploymentSpec, user: dict[str, str]) -> dict[s
     return out
 
 
+def pod_failure_policy() -> dict[str, Any]:
+    """batch/v1 podFailurePolicy: an exit code no retry can fix (engine_jobs NON_RETRYABLE) fails the Job
+    at once (FailJob: no further pod, Job condition reason PodFailurePolicy). Needs restartPolicy Never."""
+    codes = sorted(int(c) for c in NON_RETRYABLE)  # the API requires the values ordered
+    return {"rules": [{"action": "FailJob",
+                       "onExitCodes": {"containerName": BUILD_CONTAINER, "operator": "In", "values": codes}}]}
+
+
 def build_job(owner: Owner, variant: Variant, attempt: int = 0) -> dict[str, Any]:
     spec = owner.spec
     bs = build_spec(spec, variant)
@@ -126,8 +138,9 @@ def build_job(owner: Owner, variant: Variant, attempt: int = 0) -> dict[str, Any
     labels = build_labels(owner, variant, bs.key)
     config_name = names.build_config_name(owner.name, variant, bs.key)
     src_volumes, src_mounts = _source_volumes(spec, variant)
+    tmp_volume, tmp_mount = security.tmp_volume()
     container = {
-        "name": "build",
+        "name": BUILD_CONTAINER,
         "image": spec.engine.builder_image,
         "imagePullPolicy": "IfNotPresent",
         "command": ["python", "-m", "engine_jobs", "build", "--spec",
@@ -137,16 +150,17 @@ def build_job(owner: Owner, variant: Variant, attempt: int = 0) -> dict[str, Any
             {"name": "HF_HOME", "value": posixpath.join(contract.CACHE_MOUNT, ".hf-home")},
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         ],
-        "resources": gpu_resources(spec, b.resources),
+        "resources": gpu_resources(spec, b.resources, resources.BUILD_PER_RANK),
         "volumeMounts": [
             {"name": "cache", "mountPath": contract.CACHE_MOUNT, "subPath": spec.engine.cache.sub_path},
             {"name": "build-spec", "mountPath": contract.CONFIG_MOUNT, "readOnly": True},
             {"name": "dshm", "mountPath": "/dev/shm"},
+            tmp_mount,
             *src_mounts,
         ],
         "terminationMessagePath": contract.TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        "securityContext": security.container_security_context(security.IMAGE_USER),
     }
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
@@ -155,9 +169,11 @@ def build_job(owner: Owner, variant: Variant, attempt: int = 0) -> dict[str, Any
             {"name": "cache", "persistentVolumeClaim": {"claimName": spec.engine.cache.claim_name}},
             {"name": "build-spec", "configMap": {"name": config_name}},
             {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+            tmp_volume,
             *src_volumes,
         ],
-        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": security.pod_security_context(security.IMAGE_USER),
+        "automountServiceAccountToken": False,  # the builder reads files and the Hub/S3, never the API
         "enableServiceLinks": False,
     }
     if selector := node_selector(spec, b.node_selector):
@@ -174,7 +190,8 @@ def build_job(owner: Owner, variant: Variant, attempt: int = 0) -> dict[str, Any
             {"redrafter.dev/attempt": str(attempt), "redrafter.dev/artifact": artifact_path(spec, bs.key)},
         ),
         "spec": {
-            "backoffLimit": b.backoff_limit,
+            "backoffLimit": b.backoff_limit,  # still applies to every other exit code
+            "podFailurePolicy": pod_failure_policy(),
             "activeDeadlineSeconds": b.active_deadline_seconds,
             "ttlSecondsAfterFinished": FINISHED_JOB_TTL_SECONDS,
             "template": {"metadata": {"labels": labels}, "spec": pod_spec},

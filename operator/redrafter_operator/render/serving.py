@@ -18,12 +18,12 @@ from typing import Any
 from engine_jobs import contract
 from engine_jobs.contract import ServingConfig, TritonParams, Variant
 
-from . import names
+from . import names, resources, security
 from .build import gpu_resources, node_selector
 from .common import Owner, metadata
 
 ANNOTATION_CONFIG_HASH = f"{names.DOMAIN}/serving-config-hash"
-REPO_DIR = "/tmp/redrafter/model_repo"  # inside the writable emptyDir mounted at /tmp
+REPO_DIR = f"{security.TMP_MOUNT}/redrafter/model_repo"  # inside the writable emptyDir (read-only root fs)
 PRESTOP_SLEEP_SECONDS = 10  # endpoints drop the pod before Triton stops accepting requests
 EXIT_TIMEOUT_SECONDS = 60  # Triton's --exit-timeout-secs: in-flight requests may finish this long
 STARTUP_PERIOD_SECONDS = 10
@@ -112,7 +112,7 @@ def _container(owner: Owner, key: str) -> dict[str, Any]:
             {"name": "HF_HUB_OFFLINE", "value": "1"},
         ],
         "ports": [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in PORTS],
-        "resources": gpu_resources(spec, spec.serving.resources),
+        "resources": gpu_resources(spec, spec.serving.resources, resources.SERVING_PER_RANK),
         "startupProbe": _probe(READY_PATH, STARTUP_PERIOD_SECONDS, startup_failures),
         "readinessProbe": _probe(READY_PATH, 5, 3),
         "livenessProbe": _probe(LIVE_PATH, 10, 6, timeout=5),
@@ -122,15 +122,11 @@ def _container(owner: Owner, key: str) -> dict[str, Any]:
              "subPath": posixpath.join(spec.engine.cache.sub_path, key)},
             {"name": "serving-config", "mountPath": contract.CONFIG_MOUNT, "readOnly": True},
             {"name": "dshm", "mountPath": "/dev/shm"},
-            {"name": "tmp", "mountPath": "/tmp"},
+            security.tmp_volume()[1],
         ],
         "terminationMessagePath": contract.TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": security.container_security_context(security.IMAGE_USER),
     }
 
 
@@ -156,13 +152,13 @@ def _deployment(owner: Owner, name: str, variant: Variant, key: str, replicas: i
         "containers": [_container(owner, key)],
         "terminationGracePeriodSeconds": PRESTOP_SLEEP_SECONDS + EXIT_TIMEOUT_SECONDS + 15,
         "enableServiceLinks": False,
-        "automountServiceAccountToken": False,
-        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "automountServiceAccountToken": False,  # Triton serves; it never calls the API server
+        "securityContext": security.pod_security_context(security.IMAGE_USER),
         "volumes": [
             {"name": "engine", "persistentVolumeClaim": {"claimName": spec.engine.cache.claim_name, "readOnly": True}},
             {"name": "serving-config", "configMap": {"name": config_name or names.serving_config_name(owner.name, variant)}},
             {"name": "dshm", "emptyDir": {"medium": "Memory"}},
-            {"name": "tmp", "emptyDir": {}},
+            security.tmp_volume()[0],
         ],
     }
     selector_nodes = node_selector(spec, spec.serving.node_selector)
@@ -238,3 +234,55 @@ def variant_service(owner: Owner, variant: Variant) -> dict:
 
 def services(owner: Owner, pool: Variant) -> list[dict]:
     return [stable_service(owner, pool), *(variant_service(owner, v) for v in contract.VARIANTS)]
+
+
+# ---- NetworkPolicies (spec.serving.networkPolicy) ----------------------------------------------
+JOB_COMPONENTS = ("engine-build", "validation")  # the operator's Job pods: nothing connects to them
+
+
+def _deployment_pods(owner: Owner, components: list[str]) -> dict[str, Any]:
+    return {"matchLabels": {names.LABEL_DEPLOYMENT: names.label_value(owner.name)},
+            "matchExpressions": [{"key": names.LABEL_COMPONENT, "operator": "In", "values": components}]}
+
+
+def _ports(*ports: int) -> list[dict[str, Any]]:
+    return [{"protocol": "TCP", "port": p} for p in ports]
+
+
+def network_policies(owner: Owner, operator_namespace: str | None = None) -> list[dict[str, Any]]:
+    """The serving pods' ingress allow-list and the Job pods' deny-all, when the spec enables them.
+
+    Peers of the serving ports: ``ingressFrom`` (default: this namespace's pods) and, always, this
+    resource's validation pods (they call both variants even when ``ingressFrom`` names only clients).
+    The metrics port also admits the operator's namespace (``operator_namespace``; the Pods metrics
+    source scrapes each pod from there) and ``metricsFrom``. Egress stays open: builds download from
+    the Hub or S3, and the serving pods need none but a cluster's DNS policy is not ours to decide.
+    """
+    np = owner.spec.serving.network_policy
+    if not np.enabled:
+        return []
+    all_ports = [p for _, p in PORTS]
+    validation = {"podSelector": _deployment_pods(owner, ["validation"])}
+    clients = [dict(p) for p in np.ingress_from] or [{"podSelector": {}}]
+    scrapers = [dict(p) for p in np.metrics_from]
+    if operator_namespace and operator_namespace != owner.namespace:
+        scrapers.insert(0, {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": operator_namespace}}})
+    ingress = [{"from": [*clients, validation], "ports": _ports(*all_ports)}]
+    if scrapers:
+        ingress.append({"from": scrapers, "ports": _ports(contract.METRICS_PORT)})
+    serving_labels = names.common_labels(owner.name, "serving")
+    return [
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": metadata(owner, names.safe_name(owner.name, "serving"), serving_labels),
+            "spec": {"podSelector": _deployment_pods(owner, ["serving"]), "policyTypes": ["Ingress"],
+                     "ingress": ingress},
+        },
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": metadata(owner, names.safe_name(owner.name, "jobs"), names.common_labels(owner.name, "jobs")),
+            "spec": {"podSelector": _deployment_pods(owner, list(JOB_COMPONENTS)), "policyTypes": ["Ingress"]},
+        },
+    ]

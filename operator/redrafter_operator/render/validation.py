@@ -20,12 +20,15 @@ from typing import Any
 
 from engine_jobs.contract import GRPC_PORT, TERMINATION_LOG
 
+from .. import __version__
 from ..api.spec import ReDrafterDeploymentSpec
 from ..evaluate.outcome import DIVERGED, EXIT_CODES, INVALID_INPUT, REQUEST_FAILED
 from ..evaluate.stats import default_concurrencies
-from . import names
+from . import names, resources, security
 from .common import Owner, metadata
 
+#: the operator's own image: what the controller runs validation Jobs in unless told otherwise
+DEFAULT_OPERATOR_IMAGE = f"ghcr.io/redrafter/redrafter-operator:{__version__}"
 CONTAINER = "validate"
 COMPONENT = "validation"
 PROMPTS_MOUNT = "/etc/redrafter/prompts"
@@ -34,7 +37,6 @@ FINISHED_JOB_TTL_SECONDS = 86400
 READY_TIMEOUT_SECONDS = 300
 ANNOTATION_REDRAFTER_KEY = f"{names.DOMAIN}/redrafter-engine-key"
 ANNOTATION_BASE_KEY = f"{names.DOMAIN}/base-engine-key"
-DEFAULT_RESOURCES = {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
 
 
 def validation_job_name(deployment: str, redrafter_key: str, base_key: str, attempt: int = 0) -> str:
@@ -91,30 +93,29 @@ def validation_job(owner: Owner, *, redrafter_key: str, base_key: str, operator_
     labels = names.common_labels(owner.name, COMPONENT)
     redrafter = names.candidate_name(owner.name) if candidate else names.service_name(owner.name, "redrafter")
     args = validate_args(spec, service_endpoint(owner, redrafter), service_endpoint(owner, names.service_name(owner.name, "base")))
+    tmp_volume, tmp_mount = security.tmp_volume()
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": v.image or operator_image,
         "imagePullPolicy": "IfNotPresent",
         "command": ["redrafter-operator", "evaluate", "validate", *args],
-        "resources": v.resources or DEFAULT_RESOURCES,
+        "resources": resources.merged(resources.VALIDATION, v.resources),
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": security.container_security_context(security.OPERATOR_USER),
+        "volumeMounts": [tmp_mount],
     }
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "containers": [container],
         "automountServiceAccountToken": False,  # it talks to Triton only, never to the API server
         "enableServiceLinks": False,
-        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": security.pod_security_context(security.OPERATOR_USER),
+        "volumes": [tmp_volume],
     }
     if v.prompts_config_map:
-        container["volumeMounts"] = [{"name": "prompts", "mountPath": PROMPTS_MOUNT, "readOnly": True}]
-        pod_spec["volumes"] = [{"name": "prompts", "configMap": {"name": v.prompts_config_map}}]
+        container["volumeMounts"].append({"name": "prompts", "mountPath": PROMPTS_MOUNT, "readOnly": True})
+        pod_spec["volumes"].append({"name": "prompts", "configMap": {"name": v.prompts_config_map}})
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",

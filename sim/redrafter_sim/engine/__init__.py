@@ -1,8 +1,10 @@
 """The simulated TensorRT-LLM engine: a Triton Python model with the tensorrt_llm model's I/O.
 
 :func:`sim_engine_config` turns the generated tensorrt_llm config.pbtxt into the simulator's (same
-inputs, outputs, batching and transaction policy; python backend; simulator parameters), and
-:func:`install_sim_engine` puts it into a generated repository in place of the real engine.
+inputs, outputs, batching and transaction policy; python backend; the real parameters kept and the
+simulator's added under ``sim_``), and :func:`install_sim_engine` puts it into a generated repository in
+place of the real engine. The simulated model checks the real parameters at load as TensorRT-LLM's
+backend does (backend.py), so a config the real backend refuses does not load here either.
 """
 
 from __future__ import annotations
@@ -15,13 +17,20 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
+from engine_jobs import trtllm_backend
+
+from .backend import BackendLoadError, check_parameters
 from .control import ENV_CONTROL, SimControl, read_control, write_control
 from .load import add_load_gauges
 
 __all__ = [
-    "ENV_CONTROL", "SimControl", "SimEngineSettings", "add_load_gauges", "install_sim_engine",
-    "read_control", "sim_engine_config", "write_control",
+    "ENV_CONTROL", "SIM_PARAMETER_PREFIX", "BackendLoadError", "SimControl", "SimEngineSettings", "add_load_gauges", "check_parameters",
+    "install_sim_engine", "read_control", "sim_engine_config", "write_control",
 ]
+
+
+#: the simulator's own parameters sit beside the real backend's under this prefix (no name clash)
+SIM_PARAMETER_PREFIX = "sim_"
 
 
 @dataclass(frozen=True)
@@ -41,15 +50,14 @@ class SimEngineSettings:
     ledger_file: str = ""
 
     def parameters(self) -> dict[str, str]:
-        return {k: str(v) for k, v in self.__dict__.items() if str(v) != ""}
+        return {SIM_PARAMETER_PREFIX + k: str(v) for k, v in self.__dict__.items() if str(v) != ""}
 
 
 def sim_engine_config(engine_config_text: str, settings: SimEngineSettings) -> str:
-    """The simulator's config.pbtxt: the real engine's I/O and batching, python backend, sim params."""
+    """The simulator's config.pbtxt: the real engine's I/O, batching and parameters, python backend, sim params."""
     cfg = model_config_pb2.ModelConfig()
     text_format.Parse(engine_config_text, cfg)
     cfg.backend = "python"
-    cfg.parameters.clear()
     for key, value in settings.parameters().items():
         cfg.parameters[key].string_value = value
     return text_format.MessageToString(cfg)
@@ -67,4 +75,7 @@ def install_sim_engine(model_dir: Path, settings: SimEngineSettings) -> None:
     pkg = resources.files(__name__)
     (version / "model.py").write_text(pkg.joinpath("model.py").read_text(encoding="utf-8"), encoding="utf-8")
     (version / "_sim_control.py").write_text(pkg.joinpath("control.py").read_text(encoding="utf-8"), encoding="utf-8")
+    (version / "_sim_backend.py").write_text(pkg.joinpath("backend.py").read_text(encoding="utf-8"), encoding="utf-8")
+    facts = Path(trtllm_backend.__file__).read_text(encoding="utf-8")
+    (version / "_trtllm_backend.py").write_text(facts, encoding="utf-8")
     config.write_text(text, encoding="utf-8")

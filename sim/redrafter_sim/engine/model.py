@@ -8,7 +8,9 @@ request is its context phase (one token). In the generation phase a ReDrafter st
 them, so it emits 1 + accepted tokens; the base variant emits one token per step. Tokens are the
 greedy output: a deterministic function of the prompt (the same for both variants unless the
 ``diverge`` control is set). Honours streaming, end_id, stop words, max tokens, return_perf_metrics
-(perf outputs on the final response) and client cancellation. Controls: see _sim_control.py.
+(perf outputs on the final response) and client cancellation. Controls: see _sim_control.py. At load
+it refuses the config the real backend refuses (_sim_backend.py; the simulator's own parameters are
+the ``sim_`` ones).
 
 Every finished request is appended to a ledger (JSON lines; parameter ``ledger_file`` or env
 ``REDRAFTER_SIM_LEDGER``): the ground truth tests compare exported metrics with.
@@ -28,9 +30,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import triton_python_backend_utils as pb_utils  # type: ignore[import-not-found]
 
+import _trtllm_backend
+from _sim_backend import check_parameters
 from _sim_control import ENV_CONTROL, ControlWatcher, SimControl
 
 ENV_LEDGER = "REDRAFTER_SIM_LEDGER"
+SIM_PREFIX = "sim_"  # the simulator's own parameters (redrafter_sim.engine.SIM_PARAMETER_PREFIX)
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
@@ -87,7 +92,11 @@ class SimRequest:
 class TritonPythonModel:
     def initialize(self, args):
         cfg = json.loads(args["model_config"])
-        p = {k: v["string_value"] for k, v in cfg.get("parameters", {}).items()}
+        given = {k: v["string_value"] for k, v in cfg.get("parameters", {}).items()}
+        real = {k: v for k, v in given.items() if not k.startswith(SIM_PREFIX)}
+        # what TensorRT-LLM's backend would refuse must not load here either
+        check_parameters(real or None, _trtllm_backend)
+        p = {k[len(SIM_PREFIX):]: v for k, v in given.items() if k.startswith(SIM_PREFIX)}
         self.variant = p.get("variant", "redrafter")
         self.draft_len = int(p.get("draft_len_per_beam", "0")) if self.variant == "redrafter" else 0
         self.num_beams = int(p.get("num_beams", "1"))

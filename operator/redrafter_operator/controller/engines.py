@@ -1,0 +1,131 @@
+"""Engine builds (pure): each variant's engine status, and the build ConfigMap + Job when one is needed.
+
+How the operator knows an engine artifact is complete (documented choice):
+  1. a *succeeded* build Job labelled with the engine key whose artifact (cache claim + path) matches —
+     from this resource or any other in the namespace (Jobs are kept a day after they finish);
+  2. else any ReDrafterDeployment in the namespace whose status shows that key Ready/Cached with the
+     same claim + path (status outlives the Jobs), including this resource's own previous status.
+  The build Job itself publishes atomically (manifest written last), so "Job succeeded" implies
+  "artifact complete". A Job running for the same artifact anywhere in the namespace is waited on,
+  never duplicated: two resources sharing a cache with identical build inputs produce one build.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from engine_jobs.contract import Variant
+
+from ..api.engine_key import engine_key
+from ..render import names
+from ..render.build import artifact_path, build_configmap, build_job
+from ..render.common import Owner
+from .build_failure import not_retried_message
+from .facts import ANNOTATION_CACHE_CLAIM, ANNOTATION_RETRY_TOKEN, JobFact, Observed
+from .plan_types import READY_STATES, EventSpec, Plan, Resource
+
+MESSAGE_LIMIT = 1024  # engine failure messages in status (the full stderr tail stays in the Pod)
+
+
+def _failure_text(job: JobFact, observed: Observed) -> str:
+    pod = observed.pods.get(job.name)
+    detail = (pod.message if pod and pod.message else job.message).strip()
+    return _bounded(f"Job {job.name} failed ({job.reason or 'Failed'})" + (f": {detail}" if detail else ""))
+
+
+def _bounded(text: str) -> str:
+    return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 3] + "..."
+
+
+def plan_engine(
+    res: Resource, owner: Owner, variant: Variant, observed: Observed, plan: Plan
+) -> dict[str, Any]:
+    """One variant's engine status; appends the build ConfigMap + Job to ``plan.create`` when needed."""
+    spec = owner.spec
+    key = engine_key(spec, variant)
+    path = artifact_path(spec, key)
+    claim = spec.engine.cache.claim_name
+    retries = spec.engine.build.retries
+    token = res.retry_token
+    old = (res.status.get("engines") or {}).get(variant) or {}
+    old = old if old.get("key") == key and old.get("path") == path else {}
+    jobs = sorted((j for j in observed.jobs
+                   if j.variant == variant and j.key == key and j.claim == claim and j.artifact in ("", path)),
+                  key=lambda j: j.attempt)
+    epoch = [j for j in jobs if j.retry_token == token]
+    failed = [j for j in epoch if j.state == "Failed"]
+    running = [j for j in jobs if j.state == "Running"]
+    succeeded = [j for j in jobs if j.state == "Succeeded"]
+    shared = observed.shared.get(variant)
+    out: dict[str, Any] = {"key": key, "path": path, "attempts": len(epoch), "retryToken": token}
+    if succeeded:
+        out.update(state="Ready", job=succeeded[-1].name)
+    elif old.get("state") in READY_STATES:
+        out.update(state=old["state"], job=old.get("job"), attempts=old.get("attempts", 0))
+    elif shared and shared.ready_by:
+        out.update(state="Cached", message=f"engine already in the cache (built for {shared.ready_by})")
+    elif running:
+        out.update(state="Building", job=running[-1].name)
+        if failed:
+            out["message"] = _failure_text(failed[-1], observed)
+    elif shared and shared.building_job:
+        out.update(state="Building", job=shared.building_job,
+                   message=f"waiting for Job {shared.building_job}, which builds the same engine into the shared cache")
+    else:
+        n_failed = len(failed)
+        final_code = next((j.final_exit_code for j in reversed(failed) if j.final_exit_code is not None), None)
+        if not jobs and old.get("state") == "Failed" and old.get("retryToken", "") == token:
+            n_failed = int(old.get("attempts") or 0)  # the failed Jobs expired; status remembers
+            final_code = old.get("exitCode")
+        if final_code is not None and failed:  # podFailurePolicy ended it: no attempt can fix this code
+            msg = f"{not_retried_message(owner.name, final_code)}. {_failure_text(failed[-1], observed)}"
+            out.update(state="Failed", job=failed[-1].name, attempts=n_failed, exitCode=final_code,
+                       message=_bounded(msg))
+        elif final_code is not None or n_failed > retries:
+            msg = _failure_text(failed[-1], observed) if failed else old.get("message") or "build failed"
+            out.update(state="Failed", job=failed[-1].name if failed else old.get("job"), message=msg,
+                       attempts=n_failed, exitCode=final_code)
+        else:
+            attempt = max((j.attempt for j in jobs), default=-1) + 1
+            job = build_job(owner, variant, attempt)
+            ann = job["metadata"].setdefault("annotations", {})
+            ann[ANNOTATION_RETRY_TOKEN] = token
+            ann[ANNOTATION_CACHE_CLAIM] = claim
+            plan.create += [build_configmap(owner, variant), job]
+            plan.claims.append((claim, path, job["metadata"]["name"]))
+            out.update(state="Building", job=job["metadata"]["name"], attempts=n_failed + 1)
+            if failed:
+                out["message"] = _failure_text(failed[-1], observed)
+    _engine_events(variant, old, out, observed, retries, plan, owner.name)
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _engine_events(variant: str, old: Mapping[str, Any], new: Mapping[str, Any], observed: Observed,
+                   retries: int, plan: Plan, resource: str) -> None:
+    state, job = new["state"], new.get("job")
+    if old.get("state") == state and old.get("job") == job:
+        return
+    prev_job = next((j for j in observed.jobs if j.name == old.get("job")), None)
+    if prev_job and prev_job.state == "Failed" and (state == "Failed" or job != prev_job.name):
+        plan.events.append(EventSpec("Warning", "BuildFailed", f"{variant} engine: {_failure_text(prev_job, observed)}"))
+    if state == "Building" and job != old.get("job"):
+        if job and any(c[2] == job for c in plan.claims):
+            plan.events.append(EventSpec("Normal", "BuildStarted",
+                                         f"Job {job} builds the {variant} engine {new['key']} "
+                                         f"(attempt {new['attempts']} of {retries + 1})"))
+        else:
+            plan.events.append(EventSpec("Normal", "BuildWaiting", f"{variant} engine {new['key']}: {new.get('message') or f'Job {job} is building it'}"))
+    elif state == "Ready":
+        plan.events.append(EventSpec("Normal", "EngineReady", f"{variant} engine {new['key']} is built ({new['path']})"))
+    elif state == "Cached":
+        plan.events.append(EventSpec("Normal", "EngineCached", f"{variant} engine {new['key']} found in the cache ({new['path']}); no build"))
+    elif state == "Failed":
+        if not prev_job or prev_job.state != "Failed":
+            plan.events.append(EventSpec("Warning", "BuildFailed", f"{variant} engine: {new.get('message', '')}"))
+        if new.get("exitCode") is not None:
+            plan.events.append(EventSpec("Warning", "BuildNotRetried", f"{variant} engine {new['key']}: "
+                                         f"{not_retried_message(resource, new['exitCode'])}"))
+            return
+        plan.events.append(EventSpec("Warning", "RetriesExhausted",
+                                     f"{variant} engine {new['key']}: {new['attempts']} build Jobs failed; "
+                                     f"change the spec or set annotation {names.ANNOTATION_RETRY_BUILD} to retry"))

@@ -1,0 +1,135 @@
+"""What the cluster looks like for one resource: its children's facts, read from the kopf indexes.
+
+The reconciler plans from these :class:`~.facts.Observed` values only. The indexes are filled by the
+watches before any handler runs, so a restarted operator sees every existing Job before it decides;
+the one exception read from the API is a failed build's Pod message (the Pod watch may lag the Job's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from engine_jobs.contract import VARIANTS
+
+from ..api.engine_key import engine_key
+from ..api.spec import ReDrafterDeploymentSpec
+from ..render import names
+from ..render.build import artifact_path
+from .apply import ChildState, KubeClient
+from .facts import DeploymentFact, JobFact, ObjectFact, Observed, PodFact, ServingPodFact, SharedArtifact
+from .plan_types import Resource
+from .resource_io import index_entries
+
+ClaimRef = tuple[str, str, str]  # (namespace, cache claim, artifact path)
+
+
+@dataclass
+class BuildClaim:
+    """A build Job this process started and may not see in the index yet."""
+
+    job: str
+    owner: str
+    at: float  # time.monotonic() when claimed
+
+
+def cache_of(res: Resource) -> tuple[str, dict[str, str]]:
+    """The cache claim and the artifact path of each variant (from the valid spec; empty otherwise)."""
+    try:
+        spec = ReDrafterDeploymentSpec.model_validate(dict(res.spec))
+    except Exception:
+        return "", {}
+    return spec.engine.cache.claim_name, {v: artifact_path(spec, engine_key(spec, v)) for v in VARIANTS}
+
+
+def child_state(indexes: Mapping[str, Any], manifest: Mapping[str, Any]) -> ChildState | None:
+    """What the watch shows of the child ``manifest`` names (None when absent): its resourceVersion and the
+    fingerprint of the fields the operator owns (a Job only needs to exist: it is created, never applied)."""
+    ns, name, kind = manifest["metadata"]["namespace"], manifest["metadata"]["name"], manifest["kind"]
+    if kind == "Job":
+        return ChildState("", "") if index_entries(indexes, "rdd_jobs", ("name", ns, name)) else None
+    index = {"Deployment": "rdd_deployments", "Service": "rdd_services", "ConfigMap": "rdd_configmaps",
+             "NetworkPolicy": "rdd_networkpolicies", "InferencePool": "rdd_inferencepools"}[kind]
+    facts = index_entries(indexes, index, ("name", ns, name))
+    return ChildState(facts[0].resource_version, facts[0].owned_fields) if facts else None
+
+
+def observe(indexes: Mapping[str, Any], res: Resource, claim: str, paths: Mapping[str, str],
+            claims: Mapping[ClaimRef, BuildClaim], *, claim_seconds: float, now: float) -> Observed:
+    """The facts the planner needs for ``res``: its Jobs (and failed builds' Pods), Deployments, the pool the
+    Service (and the InferencePool) selects, and for each variant's artifact who in the namespace already
+    built or is building it."""
+    ns = res.namespace
+    owner = names.label_value(res.name)
+    jobs: list[JobFact] = index_entries(indexes, "rdd_jobs", ("owner", ns, owner))
+    pods = {}
+    for job in jobs:
+        if job.state == "Failed":
+            facts: list[PodFact] = index_entries(indexes, "rdd_build_pods", (ns, job.name))
+            with_msg = [p for p in facts if p.message]
+            if with_msg:
+                pods[job.name] = max(with_msg, key=lambda p: p.started)
+    deployments: dict[str, DeploymentFact] = {}
+    for dep in index_entries(indexes, "rdd_deployments", ("owner", ns, owner)):
+        if dep.name == names.serving_deployment_name(res.name, dep.variant):
+            deployments[dep.variant] = dep
+        elif dep.name == names.canary_deployment_name(res.name):
+            deployments["canary"] = dep
+        elif dep.name == names.candidate_name(res.name):
+            deployments["candidate"] = dep
+    serving_pods: list[ServingPodFact] = sorted(index_entries(indexes, "rdd_serving_pods", ("owner", ns, owner)),
+                                                key=lambda p: p.name)
+    services: list[ObjectFact] = index_entries(indexes, "rdd_services", ("name", ns, names.service_name(res.name)))
+    pools: list[ObjectFact] = index_entries(indexes, "rdd_inferencepools", ("name", ns, names.service_name(res.name)))
+    shared: dict[str, SharedArtifact] = {}
+    for variant, path in paths.items():
+        ready_by = building = ""
+        for job in index_entries(indexes, "rdd_jobs", ("artifact", ns, claim, path)):
+            if job.state == "Succeeded":
+                ready_by = f"Job {job.name}"
+            elif job.state == "Running" and job.owner != owner:
+                building = job.name
+        for other in index_entries(indexes, "rdd_ready", (ns, claim, path)):
+            if other != res.name:
+                ready_by = ready_by or f"ReDrafterDeployment {other}"
+        c = claims.get((ns, claim, path))
+        if (c and not building and c.owner != res.name and now - c.at < claim_seconds
+                and not index_entries(indexes, "rdd_jobs", ("name", ns, c.job))):  # once seen, the Job itself tells
+            building = c.job
+        shared[variant] = SharedArtifact(ready_by=ready_by, building_job=building)
+    return Observed(jobs=jobs, pods=pods, deployments=deployments, serving_pods=serving_pods,
+                    service_pool=services[0].pool if services else None,
+                    routing_pool=pools[0].pool if pools else None, shared=shared)
+
+
+class FailedPodMessages:
+    """A failed Job's termination message, read once from its Pod if the Pod watch lags behind.
+
+    The Job and Pod watches are independent streams; the Job's Failed event can arrive first.
+    One label-selected LIST per failed Job (cached) keeps the reason in the very first status.
+    """
+
+    def __init__(self, client: KubeClient) -> None:
+        self.client = client
+        self._cache: dict[tuple[str, str], PodFact] = {}
+
+    async def fill(self, namespace: str, observed: Observed) -> None:
+        for job in observed.jobs:
+            if job.state != "Failed" or job.name in observed.pods:
+                continue
+            cached = self._cache.get((namespace, job.name))
+            if cached is None:
+                found = await self.client.request(
+                    "GET", f"/api/v1/namespaces/{namespace}/pods",
+                    query=[("labelSelector", f"batch.kubernetes.io/job-name={job.name}")])
+                pods = [PodFact.from_body(p) for p in found.get("items") or []]
+                with_msg = [p for p in pods if p.message]
+                cached = max(with_msg, key=lambda p: p.started) if with_msg else PodFact(job.name, "", "")
+                self._cache[(namespace, job.name)] = cached
+            if cached.message:
+                observed.pods[job.name] = cached
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop the messages of a deleted resource's build Jobs."""
+        for ref in [r for r in self._cache if r[0] == namespace and r[1].startswith(f"{name}-build-")]:
+            del self._cache[ref]

@@ -1,0 +1,213 @@
+"""Every pod the operator creates passes the Pod Security Standards "restricted" profile, runs as its
+image's user, requests CPU and memory; the optional NetworkPolicies; and the emulator's PodSecurity
+admission check itself (message shapes from kubernetes/pod-security-admission policy/check_*.go)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from redrafter_operator.api.engine_key import engine_key
+from redrafter_operator.render import render_all, resources, security
+from redrafter_operator.render.build import build_job
+from redrafter_operator.render.common import Owner
+from redrafter_operator.render.serving import candidate_deployment, canary_deployment, network_policies
+from redrafter_operator.render.validation import validation_job
+from redrafter_sim.admission_podsecurity import admit_pod, violations
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+
+
+def load(path: Path, **spec_changes: Any) -> Owner:
+    body = yaml.safe_load(path.read_text())
+    for dotted, value in spec_changes.items():
+        node = body["spec"]
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return Owner.from_body(body)
+
+
+def pod_templates(owner: Owner) -> list[tuple[str, dict[str, Any]]]:
+    """(name, pod spec) of every workload the operator creates for ``owner``, canary and candidate included."""
+    key = engine_key(owner.spec, "redrafter")
+    docs = [*render_all(owner), canary_deployment(owner, key, 1), candidate_deployment(owner, key, 1)]
+    return [(d["metadata"]["name"], d["spec"]["template"]["spec"]) for d in docs if d["kind"] in ("Job", "Deployment")]
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_every_pod_passes_the_restricted_profile_as_its_images_user(example: Path):
+    owner = load(example)
+    pods = pod_templates(owner)
+    assert len(pods) == 2 + 2 + 1 + 2  # builds, primaries, validation, canary + candidate
+    for name, pod in pods:
+        assert violations(pod, "restricted") == [], name
+        (container,) = pod["containers"]
+        uid = security.OPERATOR_USER if "-validate-" in name else security.IMAGE_USER
+        ctx = pod["securityContext"]
+        assert (ctx["runAsNonRoot"], ctx["runAsUser"], ctx["runAsGroup"], ctx["fsGroup"]) == (True, uid, uid, uid), name
+        assert ctx["seccompProfile"] == {"type": "RuntimeDefault"}
+        c = container["securityContext"]
+        assert c["readOnlyRootFilesystem"] is True and c["allowPrivilegeEscalation"] is False, name
+        assert c["capabilities"] == {"drop": ["ALL"]} and c["runAsUser"] == uid
+        assert pod["automountServiceAccountToken"] is False, f"{name}: no pod of ours calls the API server"
+        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes[mounts["/tmp"]] == {"name": "tmp", "emptyDir": {}}, f"{name}: HOME/TMPDIR must be writable"
+        for v in volumes.values():
+            if "secret" in v:
+                assert v["secret"]["defaultMode"] == 0o440, "owner and fsGroup read; 0400 would be root-only"
+        requests = container["resources"]["requests"]
+        assert {"cpu", "memory"} <= set(requests), f"{name}: a pod without requests is evicted first"
+
+
+def test_the_gated_model_example_mounts_its_token_readable_by_the_builder():
+    owner = load(ROOT / "examples" / "llama3-8b.yaml")
+    pod = build_job(owner, "base")["spec"]["template"]["spec"]
+    (secret,) = [v for v in pod["volumes"] if "secret" in v]
+    assert secret["secret"] == {"secretName": "hf-token", "defaultMode": 0o440}
+    assert pod["securityContext"]["fsGroup"] == security.IMAGE_USER
+
+
+# ---- resources ---------------------------------------------------------------------------------
+
+def test_default_requests_scale_with_tensor_parallel_ranks():
+    tp1 = load(EXAMPLES[0], **{"parallelism.tensor": 1, "serving.resources": {}, "engine.build.resources": {}})
+    tp8 = load(EXAMPLES[0], **{"parallelism.tensor": 8, "serving.resources": {}, "engine.build.resources": {}})
+    for owner, ranks in ((tp1, 1), (tp8, 8)):
+        for name, pod in pod_templates(owner):
+            res = pod["containers"][0]["resources"]
+            if "-validate-" in name:
+                assert res == resources.VALIDATION
+                continue
+            assert res["requests"]["cpu"] == str(2 * ranks)
+            assert res["requests"]["memory"] == f"{16 * ranks}Gi"
+            assert res["requests"]["nvidia.com/gpu"] == res["limits"]["nvidia.com/gpu"] == str(ranks)
+            assert set(res["limits"]) == {"nvidia.com/gpu"}, "no default CPU/memory limit on GPU pods"
+
+
+@pytest.mark.parametrize(("user", "expected"), [
+    ({}, {"requests": {"cpu": "2", "memory": "16Gi"}}),
+    ({"requests": {"cpu": "6"}}, {"requests": {"cpu": "6", "memory": "16Gi"}}),
+    # a limit without a request: the API server defaults the request to it, so ours must not be there
+    ({"limits": {"memory": "8Gi"}}, {"requests": {"cpu": "2"}, "limits": {"memory": "8Gi"}}),
+    ({"requests": {"memory": "64Gi"}, "limits": {"memory": "80Gi", "cpu": "8"}},
+     {"requests": {"memory": "64Gi"}, "limits": {"memory": "80Gi", "cpu": "8"}}),
+])
+def test_spec_resources_override_the_defaults_per_resource(user, expected):
+    assert resources.merged(resources.per_rank(resources.SERVING_PER_RANK, 1), user) == expected
+
+
+def test_a_user_request_above_a_default_limit_drops_that_limit():
+    assert resources.merged(resources.VALIDATION, {"requests": {"memory": "2Gi"}}) == {
+        "requests": {"cpu": "250m", "memory": "2Gi"}}
+
+
+# ---- NetworkPolicy -----------------------------------------------------------------------------
+
+def test_network_policies_are_optional():
+    assert network_policies(load(EXAMPLES[0], **{"serving.networkPolicy": {"enabled": False}})) == []
+
+
+def test_serving_policy_admits_the_namespace_the_validation_job_and_the_operators_scrape():
+    owner = load(ROOT / "examples" / "llama3-8b.yaml", **{"serving.networkPolicy": {"enabled": True}})
+    serving, jobs = network_policies(owner, operator_namespace="redrafter-system")
+    for doc in (serving, jobs):
+        kubernetes_validate.validate(doc, "1.30", strict=True)
+    spec = serving["spec"]
+    assert spec["policyTypes"] == ["Ingress"]
+    assert spec["podSelector"]["matchExpressions"] == [
+        {"key": "app.kubernetes.io/component", "operator": "In", "values": ["serving"]}]
+    serve_rule, metrics_rule = spec["ingress"]
+    assert [p["port"] for p in serve_rule["ports"]] == [8000, 8001, 8002]
+    assert serve_rule["from"][0] == {"podSelector": {}}, "default: every pod of this namespace"
+    assert serve_rule["from"][1]["podSelector"]["matchExpressions"][0]["values"] == ["validation"]
+    assert metrics_rule == {"from": [{"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": "redrafter-system"}}}], "ports": [{"protocol": "TCP", "port": 8002}]}
+    assert "ingress" not in jobs["spec"], "nothing connects to build or validation pods"
+    assert jobs["spec"]["podSelector"]["matchExpressions"][0]["values"] == ["engine-build", "validation"]
+    # every pod of the resource is selected by one of them (the scanners' "pod without a NetworkPolicy")
+    for name, pod_doc in [(d["metadata"]["name"], d) for d in render_all(owner) if d["kind"] in ("Job", "Deployment")]:
+        component = pod_doc["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
+        assert component in ["serving", "engine-build", "validation"], name
+
+
+def test_configured_peers_replace_the_namespace_default_and_metrics_peers_add():
+    clients = [{"namespaceSelector": {"matchLabels": {"team": "gateway"}}}]
+    prometheus = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    owner = load(EXAMPLES[0], **{"serving.networkPolicy": {"enabled": True, "ingressFrom": clients,
+                                                           "metricsFrom": prometheus}})
+    serving, _ = network_policies(owner, operator_namespace=owner.namespace)  # operator next to it: no extra peer
+    serve_rule, metrics_rule = serving["spec"]["ingress"]
+    assert serve_rule["from"][0] == clients[0] and len(serve_rule["from"]) == 2
+    assert metrics_rule["from"] == prometheus
+
+
+# ---- the emulator's PodSecurity admission ------------------------------------------------------
+
+def test_a_bare_pod_is_rejected_with_the_real_message():
+    pod = {"metadata": {"name": "bad-pod"}, "spec": {"containers": [{"name": "app", "image": "nginx"}]}}
+    assert admit_pod(pod, {"pod-security.kubernetes.io/enforce": "restricted"}) == (
+        'pods "bad-pod" is forbidden: violates PodSecurity "restricted:latest": '
+        'allowPrivilegeEscalation != false (container "app" must set securityContext.allowPrivilegeEscalation=false), '
+        'unrestricted capabilities (container "app" must set securityContext.capabilities.drop=["ALL"]), '
+        'runAsNonRoot != true (pod or container "app" must set securityContext.runAsNonRoot=true), '
+        'seccompProfile (pod or container "app" must set securityContext.seccompProfile.type to "RuntimeDefault" '
+        'or "Localhost")')
+    assert admit_pod(pod, {}) is None, "unlabelled namespaces are privileged"
+    assert admit_pod(pod, {"pod-security.kubernetes.io/enforce": "baseline"}) is None
+
+
+def test_admission_names_each_violation_like_the_plugin():
+    owner = load(EXAMPLES[0])
+    _, pod = pod_templates(owner)[0]
+    assert violations(pod) == []
+
+    def broken(**changes: Any) -> dict[str, Any]:
+        out = yaml.safe_load(yaml.safe_dump(pod))
+        for path, value in changes.items():
+            node = out
+            *parents, leaf = path.split(".")
+            for p in parents:
+                node = node[int(p)] if p.isdigit() else node[p]
+            node[leaf] = value
+        return out
+
+    assert violations(broken(**{"securityContext.runAsUser": 0})) == ['runAsUser=0 (pod must not set runAsUser=0)']
+    assert violations(broken(**{"containers.0.securityContext.runAsNonRoot": False})) == [
+        'runAsNonRoot != true (container "build" must not set securityContext.runAsNonRoot=false)']
+    assert violations(broken(**{"containers.0.securityContext.capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN"]}})) == [
+        'non-default capabilities (container "build" must not include "SYS_ADMIN" in securityContext.capabilities.add)',
+        'unrestricted capabilities (container "build" must not include "SYS_ADMIN" in securityContext.capabilities.add)']
+    assert violations(broken(**{"hostNetwork": True, "containers.0.securityContext.privileged": True})) == [
+        "host namespaces (hostNetwork=true)", 'privileged (container "build" must not set securityContext.privileged=true)']
+    assert violations(broken(**{"volumes": [{"name": "host", "hostPath": {"path": "/"}}]})) == [
+        'restricted volume types (volume "host" uses restricted volume type "hostPath")']
+    assert violations(broken(**{"containers.0.securityContext.seccompProfile": {"type": "Unconfined"}})) == [
+        'seccompProfile (container "build" must not set securityContext.seccompProfile.type to "Unconfined")']
+
+
+def test_baseline_checks_reject_what_the_plugin_rejects():
+    ok = {"containers": [{"name": "c", "image": "x"}]}
+    assert violations(ok, "baseline") == []
+    bad = {
+        "securityContext": {"sysctls": [{"name": "kernel.msgmax", "value": "1"}, {"name": "net.ipv4.tcp_rmem", "value": "1"}],
+                            "seLinuxOptions": {"user": "system_u", "role": "r"}},
+        "containers": [{"name": "c", "image": "x", "readinessProbe": {"httpGet": {"host": "10.0.0.1", "port": 80}},
+                        "securityContext": {"procMount": "Unmasked", "seccompProfile": {"type": "Unconfined"},
+                                            "appArmorProfile": {"type": "Unconfined"}}}],
+    }
+    assert violations(bad, "baseline") == [
+        'forbidden AppArmor profile (container "c" must not set AppArmor profile type to "Unconfined")',
+        'probe or lifecycle host (container "c" uses probe or lifecycle host "10.0.0.1")',
+        'procMount (container "c" must not set securityContext.procMount to "Unmasked")',
+        "seLinuxOptions (pod set forbidden securityContext.seLinuxOptions: user may not be set; role may not be set)",
+        'seccompProfile (container "c" must not set securityContext.seccompProfile.type to "Unconfined")',
+        "forbidden sysctls (kernel.msgmax)",
+    ]

@@ -839,8 +839,8 @@ def test_operator_runs_from_the_chart_and_rbac_is_exact(mode, apiserver, helm_co
 
         # Children that already exist but are unknown to the operator (left behind by an earlier install that
         # orphaned them, written as the pre-server-side-apply operator did: created by the client library's
-        # User-Agent, "OpenAPI-Generator"): it reads them and takes their fields over (GET + PATCH), then
-        # applies, which removes what it does not set (the "old" container).
+        # User-Agent, "OpenAPI-Generator"): its apply's answer shows their fields, it takes them over (a JSON
+        # patch of managedFields) and applies again, which removes what it does not set (the "old" container).
         for leftover in (
             {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": names.serving_config_name("llama3-8b", "base"),
                                                                    "namespace": "default"}, "data": {}},
@@ -914,6 +914,10 @@ def test_operator_runs_from_the_chart_and_rbac_is_exact(mode, apiserver, helm_co
                 {"spec": {"routing": {"inferencePool": {"enabled": False}}}}), check=True)
             _wait(lambda: emu.find_object(INFERENCE_POOL_API, "InferencePool", "llama3-8b", "default") is None, 60,
                   "the InferencePool to be deleted once turned off", interval=0.3)
+            # on again: this time the apply creates the pool (the leftover above was adopted, not created)
+            kubectl("patch", "rdd", "llama3-8b", "-n", "default", "--type=merge", "-p", json.dumps(
+                {"spec": {"routing": {"inferencePool": {"enabled": True}}}}), check=True)
+            _wait(pool_on_base, 60, "the InferencePool back once turned on again", interval=0.3)
             _wait(lambda: phase() == "Serving", 60, "Serving after the change", interval=0.3)
             kubectl("delete", "rdd", "llama3-8b", "-n", "default", "--wait=false", check=True)
             _wait(lambda: emu.find_object("redrafter.dev/v1alpha1", "ReDrafterDeployment", "llama3-8b", "default")

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .cache_cmd import add_cache_parser
 from .commands import add_build_parser, add_plan_parser
-from .serve import add_serve_parser
+from .serve import add_openai_parser, add_serve_parser
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -15,6 +16,8 @@ def main(argv: list[str] | None = None) -> int:
     add_plan_parser(sub)
     add_build_parser(sub)
     add_serve_parser(sub)
+    add_openai_parser(sub)
+    add_cache_parser(sub)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -87,8 +87,13 @@ def publish(tmp: Path, final: Path) -> None:
     if final.exists():  # a partial directory without manifest (checked by the caller holding the lock)
         shutil.rmtree(final)
     os.rename(tmp, final)
-    try:  # persist the rename itself
-        fd = os.open(final.parent, os.O_RDONLY)
+    fsync_dir(final.parent)  # persist the rename itself
+
+
+def fsync_dir(path: Path) -> None:
+    """Persist renames and unlinks in ``path`` (best effort: some filesystems refuse a directory fsync)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:

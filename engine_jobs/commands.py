@@ -15,7 +15,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from .contract import BUILD_SPEC_FILE, CONFIG_MOUNT, ENGINE_DIR
+from .contract import BUILD_SPEC_FILE, CONFIG_MOUNT, ENGINE_DIR, BuildResult
 from .errors import BuildError, ExitCode, bad_input, format_termination_message, write_termination_message
 from .progress import Log
 from .settings import Settings, describe
@@ -146,8 +146,10 @@ def cmd_build(args: argparse.Namespace) -> int:
         termination_log = termination_log or settings.termination_log
         spec = load_spec(_spec_path(args))
         manifest = build(spec, settings, log)
-        write_termination_message(termination_log, f"OK: engine {manifest['key']} ({manifest['variant']}) is "
-                                  f"complete at {spec.cache_dir}/{manifest['key']}")
+        result = BuildResult(size_bytes=int((manifest.get("sizes") or {}).get("artifact_bytes") or 0),
+                             built_at=(manifest.get("builder") or {}).get("built_at"))
+        write_termination_message(termination_log, result.message(
+            f"OK: engine {manifest['key']} ({manifest['variant']}) is complete at {spec.cache_dir}/{manifest['key']}"))
         return 0
     except BuildError as exc:
         code, reason, detail = exc.code, exc.reason, exc.detail

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
 
 CONTRACT_VERSION = 1
 
@@ -39,12 +40,19 @@ LOCK_FILE = ".lock"  # <cache>/<key>.lock, owner + heartbeat
 ENTRY_MODEL = "ensemble"
 PREPROCESSING_MODEL = "preprocessing"
 ENGINE_MODEL = "tensorrt_llm"
+#: entry-model output sent with the perf outputs: how many tokens the engine generated
+OUTPUT_TOKEN_COUNT = "num_output_tokens"
 POSTPROCESSING_MODEL = "postprocessing"
 
 HTTP_PORT = 8000
 GRPC_PORT = 8001
 METRICS_PORT = 8002
-OPENAI_PORT = 9000  # the OpenAI-compatible front; what gateways (InferencePool targetPorts) route to
+#: the OpenAI-compatible front (engine_jobs.openai_api) next to Triton in every serving pod; what gateways
+#: (InferencePool targetPorts) route to
+OPENAI_PORT = 9000
+OPENAI_READY_PATH = "/health/ready"
+#: response header carrying one request's speculative acceptance rate (accepted / drafted tokens)
+ACCEPTANCE_HEADER = "x-redrafter-acceptance-rate"
 
 # ---- serving metrics (exported by the metering model through Triton's custom-metrics API) ------
 METRIC_REQUESTS = "redrafter_requests_total"
@@ -146,3 +154,34 @@ class ServingConfig(_Strict):
     draft_len_per_beam: int = 0  # 0 for the base variant
     num_beams: int = 0
     triton: TritonParams = TritonParams()
+    model_name: str | None = Field(default=None, description="OpenAI model id; None: the deployment name")
+    max_input_len: int = Field(default=2048, description="the engine's max prompt tokens (OpenAI front checks)")
+    max_seq_len: int = Field(default=4096, description="the engine's max prompt + output tokens")
+
+    @property
+    def served_model_name(self) -> str:
+        return self.model_name or self.deployment
+
+
+class BuildResult(BaseModel):
+    """What a successful build reports on the second line of its termination message (the operator puts it
+    into ``status.engines.<variant>``): the artifact's size and when it was built, from its manifest."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, alias_generator=to_camel, populate_by_name=True)
+
+    size_bytes: int = Field(ge=0)
+    built_at: str | None = None
+
+    def message(self, first_line: str) -> str:
+        return f"{first_line}\n{self.model_dump_json(by_alias=True)}"
+
+    @classmethod
+    def from_message(cls, message: str) -> BuildResult | None:
+        """The result in an ``OK: ...`` termination message, or None (older builders, failures)."""
+        lines = message.strip().splitlines()
+        if len(lines) < 2 or not lines[0].startswith("OK:"):
+            return None
+        try:
+            return cls.model_validate_json(lines[1])
+        except ValueError:
+            return None

@@ -27,6 +27,7 @@ from .contract import (
     METRIC_OUTPUT_TOKENS,
     METRIC_REQUESTS,
     METRIC_STEPS,
+    OUTPUT_TOKEN_COUNT,
     POSTPROCESSING_MODEL,
     PREPROCESSING_MODEL,
     ServingConfig,
@@ -136,6 +137,8 @@ ENTRY_INPUTS: tuple[Tensor, ...] = (
 )
 ENTRY_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("text_output", "TYPE_STRING", (-1,)),
+    # Returned with the perf outputs: tokens the engine generated (true usage, not a re-tokenization).
+    Tensor(OUTPUT_TOKEN_COUNT, "TYPE_INT32", (1,)),
     Tensor("acceptance_rate", "TYPE_FP32", (1,)),
     Tensor("total_accepted_draft_tokens", "TYPE_INT32", (1,)),
     Tensor("total_draft_tokens", "TYPE_INT32", (1,)),
@@ -254,6 +257,7 @@ def metering_parameters(cfg: ServingConfig) -> dict[str, str]:
         "preprocessing_model": PREPROCESSING_MODEL,
         "engine_model": ENGINE_MODEL,
         "postprocessing_model": POSTPROCESSING_MODEL,
+        "output_token_count": OUTPUT_TOKEN_COUNT,
         "acceptance_buckets": ",".join(f"{b:g}" for b in ACCEPTANCE_BUCKETS),
         # metric and label names travel as parameters: the contract module is the one spelling
         "label_model": METRIC_LABEL_MODEL,

@@ -4,7 +4,10 @@ The engine volume is read-only, so the repository is written to a writable direc
 (serving-only changes never need a rebuild). TP=1 runs one tritonserver in the foreground; TP>1 runs
 one tritonserver per GPU under ``mpirun`` (rank 0 serves HTTP/gRPC/metrics, the other ranks load only
 tensorrt_llm with every endpoint off), as tensorrtllm_backend's scripts/launch_triton_server.py does.
-SIGTERM/SIGINT are forwarded so Triton drains in-flight requests (``--exit-timeout-secs``).
+Next to Triton runs the OpenAI-compatible front (``python -m engine_jobs openai``, port ``openai``)
+over Triton's gRPC port on localhost. SIGTERM/SIGINT are forwarded to both, so each drains in-flight
+requests (Triton: ``--exit-timeout-secs``; the front: the same timeout); if either exits on its own
+the other is stopped and the pod's container exits, so it restarts as one.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +26,7 @@ from .contract import (
     GRPC_PORT,
     HTTP_PORT,
     METRICS_PORT,
+    OPENAI_PORT,
     TOKENIZER_DIR,
     ServingConfig,
 )
@@ -40,6 +45,7 @@ class LaunchSettings:
     http_port: int = HTTP_PORT
     grpc_port: int = GRPC_PORT
     metrics_port: int = METRICS_PORT
+    openai_port: int = OPENAI_PORT
     exit_timeout_secs: int = 30
     log_verbose: int = 0
 
@@ -119,20 +125,45 @@ def prepare(cfg: ServingConfig, s: LaunchSettings) -> list[str]:
     return launch_argv(s, s.model_repo_dir, cfg.tensor_parallel)
 
 
-def run_foreground(argv: list[str]) -> int:
-    """Run ``argv``, forwarding SIGTERM/SIGINT (graceful drain), and return its exit code."""
-    proc = subprocess.Popen(argv)
+def front_argv(s: LaunchSettings, config_path: str) -> list[str]:
+    """The OpenAI-compatible front of this pod, calling rank 0's gRPC port on the pod's own address."""
+    grpc_host = "127.0.0.1" if s.host in ("0.0.0.0", "::", "") else s.host
+    return [sys.executable, "-m", "engine_jobs", "openai", "--config", config_path,
+            "--host", s.host, "--port", str(s.openai_port), "--grpc-url", f"{grpc_host}:{s.grpc_port}",
+            "--shutdown-timeout", str(s.exit_timeout_secs)]
+
+
+def run_together(argvs: list[list[str]], poll_seconds: float = 0.2) -> int:
+    """Run every argv; forward SIGTERM/SIGINT to all (graceful drain); if one exits unasked, stop the
+    others. Returns the first non-zero exit code (0 when all exited cleanly)."""
+    procs = [subprocess.Popen(argv) for argv in argvs]
+    stopping = False
 
     def forward(signum, _frame):
-        if proc.poll() is None:
-            proc.send_signal(signum)
+        nonlocal stopping
+        stopping = True
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    first_exit: int | None = None
     try:
-        return proc.wait()
+        while any(p.poll() is None for p in procs):
+            exited = [p for p in procs if p.poll() is not None]
+            if exited and not stopping:
+                first_exit = exited[0].returncode
+                print(f"redrafter serve: {exited[0].args[0]} exited with {first_exit}; stopping the rest",
+                      file=sys.stderr, flush=True)
+                forward(signal.SIGTERM, None)
+            time.sleep(poll_seconds)
+        codes = [p.wait() for p in procs]
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if first_exit is not None:
+        return first_exit or 1  # a component that stops unasked is a failure even with status 0
+    return next((c for c in codes if c), 0)
 
 
 def serve(config_path: str, settings: LaunchSettings | None = None) -> int:
@@ -141,7 +172,7 @@ def serve(config_path: str, settings: LaunchSettings | None = None) -> int:
     argv = prepare(cfg, s)
     print(f"redrafter serve: {cfg.deployment}/{cfg.variant} engine {cfg.engine_key} TP={cfg.tensor_parallel}",
           file=sys.stderr, flush=True)
-    return run_foreground(argv)
+    return run_together([argv, front_argv(s, config_path)])
 
 
 def add_serve_parser(sub) -> None:
@@ -159,6 +190,29 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--config", default=f"{CONFIG_MOUNT}/{SERVING_CONFIG_FILE}", help="serving.json path")
     p.add_argument("--dry-run", action="store_true", help="write the repository and print the argv, do not run")
     p.set_defaults(func=_cmd_serve)
+
+
+def add_openai_parser(sub) -> None:
+    """``python -m engine_jobs openai --config serving.json`` (started by ``serve`` next to Triton)."""
+    from .contract import CONFIG_MOUNT, SERVING_CONFIG_FILE
+
+    p = sub.add_parser("openai", help="serve the OpenAI-compatible API over Triton's gRPC endpoint")
+    p.add_argument("--config", default=f"{CONFIG_MOUNT}/{SERVING_CONFIG_FILE}", help="serving.json path")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=OPENAI_PORT)
+    p.add_argument("--grpc-url", default=f"127.0.0.1:{GRPC_PORT}", help="Triton's gRPC endpoint host:port")
+    p.add_argument("--tokenizer-dir", default=None, help="default: <artifact_dir>/tokenizer")
+    p.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="seconds in-flight requests may take to finish after SIGTERM")
+    p.set_defaults(func=_cmd_openai)
+
+
+def _cmd_openai(args) -> int:
+    from .openai_api import run
+
+    run(load_serving_config(args.config), host=args.host, port=args.port, grpc_url=args.grpc_url,
+        tokenizer_dir=args.tokenizer_dir, shutdown_timeout=args.shutdown_timeout)
+    return 0
 
 
 def _cmd_serve(args) -> int:

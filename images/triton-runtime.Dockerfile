@@ -39,7 +39,7 @@ RUN python3 -m pip install --no-cache-dir --requirement /tmp/requirements.txt \
     && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin redrafter
 USER 10001:10001
 WORKDIR /tmp
-# HTTP, gRPC, metrics (engine_jobs.contract)
-EXPOSE 8000 8001 8002
+# HTTP, gRPC, metrics, OpenAI-compatible API (engine_jobs.contract)
+EXPOSE 8000 8001 8002 9000
 ENTRYPOINT []
 CMD ["python3", "-m", "engine_jobs", "serve", "--config", "/etc/redrafter/serving.json"]

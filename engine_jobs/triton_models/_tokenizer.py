@@ -42,6 +42,11 @@ class Tokenizer:
         if self.eos_id is None:
             raise ValueError(f"tokenizer in {tokenizer_dir} has no end-of-sequence token")
 
+    @property
+    def hf(self):
+        """The transformers tokenizer backing this one, if any (its apply_chat_template renders chats)."""
+        return self._hf
+
     def _first_id(self, names: tuple[str, ...]) -> int | None:
         for name in names:
             tid = self._fast.token_to_id(name)

@@ -4,8 +4,8 @@ It keeps the interface of TensorRT-LLM's ensemble (``text_input``, ``max_tokens`
 inputs -> ``text_output``) and runs preprocessing -> tensorrt_llm -> postprocessing itself, always
 asking the engine for ``return_perf_metrics`` so that every finished request contributes its
 cumulative ``total_draft_tokens`` / ``total_accepted_draft_tokens`` (read from the last response that
-carries them) to counters exported on Triton's metrics port. Clients get the perf outputs only when
-they asked for them. Engine steps are not a perf output of the TensorRT-LLM backend; with speculative
+carries them) to counters exported on Triton's metrics port. Clients get the perf outputs, and the
+number of tokens the engine generated, only when they asked for them. Engine steps are not a perf output of the TensorRT-LLM backend; with speculative
 decoding every step emits exactly one verified token plus the draft tokens it accepted, so
 ``steps = output tokens - accepted draft tokens`` (tokens per step = 1 + accepted / steps).
 
@@ -69,6 +69,7 @@ class TritonPythonModel:
         self.pre_model = p["preprocessing_model"]
         self.engine_model = p["engine_model"]
         self.post_model = p["postprocessing_model"]
+        self.count_output = p["output_token_count"]
         labels = {p["label_model"]: p["deployment"], p["label_variant"]: p["variant"]}
         buckets = [float(b) for b in p["acceptance_buckets"].split(",")]
         self.lock = threading.Lock()
@@ -245,6 +246,7 @@ class TritonPythonModel:
         if want_perf:
             for name in _PERF:
                 final.append(pb_utils.Tensor(name, np.array([[perf.get(name, 0)]], dtype=_PERF_DTYPES[name])))
+            final.append(pb_utils.Tensor(self.count_output, np.array([[len(tokens)]], dtype=np.int32)))
         # The last data response and the final flag travel separately: tensors sent together with
         # the final flag on a gRPC stream intermittently keep this model from unloading in 2.51.
         if final:

@@ -87,7 +87,8 @@ def _plugins() -> list[Callable[[argparse._SubParsersAction], None]]:
 
     out = []
     for module, attr in (("redrafter_operator.controller.main", "register_cli"),
-                         ("redrafter_operator.evaluate.cli", "register_cli")):
+                         ("redrafter_operator.evaluate.cli", "register_cli"),
+                       ("redrafter_operator.cache_cli", "register_cli")):
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as exc:

@@ -1,13 +1,14 @@
 """The simulated node's Job controller + kubelet for the operator's Jobs (engine builds, validation).
 
-For each Job labelled ``app.kubernetes.io/component`` ``engine-build`` or ``validation`` it creates a Pod in the API,
-lays out the Pod's volumes on this machine (:mod:`.hostfs`), and runs the container's own command —
+For each Job labelled ``app.kubernetes.io/component`` ``engine-build``, ``validation`` or ``engine-cache`` it
+creates a Pod in the API, lays out the Pod's volumes on this machine (:mod:`.hostfs`), and runs the container's own command —
 ``python -m engine_jobs build --spec /etc/redrafter/build.json`` — as a real subprocess with the
 stand-in TensorRT-LLM toolchain. Only paths change: build.json's ``cache_dir`` and credentials
 directories point into the pod's root, and engine_jobs' settings (environment variables) name the
 toolchain, the pvc:// mount root and the termination-message file. pvc:// source claims are
 provisioned with a tiny fake checkpoint (:mod:`.checkpoint`) the first time a build reads them.
-Validation Jobs run ``redrafter-operator evaluate validate`` the same way; their in-cluster Service
+Validation Jobs run ``redrafter-operator evaluate validate`` the same way, engine-cache Jobs
+``python -m engine_jobs cache ls|gc`` (their read-only mounts are not enforced: a mount is a symlink); their in-cluster Service
 addresses (``<svc>.<ns>.svc:<port>``) are resolved to a Ready endpoint of that Service, as cluster DNS
 and kube-proxy would. The Pod's and Job's status come from the real exit code and termination-message
 file, with the Job's ``podFailurePolicy`` (a FailJob exit code ends the Job at once), ``backoffLimit``
@@ -44,7 +45,7 @@ log = logging.getLogger("redrafter.sim.jobs")
 TOOLCHAIN_DIR = Path(__file__).resolve().parent / "toolchain"
 
 COMPONENT_LABEL = "app.kubernetes.io/component"
-JOB_COMPONENTS = ("engine-build", "validation")
+JOB_COMPONENTS = ("engine-build", "validation", "engine-cache")
 SERVICE_ADDRESS = re.compile(r"\b([a-z0-9]([-a-z0-9]*[a-z0-9])?)\.([a-z0-9]([-a-z0-9]*[a-z0-9])?)\.svc(\.cluster\.local)?:(\d+)\b")
 TERMINATION_MESSAGE_LIMIT = 4096
 LOG_TAIL_LINES = 80
@@ -205,15 +206,29 @@ class JobRunner:
         image = container.get("image", "")
         started = objects.now()
         root = self.fs.pod_root(ns, pod_name)
+        inits: list[dict[str, Any]] = []  # initContainerStatuses: each runs to completion first, in order
         try:
             async with self._slots:
-                argv, env, identity = await self._prepare(ns, manifest, container, root)
-                await self._pod_status(ns, pod_name, objects.running_status(
-                    container["name"], objects.HOST_IP, started, True, 0, image))
-                code, message = await self._execute(argv, env, root, identity)
+                for init in manifest["spec"].get("initContainers") or []:
+                    argv, env, identity = await self._prepare(ns, manifest, init, root)
+                    code, message = await self._execute(argv, env, root, identity)
+                    inits.append(objects.terminated_status(init["name"], objects.HOST_IP, started, code, message,
+                                                           init.get("image", ""))["containerStatuses"][0])
+                    if code != 0:  # the pod fails with its init container; the main container never starts
+                        break
+                else:
+                    argv, env, identity = await self._prepare(ns, manifest, container, root)
+                    await self._pod_status(ns, pod_name, {**objects.running_status(
+                        container["name"], objects.HOST_IP, started, True, 0, image),
+                        **({"initContainerStatuses": inits} if inits else {})})
+                    code, message = await self._execute(argv, env, root, identity)
         except (OSError, ValueError) as exc:  # a volume or ConfigMap the pod cannot start with
             code, message = 128, f"CreateContainerConfigError: {exc}"
         status = objects.terminated_status(container["name"], objects.HOST_IP, started, code, message, image)
+        if inits:
+            status["initContainerStatuses"] = inits
+            if inits[-1]["state"]["terminated"]["exitCode"] != 0:  # the main container never ran
+                status["containerStatuses"][0]["state"] = {"waiting": {"reason": "PodInitializing"}}
         await self._pod_status(ns, pod_name, status)
         log.info("build pod %s/%s exited %s", ns, pod_name, code)
         return code, message, {"metadata": {"name": pod_name, "namespace": ns}, "status": status}
@@ -268,7 +283,8 @@ class JobRunner:
                 env[item["name"]] = manifest["metadata"]["name"]
         env.update(toolchain_env(self.toolchain))
         env["REDRAFTER_SOURCES_MOUNT"] = root.to_host(contract.SOURCES_MOUNT)
-        env["REDRAFTER_TERMINATION_LOG"] = root.to_host(container.get("terminationMessagePath") or contract.TERMINATION_LOG)
+        # each container has its own termination-message file, as each has its own /dev/termination-log
+        env["REDRAFTER_TERMINATION_LOG"] = str(root.root / "termination" / container["name"])
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         Path(env["REDRAFTER_TERMINATION_LOG"]).parent.mkdir(parents=True, exist_ok=True)
         command = [*(container.get("command") or []), *(container.get("args") or [])]

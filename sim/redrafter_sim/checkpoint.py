@@ -16,6 +16,17 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 VOCAB_SIZE = 1000
 SPECIAL_TOKENS = ("[PAD]", "</s>", "[UNK]")
+#: a chat template in the vocabulary (role markers w10 system, w11 user, w12 assistant), so chat
+#: completions through the OpenAI-compatible API render as they do for a real instruct model
+CHAT_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m['role'] == 'system' %}w10 {{ m['content'] }} "
+    "{% elif m['role'] == 'user' %}w11 {{ m['content'] }} "
+    "{% elif m['role'] == 'assistant' %}w12 {{ m['content'] }}{{ eos_token }} "
+    "{% else %}{{ raise_exception('Only system, user and assistant roles are supported') }}"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}w12{% endif %}"
+)
 
 
 @dataclass(frozen=True)
@@ -34,7 +45,7 @@ def write_tokenizer(directory: Path, vocab_size: int = VOCAB_SIZE) -> Path:
     tok.save(str(directory / "tokenizer.json"))
     (directory / "tokenizer_config.json").write_text(json.dumps(
         {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "</s>", "pad_token": "[PAD]",
-         "unk_token": "[UNK]"}, indent=2))
+         "unk_token": "[UNK]", "chat_template": CHAT_TEMPLATE}, indent=2))
     return directory
 
 

@@ -7,7 +7,9 @@ with the stand-in toolchain, serving pods are real tritonservers with the simula
 127.0.0.N. Traffic comes from the evaluate load generator, routed per request through the Service
 (:mod:`.router`). A scenario (:mod:`.scenarios`) changes load and the simulated acceptance rate and
 waits for the operator to react; the summary is built only from what the operator wrote (status,
-status.history, Events). Exit 0 only if every stage happened. Ctrl-C stops everything it started and
+status.history, Events). At the end one chat completion goes through the Service's ``openai`` port with
+the official OpenAI client, as an application calls it, with the acceptance rate its response carries.
+Exit 0 only if every stage happened and that completion succeeded. Ctrl-C stops everything it started and
 removes its temp directory.
 """
 
@@ -30,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from engine_jobs.contract import ACCEPTANCE_HEADER, OPENAI_PORT
 from redrafter_operator.api import API_VERSION, KIND, PLURAL
 from redrafter_operator.api.crd import crd_yaml
 from redrafter_operator.evaluate.prompts import Prompt
@@ -40,7 +43,7 @@ from . import admission_podsecurity as podsecurity
 from .engine import SimEngineSettings
 from .kubeapi import EVENTS, PODS, KubeApi, Kind
 from .kubelet import SimKubelet
-from .router import ServiceRouter
+from .router import NoEndpoints, ServiceRouter
 from .scenarios import (
     DEFAULT_SCENARIO,
     FAST_FACTOR,
@@ -57,7 +60,7 @@ from .prometheus import PrometheusServer, PrometheusUnavailable, ServingTarget, 
 from .server import EmulatorThread, write_kubeconfig
 from .triton import free_ports
 from .traffic import RoutedLoadGenerator, TrafficStats
-from .view import DemoView, render_summary
+from .view import DemoView, describe_chat, render_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MANIFEST = ROOT / "examples" / "demo-tiny.yaml"
@@ -69,6 +72,9 @@ MAX_TOKENS = 32
 #: the simulated engine: a 10 ms step (so engine time, not Python overhead, sets the pace), drafting
 #: numBeams x draftLenPerBeam tokens per step with the stage's target acceptance
 SIM_ENGINE = SimEngineSettings(step_ms=10.0, load_factor=0.04, draft_ms_per_token=0.05)
+#: the demo's chat request (the fake checkpoint's chat template renders it; see checkpoint.CHAT_TEMPLATE)
+CHAT_MESSAGES = [{"role": "system", "content": "w20 w21"}, {"role": "user", "content": "w5 w6 w7 w8"}]
+CHAT_MAX_TOKENS = 16
 
 log = logging.getLogger("redrafter.demo")
 
@@ -182,6 +188,7 @@ class DemoRun:
         self.operator: OperatorProcess | None = None
         self.prometheus: PrometheusServer | None = None
         self.events: list[dict[str, Any]] = []
+        self.chat: dict[str, Any] = {"error": "not attempted"}
 
     def elapsed(self) -> float:
         return time.monotonic() - self.t0
@@ -206,7 +213,7 @@ class DemoRun:
             await self.operator.start()
             self.view.note("operator started: " + " ".join(self.operator.argv[1:3]))
             async with KubeApi(handle.url) as api, SimKubelet(handle.url, sim=SIM_ENGINE,
-                                                             node_dir=self.tmp / "node") as node:
+                                                             node_dir=self.tmp / "node", openai_front=True) as node:
                 self.api, self.node = api, node
                 if metrics_port is not None:
                     prometheus_task = asyncio.create_task(self._prometheus(api, metrics_port), name="prometheus")
@@ -221,6 +228,9 @@ class DemoRun:
                     loadgen_task = asyncio.create_task(self.loadgen.run(), name="loadgen")
                     with self.view.live():
                         await self._stages()
+                    if self.results and all(r.happened for r in self.results):
+                        self.chat = await self._chat_completion(api)
+                        self.view.note(describe_chat(self.chat))
                     self.loadgen.stop(cancel_in_flight=True)
                     with contextlib.suppress(Exception):
                         await asyncio.wait_for(loadgen_task, 15)
@@ -341,6 +351,33 @@ class DemoRun:
                 })
         return sorted(out, key=lambda e: e["time"] or "")
 
+    async def _chat_completion(self, api: KubeApi) -> dict[str, Any]:
+        """One chat completion through the Service's ``openai`` port with the official client."""
+        from openai import APIError, AsyncOpenAI
+
+        service = names.service_name(self.name)
+        out: dict[str, Any] = {"service": f"{service}:{OPENAI_PORT}", "error": None}
+        async with ServiceRouter(api, self.namespace, service, port_name="openai",
+                                 default_port=OPENAI_PORT) as router:
+            try:
+                backend = router.pick()
+            except NoEndpoints as exc:
+                return out | {"error": str(exc)}
+        out["pod"] = backend.pod
+        async with AsyncOpenAI(base_url=f"http://{backend.url}/v1", api_key="unused", max_retries=0,
+                               timeout=60) as client:
+            try:
+                model = (await client.models.list()).data[0].id
+                raw = await client.chat.completions.with_raw_response.create(
+                    model=model, messages=CHAT_MESSAGES, max_tokens=CHAT_MAX_TOKENS)
+            except (APIError, IndexError) as exc:
+                return out | {"error": f"{type(exc).__name__}: {exc}"}
+        done = raw.parse()
+        rate = raw.headers.get(ACCEPTANCE_HEADER)
+        return out | {"model": model, "content": done.choices[0].message.content,
+                      "finish_reason": done.choices[0].finish_reason, "usage": done.usage.model_dump(),
+                      "acceptance_rate": float(rate) if rate is not None else None}
+
     # -------------------------------------------------------------------------- summary
     def summary(self, operator_tail: str) -> dict[str, Any]:
         status = (self.obj or {}).get("status") or {}
@@ -349,7 +386,7 @@ class DemoRun:
             res.decisions = [e for e in self.events if _within(e["time"], res.wall_start, res.wall_end)]
         stages = [s.__dict__ | {"decisions": s.decisions} for s in self.results]
         missing = [s.name for s in self.scenario.stages[len(self.results):]]
-        ok = bool(self.results) and all(r.happened for r in self.results) and not missing
+        ok = bool(self.results) and all(r.happened for r in self.results) and not missing and not self.chat["error"]
         return {
             "scenario": self.scenario.name,
             "resource": f"{self.namespace}/{self.name}",
@@ -362,6 +399,7 @@ class DemoRun:
             "events": self.events,
             "final_status": {k: status.get(k) for k in ("phase", "activeEngine", "serving", "speculation", "engines",
                                                         "validation", "conditions")},
+            "openai_chat": self.chat,
             "traffic": {"requests": self.stats.total_requests, "errors": self.stats.total_errors,
                         "tokens": self.stats.total_tokens, "last_error": self.stats.last_error},
             "operator_log_tail": "" if ok else operator_tail,

@@ -154,9 +154,11 @@ DEPLOY = Stage(
 STEADY = Stage(
     "steady", "steady light traffic on ReDrafter with high acceptance",
     concurrency=LOW_LOAD, min_s=8,
-    until=(Condition("status.speculation.samples", ">", 0),), timeout_s=40,
+    # ends at the one replica the light load needs: the pool keeps the size validation traffic needed until
+    # the scale-down window after the switch has passed, and load-rise must start from there to show a scale-up
+    until=(Condition("status.speculation.samples", ">", 0), Condition(REPLICAS, "==", 1)), timeout_s=40,
     hold=(Condition(ACTIVE_ENGINE, "==", "redrafter"),),
-    expect="acceptance measured on live traffic; ReDrafter kept",
+    expect="acceptance measured on live traffic; ReDrafter kept, at the one replica the light load needs",
 )
 LOAD_RISE = Stage(
     "load-rise", "the load rises well above the per-replica target",

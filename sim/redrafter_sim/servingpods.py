@@ -5,9 +5,11 @@ of the current template (rolling update with surge, or Recreate), each a real tr
 loopback address 127.0.0.N (the Pod IP; ports 8000/8001/8002 as in the cluster). The pod serves the
 repository the launcher (engine_jobs.serve) would generate from the pod's serving.json — written with
 engine_jobs.model_repo from the built artifact in the engine cache — with the simulated engine in
-place of tensorrt_llm (plus the backend's load gauges, :mod:`.engine.load`). Readiness comes from
-``/v2/health/ready``; a dead server is restarted (restartCount + 1); scale-down deletes the Pod and
-then stops its server (Triton drains).
+place of tensorrt_llm (plus the backend's load gauges, :mod:`.engine.load`). With ``openai_front``
+the pod also runs the OpenAI-compatible front as the launcher does (``engine_jobs.serve.front_argv``,
+port 9000) and readiness follows the container's rendered readinessProbe (the front's, which reports
+Triton's); without it readiness is Triton's ``/v2/health/ready``. A dead server or front restarts the
+pod (restartCount + 1); scale-down deletes the Pod and then stops its processes (both drain).
 
 Failures come out as the real scheduler and kubelet write them (:mod:`.failures`): with ``gpus`` set, a
 pod whose nvidia.com/gpu limit does not fit the node's free GPUs stays Pending/Unschedulable until one
@@ -25,6 +27,8 @@ import contextlib
 import logging
 import math
 import os
+import signal
+import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -36,6 +40,7 @@ import aiohttp
 from engine_jobs import contract
 from engine_jobs.contract import ServingConfig
 from engine_jobs.model_repo import write_model_repository
+from engine_jobs.serve import LaunchSettings, front_argv
 
 from redrafter_operator.render import names
 from . import objects
@@ -63,7 +68,8 @@ class IpPool:
     """Pod IPs on loopback: 127.0.0.N whose Triton ports are free on this machine."""
 
     def __init__(self, first: int = 10, last: int = 250,
-                 ports: tuple[int, ...] = (contract.HTTP_PORT, contract.GRPC_PORT, contract.METRICS_PORT)) -> None:
+                 ports: tuple[int, ...] = (contract.HTTP_PORT, contract.GRPC_PORT, contract.METRICS_PORT,
+                                           contract.OPENAI_PORT)) -> None:
         self._candidates = [f"127.0.0.{n}" for n in range(first, last + 1)]
         self._ports = ports
         self._used: set[str] = set()
@@ -77,6 +83,15 @@ class IpPool:
 
     def release(self, ip: str) -> None:
         self._used.discard(ip)
+
+
+def _http_probe(container: dict[str, Any]) -> tuple[str, int] | None:
+    """(path, port) of the container's readinessProbe, its named port resolved as the kubelet does."""
+    get = (container.get("readinessProbe") or {}).get("httpGet") or {}
+    port = get.get("port")
+    if isinstance(port, str):
+        port = next((p["containerPort"] for p in container.get("ports") or [] if p.get("name") == port), None)
+    return (get.get("path", "/"), int(port)) if port is not None else None
 
 
 def control_file_name(namespace: str, deployment: str, variant: str) -> str:
@@ -98,6 +113,8 @@ class ServingPod:
     started: str = field(default_factory=objects.now)
     restarts: int = 0
     server: TritonServer | None = None
+    front: subprocess.Popen | None = None  # the OpenAI-compatible front, when the controller runs it
+    probe: tuple[str, int] | None = None  # the container's readinessProbe: (path, port)
     ready: bool = False
     reported: str = ""  # a fingerprint of the last status written to the API
     starting: asyncio.Task[None] | None = None
@@ -118,8 +135,10 @@ class ServingController:
     """Reconciles serving Deployments into running tritonserver pods."""
 
     def __init__(self, api: KubeApi, fs: HostFS, control_dir: Path, *,
-                 sim: SimEngineSettings | None = None, exit_timeout_secs: int = 3, gpus: int | None = None) -> None:
+                 sim: SimEngineSettings | None = None, exit_timeout_secs: int = 3, gpus: int | None = None,
+                 openai_front: bool = False) -> None:
         self.api = api
+        self.openai_front = openai_front
         self.gpus = gpus  # the node's allocatable nvidia.com/gpu (None: not limited)
         self.unpullable: set[str] = set()  # images the node's registry does not have
         self.memory_needed: int | None = None  # bytes a started server takes: a lower memory limit is OOM-killed
@@ -249,7 +268,7 @@ class ServingController:
         pod = ServingPod(namespace=ns, name=name, owner_uid=dep["metadata"]["uid"], template_hash=thash,
                          labels=manifest["metadata"]["labels"], ip=ip, root=self.fs.pod_root(ns, name),
                          container=container["name"], image=container.get("image", ""), gpus=gpus, scheduled=fits,
-                         memory_limit=_memory_limit(container))
+                         memory_limit=_memory_limit(container), probe=_http_probe(container))
         try:
             created = await self.api.create(PODS, manifest, ns)
         except ApiStatusError as exc:
@@ -312,7 +331,7 @@ class ServingController:
             pod.blocked = await self._blocked(pod, manifest)
             if pod.blocked:
                 return
-            repo = await self._prepare(pod, manifest)
+            repo, config_path, tokenizer_dir = await self._prepare(pod, manifest)
             # every pod listens on the same ports (on its own IP): the default shared-memory prefix
             # (pid + HTTP port) would collide between pods and crash the Python backends
             server = TritonServer(repo, host=pod.ip, http_port=contract.HTTP_PORT, grpc_port=contract.GRPC_PORT,
@@ -330,6 +349,8 @@ class ServingController:
                 pod.server = None
                 pod.error = "OOMKilled"
                 return
+            if self.openai_front:
+                pod.front = self._start_front(pod, config_path, tokenizer_dir)
             pod.error = ""
         except asyncio.CancelledError:
             raise
@@ -337,8 +358,16 @@ class ServingController:
             pod.error = f"{type(exc).__name__}: {exc}"[-1000:]
             log.warning("pod %s/%s failed to start: %s", pod.namespace, pod.name, pod.error)
 
-    async def _prepare(self, pod: ServingPod, manifest: dict[str, Any]) -> Path:
-        """The pod's volumes and the repository the launcher would write, with the simulated engine."""
+    def _start_front(self, pod: ServingPod, config_path: Path, tokenizer_dir: Path) -> subprocess.Popen:
+        """``python -m engine_jobs openai`` as the launcher starts it, on the pod's address."""
+        settings = LaunchSettings(host=pod.ip, exit_timeout_secs=self.exit_timeout_secs)
+        argv = front_argv(settings, str(config_path)) + ["--tokenizer-dir", str(tokenizer_dir)]
+        with open(pod.root.root / "openai-front.log", "ab") as out:
+            return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    async def _prepare(self, pod: ServingPod, manifest: dict[str, Any]) -> tuple[Path, Path, Path]:
+        """The pod's volumes and the repository the launcher would write, with the simulated engine;
+        also where the pod's serving.json and tokenizer are on this host."""
         spec = manifest["spec"]
         configmaps: dict[str, dict[str, str]] = {}
         for cm_name in configmap_names(spec):
@@ -365,7 +394,7 @@ class ServingController:
         })
         install_sim_engine(repo / contract.ENGINE_MODEL, sim)
         add_load_gauges(repo / contract.ENGINE_MODEL)
-        return repo
+        return repo, config_path, artifact / contract.TOKENIZER_DIR
 
     async def _delete(self, pod: ServingPod) -> None:
         pod.deleted = True
@@ -388,12 +417,24 @@ class ServingController:
         if pod.starting is not None and not pod.starting.done():
             with contextlib.suppress(BaseException):
                 await pod.starting  # start() cannot be interrupted mid-way; stop what it started
-        if pod.server is not None:
-            await asyncio.to_thread(pod.server.stop)
+        await asyncio.gather(self._stop_front(pod), *([asyncio.to_thread(pod.server.stop)] if pod.server else []))
         if pod.ip:
             self.ips.release(pod.ip)
         self.fs.remove_pod(pod.namespace, pod.name)
         log.info("pod %s/%s stopped", pod.namespace, pod.name)
+
+    async def _stop_front(self, pod: ServingPod) -> None:
+        """SIGTERM (the front drains its streams), then SIGKILL after the exit timeout."""
+        front, pod.front = pod.front, None
+        if front is None or front.poll() is not None:
+            return
+        front.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.to_thread(front.wait, self.exit_timeout_secs + 5)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(front.pid, signal.SIGKILL)
+            await asyncio.to_thread(front.wait)
 
     # ------------------------------------------------------------------ readiness / liveness
     async def _probe_all(self) -> None:
@@ -410,12 +451,13 @@ class ServingController:
                                             pod.started)
             await self._restart(pod, count=False)
         elif pod.backing_off or (pod.starting is None or pod.starting.done()) and (
-                pod.error or (pod.server is not None and not pod.server.alive())):
+                pod.error or (pod.server is not None and not pod.server.alive())
+                or (pod.front is not None and pod.front.poll() is not None)):
             ready = False
             if not pod.backing_off:
                 _, pod.last_exit = crash_loop_states(
                     pod.container, "", 0, exit_code=137 if pod.oom else 1, reason="OOMKilled" if pod.oom else "Error",
-                    message="" if pod.oom else pod.error or "tritonserver exited",
+                    message="" if pod.oom else pod.error or "a serving process exited",
                     container_id=f"sim://{pod.container}-{pod.restarts}", at=objects.now())
             state, _ = crash_loop_states(pod.container, f"{pod.name}_{pod.namespace}({pod.uid})", pod.restarts + 1,
                                          exit_code=1, reason="Error", message="", container_id="", at="")
@@ -444,8 +486,9 @@ class ServingController:
 
     async def _ready(self, pod: ServingPod) -> bool:
         assert self._http is not None
+        path, port = (pod.probe if self.openai_front and pod.probe else ("/v2/health/ready", contract.HTTP_PORT))
         try:
-            async with self._http.get(f"http://{pod.ip}:{contract.HTTP_PORT}/v2/health/ready") as resp:
+            async with self._http.get(f"http://{pod.ip}:{port}{path}") as resp:
                 return resp.status == 200
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
             return False
@@ -454,6 +497,7 @@ class ServingController:
         """Try the container again after a back-off (``count``: it ran and died, restartCount + 1)."""
         if pod.starting is not None and not pod.starting.done():
             return
+        await self._stop_front(pod)
         if pod.server is not None:
             await asyncio.to_thread(pod.server.stop)
             pod.server = None

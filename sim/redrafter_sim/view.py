@@ -16,6 +16,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from engine_jobs.contract import ACCEPTANCE_HEADER
+
 from .scenarios import Scenario, Stage, StageResult, describe, lookup
 from .traffic import RoutedLoadGenerator, TrafficStats
 
@@ -134,6 +136,17 @@ class DemoView:
                      Text("\n".join(self._notes), style="dim"))
 
 
+def describe_chat(chat: dict[str, Any]) -> str:
+    """One line on the demo's chat completion (what it got, and the speculation behind it)."""
+    where = f"POST /v1/chat/completions via Service {chat.get('service')}"
+    if chat.get("error"):
+        return f"{where}: FAILED ({chat['error']})"
+    rate = chat.get("acceptance_rate")
+    spec = f"{ACCEPTANCE_HEADER}: {rate:.2f}" if rate is not None else "no speculation (base engine)"
+    return (f"{where} (pod {chat.get('pod')}), model {chat.get('model')!r}: {chat.get('content')!r} "
+            f"[{chat['usage']['completion_tokens']} tokens, {chat.get('finish_reason')}; {spec}]")
+
+
 def render_summary(summary: dict[str, Any], console: Console) -> None:
     """The timeline, the operator's decisions and why, and the verdict (from the summary dict)."""
     ok = summary["ok"]
@@ -177,6 +190,8 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
                   f"({spec.get('reason')})", highlight=False)
     console.print(f"traffic: {tr['requests']} requests, {tr['tokens']} tokens, {tr['errors']} errors"
                   + (f" (last: {tr['last_error'][:120]})" if tr["errors"] else ""), highlight=False)
+    if summary.get("openai_chat"):
+        console.print("OpenAI API: " + describe_chat(summary["openai_chat"]), highlight=False)
     happened = sum(1 for s in summary["stages"] if s["happened"])
     total = len(summary["stages"]) + len(summary["not_reached"])
     verdict = "[green]every stage happened[/]" if ok else f"[red]{happened}/{total} stages happened[/]"

@@ -105,6 +105,13 @@ def test_demo_fast_every_stage_happens_and_nothing_is_left(tmp_path: Path):
     assert any(r.startswith("EngineReady") for r in reasons), reasons
     assert summary["traffic"]["requests"] > 0 and summary["traffic"]["tokens"] > 0
     assert "RESULT: every stage happened" in output
+    # one chat completion through the Service with the official OpenAI client, on the ReDrafter engine
+    chat = summary["openai_chat"]
+    assert chat["error"] is None and chat["service"] == "demo-tiny:9000", chat
+    assert chat["usage"]["completion_tokens"] == 16 and len(chat["content"].split()) == 16
+    assert 0 < chat["acceptance_rate"] <= 1
+    assert "POST /v1/chat/completions via Service demo-tiny:9000" in output
+    print(next(line for line in output.splitlines() if "POST /v1/chat/completions" in line))
     print(f"demo --fast wall time: {wall:.1f}s (summary says {summary['wall_s']}s)")
 
     assert_nothing_left(tmpdir, proc.pid)

@@ -20,7 +20,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from engine_jobs.contract import MANIFEST_FILE, MODEL_REPO_DIR
+from engine_jobs.contract import MANIFEST_FILE, MODEL_REPO_DIR, BuildResult
 
 REPO = Path(__file__).resolve().parents[2]
 FAKES = REPO / "sim" / "redrafter_sim" / "toolchain"
@@ -188,6 +188,9 @@ def test_build_publishes_a_complete_artifact(env: Env, case: str):
     assert all(s["seconds"] >= 0 for s in manifest["steps"])
     assert "step 1/" in result.stdout and "published" in result.stdout
     assert env.termination.read_text().startswith(f"OK: engine {manifest['key']} ")
+    result = BuildResult.from_message(env.termination.read_text())  # what status.engines.* reports
+    assert result is not None and result.size_bytes == manifest["sizes"]["artifact_bytes"] > 0
+    assert result.built_at == manifest["builder"]["built_at"]
     engine_cfg = json.loads((env.cache / manifest["key"] / "engine" / "config.json").read_text())
     if fixture.endswith("-redrafter"):
         assert engine_cfg["build_config"]["speculative_decoding_mode"] == "explicit_draft_tokens"

@@ -384,6 +384,47 @@ async def test_serving_pods_are_real_tritons_routed_by_the_service(apiserver: Em
     assert not node_dir.exists()
 
 
+async def test_serving_pods_run_the_openai_front_behind_the_service(apiserver: EmulatorHandle):
+    """With the operator's own serving render: readiness through the front, a chat completion with the
+    official client through the Service's ``openai`` port, and the front stopped with its pod."""
+    try:
+        TritonInstall.find()
+    except TritonUnavailable as exc:
+        pytest.skip(f"tritonserver cannot run here: {exc}")
+    from openai import AsyncOpenAI
+
+    from redrafter_operator.render.serving import serving_configmap, serving_deployment, stable_service
+
+    em = apiserver.emulator
+    owner = demo_owner(**{"serving.modelName": "demo/tiny-chat"})
+    async with SimKubelet(apiserver.url, sync_period=0.3, openai_front=True) as node:
+        assert set((await build_engines(em, owner)).values()) == {"Complete"}
+        key = build_spec(owner.spec, "redrafter").key
+        em.create_object(serving_configmap(owner, "redrafter", key))
+        dep = em.create_object(serving_deployment(owner, "redrafter", key, 1))
+        em.create_object(stable_service(owner, "redrafter"))
+        (pod,) = await wait_for(lambda: ready_pods(em, "redrafter"), 90, "a Ready redrafter pod")
+        (served,) = node.serving.pods.values()
+        assert served.probe == ("/health/ready", contract.OPENAI_PORT) and served.front.poll() is None
+        async with KubeApi(apiserver.url) as api, ServiceRouter(
+                api, NS, names.service_name(owner.name), port_name="openai", default_port=contract.OPENAI_PORT,
+                refresh=0.2) as router:
+            await wait_for(lambda: router.backends, 10, "router backends")
+            backend = router.pick()
+            assert (backend.ip, backend.port) == (pod["status"]["podIP"], contract.OPENAI_PORT)
+            async with AsyncOpenAI(base_url=f"http://{backend.url}/v1", api_key="unused", max_retries=0) as client:
+                assert [m.id for m in (await client.models.list()).data] == ["demo/tiny-chat"]
+                raw = await client.chat.completions.with_raw_response.create(
+                    model="demo/tiny-chat", messages=[{"role": "user", "content": "w5 w6 w7"}], max_tokens=12)
+                done = raw.parse()
+        assert done.usage.completion_tokens == 12 and len(done.choices[0].message.content.split()) == 12
+        assert 0 < float(raw.headers[contract.ACCEPTANCE_HEADER]) <= 1
+        front = served.front
+        em.patch_object("apps/v1", "Deployment", dep["metadata"]["name"], NS, {"spec": {"replicas": 0}})
+        await wait_for(lambda: front.poll() is not None, 30, "the front stopped with its pod")
+        assert front.returncode == 0  # SIGTERM: drained and exited cleanly
+
+
 async def test_engine_control_file_reaches_every_pod_of_a_variant(apiserver: EmulatorHandle, node: SimKubelet):
     """The demo collapses acceptance by writing one control file per (resource, variant)."""
     owner = demo_owner()
@@ -605,3 +646,35 @@ async def test_restricted_namespace_rejects_unhardened_pods_and_controllers_say_
     status = em.get_object("apps/v1", "Deployment", "plain", ns)["status"]
     (failure,) = [c for c in status["conditions"] if c["type"] == "ReplicaFailure"]
     assert failure["reason"] == "FailedCreate" and failure["message"].startswith('pods "plain-')
+
+
+async def test_validation_job_over_the_openai_api(apiserver: EmulatorHandle):
+    """``spec.validation.protocol: openai``: the Job validates the pair through the pods' OpenAI fronts,
+    reached as ``http://<svc>.<ns>.svc:9000`` (the operator's own serving and validation renders)."""
+    try:
+        TritonInstall.find()
+    except TritonUnavailable as exc:
+        pytest.skip(f"tritonserver cannot run here: {exc}")
+    from redrafter_operator.render.serving import serving_configmap, serving_deployment, variant_service
+    from redrafter_operator.render.validation import validation_job
+
+    em = apiserver.emulator
+    owner = demo_owner(**{"validation.protocol": "openai", "validation.measureCrossover": False})
+    async with SimKubelet(apiserver.url, sync_period=0.3, openai_front=True):
+        assert set((await build_engines(em, owner)).values()) == {"Complete"}
+        keys = {v: build_spec(owner.spec, v).key for v in contract.VARIANTS}
+        for variant in contract.VARIANTS:
+            em.create_object(serving_configmap(owner, variant, keys[variant]))
+            em.create_object(serving_deployment(owner, variant, keys[variant], 1))
+            em.create_object(variant_service(owner, variant))
+        for variant in contract.VARIANTS:
+            await wait_for(lambda v=variant: ready_pods(em, v), 90, f"a Ready {variant} pod")
+        job = em.create_object(validation_job(owner, redrafter_key=keys["redrafter"], base_key=keys["base"],
+                                              operator_image="op:dev"))
+        args = job["spec"]["template"]["spec"]["containers"][0]["command"]
+        assert args[args.index("--protocol") + 1] == "openai"
+        name = job["metadata"]["name"]
+        state = await wait_for(lambda: job_state(em, name), 150, "the validation Job to finish")
+        term = build_pods(em, name)[-1]["status"]["containerStatuses"][0]["state"]["terminated"]
+        assert state == "Complete", term
+        assert term["exitCode"] == 0 and "greedy outputs identical" in term["message"]

@@ -405,9 +405,9 @@ async def test_standby_writes_nothing_and_takes_over_after_sigkill(cluster: Clus
         config = cluster.emu.get_object("v1", "ConfigMap", names.serving_config_name(NAME, "base"), NS)
         return config["data"] != config_before["data"]
     await until(reconfigured, timeout=30, what=f"the new leader to act on the change\n{b.text()[-3000:]}")
-    # the reconcile that wrote the ConfigMap is counted when it finishes (its other children and the status
-    # come after it: the new leader re-applies each child once, as it cannot know what changed meanwhile)
-    await until(lambda: b.metric("redrafter_operator_reconciles_total") > 0, timeout=10, what="the reconcile counted")
+    # the ConfigMap is applied mid-reconcile; the reconcile is counted once it finished (status, Events)
+    await until(lambda: b.metric("redrafter_operator_reconciles_total") > 0, timeout=10,
+                what="the new leader's reconcile to be counted")
     assert b.metric("redrafter_operator_leader") == 1
     assert [r for r in by(cluster, "op-b", mark, writes=True) if r.path.endswith("/configmaps/" + names.serving_config_name(NAME, "base"))]
     assert cluster.job_names() == jobs_before  # it saw the existing Jobs before deciding: no duplicate build

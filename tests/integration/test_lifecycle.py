@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from engine_jobs.contract import BuildResult
 from redrafter_operator.api import API_VERSION, KIND
 from redrafter_operator.controller.main import RunOptions, run_operator
 from redrafter_operator.controller.plan_types import ServingTargets
@@ -29,6 +30,7 @@ from redrafter_sim.server import EmulatorHandle
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "llama3-8b.yaml"
+BUILT = BuildResult(size_bytes=17_179_869_184, built_at="2026-12-01T10:00:00Z")  # what build Pods report
 NS = "default"
 NAME = "llama3-8b"
 RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}
@@ -144,8 +146,9 @@ class Cluster:
 
     def complete_all(self) -> list[str]:
         done = self.running_jobs()
-        for job in done:
-            controllers.complete_job(self.emu, job, NS, message='{"result": "ok"}')
+        for job in done:  # a build Pod reports what it built as engine_jobs' build does
+            message = BUILT.message(f"OK: engine built by {job}") if "-build-" in job else '{"result": "ok"}'
+            controllers.complete_job(self.emu, job, NS, message=message)
         return done
 
 
@@ -229,7 +232,7 @@ async def test_apply_to_serving_with_conditions_events_and_printer_columns(clust
 
     # ReDrafter engine done => serving starts without waiting for the base engine
     redrafter_job = next(j for j in cluster.running_jobs() if "redrafter" in j)
-    controllers.complete_job(cluster.emu, redrafter_job, NS)
+    controllers.complete_job(cluster.emu, redrafter_job, NS, message=BUILT.message("OK: engine built"))
     await until(lambda: cluster.status().get("phase") == "Serving", what="Serving before base is built")
     assert cluster.condition("EnginesReady")["status"] == "False"
     cluster.complete_all()
@@ -250,6 +253,8 @@ async def test_apply_to_serving_with_conditions_events_and_printer_columns(clust
     assert all(conditions[t]["observedGeneration"] == 1 and conditions[t]["lastTransitionTime"] for t in lifecycle)
     for variant in ("redrafter", "base"):
         assert st["engines"][variant]["state"] == "Ready" and st["engines"][variant]["attempts"] == 1
+        assert (st["engines"][variant]["sizeBytes"], st["engines"][variant]["builtAt"]) == \
+            (BUILT.size_bytes, BUILT.built_at)
     svc = cluster.emu.get_object("v1", "Service", NAME, NS)
     assert svc["spec"]["selector"][names.LABEL_TRAFFIC] == "redrafter"
     assert svc["metadata"]["ownerReferences"][0]["kind"] == KIND
@@ -593,6 +598,7 @@ async def test_two_resources_sharing_a_cache_build_once(cluster: Cluster, operat
     await until(lambda: cluster.status("svc-c").get("phase") == "Serving", what="svc-c Serving")
     assert len(cluster.jobs()) == 2
     assert {e["state"] for e in cluster.status("svc-c")["engines"].values()} == {"Cached"}
+    assert {e["sizeBytes"] for e in cluster.status("svc-c")["engines"].values()} == {BUILT.size_bytes}
     # deleting the resource that owns the Jobs does not rebuild for the others (status keeps the facts)
     kubectl("delete", "rdd", "svc-a", "--wait=false", check=True)
     await until(lambda: cluster.emu.find_object(API_VERSION, KIND, "svc-a", NS) is None, what="svc-a gone")

@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
-from tokenizers import Tokenizer, models, pre_tokenizers
 from tritonclient.utils import InferenceServerException
 
 from engine_jobs.contract import (
@@ -33,24 +32,13 @@ from engine_jobs.contract import (
 )
 from redrafter_sim.engine import SimEngineSettings, write_control
 from redrafter_sim.triton import TritonServer, build_sim_repository
-from triton_servers import start_servers, stop_servers  # noqa: I001 (same dir)
+from triton_servers import TOKENIZER_VOCAB, make_tokenizer, start_servers, stop_servers  # noqa: I001 (same dir)
 
 pytestmark = [pytest.mark.triton, pytest.mark.timeout(240)]
 
-VOCAB = 1000
+VOCAB = TOKENIZER_VOCAB
 DRAFT_LEN = 4
 PERF = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
-
-
-def make_tokenizer(directory: Path) -> Path:
-    """A word-level tokenizer ("w<id>" words) saved as tokenizer.json, as a HF tokenizer dir holds."""
-    vocab = {"[PAD]": 0, "</s>": 1, "[UNK]": 2} | {f"w{i}": i for i in range(3, VOCAB)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.add_special_tokens(["[PAD]", "</s>", "[UNK]"])
-    directory.mkdir(parents=True, exist_ok=True)
-    tok.save(str(directory / "tokenizer.json"))
-    return directory
 
 
 class Served:

@@ -7,13 +7,27 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Protocol, TypeVar
 
 import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
 
 from redrafter_sim.triton import TritonServer, TritonUnavailable
 
 VARIANTS = ("redrafter", "base")
+TOKENIZER_VOCAB = 1000
+
+
+def make_tokenizer(directory: Path, vocab_size: int = TOKENIZER_VOCAB) -> Path:
+    """A word-level tokenizer ("w<id>" words) saved as tokenizer.json, as a HF tokenizer dir holds."""
+    vocab = {"[PAD]": 0, "</s>": 1, "[UNK]": 2} | {f"w{i}": i for i in range(3, vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(["[PAD]", "</s>", "[UNK]"])
+    directory.mkdir(parents=True, exist_ok=True)
+    tok.save(str(directory / "tokenizer.json"))
+    return directory
 
 
 class HasServer(Protocol):

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from engine_jobs.contract import BuildResult
 from redrafter_operator.api.engine_key import engine_key
 from redrafter_operator.api.spec import ReDrafterDeploymentSpec
 from redrafter_operator.api.status import ReDrafterDeploymentStatus
@@ -18,6 +19,7 @@ from redrafter_operator.controller.facts import (
     Observed,
     PodFact,
     SharedArtifact,
+    manifest_hash,
 )
 from redrafter_operator.controller.plan_types import Renderers, Resource, ServingTargets
 from redrafter_operator.controller.planner import plan
@@ -446,3 +448,115 @@ def test_without_a_promoted_engine_the_primary_runs_the_new_engine_as_before():
     assert ("Deployment", names.candidate_name("llama3-8b")) not in by
     prog = cond(p.status, "Progressing")  # not promoted yet: the rollout is not complete
     assert (prog["status"], prog["reason"]) == ("True", "Validating") and "serves meanwhile" in prog["message"]
+
+
+def test_engine_status_reports_size_and_built_at_from_the_build_message():
+    """The build Pod's success message carries the manifest's size and built-at; status keeps them after
+    the Job expires, and a Cached engine gets them from the Job that built it for another resource."""
+    doc = body()
+    built = BuildResult(size_bytes=16 * 2**30, built_at="2026-01-01T00:00:00Z")
+    rd = job(doc, "redrafter", "Succeeded")
+    ok = PodFact(job=rd.name, phase="Succeeded", message=built.message("OK: engine k (redrafter) is complete at /c/k"))
+    other_ok = built.model_copy(update={"size_bytes": 123}).message("OK: engine b (base) is complete at /c/b")
+    obs = Observed(jobs=[rd], pods={rd.name: ok}, shared={"base": SharedArtifact(ready_by="Job other-build-base",
+                                                                                 built_message=other_ok)})
+    p = plan(res_of(doc), obs, now=NOW, renderers=RENDER)
+    engines = p.status["engines"]
+    assert (engines["redrafter"]["sizeBytes"], engines["redrafter"]["builtAt"]) == (16 * 2**30, "2026-01-01T00:00:00Z")
+    assert engines["base"]["state"] == "Cached" and engines["base"]["sizeBytes"] == 123
+    ReDrafterDeploymentStatus.model_validate(p.status)
+    later = plan(res_of(doc, p.status), Observed(), now=LATER, renderers=RENDER)  # Jobs and Pods expired
+    assert all((later.status["engines"][v]["sizeBytes"], later.status["engines"][v]["builtAt"])
+               == (engines[v]["sizeBytes"], engines[v]["builtAt"]) for v in ("redrafter", "base"))
+    # a message from an older builder (no result line) leaves the fields out rather than inventing them
+    bare = Observed(jobs=[rd], pods={rd.name: PodFact(job=rd.name, phase="Succeeded", message="OK: engine k")})
+    assert "sizeBytes" not in plan(res_of(doc), bare, now=NOW, renderers=RENDER).status["engines"]["redrafter"]
+
+
+def test_out_of_disk_collects_then_retries_once_beyond_the_retries():
+    """An out-of-disk failure (exit 4) is followed by one build whose init container collects unreferenced
+    engines under the resource's retention; a second out-of-disk failure is final (retries 0 here)."""
+    doc = body(engine__build__retries=0, engine__cache={"retention": {"keep": 1, "maxAge": "24h"}})
+    st0 = plan(res_of(doc), Observed(), now=NOW, renderers=RENDER).status
+    failed0 = job(doc, "redrafter", "Failed", reason="BackoffLimitExceeded")
+    ood = "OUT_OF_DISK: not enough free space on the cache volume: about 16.0 GiB needed, 2.0 GiB free"
+    obs = Observed(jobs=[failed0, job(doc, "base", "Succeeded")],
+                   pods={failed0.name: PodFact(job=failed0.name, phase="Failed", message=ood)})
+    p1 = plan(res_of(doc, st0), obs, now=NOW, renderers=RENDER)
+    (retry,) = [m for m in p1.create if m["kind"] == "Job"]
+    assert retry["metadata"]["name"] == names.build_job_name("llama3-8b", "redrafter", keys(doc)["redrafter"], 1)
+    pod = retry["spec"]["template"]["spec"]
+    (collect,) = pod["initContainers"]
+    assert collect["image"] == pod["containers"][0]["image"]  # the builder image: engine_jobs, the files' owner
+    assert collect["command"][4:] == ["gc", "--local", "/cache", "--references", "/etc/redrafter/cache/references.json",
+                                      "--termination-log", "/dev/termination-log", "--keep", "1", "--max-age", "86400s"]
+    assert retry["metadata"]["labels"]["redrafter.dev/cache-verb"] == "gc-before-build"
+    engine = p1.status["engines"]["redrafter"]
+    assert engine["state"] == "Building" and "ran out of disk" in engine["message"] and "then one more build" in \
+        engine["message"]
+    failed1 = JobFact.from_body({**retry, "status": {"conditions": [
+        {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "x"}]}})
+    assert failed1.collected and failed1.state == "Failed"
+    obs.jobs.append(failed1)
+    obs.pods[failed1.name] = PodFact(job=failed1.name, phase="Failed", message=ood)
+    p2 = plan(res_of(doc, p1.status), obs, now=LATER, renderers=RENDER)
+    assert p2.create == [] and p2.status["engines"]["redrafter"]["state"] == "Failed"
+
+
+def test_out_of_disk_without_a_retention_collects_nothing():
+    doc = body(engine__build__retries=0)
+    failed0 = job(doc, "redrafter", "Failed", reason="BackoffLimitExceeded")
+    obs = Observed(jobs=[failed0], pods={failed0.name: PodFact(job=failed0.name, phase="Failed",
+                                                               message="OUT_OF_DISK: not enough free space")})
+    p = plan(res_of(doc), obs, now=NOW, renderers=RENDER)
+    assert not [m for m in p.create if m["kind"] == "Job" and m["metadata"]["labels"].get(names.LABEL_VARIANT) ==
+                "redrafter"]
+    assert p.status["engines"]["redrafter"]["state"] == "Failed"
+
+
+def _prewarm_to_rest(doc, obs, st, rounds=3):
+    """Plan a few steps, the Deployments following what was applied (Ready when they have replicas)."""
+    k = keys(doc)
+    p = None
+    for _ in range(rounds):
+        p = plan(res_of(doc, st), obs, now=LATER, renderers=RENDER)
+        st = p.status
+        applied = {v: m for m in p.apply for v in ("redrafter", "base")
+                   if m["kind"] == "Deployment" and m["metadata"]["name"] == names.serving_deployment_name("llama3-8b", v)}
+        want = {v: m["spec"]["replicas"] for v, m in applied.items()}
+        obs.deployments = {v: dep("llama3-8b", v, k[v], replicas=want.get(v, 0), ready=want.get(v, 0))
+                           for v in ("redrafter", "base")}
+        obs.applied = {names.serving_deployment_name("llama3-8b", v): manifest_hash(applied[v]) if v in applied else "h"
+                       for v in ("redrafter", "base")}  # as applied: the Deployments carry this step's spec
+        svc = next((m for m in p.apply if m["kind"] == "Service"), None)
+        obs.service_pool = svc["spec"]["selector"].get(names.LABEL_TRAFFIC) if svc else None
+    return p
+
+
+def test_prewarm_builds_and_validates_then_rests_without_serving_and_scaling_up_serves_at_once():
+    doc = body(serving__replicas=0, autoscaling__mode="Disabled")
+    k = keys(doc)
+    obs = Observed(jobs=[job(doc, "redrafter", "Succeeded"), job(doc, "base", "Succeeded")])
+    first = plan(res_of(doc), obs, now=NOW, renderers=RENDER)
+    assert first.status["phase"] != "Prewarmed"  # the pair is validated first (its pods run for that)
+    st = {**first.status, "validation": {"state": "Passed", "redrafterKey": k["redrafter"], "baseKey": k["base"],
+                                         "promoted": {"redrafterKey": k["redrafter"], "baseKey": k["base"]}}}
+    p = _prewarm_to_rest(doc, obs, st)
+    assert p.status["phase"] == "Prewarmed" and p.create == []
+    assert {m["metadata"]["name"]: m["spec"]["replicas"] for m in p.apply if m["kind"] == "Deployment"} == \
+        {"llama3-8b-redrafter": 0, "llama3-8b-base": 0}
+    available = cond(p.status, "Available")
+    assert available["status"] == "False" and available["reason"] == "Prewarmed"
+    # GitOps tools see a prewarmed resource as healthy and done (kstatus Current, Argo CD Healthy)
+    assert [cond(p.status, t)["status"] for t in ("Ready", "Reconciling", "Stalled")] == ["True", "False", "False"]
+    ReDrafterDeploymentStatus.model_validate(p.status)
+    # scaling up: the built, validated engine serves; nothing is rebuilt
+    up = copy.deepcopy(doc)
+    up["spec"]["serving"]["replicas"] = 2
+    p2 = _prewarm_to_rest(up, obs, p.status)
+    assert p2.create == [] and p2.status["phase"] == "Serving"
+    assert {m["metadata"]["name"]: m["spec"]["replicas"] for m in p2.apply if m["kind"] == "Deployment"}[
+        f"llama3-8b-{p2.status['activeEngine']}"] == 2
+    # zero replicas while the autoscaler may scale up again is not a prewarm
+    auto = body(serving__replicas=0, autoscaling__mode="External")
+    assert _prewarm_to_rest(auto, obs, p.status).status["phase"] == "Serving"

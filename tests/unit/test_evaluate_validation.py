@@ -151,6 +151,18 @@ def test_grpc_target():
             grpc_target(bad)
 
 
+def test_openai_endpoints():
+    from redrafter_operator.evaluate.channel import endpoint_for
+
+    assert endpoint_for("svc.ns.svc", "openai") == "http://svc.ns.svc:9000/v1"
+    assert endpoint_for("http://127.0.0.1:9000/", "openai") == "http://127.0.0.1:9000/v1"
+    assert endpoint_for("https://llm.example.com/v1", "openai") == "https://llm.example.com/v1"
+    assert endpoint_for("svc:8001", "grpc") == "svc:8001"
+    for bad in ("ftp://x", "http://"):
+        with pytest.raises(ValueError):
+            endpoint_for(bad, "openai")
+
+
 # ---- CLI input errors (no server needed) -----------------------------------------------------------
 def test_validate_cli_reports_invalid_input(tmp_path, capsys):
     bad = tmp_path / "prompts.yaml"
@@ -237,3 +249,14 @@ def test_validation_job_options_from_spec():
     assert pod["volumes"] == [{"name": "tmp", "emptyDir": {}}, {"name": "prompts", "configMap": {"name": "my-prompts"}}]
     # the spec's CPU request replaces the default one; the default memory request and limit stay
     assert c["resources"] == {"requests": {"cpu": "1", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
+    assert args[args.index("--protocol") + 1] == "grpc"
+
+
+def test_validation_job_can_go_through_the_openai_api():
+    owner = owner_of(EXAMPLES[0], protocol="openai")
+    args = validation_job(owner, redrafter_key=RKEY, base_key=BKEY, operator_image=IMAGE)["spec"]["template"][
+        "spec"]["containers"][0]["command"]
+    assert args[args.index("--protocol") + 1] == "openai"
+    assert args[args.index("--redrafter") + 1] == (
+        f"http://{names.service_name(owner.name, 'redrafter')}.{owner.namespace}.svc:9000")
+    assert args[args.index("--base") + 1] == f"http://{names.service_name(owner.name, 'base')}.{owner.namespace}.svc:9000"

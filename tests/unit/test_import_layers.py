@@ -18,6 +18,7 @@ PACKAGES = ("redrafter_operator", "engine_jobs", "redrafter_sim")
 # members must not import each other (independent siblings).
 OPERATOR_LAYERS: list[str | set[str]] = [
     "cli",  # the command line: everything else is reached from here
+    "cache_cli",  # `cache ls|gc`: engine_jobs' cache code, locally or in a pod through the API
     "controller",  # kopf shell, reconciler, evaluators, planner
     "policy",  # speculation policy and autoscaler, pure
     "metrics",  # reads serving pods' metrics (scrape / Prometheus)
@@ -32,6 +33,7 @@ CONTROLLER_LAYERS: list[str | set[str]] = [
     "leader",  # Lease leader election: gates the loops main starts
     "handlers",  # the kopf shell: indexes, event handlers, startup
     "reconciler",  # the controller's state, workers and the reconcile of one resource
+    "cache_retention",  # per cache claim: references ConfigMap, collection CronJob, their results
     {"speculation", "validation", "observe"},  # evaluators and index reading, each on its own
     "planner",  # one plan step
     {"engines", "status", "routing"},  # routing: the InferencePool beside the Service

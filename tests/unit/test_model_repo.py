@@ -88,8 +88,9 @@ def test_entry_model_keeps_ensemble_interface_and_carries_metric_names():
     assert mc.backend == "python" and mc.model_transaction_policy.decoupled
     assert {"text_input", "max_tokens", "stream", "temperature", "end_id", "pad_id", "stop_words",
             "bad_words", "top_k", "top_p", "return_perf_metrics"} <= {t.name for t in mc.input}
-    assert {t.name for t in mc.output} == {"text_output", *PERF_OUTPUTS}
+    assert {t.name for t in mc.output} == {"text_output", *PERF_OUTPUTS, contract.OUTPUT_TOKEN_COUNT}
     p = params(mc)
+    assert p["output_token_count"] == contract.OUTPUT_TOKEN_COUNT
     assert p["metric_requests"] == contract.METRIC_REQUESTS
     assert p["metric_steps"] == contract.METRIC_STEPS
     assert p["label_variant"] == contract.METRIC_LABEL_VARIANT

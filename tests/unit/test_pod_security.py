@@ -125,7 +125,7 @@ def test_serving_policy_admits_the_namespace_the_validation_job_and_the_operator
     assert spec["podSelector"]["matchExpressions"] == [
         {"key": "app.kubernetes.io/component", "operator": "In", "values": ["serving"]}]
     serve_rule, metrics_rule = spec["ingress"]
-    assert [p["port"] for p in serve_rule["ports"]] == [8000, 8001, 8002]
+    assert [p["port"] for p in serve_rule["ports"]] == [8000, 8001, 8002, 9000]  # HTTP, gRPC, metrics, OpenAI
     assert serve_rule["from"][0] == {"podSelector": {}}, "default: every pod of this namespace"
     assert serve_rule["from"][1]["podSelector"]["matchExpressions"][0]["values"] == ["validation"]
     assert metrics_rule == {"from": [{"namespaceSelector": {"matchLabels": {

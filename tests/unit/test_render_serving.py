@@ -75,8 +75,11 @@ def test_deployment_pod_wiring():
     assert dep["spec"]["replicas"] == 3
     assert c["resources"]["requests"]["nvidia.com/gpu"] == c["resources"]["limits"]["nvidia.com/gpu"] == "8"
     assert c["command"] == ["python3", "-m", "engine_jobs", "serve", "--config", "/etc/redrafter/serving.json"]
-    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": 8000, "grpc": 8001, "metrics": 8002}
-    assert c["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {
+        "http": 8000, "grpc": 8001, "metrics": 8002, "openai": 9000}
+    # ready only when the OpenAI front answers, and it answers ready only while Triton is ready
+    assert c["readinessProbe"]["httpGet"] == {"path": "/health/ready", "port": "openai"}
+    assert c["startupProbe"]["httpGet"] == c["readinessProbe"]["httpGet"]
     assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     startup = c["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 1200
@@ -109,6 +112,8 @@ def test_serving_config_roundtrips_and_matches_variant():
         assert cfg.variant == variant and cfg.engine_key == key and cfg.tensor_parallel == 2
         assert cfg.artifact_dir == f"{contract.CACHE_MOUNT}/{key}"
         assert (cfg.draft_len_per_beam > 0) == (variant == "redrafter")
+        assert cfg.served_model_name == "chat"  # no spec.serving.modelName: the resource name
+        assert (cfg.max_input_len, cfg.max_seq_len) == (o.spec.engine.max_input_len, o.spec.engine.max_seq_len)
         dep = serving_deployment(o, variant, key, 1)
         vols = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
         assert vols["serving-config"]["configMap"]["name"] == cm["metadata"]["name"]
@@ -158,7 +163,21 @@ def test_services_select_pools_and_variants():
     assert selected(base, base_pods + red_pods) == ["chat-base"]
     stable_on_red = services(o, "redrafter")[0]
     assert selected(stable_on_red, base_pods + red_pods) == ["chat-redrafter"]
-    assert [p["name"] for p in stable["spec"]["ports"]] == ["http", "grpc", "metrics"]
+    for svc in (stable, red, base, candidate_service(o)):
+        assert [(p["name"], p["port"], p["targetPort"]) for p in svc["spec"]["ports"]] == [
+            ("http", 8000, "http"), ("grpc", 8001, "grpc"), ("metrics", 8002, "metrics"), ("openai", 9000, "openai")]
+
+
+def test_model_name_reaches_the_serving_config():
+    body = {"metadata": {"name": "chat", "namespace": "llm"}, "spec": owner(1).spec.wire()}
+    body["spec"]["serving"]["modelName"] = "meta-llama/Llama-3.1-8B-Instruct"
+    o = Owner.from_body(body)
+    cm = serving_configmap(o, "base", engine_key(o.spec, "base"))
+    cfg = ServingConfig.model_validate_json(cm["data"][contract.SERVING_CONFIG_FILE])
+    assert cfg.served_model_name == "meta-llama/Llama-3.1-8B-Instruct"
+    body["spec"]["serving"]["modelName"] = "bad name"
+    with pytest.raises(ValueError, match="model_name|modelName"):
+        Owner.from_body(body)
 
 
 def test_candidate_runs_the_new_engine_in_no_pool_with_its_own_config():

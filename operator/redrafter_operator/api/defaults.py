@@ -13,9 +13,12 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
+from .types import DURATION_PATTERN
+
 DEFAULT_BUILDER_IMAGE = "ghcr.io/redrafter/engine-builder:0.1.0-trtllm1.0.0"
 DEFAULT_SERVING_IMAGE = "ghcr.io/redrafter/triton-runtime:0.1.0-25.09-trtllm-python-py3"
 DEFAULT_CACHE_CLAIM = "engine-cache"
+DEFAULT_RETENTION_SCHEDULE = "30 3 * * *"
 
 IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$"
 DNS1123_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -23,6 +26,9 @@ DNS1123_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 ENV_BUILDER_IMAGE = "REDRAFTER_DEFAULT_BUILDER_IMAGE"
 ENV_SERVING_IMAGE = "REDRAFTER_DEFAULT_SERVING_IMAGE"
 ENV_CACHE_CLAIM = "REDRAFTER_DEFAULT_CACHE_CLAIM"
+ENV_RETENTION_KEEP = "REDRAFTER_DEFAULT_CACHE_RETENTION_KEEP"
+ENV_RETENTION_MAX_AGE = "REDRAFTER_DEFAULT_CACHE_RETENTION_MAX_AGE"
+ENV_RETENTION_SCHEDULE = "REDRAFTER_DEFAULT_CACHE_RETENTION_SCHEDULE"
 
 
 @dataclass(frozen=True)
@@ -30,6 +36,9 @@ class OperatorDefaults:
     builder_image: str = DEFAULT_BUILDER_IMAGE
     serving_image: str = DEFAULT_SERVING_IMAGE
     cache_claim: str = DEFAULT_CACHE_CLAIM
+    cache_retention_keep: int | None = None  # None and no max age: never collect (deleting is opt-in)
+    cache_retention_max_age: str | None = None
+    cache_retention_schedule: str = DEFAULT_RETENTION_SCHEDULE
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "OperatorDefaults":
@@ -39,13 +48,16 @@ class OperatorDefaults:
             ("builder_image", ENV_BUILDER_IMAGE, IMAGE_PATTERN),
             ("serving_image", ENV_SERVING_IMAGE, IMAGE_PATTERN),
             ("cache_claim", ENV_CACHE_CLAIM, DNS1123_LABEL_PATTERN),
+            ("cache_retention_keep", ENV_RETENTION_KEEP, r"^\d{1,3}$"),
+            ("cache_retention_max_age", ENV_RETENTION_MAX_AGE, DURATION_PATTERN),
+            ("cache_retention_schedule", ENV_RETENTION_SCHEDULE, r"^\S+( \S+){4}$|^@\w+$"),
         ):
             value = env.get(var, "").strip()
             if not value:
                 continue
             if not re.fullmatch(pattern, value) or len(value) > 253:
                 raise ValueError(f"{var}={value!r} is not valid (expected {pattern})")
-            values[attr] = value
+            values[attr] = int(value) if attr == "cache_retention_keep" else value
         return cls(**values)
 
 

@@ -28,6 +28,7 @@ from .types import (
 _DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 _IMAGE = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$"
 _REVISION = r"^[A-Za-z0-9][A-Za-z0-9._/-]*$"
+_MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$"
 
 
 MAX_DRAFT_TOKENS = 64  # numBeams x draftLenPerBeam; larger trees cost more than they accept
@@ -152,6 +153,33 @@ class Parallelism(ApiModel):
     tensor: Literal[1, 2, 4, 8] = Field(default=1, description="Tensor-parallel size = GPUs per replica.")
 
 
+_CRON = r"^(@(hourly|daily|weekly|monthly|yearly|annually|midnight)|\S+( \S+){4})$"
+
+
+class CacheRetention(ApiModel):
+    """What the scheduled collection keeps of the engines no ReDrafterDeployment references.
+
+    Referenced engines (any resource's spec or status, in any namespace, and served ones) are always
+    kept. Unset fields take the operator's defaults (Helm value defaults.engineCacheRetention); with
+    neither ``keep`` nor ``maxAge`` from either, nothing is ever collected. When resources sharing a
+    claim disagree, the collection keeps the most (the largest keep and the largest maxAge).
+    """
+
+    keep: int | None = Field(
+        default_factory=lambda: defaults.DEFAULTS.cache_retention_keep, ge=0, le=1000,
+        description="Keep this many most recently used unreferenced engines per model and variant.")
+    max_age: Duration | None = Field(
+        default_factory=lambda: defaults.DEFAULTS.cache_retention_max_age,
+        description="Keep unreferenced engines that were referenced within this duration (e.g. 720h).")
+    schedule: str = Field(
+        default_factory=lambda: defaults.DEFAULTS.cache_retention_schedule, pattern=_CRON, max_length=100,
+        description="Cron schedule of the collection (a CronJob per cache claim, in the claim's namespace).")
+
+    @property
+    def enabled(self) -> bool:
+        return self.keep is not None or self.max_age is not None
+
+
 class EngineCache(ApiModel):
     """The shared, content-addressed engine cache volume."""
 
@@ -172,6 +200,9 @@ class EngineCache(ApiModel):
         default="engines", pattern=r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$", max_length=253,
         description="Directory inside the claim; engines live at <subPath>/<engine-key>/.",
     )
+
+    retention: CacheRetention = Field(default_factory=CacheRetention,
+                                      description="Collection of unreferenced engines in this claim.")
 
     @field_validator("sub_path")
     @classmethod
@@ -335,6 +366,12 @@ class Serving(ApiModel):
     rollout: Rollout = Field(default_factory=Rollout, description="Engine switch strategy.")
     network_policy: ServingNetworkPolicy = Field(
         default_factory=ServingNetworkPolicy, description="Optional NetworkPolicies for this resource's pods."
+    )
+
+    model_name: str | None = Field(
+        default=None, pattern=_MODEL_NAME, max_length=256,
+        description="Model id of the OpenAI-compatible API (GET /v1/models, the `model` of requests). "
+        "Unset: the resource name.",
     )
 
 
@@ -559,6 +596,11 @@ class Validation(ApiModel):
     measure_crossover: bool = Field(
         default=True,
         description="After passing, sweep concurrency 1, 2, 4, ..., maxBatchSize and record the measured crossover.",
+    )
+    protocol: Literal["grpc", "openai"] = Field(
+        default="grpc",
+        description="How the Job calls the engines: grpc (Triton's entry model, port 8001) or openai (the "
+        "pods' OpenAI-compatible API, port 9000, as applications call it).",
     )
     active_deadline_seconds: int = Field(
         default=1800, ge=60, le=86400, description="Upper bound of the validation Job's run time."

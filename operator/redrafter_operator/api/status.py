@@ -8,7 +8,8 @@ from pydantic import Field, WithJsonSchema
 
 from .types import ApiModel
 
-Phase = Literal["Pending", "Building", "Deploying", "Serving", "Degraded", "Failed"]
+#: Prewarmed: engines built and validated, nothing served (serving.replicas 0, autoscaling Disabled)
+Phase = Literal["Pending", "Building", "Deploying", "Serving", "Prewarmed", "Degraded", "Failed"]
 EngineState = Literal["Pending", "Cached", "Building", "Ready", "Failed"]
 ConditionType = Literal["SpecValid", "EnginesReady", "Validated", "Available", "Progressing", "SpeculationHealthy",
                         "Ready", "Reconciling", "Stalled", "InferencePoolReady"]
@@ -39,6 +40,10 @@ class EngineStatus(ApiModel):
     state: EngineState = Field(default="Pending", description="Pending, Cached, Building, Ready or Failed.")
     job: str | None = Field(default=None, description="Name of the current/last build Job.")
     path: str | None = Field(default=None, description="Artifact directory inside the cache volume.")
+    size_bytes: int | None = Field(
+        default=None, ge=0, description="Size of the artifact (engine, tokenizer, model repository) in bytes, from "
+        "its manifest, as the build Job reported it.")
+    built_at: str | None = Field(default=None, description="When the artifact was built (RFC 3339, from its manifest).")
     message: str | None = Field(default=None, description="Failure reason (Job termination message).")
     attempts: int = Field(default=0, description="Build Jobs created for this key since the last retry request.")
     exit_code: int | None = Field(
@@ -128,7 +133,8 @@ class HistoryEntry(ApiModel):
 
 
 class ReDrafterDeploymentStatus(ApiModel):
-    phase: Phase = Field(default="Pending", description="Pending, Building, Deploying, Serving, Degraded or Failed.")
+    phase: Phase = Field(default="Pending", description="Pending, Building, Deploying, Serving, Prewarmed (built and validated, "
+                         "serving.replicas 0 with autoscaling Disabled), Degraded or Failed.")
     active_engine: Literal["redrafter", "base"] | None = Field(default=None, description="Engine the Service selects.")
     observed_generation: int | None = Field(default=None, description="Last generation acted on.")
     conditions: list[Condition] = Field(default_factory=list, description="Standard conditions.")

@@ -53,6 +53,7 @@ _KINDS: dict[tuple[str, str], tuple[str, str]] = {
     ("batch/v1", "Job"): ("/apis/batch/v1", "jobs"),
     ("networking.k8s.io/v1", "NetworkPolicy"): ("/apis/networking.k8s.io/v1", "networkpolicies"),
     ("inference.networking.k8s.io/v1", "InferencePool"): ("/apis/inference.networking.k8s.io/v1", "inferencepools"),
+    ("batch/v1", "CronJob"): ("/apis/batch/v1", "cronjobs"),
 }
 
 

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from engine_jobs.contract import Variant
+from engine_jobs.contract import BuildResult, Variant
+from engine_jobs.errors import ExitCode
 
 from ..api.engine_key import engine_key
-from ..render import names
+from ..api.types import parse_duration
+from ..render import cache_jobs, names
 from ..render.build import artifact_path, build_configmap, build_job
 from ..render.common import Owner
 from .build_failure import not_retried_message
@@ -35,6 +37,41 @@ def _failure_text(job: JobFact, observed: Observed) -> str:
 
 def _bounded(text: str) -> str:
     return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 3] + "..."
+
+
+def _built(message: str, old: Mapping[str, Any]) -> dict[str, Any]:
+    """sizeBytes and builtAt from a build Pod's success message, else what status already knew."""
+    result = BuildResult.from_message(message)
+    if result is not None:
+        return {"sizeBytes": result.size_bytes, "builtAt": result.built_at}
+    return {"sizeBytes": old.get("sizeBytes"), "builtAt": old.get("builtAt")}
+
+
+def _new_build(owner: Owner, variant: Variant, attempt: int, token: str, claim: str, plan: Plan,
+               path: str) -> dict[str, Any]:
+    """A build Job (and its ConfigMap) added to the plan and claimed; returned for last touches."""
+    job = build_job(owner, variant, attempt)
+    ann = job["metadata"].setdefault("annotations", {})
+    ann[ANNOTATION_RETRY_TOKEN] = token
+    ann[ANNOTATION_CACHE_CLAIM] = claim
+    plan.create += [build_configmap(owner, variant), job]
+    plan.claims.append((claim, path, job["metadata"]["name"]))
+    return job
+
+
+def _collect_and_retry(owner: Owner, failed: list[JobFact], epoch: list[JobFact], observed: Observed) -> str | None:
+    """Why the next build should collect first (the last one ran out of disk), or None.
+
+    Once per retry epoch, and only with a retention: which unreferenced engines may go is the user's call.
+    The collecting build is one extra attempt, beyond spec.engine.build.retries.
+    """
+    if not failed or any(j.collected for j in epoch) or not owner.spec.engine.cache.retention.enabled:
+        return None
+    pod = observed.pods.get(failed[-1].name)
+    text = (pod.message if pod else "") or failed[-1].message
+    if not text.startswith(f"{ExitCode.OUT_OF_DISK.name}:"):
+        return None
+    return f"Job {failed[-1].name} ran out of disk ({' '.join(text.split())[:300]})"
 
 
 def plan_engine(
@@ -59,15 +96,20 @@ def plan_engine(
     shared = observed.shared.get(variant)
     out: dict[str, Any] = {"key": key, "path": path, "attempts": len(epoch), "retryToken": token}
     if succeeded:
-        out.update(state="Ready", job=succeeded[-1].name)
+        pod = observed.pods.get(succeeded[-1].name)
+        out.update(state="Ready", job=succeeded[-1].name, **_built(pod.message if pod else "", old))
     elif old.get("state") in READY_STATES:
-        out.update(state=old["state"], job=old.get("job"), attempts=old.get("attempts", 0))
+        out.update(state=old["state"], job=old.get("job"), attempts=old.get("attempts", 0), **_built("", old))
     elif shared and shared.ready_by:
-        out.update(state="Cached", message=f"engine already in the cache (built for {shared.ready_by})")
+        out.update(state="Cached", message=f"engine already in the cache (built for {shared.ready_by})",
+                   **_built(shared.built_message, old))
     elif running:
         out.update(state="Building", job=running[-1].name)
         if failed:
             out["message"] = _failure_text(failed[-1], observed)
+        if running[-1].collected:
+            out["message"] = _bounded(f"{out.get('message') or 'out of disk'}; Job {running[-1].name} collects "
+                                      f"unreferenced engines in cache claim {claim}, then builds once more")
     elif shared and shared.building_job:
         out.update(state="Building", job=shared.building_job,
                    message=f"waiting for Job {shared.building_job}, which builds the same engine into the shared cache")
@@ -77,7 +119,17 @@ def plan_engine(
         if not jobs and old.get("state") == "Failed" and old.get("retryToken", "") == token:
             n_failed = int(old.get("attempts") or 0)  # the failed Jobs expired; status remembers
             final_code = old.get("exitCode")
-        if final_code is not None and failed:  # podFailurePolicy ended it: no attempt can fix this code
+        disk = _collect_and_retry(owner, failed, epoch, observed)
+        if disk is not None:
+            attempt = max((j.attempt for j in jobs), default=-1) + 1
+            job = _new_build(owner, variant, attempt, token, claim, plan, path)
+            r = spec.engine.cache.retention
+            max_age = f"{int(parse_duration(r.max_age))}s" if r.max_age else None
+            cache_jobs.collect_before_build(job, claim=claim, keep=r.keep, max_age=max_age)
+            out.update(state="Building", job=job["metadata"]["name"], attempts=n_failed + 1, message=_bounded(
+                f"{disk}; collecting unreferenced engines in cache claim {claim} (retention keep={r.keep}, "
+                f"maxAge={r.max_age}), then one more build"))
+        elif final_code is not None and failed:  # podFailurePolicy ended it: no attempt can fix this code
             msg = f"{not_retried_message(owner.name, final_code)}. {_failure_text(failed[-1], observed)}"
             out.update(state="Failed", job=failed[-1].name, attempts=n_failed, exitCode=final_code,
                        message=_bounded(msg))
@@ -87,12 +139,7 @@ def plan_engine(
                        attempts=n_failed, exitCode=final_code)
         else:
             attempt = max((j.attempt for j in jobs), default=-1) + 1
-            job = build_job(owner, variant, attempt)
-            ann = job["metadata"].setdefault("annotations", {})
-            ann[ANNOTATION_RETRY_TOKEN] = token
-            ann[ANNOTATION_CACHE_CLAIM] = claim
-            plan.create += [build_configmap(owner, variant), job]
-            plan.claims.append((claim, path, job["metadata"]["name"]))
+            job = _new_build(owner, variant, attempt, token, claim, plan, path)
             out.update(state="Building", job=job["metadata"]["name"], attempts=n_failed + 1)
             if failed:
                 out["message"] = _failure_text(failed[-1], observed)

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
-from ..render import names
+from ..render import cache_jobs, names
 
 JobState = Literal["Running", "Succeeded", "Failed"]
 
@@ -81,6 +81,8 @@ class JobFact:
     message: str = ""
     #: the exit code when the build Job's podFailurePolicy failed it (a code no retry can fix), else None
     final_exit_code: int | None = None
+    #: the Job collected unreferenced engines before building (the retry after an out-of-disk failure)
+    collected: bool = False
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> "JobFact":
@@ -117,6 +119,7 @@ class JobFact:
             reason=reason,
             message=message,
             final_exit_code=_fail_job_exit_code(reason, message),
+            collected=labels.get(cache_jobs.LABEL_VERB) == cache_jobs.VERB_BEFORE_BUILD,
         )
 
 
@@ -329,6 +332,7 @@ class SharedArtifact:
 
     ready_by: str = ""  # a succeeded Job or a resource whose status shows the engine Ready
     building_job: str = ""  # a Job (any owner) currently building it
+    built_message: str = ""  # termination message of the succeeded Job's Pod (size and built-at)
 
 
 @dataclass

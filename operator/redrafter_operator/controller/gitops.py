@@ -24,8 +24,10 @@ def gitops_conditions(progressing: Cond, available: Cond | None, stall: tuple[st
         return [Cond("Ready", "False", progressing.reason, progressing.message),
                 Cond("Reconciling", "True", progressing.reason, progressing.message),
                 Cond("Stalled", "False", progressing.reason)]
-    serving = available is not None and (available.status == "True" or available.reason == "ScaledToZero")
-    ready = Cond("Ready", "True", "Serving", available.message if available else "") if serving else \
+    # scaled to zero or prewarmed on purpose is a settled state: healthy, nothing left to do
+    serving = available is not None and (available.status == "True" or available.reason in ("ScaledToZero", "Prewarmed"))
+    ready = Cond("Ready", "True", "Serving" if available.status == "True" else available.reason,
+                 available.message) if serving and available else \
         Cond("Ready", "False", available.reason if available else progressing.reason,
              available.message if available else progressing.message)
     return [ready, Cond("Reconciling", "False", progressing.reason), Cond("Stalled", "False", progressing.reason)]

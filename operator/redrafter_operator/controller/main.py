@@ -26,6 +26,7 @@ from aiohttp import web
 from ..api.types import parse_duration
 from ..render import names
 from .apply import KubeClient, load_configuration
+from .cache_retention import CacheRetention
 from .handlers import register
 from .leader import ElectionConfig, LeaderElector, default_identity
 from .metrics import OperatorMetrics
@@ -96,6 +97,7 @@ async def run_operator(
         promotion = Promotion()  # the validation gate applied to the speculation policy's targets
         controller.add_evaluator(SpeculationEvaluator(promotion=promotion))
         controller.add_evaluator(ValidationEvaluator(promotion))
+        controller.add_evaluator(CacheRetention(metrics))
         if on_controller:
             on_controller(controller)
         return controller

@@ -56,6 +56,11 @@ class OperatorMetrics:
         self.validation_state = Gauge("redrafter_operator_validation_state",
                                       "1 for the state of the newest engine pair's validation.",
                                       [*RESOURCE_LABELS, "state"], registry=r)
+        self.cache_bytes = Gauge("redrafter_engine_cache_bytes",
+                                 "Bytes of engines in each cache claim after its last collection.", ["claim"],
+                                 registry=r)
+        self.cache_reclaimed = Counter("redrafter_engine_cache_reclaimed_bytes",
+                                       "Bytes the engine cache collections removed.", registry=r)
         self.replicas = Gauge("redrafter_operator_serving_replicas", "Desired replicas of the active engine.",
                               [*RESOURCE_LABELS, "engine"], registry=r)
         self.ready_replicas = Gauge("redrafter_operator_serving_ready_replicas",

@@ -54,6 +54,13 @@ def child_state(indexes: Mapping[str, Any], manifest: Mapping[str, Any]) -> Chil
     return ChildState(facts[0].resource_version, facts[0].owned_fields) if facts else None
 
 
+def _latest_message(indexes: Mapping[str, Any], ns: str, job: str) -> PodFact | None:
+    """The newest of a build Job's Pods that left a termination message."""
+    facts: list[PodFact] = index_entries(indexes, "rdd_build_pods", (ns, job))
+    with_msg = [p for p in facts if p.message]
+    return max(with_msg, key=lambda p: p.started) if with_msg else None
+
+
 def observe(indexes: Mapping[str, Any], res: Resource, claim: str, paths: Mapping[str, str],
             claims: Mapping[ClaimRef, BuildClaim], *, claim_seconds: float, now: float) -> Observed:
     """The facts the planner needs for ``res``: its Jobs (and failed builds' Pods), Deployments, the pool the
@@ -64,11 +71,10 @@ def observe(indexes: Mapping[str, Any], res: Resource, claim: str, paths: Mappin
     jobs: list[JobFact] = index_entries(indexes, "rdd_jobs", ("owner", ns, owner))
     pods = {}
     for job in jobs:
-        if job.state == "Failed":
-            facts: list[PodFact] = index_entries(indexes, "rdd_build_pods", (ns, job.name))
-            with_msg = [p for p in facts if p.message]
-            if with_msg:
-                pods[job.name] = max(with_msg, key=lambda p: p.started)
+        if job.state in ("Failed", "Succeeded"):  # why it failed / what it built (size, built-at)
+            pod = _latest_message(indexes, ns, job.name)
+            if pod is not None:
+                pods[job.name] = pod
     deployments: dict[str, DeploymentFact] = {}
     for dep in index_entries(indexes, "rdd_deployments", ("owner", ns, owner)):
         if dep.name == names.serving_deployment_name(res.name, dep.variant):
@@ -83,10 +89,12 @@ def observe(indexes: Mapping[str, Any], res: Resource, claim: str, paths: Mappin
     pools: list[ObjectFact] = index_entries(indexes, "rdd_inferencepools", ("name", ns, names.service_name(res.name)))
     shared: dict[str, SharedArtifact] = {}
     for variant, path in paths.items():
-        ready_by = building = ""
+        ready_by = building = built_message = ""
         for job in index_entries(indexes, "rdd_jobs", ("artifact", ns, claim, path)):
             if job.state == "Succeeded":
                 ready_by = f"Job {job.name}"
+                pod = _latest_message(indexes, ns, job.name)
+                built_message = pod.message if pod is not None else built_message
             elif job.state == "Running" and job.owner != owner:
                 building = job.name
         for other in index_entries(indexes, "rdd_ready", (ns, claim, path)):
@@ -96,7 +104,7 @@ def observe(indexes: Mapping[str, Any], res: Resource, claim: str, paths: Mappin
         if (c and not building and c.owner != res.name and now - c.at < claim_seconds
                 and not index_entries(indexes, "rdd_jobs", ("name", ns, c.job))):  # once seen, the Job itself tells
             building = c.job
-        shared[variant] = SharedArtifact(ready_by=ready_by, building_job=building)
+        shared[variant] = SharedArtifact(ready_by=ready_by, building_job=building, built_message=built_message)
     return Observed(jobs=jobs, pods=pods, deployments=deployments, serving_pods=serving_pods,
                     service_pool=services[0].pool if services else None,
                     routing_pool=pools[0].pool if pools else None, shared=shared)

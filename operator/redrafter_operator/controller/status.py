@@ -73,6 +73,9 @@ def resource_status(res: Resource, spec: ReDrafterDeploymentSpec, observed: Obse
     if available:
         conds.append(Cond("Available", "True", "MinimumReplicasAvailable",
                           f"{ready}/{want_active} {active} replicas Ready behind Service {names.service_name(res.name)}"))
+    elif want_active == 0 and active and prewarm(spec):
+        conds.append(Cond("Available", "False", "Prewarmed", "engines built and validated, not serving: "
+                          "serving.replicas is 0 with autoscaling Disabled; scale up to serve at once"))
     elif want_active == 0 and active:
         conds.append(Cond("Available", "False", "ScaledToZero", "serving.replicas is 0"))
     elif active is None:
@@ -115,7 +118,7 @@ def resource_status(res: Resource, spec: ReDrafterDeploymentSpec, observed: Obse
         conds.append(Cond("SpeculationHealthy", "Unknown", "NotMeasured", "no acceptance measurement yet"))
 
     if (available or want_active == 0) and settled:  # scaled to zero on purpose is a settled state too
-        phase = "Degraded" if failed else "Serving"
+        phase = "Degraded" if failed else ("Prewarmed" if want_active == 0 and prewarm(spec) else "Serving")
     elif available:
         phase = "Degraded" if failed else ("Serving" if ready >= want_active else "Deploying")
     elif targets.active in failed or (active and engines[active]["state"] == "Failed"):
@@ -148,6 +151,11 @@ def resource_status(res: Resource, spec: ReDrafterDeploymentSpec, observed: Obse
     return status
 
 
+def prewarm(spec: ReDrafterDeploymentSpec) -> bool:
+    """Build (and validate) ahead of a launch: zero replicas that no autoscaler will raise."""
+    return spec.serving.replicas == 0 and spec.autoscaling.mode == "Disabled"
+
+
 def _validation_failure(gate: Gate | None, stable: str | None, status: Mapping[str, Any],
                         engines: Mapping[str, Mapping[str, Any]]) -> str | None:
     """Why the current engine pair is not promoted, when its validation Failed (:mod:`.validation`)."""
@@ -169,7 +177,7 @@ def invalid_plan(res: Resource, errors: list[str], now: str) -> Plan:
         Cond("Progressing", "False", "InvalidSpec", "fix the spec; nothing is changed until it is valid"),
     ]
     conds += gitops_conditions(conds[1], None, ("InvalidSpec", message))
-    phase = old.get("phase") if old.get("phase") in ("Serving", "Degraded") else "Failed"
+    phase = old.get("phase") if old.get("phase") in ("Serving", "Prewarmed", "Degraded") else "Failed"
     status = {**{k: v for k, v in old.items() if k != "kopf"}, "phase": phase, "observedGeneration": res.generation,
               "conditions": merge_conditions(old.get("conditions") or [], conds, generation=res.generation, now=now)}
     p = Plan(status=status)

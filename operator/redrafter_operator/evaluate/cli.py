@@ -4,6 +4,8 @@
         [--concurrency 1,2,4,8] [--max-tokens N] [--out DIR]
     redrafter-operator evaluate validate --redrafter HOST:8001 --base HOST:8001 [...]
         [--termination-log /dev/termination-log]
+    redrafter-operator evaluate --protocol openai --redrafter http://HOST:9000 --base http://HOST:9000
+        (the OpenAI-compatible API of the serving pods, as applications call it)
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ DEFAULT_CONCURRENCY = "1,2,4,8"
 
 def _common(p: argparse.ArgumentParser, required: bool) -> None:
     p.add_argument("--redrafter", required=required, metavar="URL",
-                   help="gRPC endpoint of the ReDrafter engine (host:port, port defaults to 8001)")
-    p.add_argument("--base", required=required, metavar="URL", help="gRPC endpoint of the base engine")
+                   help="endpoint of the ReDrafter engine: gRPC host:port (port defaults to 8001), or with "
+                   "--protocol openai http://host:port (port defaults to 9000)")
+    p.add_argument("--base", required=required, metavar="URL", help="endpoint of the base engine")
+    p.add_argument("--protocol", choices=("grpc", "openai"), default="grpc",
+                   help="grpc: Triton's entry model; openai: the OpenAI-compatible API (streaming /v1/completions)")
     p.add_argument("--prompts", metavar="FILE", help="prompt set (JSON or YAML); default: a built-in set")
     p.add_argument("--tokenizer", metavar="DIR",
                    help="directory with tokenizer.json to count output tokens exactly (default: count words)")
@@ -91,7 +96,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     metrics = {v: u for v, u in (("redrafter", args.redrafter_metrics), ("base", args.base_metrics)) if u}
-    config = SweepConfig(endpoints, levels, RequestOptions(max_tokens=args.max_tokens, timeout_s=args.request_timeout),
+    config = SweepConfig(endpoints, levels, RequestOptions(max_tokens=args.max_tokens, timeout_s=args.request_timeout,
+                                                                protocol=args.protocol),
                          requests_per_worker=args.requests_per_worker, max_level_s=args.max_level_seconds,
                          warmup_requests=args.warmup, metrics_urls=metrics)
 
@@ -133,7 +139,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         redrafter=args.redrafter, base=args.base, prompts=prompts, max_tokens=args.max_tokens,
         long_max_tokens=args.long_max_tokens, batch_size=args.batch_size, single_requests=args.single_requests,
         max_input_len=args.max_input_len, max_seq_len=args.max_seq_len, max_divergences=args.max_divergences,
-        request_timeout_s=args.request_timeout, ready_timeout_s=args.ready_timeout,
+        request_timeout_s=args.request_timeout, ready_timeout_s=args.ready_timeout, protocol=args.protocol,
     )
     report = asyncio.run(validate(cfg, counter))
     if report.outcome.passed and sweep_levels:
@@ -159,7 +165,8 @@ async def _with_crossover(outcome: oc.ValidationOutcome, cfg, levels: list[int],
     from .sweep import SweepConfig, run_sweep
 
     sweep = SweepConfig({"redrafter": cfg.redrafter, "base": cfg.base}, levels,
-                        RequestOptions(max_tokens=cfg.max_tokens, timeout_s=cfg.request_timeout_s),
+                        RequestOptions(max_tokens=cfg.max_tokens, timeout_s=cfg.request_timeout_s,
+                                       protocol=cfg.protocol),
                         requests_per_worker=per_worker, warmup_requests=1)
     result = await run_sweep(sweep, cfg.prompts, counter)
     if any(lv.errors for lvs in result.levels.values() for lv in lvs):

@@ -1,4 +1,5 @@
-"""Closed-loop streaming load against one endpoint's entry model, at a concurrency that may change.
+"""Closed-loop streaming load against one endpoint (the gRPC entry model or the OpenAI API, see
+:mod:`.channel`), at a concurrency that may change.
 
 ``N`` workers each keep one request in flight: send, read the stream to its end, send the next
 (prompts taken round-robin). The run is bounded by a request count and/or a duration, or runs until
@@ -20,11 +21,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-import tritonclient.grpc.aio as grpcaio
-
+from .channel import Channel, endpoint_for, open_channel
 from .prompts import Prompt
 from .stats import window_stats
-from .stream import RequestOptions, RequestResult, grpc_target, stream_request, to_sample
+from .stream import RequestOptions, RequestResult, to_sample
 from .tokens import TokenCounter, WordCounter
 
 
@@ -53,7 +53,7 @@ class LoadGenerator:
             raise ValueError("no prompts")
         if concurrency < 0:
             raise ValueError("concurrency must be >= 0")
-        self.target = grpc_target(endpoint)
+        self.target = endpoint_for(endpoint, options.protocol)
         self.prompts = list(prompts)
         self.options = options
         self.bounds = bounds
@@ -66,7 +66,7 @@ class LoadGenerator:
         self._issued = 0
         self._in_flight = 0
         self._workers: dict[int, asyncio.Task] = {}
-        self._client: grpcaio.InferenceServerClient | None = None
+        self._client: Channel | None = None
         self._done: asyncio.Event | None = None
         self._deadline: float | None = None
         self._started_at: float | None = None
@@ -99,7 +99,7 @@ class LoadGenerator:
         self._started_at = time.monotonic()
         if self.bounds.duration_s is not None:
             self._deadline = self._started_at + self.bounds.duration_s
-        self._client = grpcaio.InferenceServerClient(self.target)
+        self._client = open_channel(self.target, self.options.protocol)
         try:
             self._spawn()
             timeout = None if self._deadline is None else max(self._deadline - time.monotonic(), 0.0)
@@ -136,8 +136,8 @@ class LoadGenerator:
     async def _send(self, index: int, prompt: Prompt) -> RequestResult:
         """One request (subclasses may route it elsewhere, e.g. the demo's per-request Service routing)."""
         assert self._client is not None
-        return await stream_request(self._client, prompt.text, self.options, self.counter,
-                                    prompt_index=index, max_tokens=prompt.max_tokens)
+        return await self._client.send(prompt.text, self.options, self.counter,
+                                       prompt_index=index, max_tokens=prompt.max_tokens)
 
     def _record(self, result: RequestResult) -> None:
         self.results.append(result)

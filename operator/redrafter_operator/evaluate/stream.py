@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 
 from engine_jobs.contract import ENTRY_MODEL, GRPC_PORT
+from engine_jobs.triton_bridge import describe as describe_error
 
 from .tokens import TokenCounter
 
+#: how evaluation requests reach an engine: the gRPC entry model or the OpenAI-compatible API
+WireProtocol = Literal["grpc", "openai"]
 PERF_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
 
 
@@ -37,6 +41,7 @@ class RequestOptions:
     fixed_length: bool = True  # min_tokens = max_tokens: every request generates exactly max_tokens
     want_perf: bool = True  # return_perf_metrics (acceptance)
     timeout_s: float = 300.0
+    protocol: WireProtocol = "grpc"  # grpc: the entry model; openai: the OpenAI-compatible API (.channel)
 
 
 @dataclass
@@ -100,11 +105,7 @@ async def stream_request(
     max_tokens: int | None = None,
     on_first_token=None,
 ) -> RequestResult:
-    """Send one streaming request and time every chunk; errors are recorded, never raised.
-
-    Tokens per chunk are counted on the cumulative text (a chunk may end inside a multi-token word);
-    a chunk adding no token is merged into the next one.
-    """
+    """Send one streaming request and time every chunk (:func:`add_text`); errors are recorded, never raised."""
     result = RequestResult(prompt_index=prompt_index, start=time.monotonic())
     inputs = build_inputs(text, opts, max_tokens)
 
@@ -123,14 +124,8 @@ async def stream_request(
             chunk = res.as_numpy("text_output")
             if chunk is not None and chunk.size:
                 piece = chunk.reshape(-1)[0]
-                result.text += piece.decode("utf-8", "replace") if isinstance(piece, bytes) else str(piece)
-                total = counter.count(result.text)
-                if total > counted:
-                    result.chunk_times.append(now)
-                    result.chunk_tokens.append(total - counted)
-                    if counted == 0 and on_first_token is not None:
-                        on_first_token()
-                    counted = total
+                text = piece.decode("utf-8", "replace") if isinstance(piece, bytes) else str(piece)
+                counted = add_text(result, text, counter, counted, now, on_first_token)
             _read_perf(res, result)
             params = res.get_response().parameters
             if "triton_final_response" in params and params["triton_final_response"].bool_param:
@@ -147,15 +142,21 @@ async def stream_request(
     return result
 
 
-def describe_error(exc: BaseException) -> str:
-    """One line for an error from tritonclient (``message()``), grpc (``details()``) or anything else."""
-    for attr in ("message", "details"):
-        fn = getattr(exc, attr, None)
-        if callable(fn):
-            text = fn()
-            if text:
-                return " ".join(str(text).split())
-    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+def add_text(result: RequestResult, piece: str, counter: TokenCounter, counted: int, now: float,
+             on_first_token=None) -> int:
+    """Append one chunk's text and time the tokens it completed; the new token count.
+
+    Tokens are counted on the cumulative text (a chunk may end inside a multi-token word); a chunk
+    adding no token is merged into the next one.
+    """
+    result.text += piece
+    total = counter.count(result.text)
+    if total > counted:
+        result.chunk_times.append(now)
+        result.chunk_tokens.append(total - counted)
+        if counted == 0 and on_first_token is not None:
+            on_first_token()
+    return max(total, counted)
 
 
 def _read_perf(res, result: RequestResult) -> None:

@@ -21,14 +21,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Sequence
 
-import tritonclient.grpc.aio as grpcaio
-
-from engine_jobs.contract import ENTRY_MODEL
-
 from . import outcome as oc
+from .channel import Channel, endpoint_for, open_channel
 from .compare import Divergence, compare_outputs
 from .prompts import Prompt, max_length_prompt
-from .stream import RequestOptions, RequestResult, describe_error, grpc_target, stream_request
+from .stream import RequestOptions, RequestResult, WireProtocol
 from .tokens import TokenCounter, WordCounter
 
 VARIANTS = ("redrafter", "base")
@@ -48,6 +45,7 @@ class ValidationConfig:
     max_divergences: int = 0
     request_timeout_s: float = 300.0
     ready_timeout_s: float = 300.0
+    protocol: WireProtocol = "grpc"  # see .channel
 
     def endpoint(self, variant: str) -> str:
         return self.redrafter if variant == "redrafter" else self.base
@@ -81,14 +79,14 @@ class ValidationReport:
 class _Runner:
     """Sends the scenario requests of one endpoint."""
 
-    def __init__(self, client: grpcaio.InferenceServerClient, cfg: ValidationConfig, counter: TokenCounter):
+    def __init__(self, client: Channel, cfg: ValidationConfig, counter: TokenCounter):
         self.client, self.cfg, self.counter = client, cfg, counter
         self.opts = RequestOptions(max_tokens=cfg.max_tokens, greedy=True, fixed_length=True, want_perf=True,
-                                   timeout_s=cfg.request_timeout_s)
+                                   timeout_s=cfg.request_timeout_s, protocol=cfg.protocol)
 
     async def one(self, key: str, prompt: Prompt, max_tokens: int | None = None, on_first_token=None) -> Item:
-        r = await stream_request(self.client, prompt.text, self.opts, self.counter,
-                                 max_tokens=max_tokens or prompt.max_tokens, on_first_token=on_first_token)
+        r = await self.client.send(prompt.text, self.opts, self.counter,
+                                   max_tokens=max_tokens or prompt.max_tokens, on_first_token=on_first_token)
         return Item(key, prompt.text, r)
 
     def prompt(self, i: int) -> Prompt:
@@ -145,20 +143,19 @@ class _Runner:
         return out
 
 
-async def wait_ready(target: str, timeout_s: float, poll_s: float = 2.0) -> str | None:
-    """None once the entry model is ready on ``target``; else the last error after ``timeout_s``."""
+async def wait_ready(target: str, timeout_s: float, poll_s: float = 2.0,
+                     protocol: WireProtocol = "grpc") -> str | None:
+    """None once ``target`` serves (its entry model, or its OpenAI API, is ready); else the last error
+    after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
-    last = "not ready"
     while True:
-        client = grpcaio.InferenceServerClient(target)
+        channel = open_channel(target, protocol)
         try:
-            if await client.is_model_ready(ENTRY_MODEL):
-                return None
-            last = f"model {ENTRY_MODEL} is not ready"
-        except Exception as exc:
-            last = describe_error(exc)
+            last = await channel.not_ready()
         finally:
-            await client.close()
+            await channel.close()
+        if last is None:
+            return None
         if time.monotonic() >= deadline:
             return last
         await asyncio.sleep(poll_s)
@@ -199,16 +196,16 @@ def judge(items: dict[str, list[Item]], cfg: ValidationConfig,
 async def validate(cfg: ValidationConfig, counter: TokenCounter | None = None) -> ValidationReport:
     counter = counter or WordCounter()
     t0 = time.monotonic()
-    targets = {v: grpc_target(cfg.endpoint(v)) for v in VARIANTS}
+    targets = {v: endpoint_for(cfg.endpoint(v), cfg.protocol) for v in VARIANTS}
     for v, target in targets.items():
-        err = await wait_ready(target, cfg.ready_timeout_s)
+        err = await wait_ready(target, cfg.ready_timeout_s, protocol=cfg.protocol)
         if err is not None:
             return ValidationReport(oc.ValidationOutcome(
                 oc.ENDPOINT_UNAVAILABLE, f"{v} endpoint {target} not ready after {cfg.ready_timeout_s:g}s: {err}"))
     items: dict[str, list[Item]] = {}
     names: list[str] = []
     for v, target in targets.items():
-        client = grpcaio.InferenceServerClient(target)
+        client = open_channel(target, cfg.protocol)
         try:
             runner = _Runner(client, cfg, counter)
             items[v] = []

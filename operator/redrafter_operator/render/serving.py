@@ -2,9 +2,10 @@
 
 Pods run ``python -m engine_jobs serve``: it writes the Triton repository from serving.json into a
 writable emptyDir (the engine volume is mounted read-only) and runs tritonserver, under mpirun for
-TP > 1. Pods carry the label of the traffic pool they belong to; the stable Service ``<name>`` selects a
-pool, so switching engines is a Service selector change, never a pod restart. A canary Deployment runs
-the ReDrafter engine in the base pool, so acceptance stays measured while the service runs on base.
+TP > 1, plus the OpenAI-compatible front on port ``openai``. Pods carry the label of the traffic pool
+they belong to; the stable Service ``<name>`` selects a pool, so switching engines is a Service
+selector change, never a pod restart. A canary Deployment runs the ReDrafter engine in the base pool,
+so acceptance stays measured while the service runs on base.
 A candidate Deployment runs a new ReDrafter engine in no pool while it is validated against base.
 """
 
@@ -27,9 +28,9 @@ REPO_DIR = f"{security.TMP_MOUNT}/redrafter/model_repo"  # inside the writable e
 PRESTOP_SLEEP_SECONDS = 10  # endpoints drop the pod before Triton stops accepting requests
 EXIT_TIMEOUT_SECONDS = 60  # Triton's --exit-timeout-secs: in-flight requests may finish this long
 STARTUP_PERIOD_SECONDS = 10
-READY_PATH = "/v2/health/ready"
 LIVE_PATH = "/v2/health/live"
-PORTS = (("http", contract.HTTP_PORT), ("grpc", contract.GRPC_PORT), ("metrics", contract.METRICS_PORT))
+PORTS = (("http", contract.HTTP_PORT), ("grpc", contract.GRPC_PORT), ("metrics", contract.METRICS_PORT),
+         ("openai", contract.OPENAI_PORT))
 
 
 def artifact_dir(key: str) -> str:
@@ -51,6 +52,9 @@ def serving_config(owner: Owner, variant: Variant, key: str) -> ServingConfig:
         paged_context_fmha=spec.engine.paged_context_fmha,
         draft_len_per_beam=spec.redrafter.draft_len_per_beam if redrafter else 0,
         num_beams=spec.redrafter.num_beams if redrafter else 0,
+        model_name=spec.serving.model_name or owner.name,
+        max_input_len=spec.engine.max_input_len,
+        max_seq_len=spec.engine.max_seq_len,
         triton=TritonParams(
             batching_strategy=t.batching_strategy,
             max_queue_delay_microseconds=t.max_queue_delay_microseconds,
@@ -87,9 +91,9 @@ def _pod_labels(owner: Owner, variant: Variant, key: str, pool: str, role: str) 
     }
 
 
-def _probe(path: str, period: int, failures: int, timeout: int = 3) -> dict[str, Any]:
+def _probe(path: str, port: str, period: int, failures: int, timeout: int = 3) -> dict[str, Any]:
     return {
-        "httpGet": {"path": path, "port": "http"},
+        "httpGet": {"path": path, "port": port},
         "periodSeconds": period,
         "timeoutSeconds": timeout,
         "failureThreshold": failures,
@@ -113,9 +117,11 @@ def _container(owner: Owner, key: str) -> dict[str, Any]:
         ],
         "ports": [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in PORTS],
         "resources": gpu_resources(spec, spec.serving.resources, resources.SERVING_PER_RANK),
-        "startupProbe": _probe(READY_PATH, STARTUP_PERIOD_SECONDS, startup_failures),
-        "readinessProbe": _probe(READY_PATH, 5, 3),
-        "livenessProbe": _probe(LIVE_PATH, 10, 6, timeout=5),
+        # Ready = the OpenAI front answers AND Triton with its entry model is ready (the front asks
+        # Triton), so a pod joins the Service only when both of its protocols work.
+        "startupProbe": _probe(contract.OPENAI_READY_PATH, "openai", STARTUP_PERIOD_SECONDS, startup_failures),
+        "readinessProbe": _probe(contract.OPENAI_READY_PATH, "openai", 5, 3),
+        "livenessProbe": _probe(LIVE_PATH, "http", 10, 6, timeout=5),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_SECONDS)]}}},
         "volumeMounts": [
             {"name": "engine", "mountPath": artifact_dir(key), "readOnly": True,

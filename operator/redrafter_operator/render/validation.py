@@ -18,7 +18,7 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
-from engine_jobs.contract import GRPC_PORT, TERMINATION_LOG
+from engine_jobs.contract import GRPC_PORT, OPENAI_PORT, TERMINATION_LOG
 
 from .. import __version__
 from ..api.spec import ReDrafterDeploymentSpec
@@ -45,7 +45,9 @@ def validation_job_name(deployment: str, redrafter_key: str, base_key: str, atte
 
 
 def service_endpoint(owner: Owner, service: str) -> str:
-    """A Service's in-cluster gRPC address."""
+    """A Service's in-cluster address for the Job's protocol (gRPC, or the OpenAI API's base URL)."""
+    if owner.spec.validation.protocol == "openai":
+        return f"http://{service}.{owner.namespace}.svc:{OPENAI_PORT}"
     return f"{service}.{owner.namespace}.svc:{GRPC_PORT}"
 
 
@@ -54,7 +56,7 @@ def validate_args(spec: ReDrafterDeploymentSpec, redrafter: str, base: str) -> l
     v, e = spec.validation, spec.engine
     room = max(e.max_seq_len - e.max_input_len, 1)  # output room left by the longest allowed input
     args = [
-        "--redrafter", redrafter, "--base", base,
+        "--redrafter", redrafter, "--base", base, "--protocol", v.protocol,
         "--max-tokens", str(min(v.max_tokens, room)),
         "--long-max-tokens", str(min(v.long_max_tokens, room)),
         "--batch-size", str(e.max_batch_size),

@@ -1,0 +1,234 @@
+"""Collection of unreferenced engines: plan by retention, then delete each one safely.
+
+Safety rules (an engine is only ever removed when all hold *at deletion time*, not only when planned):
+- no ReDrafterDeployment references it (the references file is re-read after taking the key's lock);
+- no build holds its lock with a fresh heartbeat: the collector takes the same lock a builder takes,
+  so a builder arriving meanwhile waits, then finds no manifest and builds anew;
+- serving keys are references too (the operator lists them), so a served engine is never a candidate.
+
+Deletion order: remove manifest.json first (the directory stops looking complete), rename the directory
+into ``<cache>/.trash/``, release the lock, then remove the trash entry. A crash at any point leaves
+nothing that looks complete; the next run finishes whatever is in the trash.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .cache import CachePaths, KeyLock, fsync_dir, read_manifest
+from .cache_index import TRASH_DIR, Engine, Reference, iso, load_references, parse_iso, save_state, scan
+from .errors import TERMINATION_MESSAGE_LIMIT, bad_input
+from .progress import Log, human_bytes, tree_size
+
+#: set to "after-rename" in tests only: the process SIGKILLs itself between the rename into the trash and
+#: the removal, to prove a rerun finishes the job
+
+_DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+
+
+def parse_duration(text: str) -> float:
+    """``30d``, ``12h``, ``1h30m``, ``90s`` (the units of Kubernetes-style durations users know)."""
+    match = _DURATION.fullmatch(text.strip())
+    if not text.strip() or match is None or not any(match.groups()):
+        raise bad_input(f"duration {text!r} is not like 30d, 12h, 1h30m or 90s")
+    d, h, m, s = (int(g or 0) for g in match.groups())
+    return float(((d * 24 + h) * 60 + m) * 60 + s)
+
+
+@dataclass(frozen=True)
+class Retention:
+    """Unreferenced engines kept: the ``keep`` most recent per model and variant, and/or those younger than max_age.
+
+    Per model *and variant* so that ``keep: 1`` keeps a usable previous pair (ReDrafter and its base).
+    """
+
+    keep: int | None = None
+    max_age_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.keep is None and self.max_age_seconds is None:
+            raise bad_input("a retention needs --keep N and/or --max-age DURATION")
+        if self.keep is not None and self.keep < 0:
+            raise bad_input(f"--keep {self.keep} must not be negative")
+
+
+@dataclass
+class Decision:
+    engine: Engine
+    remove: bool
+    reason: str
+
+
+def plan(engines: list[Engine], retention: Retention, now: float) -> list[Decision]:
+    """What the retention keeps and what it would remove, with the reason for each (pure)."""
+    decisions: list[Decision] = []
+    groups: dict[tuple[str, str], list[Engine]] = {}
+    for engine in engines:
+        if engine.referenced_by:
+            decisions.append(Decision(engine, False, "referenced by " + ", ".join(
+                r.describe() for r in engine.referenced_by)))
+        elif engine.locked_by:
+            decisions.append(Decision(engine, False, f"locked by a running build ({engine.locked_by})"))
+        elif not engine.complete:
+            decisions.append(Decision(engine, True, "incomplete (no manifest) and no live build lock"))
+        else:
+            groups.setdefault((engine.model, engine.variant), []).append(engine)
+    for group in groups.values():
+        # most recently referenced first, then most recently built (second resolution), then by key: deterministic
+        group.sort(key=lambda e: (parse_iso(e.unreferenced_since) or now, parse_iso(e.built_at) or 0.0, e.key),
+                   reverse=True)
+        for rank, engine in enumerate(group):
+            age = now - (parse_iso(engine.unreferenced_since) or now)
+            if retention.keep is not None and rank < retention.keep:
+                decisions.append(Decision(engine, False, f"among the {retention.keep} most recent of its model"))
+            elif retention.max_age_seconds is not None and age < retention.max_age_seconds:
+                decisions.append(Decision(engine, False, "unreferenced for less than the maximum age"))
+            else:
+                decisions.append(Decision(engine, True, f"unreferenced since {engine.unreferenced_since}"))
+    return sorted(decisions, key=lambda d: d.engine.key)
+
+
+@dataclass
+class Report:
+    dry_run: bool
+    removed: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    kept: int = 0
+    cache_bytes: int = 0
+
+    @property
+    def freed_bytes(self) -> int:
+        return sum(r["bytes"] for r in self.removed)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"dryRun": self.dry_run, "removed": self.removed, "freedBytes": self.freed_bytes,
+                "cacheBytes": self.cache_bytes, "kept": self.kept, "skipped": self.skipped}
+
+    def termination_message(self, limit: int = TERMINATION_MESSAGE_LIMIT) -> str:
+        """JSON the operator parses; lists are shortened (counts kept exact) to fit Kubernetes' 4096 bytes."""
+        doc = self.to_json()
+        doc["removedCount"] = len(self.removed)
+        while len(json.dumps(doc, separators=(",", ":")).encode()) > limit:
+            if doc["skipped"]:
+                doc["skipped"] = doc["skipped"][:-1]
+            elif doc["removed"]:
+                doc["removed"] = doc["removed"][:-1]
+            else:
+                break
+        return json.dumps(doc, separators=(",", ":"))
+
+
+def finish_trash(root: Path, report: Report, log: Log) -> None:
+    """Remove what an interrupted run left in the trash (it was renamed there, so nothing uses it)."""
+    trash = root / TRASH_DIR
+    if not trash.is_dir():
+        return
+    for entry in sorted(trash.iterdir()):
+        size = tree_size(entry)
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+        key = entry.name.split(".", 1)[0]
+        log(f"gc: finished removing {key} left in the trash by an interrupted collection ({human_bytes(size)})")
+        report.removed.append({"key": key, "variant": "unknown", "model": "unknown", "bytes": size,
+                               "note": "interrupted earlier"})
+
+
+def _still_referenced(references_path: str, key: str) -> list[Reference]:
+    return [r for r in load_references(references_path) if r.key == key]
+
+
+def _take_lock(paths: CachePaths, stale_seconds: float, log: Log) -> tuple[KeyLock | None, str]:
+    lock = KeyLock(paths.lock, stale_seconds=stale_seconds, heartbeat_seconds=stale_seconds, log=log)
+    if lock.try_acquire():
+        return lock, ""
+    record = lock.holder()
+    if record is None:
+        return (lock, "") if lock.try_acquire() else (None, "lock appeared while looking")
+    if not lock.is_stale(record):
+        return None, f"locked by a running build ({record.get('owner', '?')} pid {record.get('pid', '?')})"
+    if lock.take_over(record):
+        log(f"gc: {paths.key}: took over a stale build lock (no heartbeat)")
+        return lock, ""
+    return None, "another process took its stale lock"
+
+
+def remove_engine(root: Path, engine: Engine, references_path: str, stale_seconds: float,
+                  log: Log) -> tuple[int | None, str]:
+    """Delete one engine if it is still safe; returns (bytes freed or None, reason when skipped)."""
+    paths = CachePaths(root, engine.key)
+    lock, why = _take_lock(paths, stale_seconds, log)
+    if lock is None:
+        return None, why
+    try:
+        refs = _still_referenced(references_path, engine.key)  # the live references, at deletion time
+        if refs:
+            return None, "referenced by " + ", ".join(r.describe() for r in refs)
+        if engine.complete and read_manifest(paths) is None:
+            return None, "its manifest changed or vanished since planning"
+        if not paths.final.is_dir():
+            return None, "already gone"
+        size = tree_size(paths.final)
+        paths.manifest.unlink(missing_ok=True)  # first: from here on nothing takes it for complete
+        fsync_dir(paths.final)
+        trash = root / TRASH_DIR
+        trash.mkdir(exist_ok=True)
+        target = trash / f"{engine.key}.{lock.token}"
+        os.rename(paths.final, target)
+        fsync_dir(root)
+    finally:
+        lock.release()
+    shutil.rmtree(target, ignore_errors=True)
+    return size, ""
+
+
+def collect(root: Path, references_path: str, retention: Retention, *, stale_seconds: float, dry_run: bool,
+            log: Log, now: float | None = None) -> Report:
+    """Plan by retention over the live cache, then remove each candidate under the rules above."""
+    now = time.time() if now is None else now
+    report = Report(dry_run=dry_run)
+    if not root.is_dir():
+        raise bad_input(f"cache directory {root} does not exist")
+    if not dry_run:
+        finish_trash(root, report, log)
+    engines = scan(root, load_references(references_path), stale_seconds=stale_seconds, first_seen=iso(now))
+    if not dry_run:
+        save_state(root, engines)  # record first-seen-unreferenced times even if we remove nothing
+    gone: set[str] = set()
+    for decision in plan(engines, retention, now):
+        engine = decision.engine
+        if not decision.remove:
+            report.kept += 1
+            log(f"gc: keep {engine.key}: {decision.reason}")
+            continue
+        entry = {"key": engine.key, "variant": engine.variant, "model": engine.model, "bytes": engine.size_bytes}
+        if dry_run:
+            log(f"gc: would remove {engine.key} ({human_bytes(engine.size_bytes)}): {decision.reason}")
+            report.removed.append(entry)
+            gone.add(engine.key)
+            continue
+        freed, why = remove_engine(root, engine, references_path, stale_seconds, log)
+        if freed is None:
+            report.kept += 1
+            report.skipped.append({"key": engine.key, "reason": why})
+            log(f"gc: keep {engine.key}: {why} (checked at deletion time)")
+            continue
+        log(f"gc: removed {engine.key} ({human_bytes(freed)}): {decision.reason}")
+        report.removed.append({**entry, "bytes": freed})
+        gone.add(engine.key)
+    remaining = [e for e in engines if e.key not in gone]
+    report.cache_bytes = sum(e.size_bytes for e in remaining)
+    if not dry_run:
+        save_state(root, remaining)
+    log(f"gc: {'would free' if dry_run else 'freed'} {human_bytes(report.freed_bytes)} "
+        f"({len(report.removed)} engine(s)); {len(remaining)} kept, {human_bytes(report.cache_bytes)} at {iso(now)}")
+    return report
+

@@ -1,0 +1,146 @@
+"""Engine cache retention in the running operator, against the emulated API server: the references
+ConfigMap and collection CronJob per claim, and a finished collection's report as Events and metrics.
+
+The emulated cluster has no CronJob controller: the test starts the Job from the CronJob's jobTemplate as
+that controller would, and completes it with the termination message ``engine_jobs cache gc`` writes
+(the collection itself runs for real in tests/integration/test_engine_cache_gc.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_lifecycle import NS, Cluster, Operator, apply, cluster, example, to_serving, until  # noqa: F401
+
+from engine_jobs.cache_gc import Report
+from redrafter_operator.controller.cache_retention import ANNOTATION_REPORTED, CacheRetention
+from redrafter_operator.render import cache_jobs, names
+from redrafter_sim import controllers
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+async def operator(cluster: Cluster, kubeconfig: Path):  # noqa: F811
+    op = Operator(kubeconfig, resync=1.0)
+    await op.start()
+    assert op.controller is not None
+    retention = next(e for e in op.controller.evaluators if isinstance(e, CacheRetention))
+    retention.interval_seconds = 0.5  # the production interval is a minute
+    try:
+        yield op
+    finally:
+        await op.stop()
+
+
+def cronjob(cluster: Cluster, claim: str) -> dict[str, Any] | None:
+    return cluster.emu.find_object("batch/v1", "CronJob", cache_jobs.collection_name(claim), NS)
+
+
+def references(cluster: Cluster, claim: str) -> list[dict[str, str]]:
+    cm = cluster.emu.find_object("v1", "ConfigMap", cache_jobs.collection_name(claim), NS)
+    return json.loads(cm["data"][cache_jobs.REFERENCES_FILE])["references"] if cm else []
+
+
+async def test_retention_cronjob_references_and_reported_collection(cluster: Cluster, operator: Operator,
+                                                                   kubectl: Any):
+    doc = example(engine__cache={"retention": {"keep": 0, "schedule": "*/5 * * * *"}})
+    apply(kubectl, doc)
+    await to_serving(cluster)
+    claim = "engine-cache"
+    cj = await until(lambda: cronjob(cluster, claim), what="the collection CronJob")
+    assert cj["spec"]["schedule"] == "*/5 * * * *" and cj["spec"]["concurrencyPolicy"] == "Forbid"
+    assert [o["name"] for o in cj["metadata"]["ownerReferences"]] == [doc["metadata"]["name"]]
+    pod = cj["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    args = pod["containers"][0]["command"]
+    assert args[:5] == ["python", "-m", "engine_jobs", "cache", "gc"] and args[args.index("--keep") + 1] == "0"
+    assert "--max-age" not in args and pod["securityContext"]["runAsNonRoot"] is True
+    engines = cluster.status()["engines"]
+    old = {v: engines[v]["key"] for v in ("redrafter", "base")}
+    await until(lambda: {r["key"] for r in references(cluster, claim)} >= set(old.values()), what="references")
+    roles = {(r["key"], r["role"]) for r in references(cluster, claim)}
+    assert (old["redrafter"], "spec.redrafter") in roles and (old["redrafter"], "status.engines.redrafter") in roles
+
+    # a build-input change: new keys are referenced at once (spec), the old stay referenced while they serve
+    kubectl("patch", "rdd", doc["metadata"]["name"], "-n", NS, "--type=merge", "-p",
+            json.dumps({"spec": {"engine": {"maxBatchSize": 4}}}), check=True)
+    await until(lambda: cluster.status()["engines"]["redrafter"]["key"] != old["redrafter"], what="new keys")
+    new = {v: cluster.status()["engines"][v]["key"] for v in ("redrafter", "base")}
+    await until(lambda: {r["key"] for r in references(cluster, claim)} >= set(new.values()), what="new references")
+    cluster.complete_all()
+    await until(lambda: cluster.deployment("redrafter")["metadata"]["labels"][names.LABEL_ENGINE_KEY]
+                == new["redrafter"], what="the new engine serving")
+    await until(lambda: old["redrafter"] not in {r["key"] for r in references(cluster, claim)},
+                what="the old ReDrafter engine to be unreferenced")
+
+    # the CronJob controller's part: a Job from the template; the collection's report as its message
+    template = cj["spec"]["jobTemplate"]
+    job = {"apiVersion": "batch/v1", "kind": "Job",
+           "metadata": {"name": "engine-cache-gc-engine-cache-29000000", "namespace": NS,
+                        "labels": template["metadata"]["labels"]}, "spec": template["spec"]}
+    cluster.emu.create_object(job)
+    report = Report(dry_run=False, removed=[{"key": old["redrafter"], "variant": "redrafter", "model": "m",
+                                             "bytes": 5_000_000_000}], kept=3, cache_bytes=40_000_000_000)
+    controllers.complete_job(cluster.emu, job["metadata"]["name"], NS, message=report.termination_message())
+    await until(lambda: any(r == "EngineCacheCollected" for r, _, _ in cluster.events()), what="the Event")
+    (message,) = [m for r, _, m in cluster.events() if r == "EngineCacheCollected"]
+    assert f"removed 1 engine(s), freed 4.7 GiB: {old['redrafter']}" in message and "3 kept" in message
+    await until(lambda: (cluster.emu.get_object("batch/v1", "Job", job["metadata"]["name"], NS)["metadata"]
+                         .get("annotations") or {}).get(ANNOTATION_REPORTED), what="the Job marked reported")
+    metrics = operator.controller.metrics.render().decode()
+    assert f'redrafter_engine_cache_bytes{{claim="{claim}"}} 4e+10' in metrics
+    assert "redrafter_engine_cache_reclaimed_bytes_total 5e+09" in metrics
+    await asyncio.sleep(1.5)  # a few more evaluations: reported once only
+    assert [r for r, _, _ in cluster.events()].count("EngineCacheCollected") == 1
+    # the retention removed: no more scheduled collections
+    kubectl("patch", "rdd", doc["metadata"]["name"], "-n", NS, "--type=merge", "-p",
+            json.dumps({"spec": {"engine": {"cache": {"retention": None}}}}), check=True)
+    await until(lambda: cronjob(cluster, claim) is None, what="the CronJob deleted")
+
+
+async def test_no_retention_no_cronjob(cluster: Cluster, operator: Operator, kubectl: Any):
+    apply(kubectl, example())
+    await to_serving(cluster)
+    await until(lambda: cluster.emu.find_object("v1", "ConfigMap", cache_jobs.collection_name("engine-cache"), NS)
+                is None, what="nothing")
+    await asyncio.sleep(1.5)
+    assert cronjob(cluster, "engine-cache") is None
+
+
+async def test_out_of_disk_collects_then_retries_once(cluster: Cluster, operator: Operator, kubectl: Any):
+    doc = example(engine__build__retries=0, engine__cache={"retention": {"keep": 0}})
+    apply(kubectl, doc)
+    await until(lambda: len(cluster.running_jobs()) == 2, what="build Jobs")
+    first = next(j for j in cluster.running_jobs() if "redrafter" in j)
+    controllers.fail_job(cluster.emu, first, NS, exit_code=4, termination_message=(
+        "OUT_OF_DISK: not enough free space on the cache volume: about 16.0 GiB needed, 1.0 GiB free"))
+    retry = await until(lambda: next((j for j in cluster.jobs() if j["metadata"]["name"] != first
+                                      and "redrafter" in j["metadata"]["name"]), None), what="the retry")
+    (collect,) = retry["spec"]["template"]["spec"]["initContainers"]
+    assert collect["command"][4:6] == ["gc", "--local"] and "--keep" in collect["command"]
+    engine = await until(lambda: (e := cluster.status()["engines"]["redrafter"]).get("job") == retry["metadata"]["name"]
+                         and "collects" in e.get("message", "") and e, what="status naming the collecting retry")
+    assert engine["state"] == "Building" and "OUT_OF_DISK" in engine["message"]
+    assert "collects unreferenced engines in cache claim engine-cache, then builds once more" in engine["message"]
+    # the references the collection reads exist for the claim
+    await until(lambda: cluster.emu.find_object("v1", "ConfigMap", cache_jobs.collection_name("engine-cache"), NS),
+                what="the references ConfigMap")
+    # the node ran the init container (the collection), then the build
+    name = retry["metadata"]["name"]
+    report = Report(dry_run=False, removed=[{"key": "0123", "variant": "base", "model": "m", "bytes": 2**34}],
+                    kept=2, cache_bytes=2**35)
+    controllers.complete_job(cluster.emu, name, NS, message="OK: engine built")
+    (pod,) = cluster.emu.list_objects("v1", "Pod", NS, label_selector=f"job-name={name}")
+    cluster.emu.patch_object("v1", "Pod", pod["metadata"]["name"], NS, {"status": {"initContainerStatuses": [
+        {"name": "collect", "ready": False, "restartCount": 0, "image": collect["image"], "imageID": "",
+         "state": {"terminated": {"exitCode": 0, "reason": "Completed",
+                                  "message": report.termination_message()}}}]}}, subresource="status")
+    await until(lambda: cluster.status()["engines"]["redrafter"]["state"] == "Ready", what="the retry built it")
+    await until(lambda: any(r == "EngineCacheCollected" for r, _, _ in cluster.events()), what="the Event")
+    (message,) = [m for r, _, m in cluster.events() if r == "EngineCacheCollected"]
+    assert "removed 1 engine(s), freed 16.0 GiB" in message
+    assert len([j for j in cluster.jobs() if "redrafter" in j["metadata"]["name"]]) == 2, "one retry only"

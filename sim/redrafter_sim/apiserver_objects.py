@@ -33,7 +33,7 @@ def core_to_events_v1(ev: dict[str, Any]) -> None:
     """core/v1 Event fields -> events.k8s.io/v1 names (one storage, two views, as in Kubernetes)."""
     for old, new in (("message", "note"), ("involvedObject", "regarding"), ("source", "deprecatedSource"),
                      ("firstTimestamp", "deprecatedFirstTimestamp"), ("lastTimestamp", "deprecatedLastTimestamp"),
-                     ("count", "deprecatedCount")):
+                     ("count", "deprecatedCount"), ("reportingComponent", "reportingController")):
         if old in ev:
             ev[new] = ev.pop(old)
 
@@ -42,7 +42,7 @@ def events_v1_to_core(ev: dict[str, Any]) -> dict[str, Any]:
     ev = dict(ev)
     for old, new in (("note", "message"), ("regarding", "involvedObject"), ("deprecatedSource", "source"),
                      ("deprecatedFirstTimestamp", "firstTimestamp"), ("deprecatedLastTimestamp", "lastTimestamp"),
-                     ("deprecatedCount", "count")):
+                     ("deprecatedCount", "count"), ("reportingController", "reportingComponent")):
         if old in ev:
             ev[new] = ev.pop(old)
     return ev

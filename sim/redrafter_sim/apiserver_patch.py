@@ -200,29 +200,3 @@ def json_patch(target: Any, operations: Any) -> Any:
         else:
             raise PatchError(f"unknown JSON patch operation {kind!r}")
     return doc
-
-
-def remove_unapplied(current: Any, previous: Any, applied: Any, field: str = "") -> Any:
-    """Server-side apply ownership, simplified to one manager: fields this manager applied before and
-    no longer applies are removed from ``current`` (keyed list items by merge key); the caller then merges
-    the new configuration. Fields set by other writers are left alone."""
-    if not isinstance(current, dict) or not isinstance(previous, dict):
-        if isinstance(current, list) and isinstance(previous, list) and isinstance(applied, list):
-            if field in MERGE_KEYS or field == "ports":
-                wanted = {_item_key(i, field) for i in applied}
-                dropped = {_item_key(i, field) for i in previous} - wanted
-                kept = [i for i in current if _item_key(i, field) not in dropped]
-                by_key = {_item_key(i, field): i for i in previous}
-                return [remove_unapplied(i, by_key.get(_item_key(i, field)),
-                                         next((a for a in applied if _item_key(a, field) == _item_key(i, field)),
-                                              None), field)
-                        for i in kept]
-        return current
-    applied = applied if isinstance(applied, dict) else {}
-    result = dict(current)
-    for key, old_value in previous.items():
-        if key not in applied:
-            result.pop(key, None)
-        elif key in result:
-            result[key] = remove_unapplied(result[key], old_value, applied[key], key)
-    return result

@@ -9,9 +9,11 @@ not in its HTTP request log, so write counts in tests only see the operator).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import hashlib
 import json
+from collections.abc import Iterator
 from typing import Any, Mapping
 
 from . import podfailurepolicy
@@ -348,15 +350,29 @@ def ready_endpoint_ips(emu: ApiServerEmulator, service: str, namespace: str) -> 
 def reconcile_once(emu: ApiServerEmulator, namespace: str | None = None, *, pods_ready: bool = True,
                    faults: Mapping[str, Fault] | None = None, deadline_seconds: float | None = None) -> None:
     """One pass of the Deployment and Endpoints controllers over every Deployment and Service
-    (``faults``: by Deployment name, see :func:`sync_deployment_pods`)."""
+    (``faults``: by Deployment name, see :func:`sync_deployment_pods`); one deleted while the pass runs
+    is skipped, as a real controller drops a key whose object is gone."""
     for deploy in emu.list_objects("apps/v1", "Deployment", namespace):
         if not deploy["metadata"].get("deletionTimestamp"):
             name = deploy["metadata"]["name"]
-            sync_deployment_pods(emu, name, deploy["metadata"]["namespace"], ready=pods_ready,
-                                 fault=(faults or {}).get(name), deadline_seconds=deadline_seconds)
+            with _unless_gone():
+                sync_deployment_pods(emu, name, deploy["metadata"]["namespace"], ready=pods_ready,
+                                     fault=(faults or {}).get(name), deadline_seconds=deadline_seconds)
     for svc in emu.list_objects("v1", "Service", namespace):
         if (svc.get("spec") or {}).get("selector"):
-            sync_endpoints(emu, svc["metadata"]["name"], svc["metadata"]["namespace"])
+            with _unless_gone():
+                sync_endpoints(emu, svc["metadata"]["name"], svc["metadata"]["namespace"])
+
+
+@contextlib.contextmanager
+def _unless_gone() -> Iterator[None]:
+    try:
+        yield
+    except KeyError:  # get_object of an object deleted since the list
+        pass
+    except ApiError as exc:
+        if exc.code != 404:
+            raise
 
 
 async def run_controllers(emu: ApiServerEmulator, stop: asyncio.Event, interval: float = 0.2,

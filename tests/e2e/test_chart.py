@@ -508,11 +508,15 @@ def call_from_request(method: str, path: str, query: dict[str, str]) -> Call | N
 
 
 def calls_from_log(records: Iterable[Any]) -> set[Call]:
+    """The calls of logged requests; a server-side apply that created its object (201) is authorized as
+    create too (kubernetes.io/docs/reference/using-api/api-concepts/#patch-and-apply)."""
     out = set()
     for r in records:
         call = call_from_request(r.method, r.path, r.query)
         if call:
             out.add(call)
+            if call[2] == "patch" and r.status == 201 and "apply-patch" in r.content_type:
+                out.add((call[0], call[1], "create"))
     return out
 
 
@@ -566,6 +570,16 @@ def test_call_derivation():
         ("", "namespaces/finalize", "update"),
         ("coordination.k8s.io", "leases", "update"),
     ]
+
+
+def test_a_server_side_apply_that_creates_is_also_a_create():
+    from types import SimpleNamespace
+
+    def applied(status: int) -> Any:
+        return SimpleNamespace(method="PATCH", path="/apis/apps/v1/namespaces/d/deployments/x", query={},
+                               status=status, content_type="application/apply-patch+yaml")
+    assert calls_from_log([applied(201)]) == {("apps", "deployments", "patch"), ("apps", "deployments", "create")}
+    assert calls_from_log([applied(200)]) == {("apps", "deployments", "patch")}
 
 
 def test_rbac_scopes():
@@ -749,6 +763,38 @@ RUN_MODES = {
 }
 
 
+def converge_with_kubectl(kubectl: Any, emu: Any) -> None:
+    """The children converge as a user sees it with kubectl: a deleted Deployment is back within 5 s, a hand
+    edit of a field the operator owns is reverted, a field removed from the resource leaves the child."""
+    dep = names.serving_deployment_name("llama3-8b", "redrafter")
+
+    def node_selector() -> dict[str, str]:
+        out = kubectl("get", "deployment", dep, "-n", "default", "-o", "jsonpath={.spec.template.spec.nodeSelector}")
+        return json.loads(out.stdout) if out.returncode == 0 and out.stdout.strip() else {}
+    kubectl("patch", "rdd", "llama3-8b", "-n", "default", "--type=merge", "-p",
+            json.dumps({"spec": {"serving": {"nodeSelector": {"pool": "gpu-a"}}}}), check=True)
+    _wait(lambda: node_selector().get("pool") == "gpu-a", 30, "spec.serving.nodeSelector on the Deployment")
+
+    uid = emu.get_object("apps/v1", "Deployment", dep, "default")["metadata"]["uid"]
+    started = time.monotonic()
+    kubectl("delete", "deployment", dep, "-n", "default", "--wait=false", check=True)
+
+    def back() -> bool:
+        obj = emu.find_object("apps/v1", "Deployment", dep, "default")
+        return obj is not None and obj["metadata"]["uid"] != uid
+    _wait(back, 10, "the deleted Deployment back", interval=0.05)
+    assert time.monotonic() - started < 5.0
+    _wait(lambda: node_selector().get("pool") == "gpu-a", 10, "the re-created Deployment's nodeSelector")
+
+    kubectl("patch", "deployment", dep, "-n", "default", "--type=merge", "-p",
+            json.dumps({"spec": {"template": {"spec": {"nodeSelector": {"pool": "hijacked"}}}}}), check=True)
+    _wait(lambda: node_selector().get("pool") == "gpu-a", 10, "the hand edit reverted", interval=0.05)
+
+    kubectl("patch", "rdd", "llama3-8b", "-n", "default", "--type=json", "-p",
+            json.dumps([{"op": "remove", "path": "/spec/serving/nodeSelector"}]), check=True)
+    _wait(lambda: "pool" not in node_selector(), 30, "the removed nodeSelector gone from the Deployment")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", sorted(RUN_MODES))
 def test_operator_runs_from_the_chart_and_rbac_is_exact(mode, apiserver, helm_config, kubectl, kubeconfig, tmp_path):
@@ -799,7 +845,9 @@ def test_operator_runs_from_the_chart_and_rbac_is_exact(mode, apiserver, helm_co
             env["REDRAFTER_DEFAULT_BUILDER_IMAGE"]}
 
         # Children that already exist but are unknown to the operator (left behind by an earlier install that
-        # orphaned them): its create answers 409 AlreadyExists, so it reads and patches them (GET + PATCH).
+        # orphaned them, written as the pre-server-side-apply operator did: created by the client library's
+        # User-Agent, "OpenAPI-Generator"): its apply's answer shows their fields, it takes them over (a JSON
+        # patch of managedFields) and applies again, which removes what it does not set (the "old" container).
         for leftover in (
             {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": names.serving_config_name("llama3-8b", "base"),
                                                                    "namespace": "default"}, "data": {}},
@@ -819,7 +867,7 @@ def test_operator_runs_from_the_chart_and_rbac_is_exact(mode, apiserver, helm_co
              "spec": {"selector": {"matchLabels": {"app": "old"}}, "targetPorts": [{"number": 8000}],
                       "endpointPickerRef": {"name": "old-epp", "port": {"number": 9002}}}},
         ):
-            emu.create_object(leftover)
+            emu.create_object(leftover, field_manager="OpenAPI-Generator")
 
         # The cluster's side (as tests/integration/test_lifecycle.py does): builds succeed, Deployments
         # get Ready pods and Endpoints. The operator sees only the API.
@@ -851,6 +899,9 @@ def test_operator_runs_from_the_chart_and_rbac_is_exact(mode, apiserver, helm_co
                     "log": (tmp_path / "operator.log").read_text()[-3000:]}, indent=1)) from None
             listing = kubectl("get", "rdd", "-n", "default", "--no-headers")
             assert listing.stdout.split()[0] == "llama3-8b" and "Serving" in listing.stdout
+            base = emu.get_object("apps/v1", "Deployment", names.serving_deployment_name("llama3-8b", "base"), "default")
+            assert "old" not in {c["name"] for c in base["spec"]["template"]["spec"]["containers"]}
+            converge_with_kubectl(kubectl, emu)
             # Update paths: a serving-only change rewrites the serving ConfigMap and rolls the Deployment;
             # speculation Never moves the stable Service to the base engine.
             kubectl("patch", "rdd", "llama3-8b", "-n", "default", "--type=merge", "-p", json.dumps(
@@ -870,6 +921,10 @@ def test_operator_runs_from_the_chart_and_rbac_is_exact(mode, apiserver, helm_co
                 {"spec": {"routing": {"inferencePool": {"enabled": False}}}}), check=True)
             _wait(lambda: emu.find_object(INFERENCE_POOL_API, "InferencePool", "llama3-8b", "default") is None, 60,
                   "the InferencePool to be deleted once turned off", interval=0.3)
+            # on again: this time the apply creates the pool (the leftover above was adopted, not created)
+            kubectl("patch", "rdd", "llama3-8b", "-n", "default", "--type=merge", "-p", json.dumps(
+                {"spec": {"routing": {"inferencePool": {"enabled": True}}}}), check=True)
+            _wait(pool_on_base, 60, "the InferencePool back once turned on again", interval=0.3)
             _wait(lambda: phase() == "Serving", 60, "Serving after the change", interval=0.3)
             kubectl("delete", "rdd", "llama3-8b", "-n", "default", "--wait=false", check=True)
             _wait(lambda: emu.find_object("redrafter.dev/v1alpha1", "ReDrafterDeployment", "llama3-8b", "default")

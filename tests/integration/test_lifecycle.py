@@ -315,11 +315,21 @@ async def test_restart_at_each_stage_resumes_without_duplicate_jobs(cluster: Clu
         cluster.complete_all()
         await op.start()
         await until(lambda: cluster.status().get("phase") == "Serving", what="Serving after restart")
-        # 3. killed while serving; restarted => no writes at all, same Jobs
+        # 3. killed while serving; restarted => nothing changes, same Jobs: the new process re-applies each
+        # child it serves once (it cannot know what changed while it was down) and the server writes nothing
         await settle(cluster)
         await op.stop()
+        versions = {(o["kind"], o["metadata"]["name"]): o["metadata"]["resourceVersion"]
+                    for o in cluster.emu.iter_objects() if o["kind"] != "Event"}
         mark = len(cluster.emu.request_log)
         await op.start()
+        await asyncio.sleep(1.5)
+        writes = cluster.operator_writes(mark)
+        assert writes and {(r.method, r.content_type) for r in writes} == {("PATCH", "application/apply-patch+yaml")}
+        assert len({r.path for r in writes}) == len(writes), "once per child"
+        assert {(o["kind"], o["metadata"]["name"]): o["metadata"]["resourceVersion"]
+                for o in cluster.emu.iter_objects() if o["kind"] != "Event"} == versions
+        mark = len(cluster.emu.request_log)
         await asyncio.sleep(1.5)
         assert cluster.operator_writes(mark) == []
         assert cluster.job_names() == jobs
@@ -596,6 +606,132 @@ async def test_two_resources_sharing_a_cache_build_once(cluster: Cluster, operat
     assert cluster.running_jobs() == []  # svc-a's Jobs went with it; nothing rebuilds for b and c
     for name in ("svc-b", "svc-c"):
         assert cluster.status(name)["phase"] == "Serving"
+
+
+async def idle_after_settling(cluster: Cluster) -> None:
+    """Children in sync again: once the cluster is at rest the operator writes nothing."""
+    await settle(cluster)
+    mark = len(cluster.emu.request_log)
+    await asyncio.sleep(2.0)
+    assert cluster.operator_writes(mark) == [], "in sync again: idle"
+
+
+async def test_children_converge_deleted_edited_and_removed_fields(cluster: Cluster, kubeconfig: Path,
+                                                                    kubectl: Any) -> None:
+    """Server-side apply with drift repair, measured as a user sees it through kubectl. The resync interval
+    is 300 s: every repair below is driven by the child's own watch event."""
+    op = Operator(kubeconfig)
+    await op.start()
+    try:
+        apply(kubectl, example(serving__nodeSelector={"pool": "gpu-a"}, validation__enabled=False))
+        await to_serving(cluster)
+        dep_name = names.serving_deployment_name(NAME, "redrafter")
+
+        def selector() -> dict[str, str]:
+            return ((cluster.deployment("redrafter") or {}).get("spec", {}).get("template", {}).get("spec", {})
+                    .get("nodeSelector") or {})
+        assert selector()["pool"] == "gpu-a"
+        owners = {e["manager"]: e["operation"] for e in cluster.deployment("redrafter")["metadata"]["managedFields"]}
+        assert owners[names.MANAGED_BY] == "Apply"
+        await settle(cluster)
+
+        # 1. deleted: back within 5 s (a new object: another uid)
+        uid = cluster.deployment("redrafter")["metadata"]["uid"]
+        started = time.monotonic()
+        kubectl("delete", "deployment", dep_name, "--wait=false", check=True)
+        await until(lambda: (cluster.deployment("redrafter") or {}).get("metadata", {}).get("uid") not in (None, uid),
+                    timeout=10, what="the deleted Deployment back")
+        back_after = time.monotonic() - started
+        print(f"deleted Deployment back after {back_after:.2f} s")
+        assert back_after < 5.0
+        assert selector()["pool"] == "gpu-a"
+        await settle(cluster)
+
+        # 2. a hand edit of a field the operator owns: reverted by the reconcile the edit's event starts
+        assert op.controller is not None
+        reconciles = op.controller.metrics.reconciles.labels("ok")
+        applier = op.controller.applier
+        ensure = applier.ensure
+        done_at_revert: list[float] = []  # reconciles completed when the reverting apply was sent
+
+        async def recording(manifest: dict[str, Any]) -> bool:
+            sent = await ensure(manifest)
+            if sent and manifest["kind"] == "Deployment" and manifest["metadata"]["name"] == dep_name:
+                done_at_revert.append(reconciles._value.get())
+            return sent
+
+        applier.ensure = recording  # type: ignore[method-assign]
+        before = reconciles._value.get()
+        kubectl("patch", "deployment", dep_name, "--type=merge", "-p",
+                json.dumps({"spec": {"template": {"spec": {"nodeSelector": {"pool": "hijacked"}}}}}), check=True)
+        edited = time.monotonic()
+        await until(lambda: selector().get("pool") == "gpu-a", timeout=10, what="the hand edit reverted")
+        applier.ensure = ensure  # type: ignore[method-assign]
+        print(f"hand edit reverted after {time.monotonic() - edited:.2f} s, "
+              f"{done_at_revert[0] - before:.0f} reconcile(s) completed before the reverting one")
+        # at most one reconcile may have been running already when the edit arrived; the next one reverted it
+        # (the serving Pods' events start more reconciles afterwards: they are not counted)
+        assert done_at_revert and done_at_revert[0] - before <= 1
+        await settle(cluster)
+
+        # 3. spec.serving.nodeSelector removed from the resource: gone from the Deployment
+        apply(kubectl, example(validation__enabled=False))
+        await until(lambda: "pool" not in selector(), timeout=10, what="the removed nodeSelector gone")
+        await idle_after_settling(cluster)
+    finally:
+        await op.stop()
+
+
+async def test_network_policies_converge_like_every_child(cluster: Cluster, kubeconfig: Path, kubectl: Any) -> None:
+    """NetworkPolicies are server-side applied too: a deleted one is back at once, a hand edit of a field the
+    operator owns is reverted, driven by their own watch events (the resync interval is 300 s)."""
+    op = Operator(kubeconfig)
+    await op.start()
+    try:
+        apply(kubectl, example(serving__networkPolicy={"enabled": True}, validation__enabled=False))
+        await to_serving(cluster)
+        np_name = names.safe_name(NAME, "serving")
+
+        def policy() -> dict[str, Any]:
+            return cluster.emu.find_object("networking.k8s.io/v1", "NetworkPolicy", np_name, NS) or {}
+        wanted = policy()["spec"]
+        assert {e["manager"]: e["operation"] for e in policy()["metadata"]["managedFields"]}[names.MANAGED_BY] == "Apply"
+        await settle(cluster)
+
+        uid = policy()["metadata"]["uid"]
+        started = time.monotonic()
+        kubectl("delete", "networkpolicy", np_name, "-n", NS, "--wait=false", check=True)
+        await until(lambda: policy().get("metadata", {}).get("uid") not in (None, uid), timeout=10,
+                    what="the deleted NetworkPolicy back")
+        print(f"deleted NetworkPolicy back after {time.monotonic() - started:.2f} s")
+        assert time.monotonic() - started < 5.0 and policy()["spec"] == wanted
+        await settle(cluster)
+
+        kubectl("patch", "networkpolicy", np_name, "-n", NS, "--type=merge", "-p",
+                json.dumps({"spec": {"ingress": [{}]}}), check=True)  # allow everything: a hole, reverted
+        await until(lambda: policy().get("spec") == wanted, timeout=10, what="the hand edit reverted")
+        await idle_after_settling(cluster)
+    finally:
+        await op.stop()
+
+
+async def test_events_name_this_operator_and_its_pod(cluster: Cluster, kubeconfig: Path, kubectl: Any,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POD_NAME", "redrafter-operator-7d9f-abcde")  # the chart's downward API
+    op = Operator(kubeconfig)
+    await op.start()
+    try:
+        apply(kubectl, example())
+        await until(lambda: any(r == "BuildStarted" for r, _, _ in cluster.events()), what="an Event")
+    finally:
+        await op.stop()
+    ours = [e for e in cluster.emu.list_objects("v1", "Event", NS) if e["involvedObject"].get("kind") == KIND]
+    assert ours and {(e["reportingComponent"], e["reportingInstance"], e["source"]["component"]) for e in ours} == {
+        ("redrafter-operator", "redrafter-operator-7d9f-abcde", "redrafter-operator")}
+    assert all(e["metadata"]["name"].startswith("redrafter-operator-") for e in ours)
+    listed = json.loads(kubectl("get", "events.v1.events.k8s.io", "-n", NS, "-o", "json", check=True).stdout)
+    assert {e["reportingController"] for e in listed["items"] if e["regarding"].get("kind") == KIND} == {
+        "redrafter-operator"}
 
 
 async def test_deletion_is_never_blocked_and_children_are_collected(cluster: Cluster, operator: Operator,

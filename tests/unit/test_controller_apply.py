@@ -1,90 +1,207 @@
-"""create-or-patch, merge patches, retries, the work queue, and the facts read from child objects."""
+"""Server-side apply of children, merge patches, retries, the work queue, and the facts read from child objects."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Mapping
 
 import pytest
 
-from redrafter_operator.controller.apply import ApiError, Applier, merge_patch
+from redrafter_operator.controller.apply import APPLY_PATCH, JSON_PATCH, ApiError, Applier, ChildState, merge_patch
 from redrafter_operator.controller.facts import (
-    ANNOTATION_APPLIED_HASH,
+    FIELD_MANAGER,
     DeploymentFact,
     JobFact,
+    ObjectFact,
     PodFact,
     manifest_hash,
 )
+from redrafter_operator.controller.main import _instance
 from redrafter_operator.controller.workqueue import WorkQueue
+from redrafter_sim.apiserver import ApiError as EmulatorError
+from redrafter_sim.apiserver import ApiServerEmulator
 
 
-class FakeClient:
-    """Records requests; answers from a dict store like the API server (409 on an existing name)."""
+class EmulatorClient:
+    """The applier's client answered by an in-process emulated API server (its real apply semantics:
+    managedFields, removal of unapplied fields, conflicts), recording each request."""
 
     def __init__(self) -> None:
-        self.store: dict[str, dict[str, Any]] = {}
-        self.calls: list[tuple[str, str]] = []
+        self.emu = ApiServerEmulator()
+        self.calls: list[tuple[str, str, str]] = []
 
-    async def request(self, method: str, path: str, body: Any = None, **_: Any) -> dict[str, Any]:
-        self.calls.append((method, path))
-        if method == "POST":
-            key = f"{path}/{body['metadata']['name']}"
-            if key in self.store:
-                raise ApiError(409, "AlreadyExists", "exists", method, path)
-            self.store[key] = body
-            return body
-        if method == "GET":
-            if path not in self.store:
-                raise ApiError(404, "NotFound", "missing", method, path)
-            return self.store[path]
-        if method == "PATCH":
-            self.store[path] = {**self.store[path], **body}
-            return self.store[path]
-        raise AssertionError(method)
+    async def request(self, method: str, path: str, body: Any = None, *, content_type: str = "application/json",
+                      query: list[tuple[str, str]] | None = None, **_: Any) -> dict[str, Any]:
+        self.calls.append((method, path, content_type))
+        params = {"fieldManager": FIELD_MANAGER, **dict(query or [])}  # as KubeClient.request sends on writes
+        parts = path.strip("/").split("/")  # api/v1/namespaces/ns/services[/name], apis/apps/v1/...
+        version = parts[1] if parts[0] == "api" else f"{parts[1]}/{parts[2]}"
+        ns, plural, *name = parts[parts.index("namespaces") + 1:]
+        try:
+            if method == "POST":
+                return self.emu.create_object(body, field_manager=params.get("fieldManager"))
+            kind = self.emu.resource_type(version, plural).kind
+            if method == "PATCH" and content_type in (APPLY_PATCH, JSON_PATCH):
+                return self.emu.patch_object(version, kind, name[0], ns, body,
+                                             patch_type="apply" if content_type == APPLY_PATCH else "json",
+                                             field_manager=params.get("fieldManager"), force=params.get("force") == "true")
+        except EmulatorError as exc:
+            raise ApiError(exc.code, exc.reason, exc.message, method, path) from None
+        raise AssertionError(f"unexpected {method} {path} {content_type}")
+
+    def watch_view(self, m: Mapping[str, Any]) -> ChildState | None:
+        """What an up-to-date watch shows of a child (the controller reads it from its kopf indexes)."""
+        obj = self.emu.find_object(m["apiVersion"], m["kind"], m["metadata"]["name"], m["metadata"]["namespace"])
+        if obj is None:
+            return None
+        fact = ObjectFact.from_body(obj)
+        return ChildState(fact.resource_version, fact.owned_fields)
 
 
-def service(selector: str = "redrafter") -> dict[str, Any]:
+def service(selector: str = "redrafter", **spec: Any) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s", "namespace": "ns", "labels": {"a": "b"}},
-            "spec": {"selector": {"pool": selector}}}
+            "spec": {"selector": {"pool": selector}, "ports": [{"name": "http", "port": 8000}], **spec}}
 
 
-async def test_ensure_creates_then_skips_then_patches_on_change() -> None:
-    client = FakeClient()
-    observed: dict[str, str | None] = {"hash": None}
-    applier = Applier(client, lambda m: observed["hash"])  # type: ignore[arg-type]
+def stored(client: EmulatorClient) -> dict[str, Any]:
+    return client.emu.get_object("v1", "Service", "s", "ns")
+
+
+async def test_ensure_applies_server_side_then_writes_nothing_while_in_sync() -> None:
+    client = EmulatorClient()
+    applier = Applier(client, lambda m: None)  # type: ignore[arg-type]  # a watch that has not caught up
     assert await applier.ensure(service()) is True
-    assert client.calls == [("POST", "/api/v1/namespaces/ns/services")]
-    stored = client.store["/api/v1/namespaces/ns/services/s"]
-    assert stored["metadata"]["annotations"][ANNOTATION_APPLIED_HASH] == manifest_hash(service())
-    # before the watch echoes the object, the applier remembers what it wrote
+    assert client.calls == [("PATCH", "/api/v1/namespaces/ns/services/s", APPLY_PATCH)]
+    obj = stored(client)
+    assert [(e["manager"], e["operation"]) for e in obj["metadata"]["managedFields"]] == [(FIELD_MANAGER, "Apply")]
+    assert await applier.ensure(service()) is False, "the watch has not echoed the apply yet: no second write"
+    applier = Applier(client, client.watch_view)  # type: ignore[arg-type]
+    assert await applier.ensure(service()) is True, "a restarted operator applies once (the server writes nothing)"
+    assert stored(client)["metadata"]["resourceVersion"] == obj["metadata"]["resourceVersion"]
     assert await applier.ensure(service()) is False
-    # once observed with the same hash: nothing either
-    observed["hash"] = manifest_hash(service())
+    # status or another manager's fields change: the operator's owned fields do not, nothing to do
+    client.emu.patch_object("v1", "Service", "s", "ns", {"metadata": {"labels": {"team": "x"}}},
+                            field_manager="kubectl-label")
     assert await applier.ensure(service()) is False
-    assert len(client.calls) == 1
-    # a changed manifest of an observed object: PATCH straight away
-    assert await applier.ensure(service("base")) is True
-    assert [c[0] for c in client.calls[1:]] == ["PATCH"]
-    # an object this process has not seen (e.g. created by a previous run before the watch caught up):
-    # POST conflicts, GET shows another hash, PATCH
-    fresh = Applier(client, lambda m: None)  # type: ignore[arg-type]
-    assert await fresh.ensure(service("x")) is True
-    assert [c[0] for c in client.calls[2:]] == ["POST", "GET", "PATCH"]
+    assert len(client.calls) == 2
+
+
+async def test_a_field_removed_from_the_manifest_disappears_from_the_child() -> None:
+    client = EmulatorClient()
+    applier = Applier(client, client.watch_view)  # type: ignore[arg-type]
+    await applier.ensure(service(sessionAffinity="ClientIP"))
+    assert stored(client)["spec"]["sessionAffinity"] == "ClientIP"
+    assert await applier.ensure(service()) is True
+    assert "sessionAffinity" not in stored(client)["spec"]
+
+
+async def test_a_hand_edit_of_an_owned_field_is_reverted_and_other_fields_are_kept() -> None:
+    client = EmulatorClient()
+    applier = Applier(client, client.watch_view)  # type: ignore[arg-type]
+    await applier.ensure(service())
+    client.emu.patch_object("v1", "Service", "s", "ns", {"spec": {"selector": {"pool": "hijacked"}}},
+                            field_manager="kubectl-patch")
+    assert await applier.ensure(service()) is True, "drift of an owned field is seen from managedFields"
+    assert stored(client)["spec"]["selector"] == {"pool": "redrafter"}
+    assert await applier.ensure(service()) is False
+
+
+async def test_the_watch_view_from_before_an_apply_is_not_taken_for_drift() -> None:
+    client = EmulatorClient()
+    view: dict[str, Any] = {"of": client.watch_view}
+    applier = Applier(client, lambda m: view["of"](m))  # type: ignore[arg-type]
+    await applier.ensure(service())
+    client.emu.patch_object("v1", "Service", "s", "ns", {"spec": {"selector": {"pool": "hijacked"}}},
+                            field_manager="kubectl-patch")
+    drifted = client.watch_view(service())
+    assert await applier.ensure(service()) is True
+    view["of"] = lambda m: drifted  # the repair's watch event has not arrived yet
+    assert await applier.ensure(service()) is False
+    view["of"] = lambda m: ChildState("999", drifted.owned_fields if drifted else "")  # a later edit: drift again
+    assert await applier.ensure(service()) is True
+
+
+def deployment(image: str = "triton:1") -> dict[str, Any]:
+    labels = {"app": "d"}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d", "namespace": "ns"},
+            "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels},
+                                  "spec": {"containers": [{"name": "triton", "image": image}]}}}}
+
+
+def carried(applier: Applier, seen: dict[str, Any]) -> str:
+    fact = DeploymentFact.from_body(seen)
+    return applier.carried("Deployment", "ns", "d", fact.generation, ChildState(fact.resource_version, fact.owned_fields))
+
+
+async def test_which_manifest_a_deployment_carries_follows_the_apply_its_echo_and_drift() -> None:
+    """What tells GitOps health that a Deployment runs this step's template (the rollout check)."""
+    client = EmulatorClient()
+    applier = Applier(client, client.watch_view)  # type: ignore[arg-type]
+    await applier.ensure(deployment())
+    v1 = client.emu.get_object("apps/v1", "Deployment", "d", "ns")
+    assert carried(applier, v1) == manifest_hash(deployment())
+    await applier.ensure(deployment("triton:2"))  # a new template: generation 2
+    assert carried(applier, v1) == "", "the watch still shows generation 1: not the new manifest"
+    v2 = client.emu.get_object("apps/v1", "Deployment", "d", "ns")
+    assert v2["metadata"]["generation"] == 2 and carried(applier, v2) == manifest_hash(deployment("triton:2"))
+    client.emu.patch_object("apps/v1", "Deployment", "d", "ns", {"status": {"observedGeneration": 2}},
+                            subresource="status")
+    status_only = client.emu.get_object("apps/v1", "Deployment", "d", "ns")
+    assert carried(applier, status_only) == manifest_hash(deployment("triton:2")), "status is not drift"
+    client.emu.patch_object("apps/v1", "Deployment", "d", "ns",
+                            {"spec": {"template": {"spec": {"containers": [{"name": "triton", "image": "evil"}]}}}},
+                            patch_type="strategic", field_manager="kubectl-edit")
+    edited = client.emu.get_object("apps/v1", "Deployment", "d", "ns")
+    assert carried(applier, edited) == "", "a hand edit of the template: not the operator's manifest"
+    assert carried(Applier(client, client.watch_view), v2) == "", "a restarted operator knows nothing yet"  # type: ignore[arg-type]
+
+
+async def test_a_deleted_child_is_applied_again_at_once() -> None:
+    client = EmulatorClient()
+    applier = Applier(client, client.watch_view)  # type: ignore[arg-type]
+    await applier.ensure(service())
+    client.emu.delete_object("v1", "Service", "s", "ns")
+    applier.deleted(service())  # what the controller does on the DELETED event
+    assert await applier.ensure(service()) is True
+    assert stored(client)["spec"]["selector"] == {"pool": "redrafter"}
+
+
+async def test_children_written_by_an_earlier_version_are_adopted_whole() -> None:
+    """Before server-side apply the operator created and merge-patched children as the client library's
+    User-Agent ("OpenAPI-Generator"): its first apply takes those fields over, so it removes what it no
+    longer sets, and leaves other managers' fields alone."""
+    client = EmulatorClient()
+    old = service(sessionAffinity="ClientIP")
+    old["spec"]["ports"].append({"name": "legacy", "port": 9000})
+    client.emu.create_object(old, field_manager="OpenAPI-Generator")
+    client.emu.patch_object("v1", "Service", "s", "ns", {"metadata": {"annotations": {"team": "x"}}},
+                            field_manager="kubectl-annotate")
+    applier = Applier(client, client.watch_view)  # type: ignore[arg-type]
+    assert await applier.ensure(service()) is True
+    assert [c[2] for c in client.calls] == [APPLY_PATCH, JSON_PATCH, APPLY_PATCH], "apply, hand over, apply"
+    obj = stored(client)
+    assert [p["name"] for p in obj["spec"]["ports"]] == ["http"] and "sessionAffinity" not in obj["spec"]
+    assert obj["metadata"]["annotations"] == {"team": "x"}
+    assert {e["manager"] for e in obj["metadata"]["managedFields"]} == {FIELD_MANAGER, "kubectl-annotate"}
+    assert await applier.ensure(service()) is False
 
 
 async def test_create_only_never_patches_an_existing_job() -> None:
-    client = FakeClient()
+    client = EmulatorClient()
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j", "namespace": "ns"},
+           "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "i"}]}}}}
+    client.emu.create_object(job)
     applier = Applier(client, lambda m: None)  # type: ignore[arg-type]
-    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j", "namespace": "ns"}, "spec": {}}
-    client.store["/apis/batch/v1/namespaces/ns/jobs/j"] = job
     assert await applier.create(job) is False
-    assert client.calls == [("POST", "/apis/batch/v1/namespaces/ns/jobs")]
+    assert [c[0] for c in client.calls] == ["POST"]
+    assert await applier.create(job) is False, "remembered"
+    assert len(client.calls) == 1
 
 
-def test_manifest_hash_ignores_its_own_annotation_and_status() -> None:
+def test_manifest_hash_ignores_status() -> None:
     a = service()
     b = service()
-    b["metadata"]["annotations"] = {ANNOTATION_APPLIED_HASH: "x"}
     b["status"] = {"loadBalancer": {}}
     assert manifest_hash(a) == manifest_hash(b)
     assert manifest_hash(a) != manifest_hash(service("base"))
@@ -152,6 +269,15 @@ async def test_work_queue_dedups_and_requeues_dirty_keys() -> None:
     q.close()
 
 
+def test_events_report_the_pod_name_else_the_host_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    monkeypatch.setenv("POD_NAME", "op-a")
+    assert _instance() == "op-a"
+    monkeypatch.delenv("POD_NAME")
+    assert _instance() == socket.gethostname()
+
+
 async def test_evaluator_slot_runs_per_resource_and_targets_enqueue() -> None:
     """The policy seam: an evaluator is called per resource on its interval and may set serving targets."""
     from redrafter_operator.controller.plan_types import ServingTargets
@@ -159,7 +285,7 @@ async def test_evaluator_slot_runs_per_resource_and_targets_enqueue() -> None:
     from redrafter_operator.controller.resource_io import interval_of
     from redrafter_operator.controller.renderers import default_renderers
 
-    class Client(FakeClient):
+    class Client(EmulatorClient):
         async def close(self) -> None:
             pass
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -83,7 +82,7 @@ def job(doc, variant, state, attempt=0, token="", reason="", message="", owner=N
 def dep(name, variant, key, replicas=1, ready=1, gen=1, observed_gen=1) -> DeploymentFact:
     return DeploymentFact(name=names.serving_deployment_name(name, variant), variant=variant, key=key,
                           replicas=replicas, ready_replicas=ready, updated_replicas=ready, total_replicas=replicas,
-                          generation=gen, observed_generation=observed_gen, applied_hash="h")
+                          generation=gen, observed_generation=observed_gen)
 
 
 def cond(status: dict, type_: str) -> dict:
@@ -525,9 +524,10 @@ def _prewarm_to_rest(doc, obs, st, rounds=3):
         applied = {v: m for m in p.apply for v in ("redrafter", "base")
                    if m["kind"] == "Deployment" and m["metadata"]["name"] == names.serving_deployment_name("llama3-8b", v)}
         want = {v: m["spec"]["replicas"] for v, m in applied.items()}
-        obs.deployments = {v: replace(dep("llama3-8b", v, k[v], replicas=want.get(v, 0), ready=want.get(v, 0)),
-                                      applied_hash=manifest_hash(applied[v]) if v in applied else "h")
-                           for v in ("redrafter", "base")}  # as applied: the Deployments carry this step's spec
+        obs.deployments = {v: dep("llama3-8b", v, k[v], replicas=want.get(v, 0), ready=want.get(v, 0))
+                           for v in ("redrafter", "base")}
+        obs.applied = {names.serving_deployment_name("llama3-8b", v): manifest_hash(applied[v]) if v in applied else "h"
+                       for v in ("redrafter", "base")}  # as applied: the Deployments carry this step's spec
         svc = next((m for m in p.apply if m["kind"] == "Service"), None)
         obs.service_pool = svc["spec"]["selector"].get(names.LABEL_TRAFFIC) if svc else None
     return p

@@ -108,7 +108,7 @@ def test_enabled_needs_an_endpoint_picker_in_the_model_and_the_crd():
 def dep(variant: str, replicas: int, ready: int, key: str = "", name: str = "x") -> DeploymentFact:
     return DeploymentFact(name=names.serving_deployment_name(name, variant), variant=variant, key=key or f"k-{variant}",
                           replicas=replicas, ready_replicas=ready, updated_replicas=replicas, total_replicas=replicas,
-                          generation=1, observed_generation=1, applied_hash="h")
+                          generation=1, observed_generation=1)
 
 
 def test_the_old_pool_stays_up_until_the_inference_pool_is_observed_on_the_target():

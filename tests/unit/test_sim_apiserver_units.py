@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from typing import Any
 
 import pytest
 
@@ -184,16 +185,41 @@ def test_table_helpers() -> None:
     assert human_age("2024-12-30T00:00:00Z", now) == "3d"
 
 
-def test_server_side_apply_removes_only_fields_the_manager_dropped() -> None:
-    from redrafter_sim.apiserver_patch import remove_unapplied
+def test_field_sets_round_trip_through_fields_v1_with_members_and_keys() -> None:
+    """fieldsV1 as the API server writes it: f:/k:/v: elements, "." for a member that has children."""
+    from redrafter_sim.apiserver_apply import field_set, from_fields_v1, path_string, to_fields_v1
 
-    current = {"metadata": {"labels": {"a": "1", "mine": "x", "theirs": "y"}},
-               "spec": {"containers": [{"name": "c1", "image": "i", "env": [{"name": "E", "value": "1"}]},
-                                       {"name": "c2", "image": "j"}]}}
-    previous = {"metadata": {"labels": {"a": "1", "mine": "x"}},
-                "spec": {"containers": [{"name": "c1", "image": "i", "env": [{"name": "E", "value": "1"}]},
-                                        {"name": "c2", "image": "j"}]}}
-    applied = {"metadata": {"labels": {"a": "1"}}, "spec": {"containers": [{"name": "c1", "image": "i"}]}}
-    assert remove_unapplied(current, previous, applied) == {
-        "metadata": {"labels": {"a": "1", "theirs": "y"}},
-        "spec": {"containers": [{"name": "c1", "image": "i"}]}}
+    obj = {"metadata": {"labels": {"a": "1"}, "finalizers": ["x/y"]},
+           "spec": {"ports": [{"port": 80, "targetPort": 8000}], "selector": {"app": "s"},
+                    "containers": [{"name": "c", "args": ["--x"], "resources": {}}]}}
+    paths = field_set(obj)
+    tree = to_fields_v1(paths)
+    assert tree == {
+        "f:metadata": {"f:labels": {"f:a": {}}, "f:finalizers": {'v:"x/y"': {}}},
+        "f:spec": {"f:ports": {'k:{"port":80,"protocol":"TCP"}': {".": {}, "f:port": {}, "f:targetPort": {}}},
+                   "f:selector": {"f:app": {}},
+                   "f:containers": {'k:{"name":"c"}': {".": {}, "f:name": {}, "f:args": {}, "f:resources": {}}}}}
+    assert from_fields_v1(tree) == paths
+    assert path_string(("f:spec", "f:ports", 'k:{"port":80,"protocol":"TCP"}', "f:targetPort")) == \
+        '.spec.ports[port=80,protocol="TCP"].targetPort'
+    assert path_string(("f:metadata", "f:finalizers", 'v:"x/y"')) == '.metadata.finalizers[="x/y"]'
+
+
+def test_a_controller_pass_skips_a_deployment_deleted_while_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Deployment deleted between the pass's list and its sync (kubectl delete, garbage collection)."""
+    from redrafter_sim import controllers
+    from redrafter_sim.apiserver import ApiServerEmulator
+
+    emu = ApiServerEmulator()
+    emu.create_object({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d", "namespace": "default"},
+                       "spec": {"replicas": 1, "selector": {"matchLabels": {"a": "b"}},
+                                "template": {"metadata": {"labels": {"a": "b"}},
+                                             "spec": {"containers": [{"name": "c", "image": "i"}]}}}})
+    sync = controllers.sync_deployment_pods
+
+    def deleted_first(emu: Any, name: str, namespace: str, **kw: Any) -> Any:
+        emu.delete_object("apps/v1", "Deployment", name, namespace)
+        return sync(emu, name, namespace, **kw)
+    monkeypatch.setattr(controllers, "sync_deployment_pods", deleted_first)
+    controllers.reconcile_once(emu, "default")
+    assert emu.list_objects("apps/v1", "Deployment", "default") == []

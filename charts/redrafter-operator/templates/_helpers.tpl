@@ -93,13 +93,14 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 RBAC rules on namespaced resources: exactly what the operator calls, no more. tests/e2e/test_chart.py runs
 the operator from this chart against the emulated API server and compares its request log with these.
 - ReDrafterDeployments: kopf lists/watches them; the operator writes only their status subresource.
-- children (Deployments, Services, ConfigMaps, NetworkPolicies): created, and on a conflict read and merge-patched;
-  build Jobs are only ever created (a retry is a new Job); none is deleted by the operator (owner
-  references let the garbage collector remove them with their ReDrafterDeployment).
+- children (Deployments, Services, ConfigMaps, NetworkPolicies, InferencePools): server-side applied (a
+  PATCH, authorized as create too when it creates the object); build Jobs and their ConfigMaps are only
+  ever created (a retry is a new Job); none is deleted by the operator (owner references let the garbage
+  collector remove them with their ReDrafterDeployment), except an InferencePool when the feature is turned off.
 - Pods: watched (build Pods, for termination messages). Events: created. Secrets: never read.
-- InferencePools (Gateway API Inference Extension, spec.routing.inferencePool): watched, created, on a
-  conflict read and merge-patched like the other children, and deleted when the feature is turned off.
-  Granted whether or not the CRD is installed (the operator reports a missing CRD in status).
+- InferencePools (Gateway API Inference Extension, spec.routing.inferencePool) and NetworkPolicies
+  (spec.serving.networkPolicy.enabled): watched and applied like the other children. InferencePools are
+  granted whether or not the CRD is installed (the operator reports a missing CRD in status).
 */}}
 {{- define "redrafter-operator.namespacedRules" -}}
 - apiGroups: ["redrafter.dev"]
@@ -116,19 +117,19 @@ the operator from this chart against the emulated API server and compares its re
   verbs: ["create", "get", "patch", "delete"]
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["list", "watch", "create", "get", "patch"]
+  verbs: ["list", "watch", "create", "patch"]
 - apiGroups: [""]
   resources: ["services", "configmaps"]
-  verbs: ["list", "watch", "create", "get", "patch"]
+  verbs: ["list", "watch", "create", "patch"]
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch"]
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
-  verbs: ["list", "watch", "create", "get", "patch"]
+  verbs: ["list", "watch", "create", "patch"]
 - apiGroups: ["inference.networking.k8s.io"]
   resources: ["inferencepools"]
-  verbs: ["list", "watch", "create", "get", "patch", "delete"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]

@@ -1,9 +1,13 @@
-"""Writing to the API: a small REST client (kubernetes-asyncio for auth/TLS) and create-or-patch.
+"""Writing to the API: a small REST client (kubernetes-asyncio for auth/TLS) and server-side apply.
 
 Why not the generated typed APIs: the operator writes half a dozen kinds as plain dicts; one generic
 path-based client keeps the retry policy (409/429/5xx/connection errors, jittered backoff) and the
-write accounting in one place. A child whose applied-hash annotation matches the desired manifest
-is never written: that is what makes an idle operator and a re-applied spec cost zero writes.
+write accounting in one place.
+
+Children are server-side applied (field manager ``redrafter-operator``, force): the API server removes
+what the operator stops applying and hands back fields someone else changed. An apply is sent only when
+the desired manifest changed or the operator's owned fields drifted (``in_sync``), so an idle operator
+writes nothing.
 """
 
 from __future__ import annotations
@@ -20,11 +24,15 @@ import aiohttp
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 
-from .facts import ANNOTATION_APPLIED_HASH, manifest_hash
+from .facts import FIELD_MANAGER, manifest_hash, owned_fields
 
 log = logging.getLogger(__name__)
 
 MERGE_PATCH = "application/merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"  # the body is JSON, which is YAML
+JSON_PATCH = "application/json-patch+json"
+# Managers earlier versions of the operator wrote children as: kubernetes-asyncio's User-Agent prefix.
+PREVIOUS_MANAGERS = ("OpenAPI-Generator", FIELD_MANAGER)
 RETRYABLE = {409, 429, 500, 502, 503, 504}
 BACKOFF = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2)  # ~6 s in total, then the reconcile is requeued
 
@@ -96,12 +104,15 @@ class KubeClient:
     async def request(self, method: str, path: str, body: Any = None, *, content_type: str = "application/json",
                       query: list[tuple[str, str]] | None = None, retry_conflict: bool = True) -> dict[str, Any]:
         resource = path.rsplit("/namespaces/", 1)[-1].split("/")[1] if "/namespaces/" in path else path
+        query = list(query or [])
+        if method in ("POST", "PUT", "PATCH") and not any(k == "fieldManager" for k, _ in query):
+            query.append(("fieldManager", FIELD_MANAGER))  # managedFields name the operator, not the client library
         for attempt in range(len(self._backoff) + 1):
             if method != "GET" and self._may_write is not None and not self._may_write():
                 raise ApiError(0, "NotLeader", "this replica no longer holds the leader lease", method, path)
             try:
                 resp = await self._api.call_api(
-                    path, method, query_params=query or [], body=body,
+                    path, method, query_params=query, body=body,
                     header_params={"Content-Type": content_type, "Accept": "application/json"},
                     auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True,
                     _request_timeout=30,
@@ -134,23 +145,39 @@ class KubeClient:
         raise AssertionError("unreachable")
 
 
+@dataclass(frozen=True)
+class ChildState:
+    """What the watch shows of a child: its resourceVersion and the fingerprint of the fields the
+    operator owns (facts.owned_fields)."""
+
+    resource_version: str
+    owned_fields: str
+
+
 @dataclass
 class _Applied:
-    hash: str
+    digest: str  # manifest_hash of what was applied
+    resource_version: str  # of the object the apply produced
+    owned_fields: str  # fingerprint right after the apply
+    before: str | None  # resourceVersion the watch showed when we applied: that view is stale from then on
     at: float
+    generation: int = 0  # metadata.generation of the object the apply produced
 
 
 class Applier:
-    """create-or-patch with a dry comparison against the applied-hash annotation.
+    """Server-side apply of children, skipped while the child is known to match.
 
-    ``observed_hash`` answers from the watch-fed indexes; right after a write (before its watch
-    event arrives) a short-lived memory of what this process applied avoids a second write.
+    In sync means: this process applied exactly this manifest, and the watch shows the object either
+    as that apply left it (its resourceVersion), or still as before it (the echo is on its way), or
+    later with the operator's owned fields unchanged (status or another manager's fields changed). A
+    restarted operator knows nothing yet and applies each child once; the server answers an apply that
+    changes nothing without writing. A deleted child is forgotten (:meth:`deleted`) and re-applied.
     """
 
-    def __init__(self, client: KubeClient, observed_hash: Callable[[Mapping[str, Any]], str | None],
+    def __init__(self, client: KubeClient, observed: Callable[[Mapping[str, Any]], ChildState | None],
                  memory_seconds: float = 60.0):
         self.client = client
-        self._observed = observed_hash
+        self._observed = observed
         self._applied: dict[tuple[str, str, str], _Applied] = {}
         self._memory = memory_seconds
 
@@ -162,42 +189,72 @@ class Applier:
         for ref in [r for r in self._applied if r[1] == namespace and r[2].startswith(name_prefix)]:
             del self._applied[ref]
 
-    def _state(self, manifest: Mapping[str, Any], digest: str) -> str:
-        """'same' (nothing to do), 'differs' (exists, patch it) or 'unknown' (create, or patch on 409)."""
+    def in_sync(self, manifest: Mapping[str, Any]) -> bool:
         mem = self._applied.get(self._ref(manifest))
-        if mem and mem.hash == digest and time.monotonic() - mem.at < self._memory:
-            return "same"  # written by us a moment ago; the watch has not echoed it yet
-        observed = self._observed(manifest)
-        if observed is None:
-            return "unknown"
-        return "same" if observed == digest else "differs"
+        if mem is None or mem.digest != manifest_hash(manifest):
+            return False
+        seen = self._observed(manifest)
+        if seen is None:  # not echoed yet (a deletion would have forgotten the memory)
+            return time.monotonic() - mem.at < self._memory
+        if seen.resource_version in (mem.resource_version, mem.before):
+            return True
+        return seen.owned_fields == mem.owned_fields
 
     async def ensure(self, manifest: dict[str, Any]) -> bool:
-        """Make the object match ``manifest``; True if anything was written."""
-        digest = manifest_hash(manifest)
-        state = self._state(manifest, digest)
-        if state == "same":
+        """Make the object match ``manifest``; True if an apply was sent."""
+        if self.in_sync(manifest):
             return False
-        body = {**manifest, "metadata": {**manifest["metadata"],
-                                         "annotations": {**(manifest["metadata"].get("annotations") or {}),
-                                                         ANNOTATION_APPLIED_HASH: digest}}}
-        if state == "differs":
-            try:
-                await self.client.request("PATCH", object_path(manifest), body, content_type=MERGE_PATCH)
-            except ApiError as exc:
-                if exc.status != 404:
-                    raise
-                await self.client.request("POST", object_path(manifest, collection=True), body)
-        else:
-            try:
-                await self.client.request("POST", object_path(manifest, collection=True), body)
-            except ApiError as exc:
-                if exc.status != 409:
-                    raise
-                current = await self.client.request("GET", object_path(manifest))
-                if (current.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_APPLIED_HASH) != digest:
-                    await self.client.request("PATCH", object_path(manifest), body, content_type=MERGE_PATCH)
-        self._applied[self._ref(manifest)] = _Applied(digest, time.monotonic())
+        seen = self._observed(manifest)
+        applied = await self._apply(manifest)
+        if await self._adopt(manifest, applied):
+            applied = await self._apply(manifest)
+        meta = applied.get("metadata") or {}
+        self._applied[self._ref(manifest)] = _Applied(
+            manifest_hash(manifest), meta.get("resourceVersion", ""), owned_fields(applied),
+            seen.resource_version if seen else None, time.monotonic(), int(meta.get("generation") or 0))
+        return True
+
+    def carried(self, kind: str, namespace: str, name: str, generation: int, seen: ChildState) -> str:
+        """The manifest hash the watched object (``seen``, at ``generation``) is known to carry, "" if none.
+
+        Known means: this process applied it, the watch shows the apply's result or later (a spec the
+        apply changed bumps the generation), and the operator's owned fields are as the apply left them.
+        Without the applied-hash annotation of merge-patch days, this is what tells a Deployment that
+        already runs this step's template from one that still runs the previous one.
+        """
+        mem = self._applied.get((kind, namespace, name))
+        if mem is None or not mem.digest or generation < mem.generation:
+            return ""
+        if seen.resource_version != mem.resource_version and seen.owned_fields != mem.owned_fields:
+            return ""  # someone changed the operator's fields since: an apply is pending
+        return mem.digest
+
+    async def _apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        return await self.client.request("PATCH", object_path(manifest), manifest, content_type=APPLY_PATCH,
+                                         query=[("fieldManager", FIELD_MANAGER), ("force", "true")])
+
+    async def _adopt(self, manifest: Mapping[str, Any], live: Mapping[str, Any]) -> bool:
+        """Hand the fields an earlier operator version wrote by create/merge patch (an Update by the client
+        library's User-Agent, "OpenAPI-Generator") to this operator's apply, as client-go's csaupgrade does:
+        otherwise the apply would share them and never remove the ones it no longer sets. True if it did
+        (the caller applies again, which now removes them)."""
+        meta = live.get("metadata") or {}
+        entries = meta.get("managedFields") or []
+        ours = [e for e in entries if e.get("manager") in PREVIOUS_MANAGERS and e.get("operation") == "Update"
+                and not e.get("subresource")]
+        if not ours:
+            return False
+        fields: dict[str, Any] = {}
+        mine = [e for e in entries if e.get("manager") == FIELD_MANAGER and e.get("operation") == "Apply"
+                and not e.get("subresource")]
+        for entry in ours + mine:
+            _merge_fields(fields, entry.get("fieldsV1") or {})
+        upgraded = [e for e in entries if e not in ours and e not in mine] + [
+            {"manager": FIELD_MANAGER, "operation": "Apply", "apiVersion": manifest["apiVersion"],
+             "time": (mine or ours)[-1].get("time"), "fieldsType": "FieldsV1", "fieldsV1": fields}]
+        await self.client.request("PATCH", object_path(manifest), [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": meta.get("resourceVersion")},
+            {"op": "replace", "path": "/metadata/managedFields", "value": upgraded}], content_type=JSON_PATCH)
         return True
 
     def deleted(self, obj: Mapping[str, Any]) -> None:
@@ -214,20 +271,30 @@ class Applier:
                 raise
 
     async def create(self, manifest: dict[str, Any]) -> bool:
-        """Create-only (Jobs, build ConfigMaps): an existing object with that name is left as it is."""
+        """Create-only (Jobs, build ConfigMaps): an existing object with that name is left as it is.
+
+        A Job's pod template is immutable and its name carries the engine key, so a different build
+        is a different Job: re-applying one could only fail or change nothing.
+        """
         ref = self._ref(manifest)
         mem = self._applied.get(ref)
         if self._observed(manifest) is not None or (mem and time.monotonic() - mem.at < self._memory):
             return False
+        created = True
         try:
             await self.client.request("POST", object_path(manifest, collection=True), manifest)
         except ApiError as exc:
             if exc.status != 409:
                 raise
-            self._applied[ref] = _Applied("", time.monotonic())
-            return False
-        self._applied[ref] = _Applied("", time.monotonic())
-        return True
+            created = False
+        self._applied[ref] = _Applied("", "", "", None, time.monotonic())
+        return created
+
+
+def _merge_fields(into: dict[str, Any], fields: Mapping[str, Any]) -> None:
+    """Union of two fieldsV1 trees (a path is owned if either owns it)."""
+    for key, child in fields.items():
+        _merge_fields(into.setdefault(key, {}), child)
 
 
 def merge_patch(old: Any, new: Any) -> Any:

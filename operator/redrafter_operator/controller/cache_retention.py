@@ -31,7 +31,7 @@ from ..api.spec import ReDrafterDeploymentSpec
 from ..api.types import parse_duration
 from ..render import cache_jobs, names
 from ..render.cache_refs import references_document
-from .apply import ApiError, Applier, manifest_hash
+from .apply import ApiError, Applier, ChildState, manifest_hash
 from .metrics import OperatorMetrics
 from .resource_io import Host, Key, current_resource, index_entries, post_events
 from .validation import DEFAULT_OPERATOR_IMAGE, ENV_OPERATOR_IMAGE
@@ -110,7 +110,7 @@ class CacheRetention:
         if not users or users[0][0] != cur.key:
             return  # the first resource on the claim acts for it
         if self._applier is None:
-            self._applier = Applier(controller.client, lambda m: _observed_hash(controller, m))
+            self._applier = Applier(controller.client, lambda m: _child_state(controller, m))
         name = cache_jobs.collection_name(claim)
         specs = [s for _, b in users if (s := _spec(b)) is not None]
         owners = owner_refs(users)
@@ -209,10 +209,11 @@ class CacheRetention:
         return report_event(report, claim)
 
 
-def _observed_hash(controller: Host, manifest: Mapping[str, Any]) -> str | None:
-    """The applied hash the watch-fed ConfigMap index holds (CronJobs are not indexed: None)."""
+def _child_state(controller: Host, manifest: Mapping[str, Any]) -> ChildState | None:
+    """What the watch-fed ConfigMap index shows of the references ConfigMap (CronJobs are not indexed: None,
+    and :meth:`CacheRetention._ensure` re-applies them every RECHECK_SECONDS instead)."""
     if manifest["kind"] != "ConfigMap":
         return None
     meta = manifest["metadata"]
     facts = index_entries(controller.indexes, "rdd_configmaps", ("name", meta["namespace"], meta["name"]))
-    return facts[0].applied_hash if facts else None
+    return ChildState(facts[0].resource_version, facts[0].owned_fields) if facts else None

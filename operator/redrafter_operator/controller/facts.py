@@ -16,7 +16,7 @@ from ..render import cache_jobs, names
 
 JobState = Literal["Running", "Succeeded", "Failed"]
 
-ANNOTATION_APPLIED_HASH = f"{names.DOMAIN}/applied-hash"  # hash of the manifest the operator last applied
+FIELD_MANAGER = names.MANAGED_BY  # the operator's server-side apply field manager
 ANNOTATION_ATTEMPT = f"{names.DOMAIN}/attempt"
 ANNOTATION_ARTIFACT = f"{names.DOMAIN}/artifact"
 ANNOTATION_RETRY_TOKEN = f"{names.DOMAIN}/retry-token"  # retry-build annotation value a Job was created under
@@ -31,15 +31,28 @@ _FAIL_JOB_EXIT_CODE = re.compile(r"failed with exit code (\d+) matching FailJob 
 def manifest_hash(manifest: Mapping[str, Any]) -> str:
     """Stable hash of what the operator wants an object to be (labels, annotations, spec, data)."""
     meta = manifest.get("metadata", {})
-    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k != ANNOTATION_APPLIED_HASH}
     relevant = {
         "labels": meta.get("labels") or {},
-        "annotations": annotations,
+        "annotations": meta.get("annotations") or {},
         "ownerReferences": meta.get("ownerReferences") or [],
         **{k: v for k, v in manifest.items() if k not in ("metadata", "status", "apiVersion", "kind")},
     }
     text = json.dumps(relevant, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def owned_fields(body: Mapping[str, Any]) -> str:
+    """Fingerprint of the fields the operator's server-side apply owns on an object ("" if none).
+
+    The API server moves a field out of this set when anyone else changes or removes it (an Update
+    takes the fields it changes), so a changed fingerprint is drift of exactly the fields the operator
+    manages, seen from the watch without comparing whole objects.
+    """
+    for entry in body.get("metadata", {}).get("managedFields") or []:
+        if entry.get("manager") == FIELD_MANAGER and entry.get("operation") == "Apply" and not entry.get("subresource"):
+            text = json.dumps(entry.get("fieldsV1") or {}, sort_keys=True, separators=(",", ":"))
+            return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return ""
 
 
 def _labels(body: Mapping[str, Any]) -> Mapping[str, str]:
@@ -235,7 +248,8 @@ class DeploymentFact:
     total_replicas: int
     generation: int
     observed_generation: int
-    applied_hash: str
+    owned_fields: str = ""  # see owned_fields()
+    resource_version: str = ""
     failure_reason: str = ""  # ReplicaFailure=True or Progressing=False ProgressDeadlineExceeded
     failure_message: str = ""
 
@@ -255,7 +269,8 @@ class DeploymentFact:
             total_replicas=int(status.get("replicas") or 0),
             generation=int(meta.get("generation") or 0),
             observed_generation=int(status.get("observedGeneration") or 0),
-            applied_hash=_annotations(body).get(ANNOTATION_APPLIED_HASH, ""),
+            owned_fields=owned_fields(body),
+            resource_version=meta.get("resourceVersion", ""),
             failure_reason=failure_reason,
             failure_message=failure_message,
         )
@@ -287,12 +302,14 @@ def _deployment_failure(status: Mapping[str, Any]) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class ObjectFact:
-    """Any other child (ConfigMap, Service, InferencePool): its applied hash and, for what selects serving pods
-    (a Service's ``selector``, an InferencePool's ``selector.matchLabels``), the traffic pool."""
+    """Any other child (ConfigMap, Service, NetworkPolicy, InferencePool): what the operator owns of it and, for
+    what selects serving pods (a Service's ``selector``, an InferencePool's ``selector.matchLabels``), the traffic
+    pool."""
 
     kind: str
     name: str
-    applied_hash: str
+    owned_fields: str = ""  # see owned_fields()
+    resource_version: str = ""
     pool: str = ""
 
     @classmethod
@@ -303,7 +320,8 @@ class ObjectFact:
         return cls(
             kind=body.get("kind", ""),
             name=body.get("metadata", {}).get("name", ""),
-            applied_hash=_annotations(body).get(ANNOTATION_APPLIED_HASH, ""),
+            owned_fields=owned_fields(body),
+            resource_version=body.get("metadata", {}).get("resourceVersion", ""),
             pool=selector.get(names.LABEL_TRAFFIC, "") if isinstance(selector, dict) else "",
         )
 
@@ -328,3 +346,7 @@ class Observed:
     service_pool: str | None = None  # traffic pool the stable Service selects now (None: no Service)
     routing_pool: str | None = None  # traffic pool the InferencePool <name> selects now (None: none observed)
     shared: dict[str, SharedArtifact] = field(default_factory=dict)  # by variant
+    #: Deployment name -> hash of the manifest the observed object is known to carry (the applier's last
+    #: server-side apply, once the watch shows its result and nobody changed the operator's fields since);
+    #: "" = not known to carry one. A name left out is not tracked and taken as current.
+    applied: dict[str, str] = field(default_factory=dict)

@@ -1,12 +1,13 @@
 """The kopf shell: the watch-fed indexes, the event handlers that feed the work queue, and startup/cleanup.
 
-  * kopf watches ReDrafterDeployments and the labelled children (Jobs, build Pods, Deployments,
-    Services, ConfigMaps, InferencePools) and keeps small facts about them in ``@kopf.index`` indexes; kopf starts
-    handlers only after every index is populated, so a restarted operator sees every existing Job
-    before it decides anything (never a duplicate Job).
+  * kopf watches ReDrafterDeployments and the labelled children (Jobs, build Pods, Deployments, Services,
+    ConfigMaps, NetworkPolicies, InferencePools) and keeps small facts about them in ``@kopf.index``
+    indexes; kopf starts handlers only after every index is populated, so a restarted operator sees every
+    existing Job before it decides anything (never a duplicate Job).
   * ``@kopf.on.event`` handlers do nothing but hand the object to the controller, which enqueues the
-    owning resource. No change-detection handlers, no daemons: kopf itself writes nothing to the
-    resources (no finalizer, no annotations), so deletion is never blocked.
+    owning resource; every kind the operator applies has one, so drift or a deletion is repaired at once.
+    No change-detection handlers, no daemons: kopf itself writes nothing to the resources (no finalizer,
+    no annotations), so deletion is never blocked.
   * Everything else (the queue's workers, the reconcile, the evaluators) is :mod:`.reconciler`.
 """
 
@@ -144,6 +145,9 @@ def register(registry: kopf.OperatorRegistry, make_controller: Callable[[], Awai
     kopf.on.event("", "v1", "pods", labels=SERVING, registry=registry, id="serving_pod_event")(child_event)
     kopf.on.event("apps", "v1", "deployments", labels=MANAGED, registry=registry, id="deployment_event")(child_event)
     kopf.on.event("", "v1", "services", labels=MANAGED, registry=registry, id="service_event")(child_event)
+    kopf.on.event("", "v1", "configmaps", labels=MANAGED, registry=registry, id="configmap_event")(child_event)
+    kopf.on.event("networking.k8s.io", "v1", "networkpolicies", labels=MANAGED, registry=registry,
+                  id="networkpolicy_event")(child_event)
     kopf.on.event(inference_pool.GROUP, inference_pool.VERSION, inference_pool.PLURAL, labels=MANAGED,
                   registry=registry, id="inferencepool_event")(child_event)
 

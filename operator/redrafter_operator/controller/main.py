@@ -14,6 +14,7 @@ import asyncio
 import inspect
 import logging
 import os
+import socket
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ import kopf
 from aiohttp import web
 
 from ..api.types import parse_duration
+from ..render import names
 from .apply import KubeClient, load_configuration
 from .cache_retention import CacheRetention
 from .handlers import register
@@ -195,7 +197,7 @@ async def run_operator(
         """kopf's shutdown (SIGTERM, stop flag) waits for tasks started in its handlers: step down now."""
         await step_down()
 
-    register(registry, make_controller, start=start)
+    register(registry, make_controller, configure=_configure_posting, start=start)
     runner = await _metrics_server(metrics, opts.metrics_host, opts.metrics_port) if opts.metrics_port else None
     if stop_flag is not None:
         helpers.append(asyncio.create_task(relay_stop()))
@@ -218,6 +220,22 @@ async def run_operator(
             await runner.cleanup()
     if lost:
         raise LeadershipLost(f"lost the leader lease {election.namespace}/{election.name}" if election else "")
+
+
+def _instance() -> str:
+    """This replica's name: its pod (POD_NAME, from the chart's downward API), else the host name."""
+    return os.environ.get("POD_NAME") or socket.gethostname()
+
+
+def _configure_posting(settings: kopf.OperatorSettings) -> None:
+    """Events name this operator and the replica that posted them, not kopf's defaults ("kopf", "dev").
+
+    kopf 1.45 PostingSettings (kopf/_cogs/configs/configuration.py) puts these in every Event it posts:
+    reportingComponent, reportingInstance, source.component and the generateName prefix.
+    """
+    settings.posting.reporting_component = names.MANAGED_BY  # core/v1 reportingComponent = events/v1 reportingController
+    settings.posting.reporting_instance = _instance()
+    settings.posting.event_name_prefix = f"{names.MANAGED_BY}-"
 
 
 def _duration(text: str) -> float:

@@ -16,7 +16,7 @@ from ..api.engine_key import engine_key
 from ..api.spec import ReDrafterDeploymentSpec
 from ..render import names
 from ..render.build import artifact_path
-from .apply import KubeClient
+from .apply import ChildState, KubeClient
 from .facts import DeploymentFact, JobFact, ObjectFact, Observed, PodFact, ServingPodFact, SharedArtifact
 from .plan_types import Resource
 from .resource_io import index_entries
@@ -42,15 +42,16 @@ def cache_of(res: Resource) -> tuple[str, dict[str, str]]:
     return spec.engine.cache.claim_name, {v: artifact_path(spec, engine_key(spec, v)) for v in VARIANTS}
 
 
-def observed_hash(indexes: Mapping[str, Any], manifest: Mapping[str, Any]) -> str | None:
-    """The applied hash of the child ``manifest`` names ("" for a Job that exists, None when absent)."""
+def child_state(indexes: Mapping[str, Any], manifest: Mapping[str, Any]) -> ChildState | None:
+    """What the watch shows of the child ``manifest`` names (None when absent): its resourceVersion and the
+    fingerprint of the fields the operator owns (a Job only needs to exist: it is created, never applied)."""
     ns, name, kind = manifest["metadata"]["namespace"], manifest["metadata"]["name"], manifest["kind"]
     if kind == "Job":
-        return "" if index_entries(indexes, "rdd_jobs", ("name", ns, name)) else None
+        return ChildState("", "") if index_entries(indexes, "rdd_jobs", ("name", ns, name)) else None
     index = {"Deployment": "rdd_deployments", "Service": "rdd_services", "ConfigMap": "rdd_configmaps",
              "NetworkPolicy": "rdd_networkpolicies", "InferencePool": "rdd_inferencepools"}[kind]
     facts = index_entries(indexes, index, ("name", ns, name))
-    return facts[0].applied_hash if facts else None
+    return ChildState(facts[0].resource_version, facts[0].owned_fields) if facts else None
 
 
 def _latest_message(indexes: Mapping[str, Any], ns: str, job: str) -> PodFact | None:

@@ -24,10 +24,10 @@ from typing import Any, Mapping
 
 from ..api import KIND
 from ..render import names
-from .apply import ApiError, Applier, KubeClient, merge_patch
-from .facts import JobFact
+from .apply import ApiError, Applier, ChildState, KubeClient, merge_patch
+from .facts import DeploymentFact, JobFact, Observed
 from .metrics import OperatorMetrics
-from .observe import BuildClaim, ClaimRef, FailedPodMessages, cache_of, observe, observed_hash
+from .observe import BuildClaim, ClaimRef, FailedPodMessages, cache_of, child_state, observe
 from .plan_types import EventSpec, Plan, Renderers, Resource, ServingTargets
 from .planner import plan
 from .resource_io import Evaluator, Key, index_entries, now_rfc3339, post_event, status_path
@@ -66,7 +66,7 @@ class Controller:
         self.failures: dict[Key, int] = {}
         self.evaluators: list[Evaluator] = []
         self._next_eval: dict[tuple[Key, int], float] = {}
-        self.applier = Applier(self.client, lambda manifest: observed_hash(self.indexes, manifest))
+        self.applier = Applier(self.client, lambda manifest: child_state(self.indexes, manifest))
         self._tasks: list[asyncio.Task[None]] = []
         self.failed_pods = FailedPodMessages(self.client)
         self._locks: dict[Key, asyncio.Lock] = {}
@@ -160,6 +160,10 @@ class Controller:
             if key[0] == ns and names.label_value(key[1]) == owner_label:
                 self.queue.add(key)
 
+    def _fill_applied(self, namespace: str, observed: Observed) -> None:
+        """Which manifest each observed Deployment carries, as far as this process's applies tell."""
+        observed.applied = {d.name: _carried(self.applier, namespace, d) for d in observed.deployments.values()}
+
     # ---- the loop ---------------------------------------------------------------------------
     async def start(self) -> None:
         self._tasks = [asyncio.create_task(self._worker(i), name=f"redrafter-worker-{i}")
@@ -240,6 +244,7 @@ class Controller:
         observed = observe(self.indexes, res, claim, paths, self.claims,
                            claim_seconds=self.settings.claim_seconds, now=time.monotonic())
         await self.failed_pods.fill(res.namespace, observed)
+        self._fill_applied(res.namespace, observed)
         result = plan(res, observed, now=now_rfc3339(), renderers=self.renderers,
                       targets=lambda spec, status: self.targets.get(key))
         # Claim builds before the first await: a concurrent reconcile of another resource sharing the
@@ -250,18 +255,31 @@ class Controller:
             created = await self.applier.create(manifest)
             if created and manifest["kind"] == "Job":
                 self.metrics.builds.labels(manifest["metadata"]["labels"][names.LABEL_VARIANT], "started").inc()
+        replan = pool_missing = False
         for manifest in result.apply:
             try:
-                await self.applier.ensure(manifest)
+                sent = await self.applier.ensure(manifest)
             except ApiError as exc:
                 # An API the cluster does not serve answers 404 to the write: only the optional InferencePool
                 # may be missing; say so in status (and an Event) instead of failing the whole reconcile.
                 if exc.status != 404 or manifest["kind"] != "InferencePool":
                     raise
-                result.status, news = crd_missing(res.status, result.status, generation=res.generation,
-                                                  now=now_rfc3339())
-                if news:
-                    result.events.append(EventSpec("Warning", "InferencePoolCRDMissing", CRD_MISSING_MESSAGE))
+                pool_missing = True
+                continue
+            replan = replan or (sent and manifest["kind"] == "Deployment")
+        if replan:
+            # The status was planned before these applies; their answers say whether each Deployment already
+            # carried its manifest (an apply that changed nothing, e.g. the first one after a restart) or
+            # now rolls out a new template. Plan again (pure; the children are the same) for the status.
+            self._fill_applied(res.namespace, observed)
+            again = plan(res, observed, now=now_rfc3339(), renderers=self.renderers,
+                         targets=lambda spec, status: self.targets.get(key))
+            result.status, result.events = again.status, again.events
+        if pool_missing:
+            result.status, news = crd_missing(res.status, result.status, generation=res.generation,
+                                              now=now_rfc3339())
+            if news:
+                result.events.append(EventSpec("Warning", "InferencePoolCRDMissing", CRD_MISSING_MESSAGE))
         for manifest in result.delete:
             await self.applier.delete(manifest)
         self.waiting[key] = {(claim, e["path"]) for e in result.status.get("engines", {}).values()
@@ -289,6 +307,11 @@ class Controller:
         self.metrics.reconciles.labels("ok").inc()
         self.metrics.duration.observe(time.perf_counter() - started)
         return result
+
+
+def _carried(applier: Applier, namespace: str, dep: DeploymentFact) -> str:
+    return applier.carried("Deployment", namespace, dep.name, dep.generation,
+                           ChildState(dep.resource_version, dep.owned_fields))
 
 
 def _same_status(observed: Mapping[str, Any], written: Mapping[str, Any]) -> bool:

@@ -28,8 +28,9 @@ def resource_status(res: Resource, spec: ReDrafterDeploymentSpec, observed: Obse
                     candidate: str | None, now: str, applied: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The whole status after one plan step: what serves, how ready, and why (conditions and phase).
 
-    ``applied`` maps each Deployment this step applies to its manifest hash: a Deployment whose observed
-    hash differs has not seen this step's spec yet, so its rollout is not complete however Ready it is.
+    ``applied`` maps each Deployment this step applies to its manifest hash: a Deployment not known to
+    carry it (``observed.applied``) has not seen this step's spec yet, so its rollout is not complete
+    however Ready it is.
     """
     old_status = dict(res.status)
     old_conditions = list(old_status.get("conditions") or [])
@@ -39,8 +40,9 @@ def resource_status(res: Resource, spec: ReDrafterDeploymentSpec, observed: Obse
     ready = active_dep.ready_replicas if active_dep and observed.service_pool == active else 0
     target_engine = engines[targets.active]
     current_key = bool(active_dep and active_dep.key == engines[active]["key"]) if active else False
-    current_spec = bool(active_dep and (not active_dep.applied_hash or not applied
-                                        or applied.get(active_dep.name, active_dep.applied_hash) == active_dep.applied_hash))
+    current_spec = bool(active_dep and (not applied or active_dep.name not in applied
+                                        or active_dep.name not in observed.applied
+                                        or observed.applied[active_dep.name] == applied[active_dep.name]))
     rolled = bool(active_dep and active_dep.rolled_out and active_dep.replicas == want_active and current_spec)
     settled = bool(active and active == targets.active and not step.switching and current_key and rolled
                    and observed.service_pool == active)

@@ -6,6 +6,10 @@ Layout on the cache volume (one directory per engine key):
     <cache>/<key>.lock             JSON: owner (pod/host, pid), random token, heartbeat (epoch s)
     <cache>/.tmp-<key>-<host>-<pid>/  the artifact being assembled (same volume => rename is atomic)
 
+A builder creates its temp directory only after taking the key's lock, and publishes or removes it before
+releasing the lock; so a temp directory (or a ``<key>/`` without manifest) whose key's lock is free or stale
+is an abandoned partial build. The next builder of the key removes it; the collection removes it otherwise.
+
 The lock is created with O_EXCL (atomic on local filesystems and NFSv3+). Its owner rewrites the
 heartbeat every few seconds; a builder that finds a heartbeat older than the stale threshold assumes
 the owner died (kill -9, node loss), renames the lock away (only one renamer wins), removes the
@@ -28,9 +32,26 @@ from typing import Any
 
 from .contract import LOCK_FILE, MANIFEST_FILE
 from .errors import BuildError, ExitCode
+from .plan import KEY_PATTERN
 from .progress import Log, format_seconds
 
 TMP_PREFIX = ".tmp-"
+
+
+def tmp_key_candidates(name: str) -> list[str]:
+    """Every key a ``.tmp-<key>-<host>-<pid>`` name may belong to, shortest first; [] when it does not parse.
+
+    Keys (KEY_PATTERN) and host names may both contain '-', so the split between them is ambiguous
+    (``.tmp-a-b-host-7`` is key ``a`` on host ``b-host`` or key ``a-b`` on host ``host``); the pid is the
+    last field and all digits. Callers that delete must account for every candidate, not a guess.
+    """
+    if not name.startswith(TMP_PREFIX):
+        return []
+    stem, sep, pid = name[len(TMP_PREFIX):].rpartition("-")
+    if not sep or not (pid.isascii() and pid.isdigit()):
+        return []
+    return [stem[:i] for i, ch in enumerate(stem)
+            if ch == "-" and i + 1 < len(stem) and KEY_PATTERN.fullmatch(stem[:i])]
 
 
 @dataclass(frozen=True)
@@ -54,8 +75,15 @@ class CachePaths:
         return self.root / f"{TMP_PREFIX}{self.key}-{socket.gethostname()}-{os.getpid()}"
 
     def partials(self) -> list[Path]:
-        """Leftovers of builders of this key that died (only the lock holder may call this)."""
-        found = sorted(self.root.glob(f"{TMP_PREFIX}{self.key}-*"))
+        """Leftovers of builders of this key that died (only the lock holder may call this).
+
+        A temp directory whose name may also belong to another key with a lock file (``.tmp-a-b-h-1`` when
+        ``a-b.lock`` exists, seen by the builder of ``a``) is left alone: it may be that build's; the
+        collection, which takes every candidate key's lock, removes it once abandoned.
+        """
+        found = [p for p in sorted(self.root.glob(f"{TMP_PREFIX}{self.key}-*"))
+                 if self.key in (candidates := tmp_key_candidates(p.name))
+                 and not any((self.root / f"{c}{LOCK_FILE}").exists() for c in candidates if c != self.key)]
         if self.final.exists() and not self.manifest.is_file():
             found.append(self.final)
         return found

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .cache_gc import Retention, collect, parse_duration
-from .cache_index import Engine, load_references, scan
+from .cache_index import Engine, Partial, find_partials, load_references, scan
 from .contract import CACHE_MOUNT
 from .errors import TERMINATION_MESSAGE_LIMIT, BuildError, ExitCode, format_termination_message, \
     write_termination_message
@@ -71,10 +71,31 @@ def table(engines: list[Engine]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1] for r in rows)
 
 
-def listing_document(root: Path, engines: list[Engine]) -> dict[str, Any]:
-    """The ``-o json`` listing, also what the operator CLI reads back from the listing pod."""
+def partials_text(partials: list[dict[str, Any]], total: int | None = None) -> str:
+    """The partial builds of a listing (``partials`` items of :func:`listing_document`): a summary, then one
+    line each; "" when there are none."""
+    total = sum(int(p.get("sizeBytes") or 0) for p in partials) if total is None else total
+    if not partials and not total:
+        return ""
+    abandoned = [p for p in partials if not p.get("lockedBy")]
+    lines = [f"{len(partials)} partial build(s), {human_bytes(total)}; {len(abandoned)} abandoned "
+             f"({human_bytes(sum(int(p.get('sizeBytes') or 0) for p in abandoned))}): the collection removes those"]
+    for p in partials:
+        state = f"being built by {p['lockedBy']}" if p.get("lockedBy") else "abandoned (no live build lock)"
+        lines.append(f"  {p['entry']}  key {p['key']}  {human_bytes(int(p.get('sizeBytes') or 0))}  {state}")
+    return "\n".join(lines)
+
+
+def listing_document(root: Path, engines: list[Engine], partials: list[Partial] | None = None) -> dict[str, Any]:
+    """The ``-o json`` listing, also what the operator CLI reads back from the listing pod.
+
+    ``totalBytes`` counts the engines; ``partialBytes`` the partial builds (temp directories of builds,
+    running or abandoned, and ``<key>/`` without manifest).
+    """
+    partials = partials or []
     return {"cache": str(root), "engines": [e.to_json() for e in engines],
-            "totalBytes": sum(e.size_bytes for e in engines)}
+            "totalBytes": sum(e.size_bytes for e in engines),
+            "partials": [p.to_json() for p in partials], "partialBytes": sum(p.size_bytes for p in partials)}
 
 
 def encode_message(doc: dict[str, Any], limit: int = TERMINATION_MESSAGE_LIMIT) -> str:
@@ -85,13 +106,20 @@ def encode_message(doc: dict[str, Any], limit: int = TERMINATION_MESSAGE_LIMIT) 
     """
     doc = dict(doc)
     engines = list(doc.get("engines") or [])
+    partials = list(doc.get("partials") or [])
     while True:
         text = json.dumps(doc, separators=(",", ":"))
         if len(text.encode()) <= limit:
             return text
         packed = COMPRESSED_PREFIX + base64.b64encode(zlib.compress(text.encode(), 9)).decode()
-        if len(packed) <= limit or not engines:
+        if len(packed) <= limit or not (engines or partials):
             return packed[:limit]
+        if partials:  # partial builds go first: partialBytes stays exact
+            drop = max(1, len(partials) // 10)
+            del partials[-drop:]
+            doc["partials"] = partials
+            doc["partialsTruncated"] = int(doc.get("partialsTruncated", 0)) + drop
+            continue
         drop = max(1, len(engines) // 10)  # few compressions even for thousands of engines
         del engines[-drop:]
         doc["engines"] = engines
@@ -125,12 +153,13 @@ def cmd_ls(args: argparse.Namespace) -> int:
             raise BuildError(ExitCode.SOURCE_UNAVAILABLE, f"cache directory {root} does not exist")
         refs = load_references(args.references) if args.references else []
         engines = scan(root, refs, stale_seconds=settings.lock_stale_seconds)
+        partials = find_partials(root, stale_seconds=settings.lock_stale_seconds, log=Log(stream=sys.stderr))
     except BuildError as exc:
         return _fail(exc)
     except ValueError as exc:  # a malformed setting
         print(f"error (BAD_INPUT): {exc}", file=sys.stderr)
         return int(ExitCode.BAD_INPUT)
-    doc = listing_document(root, engines)
+    doc = listing_document(root, engines, partials)
     if args.termination_log:
         write_termination_message(args.termination_log, encode_message(doc))
     if args.output == "json":
@@ -138,6 +167,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
     else:
         print(table(engines))
         print(f"\n{len(engines)} engine(s), {human_bytes(sum(e.size_bytes for e in engines))}")
+        if partials:
+            print(partials_text(doc["partials"], doc["partialBytes"]))
     return 0
 
 

@@ -9,6 +9,9 @@ Safety rules (an engine is only ever removed when all hold *at deletion time*, n
 Deletion order: remove manifest.json first (the directory stops looking complete), rename the directory
 into ``<cache>/.trash/``, release the lock, then remove the trash entry. A crash at any point leaves
 nothing that looks complete; the next run finishes whatever is in the trash.
+
+Abandoned partial builds (:func:`collect_partials`) are removed too, whatever the retention: nothing
+references a partial build, only a running build's lock protects it.
 """
 
 from __future__ import annotations
@@ -23,12 +26,17 @@ from pathlib import Path
 from typing import Any
 
 from .cache import CachePaths, KeyLock, fsync_dir, read_manifest
-from .cache_index import TRASH_DIR, Engine, Reference, iso, load_references, parse_iso, save_state, scan
+from .cache_index import TRASH_DIR, Engine, Partial, Reference, find_partials, iso, load_references, parse_iso, \
+    save_state, scan
+from .contract import MANIFEST_FILE
 from .errors import TERMINATION_MESSAGE_LIMIT, bad_input
+from .manifest import UNKNOWN
 from .progress import Log, human_bytes, tree_size
 
 #: set to "after-rename" in tests only: the process SIGKILLs itself between the rename into the trash and
 #: the removal, to prove a rerun finishes the job
+
+PARTIAL = "partial"  # the variant of a removed partial build in the report (its model is unknown)
 
 _DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 
@@ -77,7 +85,8 @@ def plan(engines: list[Engine], retention: Retention, now: float) -> list[Decisi
         elif engine.locked_by:
             decisions.append(Decision(engine, False, f"locked by a running build ({engine.locked_by})"))
         elif not engine.complete:
-            decisions.append(Decision(engine, True, "incomplete (no manifest) and no live build lock"))
+            decisions.append(Decision(engine, True, "its manifest is unreadable or not this key's, and no live "
+                                                    "build lock"))
         else:
             groups.setdefault((engine.model, engine.variant), []).append(engine)
     for group in groups.values():
@@ -107,9 +116,14 @@ class Report:
     def freed_bytes(self) -> int:
         return sum(r["bytes"] for r in self.removed)
 
+    @property
+    def removed_partials(self) -> int:
+        return sum(1 for r in self.removed if r.get("variant") == PARTIAL)
+
     def to_json(self) -> dict[str, Any]:
         return {"dryRun": self.dry_run, "removed": self.removed, "freedBytes": self.freed_bytes,
-                "cacheBytes": self.cache_bytes, "kept": self.kept, "skipped": self.skipped}
+                "cacheBytes": self.cache_bytes, "kept": self.kept, "skipped": self.skipped,
+                "removedPartials": self.removed_partials}
 
     def termination_message(self, limit: int = TERMINATION_MESSAGE_LIMIT) -> str:
         """JSON the operator parses; lists are shortened (counts kept exact) to fit Kubernetes' 4096 bytes."""
@@ -136,10 +150,12 @@ def finish_trash(root: Path, report: Report, log: Log) -> None:
             shutil.rmtree(entry, ignore_errors=True)
         else:
             entry.unlink(missing_ok=True)
-        key = entry.name.split(".", 1)[0]
-        log(f"gc: finished removing {key} left in the trash by an interrupted collection ({human_bytes(size)})")
-        report.removed.append({"key": key, "variant": "unknown", "model": "unknown", "bytes": size,
-                               "note": "interrupted earlier"})
+        key, _, rest = entry.name.partition(".")
+        partial = rest.startswith(f"{PARTIAL}-")
+        log(f"gc: finished removing {key}{' (a partial build)' if partial else ''} left in the trash by an "
+            f"interrupted collection ({human_bytes(size)})")
+        report.removed.append({"key": key, "variant": PARTIAL if partial else UNKNOWN, "model": UNKNOWN,
+                               "bytes": size, "note": "interrupted earlier"})
 
 
 def _still_referenced(references_path: str, key: str) -> list[Reference]:
@@ -159,6 +175,77 @@ def _take_lock(paths: CachePaths, stale_seconds: float, log: Log) -> tuple[KeyLo
         log(f"gc: {paths.key}: took over a stale build lock (no heartbeat)")
         return lock, ""
     return None, "another process took its stale lock"
+
+
+def _take_locks(root: Path, keys: tuple[str, ...], stale_seconds: float, log: Log) -> tuple[list[KeyLock], str]:
+    """The locks of all ``keys`` (in key order, none waited for), or none and the reason."""
+    taken: list[KeyLock] = []
+    for key in sorted(keys):
+        lock, why = _take_lock(CachePaths(root, key), stale_seconds, log)
+        if lock is None:
+            for held in taken:
+                held.release()
+            return [], why if len(keys) == 1 else f"{why} on key {key}, which it may belong to"
+        taken.append(lock)
+    return taken, ""
+
+
+def _partial_entry(partial: Partial, size: int) -> dict[str, Any]:
+    return {"key": partial.key, "variant": PARTIAL, "model": UNKNOWN, "bytes": size,
+            "note": f"abandoned partial build {partial.entry}"}
+
+
+def collect_partials(root: Path, report: Report, *, stale_seconds: float, dry_run: bool, log: Log) -> None:
+    """Remove the partial builds no live build owns: temp directories and ``<key>/`` without manifest.
+
+    Only the lock decides, no minimum age: a builder takes its key's lock before it creates its temp
+    directory (build.build: acquire_or_wait, then new_tmp().mkdir()) and publishes or removes it before
+    releasing the lock, so while the collection holds the lock no live builder writes there. A builder whose
+    heartbeat stopped for the stale threshold has lost the lock to anyone, as when another builder takes it
+    over and removes the same partials. A temp name may belong to several keys ('-' in keys and hosts): the
+    lock of every candidate key is taken, so whichever it really is, its builder is not running.
+    """
+    groups: dict[tuple[str, ...], list[Partial]] = {}
+    for partial in find_partials(root, stale_seconds=stale_seconds, log=log):
+        groups.setdefault(partial.candidates, []).append(partial)
+    for candidates, members in groups.items():
+        if dry_run:
+            for partial in members:
+                if partial.locked_by:
+                    log(f"gc: keep partial build {partial.entry}: being built by {partial.locked_by}")
+                    report.skipped.append({"key": partial.key, "reason": f"partial build {partial.entry} "
+                                                                         f"being built by {partial.locked_by}"})
+                else:
+                    log(f"gc: would remove abandoned partial build {partial.entry} "
+                        f"({human_bytes(partial.size_bytes)})")
+                    report.removed.append(_partial_entry(partial, partial.size_bytes))
+            continue
+        locks, why = _take_locks(root, candidates, stale_seconds, log)
+        if not locks:
+            for partial in members:
+                log(f"gc: keep partial build {partial.entry}: {why} (checked at deletion time)")
+                report.skipped.append({"key": partial.key, "reason": f"partial build {partial.entry}: {why}"})
+            continue
+        moved: list[tuple[Partial, Path]] = []
+        try:
+            trash = root / TRASH_DIR
+            trash.mkdir(exist_ok=True)
+            for i, partial in enumerate(members):
+                path = root / partial.entry
+                if not path.is_dir() or path.is_symlink() or (path / MANIFEST_FILE).is_file():
+                    continue  # gone, or completed (by a builder that had the lock before us) since the scan
+                target = trash / f"{partial.key}.{PARTIAL}-{locks[0].token}-{i}"
+                os.rename(path, target)
+                moved.append((partial, target))
+            fsync_dir(root)
+        finally:
+            for lock in locks:
+                lock.release()
+        for partial, target in moved:
+            size = tree_size(target)
+            shutil.rmtree(target, ignore_errors=True)
+            log(f"gc: removed abandoned partial build {partial.entry} ({human_bytes(size)})")
+            report.removed.append(_partial_entry(partial, size))
 
 
 def remove_engine(root: Path, engine: Engine, references_path: str, stale_seconds: float,
@@ -199,6 +286,7 @@ def collect(root: Path, references_path: str, retention: Retention, *, stale_sec
         raise bad_input(f"cache directory {root} does not exist")
     if not dry_run:
         finish_trash(root, report, log)
+    collect_partials(root, report, stale_seconds=stale_seconds, dry_run=dry_run, log=log)
     engines = scan(root, load_references(references_path), stale_seconds=stale_seconds, first_seen=iso(now))
     if not dry_run:
         save_state(root, engines)  # record first-seen-unreferenced times even if we remove nothing
@@ -228,7 +316,9 @@ def collect(root: Path, references_path: str, retention: Retention, *, stale_sec
     report.cache_bytes = sum(e.size_bytes for e in remaining)
     if not dry_run:
         save_state(root, remaining)
+    partials = report.removed_partials
     log(f"gc: {'would free' if dry_run else 'freed'} {human_bytes(report.freed_bytes)} "
-        f"({len(report.removed)} engine(s)); {len(remaining)} kept, {human_bytes(report.cache_bytes)} at {iso(now)}")
+        f"({len(report.removed) - partials} engine(s), {partials} abandoned partial build(s)); "
+        f"{len(remaining)} kept, {human_bytes(report.cache_bytes)} at {iso(now)}")
     return report
 

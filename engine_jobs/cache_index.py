@@ -11,6 +11,9 @@ its spec or status, serving keys included. Document::
 The time an engine became unreferenced is recorded by the collection in ``<cache>/.gc-state.json``
 when it first sees the engine unreferenced (conservative: never earlier than the truth), and cleared
 when it sees it referenced again.
+
+Partial builds (``.tmp-<key>-<host>-<pid>/`` and ``<key>/`` without manifest.json) are not engines: they
+are listed apart, with the live build holding them if any (:func:`find_partials`).
 """
 
 from __future__ import annotations
@@ -18,19 +21,21 @@ from __future__ import annotations
 import calendar
 import json
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .cache import CachePaths, KeyLock, read_manifest, write_json_atomic
-from .contract import LOCK_FILE
+from .cache import TMP_PREFIX, CachePaths, KeyLock, read_manifest, tmp_key_candidates, write_json_atomic
+from .contract import LOCK_FILE, MANIFEST_FILE
 from .errors import bad_input
 from .manifest import UNKNOWN
 from .plan import KEY_PATTERN
 from .progress import Log, tree_size
 
 STATE_FILE = ".gc-state.json"
+HEX_KEY = re.compile(r"^[0-9a-f]{16,64}$")  # the shape of the operator's keys (a prefix of a sha256)
 TRASH_DIR = ".trash"
 
 
@@ -50,7 +55,7 @@ class Engine:
     """One ``<cache>/<key>/`` directory as found on the volume."""
 
     key: str
-    complete: bool  # manifest.json present and for this key
+    complete: bool  # manifest.json readable and for this key (one without manifest.json is a Partial)
     variant: str = UNKNOWN
     model: str = UNKNOWN
     tensorrt_llm_version: str = UNKNOWN
@@ -78,6 +83,24 @@ class Engine:
                    referenced_by=[Reference(item["key"], r["namespace"], r["name"], r["role"])
                                   for r in item["referencedBy"]],
                    unreferenced_since=item["unreferencedSince"])
+
+
+@dataclass
+class Partial:
+    """A partial build on the volume: a builder's temp directory, or ``<key>/`` without manifest.json.
+
+    ``candidates``: every key it may belong to (a temp name is ambiguous when keys and hosts contain '-');
+    ``key``: the likeliest of them, for people. Whoever removes it must hold the lock of every candidate.
+    """
+
+    entry: str  # its name under the cache root
+    key: str
+    candidates: tuple[str, ...]
+    size_bytes: int = 0
+    locked_by: str | None = None  # owner of a fresh lock of any candidate: a build is running
+
+    def to_json(self) -> dict[str, Any]:
+        return {"entry": self.entry, "key": self.key, "sizeBytes": self.size_bytes, "lockedBy": self.locked_by}
 
 
 def iso(epoch: float) -> str:
@@ -166,8 +189,8 @@ def scan(root: Path, references: list[Reference], *, stale_seconds: float,
     engines = []
     for entry in sorted(root.iterdir()) if root.is_dir() else []:
         if not entry.is_dir() or entry.is_symlink() or not KEY_PATTERN.fullmatch(entry.name) \
-                or entry.name.endswith(LOCK_FILE):
-            continue
+                or entry.name.endswith(LOCK_FILE) or not (entry / MANIFEST_FILE).is_file():
+            continue  # a directory without manifest.json is a partial build (find_partials)
         manifest = read_manifest(CachePaths(root, entry.name))
         engine = Engine(key=entry.name, complete=manifest is not None, size_bytes=tree_size(entry))
         if manifest is not None:
@@ -178,6 +201,42 @@ def scan(root: Path, references: list[Reference], *, stale_seconds: float,
             engine.unreferenced_since = state.get(entry.name) or first_seen
         engines.append(engine)
     return engines
+
+
+def _likeliest_key(root: Path, candidates: list[str]) -> str:
+    """For people only: a candidate with a lock or directory on the volume, else a hash-like one, else the shortest."""
+    for candidate in candidates:
+        if (root / f"{candidate}{LOCK_FILE}").exists() or (root / candidate).is_dir():
+            return candidate
+    return next((c for c in candidates if HEX_KEY.fullmatch(c)), candidates[0])
+
+
+def find_partials(root: Path, *, stale_seconds: float, log: Log | None = None) -> list[Partial]:
+    """Every partial build under ``root``, sorted by name (read-only).
+
+    A ``.tmp-`` entry whose name does not parse (or that is not a plain directory) is no builder's: it is
+    logged and left out, so nothing ever removes it.
+    """
+    partials = []
+    for entry in sorted(root.iterdir()) if root.is_dir() else []:
+        if entry.name.startswith(TMP_PREFIX):
+            candidates = tmp_key_candidates(entry.name)
+            if not candidates or not entry.is_dir() or entry.is_symlink():
+                if log is not None:
+                    log(f"cache: {entry.name} is not a builder's temp directory (.tmp-<key>-<host>-<pid>/); "
+                        "left alone")
+                continue
+        elif entry.is_dir() and not entry.is_symlink() and KEY_PATTERN.fullmatch(entry.name) \
+                and not entry.name.endswith(LOCK_FILE) and not (entry / MANIFEST_FILE).is_file():
+            candidates = [entry.name]
+        else:
+            continue
+        partial = Partial(entry=entry.name, key=_likeliest_key(root, candidates), candidates=tuple(candidates),
+                          size_bytes=tree_size(entry))
+        partial.locked_by = next((owner for c in candidates
+                                  if (owner := live_lock_owner(root, c, stale_seconds)) is not None), None)
+        partials.append(partial)
+    return partials
 
 
 def engine_dirs_bytes(engines: list[Engine]) -> int:

@@ -19,7 +19,7 @@ import uuid
 from typing import Any
 
 from engine_jobs.__main__ import main as engine_jobs_main
-from engine_jobs.cache_cmd import decode_message, table
+from engine_jobs.cache_cmd import decode_message, partials_text, table
 from engine_jobs.cache_index import Engine
 from engine_jobs.progress import human_bytes
 
@@ -105,15 +105,20 @@ def _print(args: argparse.Namespace, doc: dict[str, Any]) -> int:
         print(table(engines))
         print(f"\n{len(engines)} engine(s), {human_bytes(int(doc.get('totalBytes') or 0))} "
               f"in claim {args.namespace}/{args.claim} {args.sub_path}/")
-        if doc.get("truncated"):
-            print(f"({doc['truncated']} more not shown: the pod's message is limited to 4096 bytes; "
-                  "use -o json on a mounted path with --local)")
+        if doc.get("partials") or doc.get("partialBytes"):  # absent in the listing of an older image
+            print(partials_text(doc.get("partials") or [], int(doc.get("partialBytes") or 0)))
+        for field, what in (("truncated", "engines"), ("partialsTruncated", "partial builds")):
+            if doc.get(field):
+                print(f"({doc[field]} more {what} not shown: the pod's message is limited to 4096 bytes; "
+                      "use -o json on a mounted path with --local)")
         return 0
     for item in doc.get("removed") or []:
-        print(f"would remove {item['key']}  {item['variant']}  {item['model']}  {human_bytes(int(item['bytes']))}")
+        print(f"would remove {item['key']}  {item['variant']}  {item['model']}  {human_bytes(int(item['bytes']))}"
+              + (f"  ({item['note']})" if item.get("note") else ""))
     count = int(doc.get("removedCount", len(doc.get("removed") or [])))
-    print(f"{count} engine(s), {human_bytes(int(doc.get('freedBytes') or 0))} would be freed; "
-          f"{doc.get('kept', 0)} kept")
+    partials = int(doc.get("removedPartials") or 0)
+    print(f"{count - partials} engine(s) and {partials} abandoned partial build(s), "
+          f"{human_bytes(int(doc.get('freedBytes') or 0))} would be freed; {doc.get('kept', 0)} kept")
     return 0
 
 

@@ -57,6 +57,10 @@ async def test_cache_ls_and_gc_dry_run_through_the_api(apiserver: EmulatorHandle
     # status names the base engine still (e.g. it keeps serving while the new one builds)
     em.patch_object("redrafter.dev/v1alpha1", "ReDrafterDeployment", owner.name, NS,
                     {"status": {"engines": {"base": {"key": keys["base"], "state": "Ready"}}}}, subresource="status")
+    cache_dir = node.fs.claim_dir(claim, owner.spec.engine.cache.sub_path)
+    abandoned = cache_dir / f".tmp-{keys['redrafter']}-build-pod-x7k-4242"  # a builder killed long ago
+    (abandoned / "engine").mkdir(parents=True)
+    (abandoned / "engine" / "rank0.engine").write_bytes(b"\0" * 4096)
 
     code, out, err = await cli("cache", "ls", "-o", "json", "--kubeconfig", str(kubeconfig), "--claim", claim,
                                "--timeout", "90")
@@ -68,17 +72,22 @@ async def test_cache_ls_and_gc_dry_run_through_the_api(apiserver: EmulatorHandle
                                                       "role": "status.engines.base"}]
     assert engines[keys["redrafter"]]["referencedBy"] == [] and engines[keys["redrafter"]]["unreferencedSince"] is None
     assert all(e["sizeBytes"] > 0 and e["builtAt"] for e in engines.values())
+    assert doc["partials"] == [{"entry": abandoned.name, "key": keys["redrafter"], "sizeBytes": 4096,
+                                "lockedBy": None}] and doc["partialBytes"] == 4096
 
     code, out, err = await cli("cache", "ls", "--kubeconfig", str(kubeconfig), "--claim", claim)
     assert code == 0, err
     assert f"{NS}/{owner.name} (status.engines.base)" in out and "unreferenced (since before any collection" in out
+    assert "1 partial build(s), 4.0 KiB; 1 abandoned" in out and f"{abandoned.name}  key {keys['redrafter']}" in out
 
     code, out, err = await cli("cache", "gc", "--dry-run", "--keep", "0", "--kubeconfig", str(kubeconfig),
                                "--claim", claim)
     assert code == 0, err
     assert f"would remove {keys['redrafter']}" in out and keys["base"] not in out
-    cache_dir = node.fs.claim_dir(claim, owner.spec.engine.cache.sub_path)
+    assert f"would remove {keys['redrafter']}  partial  unknown  4.0 KiB  (abandoned partial build {abandoned.name})" \
+        in out and "1 engine(s) and 1 abandoned partial build(s)" in out
     assert all((cache_dir / k / "manifest.json").is_file() for k in keys.values()), "a dry run removes nothing"
+    assert abandoned.is_dir()
     # what it created is gone again
     assert not [j for j in em.list_objects("batch/v1", "Job", NS) if j["metadata"]["name"].startswith("cache-")]
     assert not [c for c in em.list_objects("v1", "ConfigMap", NS) if c["metadata"]["name"].startswith("cache-")]
@@ -94,7 +103,7 @@ async def test_cache_ls_local_is_engine_jobs_listing(tmp_path: Path):
     cache.mkdir()
     code, out, err = await cli("cache", "ls", "--local", str(cache), "-o", "json")
     assert code == 0, err
-    assert json.loads(out) == {"cache": str(cache), "engines": [], "totalBytes": 0}
+    assert json.loads(out) == {"cache": str(cache), "engines": [], "totalBytes": 0, "partials": [], "partialBytes": 0}
     code, _, err = await cli("cache", "gc", "--local", str(cache), "--keep", "0")
     assert code == 2 and "--references FILE" in err
 

@@ -250,3 +250,38 @@ def test_a_removed_engine_is_rebuilt_not_found_half(tmp_path: Path, cache: Cache
     result = e.run(e.spec(fixture, key="llama-rd-old", **sources))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "cache hit" not in result.stdout and cache.complete() == {"llama-rd-old"}
+
+
+def test_gc_reclaims_abandoned_partial_builds_not_running_ones(cache: Cache):
+    """Temp directories and manifest-less directories of dead builders go, whatever the retention; a running
+    build's stays; ``ls`` shows them apart from the engines."""
+    def half_built(name: str, size: int) -> Path:
+        (cache.dir / name / "engine").mkdir(parents=True)
+        (cache.dir / name / "engine" / "rank0.engine").write_bytes(b"\0" * size)
+        return cache.dir / name
+
+    dead = half_built(".tmp-llama-rd-new-build-pod-1-77", 5000)  # its key has '-', so has its host
+    (cache.dir / "llama-rd-new.lock").write_text(json.dumps({"owner": "build-pod-1", "pid": 77, "token": "t",
+                                                             "heartbeat": time.time() - 3600}))
+    no_manifest = half_built("llama-half", 3000)
+    running = half_built(".tmp-llama-next-node-5", 1000)
+    holder = KeyLock(CachePaths(cache.dir, "llama-next").lock, stale_seconds=180, heartbeat_seconds=0.2, log=Log())
+    assert holder.try_acquire()
+    holder.start_heartbeat()
+    try:
+        listing = cache.ls()
+        assert [(p["entry"], p["key"], p["lockedBy"] is not None) for p in listing["partials"]] == [
+            (running.name, "llama-next", True), (dead.name, "llama-rd-new", False), ("llama-half", "llama-half", False)]
+        assert "3 partial build(s)" in cache.run("ls").stdout
+        result = cache.gc("--keep", "5")
+    finally:
+        holder.release()
+    assert result.returncode == 0, result.stderr
+    assert not dead.exists() and not no_manifest.exists() and running.is_dir()
+    assert cache.complete() == set(ENGINES), "the retention keeps every engine"
+    report = cache.report()
+    assert sorted((r["key"], r["variant"], r["bytes"]) for r in report["removed"]) == [
+        ("llama-half", "partial", 3000), ("llama-rd-new", "partial", 5000)]
+    assert report["freedBytes"] == 8000 and report["removedPartials"] == 2
+    assert any(s["key"] == "llama-next" and "locked by a running build" in s["reason"] for s in report["skipped"])
+    assert not list(cache.dir.glob("*.lock*")), "the stale lock taken over, and the locks taken, are released"

@@ -72,11 +72,15 @@ def owner_refs(users: list[tuple[Key, Mapping[str, Any]]]) -> list[dict[str, Any
 
 
 def report_event(report: Mapping[str, Any], claim: str) -> tuple[str, str, str]:
+    """``removedPartials`` (abandoned partial builds, variant "partial") is absent from an older image's report."""
     removed = report.get("removed") or []
     count = int(report.get("removedCount", len(removed)))
-    keys = ", ".join(str(r.get("key")) for r in removed[:10]) + (" ..." if count > 10 else "")
+    partials = int(report.get("removedPartials") or 0)
+    keys = ", ".join(str(r.get("key")) + (" (partial)" if r.get("variant") == "partial" else "")
+                     for r in removed[:10]) + (" ..." if count > 10 else "")
+    what = f"{count - partials} engine(s)" + (f" and {partials} abandoned partial build(s)" if partials else "")
     return ("Normal", "EngineCacheCollected",
-            f"collection of cache claim {claim} removed {count} engine(s), freed "
+            f"collection of cache claim {claim} removed {what}, freed "
             f"{human_bytes(int(report.get('freedBytes') or 0))}{': ' + keys if count else ''}; "
             f"{report.get('kept', 0)} kept, {human_bytes(int(report.get('cacheBytes') or 0))} in the cache")
 

@@ -292,10 +292,6 @@ class CronJobController:
 # ----------------------------------------------------------------------------- schedule arithmetic (utils.go)
 
 
-def _next(sched: Schedule, after: datetime.datetime, tz: datetime.tzinfo | None) -> datetime.datetime | None:
-    return sched.next(after, tz)
-
-
 def _earliest(cj: dict[str, Any], status: dict[str, Any]) -> datetime.datetime:
     return parse_time(status.get("lastScheduleTime")) or parse_time(cj["metadata"].get("creationTimestamp")) \
         or real_clock()
@@ -309,10 +305,10 @@ def most_recent_schedule_time(cj: dict[str, Any], status: dict[str, Any], now: d
     earliest = _earliest(cj, status)
     if deadline is not None:
         earliest = max(earliest, now - datetime.timedelta(seconds=deadline))
-    t1 = _next(sched, earliest, tz)
+    t1 = sched.next(earliest, tz)
     if t1 is not None and now < t1:
         return None, False
-    t2 = _next(sched, t1, tz) if t1 is not None else None
+    t2 = sched.next(t1, tz) if t1 is not None else None
     if t1 is not None and t2 is not None and now < t2:
         return t1, False
     if t1 is None or t2 is None or (t2 - t1).total_seconds() < 1:
@@ -320,10 +316,10 @@ def most_recent_schedule_time(cj: dict[str, Any], status: dict[str, Any], now: d
     between = round((t2 - t1).total_seconds())
     missed = int((now - t1).total_seconds()) // between + 1
     recent = None
-    t = _next(sched, t1 + datetime.timedelta(seconds=(missed - 2) * between), tz)
+    t = sched.next(t1 + datetime.timedelta(seconds=(missed - 2) * between), tz)
     while t is not None and t <= now:
         recent = t
-        t = _next(sched, t, tz)
+        t = sched.next(t, tz)
     return recent, missed > MANY_MISSED
 
 
@@ -336,10 +332,10 @@ def next_schedule_time(cj: dict[str, Any], status: dict[str, Any], now: datetime
         recent = now
     if recent is None:
         recent = _earliest(cj, status)
-        first = _next(sched, recent, tz)
+        first = sched.next(recent, tz)
         if first is not None and first <= now:
             recent = now
-    return _next(sched, recent, tz)
+    return sched.next(recent, tz)
 
 
 def job_from_template(cj: dict[str, Any], scheduled: datetime.datetime, tz: datetime.tzinfo) -> dict[str, Any]:

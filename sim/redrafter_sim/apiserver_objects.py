@@ -7,6 +7,7 @@ import json
 import uuid
 from typing import Any
 
+from . import apiserver_cronjobs as cronjobs
 from .apiserver_resources import ResourceType
 
 
@@ -64,6 +65,8 @@ def builtin_defaults(rtype: ResourceType, obj: dict[str, Any]) -> None:
             port.setdefault("targetPort", port.get("port"))
     elif kind in (("apps", "deployments"), ("apps", "replicasets"), ("apps", "statefulsets")):
         obj.setdefault("spec", {}).setdefault("replicas", 1)
+    elif kind == ("batch", "cronjobs"):
+        cronjobs.apply_defaults(obj)
     elif kind == ("batch", "jobs"):
         spec = obj.setdefault("spec", {})
         spec.setdefault("backoffLimit", 6)

@@ -20,6 +20,7 @@ from typing import Any
 
 from . import admission_podsecurity as podsecurity
 from . import apiserver_apply as ssa
+from . import apiserver_cronjobs as cronjobs
 from . import apiserver_resources as res
 from . import podfailurepolicy
 from .apiserver_leases import LeaseDecodeError, decode_lease, lease_causes
@@ -206,6 +207,8 @@ class ObjectStore:
             if causes:
                 raise self._invalid(rtype, name, causes)
         if rtype.storage_key == ("batch", "jobs") and (causes := podfailurepolicy.validate(obj)):
+            raise self._invalid(rtype, name, causes)
+        if rtype.storage_key == ("batch", "cronjobs") and (causes := cronjobs.validate(obj, old)):
             raise self._invalid(rtype, name, causes)
         if old is None and (rtype.group, rtype.plural) == ("", "pods"):  # PodSecurity admission, on create
             ns = self._bucket(self._types[("", "v1", "namespaces")]).get((None, obj["metadata"].get("namespace")))

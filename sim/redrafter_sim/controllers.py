@@ -2,7 +2,8 @@
 
 Job controller (a Job finishes: conditions, counts, and a Pod carrying the termination message),
 Deployment controller + kubelet (Pods per replica, Ready, podIP; Deployment status), Endpoints
-controller (Ready Pods behind a Service). They write straight into the emulator object (thread-safe, and
+controller (Ready Pods behind a Service), and the CronJob controller (:mod:`.cronjobs`, Jobs on
+schedule, with an injectable clock). They write straight into the emulator object (thread-safe, and
 not in its HTTP request log, so write counts in tests only see the operator).
 """
 
@@ -18,6 +19,7 @@ from typing import Any, Mapping
 
 from . import podfailurepolicy
 from .apiserver import ApiError, ApiServerEmulator
+from .cronjobs import CronJobController
 from .endpoints import endpoints_for
 from .failures import POD_CAUSES, Fault, pod_status, progress_deadline_exceeded, replica_failure
 from .objects import condition_true, failed_create_event, replica_failure_condition
@@ -348,10 +350,13 @@ def ready_endpoint_ips(emu: ApiServerEmulator, service: str, namespace: str) -> 
 
 
 def reconcile_once(emu: ApiServerEmulator, namespace: str | None = None, *, pods_ready: bool = True,
-                   faults: Mapping[str, Fault] | None = None, deadline_seconds: float | None = None) -> None:
+                   faults: Mapping[str, Fault] | None = None, deadline_seconds: float | None = None,
+                   cronjobs: CronJobController | None = None) -> None:
     """One pass of the Deployment and Endpoints controllers over every Deployment and Service
-    (``faults``: by Deployment name, see :func:`sync_deployment_pods`); one deleted while the pass runs
-    is skipped, as a real controller drops a key whose object is gone."""
+    (``faults``: by Deployment name, see :func:`sync_deployment_pods`), and of ``cronjobs`` when given;
+    one deleted while the pass runs is skipped, as a real controller drops a key whose object is gone."""
+    if cronjobs is not None:
+        cronjobs.sync()
     for deploy in emu.list_objects("apps/v1", "Deployment", namespace):
         if not deploy["metadata"].get("deletionTimestamp"):
             name = deploy["metadata"]["name"]
@@ -377,9 +382,11 @@ def _unless_gone() -> Iterator[None]:
 
 async def run_controllers(emu: ApiServerEmulator, stop: asyncio.Event, interval: float = 0.2,
                           namespace: str | None = None) -> None:
-    """Run ``reconcile_once`` every ``interval`` seconds until ``stop`` is set (for the demo)."""
+    """Run ``reconcile_once`` every ``interval`` seconds until ``stop`` is set (``redrafter-sim server
+    --controllers``), CronJobs on the real clock."""
+    cronjobs = CronJobController(emu, namespace=namespace)
     while not stop.is_set():
-        reconcile_once(emu, namespace)
+        reconcile_once(emu, namespace, cronjobs=cronjobs)
         try:
             await asyncio.wait_for(stop.wait(), interval)
         except TimeoutError:

@@ -40,6 +40,7 @@ from redrafter_operator.evaluate.stream import RequestOptions
 from engine_jobs.contract import METRICS_PORT
 from redrafter_operator.render import names
 from . import admission_podsecurity as podsecurity
+from .cronjobs import CronJobController, run_cronjob_controller
 from .engine import SimEngineSettings
 from .kubeapi import EVENTS, PODS, KubeApi, Kind
 from .kubelet import SimKubelet
@@ -199,6 +200,10 @@ class DemoRun:
         handle = emulator.start()
         loadgen_task: asyncio.Task[Any] | None = None
         prometheus_task: asyncio.Task[Any] | None = None
+        # the control plane's CronJob controller on the real clock (the node runs the Jobs it creates)
+        cron_stop = asyncio.Event()
+        cron_task = asyncio.create_task(run_cronjob_controller(
+            CronJobController(handle.emulator, namespace=self.namespace), cron_stop), name="cronjobs")
         try:
             write_kubeconfig(handle.url, kubeconfig, namespace=self.namespace)
             self.view.note(f"API server emulator on {handle.url}")
@@ -245,6 +250,8 @@ class DemoRun:
             if prometheus_task is not None:
                 prometheus_task.cancel()
                 await asyncio.gather(prometheus_task, return_exceptions=True)
+            cron_stop.set()
+            await asyncio.gather(cron_task, return_exceptions=True)
             if self.prometheus is not None:
                 await asyncio.to_thread(self.prometheus.stop)
             operator_tail = self.operator.log_tail() if self.operator else ""

@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("--kubeconfig", type=Path, help="write a kubeconfig for the server here")
     parser.add_argument("--load", type=Path, action="append", default=[], help="YAML manifests to create first")
     parser.add_argument("--controllers", action="store_true",
-                        help="play the Deployment/Endpoints controllers (Pods become Ready)")
+                        help="play the Deployment/Endpoints controllers (Pods become Ready) and the CronJob controller")
     args = parser.parse_args(argv)
     try:
         asyncio.run(_serve_forever(args.port, args.kubeconfig, args.load, args.controllers))

@@ -1,14 +1,18 @@
 """Engine cache retention in the running operator, against the emulated API server: the references
 ConfigMap and collection CronJob per claim, and a finished collection's report as Events and metrics.
 
-The emulated cluster has no CronJob controller: the test starts the Job from the CronJob's jobTemplate as
-that controller would, and completes it with the termination message ``engine_jobs cache gc`` writes
-(the collection itself runs for real in tests/integration/test_engine_cache_gc.py).
+The emulated cluster's CronJob controller (redrafter_sim.cronjobs) starts the collection Jobs: the test
+moves its clock past the schedule's next start time and finds the Job it created from the jobTemplate.
+No simulated node runs these Jobs here (the Deployments' stand-in runs in-process): the test completes
+each with the termination message ``engine_jobs cache gc`` writes (the collection itself runs for real
+in tests/integration/test_engine_cache_gc.py and, through a simulated node, tests/integration/test_cache_cli.py).
+A schedule the API server would refuse never reaches a CronJob: the operator reports it on the resource.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 from pathlib import Path
 from typing import Any
@@ -17,9 +21,11 @@ import pytest
 from test_lifecycle import NS, Cluster, Operator, apply, cluster, example, to_serving, until  # noqa: F401
 
 from engine_jobs.cache_gc import Report
+from redrafter_operator.api.cron import parse_standard
 from redrafter_operator.controller.cache_retention import ANNOTATION_REPORTED, CacheRetention
 from redrafter_operator.render import cache_jobs, names
 from redrafter_sim import controllers
+from redrafter_sim.cronjobs import SCHEDULED_TIMESTAMP, job_name
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -39,6 +45,25 @@ async def operator(cluster: Cluster, kubeconfig: Path):  # noqa: F811
 
 def cronjob(cluster: Cluster, claim: str) -> dict[str, Any] | None:
     return cluster.emu.find_object("batch/v1", "CronJob", cache_jobs.collection_name(claim), NS)
+
+
+def collection_jobs(cluster: Cluster, cj: dict[str, Any]) -> list[str]:
+    """The Jobs the CronJob controller created for ``cj`` (controller owner reference), by name."""
+    return sorted(j["metadata"]["name"] for j in cluster.emu.list_objects("batch/v1", "Job", NS)
+                  if any(r.get("uid") == cj["metadata"]["uid"] and r.get("controller")
+                         for r in j["metadata"].get("ownerReferences") or []))
+
+
+def to_next_start(cluster: Cluster, cj: dict[str, Any]) -> Any:
+    """Move the CronJob controller's clock a little past the schedule's next start time; that time."""
+    start = parse_standard(cj["spec"]["schedule"]).next(cluster.clock())
+    cluster.clock.set(start + datetime.timedelta(seconds=3))
+    return start
+
+
+def cronjob_events(cluster: Cluster, reason: str) -> list[dict[str, Any]]:
+    return [e for e in cluster.emu.list_objects("v1", "Event", NS)
+            if e["reason"] == reason and e["involvedObject"].get("kind") == "CronJob"]
 
 
 def references(cluster: Cluster, claim: str) -> list[dict[str, str]]:
@@ -77,25 +102,49 @@ async def test_retention_cronjob_references_and_reported_collection(cluster: Clu
     await until(lambda: old["redrafter"] not in {r["key"] for r in references(cluster, claim)},
                 what="the old ReDrafter engine to be unreferenced")
 
-    # the CronJob controller's part: a Job from the template; the collection's report as its message
-    template = cj["spec"]["jobTemplate"]
-    job = {"apiVersion": "batch/v1", "kind": "Job",
-           "metadata": {"name": "engine-cache-gc-engine-cache-29000000", "namespace": NS,
-                        "labels": template["metadata"]["labels"]}, "spec": template["spec"]}
-    cluster.emu.create_object(job)
+    # the CronJob controller starts the collection at the schedule's next start time: a Job from the template
+    assert collection_jobs(cluster, cj) == [], "nothing before the first start time"
+    first = to_next_start(cluster, cj)
+    name = job_name(cj["metadata"]["name"], first)
+    await until(lambda: collection_jobs(cluster, cj) == [name], what="the CronJob controller's Job")
+    job = cluster.emu.get_object("batch/v1", "Job", name, NS)
+    assert job["metadata"]["labels"] == cj["spec"]["jobTemplate"]["metadata"]["labels"]
+    assert job["metadata"]["annotations"][SCHEDULED_TIMESTAMP] == first.strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert job["spec"]["template"]["spec"]["containers"][0]["command"] == args
+    status = cluster.emu.get_object("batch/v1", "CronJob", cj["metadata"]["name"], NS)["status"]
+    assert [a["name"] for a in status["active"]] == [name]
+
+    # Forbid: while it runs, the next start time starts nothing
+    second = to_next_start(cluster, cj)
+    await until(lambda: cronjob_events(cluster, "JobAlreadyActive"), what="the Forbid skip")
+    assert collection_jobs(cluster, cj) == [name]
+
+    # the collection's report (its termination message) becomes an Event and metrics, once
     report = Report(dry_run=False, removed=[{"key": old["redrafter"], "variant": "redrafter", "model": "m",
                                              "bytes": 5_000_000_000}], kept=3, cache_bytes=40_000_000_000)
-    controllers.complete_job(cluster.emu, job["metadata"]["name"], NS, message=report.termination_message())
+    controllers.complete_job(cluster.emu, name, NS, message=report.termination_message())
     await until(lambda: any(r == "EngineCacheCollected" for r, _, _ in cluster.events()), what="the Event")
     (message,) = [m for r, _, m in cluster.events() if r == "EngineCacheCollected"]
     assert f"removed 1 engine(s), freed 4.7 GiB: {old['redrafter']}" in message and "3 kept" in message
-    await until(lambda: (cluster.emu.get_object("batch/v1", "Job", job["metadata"]["name"], NS)["metadata"]
+    await until(lambda: (cluster.emu.get_object("batch/v1", "Job", name, NS)["metadata"]
                          .get("annotations") or {}).get(ANNOTATION_REPORTED), what="the Job marked reported")
     metrics = operator.controller.metrics.render().decode()
     assert f'redrafter_engine_cache_bytes{{claim="{claim}"}} 4e+10' in metrics
     assert "redrafter_engine_cache_reclaimed_bytes_total 5e+09" in metrics
     await asyncio.sleep(1.5)  # a few more evaluations: reported once only
     assert [r for r, _, _ in cluster.events()].count("EngineCacheCollected") == 1
+
+    # the start time skipped under Forbid is within startingDeadlineSeconds: it starts once the first ended;
+    # when that one succeeds too, successfulJobsHistoryLimit 1 keeps only it
+    later = job_name(cj["metadata"]["name"], second)
+    await until(lambda: later in collection_jobs(cluster, cj), what="the skipped start time's Job")
+    controllers.complete_job(cluster.emu, later, NS, message=Report(dry_run=False, removed=[], kept=3,
+                                                                      cache_bytes=35_000_000_000).termination_message())
+    await until(lambda: collection_jobs(cluster, cj) == [later], what="the older Job beyond the history limit deleted")
+    await until(lambda: [r for r, _, _ in cluster.events()].count("EngineCacheCollected") == 2, what="its Event")
+    await until(lambda: f'redrafter_engine_cache_bytes{{claim="{claim}"}} 3.5e+10'
+                in operator.controller.metrics.render().decode(), what="the cache size updated")
+
     # the retention removed: no more scheduled collections
     kubectl("patch", "rdd", doc["metadata"]["name"], "-n", NS, "--type=merge", "-p",
             json.dumps({"spec": {"engine": {"cache": {"retention": None}}}}), check=True)
@@ -144,3 +193,38 @@ async def test_out_of_disk_collects_then_retries_once(cluster: Cluster, operator
     (message,) = [m for r, _, m in cluster.events() if r == "EngineCacheCollected"]
     assert "removed 1 engine(s), freed 16.0 GiB" in message
     assert len([j for j in cluster.jobs() if "redrafter" in j["metadata"]["name"]]) == 2, "one retry only"
+
+
+@pytest.mark.parametrize(("schedule", "why"), [
+    ("99 * * * *", "end of range (99) above maximum (59): 99"),
+    ("0 3 * * 7", "end of range (7) above maximum (6): 7"),  # croniter would take 7 for Sunday
+])
+async def test_a_schedule_kubernetes_refuses_is_reported_on_the_resource(cluster: Cluster, operator: Operator,
+                                                                        kubectl: Any, schedule: str, why: str):
+    # the CRD's pattern takes five fields; the operator checks them as the API server would check the CronJob
+    apply(kubectl, example(engine__cache={"retention": {"keep": 1, "schedule": schedule}}))
+    await until(lambda: cluster.status().get("phase") == "Failed", what="Failed")
+    cond = cluster.condition("SpecValid")
+    assert (cond["status"], cond["reason"]) == ("False", "InvalidSpec")
+    assert cond["message"] == f'spec.engine.cache.retention.schedule: Invalid value: "{schedule}": {why}'
+    await until(lambda: ("InvalidSpec", "Warning", cond["message"]) in cluster.events(), what="the InvalidSpec Event")
+    assert cronjob(cluster, "engine-cache") is None and cluster.jobs() == []
+
+
+async def test_the_emulated_api_server_refuses_an_invalid_cronjob(cluster: Cluster, kubectl: Any):
+    base = {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "bad", "namespace": NS},
+            "spec": {"jobTemplate": {"spec": {"template": {"spec": {
+                "restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox:1.36"}]}}}}}}
+    for schedule, message in (
+            ("@fortnightly", 'spec.schedule: Invalid value: "@fortnightly": unrecognized descriptor: @fortnightly'),
+            ("TZ=UTC 0 3 * * *", 'spec.schedule: Invalid value: "TZ=UTC 0 3 * * *": cannot use TZ or CRON_TZ in '
+                                 "schedule, use timeZone field instead"),
+            ("0 3 * * * *", 'spec.schedule: Invalid value: "0 3 * * * *": expected exactly 5 fields, found 6: '
+                            "[0 3 * * * *]")):
+        doc = {**base, "spec": {**base["spec"], "schedule": schedule}}
+        result = kubectl("apply", "-f", "-", input=json.dumps(doc))
+        assert result.returncode != 0
+        assert f'The CronJob "bad" is invalid: {message}' in result.stderr, result.stderr
+    assert cluster.emu.find_object("batch/v1", "CronJob", "bad", NS) is None
+    doc = {**base, "spec": {**base["spec"], "schedule": "@every 1h30m"}}
+    kubectl("apply", "-f", "-", input=json.dumps(doc), check=True)

@@ -1,8 +1,9 @@
 """The operator's lifecycle against the emulated API server over HTTP, as a user sees it through kubectl.
 
 The operator runs in-process (kopf in a task of the test's loop); the emulator runs in its own thread
-with the built-in controller stand-ins (Deployments -> Ready Pods -> Endpoints) ticking in the
-background; tests finish build Jobs explicitly (complete or fail, with a termination message).
+with the built-in controller stand-ins (Deployments -> Ready Pods -> Endpoints, CronJobs -> Jobs on a
+clock the test moves) ticking in the background; tests finish build Jobs explicitly (complete or fail,
+with a termination message).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from redrafter_operator.controller.plan_types import ServingTargets
 from redrafter_operator.controller.reconciler import Controller
 from redrafter_operator.render import names
 from redrafter_sim import controllers
+from redrafter_sim.cronjobs import CronJobController, ManualClock
 from redrafter_sim.failures import Fault
 from redrafter_sim.server import EmulatorHandle
 
@@ -92,11 +94,13 @@ class Cluster:
         self.pods_ready = True
         self.faults: dict[str, Fault] = {}  # by Deployment name: what the scheduler/kubelet/admission does to its Pods
         self.deadline_seconds: float | None = None  # the Deployments' progress deadline, shortened
+        self.clock = ManualClock()  # the CronJob controller's: a test moves it past a start time
+        self.cronjobs = CronJobController(self.emu, self.clock, NS)
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             controllers.reconcile_once(self.emu, NS, pods_ready=self.pods_ready, faults=self.faults,
-                                       deadline_seconds=self.deadline_seconds)
+                                       deadline_seconds=self.deadline_seconds, cronjobs=self.cronjobs)
             svc = self.emu.find_object("v1", "Service", NAME, NS)
             if svc:
                 pool = svc["spec"]["selector"].get(names.LABEL_TRAFFIC, "")

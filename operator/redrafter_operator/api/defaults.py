@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
+from .cron import schedule_errors
 from .types import DURATION_PATTERN
 
 DEFAULT_BUILDER_IMAGE = "ghcr.io/redrafter/engine-builder:0.1.0-trtllm1.0.0"
@@ -50,12 +51,15 @@ class OperatorDefaults:
             ("cache_claim", ENV_CACHE_CLAIM, DNS1123_LABEL_PATTERN),
             ("cache_retention_keep", ENV_RETENTION_KEEP, r"^\d{1,3}$"),
             ("cache_retention_max_age", ENV_RETENTION_MAX_AGE, DURATION_PATTERN),
-            ("cache_retention_schedule", ENV_RETENTION_SCHEDULE, r"^\S+( \S+){4}$|^@\w+$"),
+            ("cache_retention_schedule", ENV_RETENTION_SCHEDULE, None),
         ):
             value = env.get(var, "").strip()
             if not value:
                 continue
-            if not re.fullmatch(pattern, value) or len(value) > 253:
+            if pattern is None:  # a CronJob schedule: the API server's own check (api/cron.py)
+                if errors := schedule_errors(value) or ([] if len(value) <= 100 else ["longer than 100 characters"]):
+                    raise ValueError(f"{var}={value!r} is not a schedule Kubernetes CronJobs take: {'; '.join(errors)}")
+            elif not re.fullmatch(pattern, value) or len(value) > 253:
                 raise ValueError(f"{var}={value!r} is not valid (expected {pattern})")
             values[attr] = int(value) if attr == "cache_retention_keep" else value
         return cls(**values)

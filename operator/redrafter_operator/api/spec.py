@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from . import defaults
+from .cron import check_schedule
 from .defaults import DEFAULT_BUILDER_IMAGE, DEFAULT_SERVING_IMAGE  # noqa: F401 (re-exported)
 from .types import (
     ApiModel,
@@ -153,7 +154,9 @@ class Parallelism(ApiModel):
     tensor: Literal[1, 2, 4, 8] = Field(default=1, description="Tensor-parallel size = GPUs per replica.")
 
 
-_CRON = r"^(@(hourly|daily|weekly|monthly|yearly|annually|midnight)|\S+( \S+){4})$"
+# The CRD's first filter (the shape of a schedule); the model checks it as the API server will
+# (api/cron.py: robfig/cron ParseStandard), so a CronJob apply never fails on it later.
+_CRON = r"^(@(hourly|daily|weekly|monthly|yearly|annually|midnight)|@every \S+|\S+( \S+){4})$"
 
 
 class CacheRetention(ApiModel):
@@ -172,8 +175,16 @@ class CacheRetention(ApiModel):
         default_factory=lambda: defaults.DEFAULTS.cache_retention_max_age,
         description="Keep unreferenced engines that were referenced within this duration (e.g. 720h).")
     schedule: str = Field(
-        default_factory=lambda: defaults.DEFAULTS.cache_retention_schedule, pattern=_CRON, max_length=100,
-        description="Cron schedule of the collection (a CronJob per cache claim, in the claim's namespace).")
+        default_factory=lambda: defaults.DEFAULTS.cache_retention_schedule, max_length=100,
+        json_schema_extra={"pattern": _CRON},
+        description="Cron schedule of the collection (a CronJob per cache claim, in the claim's namespace): "
+        "five fields or a descriptor (@daily, @every 6h) as Kubernetes CronJobs take them, in the time zone of "
+        "the cluster's kube-controller-manager (usually UTC).")
+
+    @field_validator("schedule")
+    @classmethod
+    def _kubernetes_schedule(cls, v: str) -> str:
+        return check_schedule(v)
 
     @property
     def enabled(self) -> bool:

@@ -127,9 +127,13 @@ def references_config_map(*, name: str, namespace: str, claim: str, document: st
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {REFERENCES_FILE: document}}
 
 
+#: the API server refuses a new CronJob whose name is longer: its Jobs are named ``<name>-<minutes>``
+CRONJOB_NAME_MAX = 52
+
+
 def collection_name(claim: str) -> str:
     """One CronJob and one references ConfigMap per claim (and namespace): a pure function of the claim."""
-    return names.safe_name("engine-cache-gc", claim)
+    return names.safe_name("engine-cache-gc", claim, limit=CRONJOB_NAME_MAX)
 
 
 def collection_cronjob(*, namespace: str, claim: str, sub_path: str, image: str, schedule: str, keep: int | None,

@@ -21,10 +21,11 @@ latency from the operator's own histogram
 ``redrafter_operator_reconcile_duration_seconds`` (scraped from its --metrics-port; quantiles
 interpolated within buckets as Prometheus' histogram_quantile does). Figures, not assertions.
 
-Idle is measured once the run has settled: after done, the speculation policy records the Service's move
-to ReDrafter (status.policy.serving, the autoscaler's settle window) at its first evaluation after the
-move, up to one spec.speculation.interval (30 s) later; the bench waits for that (time and writes printed
-as "settle"), then one resync interval, then counts writes over IDLE_INTERVALS resync intervals.
+Idle is measured once the run has settled: after done, the old (base) pool scales down (Progressing=True
+Switching until it did), and the speculation policy records the Service's move to ReDrafter
+(status.policy.serving, the autoscaler's settle window) at its first evaluation after the move, up to one
+spec.speculation.interval (30 s) later; the bench waits for both (time and writes printed as "settle"),
+then one resync interval, then counts writes over IDLE_INTERVALS resync intervals.
 
 With BENCH_PROFILE set, the operator runs under ``python -m cProfile -o <BENCH_PROFILE>-<N>.prof``
 (it stops on SIGTERM, cleanly, so the profile is written), and this process's emulator and stand-in
@@ -159,10 +160,13 @@ def done(obj: dict[str, Any]) -> bool:
         c.get("type") == "Validated" and c.get("status") == "True" for c in st.get("conditions") or [])
 
 
-def recorded(obj: dict[str, Any]) -> bool:
-    """The speculation policy has evaluated since the Service moved (or keeps no state: mode Never)."""
+def at_rest(obj: dict[str, Any]) -> bool:
+    """The switch is over (Progressing=False Complete: the old pool scaled down) and the speculation policy
+    has evaluated since the Service moved (or keeps no state: mode Never)."""
     st = obj.get("status") or {}
-    return not st.get("policy") or st["policy"].get("serving") == st.get("activeEngine")
+    complete = any(c.get("type") == "Progressing" and c.get("status") == "False" and c.get("reason") == "Complete"
+                   for c in st.get("conditions") or [])
+    return complete and (not st.get("policy") or st["policy"].get("serving") == st.get("activeEngine"))
 
 
 def progress(items: list[dict[str, Any]]) -> str:
@@ -278,15 +282,16 @@ def run(n: int) -> dict[str, Any]:
             total = len([r for r in requests if r.kind != "watch"])
             writes = len([r for r in requests if r.is_write])
             jobs = len(emu.list_objects("batch/v1", "Job"))
-            # settle: the speculation policy records the Service's move to ReDrafter (status.policy.serving, the
-            # autoscaler's settle window) at its first evaluation after it, up to spec.speculation.interval later;
-            # those writes are counted apart. Then let in-flight echoes settle, and count writes over several
-            # resync intervals.
+            # settle: after the Service moved to ReDrafter the base pool scales down (Progressing=True Switching
+            # until then), and the speculation policy records the move (status.policy.serving, the autoscaler's
+            # settle window) at its first evaluation after it, up to spec.speculation.interval later; those
+            # writes are counted apart. Then let in-flight echoes settle, and count writes over several resync
+            # intervals.
             mark = len(emu.request_log)
             settle_start = time.monotonic()
-            while not all(recorded(o) for o in emu.list_objects(API_VERSION, KIND)):
+            while not all(at_rest(o) for o in emu.list_objects(API_VERSION, KIND)):
                 if time.monotonic() - settle_start > SETTLE_SECONDS:
-                    raise RuntimeError(f"the speculation policy did not record the move within {SETTLE_SECONDS} s")
+                    raise RuntimeError(f"not at rest {SETTLE_SECONDS} s after done")
                 time.sleep(0.5)
             settle = time.monotonic() - settle_start
             settle_writes = len(emu.writes(mark))
@@ -329,7 +334,7 @@ def main(argv: list[str]) -> int:
               f"{r['writes_per_res']:>10.1f} {r['jobs']:>5} {r['idle_writes_per_interval']:>21.1f} "
               f"{r['peak_rss_mb']:>12.1f} {r['reconciles']:>10} {r['p50_ms']:>7.1f} {r['p99_ms']:>7.1f}", flush=True)
         print(f"      settle after done: {r['settle_s']:.1f} s, {r['settle_writes_per_res']:.2f} writes/resource "
-              f"(the speculation policy recording the move to ReDrafter)", flush=True)
+              f"(the base pool scaling down, the speculation policy recording the move)", flush=True)
         if r["idle_kinds"]:
             print(f"      idle writes by request: {r['idle_kinds']}", flush=True)
             print(f"      status fields they changed (resources): {r['idle_changed']}", flush=True)

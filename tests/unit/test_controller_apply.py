@@ -312,3 +312,23 @@ async def test_evaluator_slot_runs_per_resource_and_targets_enqueue() -> None:
         await asyncio.gather(ticker, return_exceptions=True)
     assert calls.count("a") == 1 and calls.count("b") >= 2  # each on its own interval
     assert controller.targets[("ns", "a")].active == "base" and len(controller.queue) == 2  # enqueued once each
+
+
+def test_the_operator_registers_nothing_that_reads_kopfs_diff_base() -> None:
+    """kopf's diff-base essence is never built (handlers.NoEssenceStorage): that holds only while the
+    operator registers no change-detecting handlers (create/update/resume/delete/field), daemons or timers."""
+    import kopf
+
+    from redrafter_operator.controller.handlers import NoEssenceStorage, register
+
+    registry = kopf.OperatorRegistry()
+
+    async def make() -> Any:
+        raise AssertionError("not started here")
+
+    register(registry, make)
+    assert registry._changing.get_all_handlers() == [] and registry._spawning.get_all_handlers() == []
+    assert len(registry._watching.get_all_handlers()) >= 8 and len(registry._indexing.get_all_handlers()) >= 8
+    storage = NoEssenceStorage()
+    assert storage.build(body=kopf.Body({"metadata": {"name": "x"}, "spec": {"a": 1}})) is None
+    assert storage.fetch(body=kopf.Body({"metadata": {"name": "x"}})) is None

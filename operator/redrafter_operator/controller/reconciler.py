@@ -139,6 +139,9 @@ class Controller:
         self.bodies[key] = body
         if old is None:
             self._by_label.setdefault((key[0], names.label_value(key[1])), set()).add(key)
+        for i, ev in enumerate(self.evaluators):
+            if getattr(ev, "wakes_on_change", False):  # due at the next tick (it is not running twice at once)
+                self._next_eval.pop((key, i), None)
         self.metrics.resources.set(len(self.bodies))
         if old is None or _reconcile_relevant(old) != _reconcile_relevant(body):
             self.queue.add(key)

@@ -33,7 +33,7 @@ from ..render import cache_jobs, names
 from ..render.cache_refs import references_document
 from .apply import ApiError, Applier, ChildState, manifest_hash
 from .metrics import OperatorMetrics
-from .resource_io import Host, Key, current_resource, index_entries, parsed_spec, post_events
+from .resource_io import Host, Key, current_resource, index_entries, post_events
 from .validation import DEFAULT_OPERATOR_IMAGE, ENV_OPERATOR_IMAGE
 
 log = logging.getLogger("redrafter_operator.controller")
@@ -44,11 +44,10 @@ ANNOTATION_REPORTED = f"{names.DOMAIN}/reported"
 
 
 def _spec(body: Mapping[str, Any]) -> ReDrafterDeploymentSpec | None:
-    meta = body.get("metadata") or {}
-    if meta.get("deletionTimestamp"):
+    if (body.get("metadata") or {}).get("deletionTimestamp"):
         return None
     try:
-        return parsed_spec((meta.get("namespace") or "default", meta.get("name", "")), body.get("spec") or {})
+        return ReDrafterDeploymentSpec.model_validate(dict(body.get("spec") or {}))
     except ValidationError:
         return None
 

@@ -9,7 +9,6 @@ them a small fake that has the same attributes.
 from __future__ import annotations
 
 import contextvars
-import copy
 import datetime as dt
 import logging
 from dataclasses import dataclass
@@ -84,24 +83,6 @@ class Current:
     status: dict[str, Any]
 
 
-SPEC_MEMO_LIMIT = 20_000
-_specs: dict[Key, tuple[dict[str, Any], ReDrafterDeploymentSpec]] = {}
-
-
-def parsed_spec(key: Key, raw: Mapping[str, Any]) -> ReDrafterDeploymentSpec:
-    """``raw`` (a resource's spec) validated, remembered per resource while it stays equal: evaluators
-    run every second or so per resource, and comparing two small dicts is far cheaper than validating one.
-    Raises ``ValidationError`` for an invalid spec (never remembered). Treat the result as read-only."""
-    hit = _specs.get(key)
-    if hit is not None and hit[0] == raw:
-        return hit[1]
-    spec = ReDrafterDeploymentSpec.model_validate(dict(raw))
-    if len(_specs) >= SPEC_MEMO_LIMIT:
-        _specs.clear()
-    _specs[key] = (copy.deepcopy(dict(raw)), spec)
-    return spec
-
-
 def current_resource(controller: Host, body: Mapping[str, Any]) -> Current | None:
     """The resource now, or None while it is being deleted or its spec is invalid (the reconciler says why)."""
     meta = body.get("metadata") or {}
@@ -111,7 +92,7 @@ def current_resource(controller: Host, body: Mapping[str, Any]) -> Current | Non
     if meta.get("deletionTimestamp"):
         return None
     try:
-        spec = parsed_spec(key, body.get("spec") or {})
+        spec = ReDrafterDeploymentSpec.model_validate(dict(body.get("spec") or {}))
     except ValidationError:
         return None
     return Current(key, body, meta, spec, dict(controller.written.get(key) or body.get("status") or {}))
@@ -181,5 +162,4 @@ def variant_deployments(controller: Host, ns: str, name: str) -> dict[str, Any]:
 
 
 __all__ = ["Current", "Evaluator", "Host", "Key", "current_resource", "index_entries", "interval_of", "now_rfc3339",
-           "parsed_spec",
            "post_event", "post_events", "status_path", "variant_deployments", "write_status"]

@@ -318,10 +318,10 @@ def run(n: int) -> dict[str, Any]:
             stand_ins.stop.set()
             stand_ins.join(5)
             thread.stop()
-    return {"n": n, "wall_s": wall, "settle_s": settle, "settle_writes_per_res": settle_writes / n, "cpu_s": cpu, "bench_cpu_s": bench_cpu, "req_per_res": total / n, "writes_per_res": writes / n, "jobs": jobs,
+    return {"n": n, "wall_s": wall, "cpu_s": cpu, "bench_cpu_s": bench_cpu, "req_per_res": total / n,
+            "writes_per_res": writes / n, "jobs": jobs, "settle_s": settle, "settle_writes_per_res": settle_writes / n,
             "idle_writes_per_interval": idle_writes, "peak_rss_mb": rss, "idle_kinds": dict(idle_kinds),
-            "idle_changed": dict(changed),
-            "p50_ms": p50 * 1000, "p99_ms": p99 * 1000, "reconciles": reconciles}
+            "idle_changed": dict(changed), "p50_ms": p50 * 1000, "p99_ms": p99 * 1000, "reconciles": reconciles}
 
 
 def main(argv: list[str]) -> int:

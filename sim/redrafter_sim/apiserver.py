@@ -58,6 +58,8 @@ class ApiServerEmulator(HttpFrontend, KubernetesEmulator):
     _faults: list[Fault] = attrs.field(factory=list, init=False, repr=False)
     _tokens: dict[str, str] = attrs.field(factory=dict, init=False, repr=False)  # bearer token -> user name
     _owned: dict[str, set[tuple[StoreKey, ObjKey]]] = attrs.field(factory=dict, init=False, repr=False)
+    _namespaced: dict[StoreKey, dict[str | None, set[ObjKey]]] = attrs.field(
+        factory=lambda: collections.defaultdict(dict), init=False, repr=False)
     internal_errors: list[Exception] = attrs.field(factory=list, init=False, repr=False)  # emulator bugs (answered 500)
 
     def __attrs_post_init__(self) -> None:
@@ -156,6 +158,11 @@ class ApiServerEmulator(HttpFrontend, KubernetesEmulator):
         rtype = self.resource_type(api_version, kind)
         return self._list(rtype, namespace, parse_label_selector(label_selector),
                           parse_field_selector(field_selector))
+
+    def resource_versions(self, api_version: str, kind: str) -> dict[ObjKey, str]:
+        """(namespace, name) -> resourceVersion of every stored object of a kind, without copying any: a
+        cheap way for a simulated controller to find what changed since it last looked."""
+        return self._resource_versions(self.resource_type(api_version, kind))
 
     def create_object(self, body: dict[str, Any], *, field_manager: str | None = None) -> dict[str, Any]:
         """Create from a full manifest (apiVersion/kind/metadata) as a POST would (no field_manager: the

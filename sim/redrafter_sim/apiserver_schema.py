@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,16 +146,32 @@ def _cause(error: jsonschema.ValidationError) -> Cause:
     return Cause(field, "FieldValueInvalid", f"Invalid value: {error.message}")
 
 
-def validate(obj: dict[str, Any], schema: dict[str, Any] | None) -> list[Cause]:
-    """Structural validation of a whole custom object (metadata excluded) against its CRD schema."""
-    if schema is None:
-        return []
+_validators: dict[int, tuple[dict[str, Any], Any]] = {}  # id(schema) -> (schema, its validator)
+
+
+def _validator(schema: dict[str, Any]) -> Any:
+    """The JSON Schema validator of a CRD schema, built once per schema object (they are never mutated:
+    a changed CRD installs new ones); the schema is kept with it so that its id is not reused."""
+    hit = _validators.get(id(schema))
+    if hit is not None and hit[0] is schema:
+        return hit[1]
     checked_schema = _to_jsonschema(schema)
     props = dict(checked_schema.get("properties") or {})
     props.pop("metadata", None)
     checked_schema["properties"] = props
-    body = {k: v for k, v in obj.items() if k != "metadata"}
     validator = jsonschema.Draft7Validator(checked_schema)
+    if len(_validators) >= 256:
+        _validators.clear()
+    _validators[id(schema)] = (schema, validator)
+    return validator
+
+
+def validate(obj: dict[str, Any], schema: dict[str, Any] | None) -> list[Cause]:
+    """Structural validation of a whole custom object (metadata excluded) against its CRD schema."""
+    if schema is None:
+        return []
+    body = {k: v for k, v in obj.items() if k != "metadata"}
+    validator = _validator(schema)
     causes = [_cause(e) for e in sorted(validator.iter_errors(body), key=lambda e: [str(p) for p in e.absolute_path])]
     return causes
 
@@ -172,22 +189,42 @@ def _cel_type_name(value: Any) -> str:
             float: "number"}.get(type(value), "null")
 
 
-def _check_rules(value: Any, old: Any, schema: dict[str, Any], path: str, causes: list[Cause]) -> None:
+_outcomes: dict[tuple[str, str, str, str], tuple[bool, str]] = {}  # (rule, message, self, oldSelf) -> outcome
+
+
+def _evaluate_rule(rule: dict[str, Any], value: Any, old: Any) -> tuple[bool, str]:
+    """(failed, detail) of one CEL rule; CEL is deterministic, so an outcome is reused for the same inputs
+    (every write re-validates the whole object, and most of it is the same as in the last write)."""
     import celpy
 
+    text = rule.get("rule", "")
+    uses_old = "oldSelf" in text
+    memo = (text, rule.get("message") or "", json.dumps(value, sort_keys=True),
+            json.dumps(old, sort_keys=True) if uses_old else "")
+    hit = _outcomes.get(memo)
+    if hit is not None:
+        return hit
+    activation = {"self": celpy.json_to_cel(value)}
+    if old is not None:
+        activation["oldSelf"] = celpy.json_to_cel(old)
+    try:
+        result = _cel_program(text).evaluate(activation)
+        failed, detail = not bool(result), rule.get("message") or f"failed rule: {text}"
+    except Exception as exc:  # CELEvalError (e.g. no such key) is a rejection, as on the server
+        reason = exc.args[0] if exc.args else exc
+        failed, detail = True, f"{rule.get('message') or text}: evaluation error: {reason}"
+    if len(_outcomes) >= 20_000:
+        _outcomes.clear()
+    _outcomes[memo] = (failed, detail)
+    return failed, detail
+
+
+def _check_rules(value: Any, old: Any, schema: dict[str, Any], path: str, causes: list[Cause]) -> None:
     for rule in schema.get("x-kubernetes-validations") or []:
         text = rule.get("rule", "")
         if "oldSelf" in text and old is None:
             continue  # transition rules only apply to updates
-        activation = {"self": celpy.json_to_cel(value)}
-        if old is not None:
-            activation["oldSelf"] = celpy.json_to_cel(old)
-        try:
-            result = _cel_program(text).evaluate(activation)
-            failed, detail = not bool(result), rule.get("message") or f"failed rule: {text}"
-        except Exception as exc:  # CELEvalError (e.g. no such key) is a rejection, as on the server
-            reason = exc.args[0] if exc.args else exc
-            failed, detail = True, f"{rule.get('message') or text}: evaluation error: {reason}"
+        failed, detail = _evaluate_rule(rule, value, old)
         if failed:
             field = path + (rule.get("fieldPath") or "")
             reason = {"FieldValueRequired": "FieldValueRequired", "FieldValueForbidden": "FieldValueForbidden",

@@ -108,6 +108,7 @@ class ObjectStore:
     _watchers: set[Watcher]
     _mutex: threading.RLock
     _owned: dict[str, set[tuple[StoreKey, ObjKey]]]
+    _namespaced: dict[StoreKey, dict[str | None, set[ObjKey]]]  # the keys of each namespace, per store
     auto_create_namespaces: bool
 
     def _bucket(self, rtype: ResourceType) -> dict[ObjKey, dict[str, Any]]:
@@ -117,13 +118,20 @@ class ObjectStore:
         """Store an object and keep the owner index (owner uid -> dependents) in step."""
         self._unindex(rtype.storage_key, key)
         self._bucket(rtype)[key] = obj
+        self._namespaced[rtype.storage_key].setdefault(key[0], set()).add(key)
         for ref in obj["metadata"].get("ownerReferences") or []:
             if ref.get("uid"):
                 self._owned.setdefault(ref["uid"], set()).add((rtype.storage_key, key))
 
     def _remove(self, rtype: ResourceType, key: ObjKey) -> dict[str, Any]:
         self._unindex(rtype.storage_key, key)
-        return self._bucket(rtype).pop(key)
+        obj = self._bucket(rtype).pop(key)
+        keys = self._namespaced[rtype.storage_key].get(key[0])
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._namespaced[rtype.storage_key][key[0]]
+        return obj
 
     def _unindex(self, store: StoreKey, key: ObjKey) -> None:
         old = self._store[store].get(key)
@@ -173,9 +181,18 @@ class ObjectStore:
     def _list(self, rtype: ResourceType, namespace: str | None, labels: Matcher, fields: Matcher,
               ) -> list[dict[str, Any]]:
         with self._mutex:
-            objs = [o for (ns, _), o in sorted(self._bucket(rtype).items(), key=lambda kv: (kv[0][0] or "", kv[0][1]))
-                    if (namespace is None or ns == namespace) and labels(o) and fields(o)]
+            bucket = self._bucket(rtype)
+            if namespace is not None and rtype.namespaced:  # a key range, as etcd's: only this namespace's objects
+                keys = sorted(self._namespaced[rtype.storage_key].get(namespace, ()), key=lambda k: k[1])
+            else:
+                keys = sorted((k for k in bucket if namespace is None or k[0] == namespace),
+                              key=lambda k: (k[0] or "", k[1]))
+            objs = [o for o in (bucket[k] for k in keys) if labels(o) and fields(o)]
             return [_as_type(o, rtype) for o in objs]
+
+    def _resource_versions(self, rtype: ResourceType) -> dict[ObjKey, str]:
+        with self._mutex:
+            return {k: o["metadata"].get("resourceVersion", "") for k, o in self._bucket(rtype).items()}
 
     def _check_namespace(self, rtype: ResourceType, namespace: str | None) -> None:
         if not rtype.namespaced:

@@ -719,6 +719,52 @@ async def test_network_policies_converge_like_every_child(cluster: Cluster, kube
         await op.stop()
 
 
+async def test_validated_resources_at_rest_cost_no_writes_over_resyncs_and_evaluations(
+        cluster: Cluster, kubeconfig: Path) -> None:
+    """Several resources built, validated (the validation Job's pod leaves the verdict a passing `evaluate
+    validate` writes) and serving ReDrafter: once the policy recorded the move, an operator resyncing every
+    0.5 s with every evaluator running (validation every second, the policy every second) writes nothing."""
+    from redrafter_operator.evaluate import outcome as oc
+
+    passed = oc.format_termination_message(oc.ValidationOutcome(oc.PASSED, "12 requests per engine (chat): "
+                                                                "12 greedy outputs identical, no errors"))
+    names_ = [f"idle-{i}" for i in range(3)]
+    op = Operator(kubeconfig, resync=0.5)
+    await op.start()
+    stop = asyncio.Event()
+
+    async def jobs_finish() -> None:  # the Job controller: every build and validation Job succeeds
+        while not stop.is_set():
+            for job in cluster.emu.list_objects("batch/v1", "Job", NS):
+                component = job["metadata"]["labels"].get(names.LABEL_COMPONENT)
+                if component in ("engine-build", "validation") and not (job.get("status") or {}).get("conditions"):
+                    controllers.complete_job(cluster.emu, job["metadata"]["name"], NS, message=(
+                        passed if component == "validation" else BUILT.message("OK: engine built")))
+            await asyncio.sleep(0.05)
+
+    finisher = asyncio.create_task(jobs_finish())
+    try:
+        for name in names_:
+            cluster.emu.create_object(example(name, speculation__interval="1s"))
+
+        def at_rest(name: str) -> bool:
+            st = cluster.status(name)
+            conds = {c["type"]: c for c in st.get("conditions") or []}
+            return (st.get("phase") == "Serving" and st.get("activeEngine") == "redrafter"
+                    and conds.get("Validated", {}).get("status") == "True"
+                    and conds.get("Progressing", {}).get("reason") == "Complete"  # base scaled down
+                    and (st.get("policy") or {}).get("serving") == "redrafter")
+        await until(lambda: all(at_rest(n) for n in names_), timeout=90, what="validated, serving ReDrafter")
+        await settle(cluster)
+        mark = len(cluster.emu.request_log)
+        await asyncio.sleep(3.0)  # 6 resyncs, 3 validation and >= 1 policy evaluations of each resource
+        assert cluster.operator_writes(mark) == [], "at rest: idle"
+    finally:
+        stop.set()
+        await finisher
+        await op.stop()
+
+
 async def test_events_name_this_operator_and_its_pod(cluster: Cluster, kubeconfig: Path, kubectl: Any,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("POD_NAME", "redrafter-operator-7d9f-abcde")  # the chart's downward API

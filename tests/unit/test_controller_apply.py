@@ -312,3 +312,72 @@ async def test_evaluator_slot_runs_per_resource_and_targets_enqueue() -> None:
         await asyncio.gather(ticker, return_exceptions=True)
     assert calls.count("a") == 1 and calls.count("b") >= 2  # each on its own interval
     assert controller.targets[("ns", "a")].active == "base" and len(controller.queue) == 2  # enqueued once each
+
+
+def test_the_operator_registers_nothing_that_reads_kopfs_diff_base() -> None:
+    """kopf's diff-base essence is never built (handlers.NoEssenceStorage): that holds only while the
+    operator registers no change-detecting handlers (create/update/resume/delete/field), daemons or timers."""
+    import kopf
+
+    from redrafter_operator.controller.handlers import NoEssenceStorage, register
+
+    registry = kopf.OperatorRegistry()
+
+    async def make() -> Any:
+        raise AssertionError("not started here")
+
+    register(registry, make)
+    assert registry._changing.get_all_handlers() == [] and registry._spawning.get_all_handlers() == []
+    assert len(registry._watching.get_all_handlers()) >= 8 and len(registry._indexing.get_all_handlers()) >= 8
+    storage = NoEssenceStorage()
+    assert storage.build(body=kopf.Body({"metadata": {"name": "x"}, "spec": {"a": 1}})) is None
+    assert storage.fetch(body=kopf.Body({"metadata": {"name": "x"}})) is None
+
+
+def test_validation_is_polled_only_while_it_may_be_under_way() -> None:
+    """The validation evaluator's interval: a second while a validation may run, else long (any change of the
+    resource wakes it: see the next test)."""
+    from redrafter_operator.controller.gate import ANNOTATION_RETRY_VALIDATION
+    from redrafter_operator.controller.validation import SETTLED_INTERVAL, Promotion, ValidationEvaluator, \
+        may_be_validating
+
+    engines = {"redrafter": {"state": "Ready", "key": "r1"}, "base": {"state": "Cached", "key": "b1"}}
+
+    def body(validation: dict[str, Any] | None = None, enabled: bool | None = None,
+             retry: str | None = None, built: bool = True) -> dict[str, Any]:
+        return {"metadata": {"annotations": {ANNOTATION_RETRY_VALIDATION: retry} if retry else {}},
+                "spec": {"validation": {"enabled": enabled}} if enabled is not None else {},
+                "status": {"engines": engines if built else {}, **({"validation": validation} if validation else {})}}
+
+    assert may_be_validating(body()) and may_be_validating(body({"redrafterKey": "r1", "baseKey": "b1", "state": "Running"}))
+    assert may_be_validating(body({"redrafterKey": "r0", "baseKey": "b1", "state": "Passed"}))  # a new pair
+    assert not may_be_validating(body(enabled=False)) and not may_be_validating(body(built=False))
+    assert not may_be_validating(body({"redrafterKey": "r1", "baseKey": "b1", "state": "Passed"}))
+    failed = {"redrafterKey": "r1", "baseKey": "b1", "state": "Failed", "retryToken": "1"}
+    assert not may_be_validating(body(failed)) and not may_be_validating(body(failed, retry="1"))
+    assert may_be_validating(body(failed, retry="2"))
+    ev = ValidationEvaluator(Promotion())
+    assert ev.interval(body()) == 1.0 and ev.interval(body(built=False)) == SETTLED_INTERVAL
+
+
+def test_a_change_of_the_resource_wakes_the_evaluators_that_ask_for_it() -> None:
+    from redrafter_operator.controller.reconciler import Controller
+    from redrafter_operator.controller.renderers import default_renderers
+
+    class Evaluator:
+        def __init__(self, wakes: bool) -> None:
+            self.wakes_on_change = wakes
+
+        def interval(self, body: Any) -> float:
+            return 30.0
+
+        async def evaluate(self, controller: Any, body: Any) -> None:
+            pass
+
+    controller = Controller(client=EmulatorClient(), renderers=default_renderers())  # type: ignore[arg-type]
+    controller.add_evaluator(Evaluator(wakes=False))
+    controller.add_evaluator(Evaluator(wakes=True))
+    key = ("ns", "a")
+    controller._next_eval.update({(key, 0): 1e9, (key, 1): 1e9})
+    controller.on_resource_event("MODIFIED", {"metadata": {"namespace": "ns", "name": "a"}, "status": {"x": 1}})
+    assert controller._next_eval == {(key, 0): 1e9}  # the waking one is due at the next tick

@@ -303,6 +303,21 @@ def test_pure_helpers() -> None:
     assert status_fragment  # exercised through the evaluator above
 
 
+def test_an_expired_settle_window_is_not_worth_a_write_alone() -> None:
+    """The autoscaler treats a settle window that has expired as none: clearing it is no change by itself
+    (else every resource writes once, minutes after a switch, with nothing else to say)."""
+    def status(settle: list[float] | None, t: float) -> dict[str, Any]:
+        autoscaler = {"recommendations": [], **({"settle": settle} if settle else {})}
+        return {"speculation": {"lastEvaluated": sp.rfc3339(t), "samples": 0},
+                "policy": {"autoscaler": autoscaler, "window": {"t": t}}}
+
+    old = status([150.0, 2], 100.0)
+    assert status_patch(old, status(None, 200.0), now=200.0, heartbeat_seconds=300) is None  # expired at 150
+    assert status_patch(old, status(None, 120.0), now=120.0, heartbeat_seconds=300) is not None  # still running
+    assert status_patch(old, status([300.0, 3], 200.0), now=200.0, heartbeat_seconds=300) is not None  # a new one
+    assert status_patch(old, status(None, 500.0), now=500.0, heartbeat_seconds=300) is not None  # heartbeat due
+
+
 # ---- the validation gate's pure parts -------------------------------------------------------------------
 from redrafter_operator.api.spec import ReDrafterDeploymentSpec  # noqa: E402
 from redrafter_operator.controller.gate import (  # noqa: E402

@@ -44,6 +44,7 @@ class ControllerSettings:
     workers: int = 4
     resync_seconds: float = 300.0
     claim_seconds: float = 120.0  # how long an in-flight build claim is trusted before its Job is seen
+    evaluations: int = 32  # evaluations of one evaluator in flight at once (each for a different resource)
 
 
 @dataclass
@@ -63,9 +64,14 @@ class Controller:
         self.written: dict[Key, dict[str, Any]] = {}  # last status written, until the watch echoes it
         self.targets: dict[Key, ServingTargets] = {}
         self.waiting: dict[Key, set[tuple[str, str]]] = {}  # resource -> {(claim, path)} it waits for
+        self._waiters: dict[tuple[str, str, str], set[Key]] = {}  # (namespace, claim, path) -> who waits
+        self._by_label: dict[tuple[str, str], set[Key]] = {}  # (namespace, owner label value) -> resources
         self.failures: dict[Key, int] = {}
         self.evaluators: list[Evaluator] = []
         self._next_eval: dict[tuple[Key, int], float] = {}
+        self._evaluating: set[tuple[Key, int]] = set()  # (resource, evaluator) slots in flight
+        self._eval_slots: dict[int, asyncio.Semaphore] = {}
+        self._eval_tasks: set[asyncio.Task[None]] = set()
         self.applier = Applier(self.client, lambda manifest: child_state(self.indexes, manifest))
         self._tasks: list[asyncio.Task[None]] = []
         self.failed_pods = FailedPodMessages(self.client)
@@ -111,10 +117,11 @@ class Controller:
         meta = raw.get("metadata") or {}
         key = (meta.get("namespace") or "default", meta.get("name", ""))
         if event_type == "DELETED":
-            self.bodies.pop(key, None)
+            if self.bodies.pop(key, None) is not None:
+                _discard(self._by_label, (key[0], names.label_value(key[1])), key)
             self.written.pop(key, None)
             self.targets.pop(key, None)
-            self.waiting.pop(key, None)
+            self._set_waiting(key, set())
             self.failures.pop(key, None)
             lock = self._locks.get(key)
             if lock is not None and not lock.locked():
@@ -130,6 +137,11 @@ class Controller:
             self.written.pop(key, None)  # the watch caught up with our last write
         old = self.bodies.get(key)
         self.bodies[key] = body
+        if old is None:
+            self._by_label.setdefault((key[0], names.label_value(key[1])), set()).add(key)
+        for i, ev in enumerate(self.evaluators):
+            if getattr(ev, "wakes_on_change", False):  # due at the next tick (it is not running twice at once)
+                self._next_eval.pop((key, i), None)
         self.metrics.resources.set(len(self.bodies))
         if old is None or _reconcile_relevant(old) != _reconcile_relevant(body):
             self.queue.add(key)
@@ -151,14 +163,21 @@ class Controller:
             self._enqueue_owner(ns, labels.get(names.LABEL_DEPLOYMENT, ""))  # owned by a ReplicaSet, not by us
         if raw.get("kind") == "Job":
             job = JobFact.from_body(raw)
-            for key, waits in self.waiting.items():
-                if key[0] == ns and (job.claim, job.artifact) in waits:
-                    self.queue.add(key)
+            for key in self._waiters.get((ns, job.claim, job.artifact), ()):
+                self.queue.add(key)
 
     def _enqueue_owner(self, ns: str, owner_label: str) -> None:
-        for key in self.bodies:
-            if key[0] == ns and names.label_value(key[1]) == owner_label:
-                self.queue.add(key)
+        for key in self._by_label.get((ns, owner_label), ()):
+            self.queue.add(key)
+
+    def _set_waiting(self, key: Key, waits: set[tuple[str, str]]) -> None:
+        """Which artifacts (claim, path) ``key`` waits for, and the reverse map a Job event looks up."""
+        for claim, path in self.waiting.pop(key, set()) - waits:
+            _discard(self._waiters, (key[0], claim, path), key)
+        for claim, path in waits:
+            self._waiters.setdefault((key[0], claim, path), set()).add(key)
+        if waits:
+            self.waiting[key] = waits
 
     def _fill_applied(self, namespace: str, observed: Observed) -> None:
         """Which manifest each observed Deployment carries, as far as this process's applies tell."""
@@ -172,14 +191,22 @@ class Controller:
 
     async def stop(self) -> None:
         self.queue.close()
-        for task in self._tasks:
+        tasks = [*self._tasks, *self._eval_tasks]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks = []
+        self._eval_tasks.clear()
+        self._evaluating.clear()
         await self.client.close()
 
     async def _ticker(self) -> None:
-        """Periodic resync (missed events) and the per-resource evaluator slots."""
+        """Periodic resync (missed events) and the per-resource evaluator slots.
+
+        Each due (resource, evaluator) slot runs as its own task, at most ``settings.evaluations`` per
+        evaluator at once and never twice at once for the same slot: an evaluation that waits (a metrics
+        scrape up to its timeout, an API call) delays neither the other resources nor the other evaluators,
+        so the time for every resource to be evaluated does not grow with the number of resources."""
         last_resync = time.monotonic()
         while True:
             await asyncio.sleep(1.0)
@@ -195,15 +222,38 @@ class Controller:
                     del self._next_eval[ref]
             for i, ev in enumerate(self.evaluators):
                 for key, body in list(self.bodies.items()):
-                    due = self._next_eval.get((key, i), 0.0)
-                    if now < due:
+                    slot = (key, i)
+                    if slot in self._evaluating or now < self._next_eval.get(slot, 0.0):
                         continue
                     try:
-                        self._next_eval[(key, i)] = now + max(1.0, ev.interval(body))
-                        async with self.lock(key):
-                            await ev.evaluate(self, body)
+                        self._next_eval[slot] = now + max(1.0, ev.interval(body))
                     except Exception:  # an evaluator's bug must not stop serving reconciles
                         log.exception("evaluator %s failed for %s/%s", type(ev).__name__, *key)
+                        continue
+                    self._evaluating.add(slot)
+                    task = asyncio.create_task(self._evaluate(ev, slot, body),
+                                               name=f"redrafter-evaluate-{i}-{key[0]}/{key[1]}")
+                    self._eval_tasks.add(task)
+                    task.add_done_callback(self._eval_tasks.discard)
+
+    async def _evaluate(self, ev: Evaluator, slot: tuple[Key, int], body: Mapping[str, Any]) -> None:
+        """One evaluation of one resource (holding the resource's lock: see :meth:`lock`)."""
+        key, i = slot
+        slots = self._eval_slots.get(i)
+        if slots is None:
+            slots = self._eval_slots[i] = asyncio.Semaphore(max(1, self.settings.evaluations))
+        try:
+            async with slots:
+                if key not in self.bodies:  # deleted while it waited for a slot
+                    return
+                async with self.lock(key):
+                    await ev.evaluate(self, body)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # an evaluator's bug must not stop serving reconciles
+            log.exception("evaluator %s failed for %s/%s", type(ev).__name__, *key)
+        finally:
+            self._evaluating.discard(slot)
 
     async def _worker(self, n: int) -> None:
         while True:
@@ -282,8 +332,8 @@ class Controller:
                 result.events.append(EventSpec("Warning", "InferencePoolCRDMissing", CRD_MISSING_MESSAGE))
         for manifest in result.delete:
             await self.applier.delete(manifest)
-        self.waiting[key] = {(claim, e["path"]) for e in result.status.get("engines", {}).values()
-                             if e.get("state") == "Building"}
+        self._set_waiting(key, {(claim, e["path"]) for e in result.status.get("engines", {}).values()
+                                if e.get("state") == "Building"})
         current = {k: v for k, v in res.status.items() if k != "kopf"}
         patch = merge_patch(current, result.status)
         if patch:
@@ -307,6 +357,14 @@ class Controller:
         self.metrics.reconciles.labels("ok").inc()
         self.metrics.duration.observe(time.perf_counter() - started)
         return result
+
+
+def _discard(index: dict[Any, set[Key]], ref: Any, key: Key) -> None:
+    keys = index.get(ref)
+    if keys is not None:
+        keys.discard(key)
+        if not keys:
+            del index[ref]
 
 
 def _carried(applier: Applier, namespace: str, dep: DeploymentFact) -> str:

@@ -45,7 +45,10 @@ class Host(Protocol):
 
 
 class Evaluator(Protocol):
-    """A per-resource periodic task (the speculation policy / autoscaler plugs in here)."""
+    """A per-resource periodic task (the speculation policy / autoscaler plugs in here).
+
+    An evaluator with a true ``wakes_on_change`` attribute is also due at once whenever the resource changes
+    (spec, metadata or status), so its ``interval`` may be long while nothing is under way."""
 
     def interval(self, body: Mapping[str, Any]) -> float: ...
 

@@ -85,8 +85,9 @@ def newer_state(memory: PolicyState | None, stored: PolicyState | None) -> Polic
     return stored if theirs > mine else memory
 
 
-def _volatile_free(fragment: Mapping[str, Any]) -> Any:
-    """The fragment without fields that change on every evaluation by themselves (timestamps)."""
+def _volatile_free(fragment: Mapping[str, Any], now: float) -> Any:
+    """The fragment without fields that change on every evaluation by themselves (timestamps), and without an
+    autoscaler settle window that has expired (the autoscaler treats it as none: clearing it alone is no change)."""
     out = {k: v for k, v in fragment.items()}
     if isinstance(out.get("speculation"), dict):
         out["speculation"] = {k: v for k, v in out["speculation"].items() if k != "lastEvaluated"}
@@ -95,6 +96,10 @@ def _volatile_free(fragment: Mapping[str, Any]) -> Any:
         policy = dict(policy)
         if isinstance(policy.get("speculation"), dict):
             policy["speculation"] = {k: v for k, v in policy["speculation"].items() if k != "last_evaluated"}
+        autoscaler = policy.get("autoscaler")
+        if isinstance(autoscaler, dict) and isinstance(autoscaler.get("settle"), list) and autoscaler["settle"] \
+                and isinstance(autoscaler["settle"][0], (int, float)) and now >= autoscaler["settle"][0]:
+            policy["autoscaler"] = {k: v for k, v in autoscaler.items() if k != "settle"}
         window = policy.get("window")
         if isinstance(window, dict):
             pods = {p: {k: v for k, v in (m or {}).items() if k != "t"} for p, m in (window.get("pods") or {}).items()}
@@ -139,7 +144,7 @@ def status_patch(old: Mapping[str, Any], fragment: Mapping[str, Any], *, now: fl
     patch = merge_patch(current, dict(fragment))
     if not patch:
         return None
-    if merge_patch(_volatile_free(current), _volatile_free(fragment)) is None:
+    if merge_patch(_volatile_free(current, now), _volatile_free(fragment, now)) is None:
         last = _epoch((old.get("speculation") or {}).get("lastEvaluated"))
         if last is not None and now - last < heartbeat_seconds:
             return None

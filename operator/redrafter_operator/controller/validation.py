@@ -57,6 +57,9 @@ log = logging.getLogger("redrafter_operator.controller.validation")
 
 ENV_OPERATOR_IMAGE = "REDRAFTER_OPERATOR_IMAGE"
 VALIDATION_INTERVAL = 1.0  # the ticker's granularity: a Job starts as soon as both variants are Ready
+#: a resource with nothing to validate now (validation disabled, an engine not built, its pair settled) is looked at
+#: this often; any change of the resource wakes the evaluator at once (``wakes_on_change``)
+SETTLED_INTERVAL = 30.0
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 
 
@@ -80,6 +83,22 @@ def validation_fragment(old: Mapping[str, Any], step: ValidationStep, *, generat
     if step.crossover is not None and step.crossover != float("inf"):
         out["speculation"] = {**(old.get("speculation") or {}), "crossoverConcurrency": round(step.crossover, 4)}
     return out
+
+
+def may_be_validating(body: Mapping[str, Any]) -> bool:
+    """Whether an evaluation of ``body`` may have work to do: validation enabled, both engines built, and
+    their pair neither Passed nor Failed-without-a-new-retry-token (what :meth:`ValidationEvaluator.evaluate`
+    returns early for, read from the raw body; an unreadable spec counts as enabled)."""
+    enabled = ((body.get("spec") or {}).get("validation") or {}).get("enabled", True)
+    status = body.get("status") or {}
+    pair = engine_pair(status) if enabled is not False else None
+    if pair is None:
+        return False
+    state = gate_of(status, pair).state
+    if state == "Passed":
+        return False
+    retry = ((body.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_RETRY_VALIDATION) or None
+    return not (state == "Failed" and (not retry or retry == (status.get("validation") or {}).get("retryToken")))
 
 
 def latest_pod(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -137,7 +156,14 @@ class Promotion:
 
 # ---- the evaluator -------------------------------------------------------------------------------
 class ValidationEvaluator:
-    """Runs the validation gate of each resource (see the module docs)."""
+    """Runs the validation gate of each resource (see the module docs).
+
+    Every VALIDATION_INTERVAL while a validation may be under way; otherwise every SETTLED_INTERVAL, and at once
+    whenever the resource changes (``wakes_on_change``: what unsettles it — a new engine pair, the retry
+    annotation, validation turned on — is a change of the resource), so that thousands of settled resources
+    cost next to nothing between changes."""
+
+    wakes_on_change = True
 
     def __init__(self, promotion: Promotion, *, operator_image: str | None = None,
                  interval_seconds: float = VALIDATION_INTERVAL) -> None:
@@ -146,7 +172,7 @@ class ValidationEvaluator:
         self.interval_seconds = interval_seconds
 
     def interval(self, body: Mapping[str, Any]) -> float:
-        return self.interval_seconds
+        return self.interval_seconds if may_be_validating(body) else max(self.interval_seconds, SETTLED_INTERVAL)
 
     async def evaluate(self, controller: Host, body: Mapping[str, Any]) -> None:
         view = current_resource(controller, body)
@@ -217,4 +243,4 @@ class ValidationEvaluator:
             raise
 
 
-__all__ = ["Promotion", "ValidationEvaluator", "latest_pod", "validation_fragment"]
+__all__ = ["Promotion", "ValidationEvaluator", "latest_pod", "may_be_validating", "validation_fragment"]

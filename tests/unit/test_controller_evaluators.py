@@ -189,7 +189,7 @@ async def test_collapse_switches_with_status_history_event_counter_and_targets(e
     assert ctl.metrics.speculation_evaluations.labels("Failed")._value.get() == 1
 
 
-async def test_unchanged_evaluation_writes_nothing_until_the_heartbeat(endpoint, events) -> None:
+async def test_an_evaluation_that_changes_nothing_writes_nothing(endpoint, events) -> None:
     ctl, clock = FakeController(body()), Clock()
     ev = evaluator(endpoint, clock)
     endpoint.serve(20, 0.8)
@@ -206,9 +206,14 @@ async def test_unchanged_evaluation_writes_nothing_until_the_heartbeat(endpoint,
         clock.t += 1
         await ev.evaluate(ctl, ctl.bodies[(NS, NAME)])
     assert len(ctl.client.patches()) == n
-    clock.t += sp.HEARTBEAT_MIN_SECONDS
+    stamped = ctl.status["speculation"]["lastEvaluated"]
+    clock.t += 3600  # an hour at rest: still nothing but timestamps, so still no write
     await ev.evaluate(ctl, ctl.bodies[(NS, NAME)])
-    assert len(ctl.client.patches()) == n + 1 and set(ctl.client.patches()[-1]) == {"speculation", "policy"}
+    assert len(ctl.client.patches()) == n and ctl.status["speculation"]["lastEvaluated"] == stamped
+    endpoint.serve(20, 0.8)  # traffic again: a measurement to record, with its time
+    clock.t += 1
+    await ev.evaluate(ctl, ctl.bodies[(NS, NAME)])
+    assert len(ctl.client.patches()) == n + 1
     assert ctl.status["speculation"]["lastEvaluated"] == sp.rfc3339(clock.t)
     assert events == []
 
@@ -297,9 +302,9 @@ def test_pure_helpers() -> None:
     assert stored_state({}) is None
     old = {"speculation": {"lastEvaluated": sp.rfc3339(100.0), "samples": 0}, "policy": {"window": {"t": 1.0}}}
     same_but_later = {"speculation": {"lastEvaluated": sp.rfc3339(101.0), "samples": 0}, "policy": {"window": {"t": 2.0}}}
-    assert status_patch(old, same_but_later, now=101.0, heartbeat_seconds=300) is None
-    assert status_patch(old, same_but_later, now=401.0, heartbeat_seconds=300) is not None
-    assert status_patch(old, {**same_but_later, "speculation": {"samples": 3}}, now=101.0, heartbeat_seconds=300)
+    assert status_patch(old, same_but_later, now=101.0) is None
+    assert status_patch(old, same_but_later, now=100_000.0) is None  # no timestamp heartbeat, however long at rest
+    assert status_patch(old, {**same_but_later, "speculation": {"samples": 3}}, now=101.0)
     assert status_fragment  # exercised through the evaluator above
 
 
@@ -312,10 +317,10 @@ def test_an_expired_settle_window_is_not_worth_a_write_alone() -> None:
                 "policy": {"autoscaler": autoscaler, "window": {"t": t}}}
 
     old = status([150.0, 2], 100.0)
-    assert status_patch(old, status(None, 200.0), now=200.0, heartbeat_seconds=300) is None  # expired at 150
-    assert status_patch(old, status(None, 120.0), now=120.0, heartbeat_seconds=300) is not None  # still running
-    assert status_patch(old, status([300.0, 3], 200.0), now=200.0, heartbeat_seconds=300) is not None  # a new one
-    assert status_patch(old, status(None, 500.0), now=500.0, heartbeat_seconds=300) is not None  # heartbeat due
+    assert status_patch(old, status(None, 200.0), now=200.0) is None  # expired at 150
+    assert status_patch(old, status(None, 120.0), now=120.0) is not None  # still running
+    assert status_patch(old, status([300.0, 3], 200.0), now=200.0) is not None  # a new one
+    assert status_patch(old, status(None, 5000.0), now=5000.0) is None  # long after: still nothing to say
 
 
 # ---- the validation gate's pure parts -------------------------------------------------------------------

@@ -87,7 +87,7 @@ class SpeculationStatus(ApiModel):
     acceptance_rate: float | None = Field(default=None, description="Windowed accepted/draft tokens.")
     tokens_per_step: float | None = Field(default=None, description="Output tokens per engine step.")
     samples: int = Field(default=0, description="Finished requests in the last window.")
-    last_evaluated: str | None = Field(default=None, description="Time of the last evaluation.")
+    last_evaluated: str | None = Field(default=None, description="Time of the evaluation that last changed this status (one that changes nothing writes nothing).")
     decision: str | None = Field(default=None, description="Last decision (Stay, SwitchToBase, ...).")
     reason: str | None = Field(default=None, description="Why.")
     predicted_speedup: float | None = Field(default=None, description="Cost-model speedup at current load.")

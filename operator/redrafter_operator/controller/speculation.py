@@ -9,8 +9,10 @@ controller's timer slot):
    policy's ``error`` input (an *Error* measurement: inconclusive, never a switch), never a crash;
 3. ``policy.step`` with the state persisted in ``status.policy`` (or this process's newer copy), the
    spec replicas of the active Deployment and the engines that can serve;
-4. write status only when something changed (timestamps alone do not count; a heartbeat refreshes
-   ``lastEvaluated`` every HEARTBEAT_INTERVALS intervals, at least every HEARTBEAT_MIN_SECONDS):
+4. write status only when something changed: timestamps alone do not count, so ``lastEvaluated`` is the
+   evaluation that last changed status and a resource at rest costs no writes (a timestamp heartbeat would
+   cost N writes per period at scale; ``redrafter_operator_speculation_evaluations_total`` counts every
+   evaluation):
    ``status.policy`` (everything the policy needs to resume after an operator restart),
    ``status.speculation`` (measured values, decision, reason), the ``SpeculationHealthy`` condition,
    and on a switch a bounded ``status.history`` entry;
@@ -47,21 +49,12 @@ from .resource_io import Host, Key, current_resource, interval_of, post_events, 
 
 log = logging.getLogger("redrafter_operator.controller.speculation")
 
-HEARTBEAT_INTERVALS = 10
-HEARTBEAT_MIN_SECONDS = 300.0
 HISTORY_REASON_LIMIT = 512
 CONDITION = "SpeculationHealthy"
 
 
 def rfc3339(epoch: float) -> str:
     return dt.datetime.fromtimestamp(epoch, dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-
-
-def _epoch(ts: str | None) -> float | None:
-    try:
-        return dt.datetime.fromisoformat(str(ts).replace("Z", "+00:00")).timestamp() if ts else None
-    except ValueError:
-        return None
 
 
 # ---- pure parts ----------------------------------------------------------------------------------
@@ -137,17 +130,12 @@ def status_fragment(spec: ReDrafterDeploymentSpec, old: Mapping[str, Any], ev: E
     return out
 
 
-def status_patch(old: Mapping[str, Any], fragment: Mapping[str, Any], *, now: float,
-                 heartbeat_seconds: float) -> dict[str, Any] | None:
-    """The merge patch to write, or None when only timestamps changed and no heartbeat is due."""
+def status_patch(old: Mapping[str, Any], fragment: Mapping[str, Any], *, now: float) -> dict[str, Any] | None:
+    """The merge patch to write, or None when nothing but timestamps changed."""
     current = {k: old.get(k) for k in fragment}
     patch = merge_patch(current, dict(fragment))
-    if not patch:
+    if not patch or merge_patch(_volatile_free(current, now), _volatile_free(fragment, now)) is None:
         return None
-    if merge_patch(_volatile_free(current, now), _volatile_free(fragment, now)) is None:
-        last = _epoch((old.get("speculation") or {}).get("lastEvaluated"))
-        if last is not None and now - last < heartbeat_seconds:
-            return None
     return patch
 
 
@@ -207,11 +195,9 @@ class SpeculationEvaluator:
         current = ev.current_replicas
         self._states[key] = (uid, new)
 
-        interval = self.interval(body)
         fragment = status_fragment(spec, status, ev, new, previous_engine=previous, now=rfc3339(now),
                                    generation=int(meta.get("generation") or 1))
-        patch = status_patch(status, fragment, now=now,
-                             heartbeat_seconds=max(HEARTBEAT_INTERVALS * interval, HEARTBEAT_MIN_SECONDS))
+        patch = status_patch(status, fragment, now=now)
         if patch:
             await self._write(controller, key, patch)
         plan = ev.plan(spec, current)

@@ -89,34 +89,34 @@ class StandIns(threading.Thread):
         with profiled("standins"):
             self.loop()
 
+    def changed(self, api_version: str, kind: str, seen: dict[tuple[str, str, str], str]):
+        """Objects of a kind whose resourceVersion differs from the one last marked in ``seen``."""
+        for (ns, name), rv in self.emu.resource_versions(api_version, kind).items():
+            if seen.get((kind, ns, name)) != rv:
+                obj = self.emu.find_object(api_version, kind, name, ns)
+                if obj is not None:
+                    yield obj
+
     def loop(self) -> None:
-        seen: dict[tuple[str, tuple[Any, str]], str] = {}  # (kind, key) -> resourceVersion last looked at
+        seen: dict[tuple[str, str, str], str] = {}  # (kind, namespace, name) -> resourceVersion last looked at
         while not self.stop.is_set():
             # Look only at objects changed since the last pass (as a controller's informer would): listing
             # and copying every object five times a second would make this harness, not the operator,
             # the cost that grows with N.
-            for (ns, name), rv in self.emu.resource_versions("batch/v1", "Job").items():
-                if seen.get(("Job", (ns, name))) == rv:
-                    continue
-                job = self.emu.find_object("batch/v1", "Job", name, ns)
-                if job is None:
-                    continue
-                seen[("Job", (ns, name))] = job["metadata"]["resourceVersion"]
-                component = (job["metadata"].get("labels") or {}).get("app.kubernetes.io/component")
+            for job in self.changed("batch/v1", "Job", seen):
+                meta = job["metadata"]
+                seen[("Job", meta["namespace"], meta["name"])] = meta["resourceVersion"]
+                component = (meta.get("labels") or {}).get("app.kubernetes.io/component")
                 if component in ("engine-build", "validation") and not (job.get("status") or {}).get("conditions"):
-                    controllers.complete_job(self.emu, name, ns, message=self.PASSED if component == "validation" else "")
-            for (ns, name), rv in self.emu.resource_versions("apps/v1", "Deployment").items():
-                if seen.get(("Deployment", (ns, name))) == rv:
-                    continue
-                dep = self.emu.find_object("apps/v1", "Deployment", name, ns)
-                if dep is None:
-                    continue
+                    controllers.complete_job(self.emu, meta["name"], meta["namespace"],
+                                             message=self.PASSED if component == "validation" else "")
+            for dep in self.changed("apps/v1", "Deployment", seen):
                 meta, st = dep["metadata"], dep.get("status") or {}
                 want = (meta.get("generation"), (dep.get("spec") or {}).get("replicas", 1))
                 if (st.get("observedGeneration"), st.get("readyReplicas", 0)) != want:
-                    controllers.sync_deployment_pods(self.emu, name, ns)
-                else:
-                    seen[("Deployment", (ns, name))] = meta["resourceVersion"]
+                    controllers.sync_deployment_pods(self.emu, meta["name"], meta["namespace"])
+                else:  # settled: look again only when it changes
+                    seen[("Deployment", meta["namespace"], meta["name"])] = meta["resourceVersion"]
             self.stop.wait(0.2)
 
 

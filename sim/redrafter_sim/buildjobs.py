@@ -64,6 +64,31 @@ def toolchain_env(toolchain: Path = TOOLCHAIN_DIR) -> dict[str, str]:
     }
 
 
+def host_program(name: str) -> str | None:
+    """The program on this machine that stands in for the image's ``name`` (None: run ``name`` as is)."""
+    if name in ("python", "python3"):
+        return sys.executable
+    if name == "redrafter-operator":
+        return str(Path(sys.executable).parent / "redrafter-operator")
+    return None
+
+
+def container_argv(container: Mapping[str, Any], root: PodRoot, termination_log: str) -> list[str]:
+    """The container's command and args as this node runs them.
+
+    Only the container's own strings name container paths, so only they are mapped into the pod's root;
+    the host program that stands in for the image's entrypoint is put in afterwards and never mapped,
+    or a checkout under a mount path (``/tmp``, an emptyDir in every pod) would lose its interpreter.
+    """
+    command = [*(container.get("command") or []), *(container.get("args") or [])]
+    if not command:
+        raise ValueError("container has no command")
+    term_path = container.get("terminationMessagePath") or contract.TERMINATION_LOG
+    argv = [termination_log if a == term_path else root.translate(a) for a in command]
+    argv[0] = host_program(command[0]) or argv[0]
+    return argv
+
+
 def job_finished(job: Mapping[str, Any]) -> bool:
     return objects.condition_true(job, "Complete") or objects.condition_true(job, "Failed")
 
@@ -287,15 +312,7 @@ class JobRunner:
         env["REDRAFTER_TERMINATION_LOG"] = str(root.root / "termination" / container["name"])
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         Path(env["REDRAFTER_TERMINATION_LOG"]).parent.mkdir(parents=True, exist_ok=True)
-        command = [*(container.get("command") or []), *(container.get("args") or [])]
-        if not command:
-            raise ValueError("container has no command")
-        if command[0] in ("python", "python3"):
-            command[0] = sys.executable
-        elif command[0] == "redrafter-operator":
-            command[0] = str(Path(sys.executable).parent / "redrafter-operator")
-        term_path = container.get("terminationMessagePath") or contract.TERMINATION_LOG
-        argv = [env["REDRAFTER_TERMINATION_LOG"] if a == term_path else root.translate(a) for a in command]
+        argv = container_argv(container, root, env["REDRAFTER_TERMINATION_LOG"])
         return [await self._resolve_services(a, ns) for a in argv], env, identity
 
     async def _resolve_services(self, arg: str, namespace: str) -> str:

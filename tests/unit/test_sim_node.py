@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import pytest
 
 from engine_jobs.contract import BuildSpec
-from redrafter_sim.buildjobs import localize_build_spec
+from redrafter_operator.render.security import tmp_volume
+from redrafter_sim.buildjobs import JobRunner, localize_build_spec
 from redrafter_sim.endpoints import endpoints_for
 from redrafter_sim.hostfs import HostFS
 from redrafter_sim.router import backends_from_endpoints
@@ -109,6 +112,27 @@ def test_pod_paths_map_under_the_pod_root_and_build_spec_paths_are_localized(tmp
     assert local.cache_dir == pod.to_host("/cache")
     assert local.base.credentials_dir == pod.to_host("/var/run/secrets/redrafter/hf-token")
     assert local.key == BuildSpec.model_validate_json(raw).key
+
+
+@pytest.mark.parametrize("entrypoint", ["python", "redrafter-operator"])
+async def test_a_checkout_under_a_mount_path_keeps_its_programs_and_maps_only_container_paths(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, entrypoint: str):
+    """The node runs this checkout's programs for the image's; a checkout under ``/tmp`` (an emptyDir in
+    every rendered pod) must still run them from the host, while the container's own ``/tmp`` paths move."""
+    bin_dir = "/tmp/x/.venv/bin"
+    monkeypatch.setattr(sys, "executable", f"{bin_dir}/python")
+    fs = HostFS(tmp_path)
+    root = fs.pod_root("default", "build-x")
+    volume, mount = tmp_volume()
+    container = {"name": "build", "command": [entrypoint], "args": ["run", "--workdir", f"{mount['mountPath']}/w"],
+                 "env": [{"name": "TMPDIR", "value": mount["mountPath"]}], "volumeMounts": [mount]}
+    manifest = {"metadata": {"name": "build-x"}, "spec": {"volumes": [volume], "containers": [container]}}
+
+    argv, env, _ = await JobRunner(api=None, fs=fs)._prepare("default", manifest, container, root)  # type: ignore[arg-type]
+
+    assert argv == [f"{bin_dir}/{entrypoint}", "run", "--workdir", root.to_host("/tmp/w")]
+    assert env["TMPDIR"] == root.to_host("/tmp")
+    assert env["REDRAFTER_PYTHON"] == f"{bin_dir}/python" and env["PATH"].split(os.pathsep)[0] == bin_dir
 
 
 def test_resource_quantities_parse_as_kubernetes_reads_them() -> None:

@@ -48,8 +48,9 @@ def apply(session: requests.Session, url: str, manifest: dict[str, Any], dry_run
     params = {"fieldManager": FIELD_MANAGER, "force": "true"}
     if dry_run:
         params["dryRun"] = "All"
-    r = session.patch(url + object_path(manifest), params=params, data=json.dumps(manifest),
-                      headers={"Content-Type": APPLY_PATCH})
+    r = session.patch(
+        url + object_path(manifest), params=params, data=json.dumps(manifest), headers={"Content-Type": APPLY_PATCH}
+    )
     r.raise_for_status()
     return r.json()
 
@@ -70,9 +71,14 @@ def main(argv: list[str]) -> int:
         # A hand edit of an owned field of the Deployment (another manager takes it), as kubectl edit does.
         dep = next(d for d in docs if d["kind"] == "Deployment")
         path = object_path(dep)
-        r = session.patch(url + path, params={"fieldManager": "kubectl-edit"},
-                          data=json.dumps({"spec": {"template": {"spec": {"nodeSelector": {"nvidia.com/gpu.product": "edited-by-hand"}}}}}),
-                          headers={"Content-Type": MERGE_PATCH})
+        r = session.patch(
+            url + path,
+            params={"fieldManager": "kubectl-edit"},
+            data=json.dumps(
+                {"spec": {"template": {"spec": {"nodeSelector": {"nvidia.com/gpu.product": "edited-by-hand"}}}}}
+            ),
+            headers={"Content-Type": MERGE_PATCH},
+        )
         r.raise_for_status()
         observed = {p: session.get(url + p).json() for p in applied}
 
@@ -97,7 +103,9 @@ def main(argv: list[str]) -> int:
                 dry(d)
         dry_ms = (time.perf_counter() - start) / (dry_rounds * len(docs)) * 1e3
     print(f"children of {EXAMPLE.name}: {len(docs)}; after a hand edit of {dep['metadata']['name']}'s nodeSelector")
-    print(f"{'check':>8} {'drift seen in':>28} {'per child':>12} {'requests per resync, ' + str(RESOURCES) + ' resources':>38}")
+    print(
+        f"{'check':>8} {'drift seen in':>28} {'per child':>12} {'requests per resync, ' + str(RESOURCES) + ' resources':>38}"
+    )
     print(f"{'local':>8} {', '.join(drift_local) or '-':>28} {local_us:>9.1f} us {0:>38}")
     print(f"{'dry-run':>8} {', '.join(drift_dry) or '-':>28} {dry_ms:>9.2f} ms {RESOURCES * len(docs):>38}")
     return 0 if drift_local == drift_dry == [dep["metadata"]["name"]] else 1

@@ -36,21 +36,20 @@ Profiling slows the operator down: its figures are not comparable with an unprof
 
 from __future__ import annotations
 
-import cProfile
 import collections
+import cProfile
 import math
 import os
-import socket
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
-
-import urllib.request
 
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
@@ -78,8 +77,9 @@ class StandIns(threading.Thread):
     """The Job controller + kubelet (every build and validation Job succeeds at once; a validation Job's
     pod leaves the verdict a passing ``evaluate validate`` writes) and the Deployment controller."""
 
-    PASSED = oc.format_termination_message(oc.ValidationOutcome(
-        oc.PASSED, "12 requests per engine (chat, code): 12 greedy outputs identical, no errors"))
+    PASSED = oc.format_termination_message(
+        oc.ValidationOutcome(oc.PASSED, "12 requests per engine (chat, code): 12 greedy outputs identical, no errors")
+    )
 
     def __init__(self, emu: Any) -> None:
         super().__init__(daemon=True, name="stand-in-controllers")
@@ -108,8 +108,12 @@ class StandIns(threading.Thread):
                 seen[("Job", meta["namespace"], meta["name"])] = meta["resourceVersion"]
                 component = (meta.get("labels") or {}).get("app.kubernetes.io/component")
                 if component in ("engine-build", "validation") and not (job.get("status") or {}).get("conditions"):
-                    controllers.complete_job(self.emu, meta["name"], meta["namespace"],
-                                             message=self.PASSED if component == "validation" else "")
+                    controllers.complete_job(
+                        self.emu,
+                        meta["name"],
+                        meta["namespace"],
+                        message=self.PASSED if component == "validation" else "",
+                    )
             for dep in self.changed("apps/v1", "Deployment", seen):
                 meta, st = dep["metadata"], dep.get("status") or {}
                 want = (meta.get("generation"), (dep.get("spec") or {}).get("replicas", 1))
@@ -156,23 +160,31 @@ def peak_rss_mb(pid: int) -> float:
 def done(obj: dict[str, Any]) -> bool:
     """Serving on the ReDrafter engine, validated."""
     st = obj.get("status") or {}
-    return st.get("phase") == "Serving" and st.get("activeEngine") == "redrafter" and any(
-        c.get("type") == "Validated" and c.get("status") == "True" for c in st.get("conditions") or [])
+    return (
+        st.get("phase") == "Serving"
+        and st.get("activeEngine") == "redrafter"
+        and any(c.get("type") == "Validated" and c.get("status") == "True" for c in st.get("conditions") or [])
+    )
 
 
 def at_rest(obj: dict[str, Any]) -> bool:
     """The switch is over (Progressing=False Complete: the old pool scaled down) and the speculation policy
     has evaluated since the Service moved (or keeps no state: mode Never)."""
     st = obj.get("status") or {}
-    complete = any(c.get("type") == "Progressing" and c.get("status") == "False" and c.get("reason") == "Complete"
-                   for c in st.get("conditions") or [])
+    complete = any(
+        c.get("type") == "Progressing" and c.get("status") == "False" and c.get("reason") == "Complete"
+        for c in st.get("conditions") or []
+    )
     return complete and (not st.get("policy") or st["policy"].get("serving") == st.get("activeEngine"))
 
 
 def progress(items: list[dict[str, Any]]) -> str:
     """How far the resources are: counts by phase / active engine / validation state."""
-    seen = collections.Counter(f"{(o.get('status') or {}).get('phase')}/{(o.get('status') or {}).get('activeEngine')}/"
-                               f"{((o.get('status') or {}).get('validation') or {}).get('state')}" for o in items)
+    seen = collections.Counter(
+        f"{(o.get('status') or {}).get('phase')}/{(o.get('status') or {}).get('activeEngine')}/"
+        f"{((o.get('status') or {}).get('validation') or {}).get('state')}"
+        for o in items
+    )
     return ", ".join(f"{k}: {v}" for k, v in seen.most_common())
 
 
@@ -185,7 +197,11 @@ def changed_fields(old: Any, new: Any, path: str = "status", depth: int = 3) -> 
             by_type = lambda items: {i.get("type", n): i for n, i in enumerate(items) if isinstance(i, dict)}  # noqa: E731
             return changed_fields(by_type(old), by_type(new), path, depth)
         return [path]
-    return [p for k in sorted({*old, *new}, key=str) for p in changed_fields(old.get(k), new.get(k), f"{path}.{k}", depth - 1)]
+    return [
+        p
+        for k in sorted({*old, *new}, key=str)
+        for p in changed_fields(old.get(k), new.get(k), f"{path}.{k}", depth - 1)
+    ]
 
 
 def free_port() -> int:
@@ -242,8 +258,17 @@ def run(n: int) -> dict[str, Any]:
         exe = Path(sys.executable).parent / "redrafter-operator"
         log = open(os.environ.get("BENCH_LOG") or Path(tmp) / "operator.log", "w")
         port = free_port()
-        argv = [str(exe), "run", "--kubeconfig", str(kubeconfig), "--all-namespaces", "--standalone",
-                f"--resync-seconds={RESYNC_SECONDS}", "--log-level=WARNING", f"--metrics-port={port}"]
+        argv = [
+            str(exe),
+            "run",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--all-namespaces",
+            "--standalone",
+            f"--resync-seconds={RESYNC_SECONDS}",
+            "--log-level=WARNING",
+            f"--metrics-port={port}",
+        ]
         if os.environ.get("BENCH_PROFILE"):
             argv = [sys.executable, "-m", "cProfile", "-o", f"{os.environ['BENCH_PROFILE']}-{n}.prof", *argv]
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
@@ -267,12 +292,16 @@ def run(n: int) -> dict[str, Any]:
                 if finished == n:
                     break
                 if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError(f"only {finished}/{n} validated and Serving on redrafter ({progress(items)}); "
-                                       f"see {log.name}")
+                    raise RuntimeError(
+                        f"only {finished}/{n} validated and Serving on redrafter ({progress(items)}); see {log.name}"
+                    )
                 if time.monotonic() - shown > 15:
                     shown = time.monotonic()
-                    print(f"      {shown - start:.0f} s: {finished}/{n} done ({progress(items)})", file=sys.stderr,
-                          flush=True)
+                    print(
+                        f"      {shown - start:.0f} s: {finished}/{n} done ({progress(items)})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 time.sleep(0.25)
             wall = time.monotonic() - start
             cpu = cpu_seconds(proc.pid) - cpu0
@@ -304,8 +333,11 @@ def run(n: int) -> dict[str, Any]:
             for o in emu.list_objects(API_VERSION, KIND):
                 changed.update(changed_fields(before.get(o["metadata"]["name"]) or {}, o.get("status") or {}))
             idle_writes = len(idle) / IDLE_INTERVALS
-            idle_kinds = collections.Counter(f"{r.method} {r.path.split('?')[0].rsplit('/namespaces/', 1)[-1].split('/', 1)[-1].split('/')[0]}"
-                                             + ("/status" if r.path.split("?")[0].endswith("/status") else "") for r in idle)
+            idle_kinds = collections.Counter(
+                f"{r.method} {r.path.split('?')[0].rsplit('/namespaces/', 1)[-1].split('/', 1)[-1].split('/')[0]}"
+                + ("/status" if r.path.split("?")[0].endswith("/status") else "")
+                for r in idle
+            )
             rss = peak_rss_mb(proc.pid)
             p50, p99, reconciles = reconcile_latency(port)
         finally:
@@ -318,29 +350,53 @@ def run(n: int) -> dict[str, Any]:
             stand_ins.stop.set()
             stand_ins.join(5)
             thread.stop()
-    return {"n": n, "wall_s": wall, "cpu_s": cpu, "bench_cpu_s": bench_cpu, "req_per_res": total / n,
-            "writes_per_res": writes / n, "jobs": jobs, "settle_s": settle, "settle_writes_per_res": settle_writes / n,
-            "idle_writes_per_interval": idle_writes, "peak_rss_mb": rss, "idle_kinds": dict(idle_kinds),
-            "idle_changed": dict(changed), "p50_ms": p50 * 1000, "p99_ms": p99 * 1000, "reconciles": reconciles}
+    return {
+        "n": n,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "bench_cpu_s": bench_cpu,
+        "req_per_res": total / n,
+        "writes_per_res": writes / n,
+        "jobs": jobs,
+        "settle_s": settle,
+        "settle_writes_per_res": settle_writes / n,
+        "idle_writes_per_interval": idle_writes,
+        "peak_rss_mb": rss,
+        "idle_kinds": dict(idle_kinds),
+        "idle_changed": dict(changed),
+        "p50_ms": p50 * 1000,
+        "p99_ms": p99 * 1000,
+        "reconciles": reconciles,
+    }
 
 
 def main(argv: list[str]) -> int:
     sizes = [int(a) for a in argv] or [100, 500, 1000]
-    print(f"{'N':>5} {'wall s':>8} {'s/res':>7} {'op CPU s':>8} {'emu CPU s':>9} {'req/res':>8} {'writes/res':>10} {'Jobs':>5} "
-          f"{'idle writes/interval':>21} {'peak RSS MB':>12} {'reconciles':>10} {'p50 ms':>7} {'p99 ms':>7}")
+    print(
+        f"{'N':>5} {'wall s':>8} {'s/res':>7} {'op CPU s':>8} {'emu CPU s':>9} {'req/res':>8} {'writes/res':>10} {'Jobs':>5} "
+        f"{'idle writes/interval':>21} {'peak RSS MB':>12} {'reconciles':>10} {'p50 ms':>7} {'p99 ms':>7}"
+    )
     for n in sizes:
         r = run(n)
-        print(f"{r['n']:>5} {r['wall_s']:>8.1f} {r['wall_s'] / n:>7.3f} {r['cpu_s']:>8.1f} {r['bench_cpu_s']:>9.1f} {r['req_per_res']:>8.1f} "
-              f"{r['writes_per_res']:>10.1f} {r['jobs']:>5} {r['idle_writes_per_interval']:>21.1f} "
-              f"{r['peak_rss_mb']:>12.1f} {r['reconciles']:>10} {r['p50_ms']:>7.1f} {r['p99_ms']:>7.1f}", flush=True)
-        print(f"      settle after done: {r['settle_s']:.1f} s, {r['settle_writes_per_res']:.2f} writes/resource "
-              f"(the base pool scaling down, the speculation policy recording the move)", flush=True)
+        print(
+            f"{r['n']:>5} {r['wall_s']:>8.1f} {r['wall_s'] / n:>7.3f} {r['cpu_s']:>8.1f} {r['bench_cpu_s']:>9.1f} {r['req_per_res']:>8.1f} "
+            f"{r['writes_per_res']:>10.1f} {r['jobs']:>5} {r['idle_writes_per_interval']:>21.1f} "
+            f"{r['peak_rss_mb']:>12.1f} {r['reconciles']:>10} {r['p50_ms']:>7.1f} {r['p99_ms']:>7.1f}",
+            flush=True,
+        )
+        print(
+            f"      settle after done: {r['settle_s']:.1f} s, {r['settle_writes_per_res']:.2f} writes/resource "
+            f"(the base pool scaling down, the speculation policy recording the move)",
+            flush=True,
+        )
         if r["idle_kinds"]:
             print(f"      idle writes by request: {r['idle_kinds']}", flush=True)
             print(f"      status fields they changed (resources): {r['idle_changed']}", flush=True)
-    print(f"(done = Serving on redrafter, Validated=True; resync every {RESYNC_SECONDS:.0f} s; idle writes averaged "
-          f"over {IDLE_INTERVALS} intervals; requests exclude watch streams; writes include Events; op CPU = operator "
-          f"process, emu CPU = this process (emulator + stand-ins), apply to done; reconcile latency: the operator's histogram over the whole run)")
+    print(
+        f"(done = Serving on redrafter, Validated=True; resync every {RESYNC_SECONDS:.0f} s; idle writes averaged "
+        f"over {IDLE_INTERVALS} intervals; requests exclude watch streams; writes include Events; op CPU = operator "
+        f"process, emu CPU = this process (emulator + stand-ins), apply to done; reconcile latency: the operator's histogram over the whole run)"
+    )
     return 0
 
 

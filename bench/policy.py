@@ -50,17 +50,20 @@ STEP_SECONDS = 0.02  # fixed cost of one decode step: base at batch 1 = 50 token
 OUTPUT_LEN = 300  # tokens per request
 SEED = 7
 
-SPEC = ReDrafterDeploymentSpec.model_validate({
-    "model": {"base": {"source": "hf://org/base"}, "drafter": {"source": "hf://org/drafter"}},
-    "engine": {"maxBatchSize": 64},
-    "autoscaling": {"mode": "Disabled"},  # a fixed GPU budget, the same for every policy
-    "speculation": {"interval": f"{int(DT)}s"},  # every other speculation field at its default
-})
+SPEC = ReDrafterDeploymentSpec.model_validate(
+    {
+        "model": {"base": {"source": "hf://org/base"}, "drafter": {"source": "hf://org/drafter"}},
+        "engine": {"maxBatchSize": 64},
+        "autoscaling": {"mode": "Disabled"},  # a fixed GPU budget, the same for every policy
+        "speculation": {"interval": f"{int(DT)}s"},  # every other speculation field at its default
+    }
+)
 PARAMS = cost.CostParams.from_spec(SPEC)
 # The default minAcceptanceRate (0.35) is a user floor stricter than the cost model's break-even at
 # low load (~0.17 at 4 requests per replica); this variant leaves the decision to the cost model.
-SPEC_LOW_FLOOR = SPEC.model_copy(update={"speculation": SPEC.speculation.model_copy(
-    update={"min_acceptance_rate": 0.1})})
+SPEC_LOW_FLOOR = SPEC.model_copy(
+    update={"speculation": SPEC.speculation.model_copy(update={"min_acceptance_rate": 0.1})}
+)
 
 
 # ---- traces ----------------------------------------------------------------------------------
@@ -116,8 +119,14 @@ def traces() -> list[Trace]:
         restarts[i] = 1
     for i in range(h(3), h(3) + 8):
         restarts[i] = 1  # rolling restart of every pod
-    out.append(Trace("pod restarts (counter resets)", [0.04 if h(4.5) <= i < h(5.5) else 0.6 for i in n],
-                     [4.0] * STEPS, restart=restarts))
+    out.append(
+        Trace(
+            "pod restarts (counter resets)",
+            [0.04 if h(4.5) <= i < h(5.5) else 0.6 for i in n],
+            [4.0] * STEPS,
+            restart=restarts,
+        )
+    )
     bursty = [3.0] * STEPS
     i = 0
     while i < STEPS:
@@ -141,8 +150,11 @@ class Pod:
     pool: str
     started: float
     restarts: int = 0
-    c: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
-        ("requests", "output_tokens", "draft_tokens", "accepted_draft_tokens", "steps", "queue_us"), 0.0))
+    c: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(
+            ("requests", "output_tokens", "draft_tokens", "accepted_draft_tokens", "steps", "queue_us"), 0.0
+        )
+    )
 
     def serve(self, rnd: random.Random, acceptance: float, conc: float) -> float:
         """Advance counters by one interval at the true acceptance; returns tokens delivered."""
@@ -165,8 +177,16 @@ class Pod:
 
     def sample(self, now: float, rnd: random.Random, conc: float) -> PodSample:
         active = min(_poisson(rnd, conc), SPEC.engine.max_batch_size)
-        return PodSample(self.name, f"{self.uid}/{self.restarts}", self.variant, self.pool, now,  # type: ignore[arg-type]
-                         dict(self.c), {"active": float(active), "waiting": 0.0, "max": 64.0}, self.started)
+        return PodSample(
+            self.name,
+            f"{self.uid}/{self.restarts}",
+            self.variant,
+            self.pool,
+            now,  # type: ignore[arg-type]
+            dict(self.c),
+            {"active": float(active), "waiting": 0.0, "max": 64.0},
+            self.started,
+        )
 
     def restart(self, now: float) -> None:
         self.restarts += 1
@@ -202,7 +222,7 @@ class Fleet:
         else:
             layout = [("redrafter", "redrafter")] * REPLICAS
         pods = keep[: len(layout)]
-        for variant, pool in layout[len(pods):]:
+        for variant, pool in layout[len(pods) :]:
             self.serial += 1
             pods.append(Pod(f"{variant}-{pool}-{self.serial}", f"uid{self.serial}", variant, pool, now))
         self.pods, self.engine = pods, engine
@@ -271,8 +291,13 @@ class Scripted:
         return self.engine
 
 
-POLICIES: list[Callable[[], object]] = [Ours, lambda: Ours(SPEC_LOW_FLOOR, "ours, floor 0.1"),
-                                        lambda: Fixed("redrafter"), lambda: Fixed("base"), Naive]
+POLICIES: list[Callable[[], object]] = [
+    Ours,
+    lambda: Ours(SPEC_LOW_FLOOR, "ours, floor 0.1"),
+    lambda: Fixed("redrafter"),
+    lambda: Fixed("base"),
+    Naive,
+]
 
 
 # ---- simulation ------------------------------------------------------------------------------
@@ -303,8 +328,13 @@ def simulate(trace: Trace, policy) -> Result:
         if trace.outage[i] == "source":
             reading, error = None, "Prometheus unreachable"
         elif trace.outage[i] == "pods":
-            reading = Reading(now, errors=tuple(PodError(p.name, p.variant, p.pool, "timeout")  # type: ignore[arg-type]
-                                               for p in fleet.pods))
+            reading = Reading(
+                now,
+                errors=tuple(
+                    PodError(p.name, p.variant, p.pool, "timeout")  # type: ignore[arg-type]
+                    for p in fleet.pods
+                ),
+            )
         else:
             reading = Reading(now, samples=tuple(p.sample(now, rnd, conc) for p in fleet.pods))
         want = policy.decide(reading, error, now)
@@ -323,8 +353,10 @@ def oracle(trace: Trace) -> tuple[float, list[str]]:
     total, best = 0.0, []
     for a, conc in zip(trace.acceptance, trace.concurrency):
         b = min(conc, SPEC.engine.max_batch_size)
-        per = {e: cost.throughput(e, b, cost.tokens_per_step(a, PARAMS.draft_len) if e == "redrafter" else 1.0,
-                                  PARAMS) for e in ("redrafter", "base")}
+        per = {
+            e: cost.throughput(e, b, cost.tokens_per_step(a, PARAMS.draft_len) if e == "redrafter" else 1.0, PARAMS)
+            for e in ("redrafter", "base")
+        }
         e = max(per, key=per.get)
         best.append(e)
         total += per[e] * REPLICAS / STEP_SECONDS * DT
@@ -336,7 +368,7 @@ def detection_delays(best: list[str], serving: list[str], hold: int = 20) -> tup
     delays, missed = [], 0
     i = 1
     while i < len(best):
-        if best[i] != best[i - 1] and all(b == best[i] for b in best[i:i + hold]):
+        if best[i] != best[i - 1] and all(b == best[i] for b in best[i : i + hold]):
             j = i
             end = next((k for k in range(i, len(best)) if best[k] != best[i]), len(best))
             while j < end and serving[j] != best[i]:
@@ -373,17 +405,25 @@ def bounds() -> None:
         once = simulate(tr, Scripted(serve, CANARY, "one switch per episode")).tokens / o_tokens
         stay = simulate(tr, Fixed("redrafter")).tokens / o_tokens
         half = next((i for i in range(first_base, end) if best[i] != "base"), end) - first_base
-        print(f"{tr.name}: always-redrafter {100 * stay:.2f}%; leaving ReDrafter at the drop (clairvoyant) and "
-              f"returning exactly at the episode's end, {CANARY} canary: {100 * once:.2f}%")
+        print(
+            f"{tr.name}: always-redrafter {100 * stay:.2f}%; leaving ReDrafter at the drop (clairvoyant) and "
+            f"returning exactly at the episode's end, {CANARY} canary: {100 * once:.2f}%"
+        )
         drop = next(i for i in range(STEPS) if c_best[i] == "base")
-        late = ["base" if drop + half + 1 <= i < next(j for j in range(drop, STEPS) if c_best[j] == "redrafter")
-                else "redrafter" for i in range(STEPS)]
+        late = [
+            "base"
+            if drop + half + 1 <= i < next(j for j in range(drop, STEPS) if c_best[j] == "redrafter")
+            else "redrafter"
+            for i in range(STEPS)
+        ]
         waited = simulate(collapse, Scripted(late, CANARY, "waits a half-period"))
         delays, _ = detection_delays(c_best, waited.serving)
-        print(f"  staying on ReDrafter through the first low half-period ({half * DT / 60:.1f} min) instead: "
-              f"sudden collapse {100 * waited.tokens / c_oracle:.2f}% (naive threshold {100 * naive_collapse:.2f}%) "
-              f"even if clairvoyant otherwise, detecting the collapse after {delays[0]:.1f} min (the suite's mean "
-              f"detection delay is in the table); and such a wait only helps oscillations whose low half is shorter")
+        print(
+            f"  staying on ReDrafter through the first low half-period ({half * DT / 60:.1f} min) instead: "
+            f"sudden collapse {100 * waited.tokens / c_oracle:.2f}% (naive threshold {100 * naive_collapse:.2f}%) "
+            f"even if clairvoyant otherwise, detecting the collapse after {delays[0]:.1f} min (the suite's mean "
+            f"detection delay is in the table); and such a wait only helps oscillations whose low half is shorter"
+        )
 
 
 def main() -> None:
@@ -391,10 +431,12 @@ def main() -> None:
     names = [p().name for p in POLICIES]
     suite = {n: [0.0, 0, [], 0, []] for n in names}
     oracle_total = 0.0
-    print(f"{REPLICAS} replicas, canary {CANARY}, interval {DT:.0f}s, {HOURS} h per trace, ready delay "
-          f"{READY_DELAY:.0f}s; spec: minAcceptanceRate {SPEC.speculation.min_acceptance_rate}, failureLimit "
-          f"{SPEC.speculation.failure_limit}, successLimit {SPEC.speculation.success_limit}, cooldown "
-          f"{SPEC.speculation.cooldown}, minDwell {SPEC.speculation.min_dwell}, margin {SPEC.speculation.margin}\n")
+    print(
+        f"{REPLICAS} replicas, canary {CANARY}, interval {DT:.0f}s, {HOURS} h per trace, ready delay "
+        f"{READY_DELAY:.0f}s; spec: minAcceptanceRate {SPEC.speculation.min_acceptance_rate}, failureLimit "
+        f"{SPEC.speculation.failure_limit}, successLimit {SPEC.speculation.success_limit}, cooldown "
+        f"{SPEC.speculation.cooldown}, minDwell {SPEC.speculation.min_dwell}, margin {SPEC.speculation.margin}\n"
+    )
     header = f"{'trace':32}" + "".join(f"{n:>22}" for n in names)
     print(header + "\n" + f"{'':32}" + "".join(f"{'% oracle / switches':>22}" for _ in names))
     print("-" * len(header))
@@ -415,11 +457,18 @@ def main() -> None:
             row += f"{100 * r.tokens / o_tokens:>15.1f}% / {r.switches:>3}"
         print(row)
     print("-" * len(header))
-    print(f"{'suite (tokens vs oracle)':32}" + "".join(f"{100 * suite[n][0] / oracle_total:>15.1f}% / {suite[n][1]:>3}"
-                                                    for n in names))
-    print(f"{'detection delay (mean min)':32}" + "".join(
-        f"{(sum(suite[n][2]) / len(suite[n][2]) if suite[n][2] else float('nan')):>15.1f} m" + f" {suite[n][3]:>2}miss"
-        for n in names))
+    print(
+        f"{'suite (tokens vs oracle)':32}"
+        + "".join(f"{100 * suite[n][0] / oracle_total:>15.1f}% / {suite[n][1]:>3}" for n in names)
+    )
+    print(
+        f"{'detection delay (mean min)':32}"
+        + "".join(
+            f"{(sum(suite[n][2]) / len(suite[n][2]) if suite[n][2] else float('nan')):>15.1f} m"
+            + f" {suite[n][3]:>2}miss"
+            for n in names
+        )
+    )
     print(f"{'switches per flapping episode':32}" + "".join(f"{str(suite[n][4]):>22}" for n in names))
     print(f"\n(ran in {time.perf_counter() - start:.1f}s)")
 

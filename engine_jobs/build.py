@@ -15,14 +15,29 @@ from pathlib import Path
 from typing import Any
 
 from . import manifest as facts
-from .cache import CachePaths, KeyLock, acquire_or_wait, free_bytes, owner_identity, publish, read_manifest, \
-    remove_partials, write_json_atomic
-from .contract import ENGINE_DIR, MANIFEST_FILE, MODEL_REPO_DIR, TOKENIZER_DIR, BuildSpec, ServingConfig, \
-    TritonParams
+from .cache import (
+    CachePaths,
+    KeyLock,
+    acquire_or_wait,
+    free_bytes,
+    owner_identity,
+    publish,
+    read_manifest,
+    remove_partials,
+    write_json_atomic,
+)
+from .contract import ENGINE_DIR, MANIFEST_FILE, MODEL_REPO_DIR, TOKENIZER_DIR, BuildSpec, ServingConfig, TritonParams
 from .errors import BuildError, ExitCode, bad_input
 from .fetch import Fetched, fetch
-from .plan import Architecture, Layout, estimate_required_bytes, expected_engine_files, plan_steps, \
-    resolve_architecture, validate_spec
+from .plan import (
+    Architecture,
+    Layout,
+    estimate_required_bytes,
+    expected_engine_files,
+    plan_steps,
+    resolve_architecture,
+    validate_spec,
+)
 from .progress import Log, format_seconds, human_bytes, tree_size
 from .runner import run_step
 from .settings import Settings
@@ -68,8 +83,12 @@ class Record:
 
 
 def fetch_sources(spec: BuildSpec, settings: Settings, log: Log) -> Sources:
-    common = {"sources_mount": settings.sources_mount, "download_dir": settings.download_dir,
-              "cache_dir": spec.cache_dir, "log": log}
+    common = {
+        "sources_mount": settings.sources_mount,
+        "download_dir": settings.download_dir,
+        "cache_dir": spec.cache_dir,
+        "log": log,
+    }
     base = fetch("base", spec.base, **common)
     base_config = validate_base(base.local_dir)
     if spec.tokenizer.uri.rstrip("/") == spec.base.uri.rstrip("/") and spec.tokenizer.revision == spec.base.revision:
@@ -87,15 +106,21 @@ def fetch_sources(spec: BuildSpec, settings: Settings, log: Log) -> Sources:
 
 def check_disk(spec: BuildSpec, sources: Sources, settings: Settings, log: Log) -> int:
     tokenizer_bytes = sum((sources.tokenizer.local_dir / f).stat().st_size for f in sources.tokenizer_files)
-    need = estimate_required_bytes(spec, sources.base.bytes, sources.drafter.bytes if sources.drafter else 0,
-                                   tokenizer_bytes) + settings.disk_reserve_bytes
+    need = (
+        estimate_required_bytes(
+            spec, sources.base.bytes, sources.drafter.bytes if sources.drafter else 0, tokenizer_bytes
+        )
+        + settings.disk_reserve_bytes
+    )
     free = free_bytes(Path(spec.cache_dir))
     log(f"disk: this build needs about {human_bytes(need)} on the cache volume; {human_bytes(free)} free")
     if free < need:
-        raise BuildError(ExitCode.OUT_OF_DISK,
-                         f"not enough free space on the cache volume: about {human_bytes(need)} needed "
-                         f"(checkpoints, engine{', reserve' if settings.disk_reserve_bytes else ''}), "
-                         f"{human_bytes(free)} free")
+        raise BuildError(
+            ExitCode.OUT_OF_DISK,
+            f"not enough free space on the cache volume: about {human_bytes(need)} needed "
+            f"(checkpoints, engine{', reserve' if settings.disk_reserve_bytes else ''}), "
+            f"{human_bytes(free)} free",
+        )
     return need
 
 
@@ -125,8 +150,9 @@ def copy_tokenizer(sources: Sources, dest: Path) -> None:
 def verify_engine(spec: BuildSpec, engine_dir: Path) -> None:
     missing = [f for f in expected_engine_files(spec) if not (engine_dir / f).is_file()]
     if missing:
-        raise BuildError(ExitCode.TOOL_FAILURE,
-                         f"trtllm-build exited 0 but {engine_dir.name}/ lacks {', '.join(missing)}")
+        raise BuildError(
+            ExitCode.TOOL_FAILURE, f"trtllm-build exited 0 but {engine_dir.name}/ lacks {', '.join(missing)}"
+        )
 
 
 def assemble(spec: BuildSpec, settings: Settings, paths: CachePaths, tmp: Path, lock: KeyLock, log: Log) -> dict:
@@ -136,13 +162,18 @@ def assemble(spec: BuildSpec, settings: Settings, paths: CachePaths, tmp: Path, 
     sources = fetch_sources(spec, settings, log)
     arch: Architecture = resolve_architecture(spec.architecture, sources.base_config)
     record.add("fetch", time.monotonic() - t0)
-    log(f"inputs valid: {arch} base, {spec.dtype}{' + fp8' if spec.quantization == 'fp8' else ''}, "
-        f"TP {spec.tensor_parallel}, variant {spec.variant}")
+    log(
+        f"inputs valid: {arch} base, {spec.dtype}{' + fp8' if spec.quantization == 'fp8' else ''}, "
+        f"TP {spec.tensor_parallel}, variant {spec.variant}"
+    )
     check_disk(spec, sources, settings, log)
 
-    layout = Layout(base_model_dir=str(sources.base.local_dir),
-                    drafter_model_dir=str(sources.drafter.local_dir) if sources.drafter else None,
-                    work_dir=str(tmp / WORK_DIR), engine_dir=str(tmp / ENGINE_DIR))
+    layout = Layout(
+        base_model_dir=str(sources.base.local_dir),
+        drafter_model_dir=str(sources.drafter.local_dir) if sources.drafter else None,
+        work_dir=str(tmp / WORK_DIR),
+        engine_dir=str(tmp / ENGINE_DIR),
+    )
     steps = plan_steps(spec, settings, arch, layout)
     for i, step in enumerate(steps, 1):
         if lock.lost.is_set():
@@ -159,8 +190,12 @@ def assemble(spec: BuildSpec, settings: Settings, paths: CachePaths, tmp: Path, 
     copy_tokenizer(sources, tmp / TOKENIZER_DIR)
     from .model_repo import write_model_repository  # lazily: the other half of the artifact
 
-    write_model_repository(tmp / MODEL_REPO_DIR, serving_config(spec, final),
-                           engine_dir=f"{final}/{ENGINE_DIR}", tokenizer_dir=f"{final}/{TOKENIZER_DIR}")
+    write_model_repository(
+        tmp / MODEL_REPO_DIR,
+        serving_config(spec, final),
+        engine_dir=f"{final}/{ENGINE_DIR}",
+        tokenizer_dir=f"{final}/{TOKENIZER_DIR}",
+    )
     shutil.rmtree(tmp / WORK_DIR, ignore_errors=True)
     record.add("model-repository", time.monotonic() - t1)
     log(f"model repository written ({MODEL_REPO_DIR}/), tokenizer copied ({len(sources.tokenizer_files)} files)")
@@ -170,8 +205,11 @@ def assemble(spec: BuildSpec, settings: Settings, paths: CachePaths, tmp: Path, 
         "key": spec.key,
         "variant": spec.variant,
         "inputs": spec.inputs,
-        "sources": {name: src.record() for name, src in
-                    (("base", sources.base), ("drafter", sources.drafter), ("tokenizer", sources.tokenizer)) if src},
+        "sources": {
+            name: src.record()
+            for name, src in (("base", sources.base), ("drafter", sources.drafter), ("tokenizer", sources.tokenizer))
+            if src
+        },
         "architecture": arch,
         "dtype": spec.dtype,
         "quantization": spec.quantization,
@@ -183,8 +221,11 @@ def assemble(spec: BuildSpec, settings: Settings, paths: CachePaths, tmp: Path, 
         "tools": facts.tool_versions(settings.trtllm_build, settings.python),
         "builder": {**owner_identity(), "built_at": facts.utc_now()},
         "steps": record.steps,
-        "sizes": {"engine_bytes": sum(engine_files.values()), "engine_files": engine_files,
-                  "artifact_bytes": tree_size(tmp)},
+        "sizes": {
+            "engine_bytes": sum(engine_files.values()),
+            "engine_files": engine_files,
+            "artifact_bytes": tree_size(tmp),
+        },
         "layout": {"engine": ENGINE_DIR, "tokenizer": TOKENIZER_DIR, "model_repository": MODEL_REPO_DIR},
         "contract_version": spec.contract_version,
     }
@@ -199,23 +240,34 @@ def build(spec: BuildSpec, settings: Settings, log: Log) -> dict[str, Any]:
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise BuildError(ExitCode.OUT_OF_DISK if exc.errno == errno.ENOSPC else ExitCode.SOURCE_UNAVAILABLE,
-                         f"cache directory {root} is not usable: {exc.strerror}") from None
+        raise BuildError(
+            ExitCode.OUT_OF_DISK if exc.errno == errno.ENOSPC else ExitCode.SOURCE_UNAVAILABLE,
+            f"cache directory {root} is not usable: {exc.strerror}",
+        ) from None
     paths = CachePaths(root, spec.key)
     log(f"engine {spec.key} ({spec.variant}) -> {paths.final}")
     hit = read_manifest(paths)
     if hit is not None:
-        log(f"cache hit: {paths.final} is complete (built {hit.get('builder', {}).get('built_at', '?')}); nothing to do")
+        log(
+            f"cache hit: {paths.final} is complete (built {hit.get('builder', {}).get('built_at', '?')}); nothing to do"
+        )
         return hit
-    lock = KeyLock(paths.lock, stale_seconds=settings.lock_stale_seconds,
-                   heartbeat_seconds=settings.lock_heartbeat_seconds, log=log)
+    lock = KeyLock(
+        paths.lock,
+        stale_seconds=settings.lock_stale_seconds,
+        heartbeat_seconds=settings.lock_heartbeat_seconds,
+        log=log,
+    )
     try:
-        hit = acquire_or_wait(paths, lock, wait_seconds=settings.lock_wait_seconds,
-                              poll_seconds=settings.lock_poll_seconds, log=log)
+        hit = acquire_or_wait(
+            paths, lock, wait_seconds=settings.lock_wait_seconds, poll_seconds=settings.lock_poll_seconds, log=log
+        )
     except PermissionError as exc:  # e.g. a claim not chowned to the pod's fsGroup: a retry cannot help
-        raise BuildError(ExitCode.SOURCE_UNAVAILABLE,
-                         f"cache directory {root} is not writable by this pod's user: {exc.strerror} (give the "
-                         "pod an fsGroup the volume supports, or make the claim writable)") from None
+        raise BuildError(
+            ExitCode.SOURCE_UNAVAILABLE,
+            f"cache directory {root} is not writable by this pod's user: {exc.strerror} (give the "
+            "pod an fsGroup the volume supports, or make the claim writable)",
+        ) from None
     if hit is not None:
         log(f"cache hit: {paths.final} was completed by another builder; nothing to do")
         return hit
@@ -229,16 +281,18 @@ def build(spec: BuildSpec, settings: Settings, log: Log) -> dict[str, Any]:
         except OSError as exc:
             if exc.errno != errno.ENOSPC:
                 raise
-            raise BuildError(ExitCode.OUT_OF_DISK, f"the cache volume filled up while assembling {tmp.name}: "
-                             f"{exc.strerror}") from None
+            raise BuildError(
+                ExitCode.OUT_OF_DISK, f"the cache volume filled up while assembling {tmp.name}: {exc.strerror}"
+            ) from None
         if lock.lost.is_set():
             raise BuildError(ExitCode.LOCK_TIMEOUT, "another builder took over this engine's lock; not publishing")
         publish(tmp, paths.final)
-        log(f"published {paths.final} ({human_bytes(manifest['sizes']['artifact_bytes'])}) "
-            f"in {format_seconds(log.elapsed())}")
+        log(
+            f"published {paths.final} ({human_bytes(manifest['sizes']['artifact_bytes'])}) "
+            f"in {format_seconds(log.elapsed())}"
+        )
         return manifest
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
         lock.release()
-

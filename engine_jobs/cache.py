@@ -47,11 +47,12 @@ def tmp_key_candidates(name: str) -> list[str]:
     """
     if not name.startswith(TMP_PREFIX):
         return []
-    stem, sep, pid = name[len(TMP_PREFIX):].rpartition("-")
+    stem, sep, pid = name[len(TMP_PREFIX) :].rpartition("-")
     if not sep or not (pid.isascii() and pid.isdigit()):
         return []
-    return [stem[:i] for i, ch in enumerate(stem)
-            if ch == "-" and i + 1 < len(stem) and KEY_PATTERN.fullmatch(stem[:i])]
+    return [
+        stem[:i] for i, ch in enumerate(stem) if ch == "-" and i + 1 < len(stem) and KEY_PATTERN.fullmatch(stem[:i])
+    ]
 
 
 @dataclass(frozen=True)
@@ -81,9 +82,12 @@ class CachePaths:
         ``a-b.lock`` exists, seen by the builder of ``a``) is left alone: it may be that build's; the
         collection, which takes every candidate key's lock, removes it once abandoned.
         """
-        found = [p for p in sorted(self.root.glob(f"{TMP_PREFIX}{self.key}-*"))
-                 if self.key in (candidates := tmp_key_candidates(p.name))
-                 and not any((self.root / f"{c}{LOCK_FILE}").exists() for c in candidates if c != self.key)]
+        found = [
+            p
+            for p in sorted(self.root.glob(f"{TMP_PREFIX}{self.key}-*"))
+            if self.key in (candidates := tmp_key_candidates(p.name))
+            and not any((self.root / f"{c}{LOCK_FILE}").exists() for c in candidates if c != self.key)
+        ]
         if self.final.exists() and not self.manifest.is_file():
             found.append(self.final)
         return found
@@ -141,6 +145,7 @@ def free_bytes(path: Path) -> int:
 
 
 # ---- lock --------------------------------------------------------------------------------------
+
 
 def owner_identity() -> dict[str, Any]:
     host = socket.gethostname()
@@ -250,8 +255,9 @@ class KeyLock:
         self._held = False
 
 
-def acquire_or_wait(paths: CachePaths, lock: KeyLock, *, wait_seconds: float, poll_seconds: float,
-                    log: Log) -> dict[str, Any] | None:
+def acquire_or_wait(
+    paths: CachePaths, lock: KeyLock, *, wait_seconds: float, poll_seconds: float, log: Log
+) -> dict[str, Any] | None:
     """Own the key (returns None) or find its manifest (returns it: a cache hit).
 
     A live owner is waited for up to ``wait_seconds``; a stale one is taken over at once.
@@ -274,16 +280,19 @@ def acquire_or_wait(paths: CachePaths, lock: KeyLock, *, wait_seconds: float, po
             continue  # released between our two looks
         who = f"{record.get('owner', '?')} pid {record.get('pid', '?')}"
         if lock.is_stale(record):
-            log(f"cache: lock held by {who} is stale (no heartbeat for {format_seconds(lock.age(record))}); "
-                "taking over")
+            log(
+                f"cache: lock held by {who} is stale (no heartbeat for {format_seconds(lock.age(record))}); taking over"
+            )
             if lock.take_over(record):
                 log(f"cache: took over build lock {paths.lock.name}")
                 return None
             continue
         if time.monotonic() >= deadline:
-            raise BuildError(ExitCode.LOCK_TIMEOUT,
-                             f"engine {paths.key} is still being built by {who} after waiting "
-                             f"{format_seconds(wait_seconds)}; its heartbeat is live, so it was not taken over")
+            raise BuildError(
+                ExitCode.LOCK_TIMEOUT,
+                f"engine {paths.key} is still being built by {who} after waiting "
+                f"{format_seconds(wait_seconds)}; its heartbeat is live, so it was not taken over",
+            )
         now = time.monotonic()
         if now - last_report >= 30 or last_report == 0.0:
             log(f"cache: engine {paths.key} is being built by {who}; waiting for it")

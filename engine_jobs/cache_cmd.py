@@ -18,8 +18,13 @@ from typing import Any
 from .cache_gc import Retention, collect, parse_duration
 from .cache_index import Engine, Partial, find_partials, load_references, scan
 from .contract import CACHE_MOUNT
-from .errors import TERMINATION_MESSAGE_LIMIT, BuildError, ExitCode, format_termination_message, \
-    write_termination_message
+from .errors import (
+    TERMINATION_MESSAGE_LIMIT,
+    BuildError,
+    ExitCode,
+    format_termination_message,
+    write_termination_message,
+)
 from .progress import Log, human_bytes
 from .settings import Settings
 
@@ -28,8 +33,14 @@ COLUMNS = ("KEY", "VARIANT", "MODEL", "TRTLLM", "GPU", "SIZE", "BUILT", "REFEREN
 
 
 def _cache_argument(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--local", "--cache", dest="cache", default=CACHE_MOUNT, metavar="DIR",
-                   help=f"the mounted cache directory (default {CACHE_MOUNT})")
+    p.add_argument(
+        "--local",
+        "--cache",
+        dest="cache",
+        default=CACHE_MOUNT,
+        metavar="DIR",
+        help=f"the mounted cache directory (default {CACHE_MOUNT})",
+    )
 
 
 def add_cache_parser(sub: Any) -> None:
@@ -39,13 +50,20 @@ def add_cache_parser(sub: Any) -> None:
     _cache_argument(ls)
     ls.add_argument("--references", metavar="FILE", help="the operator's references JSON (who uses each key)")
     ls.add_argument("-o", "--output", choices=["table", "json"], default="table")
-    ls.add_argument("--termination-log", metavar="FILE",
-                    help="also write the listing there, compressed to fit Kubernetes' 4096 bytes (listing pods)")
+    ls.add_argument(
+        "--termination-log",
+        metavar="FILE",
+        help="also write the listing there, compressed to fit Kubernetes' 4096 bytes (listing pods)",
+    )
     ls.set_defaults(func=cmd_ls)
     gc = verbs.add_parser("gc", help="remove unreferenced engines beyond the retention")
     _cache_argument(gc)
-    gc.add_argument("--references", required=True, metavar="FILE",
-                    help="the operator's references JSON; re-read before every deletion")
+    gc.add_argument(
+        "--references",
+        required=True,
+        metavar="FILE",
+        help="the operator's references JSON; re-read before every deletion",
+    )
     gc.add_argument("--keep", type=int, metavar="N", help="keep the N most recent unreferenced per model and variant")
     gc.add_argument("--max-age", metavar="DURATION", help="keep unreferenced engines younger than this (30d, 12h)")
     gc.add_argument("--dry-run", action="store_true", help="print what would be removed; remove nothing")
@@ -57,16 +75,30 @@ def add_cache_parser(sub: Any) -> None:
 def referenced_text(engine: Engine) -> str:
     if engine.referenced_by:
         return ", ".join(r.describe() for r in engine.referenced_by)
-    text = (f"unreferenced since {engine.unreferenced_since}" if engine.unreferenced_since
-            else "unreferenced (since before any collection saw it)")
+    text = (
+        f"unreferenced since {engine.unreferenced_since}"
+        if engine.unreferenced_since
+        else "unreferenced (since before any collection saw it)"
+    )
     if engine.locked_by:
         text += f"; being built by {engine.locked_by}"
     return text if engine.complete else f"incomplete; {text}"
 
 
 def table(engines: list[Engine]) -> str:
-    rows = [COLUMNS] + [(e.key, e.variant, e.model, e.tensorrt_llm_version, e.gpu_product,
-                         human_bytes(e.size_bytes), e.built_at or "-", referenced_text(e)) for e in engines]
+    rows = [COLUMNS] + [
+        (
+            e.key,
+            e.variant,
+            e.model,
+            e.tensorrt_llm_version,
+            e.gpu_product,
+            human_bytes(e.size_bytes),
+            e.built_at or "-",
+            referenced_text(e),
+        )
+        for e in engines
+    ]
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS) - 1)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1] for r in rows)
 
@@ -78,8 +110,10 @@ def partials_text(partials: list[dict[str, Any]], total: int | None = None) -> s
     if not partials and not total:
         return ""
     abandoned = [p for p in partials if not p.get("lockedBy")]
-    lines = [f"{len(partials)} partial build(s), {human_bytes(total)}; {len(abandoned)} abandoned "
-             f"({human_bytes(sum(int(p.get('sizeBytes') or 0) for p in abandoned))}): the collection removes those"]
+    lines = [
+        f"{len(partials)} partial build(s), {human_bytes(total)}; {len(abandoned)} abandoned "
+        f"({human_bytes(sum(int(p.get('sizeBytes') or 0) for p in abandoned))}): the collection removes those"
+    ]
     for p in partials:
         state = f"being built by {p['lockedBy']}" if p.get("lockedBy") else "abandoned (no live build lock)"
         lines.append(f"  {p['entry']}  key {p['key']}  {human_bytes(int(p.get('sizeBytes') or 0))}  {state}")
@@ -93,9 +127,13 @@ def listing_document(root: Path, engines: list[Engine], partials: list[Partial] 
     running or abandoned, and ``<key>/`` without manifest).
     """
     partials = partials or []
-    return {"cache": str(root), "engines": [e.to_json() for e in engines],
-            "totalBytes": sum(e.size_bytes for e in engines),
-            "partials": [p.to_json() for p in partials], "partialBytes": sum(p.size_bytes for p in partials)}
+    return {
+        "cache": str(root),
+        "engines": [e.to_json() for e in engines],
+        "totalBytes": sum(e.size_bytes for e in engines),
+        "partials": [p.to_json() for p in partials],
+        "partialBytes": sum(p.size_bytes for p in partials),
+    }
 
 
 def encode_message(doc: dict[str, Any], limit: int = TERMINATION_MESSAGE_LIMIT) -> str:
@@ -131,7 +169,7 @@ def decode_message(text: str) -> dict[str, Any]:
     text = text.strip()
     if text.startswith(COMPRESSED_PREFIX):
         try:
-            text = zlib.decompress(base64.b64decode(text[len(COMPRESSED_PREFIX):])).decode()
+            text = zlib.decompress(base64.b64decode(text[len(COMPRESSED_PREFIX) :])).decode()
         except (zlib.error, ValueError) as exc:
             raise ValueError(f"corrupt compressed message: {exc}") from None
     doc = json.loads(text)
@@ -178,13 +216,20 @@ def cmd_gc(args: argparse.Namespace) -> int:
     try:
         settings = Settings.from_env()
         termination_log = termination_log or settings.termination_log
-        retention = Retention(keep=args.keep,
-                              max_age_seconds=parse_duration(args.max_age) if args.max_age else None)
-        report = collect(Path(args.cache), args.references, retention, stale_seconds=settings.lock_stale_seconds,
-                         dry_run=args.dry_run, log=log, now=time.time())
+        retention = Retention(keep=args.keep, max_age_seconds=parse_duration(args.max_age) if args.max_age else None)
+        report = collect(
+            Path(args.cache),
+            args.references,
+            retention,
+            stale_seconds=settings.lock_stale_seconds,
+            dry_run=args.dry_run,
+            log=log,
+            now=time.time(),
+        )
     except BuildError as exc:
-        write_termination_message(termination_log or Settings.from_env({}).termination_log,
-                                  format_termination_message(exc.code, exc.reason))
+        write_termination_message(
+            termination_log or Settings.from_env({}).termination_log, format_termination_message(exc.code, exc.reason)
+        )
         return _fail(exc)
     except ValueError as exc:  # a malformed setting
         print(f"error (BAD_INPUT): {exc}", file=sys.stderr)

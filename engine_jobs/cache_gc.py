@@ -26,8 +26,18 @@ from pathlib import Path
 from typing import Any
 
 from .cache import CachePaths, KeyLock, fsync_dir, read_manifest
-from .cache_index import TRASH_DIR, Engine, Partial, Reference, find_partials, iso, load_references, parse_iso, \
-    save_state, scan
+from .cache_index import (
+    TRASH_DIR,
+    Engine,
+    Partial,
+    Reference,
+    find_partials,
+    iso,
+    load_references,
+    parse_iso,
+    save_state,
+    scan,
+)
 from .contract import MANIFEST_FILE
 from .errors import TERMINATION_MESSAGE_LIMIT, bad_input
 from .manifest import UNKNOWN
@@ -80,19 +90,22 @@ def plan(engines: list[Engine], retention: Retention, now: float) -> list[Decisi
     groups: dict[tuple[str, str], list[Engine]] = {}
     for engine in engines:
         if engine.referenced_by:
-            decisions.append(Decision(engine, False, "referenced by " + ", ".join(
-                r.describe() for r in engine.referenced_by)))
+            decisions.append(
+                Decision(engine, False, "referenced by " + ", ".join(r.describe() for r in engine.referenced_by))
+            )
         elif engine.locked_by:
             decisions.append(Decision(engine, False, f"locked by a running build ({engine.locked_by})"))
         elif not engine.complete:
-            decisions.append(Decision(engine, True, "its manifest is unreadable or not this key's, and no live "
-                                                    "build lock"))
+            decisions.append(
+                Decision(engine, True, "its manifest is unreadable or not this key's, and no live build lock")
+            )
         else:
             groups.setdefault((engine.model, engine.variant), []).append(engine)
     for group in groups.values():
         # most recently referenced first, then most recently built (second resolution), then by key: deterministic
-        group.sort(key=lambda e: (parse_iso(e.unreferenced_since) or now, parse_iso(e.built_at) or 0.0, e.key),
-                   reverse=True)
+        group.sort(
+            key=lambda e: (parse_iso(e.unreferenced_since) or now, parse_iso(e.built_at) or 0.0, e.key), reverse=True
+        )
         for rank, engine in enumerate(group):
             age = now - (parse_iso(engine.unreferenced_since) or now)
             if retention.keep is not None and rank < retention.keep:
@@ -121,9 +134,15 @@ class Report:
         return sum(1 for r in self.removed if r.get("variant") == PARTIAL)
 
     def to_json(self) -> dict[str, Any]:
-        return {"dryRun": self.dry_run, "removed": self.removed, "freedBytes": self.freed_bytes,
-                "cacheBytes": self.cache_bytes, "kept": self.kept, "skipped": self.skipped,
-                "removedPartials": self.removed_partials}
+        return {
+            "dryRun": self.dry_run,
+            "removed": self.removed,
+            "freedBytes": self.freed_bytes,
+            "cacheBytes": self.cache_bytes,
+            "kept": self.kept,
+            "skipped": self.skipped,
+            "removedPartials": self.removed_partials,
+        }
 
     def termination_message(self, limit: int = TERMINATION_MESSAGE_LIMIT) -> str:
         """JSON the operator parses; lists are shortened (counts kept exact) to fit Kubernetes' 4096 bytes."""
@@ -152,10 +171,19 @@ def finish_trash(root: Path, report: Report, log: Log) -> None:
             entry.unlink(missing_ok=True)
         key, _, rest = entry.name.partition(".")
         partial = rest.startswith(f"{PARTIAL}-")
-        log(f"gc: finished removing {key}{' (a partial build)' if partial else ''} left in the trash by an "
-            f"interrupted collection ({human_bytes(size)})")
-        report.removed.append({"key": key, "variant": PARTIAL if partial else UNKNOWN, "model": UNKNOWN,
-                               "bytes": size, "note": "interrupted earlier"})
+        log(
+            f"gc: finished removing {key}{' (a partial build)' if partial else ''} left in the trash by an "
+            f"interrupted collection ({human_bytes(size)})"
+        )
+        report.removed.append(
+            {
+                "key": key,
+                "variant": PARTIAL if partial else UNKNOWN,
+                "model": UNKNOWN,
+                "bytes": size,
+                "note": "interrupted earlier",
+            }
+        )
 
 
 def _still_referenced(references_path: str, key: str) -> list[Reference]:
@@ -191,8 +219,13 @@ def _take_locks(root: Path, keys: tuple[str, ...], stale_seconds: float, log: Lo
 
 
 def _partial_entry(partial: Partial, size: int) -> dict[str, Any]:
-    return {"key": partial.key, "variant": PARTIAL, "model": UNKNOWN, "bytes": size,
-            "note": f"abandoned partial build {partial.entry}"}
+    return {
+        "key": partial.key,
+        "variant": PARTIAL,
+        "model": UNKNOWN,
+        "bytes": size,
+        "note": f"abandoned partial build {partial.entry}",
+    }
 
 
 def collect_partials(root: Path, report: Report, *, stale_seconds: float, dry_run: bool, log: Log) -> None:
@@ -213,11 +246,14 @@ def collect_partials(root: Path, report: Report, *, stale_seconds: float, dry_ru
             for partial in members:
                 if partial.locked_by:
                     log(f"gc: keep partial build {partial.entry}: being built by {partial.locked_by}")
-                    report.skipped.append({"key": partial.key, "reason": f"partial build {partial.entry} "
-                                                                         f"being built by {partial.locked_by}"})
+                    report.skipped.append(
+                        {
+                            "key": partial.key,
+                            "reason": f"partial build {partial.entry} being built by {partial.locked_by}",
+                        }
+                    )
                 else:
-                    log(f"gc: would remove abandoned partial build {partial.entry} "
-                        f"({human_bytes(partial.size_bytes)})")
+                    log(f"gc: would remove abandoned partial build {partial.entry} ({human_bytes(partial.size_bytes)})")
                     report.removed.append(_partial_entry(partial, partial.size_bytes))
             continue
         locks, why = _take_locks(root, candidates, stale_seconds, log)
@@ -248,8 +284,9 @@ def collect_partials(root: Path, report: Report, *, stale_seconds: float, dry_ru
             report.removed.append(_partial_entry(partial, size))
 
 
-def remove_engine(root: Path, engine: Engine, references_path: str, stale_seconds: float,
-                  log: Log) -> tuple[int | None, str]:
+def remove_engine(
+    root: Path, engine: Engine, references_path: str, stale_seconds: float, log: Log
+) -> tuple[int | None, str]:
     """Delete one engine if it is still safe; returns (bytes freed or None, reason when skipped)."""
     paths = CachePaths(root, engine.key)
     lock, why = _take_lock(paths, stale_seconds, log)
@@ -277,8 +314,16 @@ def remove_engine(root: Path, engine: Engine, references_path: str, stale_second
     return size, ""
 
 
-def collect(root: Path, references_path: str, retention: Retention, *, stale_seconds: float, dry_run: bool,
-            log: Log, now: float | None = None) -> Report:
+def collect(
+    root: Path,
+    references_path: str,
+    retention: Retention,
+    *,
+    stale_seconds: float,
+    dry_run: bool,
+    log: Log,
+    now: float | None = None,
+) -> Report:
     """Plan by retention over the live cache, then remove each candidate under the rules above."""
     now = time.time() if now is None else now
     report = Report(dry_run=dry_run)
@@ -317,8 +362,9 @@ def collect(root: Path, references_path: str, retention: Retention, *, stale_sec
     if not dry_run:
         save_state(root, remaining)
     partials = report.removed_partials
-    log(f"gc: {'would free' if dry_run else 'freed'} {human_bytes(report.freed_bytes)} "
+    log(
+        f"gc: {'would free' if dry_run else 'freed'} {human_bytes(report.freed_bytes)} "
         f"({len(report.removed) - partials} engine(s), {partials} abandoned partial build(s)); "
-        f"{len(remaining)} kept, {human_bytes(report.cache_bytes)} at {iso(now)}")
+        f"{len(remaining)} kept, {human_bytes(report.cache_bytes)} at {iso(now)}"
+    )
     return report
-

@@ -67,22 +67,36 @@ class Engine:
     unreferenced_since: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"key": self.key, "complete": self.complete, "variant": self.variant, "model": self.model,
-                "tensorrtLlmVersion": self.tensorrt_llm_version, "gpuProduct": self.gpu_product,
-                "sizeBytes": self.size_bytes, "builtAt": self.built_at, "lockedBy": self.locked_by,
-                "referencedBy": [{"namespace": r.namespace, "name": r.name, "role": r.role}
-                                 for r in self.referenced_by],
-                "unreferencedSince": self.unreferenced_since}
+        return {
+            "key": self.key,
+            "complete": self.complete,
+            "variant": self.variant,
+            "model": self.model,
+            "tensorrtLlmVersion": self.tensorrt_llm_version,
+            "gpuProduct": self.gpu_product,
+            "sizeBytes": self.size_bytes,
+            "builtAt": self.built_at,
+            "lockedBy": self.locked_by,
+            "referencedBy": [{"namespace": r.namespace, "name": r.name, "role": r.role} for r in self.referenced_by],
+            "unreferencedSince": self.unreferenced_since,
+        }
 
     @classmethod
     def from_json(cls, item: dict[str, Any]) -> Engine:
         """The inverse of :meth:`to_json` (a listing read back from a listing pod)."""
-        return cls(key=item["key"], complete=item["complete"], variant=item["variant"], model=item["model"],
-                   tensorrt_llm_version=item["tensorrtLlmVersion"], gpu_product=item["gpuProduct"],
-                   size_bytes=item["sizeBytes"], built_at=item["builtAt"], locked_by=item["lockedBy"],
-                   referenced_by=[Reference(item["key"], r["namespace"], r["name"], r["role"])
-                                  for r in item["referencedBy"]],
-                   unreferenced_since=item["unreferencedSince"])
+        return cls(
+            key=item["key"],
+            complete=item["complete"],
+            variant=item["variant"],
+            model=item["model"],
+            tensorrt_llm_version=item["tensorrtLlmVersion"],
+            gpu_product=item["gpuProduct"],
+            size_bytes=item["sizeBytes"],
+            built_at=item["builtAt"],
+            locked_by=item["lockedBy"],
+            referenced_by=[Reference(item["key"], r["namespace"], r["name"], r["role"]) for r in item["referencedBy"]],
+            unreferenced_since=item["unreferencedSince"],
+        )
 
 
 @dataclass
@@ -129,8 +143,9 @@ def load_references(path: str | os.PathLike[str]) -> list[Reference]:
         raise bad_input(f"references file {path} must be an object with a 'references' list")
     refs = []
     for i, item in enumerate(items):
-        if not isinstance(item, dict) or not all(isinstance(item.get(f), str) and item.get(f)
-                                                 for f in ("key", "namespace", "name", "role")):
+        if not isinstance(item, dict) or not all(
+            isinstance(item.get(f), str) and item.get(f) for f in ("key", "namespace", "name", "role")
+        ):
             raise bad_input(f"references file {path}: entry {i} needs non-empty string key, namespace, name, role")
         refs.append(Reference(item["key"], item["namespace"], item["name"], item["role"]))
     return refs
@@ -147,8 +162,10 @@ def load_state(root: Path) -> dict[str, str]:
 
 
 def save_state(root: Path, engines: list[Engine]) -> None:
-    write_json_atomic(root / STATE_FILE, {"unreferencedSince": {
-        e.key: e.unreferenced_since for e in engines if e.unreferenced_since is not None}})
+    write_json_atomic(
+        root / STATE_FILE,
+        {"unreferencedSince": {e.key: e.unreferenced_since for e in engines if e.unreferenced_since is not None}},
+    )
 
 
 def live_lock_owner(root: Path, key: str, stale_seconds: float) -> str | None:
@@ -175,8 +192,9 @@ def _describe_manifest(engine: Engine, manifest: dict[str, Any]) -> None:
     engine.built_at = builder.get("built_at") if isinstance(builder.get("built_at"), str) else None
 
 
-def scan(root: Path, references: list[Reference], *, stale_seconds: float,
-         first_seen: str | None = None) -> list[Engine]:
+def scan(
+    root: Path, references: list[Reference], *, stale_seconds: float, first_seen: str | None = None
+) -> list[Engine]:
     """Every engine directory in the cache, sorted by key, with references and unreferenced-since joined.
 
     ``first_seen``: the unreferenced-since of an engine no collection has recorded yet (a collection passes
@@ -188,8 +206,13 @@ def scan(root: Path, references: list[Reference], *, stale_seconds: float,
         by_key.setdefault(ref.key, []).append(ref)
     engines = []
     for entry in sorted(root.iterdir()) if root.is_dir() else []:
-        if not entry.is_dir() or entry.is_symlink() or not KEY_PATTERN.fullmatch(entry.name) \
-                or entry.name.endswith(LOCK_FILE) or not (entry / MANIFEST_FILE).is_file():
+        if (
+            not entry.is_dir()
+            or entry.is_symlink()
+            or not KEY_PATTERN.fullmatch(entry.name)
+            or entry.name.endswith(LOCK_FILE)
+            or not (entry / MANIFEST_FILE).is_file()
+        ):
             continue  # a directory without manifest.json is a partial build (find_partials)
         manifest = read_manifest(CachePaths(root, entry.name))
         engine = Engine(key=entry.name, complete=manifest is not None, size_bytes=tree_size(entry))
@@ -223,18 +246,27 @@ def find_partials(root: Path, *, stale_seconds: float, log: Log | None = None) -
             candidates = tmp_key_candidates(entry.name)
             if not candidates or not entry.is_dir() or entry.is_symlink():
                 if log is not None:
-                    log(f"cache: {entry.name} is not a builder's temp directory (.tmp-<key>-<host>-<pid>/); "
-                        "left alone")
+                    log(f"cache: {entry.name} is not a builder's temp directory (.tmp-<key>-<host>-<pid>/); left alone")
                 continue
-        elif entry.is_dir() and not entry.is_symlink() and KEY_PATTERN.fullmatch(entry.name) \
-                and not entry.name.endswith(LOCK_FILE) and not (entry / MANIFEST_FILE).is_file():
+        elif (
+            entry.is_dir()
+            and not entry.is_symlink()
+            and KEY_PATTERN.fullmatch(entry.name)
+            and not entry.name.endswith(LOCK_FILE)
+            and not (entry / MANIFEST_FILE).is_file()
+        ):
             candidates = [entry.name]
         else:
             continue
-        partial = Partial(entry=entry.name, key=_likeliest_key(root, candidates), candidates=tuple(candidates),
-                          size_bytes=tree_size(entry))
-        partial.locked_by = next((owner for c in candidates
-                                  if (owner := live_lock_owner(root, c, stale_seconds)) is not None), None)
+        partial = Partial(
+            entry=entry.name,
+            key=_likeliest_key(root, candidates),
+            candidates=tuple(candidates),
+            size_bytes=tree_size(entry),
+        )
+        partial.locked_by = next(
+            (owner for c in candidates if (owner := live_lock_owner(root, c, stale_seconds)) is not None), None
+        )
         partials.append(partial)
     return partials
 

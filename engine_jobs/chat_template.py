@@ -93,7 +93,8 @@ def _compile(source: str):
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[Generation, jinja2.ext.loopcontrols])
+        trim_blocks=True, lstrip_blocks=True, extensions=[Generation, jinja2.ext.loopcontrols]
+    )
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -116,15 +117,23 @@ class ChatTemplate:
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         if not self.available:
-            raise NoChatTemplate("the model's tokenizer has no chat template (chat_template in "
-                                 f"{CONFIG_FILE} or {TEMPLATE_FILE}); use /v1/completions")
+            raise NoChatTemplate(
+                "the model's tokenizer has no chat template (chat_template in "
+                f"{CONFIG_FILE} or {TEMPLATE_FILE}); use /v1/completions"
+            )
         try:
             if self._hf is not None:
-                return self._hf.apply_chat_template(messages, tokenize=False,
-                                                    add_generation_prompt=add_generation_prompt)
+                return self._hf.apply_chat_template(
+                    messages, tokenize=False, add_generation_prompt=add_generation_prompt
+                )
             if self._compiled is None:
                 self._compiled = _compile(self.source)
-            return self._compiled.render(messages=messages, tools=None, documents=None,
-                                         add_generation_prompt=add_generation_prompt, **self.special_tokens)
+            return self._compiled.render(
+                messages=messages,
+                tools=None,
+                documents=None,
+                add_generation_prompt=add_generation_prompt,
+                **self.special_tokens,
+            )
         except Exception as exc:  # TemplateError from raise_exception, or a template bug
             raise ChatTemplateError(f"chat template: {exc}") from exc

@@ -33,26 +33,36 @@ def _spec_path(args: argparse.Namespace) -> str:
 
 
 def add_plan_parser(sub: Any) -> None:
-    p = sub.add_parser("plan", help="print the build steps of a spec (runs nothing)",
-                       description="Print the ordered build steps with exact argv.\n\nSettings:\n" + describe(),
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "plan",
+        help="print the build steps of a spec (runs nothing)",
+        description="Print the ordered build steps with exact argv.\n\nSettings:\n" + describe(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _spec_arguments(p)
-    p.add_argument("--architecture", choices=["llama", "qwen"],
-                   help="for architecture auto when the base config.json is not readable yet (hf://, s3://)")
+    p.add_argument(
+        "--architecture",
+        choices=["llama", "qwen"],
+        help="for architecture auto when the base config.json is not readable yet (hf://, s3://)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_plan)
 
 
 def add_build_parser(sub: Any) -> None:
-    p = sub.add_parser("build", help="build (or find in the cache) the engine of a spec",
-                       description="Run the build Job.\n\nSettings:\n" + describe(),
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "build",
+        help="build (or find in the cache) the engine of a spec",
+        description="Run the build Job.\n\nSettings:\n" + describe(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _spec_arguments(p)
     p.add_argument("--termination-log", help="termination-message file (default REDRAFTER_TERMINATION_LOG)")
     p.set_defaults(func=cmd_build)
 
 
 # ---- plan --------------------------------------------------------------------------------------
+
 
 def plan_document(spec_path: str, settings: Settings, architecture: str | None) -> dict[str, Any]:
     from .build import load_spec
@@ -61,8 +71,11 @@ def plan_document(spec_path: str, settings: Settings, architecture: str | None) 
     from .validate import read_config
 
     spec = load_spec(spec_path)
-    where = {"sources_mount": settings.sources_mount, "download_dir": settings.download_dir,
-             "cache_dir": spec.cache_dir}
+    where = {
+        "sources_mount": settings.sources_mount,
+        "download_dir": settings.download_dir,
+        "cache_dir": spec.cache_dir,
+    }
     base_dir = planned_location("base", spec.base, **where)
     drafter_dir = planned_location("drafter", spec.drafter, **where) if spec.drafter else None
     if architecture:
@@ -72,16 +85,25 @@ def plan_document(spec_path: str, settings: Settings, architecture: str | None) 
     elif Path(base_dir, "config.json").is_file():
         arch = resolve_architecture("auto", read_config(Path(base_dir), "base"))
     else:
-        raise bad_input(f"architecture is auto and {spec.base.uri} is not readable before fetch; "
-                        "pass --architecture llama|qwen to print the plan")
+        raise bad_input(
+            f"architecture is auto and {spec.base.uri} is not readable before fetch; "
+            "pass --architecture llama|qwen to print the plan"
+        )
     tmp = f"{spec.cache_dir}/.tmp-{spec.key}-<host>-<pid>"
-    layout = Layout(base_model_dir=base_dir, drafter_model_dir=drafter_dir, work_dir=f"{tmp}/work",
-                    engine_dir=f"{tmp}/{ENGINE_DIR}")
+    layout = Layout(
+        base_model_dir=base_dir, drafter_model_dir=drafter_dir, work_dir=f"{tmp}/work", engine_dir=f"{tmp}/{ENGINE_DIR}"
+    )
     steps = plan_steps(spec, settings, arch, layout)
     return {
-        "key": spec.key, "variant": spec.variant, "architecture": arch, "artifact": f"{spec.cache_dir}/{spec.key}",
-        "sources": {"base": base_dir, "drafter": drafter_dir,
-                    "tokenizer": planned_location("tokenizer", spec.tokenizer, **where)},
+        "key": spec.key,
+        "variant": spec.variant,
+        "architecture": arch,
+        "artifact": f"{spec.cache_dir}/{spec.key}",
+        "sources": {
+            "base": base_dir,
+            "drafter": drafter_dir,
+            "tokenizer": planned_location("tokenizer", spec.tokenizer, **where),
+        },
         "steps": [{"name": s.name, "description": s.description, "argv": list(s.argv)} for s in steps],
     }
 
@@ -130,9 +152,11 @@ def _pairs(argv: list[str]) -> list[str]:
 
 # ---- build -------------------------------------------------------------------------------------
 
+
 def _terminate(signum: int, _frame: Any) -> None:
-    raise BuildError(ExitCode.TERMINATED, f"stopped by signal {signal.Signals(signum).name} "
-                     "(Job deadline or pod deletion)")
+    raise BuildError(
+        ExitCode.TERMINATED, f"stopped by signal {signal.Signals(signum).name} (Job deadline or pod deletion)"
+    )
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -146,10 +170,16 @@ def cmd_build(args: argparse.Namespace) -> int:
         termination_log = termination_log or settings.termination_log
         spec = load_spec(_spec_path(args))
         manifest = build(spec, settings, log)
-        result = BuildResult(size_bytes=int((manifest.get("sizes") or {}).get("artifact_bytes") or 0),
-                             built_at=(manifest.get("builder") or {}).get("built_at"))
-        write_termination_message(termination_log, result.message(
-            f"OK: engine {manifest['key']} ({manifest['variant']}) is complete at {spec.cache_dir}/{manifest['key']}"))
+        result = BuildResult(
+            size_bytes=int((manifest.get("sizes") or {}).get("artifact_bytes") or 0),
+            built_at=(manifest.get("builder") or {}).get("built_at"),
+        )
+        write_termination_message(
+            termination_log,
+            result.message(
+                f"OK: engine {manifest['key']} ({manifest['variant']}) is complete at {spec.cache_dir}/{manifest['key']}"
+            ),
+        )
         return 0
     except BuildError as exc:
         code, reason, detail = exc.code, exc.reason, exc.detail
@@ -160,6 +190,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     log(f"FAILED ({code.name}, exit {int(code)}): {reason}", stream=sys.stderr)
     if detail:
         log("last output:\n" + detail, stream=sys.stderr)
-    write_termination_message(termination_log or Settings.from_env({}).termination_log,
-                              log.redact(format_termination_message(code, reason, detail)))
+    write_termination_message(
+        termination_log or Settings.from_env({}).termination_log,
+        log.redact(format_termination_message(code, reason, detail)),
+    )
     return int(code)

@@ -59,8 +59,9 @@ def bad_input(reason: str, detail: str = "") -> BuildError:
     return BuildError(ExitCode.BAD_INPUT, reason, detail)
 
 
-def format_termination_message(code: ExitCode, reason: str, detail: str = "",
-                               limit: int = TERMINATION_MESSAGE_LIMIT) -> str:
+def format_termination_message(
+    code: ExitCode, reason: str, detail: str = "", limit: int = TERMINATION_MESSAGE_LIMIT
+) -> str:
     """``<CODE>: <reason>`` on one line, then the *end* of ``detail`` (where errors are), within ``limit`` bytes."""
     head = f"{code.name}: {' '.join(reason.split())}"
     head_bytes = head.encode()
@@ -73,7 +74,7 @@ def format_termination_message(code: ExitCode, reason: str, detail: str = "",
     tail = detail.encode()
     if len(tail) > room:
         marker = "...\n".encode()
-        tail = marker + tail[len(tail) - (room - len(marker)):]
+        tail = marker + tail[len(tail) - (room - len(marker)) :]
     return head + "\n" + tail.decode(errors="ignore")
 
 

@@ -76,29 +76,35 @@ def read_secret(credentials_dir: str | None, name: str, log: Log) -> str | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise BuildError(ExitCode.SOURCE_UNAVAILABLE, f"cannot read credentials key {name} in {credentials_dir}: "
-                         f"{exc.strerror}") from None
+        raise BuildError(
+            ExitCode.SOURCE_UNAVAILABLE, f"cannot read credentials key {name} in {credentials_dir}: {exc.strerror}"
+        ) from None
     log.add_secret(value)
     return value or None
 
 
 # ---- pvc:// ------------------------------------------------------------------------------------
 
+
 def fetch_pvc(role: str, ref: SourceRef, uri: ParsedUri, sources_mount: str, log: Log) -> Fetched:
     mount = Path(sources_mount, uri.authority)
     local = mount / uri.path if uri.path else mount
     if not mount.is_dir():
-        raise BuildError(ExitCode.SOURCE_UNAVAILABLE,
-                         f"{role} source {ref.uri}: claim {uri.authority} is not mounted at {mount}")
+        raise BuildError(
+            ExitCode.SOURCE_UNAVAILABLE, f"{role} source {ref.uri}: claim {uri.authority} is not mounted at {mount}"
+        )
     if not local.is_dir():
-        raise BuildError(ExitCode.SOURCE_UNAVAILABLE,
-                         f"{role} source {ref.uri}: path {uri.path or '/'} does not exist in claim {uri.authority}")
+        raise BuildError(
+            ExitCode.SOURCE_UNAVAILABLE,
+            f"{role} source {ref.uri}: path {uri.path or '/'} does not exist in claim {uri.authority}",
+        )
     size = tree_size(local)
     log(f"fetch {role}: {ref.uri} is mounted at {local} ({human_bytes(size)})")
     return Fetched(role, ref.uri, local, ref.revision, None, size)
 
 
 # ---- hf:// -------------------------------------------------------------------------------------
+
 
 def fetch_hf(role: str, ref: SourceRef, uri: ParsedUri, download_dir: str | None, log: Log) -> Fetched:
     from huggingface_hub import snapshot_download  # lazily: only the builder image needs it
@@ -110,17 +116,16 @@ def fetch_hf(role: str, ref: SourceRef, uri: ParsedUri, download_dir: str | None
     patterns: dict[str, Any] = {"ignore_patterns": HF_IGNORE}
     if role == "tokenizer":
         patterns = {"allow_patterns": TOKENIZER_PATTERNS}
-    log(f"fetch {role}: downloading {repo_id}@{revision} from the Hugging Face Hub"
-        f"{' (with token)' if token else ''}")
+    log(f"fetch {role}: downloading {repo_id}@{revision} from the Hugging Face Hub{' (with token)' if token else ''}")
     try:
-        path = snapshot_download(repo_id, revision=revision, cache_dir=download_dir, token=token or False,
-                                 **patterns)
+        path = snapshot_download(repo_id, revision=revision, cache_dir=download_dir, token=token or False, **patterns)
     except RevisionNotFoundError:
         raise bad_input(f"{role} source {ref.uri}: revision {revision!r} does not exist") from None
     except Exception as exc:  # network, auth, offline mode: all "cannot get it now"
-        raise BuildError(ExitCode.SOURCE_UNAVAILABLE,
-                         f"{role} source {ref.uri}@{revision} is unreachable: {type(exc).__name__}: "
-                         f"{log.redact(_first_line(exc))}") from None
+        raise BuildError(
+            ExitCode.SOURCE_UNAVAILABLE,
+            f"{role} source {ref.uri}@{revision} is unreachable: {type(exc).__name__}: {log.redact(_first_line(exc))}",
+        ) from None
     local = Path(str(path))
     commit = local.name  # snapshot_download returns .../snapshots/<commit>
     size = tree_size(local)
@@ -139,8 +144,14 @@ def _boto3_client(**kwargs: Any) -> Any:
     return boto3.client("s3", **kwargs)
 
 
-def fetch_s3(role: str, ref: SourceRef, uri: ParsedUri, download_root: str, log: Log,
-             client_factory: S3ClientFactory = _boto3_client) -> Fetched:
+def fetch_s3(
+    role: str,
+    ref: SourceRef,
+    uri: ParsedUri,
+    download_root: str,
+    log: Log,
+    client_factory: S3ClientFactory = _boto3_client,
+) -> Fetched:
     key_id = read_secret(ref.credentials_dir, "AWS_ACCESS_KEY_ID", log)
     secret = read_secret(ref.credentials_dir, "AWS_SECRET_ACCESS_KEY", log)
     endpoint = read_secret(ref.credentials_dir, "AWS_ENDPOINT_URL", log)
@@ -166,7 +177,7 @@ def fetch_s3(role: str, ref: SourceRef, uri: ParsedUri, download_root: str, log:
             raise BuildError(ExitCode.SOURCE_UNAVAILABLE, f"{role} source {ref.uri}: no objects under this prefix")
         objects.sort()
         for key, _etag, size in objects:
-            rel = key[len(prefix):]
+            rel = key[len(prefix) :]
             if any(part in ("", ".", "..") for part in rel.split("/")):
                 raise bad_input(f"{role} source {ref.uri}: object key {key!r} is not a safe relative path")
             dest = local / rel
@@ -179,9 +190,10 @@ def fetch_s3(role: str, ref: SourceRef, uri: ParsedUri, download_root: str, log:
     except BuildError:
         raise
     except Exception as exc:
-        raise BuildError(ExitCode.SOURCE_UNAVAILABLE,
-                         f"{role} source {ref.uri} is unreachable: {type(exc).__name__}: "
-                         f"{log.redact(_first_line(exc))}") from None
+        raise BuildError(
+            ExitCode.SOURCE_UNAVAILABLE,
+            f"{role} source {ref.uri} is unreachable: {type(exc).__name__}: {log.redact(_first_line(exc))}",
+        ) from None
     digest = hashlib.sha256("\n".join(f"{k}\t{e}\t{s}" for k, e, s in objects).encode()).hexdigest()
     total = sum(s for _k, _e, s in objects)
     log(f"fetch {role}: {len(objects)} objects from {ref.uri} ({human_bytes(total)}), listing sha256:{digest[:16]}")
@@ -190,8 +202,10 @@ def fetch_s3(role: str, ref: SourceRef, uri: ParsedUri, download_root: str, log:
 
 # ---- dispatch ----------------------------------------------------------------------------------
 
-def fetch(role: str, ref: SourceRef, *, sources_mount: str, download_dir: str | None, cache_dir: str,
-          log: Log) -> Fetched:
+
+def fetch(
+    role: str, ref: SourceRef, *, sources_mount: str, download_dir: str | None, cache_dir: str, log: Log
+) -> Fetched:
     uri = parse_uri(ref.uri)
     if uri.scheme == "pvc":
         return fetch_pvc(role, ref, uri, sources_mount, log)
@@ -207,12 +221,13 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0][:300] if text else ""
 
 
-def planned_location(role: str, ref: SourceRef, *, sources_mount: str, download_dir: str | None,
-                     cache_dir: str) -> str:
+def planned_location(role: str, ref: SourceRef, *, sources_mount: str, download_dir: str | None, cache_dir: str) -> str:
     """Where ``fetch`` will put (or find) a source, without touching anything: for printing plans."""
     uri = parse_uri(ref.uri)
     if uri.scheme == "pvc":
-        return str(Path(sources_mount, uri.authority, uri.path)) if uri.path else str(Path(sources_mount, uri.authority))
+        return (
+            str(Path(sources_mount, uri.authority, uri.path)) if uri.path else str(Path(sources_mount, uri.authority))
+        )
     if uri.scheme == "hf":
         hub = download_dir or hf_hub_cache()
         name = f"{uri.authority}/{uri.path}".replace("/", "--")

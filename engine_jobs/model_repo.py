@@ -56,7 +56,11 @@ class Tensor:
     ragged: bool = False
 
     def pbtxt(self) -> str:
-        lines = [f'    name: "{self.name}"', f"    data_type: {self.dtype}", f"    dims: [ {', '.join(map(str, self.dims))} ]"]
+        lines = [
+            f'    name: "{self.name}"',
+            f"    data_type: {self.dtype}",
+            f"    dims: [ {', '.join(map(str, self.dims))} ]",
+        ]
         if self.reshape is not None:
             lines.append(f"    reshape: {{ shape: [ {', '.join(map(str, self.reshape))} ] }}")
         if self.optional:
@@ -277,21 +281,39 @@ def model_configs(cfg: ServingConfig, engine_dir: str, tokenizer_dir: str) -> di
     t = cfg.triton
     return {
         ENTRY_MODEL: model_config(
-            ENTRY_MODEL, "python", ENTRY_INPUTS, ENTRY_OUTPUTS, metering_parameters(cfg),
-            max_batch_size=cfg.max_batch_size, decoupled=True,
+            ENTRY_MODEL,
+            "python",
+            ENTRY_INPUTS,
+            ENTRY_OUTPUTS,
+            metering_parameters(cfg),
+            max_batch_size=cfg.max_batch_size,
+            decoupled=True,
         ),
         PREPROCESSING_MODEL: model_config(
-            PREPROCESSING_MODEL, "python", PRE_INPUTS, PRE_OUTPUTS, {"tokenizer_dir": tokenizer_dir},
+            PREPROCESSING_MODEL,
+            "python",
+            PRE_INPUTS,
+            PRE_OUTPUTS,
+            {"tokenizer_dir": tokenizer_dir},
             instance_count=2,
         ),
         ENGINE_MODEL: model_config(
-            ENGINE_MODEL, "tensorrtllm", ENGINE_INPUTS, ENGINE_OUTPUTS, engine_parameters(cfg, engine_dir),
-            max_batch_size=cfg.max_batch_size, decoupled=t.decoupled,
+            ENGINE_MODEL,
+            "tensorrtllm",
+            ENGINE_INPUTS,
+            ENGINE_OUTPUTS,
+            engine_parameters(cfg, engine_dir),
+            max_batch_size=cfg.max_batch_size,
+            decoupled=t.decoupled,
             dynamic_batching_delay_us=t.max_queue_delay_microseconds,
         ),
         POSTPROCESSING_MODEL: model_config(
-            POSTPROCESSING_MODEL, "python", POST_INPUTS, POST_OUTPUTS,
-            {"tokenizer_dir": tokenizer_dir, "skip_special_tokens": "true"}, instance_count=2,
+            POSTPROCESSING_MODEL,
+            "python",
+            POST_INPUTS,
+            POST_OUTPUTS,
+            {"tokenizer_dir": tokenizer_dir, "skip_special_tokens": "true"},
+            instance_count=2,
         ),
     }
 

@@ -99,15 +99,20 @@ class Front:
 
     async def require_ready(self) -> None:
         if not self.ready and not await self.check_ready():
-            raise ApiError(503, "the inference server is not ready yet; retry shortly",
-                           type_="server_error", code="service_unavailable")
+            raise ApiError(
+                503,
+                "the inference server is not ready yet; retry shortly",
+                type_="server_error",
+                code="service_unavailable",
+            )
 
     def failure(self, exc: UpstreamError) -> ApiError:
         """A failed generation in OpenAI's terms: 503 (retry) when Triton went away, else 500."""
         if exc.unavailable:
             self.ready = False  # the poller may not have noticed yet
-            return ApiError(503, f"the inference server is unavailable: {exc}", type_="server_error",
-                            code="service_unavailable")
+            return ApiError(
+                503, f"the inference server is unavailable: {exc}", type_="server_error", code="service_unavailable"
+            )
         return ApiError(500, f"inference failed: {exc}", type_="server_error", code="upstream_error")
 
     # ---- requests ------------------------------------------------------------------------------
@@ -120,8 +125,13 @@ class Front:
         if n == 0:
             raise ApiError(400, "the prompt encodes to zero tokens", param=param, code="invalid_value")
         if n > self.settings.max_input_len:
-            raise ApiError(400, f"the prompt has {n} tokens, more than this model's maximum input length of "
-                           f"{self.settings.max_input_len} tokens", param=param, code="context_length_exceeded")
+            raise ApiError(
+                400,
+                f"the prompt has {n} tokens, more than this model's maximum input length of "
+                f"{self.settings.max_input_len} tokens",
+                param=param,
+                code="context_length_exceeded",
+            )
         return n
 
     def sampling(self, req: _Request, prompt_tokens: int, default_max: int | None) -> Sampling:
@@ -130,16 +140,30 @@ class Front:
         if limit is None:
             limit = room if default_max is None else min(default_max, room)
         elif prompt_tokens + limit > self.settings.max_seq_len:
-            raise ApiError(400, f"{prompt_tokens} prompt tokens + {limit} output tokens exceed this model's "
-                           f"maximum sequence length of {self.settings.max_seq_len} tokens",
-                           param="max_completion_tokens" if getattr(req, "max_completion_tokens", None)
-                           else "max_tokens", code="context_length_exceeded")
+            raise ApiError(
+                400,
+                f"{prompt_tokens} prompt tokens + {limit} output tokens exceed this model's "
+                f"maximum sequence length of {self.settings.max_seq_len} tokens",
+                param="max_completion_tokens" if getattr(req, "max_completion_tokens", None) else "max_tokens",
+                code="context_length_exceeded",
+            )
         if req.min_tokens is not None and req.min_tokens > limit:
-            raise ApiError(400, f"min_tokens ({req.min_tokens}) exceeds max_tokens ({limit})", param="min_tokens",
-                           code="invalid_value")
-        return Sampling(max_tokens=limit, stop=tuple(req.stop_list), temperature=req.temperature,
-                        top_p=req.top_p, seed=req.seed, presence_penalty=req.presence_penalty,
-                        frequency_penalty=req.frequency_penalty, min_tokens=req.min_tokens)
+            raise ApiError(
+                400,
+                f"min_tokens ({req.min_tokens}) exceeds max_tokens ({limit})",
+                param="min_tokens",
+                code="invalid_value",
+            )
+        return Sampling(
+            max_tokens=limit,
+            stop=tuple(req.stop_list),
+            temperature=req.temperature,
+            top_p=req.top_p,
+            seed=req.seed,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            min_tokens=req.min_tokens,
+        )
 
     def chat_prompt(self, req: ChatCompletionRequest) -> str:
         try:
@@ -157,13 +181,17 @@ class Front:
             return text
         bos_ids = self.tokenizer.encode(bos, add_special_tokens=False)
         added = self.tokenizer.encode("", add_special_tokens=True)
-        return text[len(bos):] if len(bos_ids) == 1 and added[:1] == bos_ids else text
+        return text[len(bos) :] if len(bos_ids) == 1 and added[:1] == bos_ids else text
 
 
 def _check_model(front: Front, req: _Request) -> None:
     if req.model != front.settings.model_id:
-        raise ApiError(404, f"The model '{req.model}' does not exist; this server serves "
-                       f"'{front.settings.model_id}'", param="model", code="model_not_found")
+        raise ApiError(
+            404,
+            f"The model '{req.model}' does not exist; this server serves '{front.settings.model_id}'",
+            param="model",
+            code="model_not_found",
+        )
 
 
 async def _parse(request: web.Request, model: type[_Request]) -> _Request:
@@ -180,16 +208,22 @@ async def _parse(request: web.Request, model: type[_Request]) -> _Request:
 
 
 def _usage(prompt_tokens: int, outcome: Outcome) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": outcome.completion_tokens,
-            "total_tokens": prompt_tokens + outcome.completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": outcome.completion_tokens,
+        "total_tokens": prompt_tokens + outcome.completion_tokens,
+    }
 
 
 def _speculation(outcome: Outcome) -> dict[str, Any] | None:
     rate = outcome.acceptance_rate
     if rate is None:
         return None
-    return {"acceptance_rate": rate, "accepted_draft_tokens": outcome.accepted_draft_tokens,
-            "draft_tokens": outcome.draft_tokens}
+    return {
+        "acceptance_rate": rate,
+        "accepted_draft_tokens": outcome.accepted_draft_tokens,
+        "draft_tokens": outcome.draft_tokens,
+    }
 
 
 @dataclass(frozen=True)
@@ -205,22 +239,35 @@ class _Kind:
 
 
 COMPLETION = _Kind(
-    "text_completion", "text_completion", "cmpl-",
+    "text_completion",
+    "text_completion",
+    "cmpl-",
     lambda text, fin: {"index": 0, "text": text, "logprobs": None, "finish_reason": fin},
     lambda text, fin: {"index": 0, "text": text or "", "logprobs": None, "finish_reason": fin},
 )
 CHAT = _Kind(
-    "chat.completion", "chat.completion.chunk", "chatcmpl-",
-    lambda text, fin: {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                       "finish_reason": fin},
-    lambda text, fin: {"index": 0, "delta": {} if text is None else {"content": text}, "logprobs": None,
-                       "finish_reason": fin},
+    "chat.completion",
+    "chat.completion.chunk",
+    "chatcmpl-",
+    lambda text, fin: {
+        "index": 0,
+        "message": {"role": "assistant", "content": text},
+        "logprobs": None,
+        "finish_reason": fin,
+    },
+    lambda text, fin: {
+        "index": 0,
+        "delta": {} if text is None else {"content": text},
+        "logprobs": None,
+        "finish_reason": fin,
+    },
     first={"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None},
 )
 
 
-async def _respond(request: web.Request, front: Front, kind: _Kind, req: _Request, prompt: str,
-                   prompt_tokens: int, sampling: Sampling) -> web.StreamResponse:
+async def _respond(
+    request: web.Request, front: Front, kind: _Kind, req: _Request, prompt: str, prompt_tokens: int, sampling: Sampling
+) -> web.StreamResponse:
     assert front.client is not None
     outcome = Outcome()
     created = int(time.time())
@@ -231,8 +278,12 @@ async def _respond(request: web.Request, front: Front, kind: _Kind, req: _Reques
             text = "".join([d async for d in deltas])
         except UpstreamError as exc:
             raise front.failure(exc) from None
-        body = {**head, "object": kind.object, "choices": [kind.choice(text, outcome.finish_reason)],
-                "usage": _usage(prompt_tokens, outcome)}
+        body = {
+            **head,
+            "object": kind.object,
+            "choices": [kind.choice(text, outcome.finish_reason)],
+            "usage": _usage(prompt_tokens, outcome),
+        }
         headers = {}
         if outcome.acceptance_rate is not None:
             headers[ACCEPTANCE_HEADER] = f"{outcome.acceptance_rate:.6f}"
@@ -246,8 +297,16 @@ async def _respond(request: web.Request, front: Front, kind: _Kind, req: _Reques
     return await _stream(request, kind, req, head, first, deltas, outcome, prompt_tokens)
 
 
-async def _stream(request: web.Request, kind: _Kind, req: _Request, head: dict, first: str | None,
-                  deltas: AsyncIterator[str], outcome: Outcome, prompt_tokens: int) -> web.StreamResponse:
+async def _stream(
+    request: web.Request,
+    kind: _Kind,
+    req: _Request,
+    head: dict,
+    first: str | None,
+    deltas: AsyncIterator[str],
+    outcome: Outcome,
+    prompt_tokens: int,
+) -> web.StreamResponse:
     resp = EventSourceResponse(allow_all_methods=True, sep="\n")  # LF line ends, as OpenAI's own stream
     usage_field = {"usage": None} if req.include_usage else {}
 
@@ -265,11 +324,20 @@ async def _stream(request: web.Request, kind: _Kind, req: _Request, head: dict, 
                 async for delta in deltas:
                     await send([kind.delta(delta, None)])
                 speculation = _speculation(outcome)
-                await send([kind.delta(None, outcome.finish_reason)],
-                           **({"redrafter": speculation} if speculation else {}))
+                await send(
+                    [kind.delta(None, outcome.finish_reason)], **({"redrafter": speculation} if speculation else {})
+                )
                 if req.include_usage:
-                    await resp.send(json.dumps({**head, "object": kind.chunk_object, "choices": [],
-                                                "usage": _usage(prompt_tokens, outcome)}))
+                    await resp.send(
+                        json.dumps(
+                            {
+                                **head,
+                                "object": kind.chunk_object,
+                                "choices": [],
+                                "usage": _usage(prompt_tokens, outcome),
+                            }
+                        )
+                    )
             except UpstreamError as exc:  # headers are gone: the error travels as an event, as OpenAI sends it
                 err = ApiError(500, f"inference failed: {exc}", type_="server_error", code="upstream_error")
                 await resp.send(json.dumps(err.body()))
@@ -287,8 +355,9 @@ def _handlers(front: Front) -> list[web.RouteDef]:
 
     async def model(request: web.Request) -> web.Response:
         if request.match_info["model"] != front.settings.model_id:
-            raise ApiError(404, f"The model '{request.match_info['model']}' does not exist",
-                           param="model", code="model_not_found")
+            raise ApiError(
+                404, f"The model '{request.match_info['model']}' does not exist", param="model", code="model_not_found"
+            )
         return web.json_response(_model_card(front))
 
     async def completions(request: web.Request) -> web.StreamResponse:
@@ -297,8 +366,9 @@ def _handlers(front: Front) -> list[web.RouteDef]:
         _check_model(front, req)
         await front.require_ready()
         n = front.prompt_tokens(req.text, "prompt")
-        return await _respond(request, front, COMPLETION, req, req.text, n,
-                              front.sampling(req, n, COMPLETIONS_DEFAULT_MAX_TOKENS))
+        return await _respond(
+            request, front, COMPLETION, req, req.text, n, front.sampling(req, n, COMPLETIONS_DEFAULT_MAX_TOKENS)
+        )
 
     async def chat(request: web.Request) -> web.StreamResponse:
         req = await _parse(request, ChatCompletionRequest)
@@ -317,9 +387,12 @@ def _handlers(front: Front) -> list[web.RouteDef]:
         return web.json_response({"live": True})
 
     return [
-        web.get("/v1/models", models), web.get("/v1/models/{model:.+}", model),
-        web.post("/v1/completions", completions), web.post("/v1/chat/completions", chat),
-        web.get(OPENAI_READY_PATH, ready), web.get("/health/live", live),
+        web.get("/v1/models", models),
+        web.get("/v1/models/{model:.+}", model),
+        web.post("/v1/completions", completions),
+        web.post("/v1/chat/completions", chat),
+        web.get(OPENAI_READY_PATH, ready),
+        web.get("/health/live", live),
     ]
 
 
@@ -356,13 +429,27 @@ def make_app(front: Front) -> web.Application:
     return app
 
 
-def run(cfg: ServingConfig, *, host: str, port: int, grpc_url: str, tokenizer_dir: str | None = None,
-        shutdown_timeout: float = 60.0) -> None:
+def run(
+    cfg: ServingConfig,
+    *,
+    host: str,
+    port: int,
+    grpc_url: str,
+    tokenizer_dir: str | None = None,
+    shutdown_timeout: float = 60.0,
+) -> None:
     """Serve until SIGTERM/SIGINT, then drain: stop accepting, let in-flight requests finish."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     tok = tokenizer_dir or str(Path(cfg.artifact_dir) / TOKENIZER_DIR)
     front = Front(FrontSettings.from_config(cfg), tok, grpc_url)
     log.info("OpenAI API for model %r on %s:%d over Triton gRPC %s", front.settings.model_id, host, port, grpc_url)
     # handler_cancellation: a client that disconnects cancels its handler, which cancels its Triton request
-    web.run_app(make_app(front), host=host, port=port, shutdown_timeout=shutdown_timeout,
-                handler_cancellation=True, print=None, access_log=None)
+    web.run_app(
+        make_app(front),
+        host=host,
+        port=port,
+        shutdown_timeout=shutdown_timeout,
+        handler_cancellation=True,
+        print=None,
+        access_log=None,
+    )

@@ -34,8 +34,7 @@ HF_MODEL_TYPES: dict[str, Architecture] = {"llama": "llama", "qwen2": "qwen"}
 QWEN_V1_ARCHITECTURE = "QWenLMHeadModel"
 QWEN_V1_MODEL_TYPE = "qwen"
 QWEN_V1_REFUSED = (
-    "Qwen v1 (QWenLMHeadModel) needs trust_remote_code tokenizers, which this operator does not run; "
-    "use Qwen2/Qwen2.5"
+    "Qwen v1 (QWenLMHeadModel) needs trust_remote_code tokenizers, which this operator does not run; use Qwen2/Qwen2.5"
 )
 
 #: converter script per family, relative to the examples root
@@ -122,15 +121,39 @@ def base_conversion(spec: BuildSpec, settings: Settings, arch: Architecture, lay
     out = posixpath.join(layout.work_dir, BASE_CKPT)
     tp = str(spec.tensor_parallel)
     if spec.quantization == "fp8":
-        argv = [settings.python, _script(settings, QUANTIZE_SCRIPT),
-                "--model_dir", layout.base_model_dir, "--dtype", spec.dtype, "--qformat", "fp8",
-                "--output_dir", out, "--tp_size", tp, "--calib_size", str(settings.fp8_calib_size)]
+        argv = [
+            settings.python,
+            _script(settings, QUANTIZE_SCRIPT),
+            "--model_dir",
+            layout.base_model_dir,
+            "--dtype",
+            spec.dtype,
+            "--qformat",
+            "fp8",
+            "--output_dir",
+            out,
+            "--tp_size",
+            tp,
+            "--calib_size",
+            str(settings.fp8_calib_size),
+        ]
         if settings.fp8_calib_dataset:
             argv += ["--calib_dataset", settings.fp8_calib_dataset]
-        return Step("quantize-base", tuple(argv), out,
-                    f"FP8-quantize the {arch} base into a TensorRT-LLM checkpoint (TP {tp})")
-    argv = [settings.python, _script(settings, CONVERTERS[arch]),
-            "--model_dir", layout.base_model_dir, "--output_dir", out, "--dtype", spec.dtype, "--tp_size", tp]
+        return Step(
+            "quantize-base", tuple(argv), out, f"FP8-quantize the {arch} base into a TensorRT-LLM checkpoint (TP {tp})"
+        )
+    argv = [
+        settings.python,
+        _script(settings, CONVERTERS[arch]),
+        "--model_dir",
+        layout.base_model_dir,
+        "--output_dir",
+        out,
+        "--dtype",
+        spec.dtype,
+        "--tp_size",
+        tp,
+    ]
     return Step("convert-base", tuple(argv), out, f"convert the {arch} base to a TensorRT-LLM checkpoint (TP {tp})")
 
 
@@ -138,33 +161,74 @@ def redrafter_conversion(spec: BuildSpec, settings: Settings, layout: Layout) ->
     assert spec.redrafter is not None and layout.drafter_model_dir is not None
     r = spec.redrafter
     out = posixpath.join(layout.work_dir, REDRAFTER_CKPT)
-    argv = [settings.python, _script(settings, REDRAFTER_CONVERTER),
-            "--base_model_checkpoint_dir", posixpath.join(layout.work_dir, BASE_CKPT),
-            "--drafter_model_dir", layout.drafter_model_dir, "--output_dir", out,
-            "--dtype", spec.dtype, "--tp_size", str(spec.tensor_parallel),
-            "--redrafter_num_beams", str(r.num_beams), "--redrafter_draft_len_per_beam", str(r.draft_len_per_beam)]
+    argv = [
+        settings.python,
+        _script(settings, REDRAFTER_CONVERTER),
+        "--base_model_checkpoint_dir",
+        posixpath.join(layout.work_dir, BASE_CKPT),
+        "--drafter_model_dir",
+        layout.drafter_model_dir,
+        "--output_dir",
+        out,
+        "--dtype",
+        spec.dtype,
+        "--tp_size",
+        str(spec.tensor_parallel),
+        "--redrafter_num_beams",
+        str(r.num_beams),
+        "--redrafter_draft_len_per_beam",
+        str(r.draft_len_per_beam),
+    ]
     if not r.greedy_search:
         argv.append("--redrafter_no_greedy_search")
-    return Step("convert-redrafter", tuple(argv), out,
-                f"add the drafter ({r.num_beams} beams x {r.draft_len_per_beam} tokens, "
-                f"{'greedy' if r.greedy_search else 'sampled'})")
+    return Step(
+        "convert-redrafter",
+        tuple(argv),
+        out,
+        f"add the drafter ({r.num_beams} beams x {r.draft_len_per_beam} tokens, "
+        f"{'greedy' if r.greedy_search else 'sampled'})",
+    )
 
 
 def engine_build(spec: BuildSpec, settings: Settings, checkpoint_dir: str, layout: Layout) -> Step:
     lim = spec.limits
-    argv = [settings.trtllm_build, "--checkpoint_dir", checkpoint_dir, "--output_dir", layout.engine_dir,
-            "--gemm_plugin", gemm_plugin(spec)]
+    argv = [
+        settings.trtllm_build,
+        "--checkpoint_dir",
+        checkpoint_dir,
+        "--output_dir",
+        layout.engine_dir,
+        "--gemm_plugin",
+        gemm_plugin(spec),
+    ]
     if spec.variant == "redrafter":
         argv += ["--speculative_decoding_mode", "explicit_draft_tokens"]
-    argv += ["--max_beam_width", "1", "--kv_cache_type", "paged",
-             "--max_batch_size", str(lim.max_batch_size), "--max_input_len", str(lim.max_input_len),
-             "--max_seq_len", str(lim.max_seq_len), "--max_num_tokens", str(lim.max_num_tokens),
-             # explicit both ways: the default changed between TensorRT-LLM releases
-             "--use_paged_context_fmha", "enable" if lim.paged_context_fmha else "disable",
-             # one worker per GPU of the Job (it requests tensor_parallel GPUs)
-             "--workers", str(spec.tensor_parallel)]
-    return Step("trtllm-build", tuple(argv), layout.engine_dir,
-                f"build the {spec.variant} engine ({spec.tensor_parallel} rank(s))")
+    argv += [
+        "--max_beam_width",
+        "1",
+        "--kv_cache_type",
+        "paged",
+        "--max_batch_size",
+        str(lim.max_batch_size),
+        "--max_input_len",
+        str(lim.max_input_len),
+        "--max_seq_len",
+        str(lim.max_seq_len),
+        "--max_num_tokens",
+        str(lim.max_num_tokens),
+        # explicit both ways: the default changed between TensorRT-LLM releases
+        "--use_paged_context_fmha",
+        "enable" if lim.paged_context_fmha else "disable",
+        # one worker per GPU of the Job (it requests tensor_parallel GPUs)
+        "--workers",
+        str(spec.tensor_parallel),
+    ]
+    return Step(
+        "trtllm-build",
+        tuple(argv),
+        layout.engine_dir,
+        f"build the {spec.variant} engine ({spec.tensor_parallel} rank(s))",
+    )
 
 
 def plan_steps(spec: BuildSpec, settings: Settings, arch: Architecture, layout: Layout) -> list[Step]:

@@ -26,16 +26,26 @@ def run_step(step: Step, log: Log, tail_lines: int, env: dict[str, str] | None =
     """Run ``step.argv`` (never through a shell); seconds taken, or BuildError(TOOL_FAILURE) with its tail."""
     start = time.monotonic()
     try:
-        proc = subprocess.Popen(list(step.argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                errors="replace", bufsize=1, env=env)
+        proc = subprocess.Popen(
+            list(step.argv),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+            bufsize=1,
+            env=env,
+        )
     except OSError as exc:
-        raise BuildError(ExitCode.TOOL_FAILURE, f"step {step.name}: cannot start {step.argv[0]}: "
-                         f"{exc.strerror or exc}") from None
+        raise BuildError(
+            ExitCode.TOOL_FAILURE, f"step {step.name}: cannot start {step.argv[0]}: {exc.strerror or exc}"
+        ) from None
     out_tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
     err_tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
     assert proc.stdout is not None and proc.stderr is not None
-    pumps = [threading.Thread(target=_pump, args=(proc.stdout, step.name, log, out_tail), daemon=True),
-             threading.Thread(target=_pump, args=(proc.stderr, step.name, log, err_tail), daemon=True)]
+    pumps = [
+        threading.Thread(target=_pump, args=(proc.stdout, step.name, log, out_tail), daemon=True),
+        threading.Thread(target=_pump, args=(proc.stderr, step.name, log, err_tail), daemon=True),
+    ]
     for t in pumps:
         t.start()
     try:
@@ -54,6 +64,7 @@ def run_step(step: Step, log: Log, tail_lines: int, env: dict[str, str] | None =
     if code != 0:
         tail = err_tail or out_tail  # the error is usually on stderr; some tools only use stdout
         how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-        raise BuildError(ExitCode.TOOL_FAILURE, f"step {step.name} failed ({how}) after {seconds:.0f}s",
-                         log.redact("\n".join(tail)))
+        raise BuildError(
+            ExitCode.TOOL_FAILURE, f"step {step.name} failed ({how}) after {seconds:.0f}s", log.redact("\n".join(tail))
+        )
     return seconds

@@ -75,10 +75,16 @@ def rank_argv(s: LaunchSettings, repo: str, rank: int, shm_prefix: str = "prefix
         argv.append(f"--backend-directory={s.backend_dir}")
     if rank == 0:
         argv += [
-            f"--http-address={s.host}", f"--http-port={s.http_port}",
-            f"--grpc-address={s.host}", f"--grpc-port={s.grpc_port}",
-            "--allow-metrics=true", f"--metrics-address={s.host}", f"--metrics-port={s.metrics_port}",
-            "--allow-gpu-metrics=false", "--allow-cpu-metrics=false", "--metrics-interval-ms=1000",
+            f"--http-address={s.host}",
+            f"--http-port={s.http_port}",
+            f"--grpc-address={s.host}",
+            f"--grpc-port={s.grpc_port}",
+            "--allow-metrics=true",
+            f"--metrics-address={s.host}",
+            f"--metrics-port={s.metrics_port}",
+            "--allow-gpu-metrics=false",
+            "--allow-cpu-metrics=false",
+            "--metrics-interval-ms=1000",
             # nv_inference_first_response_histogram_ms of decoupled models (triton-inference-server/core r25.09
             # src/metric_model_reporter.cc; since r24.11, older servers ignore the setting): the decoupled entry
             # model's first response is a streaming request's first token
@@ -89,9 +95,13 @@ def rank_argv(s: LaunchSettings, repo: str, rank: int, shm_prefix: str = "prefix
             argv.append(f"--log-verbose={s.log_verbose}")
     else:
         argv += [
-            "--allow-http=false", "--allow-grpc=false", "--allow-metrics=false",
-            "--model-control-mode=explicit", f"--load-model={ENGINE_MODEL}",
-            "--log-info=false", "--log-warning=false",
+            "--allow-http=false",
+            "--allow-grpc=false",
+            "--allow-metrics=false",
+            "--model-control-mode=explicit",
+            f"--load-model={ENGINE_MODEL}",
+            "--log-info=false",
+            "--log-warning=false",
             f"--exit-timeout-secs={s.exit_timeout_secs}",
         ]
     return argv
@@ -128,9 +138,22 @@ def prepare(cfg: ServingConfig, s: LaunchSettings) -> list[str]:
 def front_argv(s: LaunchSettings, config_path: str) -> list[str]:
     """The OpenAI-compatible front of this pod, calling rank 0's gRPC port on the pod's own address."""
     grpc_host = "127.0.0.1" if s.host in ("0.0.0.0", "::", "") else s.host
-    return [sys.executable, "-m", "engine_jobs", "openai", "--config", config_path,
-            "--host", s.host, "--port", str(s.openai_port), "--grpc-url", f"{grpc_host}:{s.grpc_port}",
-            "--shutdown-timeout", str(s.exit_timeout_secs)]
+    return [
+        sys.executable,
+        "-m",
+        "engine_jobs",
+        "openai",
+        "--config",
+        config_path,
+        "--host",
+        s.host,
+        "--port",
+        str(s.openai_port),
+        "--grpc-url",
+        f"{grpc_host}:{s.grpc_port}",
+        "--shutdown-timeout",
+        str(s.exit_timeout_secs),
+    ]
 
 
 def run_together(argvs: list[list[str]], poll_seconds: float = 0.2) -> int:
@@ -153,8 +176,11 @@ def run_together(argvs: list[list[str]], poll_seconds: float = 0.2) -> int:
             exited = [p for p in procs if p.poll() is not None]
             if exited and not stopping:
                 first_exit = exited[0].returncode
-                print(f"redrafter serve: {exited[0].args[0]} exited with {first_exit}; stopping the rest",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"redrafter serve: {exited[0].args[0]} exited with {first_exit}; stopping the rest",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 forward(signal.SIGTERM, None)
             time.sleep(poll_seconds)
         codes = [p.wait() for p in procs]
@@ -170,8 +196,11 @@ def serve(config_path: str, settings: LaunchSettings | None = None) -> int:
     s = settings or LaunchSettings.from_env()
     cfg = load_serving_config(config_path)
     argv = prepare(cfg, s)
-    print(f"redrafter serve: {cfg.deployment}/{cfg.variant} engine {cfg.engine_key} TP={cfg.tensor_parallel}",
-          file=sys.stderr, flush=True)
+    print(
+        f"redrafter serve: {cfg.deployment}/{cfg.variant} engine {cfg.engine_key} TP={cfg.tensor_parallel}",
+        file=sys.stderr,
+        flush=True,
+    )
     return run_together([argv, front_argv(s, config_path)])
 
 
@@ -182,7 +211,8 @@ def add_serve_parser(sub) -> None:
     from .contract import CONFIG_MOUNT, SERVING_CONFIG_FILE
 
     p = sub.add_parser(
-        "serve", help="write the Triton model repository and run tritonserver in the foreground",
+        "serve",
+        help="write the Triton model repository and run tritonserver in the foreground",
         description=__doc__ + "\nEnvironment: REDRAFTER_TRITONSERVER, REDRAFTER_MPIRUN, REDRAFTER_MODEL_REPO_DIR, "
         "REDRAFTER_BACKEND_DIR, REDRAFTER_EXIT_TIMEOUT_SECS, REDRAFTER_LOG_VERBOSE.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -202,16 +232,26 @@ def add_openai_parser(sub) -> None:
     p.add_argument("--port", type=int, default=OPENAI_PORT)
     p.add_argument("--grpc-url", default=f"127.0.0.1:{GRPC_PORT}", help="Triton's gRPC endpoint host:port")
     p.add_argument("--tokenizer-dir", default=None, help="default: <artifact_dir>/tokenizer")
-    p.add_argument("--shutdown-timeout", type=float, default=30.0,
-                   help="seconds in-flight requests may take to finish after SIGTERM")
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="seconds in-flight requests may take to finish after SIGTERM",
+    )
     p.set_defaults(func=_cmd_openai)
 
 
 def _cmd_openai(args) -> int:
     from .openai_api import run
 
-    run(load_serving_config(args.config), host=args.host, port=args.port, grpc_url=args.grpc_url,
-        tokenizer_dir=args.tokenizer_dir, shutdown_timeout=args.shutdown_timeout)
+    run(
+        load_serving_config(args.config),
+        host=args.host,
+        port=args.port,
+        grpc_url=args.grpc_url,
+        tokenizer_dir=args.tokenizer_dir,
+        shutdown_timeout=args.shutdown_timeout,
+    )
     return 0
 
 

@@ -19,8 +19,10 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "REDRAFTER_PYTHON": ("python3", "interpreter that runs the converter scripts"),
     "REDRAFTER_TRTLLM_BUILD": ("trtllm-build", "trtllm-build executable (name on PATH or absolute path)"),
     "REDRAFTER_NVIDIA_SMI": ("nvidia-smi", "nvidia-smi executable, used to record the GPU in the manifest"),
-    "REDRAFTER_DOWNLOAD_DIR": ("", "hf:// and s3:// download cache; empty = huggingface_hub's default (HF_HOME) "
-                               "and <cache>/.s3 for s3://"),
+    "REDRAFTER_DOWNLOAD_DIR": (
+        "",
+        "hf:// and s3:// download cache; empty = huggingface_hub's default (HF_HOME) and <cache>/.s3 for s3://",
+    ),
     "REDRAFTER_SOURCES_MOUNT": (contract.SOURCES_MOUNT, "where pvc:// claims are mounted"),
     "REDRAFTER_TERMINATION_LOG": (contract.TERMINATION_LOG, "termination-message file read by Kubernetes"),
     "REDRAFTER_LOCK_STALE_SECONDS": ("180", "a lock whose heartbeat is older than this is taken over"),
@@ -90,5 +92,6 @@ class Settings:
 
 def describe() -> str:
     """One line per variable: name, default, meaning."""
-    return "\n".join(f"  {name} (default {default or '<empty>'}): {meaning}"
-                     for name, (default, meaning) in ENV_VARS.items())
+    return "\n".join(
+        f"  {name} (default {default or '<empty>'}): {meaning}" for name, (default, meaning) in ENV_VARS.items()
+    )

@@ -90,16 +90,22 @@ class StopMatcher:
         if cuts:
             self.hit = True
             return self._emit(min(cuts))
-        rest = self.text[self.sent:]
-        hold = next((k for k in range(min(len(rest), max(map(len, self.stops), default=1) - 1), 0, -1)
-                     if any(s.startswith(rest[-k:]) for s in self.stops)), 0)
+        rest = self.text[self.sent :]
+        hold = next(
+            (
+                k
+                for k in range(min(len(rest), max(map(len, self.stops), default=1) - 1), 0, -1)
+                if any(s.startswith(rest[-k:]) for s in self.stops)
+            ),
+            0,
+        )
         return self._emit(len(self.text) - hold)
 
     def flush(self) -> str:
         return self._emit(len(self.text))
 
     def _emit(self, upto: int) -> str:
-        out, self.sent = self.text[self.sent:upto], upto
+        out, self.sent = self.text[self.sent : upto], upto
         return out
 
 
@@ -124,8 +130,11 @@ def entry_inputs(prompt: str, s: Sampling) -> list[grpcclient.InferInput]:
         inputs.append(_tensor("top_k", [1], "INT32", np.int32))
     elif s.temperature is not None:
         inputs.append(_tensor("temperature", [s.temperature], "FP32", np.float32))
-    for name, value in (("top_p", s.top_p), ("presence_penalty", s.presence_penalty),
-                        ("frequency_penalty", s.frequency_penalty)):
+    for name, value in (
+        ("top_p", s.top_p),
+        ("presence_penalty", s.presence_penalty),
+        ("frequency_penalty", s.frequency_penalty),
+    ):
         if value is not None:
             inputs.append(_tensor(name, [value], "FP32", np.float32))
     if s.min_tokens:
@@ -144,8 +153,9 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
 
 
-async def generate(client: grpcaio.InferenceServerClient, prompt: str, s: Sampling, outcome: Outcome,
-                   count_tokens) -> AsyncIterator[str]:
+async def generate(
+    client: grpcaio.InferenceServerClient, prompt: str, s: Sampling, outcome: Outcome, count_tokens
+) -> AsyncIterator[str]:
     """Text deltas of one generation; ``outcome`` is complete when the iterator ends.
 
     ``count_tokens(text)`` counts generated text where the engine's own count did not arrive (the
@@ -157,8 +167,12 @@ async def generate(client: grpcaio.InferenceServerClient, prompt: str, s: Sampli
     request_id = uuid.uuid4().hex
 
     async def requests():
-        yield {"model_name": ENTRY_MODEL, "inputs": inputs, "request_id": request_id,
-               "enable_empty_final_response": True}
+        yield {
+            "model_name": ENTRY_MODEL,
+            "inputs": inputs,
+            "request_id": request_id,
+            "enable_empty_final_response": True,
+        }
 
     responses = client.stream_infer(requests())
     engine_count: int | None = None

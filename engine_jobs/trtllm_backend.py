@@ -50,22 +50,56 @@ REQUIRED_PARAMETER_NAMES: tuple[str, ...] = tuple(p.name for p in REQUIRED_PARAM
 #: read inside try/catch with a default (model_instance_state.cc, and model_state.cc for gpu_device_ids,
 #: participant_ids, executor_worker_path): a config may leave them out
 OPTIONAL_PARAMETER_NAMES: tuple[str, ...] = (
-    "max_tokens_in_paged_kv_cache", "kv_cache_free_gpu_mem_fraction", "cross_kv_cache_fraction",
-    "kv_cache_host_memory_bytes", "kv_cache_onboard_blocks", "max_attention_window_size", "sink_token_length",
-    "enable_kv_cache_reuse", "multi_block_mode", "enable_context_fmha_fp32_acc", "cuda_graph_mode",
-    "cuda_graph_cache_size", "num_nodes", "lora_cache_max_adapter_size", "lora_cache_optimal_adapter_size",
-    "lora_cache_gpu_memory_fraction", "lora_cache_host_memory_bytes", "lora_prefetch_dir", "batch_scheduler_policy",
-    "speculative_decoding_fast_logits", "max_beam_width", "iter_stats_max_iterations",
-    "request_stats_max_iterations", "enable_trt_overlap", "normalize_log_probs", "enable_chunked_context",
-    "decoding_mode", "medusa_choices", "eagle_choices", "gpu_weights_percent", "recv_poll_period_ms",
-    "gpt_model_path", "encoder_model_path", "exclude_input_in_output", "cancellation_check_period_ms",
-    "stats_check_period_ms", "gpu_device_ids", "participant_ids", "executor_worker_path",
+    "max_tokens_in_paged_kv_cache",
+    "kv_cache_free_gpu_mem_fraction",
+    "cross_kv_cache_fraction",
+    "kv_cache_host_memory_bytes",
+    "kv_cache_onboard_blocks",
+    "max_attention_window_size",
+    "sink_token_length",
+    "enable_kv_cache_reuse",
+    "multi_block_mode",
+    "enable_context_fmha_fp32_acc",
+    "cuda_graph_mode",
+    "cuda_graph_cache_size",
+    "num_nodes",
+    "lora_cache_max_adapter_size",
+    "lora_cache_optimal_adapter_size",
+    "lora_cache_gpu_memory_fraction",
+    "lora_cache_host_memory_bytes",
+    "lora_prefetch_dir",
+    "batch_scheduler_policy",
+    "speculative_decoding_fast_logits",
+    "max_beam_width",
+    "iter_stats_max_iterations",
+    "request_stats_max_iterations",
+    "enable_trt_overlap",
+    "normalize_log_probs",
+    "enable_chunked_context",
+    "decoding_mode",
+    "medusa_choices",
+    "eagle_choices",
+    "gpu_weights_percent",
+    "recv_poll_period_ms",
+    "gpt_model_path",
+    "encoder_model_path",
+    "exclude_input_in_output",
+    "cancellation_check_period_ms",
+    "stats_check_period_ms",
+    "gpu_device_ids",
+    "participant_ids",
+    "executor_worker_path",
 )
 #: read in try/catch whose catch throws: required exactly when decoding_mode is lookahead
 LOOKAHEAD_PARAMETER_NAMES: tuple[str, ...] = (
-    "lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")
-LOOKAHEAD_ERROR = ("Decoding mode is set to lookahead but lookahead parameters are not specified. Please set "
-                   "parameters lookahead_window_size, lookahead_ngram_size, and lookahead_verification_set_size.")
+    "lookahead_window_size",
+    "lookahead_ngram_size",
+    "lookahead_verification_set_size",
+)
+LOOKAHEAD_ERROR = (
+    "Decoding mode is set to lookahead but lookahead parameters are not specified. Please set "
+    "parameters lookahead_window_size, lookahead_ngram_size, and lookahead_verification_set_size."
+)
 
 #: GetParameter<std::string> itself (model_state.cc): the lookup error and the one for no parameters at all
 MISSING_PARAMETER_ERROR = "Cannot find parameter with name: {name}"

@@ -10,9 +10,16 @@ from .plan import DRAFTER_CONFIG_KEYS
 
 #: files copied into <artifact>/tokenizer (pre/post-processing load it with AutoTokenizer)
 TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
-    "added_tokens.json", "vocab.json", "merges.txt", "vocab.txt",
-    "generation_config.json", "config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "vocab.txt",
+    "generation_config.json",
+    "config.json",
 )
 #: at least one of these must exist for a tokenizer to load
 TOKENIZER_VOCAB = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
@@ -66,8 +73,10 @@ def validate_tokenizer(directory: Path) -> list[str]:
         raise bad_input(f"tokenizer files missing: none of {', '.join(TOKENIZER_VOCAB)} in {directory}")
     remote = _remote_tokenizer_class(directory / "tokenizer_config.json")
     if remote:
-        raise bad_input(f"tokenizer_config.json maps AutoTokenizer to remote code ({remote}), which needs "
-                        "trust_remote_code; this operator does not run remote code")
+        raise bad_input(
+            f"tokenizer_config.json maps AutoTokenizer to remote code ({remote}), which needs "
+            "trust_remote_code; this operator does not run remote code"
+        )
     return present
 
 

@@ -43,8 +43,11 @@ def wheel_files(context: list[str], root: Path = ROOT) -> tuple[str, list[str]]:
         for rel in context:
             (src / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(root / rel, src / rel)
-        subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                        "--wheel-dir", str(out), str(src)], check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--wheel-dir", str(out), str(src)],
+            check=True,
+            capture_output=True,
+        )
         (wheel,) = out.glob("*.whl")
         with zipfile.ZipFile(wheel) as zf:
             return wheel.name, zf.namelist()

@@ -41,8 +41,9 @@ def kubectl(kubeconfig: Path, tmp_path: Path) -> Kubectl:
         pytest.skip(f"pinned kubectl not found at {KUBECTL}")
     cache = tmp_path / "kubectl-cache"
 
-    def run(*argv: str | list[str], input: str | None = None, timeout: float = 60,
-            check: bool = False) -> subprocess.CompletedProcess[str]:
+    def run(
+        *argv: str | list[str], input: str | None = None, timeout: float = 60, check: bool = False
+    ) -> subprocess.CompletedProcess[str]:
         args = list(argv[0]) if len(argv) == 1 and isinstance(argv[0], list) else [str(a) for a in argv]
         env = {**os.environ, "KUBECONFIG": str(kubeconfig), "HOME": str(tmp_path)}
         cmd = [str(KUBECTL), "--kubeconfig", str(kubeconfig), "--cache-dir", str(cache), *args]
@@ -50,4 +51,5 @@ def kubectl(kubeconfig: Path, tmp_path: Path) -> Kubectl:
         if check and result.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")
         return result
+
     return run

@@ -26,7 +26,9 @@ class Tokenizer:
         except ImportError:
             AutoTokenizer = None
         if AutoTokenizer is not None:
-            self._hf = AutoTokenizer.from_pretrained(str(path), legacy=False, padding_side="left", trust_remote_code=False)
+            self._hf = AutoTokenizer.from_pretrained(
+                str(path), legacy=False, padding_side="left", trust_remote_code=False
+            )
             self.eos_id = self._hf.eos_token_id
             self.pad_id = self._hf.pad_token_id if self._hf.pad_token_id is not None else self.eos_id
         else:

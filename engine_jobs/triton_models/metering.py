@@ -84,10 +84,10 @@ class TritonPythonModel:
             self.m_requests = counter(p["metric_requests"], "Requests the engine finished")
             self.m_output = counter(p["metric_output_tokens"], "Output tokens generated")
             self.m_draft = counter(p["metric_draft_tokens"], "Draft tokens proposed (from return_perf_metrics)")
-            self.m_accepted = counter(p["metric_accepted_draft_tokens"], "Draft tokens accepted (from return_perf_metrics)")
-            self.m_steps = counter(
-                p["metric_steps"], "Engine generation steps (output tokens - accepted draft tokens)"
+            self.m_accepted = counter(
+                p["metric_accepted_draft_tokens"], "Draft tokens accepted (from return_perf_metrics)"
             )
+            self.m_steps = counter(p["metric_steps"], "Engine generation steps (output tokens - accepted draft tokens)")
             hist = pb_utils.MetricFamily(
                 name=p["metric_acceptance_histogram"],
                 description="Per-request acceptance rate of requests that proposed draft tokens",
@@ -142,7 +142,9 @@ class TritonPythonModel:
             if words:
                 inputs.append(pb_utils.Tensor(dst, np.array([w.encode() for w in words], dtype=np.object_)))
         outputs = ["INPUT_ID", "REQUEST_INPUT_LEN", "STOP_WORDS_IDS", "BAD_WORDS_IDS", "OUT_END_ID", "OUT_PAD_ID"]
-        resp = pb_utils.InferenceRequest(model_name=self.pre_model, requested_output_names=outputs, inputs=inputs).exec()
+        resp = pb_utils.InferenceRequest(
+            model_name=self.pre_model, requested_output_names=outputs, inputs=inputs
+        ).exec()
         if resp.has_error():
             raise RuntimeError(resp.error().message())
         return {n: pb_utils.get_output_tensor_by_name(resp, n).as_numpy() for n in outputs}
@@ -183,7 +185,8 @@ class TritonPythonModel:
         if not tokens:
             return ""
         req = pb_utils.InferenceRequest(
-            model_name=self.post_model, requested_output_names=["OUTPUT"],
+            model_name=self.post_model,
+            requested_output_names=["OUTPUT"],
             inputs=[pb_utils.Tensor("TOKENS_BATCH", np.array(tokens, dtype=np.int32))],
         )
         resp = req.exec()
@@ -230,7 +233,7 @@ class TritonPythonModel:
                     cancelled = True
                     continue
                 full = self._detokenize(tokens)
-                delta = full[len(sent_text):] if full.startswith(sent_text) else full
+                delta = full[len(sent_text) :] if full.startswith(sent_text) else full
                 sent_text = full
                 sender.send(pb_utils.InferenceResponse(output_tensors=[self._text(delta)]))
         if engine_error is not None:
@@ -260,8 +263,12 @@ class TritonPythonModel:
         steps = max(len(tokens) - accepted, 0)
         with self.lock:
             self.m_requests.increment(1)
-            for metric, value in ((self.m_output, len(tokens)), (self.m_draft, drafted),
-                                  (self.m_accepted, accepted), (self.m_steps, steps)):
+            for metric, value in (
+                (self.m_output, len(tokens)),
+                (self.m_draft, drafted),
+                (self.m_accepted, accepted),
+                (self.m_steps, steps),
+            ):
                 if value > 0:
                     metric.increment(value)
             if drafted > 0:

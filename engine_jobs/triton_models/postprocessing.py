@@ -6,7 +6,6 @@ import json
 
 import numpy as np
 import triton_python_backend_utils as pb_utils  # type: ignore[import-not-found]
-
 from _tokenizer import Tokenizer
 
 
@@ -22,9 +21,11 @@ class TritonPythonModel:
             try:
                 ids = pb_utils.get_input_tensor_by_name(request, "TOKENS_BATCH").as_numpy().reshape(-1)
                 text = self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=self.skip_special)
-                responses.append(pb_utils.InferenceResponse(output_tensors=[
-                    pb_utils.Tensor("OUTPUT", np.array([text.encode("utf-8")], dtype=np.object_))
-                ]))
+                responses.append(
+                    pb_utils.InferenceResponse(
+                        output_tensors=[pb_utils.Tensor("OUTPUT", np.array([text.encode("utf-8")], dtype=np.object_))]
+                    )
+                )
             except Exception as exc:
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"postprocessing: {exc}")))
         return responses

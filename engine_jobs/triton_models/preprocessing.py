@@ -6,7 +6,6 @@ import json
 
 import numpy as np
 import triton_python_backend_utils as pb_utils  # type: ignore[import-not-found]
-
 from _tokenizer import Tokenizer, word_list
 
 
@@ -46,14 +45,24 @@ class TritonPythonModel:
                 pad_id = _int(request, "PAD_ID")
                 stop = word_list(self.tokenizer, _strings(request, "STOP_WORDS_DICT"))
                 bad = word_list(self.tokenizer, _strings(request, "BAD_WORDS_DICT"))
-                responses.append(pb_utils.InferenceResponse(output_tensors=[
-                    pb_utils.Tensor("INPUT_ID", np.array(ids, dtype=np.int32)),
-                    pb_utils.Tensor("REQUEST_INPUT_LEN", np.array([len(ids)], dtype=np.int32)),
-                    pb_utils.Tensor("STOP_WORDS_IDS", np.array(stop, dtype=np.int32)),
-                    pb_utils.Tensor("BAD_WORDS_IDS", np.array(bad, dtype=np.int32)),
-                    pb_utils.Tensor("OUT_END_ID", np.array([self.tokenizer.eos_id if end_id is None else end_id], dtype=np.int32)),
-                    pb_utils.Tensor("OUT_PAD_ID", np.array([self.tokenizer.pad_id if pad_id is None else pad_id], dtype=np.int32)),
-                ]))
+                responses.append(
+                    pb_utils.InferenceResponse(
+                        output_tensors=[
+                            pb_utils.Tensor("INPUT_ID", np.array(ids, dtype=np.int32)),
+                            pb_utils.Tensor("REQUEST_INPUT_LEN", np.array([len(ids)], dtype=np.int32)),
+                            pb_utils.Tensor("STOP_WORDS_IDS", np.array(stop, dtype=np.int32)),
+                            pb_utils.Tensor("BAD_WORDS_IDS", np.array(bad, dtype=np.int32)),
+                            pb_utils.Tensor(
+                                "OUT_END_ID",
+                                np.array([self.tokenizer.eos_id if end_id is None else end_id], dtype=np.int32),
+                            ),
+                            pb_utils.Tensor(
+                                "OUT_PAD_ID",
+                                np.array([self.tokenizer.pad_id if pad_id is None else pad_id], dtype=np.int32),
+                            ),
+                        ]
+                    )
+                )
             except Exception as exc:  # one bad request must not fail the others in the batch
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"preprocessing: {exc}")))
         return responses

@@ -45,8 +45,11 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
         q.add_argument("-n", "--namespace", default="default", help="namespace of the cache claim")
         q.add_argument("--claim", default=DEFAULTS.cache_claim, help="the cache PersistentVolumeClaim")
         q.add_argument("--sub-path", default="engines", help="directory of the engines inside the claim")
-        q.add_argument("--image", default=None, help=f"image of the pod (default ${ENV_OPERATOR_IMAGE}, else "
-                       f"{DEFAULT_OPERATOR_IMAGE})")
+        q.add_argument(
+            "--image",
+            default=None,
+            help=f"image of the pod (default ${ENV_OPERATOR_IMAGE}, else {DEFAULT_OPERATOR_IMAGE})",
+        )
         q.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the pod")
         q.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, else ~/.kube/config)")
         q.add_argument("--context", default=None, help="kubeconfig context")
@@ -78,12 +81,16 @@ def _cmd_cache(args: argparse.Namespace) -> int:
             return 2
         return engine_jobs_main(_local_argv(args))
     if args.references:
-        print("error: --references is for --local; through the API the references come from the cluster",
-              file=sys.stderr)
+        print(
+            "error: --references is for --local; through the API the references come from the cluster", file=sys.stderr
+        )
         return 2
     if args.verb == "gc" and not args.dry_run:
-        print("error: through the API, cache gc only runs with --dry-run; the operator runs the collection "
-              "(spec.engine.cache.retention)", file=sys.stderr)
+        print(
+            "error: through the API, cache gc only runs with --dry-run; the operator runs the collection "
+            "(spec.engine.cache.retention)",
+            file=sys.stderr,
+        )
         return 2
     if args.verb == "gc" and args.keep is None and not args.max_age:
         print("error: a retention needs --keep N and/or --max-age DURATION", file=sys.stderr)
@@ -103,22 +110,30 @@ def _print(args: argparse.Namespace, doc: dict[str, Any]) -> int:
     if args.verb == "ls":
         engines = [Engine.from_json(e) for e in doc.get("engines") or []]
         print(table(engines))
-        print(f"\n{len(engines)} engine(s), {human_bytes(int(doc.get('totalBytes') or 0))} "
-              f"in claim {args.namespace}/{args.claim} {args.sub_path}/")
+        print(
+            f"\n{len(engines)} engine(s), {human_bytes(int(doc.get('totalBytes') or 0))} "
+            f"in claim {args.namespace}/{args.claim} {args.sub_path}/"
+        )
         if doc.get("partials") or doc.get("partialBytes"):  # absent in the listing of an older image
             print(partials_text(doc.get("partials") or [], int(doc.get("partialBytes") or 0)))
         for field, what in (("truncated", "engines"), ("partialsTruncated", "partial builds")):
             if doc.get(field):
-                print(f"({doc[field]} more {what} not shown: the pod's message is limited to 4096 bytes; "
-                      "use -o json on a mounted path with --local)")
+                print(
+                    f"({doc[field]} more {what} not shown: the pod's message is limited to 4096 bytes; "
+                    "use -o json on a mounted path with --local)"
+                )
         return 0
     for item in doc.get("removed") or []:
-        print(f"would remove {item['key']}  {item['variant']}  {item['model']}  {human_bytes(int(item['bytes']))}"
-              + (f"  ({item['note']})" if item.get("note") else ""))
+        print(
+            f"would remove {item['key']}  {item['variant']}  {item['model']}  {human_bytes(int(item['bytes']))}"
+            + (f"  ({item['note']})" if item.get("note") else "")
+        )
     count = int(doc.get("removedCount", len(doc.get("removed") or [])))
     partials = int(doc.get("removedPartials") or 0)
-    print(f"{count - partials} engine(s) and {partials} abandoned partial build(s), "
-          f"{human_bytes(int(doc.get('freedBytes') or 0))} would be freed; {doc.get('kept', 0)} kept")
+    print(
+        f"{count - partials} engine(s) and {partials} abandoned partial build(s), "
+        f"{human_bytes(int(doc.get('freedBytes') or 0))} would be freed; {doc.get('kept', 0)} kept"
+    )
     return 0
 
 
@@ -150,12 +165,22 @@ async def run_in_cluster(args: argparse.Namespace) -> dict[str, Any]:
         read_only = True  # a dry run reads only
     try:
         document = await cluster_references(client)
-        await client.request("POST", f"/api/v1/namespaces/{ns}/configmaps", cache_jobs.references_config_map(
-            name=name, namespace=ns, claim=args.claim, document=document))
-        job = cache_jobs.cache_job(name=name, namespace=ns, claim=args.claim, sub_path=args.sub_path,
-                                   references_config_map=name, image=image, args=pod_args,
-                                   verb="ls" if args.verb == "ls" else "gc-dry-run",  # the operator reports "gc"
-                                   read_only=read_only)
+        await client.request(
+            "POST",
+            f"/api/v1/namespaces/{ns}/configmaps",
+            cache_jobs.references_config_map(name=name, namespace=ns, claim=args.claim, document=document),
+        )
+        job = cache_jobs.cache_job(
+            name=name,
+            namespace=ns,
+            claim=args.claim,
+            sub_path=args.sub_path,
+            references_config_map=name,
+            image=image,
+            args=pod_args,
+            verb="ls" if args.verb == "ls" else "gc-dry-run",  # the operator reports "gc"
+            read_only=read_only,
+        )
         await client.request("POST", f"/apis/batch/v1/namespaces/{ns}/jobs", job)
         try:
             return await wait_for_message(client, ns, name, args.timeout)
@@ -186,8 +211,10 @@ async def wait_for_message(client: KubeClient, ns: str, job: str, timeout: float
                     continue
                 message = done.get("message") or ""
                 if done.get("exitCode") != 0:
-                    raise ClusterError(f"the cache pod {pod['metadata']['name']} exited {done.get('exitCode')}: "
-                                       f"{message.strip() or done.get('reason', '')}")
+                    raise ClusterError(
+                        f"the cache pod {pod['metadata']['name']} exited {done.get('exitCode')}: "
+                        f"{message.strip() or done.get('reason', '')}"
+                    )
                 try:
                     return decode_message(message)
                 except ValueError as exc:
@@ -197,5 +224,7 @@ async def wait_for_message(client: KubeClient, ns: str, job: str, timeout: float
             if cond.get("type") == "Failed" and cond.get("status") == "True":
                 raise ClusterError(f"the cache Job failed: {cond.get('reason')}: {cond.get('message')}")
         await asyncio.sleep(POLL_SECONDS)
-    raise ClusterError(f"the cache pod of Job {ns}/{job} did not finish within {timeout:.0f}s "
-                       "(is the claim bound and the image pullable?)")
+    raise ClusterError(
+        f"the cache pod of Job {ns}/{job} did not finish within {timeout:.0f}s "
+        "(is the claim bound and the image pullable?)"
+    )

@@ -48,9 +48,12 @@ def _cmd_render(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     """The demo needs the emulated cluster, which is a development package and never part of this distribution."""
-    print("error: the demo runs on the emulated cluster in the development package redrafter-sim, which this "
-          "installation does not include.\nFrom a clone of the repository: `make demo` (installs it), or "
-          "`pip install -e ./sim` and then `redrafter-sim demo`.", file=sys.stderr)
+    print(
+        "error: the demo runs on the emulated cluster in the development package redrafter-sim, which this "
+        "installation does not include.\nFrom a clone of the repository: `make demo` (installs it), or "
+        "`pip install -e ./sim` and then `redrafter-sim demo`.",
+        file=sys.stderr,
+    )
     return 2
 
 
@@ -70,10 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("render", help="print every manifest the operator would create for a resource (GitOps review)")
     p.add_argument("-f", "--file", required=True, help="YAML file with ReDrafterDeployment(s), or - for stdin")
     p.add_argument("-n", "--namespace", help="namespace to render into (default: the file's, else default)")
-    p.add_argument("--active", choices=["redrafter", "base"], default="redrafter",
-                   help="engine the stable Service should select")
-    p.add_argument("--operator-namespace", help="namespace the operator runs in (its metrics scrape is admitted by "
-                   "spec.serving.networkPolicy)")
+    p.add_argument(
+        "--active", choices=["redrafter", "base"], default="redrafter", help="engine the stable Service should select"
+    )
+    p.add_argument(
+        "--operator-namespace",
+        help="namespace the operator runs in (its metrics scrape is admitted by spec.serving.networkPolicy)",
+    )
     p.set_defaults(func=_cmd_render)
 
     for register in _plugins():
@@ -86,9 +92,11 @@ def _plugins() -> list[Callable[[argparse._SubParsersAction], None]]:
     import importlib
 
     out = []
-    for module, attr in (("redrafter_operator.controller.main", "register_cli"),
-                         ("redrafter_operator.evaluate.cli", "register_cli"),
-                       ("redrafter_operator.cache_cli", "register_cli")):
+    for module, attr in (
+        ("redrafter_operator.controller.main", "register_cli"),
+        ("redrafter_operator.evaluate.cli", "register_cli"),
+        ("redrafter_operator.cache_cli", "register_cli"),
+    ):
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as exc:

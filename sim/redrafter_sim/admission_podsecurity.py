@@ -21,20 +21,53 @@ ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
 ENFORCE_VERSION_LABEL = "pod-security.kubernetes.io/enforce-version"
 LEVELS = ("privileged", "baseline", "restricted")
 #: volume types the restricted level allows (check_restrictedVolumes.go)
-RESTRICTED_VOLUMES = ("configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "image", "persistentVolumeClaim",
-                      "projected", "secret")
+RESTRICTED_VOLUMES = (
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "image",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+)
 #: sysctls the baseline level allows (check_sysctls.go, latest)
-SAFE_SYSCTLS = ("kernel.shm_rmid_forced", "net.ipv4.ip_local_port_range", "net.ipv4.tcp_syncookies",
-                "net.ipv4.ping_group_range", "net.ipv4.ip_unprivileged_port_start", "net.ipv4.ip_local_reserved_ports",
-                "net.ipv4.tcp_keepalive_time", "net.ipv4.tcp_fin_timeout", "net.ipv4.tcp_keepalive_intvl",
-                "net.ipv4.tcp_keepalive_probes", "net.ipv4.tcp_rmem", "net.ipv4.tcp_wmem",
-                "net.ipv4.tcp_slow_start_after_idle", "net.ipv4.tcp_notsent_lowat")
+SAFE_SYSCTLS = (
+    "kernel.shm_rmid_forced",
+    "net.ipv4.ip_local_port_range",
+    "net.ipv4.tcp_syncookies",
+    "net.ipv4.ping_group_range",
+    "net.ipv4.ip_unprivileged_port_start",
+    "net.ipv4.ip_local_reserved_ports",
+    "net.ipv4.tcp_keepalive_time",
+    "net.ipv4.tcp_fin_timeout",
+    "net.ipv4.tcp_keepalive_intvl",
+    "net.ipv4.tcp_keepalive_probes",
+    "net.ipv4.tcp_rmem",
+    "net.ipv4.tcp_wmem",
+    "net.ipv4.tcp_slow_start_after_idle",
+    "net.ipv4.tcp_notsent_lowat",
+)
 #: SELinux types the baseline level allows (check_seLinuxOptions.go, 1.31+)
 SELINUX_TYPES = ("", "container_t", "container_init_t", "container_kvm_t", "container_engine_t")
 APPARMOR_ANNOTATION = "container.apparmor.security.beta.kubernetes.io/"
 #: capabilities the baseline level allows adding (check_capabilities_baseline.go)
-BASELINE_CAPABILITIES = ("AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
-                         "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT")
+BASELINE_CAPABILITIES = (
+    "AUDIT_WRITE",
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "MKNOD",
+    "NET_BIND_SERVICE",
+    "SETFCAP",
+    "SETGID",
+    "SETPCAP",
+    "SETUID",
+    "SYS_CHROOT",
+)
 
 Spec = Mapping[str, Any]
 Result = tuple[str, str] | None  # (forbidden reason, forbidden detail) or None when allowed
@@ -68,6 +101,7 @@ def _who(names: list[str]) -> str:
 
 # ---- baseline ----------------------------------------------------------------------------------
 
+
 def _privileged(spec: Spec) -> Result:
     bad = [c["name"] for c in _containers(spec) if _sc(c).get("privileged") is True]
     return ("privileged", f"{_who(bad)} must not set securityContext.privileged=true") if bad else None
@@ -87,8 +121,11 @@ def _host_ports(spec: Spec) -> Result:
             ports |= {str(p) for p in used}
     if not bad:
         return None
-    return ("hostPort", f"{_who(bad)} {_plural('uses', 'use', len(bad))} "
-                        f"{_plural('hostPort', 'hostPorts', len(ports))} {', '.join(sorted(ports))}")
+    return (
+        "hostPort",
+        f"{_who(bad)} {_plural('uses', 'use', len(bad))} "
+        f"{_plural('hostPort', 'hostPorts', len(ports))} {', '.join(sorted(ports))}",
+    )
 
 
 def _capabilities_baseline(spec: Spec) -> Result:
@@ -100,8 +137,10 @@ def _capabilities_baseline(spec: Spec) -> Result:
             caps |= set(added)
     if not bad:
         return None
-    return ("non-default capabilities",
-            f"{_who(bad)} must not include {_quote(sorted(caps))} in securityContext.capabilities.add")
+    return (
+        "non-default capabilities",
+        f"{_who(bad)} must not include {_quote(sorted(caps))} in securityContext.capabilities.add",
+    )
 
 
 def _app_armor(spec: Spec, meta: Mapping[str, Any]) -> Result:
@@ -116,16 +155,20 @@ def _app_armor(spec: Spec, meta: Mapping[str, Any]) -> Result:
     values |= {str(_sc(c)["appArmorProfile"].get("type")) for c in _containers(spec) if c["name"] in bad}
     if bad:
         setters.append(_who(bad))
-    annotations = sorted(f'{k}="{v}"' for k, v in ((meta.get("annotations") or {}).items())
-                         if k.startswith(APPARMOR_ANNOTATION) and v and v != "runtime/default"
-                         and not v.startswith("localhost/"))
+    annotations = sorted(
+        f'{k}="{v}"'
+        for k, v in ((meta.get("annotations") or {}).items())
+        if k.startswith(APPARMOR_ANNOTATION) and v and v != "runtime/default" and not v.startswith("localhost/")
+    )
     if annotations:
         setters.append(_plural("annotation", "annotations", len(annotations)))
         values |= {a.split("=", 1)[1].strip('"') for a in annotations}
     if not setters:
         return None
-    return (_plural("forbidden AppArmor profile", "forbidden AppArmor profiles", len(values)),
-            f"{' and '.join(setters)} must not set AppArmor profile type to {_quote(sorted(values))}")
+    return (
+        _plural("forbidden AppArmor profile", "forbidden AppArmor profiles", len(values)),
+        f"{' and '.join(setters)} must not set AppArmor profile type to {_quote(sorted(values))}",
+    )
 
 
 def _host_probes(spec: Spec) -> Result:
@@ -139,8 +182,11 @@ def _host_probes(spec: Spec) -> Result:
             hosts |= found
     if not bad:
         return None
-    return ("probe or lifecycle host", f"{_who(bad)} {_plural('uses', 'use', len(bad))} "
-            f"{_plural('probe or lifecycle host', 'probe or lifecycle hosts', len(hosts))} {_quote(sorted(hosts))}")
+    return (
+        "probe or lifecycle host",
+        f"{_who(bad)} {_plural('uses', 'use', len(bad))} "
+        f"{_plural('probe or lifecycle host', 'probe or lifecycle hosts', len(hosts))} {_quote(sorted(hosts))}",
+    )
 
 
 def _proc_mount(spec: Spec) -> Result:
@@ -174,8 +220,11 @@ def _se_linux(spec: Spec) -> Result:
         setters.append(_who(bad))
     if not setters:
         return None
-    data = ([f"{_plural('type', 'types', len(types))} {_quote(sorted(types))}"] if types else []) + \
-        (["user may not be set"] if user else []) + (["role may not be set"] if role else [])
+    data = (
+        ([f"{_plural('type', 'types', len(types))} {_quote(sorted(types))}"] if types else [])
+        + (["user may not be set"] if user else [])
+        + (["role may not be set"] if role else [])
+    )
     return "seLinuxOptions", f"{' and '.join(setters)} set forbidden securityContext.seLinuxOptions: {'; '.join(data)}"
 
 
@@ -213,9 +262,11 @@ def _restricted_volumes(spec: Spec) -> Result:
             types |= set(kinds) or {"unknown"}
     if not bad:
         return None
-    return ("restricted volume types",
-            f"{_plural('volume', 'volumes', len(bad))} {_quote(bad)} {_plural('uses', 'use', len(bad))} "
-            f"{_plural('restricted volume type', 'restricted volume types', len(types))} {_quote(sorted(types))}")
+    return (
+        "restricted volume types",
+        f"{_plural('volume', 'volumes', len(bad))} {_quote(bad)} {_plural('uses', 'use', len(bad))} "
+        f"{_plural('restricted volume type', 'restricted volume types', len(types))} {_quote(sorted(types))}",
+    )
 
 
 def _host_path_volumes(spec: Spec) -> Result:
@@ -225,10 +276,14 @@ def _host_path_volumes(spec: Spec) -> Result:
 
 # ---- restricted --------------------------------------------------------------------------------
 
+
 def _allow_privilege_escalation(spec: Spec) -> Result:
     bad = [c["name"] for c in _containers(spec) if _sc(c).get("allowPrivilegeEscalation") is not False]
-    return ("allowPrivilegeEscalation != false",
-            f"{_who(bad)} must set securityContext.allowPrivilegeEscalation=false") if bad else None
+    return (
+        ("allowPrivilegeEscalation != false", f"{_who(bad)} must set securityContext.allowPrivilegeEscalation=false")
+        if bad
+        else None
+    )
 
 
 def _capabilities_restricted(spec: Spec) -> Result:
@@ -290,23 +345,44 @@ def _seccomp_restricted(spec: Spec) -> Result:
 
     bad, implicit, _ = _pod_or_containers(spec, "seccompProfile", valid)
     if bad:
-        values = {str(p.get("type")) for p in [_pod_sc(spec).get("seccompProfile"),
-                                              *(_sc(c).get("seccompProfile") for c in _containers(spec))]
-                  if isinstance(p, Mapping) and not valid(p)}
-        return "seccompProfile", f"{' and '.join(bad)} must not set securityContext.seccompProfile.type to {_quote(sorted(values))}"
+        values = {
+            str(p.get("type"))
+            for p in [_pod_sc(spec).get("seccompProfile"), *(_sc(c).get("seccompProfile") for c in _containers(spec))]
+            if isinstance(p, Mapping) and not valid(p)
+        }
+        return (
+            "seccompProfile",
+            f"{' and '.join(bad)} must not set securityContext.seccompProfile.type to {_quote(sorted(values))}",
+        )
     if implicit:
-        return "seccompProfile", (f'pod or {_who(implicit)} must set securityContext.seccompProfile.type to '
-                                  f'"RuntimeDefault" or "Localhost"')
+        return "seccompProfile", (
+            f'pod or {_who(implicit)} must set securityContext.seccompProfile.type to "RuntimeDefault" or "Localhost"'
+        )
     return None
 
 
 # In the plugin's order: baseline then restricted, each sorted by check ID (policy/registry.go).
 BASELINE: tuple[Callable[[Spec], Result], ...] = (
-    _capabilities_baseline, _host_namespaces, _host_path_volumes, _host_ports, _host_probes, _privileged,
-    _proc_mount, _se_linux, _seccomp_baseline, _sysctls, _windows_host_process)
+    _capabilities_baseline,
+    _host_namespaces,
+    _host_path_volumes,
+    _host_ports,
+    _host_probes,
+    _privileged,
+    _proc_mount,
+    _se_linux,
+    _seccomp_baseline,
+    _sysctls,
+    _windows_host_process,
+)
 RESTRICTED: tuple[Callable[[Spec], Result], ...] = (
-    _allow_privilege_escalation, _capabilities_restricted, _restricted_volumes, _run_as_non_root, _run_as_user,
-    _seccomp_restricted)
+    _allow_privilege_escalation,
+    _capabilities_restricted,
+    _restricted_volumes,
+    _run_as_non_root,
+    _run_as_user,
+    _seccomp_restricted,
+)
 
 
 def violations(pod_spec: Spec, level: str = "restricted", pod_meta: Mapping[str, Any] | None = None) -> list[str]:

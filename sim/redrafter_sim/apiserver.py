@@ -49,7 +49,8 @@ class ApiServerEmulator(HttpFrontend, KubernetesEmulator):
     history_size: int = HISTORY  # watch events kept for resuming from a resourceVersion
     _types: dict[tuple[str, str, str], ResourceType] = attrs.field(factory=dict, init=False, repr=False)
     _store: dict[StoreKey, dict[ObjKey, dict[str, Any]]] = attrs.field(
-        factory=lambda: collections.defaultdict(dict), init=False, repr=False)
+        factory=lambda: collections.defaultdict(dict), init=False, repr=False
+    )
     _rv: int = attrs.field(default=1, init=False, repr=False)
     _history: collections.deque[Event] = attrs.field(factory=collections.deque, init=False, repr=False)
     _watchers: set[Watcher] = attrs.field(factory=set, init=False, repr=False)
@@ -59,7 +60,8 @@ class ApiServerEmulator(HttpFrontend, KubernetesEmulator):
     _tokens: dict[str, str] = attrs.field(factory=dict, init=False, repr=False)  # bearer token -> user name
     _owned: dict[str, set[tuple[StoreKey, ObjKey]]] = attrs.field(factory=dict, init=False, repr=False)
     _namespaced: dict[StoreKey, dict[str | None, set[ObjKey]]] = attrs.field(
-        factory=lambda: collections.defaultdict(dict), init=False, repr=False)
+        factory=lambda: collections.defaultdict(dict), init=False, repr=False
+    )
     internal_errors: list[Exception] = attrs.field(factory=list, init=False, repr=False)  # emulator bugs (answered 500)
 
     def __attrs_post_init__(self) -> None:
@@ -82,15 +84,26 @@ class ApiServerEmulator(HttpFrontend, KubernetesEmulator):
         """Write requests from log position ``since`` on (use ``len(request_log)`` as a mark)."""
         return [r for r in self.request_log[since:] if r.is_write]
 
-    def requests(self, since: int = 0, *, kind: str | None = None, method: str | None = None,
-                 path: str | None = None, user_agent: str | None = None) -> list[RequestRecord]:
+    def requests(
+        self,
+        since: int = 0,
+        *,
+        kind: str | None = None,
+        method: str | None = None,
+        path: str | None = None,
+        user_agent: str | None = None,
+    ) -> list[RequestRecord]:
         """Logged requests from position ``since`` filtered by kind (read/write/watch), method, a path regex
         and a User-Agent prefix (kopf sends ``kopf/<version>``)."""
         pattern = re.compile(path) if path else None
-        return [r for r in self.request_log[since:]
-                if (kind is None or r.kind == kind) and (method is None or r.method == method.upper())
-                and (pattern is None or pattern.search(r.path)) and
-                (user_agent is None or r.user_agent.startswith(user_agent))]
+        return [
+            r
+            for r in self.request_log[since:]
+            if (kind is None or r.kind == kind)
+            and (method is None or r.method == method.upper())
+            and (pattern is None or pattern.search(r.path))
+            and (user_agent is None or r.user_agent.startswith(user_agent))
+        ]
 
     def add_token(self, token: str, user: str) -> None:
         """Authenticate ``token`` as ``user`` (a static token file): requests carrying it are logged with
@@ -107,8 +120,9 @@ class ApiServerEmulator(HttpFrontend, KubernetesEmulator):
         with self._mutex:
             self._log.clear()
 
-    def inject(self, method: str, path_regex: str, status: int, times: int = 1,
-               message: str = "injected fault") -> Fault:
+    def inject(
+        self, method: str, path_regex: str, status: int, times: int = 1, message: str = "injected fault"
+    ) -> Fault:
         """Make the next ``times`` requests matching ``method`` ('*' for any) and the path regex fail."""
         fault = Fault(method.upper() if method != "*" else "*", re.compile(path_regex), status, times, message)
         with self._mutex:
@@ -146,18 +160,24 @@ class ApiServerEmulator(HttpFrontend, KubernetesEmulator):
         except ApiError as exc:
             raise KeyError(exc.message) from None
 
-    def find_object(self, api_version: str, kind: str, name: str,
-                    namespace: str | None = None) -> dict[str, Any] | None:
+    def find_object(
+        self, api_version: str, kind: str, name: str, namespace: str | None = None
+    ) -> dict[str, Any] | None:
         try:
             return self.get_object(api_version, kind, name, namespace)
         except KeyError:
             return None
 
-    def list_objects(self, api_version: str, kind: str, namespace: str | None = None,
-                     label_selector: str | None = None, field_selector: str | None = None) -> list[dict[str, Any]]:
+    def list_objects(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> list[dict[str, Any]]:
         rtype = self.resource_type(api_version, kind)
-        return self._list(rtype, namespace, parse_label_selector(label_selector),
-                          parse_field_selector(field_selector))
+        return self._list(rtype, namespace, parse_label_selector(label_selector), parse_field_selector(field_selector))
 
     def resource_versions(self, api_version: str, kind: str) -> dict[ObjKey, str]:
         """(namespace, name) -> resourceVersion of every stored object of a kind, without copying any: a
@@ -170,9 +190,19 @@ class ApiServerEmulator(HttpFrontend, KubernetesEmulator):
         rtype = self.resource_type(body["apiVersion"], body["kind"])
         return self._create(rtype, body.get("metadata", {}).get("namespace"), body, manager=field_manager)
 
-    def patch_object(self, api_version: str, kind: str, name: str, namespace: str | None,
-                     patch: Any, *, subresource: str | None = None, patch_type: str = "merge",
-                     field_manager: str | None = None, force: bool = False) -> dict[str, Any]:
+    def patch_object(
+        self,
+        api_version: str,
+        kind: str,
+        name: str,
+        namespace: str | None,
+        patch: Any,
+        *,
+        subresource: str | None = None,
+        patch_type: str = "merge",
+        field_manager: str | None = None,
+        force: bool = False,
+    ) -> dict[str, Any]:
         """Patch as a PATCH request would (patch_type: merge | strategic | json | apply; an apply needs a
         field_manager; without one other patches keep ownership as it was, like the emulator's own writes)."""
         rtype = self.resource_type(api_version, kind)
@@ -183,8 +213,9 @@ class ApiServerEmulator(HttpFrontend, KubernetesEmulator):
             params["force"] = "true"
         return self._patch(rtype, namespace, name, patch_type, patch, subresource, params)
 
-    def delete_object(self, api_version: str, kind: str, name: str, namespace: str | None = None,
-                      propagation: str = "Background") -> dict[str, Any]:
+    def delete_object(
+        self, api_version: str, kind: str, name: str, namespace: str | None = None, propagation: str = "Background"
+    ) -> dict[str, Any]:
         rtype = self.resource_type(api_version, kind)
         return self._delete(rtype, namespace, name, {"propagationPolicy": propagation})
 

@@ -29,19 +29,39 @@ Path = tuple[str, ...]
 
 # Associative lists: field name -> key fields (k8s.io/api OpenAPI x-kubernetes-list-map-keys).
 LIST_MAP_KEYS: dict[str, tuple[str, ...]] = {
-    "containers": ("name",), "initContainers": ("name",), "ephemeralContainers": ("name",), "env": ("name",),
-    "volumes": ("name",), "volumeMounts": ("mountPath",), "volumeDevices": ("devicePath",),
-    "imagePullSecrets": ("name",), "hostAliases": ("ip",), "ownerReferences": ("uid",), "conditions": ("type",),
-    "topologySpreadConstraints": ("topologyKey", "whenUnsatisfiable"), "resourceClaims": ("name",),
-    "containerStatuses": ("name",), "initContainerStatuses": ("name",),
+    "containers": ("name",),
+    "initContainers": ("name",),
+    "ephemeralContainers": ("name",),
+    "env": ("name",),
+    "volumes": ("name",),
+    "volumeMounts": ("mountPath",),
+    "volumeDevices": ("devicePath",),
+    "imagePullSecrets": ("name",),
+    "hostAliases": ("ip",),
+    "ownerReferences": ("uid",),
+    "conditions": ("type",),
+    "topologySpreadConstraints": ("topologyKey", "whenUnsatisfiable"),
+    "resourceClaims": ("name",),
+    "containerStatuses": ("name",),
+    "initContainerStatuses": ("name",),
 }
 # ``ports`` is keyed by containerPort+protocol in a container and port+protocol in a Service; protocol
 # has a default (TCP) that SMD fills into the key when the item leaves it out.
 PORT_KEYS = (("containerPort", "protocol"), ("port", "protocol"))
 SET_LISTS = {"finalizers"}  # x-kubernetes-list-type: set
 # Never owned: identity and server-maintained metadata (k8s.io/apiserver fieldmanager's stripped fields).
-UNOWNED_METADATA = {"name", "namespace", "uid", "resourceVersion", "generation", "creationTimestamp",
-                    "managedFields", "selfLink", "deletionTimestamp", "deletionGracePeriodSeconds"}
+UNOWNED_METADATA = {
+    "name",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "managedFields",
+    "selfLink",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+}
 _MISSING = object()
 
 
@@ -64,8 +84,14 @@ class ApplyConflicts(Exception):
         return f"Apply failed with {len(self.conflicts)} conflicts: " + "\n".join(lines)
 
     def causes(self) -> list[dict[str, str]]:
-        return [{"reason": "FieldManagerConflict", "message": f"conflict with {describe_manager(e)}",
-                 "field": path_string(p)} for e, p in self.conflicts]
+        return [
+            {
+                "reason": "FieldManagerConflict",
+                "message": f"conflict with {describe_manager(e)}",
+                "field": path_string(p),
+            }
+            for e, p in self.conflicts
+        ]
 
 
 def describe_manager(entry: dict[str, Any]) -> str:
@@ -176,8 +202,11 @@ def _find_item(items: list[Any], element: str) -> int | None:
     for n, item in enumerate(items):
         if kind == "v" and item == wanted:
             return n
-        if kind == "k" and isinstance(item, dict) and all(
-                item.get(k, "TCP" if k == "protocol" else None) == v for k, v in wanted.items()):
+        if (
+            kind == "k"
+            and isinstance(item, dict)
+            and all(item.get(k, "TCP" if k == "protocol" else None) == v for k, v in wanted.items())
+        ):
             return n
     return None
 
@@ -271,17 +300,31 @@ class Ownership:
         return cls(entries, [from_fields_v1(e.get("fieldsV1") or {}) for e in entries])
 
     def index(self, manager: str, operation: str, subresource: str | None) -> int | None:
-        return next((n for n, e in enumerate(self.entries) if e.get("manager") == manager and
-                     e.get("operation") == operation and (e.get("subresource") or None) == subresource), None)
+        return next(
+            (
+                n
+                for n, e in enumerate(self.entries)
+                if e.get("manager") == manager
+                and e.get("operation") == operation
+                and (e.get("subresource") or None) == subresource
+            ),
+            None,
+        )
 
     def owned_by_others(self, mine: int | None) -> set[Path]:
         return set().union(*(s for n, s in enumerate(self.sets) if n != mine))
 
-    def set_entry(self, manager: str, operation: str, subresource: str | None, api_version: str,
-                  paths: set[Path], now: str) -> None:
+    def set_entry(
+        self, manager: str, operation: str, subresource: str | None, api_version: str, paths: set[Path], now: str
+    ) -> None:
         n = self.index(manager, operation, subresource)
-        entry: dict[str, Any] = {"manager": manager, "operation": operation, "apiVersion": api_version,
-                                 "time": now, "fieldsType": "FieldsV1"}
+        entry: dict[str, Any] = {
+            "manager": manager,
+            "operation": operation,
+            "apiVersion": api_version,
+            "time": now,
+            "fieldsType": "FieldsV1",
+        }
         if subresource:
             entry["subresource"] = subresource
         if n is None:
@@ -300,8 +343,17 @@ class Ownership:
         return out
 
 
-def apply(live: dict[str, Any], config: dict[str, Any], *, manager: str, api_version: str, now: str,
-          subresource: str | None, status_subresource: bool, force: bool) -> dict[str, Any]:
+def apply(
+    live: dict[str, Any],
+    config: dict[str, Any],
+    *,
+    manager: str,
+    api_version: str,
+    now: str,
+    subresource: str | None,
+    status_subresource: bool,
+    force: bool,
+) -> dict[str, Any]:
     """The object after ``manager`` applies ``config`` (raises ApplyConflicts), managedFields included."""
     owners = Ownership.of(live)
     mine = owners.index(manager, "Apply", subresource)
@@ -311,8 +363,9 @@ def apply(live: dict[str, Any], config: dict[str, Any], *, manager: str, api_ver
     live_view = owned_view(live, subresource, status_subresource)
     merged_view = merge_applied(live_view, applied)
     changed = {p for p in wanted if _differs(live_view, merged_view, p)}
-    conflicts = [(owners.entries[n], p) for n, paths in enumerate(owners.sets) if n != mine
-                 for p in sorted(changed & paths)]
+    conflicts = [
+        (owners.entries[n], p) for n, paths in enumerate(owners.sets) if n != mine for p in sorted(changed & paths)
+    ]
     if conflicts and not force:
         raise ApplyConflicts(conflicts)
     for n in range(len(owners.sets)):
@@ -320,14 +373,22 @@ def apply(live: dict[str, Any], config: dict[str, Any], *, manager: str, api_ver
             owners.sets[n] -= changed
     others = owners.owned_by_others(mine)
     for path in sorted(previous - wanted - others, key=len):  # an item before its fields
-        if not any(o[:len(path)] == path for o in others):  # a field another manager owns keeps its parents
+        if not any(o[: len(path)] == path for o in others):  # a field another manager owns keeps its parents
             remove_path(merged_view, path)
     owners.set_entry(manager, "Apply", subresource, api_version, wanted, now)
     return _with_view(live, merged_view, owners, subresource, status_subresource)
 
 
-def update(old: dict[str, Any] | None, new: dict[str, Any], *, manager: str, api_version: str, now: str,
-           subresource: str | None, status_subresource: bool) -> list[dict[str, Any]]:
+def update(
+    old: dict[str, Any] | None,
+    new: dict[str, Any],
+    *,
+    manager: str,
+    api_version: str,
+    now: str,
+    subresource: str | None,
+    status_subresource: bool,
+) -> list[dict[str, Any]]:
     """managedFields after an Update by ``manager``: what it changed is its own and nobody else's.
 
     managedFields the request itself carries (not on a subresource) are the starting point instead of
@@ -343,19 +404,33 @@ def update(old: dict[str, Any] | None, new: dict[str, Any], *, manager: str, api
         for n in range(len(owners.sets)):
             if n != mine:
                 owners.sets[n] -= changed
-        owners.set_entry(manager, "Update", subresource, api_version,
-                         (owners.sets[mine] if mine is not None else set()) | changed, now)
+        owners.set_entry(
+            manager,
+            "Update",
+            subresource,
+            api_version,
+            (owners.sets[mine] if mine is not None else set()) | changed,
+            now,
+        )
     return owners.managed_fields(_present(new, status_subresource))
 
 
-def created(obj: dict[str, Any], config: dict[str, Any] | None, *, manager: str, api_version: str, now: str,
-            status_subresource: bool) -> list[dict[str, Any]]:
+def created(
+    obj: dict[str, Any],
+    config: dict[str, Any] | None,
+    *,
+    manager: str,
+    api_version: str,
+    now: str,
+    status_subresource: bool,
+) -> list[dict[str, Any]]:
     """managedFields of a new object: an Apply entry for what ``config`` set (apply creating it), or an
     Update entry owning everything the create set (POST, defaults included as on a real server)."""
     owners = Ownership([], [])
     if config is not None:
-        owners.set_entry(manager, "Apply", None, api_version, field_set(owned_view(config, None, status_subresource)),
-                         now)
+        owners.set_entry(
+            manager, "Apply", None, api_version, field_set(owned_view(config, None, status_subresource)), now
+        )
     else:
         owners.set_entry(manager, "Update", None, api_version, _present(obj, status_subresource), now)
     return owners.managed_fields(_present(obj, status_subresource))
@@ -368,8 +443,9 @@ def _present(obj: dict[str, Any], status_subresource: bool) -> set[Path]:
     return present
 
 
-def _with_view(live: dict[str, Any], view: dict[str, Any], owners: Ownership, subresource: str | None,
-               status_subresource: bool) -> dict[str, Any]:
+def _with_view(
+    live: dict[str, Any], view: dict[str, Any], owners: Ownership, subresource: str | None, status_subresource: bool
+) -> dict[str, Any]:
     """``live`` with its owned part replaced by ``view`` (identity metadata and the other part kept)."""
     out = {k: v for k, v in live.items() if k in ("apiVersion", "kind")}
     if subresource == "status":
@@ -380,14 +456,18 @@ def _with_view(live: dict[str, Any], view: dict[str, Any], owners: Ownership, su
         out.update(view)
         if status_subresource and "status" in live:
             out["status"] = live["status"]
-        out["metadata"] = {**{k: v for k, v in live["metadata"].items() if k in UNOWNED_METADATA},
-                           **(view.get("metadata") or {})}
+        out["metadata"] = {
+            **{k: v for k, v in live["metadata"].items() if k in UNOWNED_METADATA},
+            **(view.get("metadata") or {}),
+        }
     out.setdefault("metadata", {})["managedFields"] = owners.managed_fields(_present(out, status_subresource))
     return out
 
 
 def same_ownership(a: list[dict[str, Any]] | None, b: list[dict[str, Any]] | None) -> bool:
     """Equal managedFields but for the times (a write that changes only times is a no-op)."""
+
     def strip(entries: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
         return [{k: v for k, v in e.items() if k != "time"} for e in entries or []]
+
     return strip(a) == strip(b)

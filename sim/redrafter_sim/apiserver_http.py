@@ -19,7 +19,6 @@ import yaml
 
 from . import apiserver_protobuf as protobuf
 from . import apiserver_resources as res
-from .apiserver_objects import as_type as _as_type
 from .apiserver_resources import ResourceType
 from .apiserver_selectors import Matcher, parse_field_selector, parse_label_selector
 from .apiserver_store import ApiError, Event, ObjectStore, Watcher
@@ -34,6 +33,7 @@ PATCH_TYPES = {
 }
 TRUE_VALUES = ("1", "t", "T", "true", "TRUE", "True")  # Go's strconv.ParseBool
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 
 @dataclass
 class RequestRecord:
@@ -80,13 +80,26 @@ class HttpFrontend(ObjectStore):
         body = await raw.read()
         query = dict(raw.query)
         method = raw.method.upper()
-        kind = "watch" if method == "GET" and query.get("watch", "") in TRUE_VALUES else \
-            "read" if method in ("GET", "HEAD", "OPTIONS") else "write"
+        kind = (
+            "watch"
+            if method == "GET" and query.get("watch", "") in TRUE_VALUES
+            else "read"
+            if method in ("GET", "HEAD", "OPTIONS")
+            else "write"
+        )
         scheme, _, token = raw.headers.get("Authorization", "").partition(" ")
         with self._mutex:
             user = self._tokens.get(token, "") if scheme.lower() == "bearer" else ""
-        record = RequestRecord(method, raw.path, query, raw.headers.get("Content-Type", ""), kind, time.time(),
-                               raw.headers.get("User-Agent", ""), user=user)
+        record = RequestRecord(
+            method,
+            raw.path,
+            query,
+            raw.headers.get("Content-Type", ""),
+            kind,
+            time.time(),
+            raw.headers.get("User-Agent", ""),
+            user=user,
+        )
         with self._mutex:
             self._log.append(record)
             fault = next((f for f in self._faults if f.matches(method, raw.path)), None)
@@ -101,12 +114,14 @@ class HttpFrontend(ObjectStore):
         except Exception as exc:  # a bug in the emulator must reach the client as a 500, not a hang
             self.internal_errors.append(exc)
             response = aiohttp.web.json_response(
-                ApiError(500, f"emulator error: {type(exc).__name__}: {exc}").status(), status=500)
+                ApiError(500, f"emulator error: {type(exc).__name__}: {exc}").status(), status=500
+            )
         record.status = response.status
         return response
 
-    async def _route(self, raw: aiohttp.web.BaseRequest, method: str, query: dict[str, str],
-                     body: bytes) -> aiohttp.web.StreamResponse:
+    async def _route(
+        self, raw: aiohttp.web.BaseRequest, method: str, query: dict[str, str], body: bytes
+    ) -> aiohttp.web.StreamResponse:
         parts = [p for p in raw.path.split("/") if p]
         if method == "GET":
             doc = self._discovery(parts)
@@ -128,8 +143,9 @@ class HttpFrontend(ObjectStore):
             rtype = self._types.get((group, version, plural))
         if rtype is None:
             raise ApiError(404, "the server could not find the requested resource")
-        if sub is not None and not ((sub == "status" and rtype.status_subresource) or
-                                    (sub == "scale" and rtype.scale is not None)):
+        if sub is not None and not (
+            (sub == "status" and rtype.status_subresource) or (sub == "scale" and rtype.scale is not None)
+        ):
             raise ApiError(404, "the server could not find the requested resource")
         if rtype.namespaced is False:
             namespace = None
@@ -148,18 +164,33 @@ class HttpFrontend(ObjectStore):
             rv = str(self._rv)
             if wants_table(accept):
                 return aiohttp.web.json_response(table(rtype, items, rv, query.get("includeObject", "Metadata")))
-            return aiohttp.web.json_response({"kind": f"{rtype.kind}List", "apiVersion": rtype.api_version,
-                                              "metadata": {"resourceVersion": rv}, "items": items})
+            return aiohttp.web.json_response(
+                {
+                    "kind": f"{rtype.kind}List",
+                    "apiVersion": rtype.api_version,
+                    "metadata": {"resourceVersion": rv},
+                    "items": items,
+                }
+            )
         if name is None and method == "POST":
             return aiohttp.web.json_response(
-                self._create(rtype, namespace, self._body(body, raw), dry_run="dryRun" in query,
-                             manager=query["fieldManager"]), status=201)
+                self._create(
+                    rtype, namespace, self._body(body, raw), dry_run="dryRun" in query, manager=query["fieldManager"]
+                ),
+                status=201,
+            )
         if name is None and method == "DELETE":
             items = self._list(rtype, namespace, labels, fields)
             for item in items:
                 self._delete(rtype, namespace, item["metadata"]["name"], {}, dry_run="dryRun" in query)
-            return aiohttp.web.json_response({"kind": f"{rtype.kind}List", "apiVersion": rtype.api_version,
-                                              "metadata": {"resourceVersion": str(self._rv)}, "items": items})
+            return aiohttp.web.json_response(
+                {
+                    "kind": f"{rtype.kind}List",
+                    "apiVersion": rtype.api_version,
+                    "metadata": {"resourceVersion": str(self._rv)},
+                    "items": items,
+                }
+            )
         if name is None:
             raise ApiError(405, f"{method} is not supported on a collection")
         if method == "GET":
@@ -167,8 +198,9 @@ class HttpFrontend(ObjectStore):
             if sub == "scale":
                 return aiohttp.web.json_response(self._scale_of(rtype, obj))
             if wants_table(accept):
-                return aiohttp.web.json_response(table(rtype, [obj], obj["metadata"]["resourceVersion"],
-                                                       query.get("includeObject", "Metadata")))
+                return aiohttp.web.json_response(
+                    table(rtype, [obj], obj["metadata"]["resourceVersion"], query.get("includeObject", "Metadata"))
+                )
             return aiohttp.web.json_response(obj)
         if method == "PUT":
             return aiohttp.web.json_response(self._replace(rtype, namespace, name, self._body(body, raw), sub, query))
@@ -176,8 +208,11 @@ class HttpFrontend(ObjectStore):
             ctype = raw.headers.get("Content-Type", "").split(";")[0].strip()
             patch_type = PATCH_TYPES.get(ctype)
             if patch_type is None:
-                raise ApiError(415, f"the body of the request was in an unknown format - accepted media types "
-                                    f"include: {', '.join(PATCH_TYPES)}")
+                raise ApiError(
+                    415,
+                    f"the body of the request was in an unknown format - accepted media types "
+                    f"include: {', '.join(PATCH_TYPES)}",
+                )
             data = self._body(body, raw)
             with self._mutex:
                 existed = self._key(rtype, namespace, name) in self._bucket(rtype)
@@ -187,8 +222,9 @@ class HttpFrontend(ObjectStore):
             options = self._body(body, raw) if body else {}
             if "propagationPolicy" in query:
                 options["propagationPolicy"] = query["propagationPolicy"]
-            result = self._delete(rtype, namespace, name, options if isinstance(options, dict) else {},
-                                  dry_run="dryRun" in query)
+            result = self._delete(
+                rtype, namespace, name, options if isinstance(options, dict) else {}, dry_run="dryRun" in query
+            )
             return aiohttp.web.json_response(result)
         raise ApiError(405, f"method {method} is not allowed")
 
@@ -196,8 +232,9 @@ class HttpFrontend(ObjectStore):
     def _field_manager(raw: aiohttp.web.BaseRequest, method: str, query: dict[str, str]) -> str:
         """The writer's field manager: ``fieldManager``, else the User-Agent up to its first "/" (as
         k8s.io/apiserver handlers prefixFromUserAgent); an apply must name one, only an apply may force."""
-        is_apply = method == "PATCH" and PATCH_TYPES.get(
-            raw.headers.get("Content-Type", "").split(";")[0].strip()) == "apply"
+        is_apply = (
+            method == "PATCH" and PATCH_TYPES.get(raw.headers.get("Content-Type", "").split(";")[0].strip()) == "apply"
+        )
         causes = []
         if is_apply and not query.get("fieldManager"):
             causes.append("fieldManager: Required value: is required for apply patch")
@@ -239,9 +276,17 @@ class HttpFrontend(ObjectStore):
                     paths |= {f"/apis/{t.group}", f"/apis/{t.group}/{t.version}"}
             return {"paths": sorted(paths)}
         if parts == ["version"]:
-            return {"major": "1", "minor": "33", "gitVersion": "v1.33.0-redrafter-sim", "platform": "linux/amd64",
-                    "gitCommit": "0000000", "gitTreeState": "clean", "buildDate": "2025-01-01T00:00:00Z",
-                    "goVersion": "go1.24", "compiler": "gc"}
+            return {
+                "major": "1",
+                "minor": "33",
+                "gitVersion": "v1.33.0-redrafter-sim",
+                "platform": "linux/amd64",
+                "gitCommit": "0000000",
+                "gitTreeState": "clean",
+                "buildDate": "2025-01-01T00:00:00Z",
+                "goVersion": "go1.24",
+                "compiler": "gc",
+            }
         if parts[0] in ("healthz", "livez", "readyz") and len(parts) == 1:
             return aiohttp.web.Response(text="ok")
         if parts == ["api"]:
@@ -279,8 +324,10 @@ class HttpFrontend(ObjectStore):
         """Events a new watch starts with: current state (no rv) or history after rv (None: too old)."""
         if not resource_version or resource_version == "0":
             bucket = self._bucket(watcher.rtype)
-            return [Event(int(o["metadata"]["resourceVersion"]), watcher.rtype.storage_key, "ADDED", o, None)
-                    for _, o in sorted(bucket.items(), key=lambda kv: (kv[0][0] or "", kv[0][1]))]
+            return [
+                Event(int(o["metadata"]["resourceVersion"]), watcher.rtype.storage_key, "ADDED", o, None)
+                for _, o in sorted(bucket.items(), key=lambda kv: (kv[0][0] or "", kv[0][1]))
+            ]
         try:
             since = int(resource_version)
         except ValueError:
@@ -289,8 +336,15 @@ class HttpFrontend(ObjectStore):
             return None
         return [e for e in self._history if e.rv > since and e.store == watcher.rtype.storage_key]
 
-    async def _watch(self, raw: aiohttp.web.BaseRequest, rtype: ResourceType, namespace: str | None,
-                     labels: Matcher, fields: Matcher, query: dict[str, str]) -> aiohttp.web.StreamResponse:
+    async def _watch(
+        self,
+        raw: aiohttp.web.BaseRequest,
+        rtype: ResourceType,
+        namespace: str | None,
+        labels: Matcher,
+        fields: Matcher,
+        query: dict[str, str],
+    ) -> aiohttp.web.StreamResponse:
         watcher = Watcher(rtype, namespace, labels, fields, asyncio.get_running_loop())
         watcher.transport = raw.transport
         watcher.as_table = wants_table(raw.headers.get("Accept", ""))
@@ -310,9 +364,14 @@ class HttpFrontend(ObjectStore):
             for event in initial:
                 await self._send(response, watcher, event)
             if query.get("sendInitialEvents") == "true":  # streaming list (WatchList): mark the end of state
-                bookmark = {"kind": rtype.kind, "apiVersion": rtype.api_version,
-                            "metadata": {"resourceVersion": str(start_rv),
-                                         "annotations": {"k8s.io/initial-events-end": "true"}}}
+                bookmark = {
+                    "kind": rtype.kind,
+                    "apiVersion": rtype.api_version,
+                    "metadata": {
+                        "resourceVersion": str(start_rv),
+                        "annotations": {"k8s.io/initial-events-end": "true"},
+                    },
+                }
                 await response.write(json.dumps({"type": "BOOKMARK", "object": bookmark}).encode() + b"\n")
             timeout = float(query.get("timeoutSeconds") or 0) or None
             deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout

@@ -54,7 +54,7 @@ def decode_lease(obj: dict[str, Any]) -> None:
                 raise LeaseDecodeError(f"json: cannot unmarshal {type(value).__name__} into {where} of type string")
             out[key] = value
         elif key in INT32S:
-            if isinstance(value, bool) or not isinstance(value, int) or not -2**31 <= value < 2**31:
+            if isinstance(value, bool) or not isinstance(value, int) or not -(2**31) <= value < 2**31:
                 raise LeaseDecodeError(f"json: cannot unmarshal {value!r} into {where} of type int32")
             out[key] = value
         elif key in MICRO_TIMES:
@@ -70,16 +70,36 @@ def lease_causes(obj: dict[str, Any]) -> list[Cause]:
     spec = obj.get("spec") or {}
     causes = []
     if "leaseDurationSeconds" in spec and spec["leaseDurationSeconds"] <= 0:
-        causes.append(Cause("spec.leaseDurationSeconds", "FieldValueInvalid",
-                            f"Invalid value: {spec['leaseDurationSeconds']}: must be greater than 0"))
+        causes.append(
+            Cause(
+                "spec.leaseDurationSeconds",
+                "FieldValueInvalid",
+                f"Invalid value: {spec['leaseDurationSeconds']}: must be greater than 0",
+            )
+        )
     if "leaseTransitions" in spec and spec["leaseTransitions"] < 0:
-        causes.append(Cause("spec.leaseTransitions", "FieldValueInvalid",
-                            f"Invalid value: {spec['leaseTransitions']}: must be greater than or equal to 0"))
+        causes.append(
+            Cause(
+                "spec.leaseTransitions",
+                "FieldValueInvalid",
+                f"Invalid value: {spec['leaseTransitions']}: must be greater than or equal to 0",
+            )
+        )
     if "strategy" in spec and spec["strategy"] not in STRATEGIES:
-        causes.append(Cause("spec.strategy", "FieldValueNotSupported",
-                            f'Unsupported value: "{spec["strategy"]}": supported values: '
-                            + ", ".join(f'"{s}"' for s in STRATEGIES)))
+        causes.append(
+            Cause(
+                "spec.strategy",
+                "FieldValueNotSupported",
+                f'Unsupported value: "{spec["strategy"]}": supported values: '
+                + ", ".join(f'"{s}"' for s in STRATEGIES),
+            )
+        )
     if spec.get("preferredHolder") and not spec.get("strategy"):
-        causes.append(Cause("spec.preferredHolder", "FieldValueForbidden",
-                            "Forbidden: may only be specified if `strategy` is defined"))
+        causes.append(
+            Cause(
+                "spec.preferredHolder",
+                "FieldValueForbidden",
+                "Forbidden: may only be specified if `strategy` is defined",
+            )
+        )
     return causes

@@ -32,18 +32,30 @@ def as_type(obj: dict[str, Any], rtype: ResourceType) -> dict[str, Any]:
 
 def core_to_events_v1(ev: dict[str, Any]) -> None:
     """core/v1 Event fields -> events.k8s.io/v1 names (one storage, two views, as in Kubernetes)."""
-    for old, new in (("message", "note"), ("involvedObject", "regarding"), ("source", "deprecatedSource"),
-                     ("firstTimestamp", "deprecatedFirstTimestamp"), ("lastTimestamp", "deprecatedLastTimestamp"),
-                     ("count", "deprecatedCount"), ("reportingComponent", "reportingController")):
+    for old, new in (
+        ("message", "note"),
+        ("involvedObject", "regarding"),
+        ("source", "deprecatedSource"),
+        ("firstTimestamp", "deprecatedFirstTimestamp"),
+        ("lastTimestamp", "deprecatedLastTimestamp"),
+        ("count", "deprecatedCount"),
+        ("reportingComponent", "reportingController"),
+    ):
         if old in ev:
             ev[new] = ev.pop(old)
 
 
 def events_v1_to_core(ev: dict[str, Any]) -> dict[str, Any]:
     ev = dict(ev)
-    for old, new in (("note", "message"), ("regarding", "involvedObject"), ("deprecatedSource", "source"),
-                     ("deprecatedFirstTimestamp", "firstTimestamp"), ("deprecatedLastTimestamp", "lastTimestamp"),
-                     ("deprecatedCount", "count"), ("reportingController", "reportingComponent")):
+    for old, new in (
+        ("note", "message"),
+        ("regarding", "involvedObject"),
+        ("deprecatedSource", "source"),
+        ("deprecatedFirstTimestamp", "firstTimestamp"),
+        ("deprecatedLastTimestamp", "lastTimestamp"),
+        ("deprecatedCount", "count"),
+        ("reportingController", "reportingComponent"),
+    ):
         if old in ev:
             ev[new] = ev.pop(old)
     return ev
@@ -81,8 +93,9 @@ def spec_part(obj: dict[str, Any]) -> dict[str, Any]:
 
 def without_rv(obj: dict[str, Any]) -> dict[str, Any]:
     out = dict(obj)
-    out["metadata"] = {k: v for k, v in obj.get("metadata", {}).items()
-                       if k not in ("resourceVersion", "managedFields")}
+    out["metadata"] = {
+        k: v for k, v in obj.get("metadata", {}).items() if k not in ("resourceVersion", "managedFields")
+    }
     out.pop("apiVersion", None)
     out.pop("kind", None)
     return out

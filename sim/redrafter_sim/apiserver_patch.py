@@ -21,10 +21,21 @@ class PatchTestFailed(ValueError):
 
 # Field name -> merge key of its list items (as in the Kubernetes Go types' patchMergeKey tags).
 MERGE_KEYS: dict[str, str] = {
-    "containers": "name", "initContainers": "name", "ephemeralContainers": "name", "env": "name",
-    "volumes": "name", "volumeMounts": "mountPath", "volumeDevices": "devicePath", "imagePullSecrets": "name",
-    "conditions": "type", "ownerReferences": "uid", "hostAliases": "ip", "containerStatuses": "name",
-    "initContainerStatuses": "name", "topologySpreadConstraints": "topologyKey", "resourceClaims": "name",
+    "containers": "name",
+    "initContainers": "name",
+    "ephemeralContainers": "name",
+    "env": "name",
+    "volumes": "name",
+    "volumeMounts": "mountPath",
+    "volumeDevices": "devicePath",
+    "imagePullSecrets": "name",
+    "conditions": "type",
+    "ownerReferences": "uid",
+    "hostAliases": "ip",
+    "containerStatuses": "name",
+    "initContainerStatuses": "name",
+    "topologySpreadConstraints": "topologyKey",
+    "resourceClaims": "name",
 }
 # Lists of primitives that merge as sets.
 SET_LISTS = {"finalizers"}

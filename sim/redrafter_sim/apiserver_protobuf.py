@@ -41,13 +41,13 @@ def fields(buf: bytes) -> list[Field]:
             out.append((number, wire, value))
         elif wire == 2:
             length, pos = _varint(buf, pos)
-            out.append((number, wire, buf[pos:pos + length]))
+            out.append((number, wire, buf[pos : pos + length]))
             pos += length
         elif wire == 1:
-            out.append((number, wire, buf[pos:pos + 8]))
+            out.append((number, wire, buf[pos : pos + 8]))
             pos += 8
         elif wire == 5:
-            out.append((number, wire, buf[pos:pos + 4]))
+            out.append((number, wire, buf[pos : pos + 4]))
             pos += 4
         else:
             raise ValueError(f"unsupported protobuf wire type {wire}")
@@ -104,6 +104,7 @@ def object_meta(buf: bytes) -> dict[str, Any]:
 
 def _message(spec: dict[int, tuple[str, str]]) -> Callable[[bytes], dict[str, Any]]:
     """A decoder for a message whose fields are meta | string | bool | map<string,string> | map<string,bytes>."""
+
     def decode(buf: bytes) -> dict[str, Any]:
         obj: dict[str, Any] = {}
         for number, _, raw in fields(buf):
@@ -120,6 +121,7 @@ def _message(spec: dict[int, tuple[str, str]]) -> Callable[[bytes], dict[str, An
                 key, val = _map_entry(raw, _str if kind == "map-string" else _b64)
                 obj.setdefault(name, {})[key] = val
         return obj
+
     return decode
 
 
@@ -144,10 +146,18 @@ def _delete_options(buf: bytes) -> dict[str, Any]:
 DECODERS: dict[tuple[str, str], Callable[[bytes], dict[str, Any]]] = {
     ("v1", "DeleteOptions"): _delete_options,
     ("meta.k8s.io/v1", "DeleteOptions"): _delete_options,
-    ("v1", "Secret"): _message({1: ("metadata", "meta"), 2: ("data", "map-bytes"), 3: ("type", "string"),
-                                4: ("stringData", "map-string"), 5: ("immutable", "bool")}),
-    ("v1", "ConfigMap"): _message({1: ("metadata", "meta"), 2: ("data", "map-string"),
-                                   3: ("binaryData", "map-bytes"), 4: ("immutable", "bool")}),
+    ("v1", "Secret"): _message(
+        {
+            1: ("metadata", "meta"),
+            2: ("data", "map-bytes"),
+            3: ("type", "string"),
+            4: ("stringData", "map-string"),
+            5: ("immutable", "bool"),
+        }
+    ),
+    ("v1", "ConfigMap"): _message(
+        {1: ("metadata", "meta"), 2: ("data", "map-string"), 3: ("binaryData", "map-bytes"), 4: ("immutable", "bool")}
+    ),
     ("v1", "Namespace"): _message({1: ("metadata", "meta")}),
     ("v1", "ServiceAccount"): _message({1: ("metadata", "meta")}),
 }
@@ -159,7 +169,7 @@ def decode(body: bytes) -> dict[str, Any]:
         raise ValueError("not a Kubernetes protobuf envelope")
     api_version = kind = ""
     raw = b""
-    for number, _, value in fields(body[len(MAGIC):]):
+    for number, _, value in fields(body[len(MAGIC) :]):
         if number == 1:
             for sub, _, text in fields(value):
                 if sub == 1:

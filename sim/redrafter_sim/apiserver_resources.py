@@ -66,31 +66,73 @@ class ResourceType:
             main["categories"] = list(self.categories)
         entries = [main]
         if self.status_subresource:
-            entries.append({"name": f"{self.plural}/status", "singularName": "", "namespaced": self.namespaced,
-                            "kind": self.kind, "verbs": ["get", "patch", "update"]})
+            entries.append(
+                {
+                    "name": f"{self.plural}/status",
+                    "singularName": "",
+                    "namespaced": self.namespaced,
+                    "kind": self.kind,
+                    "verbs": ["get", "patch", "update"],
+                }
+            )
         if self.scale is not None:
-            entries.append({"name": f"{self.plural}/scale", "singularName": "", "namespaced": self.namespaced,
-                            "group": "autoscaling", "version": "v1", "kind": "Scale",
-                            "verbs": ["get", "patch", "update"]})
+            entries.append(
+                {
+                    "name": f"{self.plural}/scale",
+                    "singularName": "",
+                    "namespaced": self.namespaced,
+                    "group": "autoscaling",
+                    "version": "v1",
+                    "kind": "Scale",
+                    "verbs": ["get", "patch", "update"],
+                }
+            )
         return entries
 
 
-def _builtin(group: str, version: str, plural: str, kind: str, namespaced: bool = True, *,
-             short: tuple[str, ...] = (), status: bool = False, scale: bool = False,
-             storage: tuple[str, str] | None = None, categories: tuple[str, ...] = ()) -> ResourceType:
+def _builtin(
+    group: str,
+    version: str,
+    plural: str,
+    kind: str,
+    namespaced: bool = True,
+    *,
+    short: tuple[str, ...] = (),
+    status: bool = False,
+    scale: bool = False,
+    storage: tuple[str, str] | None = None,
+    categories: tuple[str, ...] = (),
+) -> ResourceType:
     return ResourceType(
-        group=group, version=version, plural=plural, kind=kind, namespaced=namespaced,
-        singular=kind.lower(), short_names=short, status_subresource=status,
-        scale=ScaleSpec() if scale else None, storage_key=storage or (group, plural), categories=categories,
+        group=group,
+        version=version,
+        plural=plural,
+        kind=kind,
+        namespaced=namespaced,
+        singular=kind.lower(),
+        short_names=short,
+        status_subresource=status,
+        scale=ScaleSpec() if scale else None,
+        storage_key=storage or (group, plural),
+        categories=categories,
         generation_tracked=(storage or (group, plural)) not in NO_GENERATION,
     )
 
 
 # Kinds without a spec carry no metadata.generation on a real server.
-NO_GENERATION = {("", "namespaces"), ("", "endpoints"), ("", "configmaps"), ("", "secrets"), ("", "serviceaccounts"),
-                 ("", "events"), ("coordination.k8s.io", "leases"), ("rbac.authorization.k8s.io", "roles"),
-                 ("rbac.authorization.k8s.io", "rolebindings"), ("rbac.authorization.k8s.io", "clusterroles"),
-                 ("rbac.authorization.k8s.io", "clusterrolebindings")}
+NO_GENERATION = {
+    ("", "namespaces"),
+    ("", "endpoints"),
+    ("", "configmaps"),
+    ("", "secrets"),
+    ("", "serviceaccounts"),
+    ("", "events"),
+    ("coordination.k8s.io", "leases"),
+    ("rbac.authorization.k8s.io", "roles"),
+    ("rbac.authorization.k8s.io", "rolebindings"),
+    ("rbac.authorization.k8s.io", "clusterroles"),
+    ("rbac.authorization.k8s.io", "clusterrolebindings"),
+}
 
 
 BUILTINS: tuple[ResourceType, ...] = (
@@ -104,12 +146,11 @@ BUILTINS: tuple[ResourceType, ...] = (
     _builtin("", "v1", "events", "Event", short=("ev",)),
     _builtin("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", short=("pvc",), status=True),
     _builtin("", "v1", "nodes", "Node", False, short=("no",), status=True),
-    _builtin("apps", "v1", "deployments", "Deployment", short=("deploy",), status=True, scale=True,
-             categories=("all",)),
-    _builtin("apps", "v1", "replicasets", "ReplicaSet", short=("rs",), status=True, scale=True,
-             categories=("all",)),
-    _builtin("apps", "v1", "statefulsets", "StatefulSet", short=("sts",), status=True, scale=True,
-             categories=("all",)),
+    _builtin(
+        "apps", "v1", "deployments", "Deployment", short=("deploy",), status=True, scale=True, categories=("all",)
+    ),
+    _builtin("apps", "v1", "replicasets", "ReplicaSet", short=("rs",), status=True, scale=True, categories=("all",)),
+    _builtin("apps", "v1", "statefulsets", "StatefulSet", short=("sts",), status=True, scale=True, categories=("all",)),
     _builtin("batch", "v1", "jobs", "Job", status=True, categories=("all",)),
     _builtin("batch", "v1", "cronjobs", "CronJob", short=("cj",), status=True, categories=("all",)),
     _builtin("events.k8s.io", "v1", "events", "Event", short=("ev",), storage=("", "events")),
@@ -119,11 +160,17 @@ BUILTINS: tuple[ResourceType, ...] = (
     _builtin("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False),
     _builtin("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False),
     _builtin("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", short=("pdb",), status=True),
-    _builtin("autoscaling", "v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler", short=("hpa",),
-             status=True),
+    _builtin("autoscaling", "v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler", short=("hpa",), status=True),
     _builtin("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", short=("netpol",)),
-    _builtin("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False,
-             short=("crd", "crds"), status=True),
+    _builtin(
+        "apiextensions.k8s.io",
+        "v1",
+        "customresourcedefinitions",
+        "CustomResourceDefinition",
+        False,
+        short=("crd", "crds"),
+        status=True,
+    ),
 )
 
 CRD_STORAGE_KEY = ("apiextensions.k8s.io", "customresourcedefinitions")
@@ -156,19 +203,33 @@ def types_from_crd(crd: dict[str, Any]) -> list[ResourceType]:
                 label_selector_path=scale_def.get("labelSelectorPath"),
             )
         schema = (ver.get("schema") or {}).get("openAPIV3Schema")
-        result.append(ResourceType(
-            group=group, version=ver["name"], plural=plural, kind=kind, namespaced=scope == "Namespaced",
-            singular=names.get("singular") or kind.lower(), short_names=tuple(names.get("shortNames") or ()),
-            categories=tuple(names.get("categories") or ()), status_subresource="status" in subresources,
-            scale=scale, schema=schema, printer_columns=tuple(ver.get("additionalPrinterColumns") or ()),
-            storage_key=(group, plural), crd_name=(crd.get("metadata") or {}).get("name"),
-        ))
+        result.append(
+            ResourceType(
+                group=group,
+                version=ver["name"],
+                plural=plural,
+                kind=kind,
+                namespaced=scope == "Namespaced",
+                singular=names.get("singular") or kind.lower(),
+                short_names=tuple(names.get("shortNames") or ()),
+                categories=tuple(names.get("categories") or ()),
+                status_subresource="status" in subresources,
+                scale=scale,
+                schema=schema,
+                printer_columns=tuple(ver.get("additionalPrinterColumns") or ()),
+                storage_key=(group, plural),
+                crd_name=(crd.get("metadata") or {}).get("name"),
+            )
+        )
     return result
 
 
 def api_versions_doc() -> dict[str, Any]:
-    return {"kind": "APIVersions", "versions": ["v1"],
-            "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]}
+    return {
+        "kind": "APIVersions",
+        "versions": ["v1"],
+        "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}],
+    }
 
 
 def _group_doc(group: str, versions: list[str]) -> dict[str, Any]:
@@ -181,8 +242,7 @@ def api_group_list_doc(types: list[ResourceType]) -> dict[str, Any]:
     for t in types:
         if t.group and t.version not in groups.setdefault(t.group, []):
             groups[t.group].append(t.version)
-    return {"kind": "APIGroupList", "apiVersion": "v1",
-            "groups": [_group_doc(g, vs) for g, vs in groups.items()]}
+    return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [_group_doc(g, vs) for g, vs in groups.items()]}
 
 
 def api_group_doc(group: str, types: list[ResourceType]) -> dict[str, Any] | None:
@@ -200,7 +260,8 @@ def resource_list_doc(group: str, version: str, types: list[ResourceType]) -> di
     if not matching:
         return None
     return {
-        "kind": "APIResourceList", "apiVersion": "v1",
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
         "groupVersion": f"{group}/{version}" if group else version,
         "resources": [e for t in matching for e in t.discovery_entries()],
     }
@@ -237,18 +298,28 @@ def openapi_v3_doc(group: str, version: str, types: list[ResourceType]) -> dict[
     prefix = "/" + _gv_path(group, version)
     for t in matching:
         gvk = {"group": group, "version": version, "kind": t.kind}
-        item = f"{prefix}/namespaces/{{namespace}}/{t.plural}/{{name}}" if t.namespaced else \
-            f"{prefix}/{t.plural}/{{name}}"
-        paths[item] = {"patch": {
-            "x-kubernetes-group-version-kind": gvk,
-            "x-kubernetes-action": "patch",
-            "parameters": [{"name": n, "in": "query", "schema": {"type": "string", "uniqueItems": True}}
-                           for n in ("dryRun", "fieldManager", "fieldValidation", "force")],
-            "responses": {"200": {"description": "OK"}},
-        }}
+        item = (
+            f"{prefix}/namespaces/{{namespace}}/{t.plural}/{{name}}"
+            if t.namespaced
+            else f"{prefix}/{t.plural}/{{name}}"
+        )
+        paths[item] = {
+            "patch": {
+                "x-kubernetes-group-version-kind": gvk,
+                "x-kubernetes-action": "patch",
+                "parameters": [
+                    {"name": n, "in": "query", "schema": {"type": "string", "uniqueItems": True}}
+                    for n in ("dryRun", "fieldManager", "fieldValidation", "force")
+                ],
+                "responses": {"200": {"description": "OK"}},
+            }
+        }
         if t.schema is not None:
             reversed_group = ".".join(reversed(group.split("."))) if group else "io.k8s.api.core"
-            schemas[f"{reversed_group}.{version}.{t.kind}"] = {
-                **t.schema, "x-kubernetes-group-version-kind": [gvk]}
-    return {"openapi": "3.0.0", "info": {"title": "Kubernetes (emulated)", "version": "v1.33.0"},
-            "paths": paths, "components": {"schemas": schemas}}
+            schemas[f"{reversed_group}.{version}.{t.kind}"] = {**t.schema, "x-kubernetes-group-version-kind": [gvk]}
+    return {
+        "openapi": "3.0.0",
+        "info": {"title": "Kubernetes (emulated)", "version": "v1.33.0"},
+        "paths": paths,
+        "components": {"schemas": schemas},
+    }

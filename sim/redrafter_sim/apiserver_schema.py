@@ -126,23 +126,38 @@ def _cause(error: jsonschema.ValidationError) -> Cause:
         return Cause(full, "FieldValueRequired", "Required value")
     if error.validator == "enum":
         allowed = ", ".join(f'"{v}"' for v in error.validator_value)
-        return Cause(field, "FieldValueNotSupported",
-                     f"Unsupported value: {error.instance!r}: supported values: {allowed}")
+        return Cause(
+            field, "FieldValueNotSupported", f"Unsupported value: {error.instance!r}: supported values: {allowed}"
+        )
     if error.validator == "type":
-        return Cause(field, "FieldValueTypeInvalid",
-                     f"Invalid value: {error.instance!r}: {field} in body must be of type "
-                     f"{error.validator_value}")
-    bounds = {"minimum": "greater than or equal to", "maximum": "less than or equal to",
-              "exclusiveMinimum": "greater than", "exclusiveMaximum": "less than",
-              "minLength": "at least", "maxLength": "at most", "minItems": "at least", "maxItems": "at most"}
+        return Cause(
+            field,
+            "FieldValueTypeInvalid",
+            f"Invalid value: {error.instance!r}: {field} in body must be of type {error.validator_value}",
+        )
+    bounds = {
+        "minimum": "greater than or equal to",
+        "maximum": "less than or equal to",
+        "exclusiveMinimum": "greater than",
+        "exclusiveMaximum": "less than",
+        "minLength": "at least",
+        "maxLength": "at most",
+        "minItems": "at least",
+        "maxItems": "at most",
+    }
     if error.validator in bounds:
-        return Cause(field, "FieldValueInvalid",
-                     f"Invalid value: {error.instance!r}: {field} in body should be "
-                     f"{bounds[error.validator]} {error.validator_value}")
+        return Cause(
+            field,
+            "FieldValueInvalid",
+            f"Invalid value: {error.instance!r}: {field} in body should be "
+            f"{bounds[error.validator]} {error.validator_value}",
+        )
     if error.validator == "pattern":
-        return Cause(field, "FieldValueInvalid",
-                     f"Invalid value: {error.instance!r}: {field} in body should match "
-                     f"'{error.validator_value}'")
+        return Cause(
+            field,
+            "FieldValueInvalid",
+            f"Invalid value: {error.instance!r}: {field} in body should match '{error.validator_value}'",
+        )
     return Cause(field, "FieldValueInvalid", f"Invalid value: {error.message}")
 
 
@@ -185,8 +200,9 @@ def _cel_program(rule: str) -> Any:
 
 
 def _cel_type_name(value: Any) -> str:
-    return {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer",
-            float: "number"}.get(type(value), "null")
+    return {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer", float: "number"}.get(
+        type(value), "null"
+    )
 
 
 _outcomes: dict[tuple[str, str, str, str], tuple[bool, str]] = {}  # (rule, message, self, oldSelf) -> outcome
@@ -199,8 +215,12 @@ def _evaluate_rule(rule: dict[str, Any], value: Any, old: Any) -> tuple[bool, st
 
     text = rule.get("rule", "")
     uses_old = "oldSelf" in text
-    memo = (text, rule.get("message") or "", json.dumps(value, sort_keys=True),
-            json.dumps(old, sort_keys=True) if uses_old else "")
+    memo = (
+        text,
+        rule.get("message") or "",
+        json.dumps(value, sort_keys=True),
+        json.dumps(old, sort_keys=True) if uses_old else "",
+    )
     hit = _outcomes.get(memo)
     if hit is not None:
         return hit
@@ -227,8 +247,11 @@ def _check_rules(value: Any, old: Any, schema: dict[str, Any], path: str, causes
         failed, detail = _evaluate_rule(rule, value, old)
         if failed:
             field = path + (rule.get("fieldPath") or "")
-            reason = {"FieldValueRequired": "FieldValueRequired", "FieldValueForbidden": "FieldValueForbidden",
-                      "FieldValueDuplicate": "FieldValueDuplicate"}.get(rule.get("reason", ""), "FieldValueInvalid")
+            reason = {
+                "FieldValueRequired": "FieldValueRequired",
+                "FieldValueForbidden": "FieldValueForbidden",
+                "FieldValueDuplicate": "FieldValueDuplicate",
+            }.get(rule.get("reason", ""), "FieldValueInvalid")
             causes.append(Cause(field.lstrip("."), reason, f'Invalid value: "{_cel_type_name(value)}": {detail}'))
 
 
@@ -250,8 +273,9 @@ def _walk_rules(value: Any, old: Any, schema: dict[str, Any], path: str, causes:
             _walk_rules(item, None, schema["items"], f"{path}[{index}]", causes)
 
 
-def validate_rules(obj: dict[str, Any], schema: dict[str, Any] | None,
-                   old: dict[str, Any] | None = None) -> list[Cause]:
+def validate_rules(
+    obj: dict[str, Any], schema: dict[str, Any] | None, old: dict[str, Any] | None = None
+) -> list[Cause]:
     """CEL ``x-kubernetes-validations`` (with ``oldSelf`` on updates), evaluated by cel-python if installed."""
     if schema is None:
         return []

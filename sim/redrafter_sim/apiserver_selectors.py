@@ -69,6 +69,7 @@ def parse_label_selector(selector: str | None) -> Matcher:
     def match(obj: dict[str, Any]) -> bool:
         labels = (obj.get("metadata") or {}).get("labels") or {}
         return all(check(labels) for check in checks)
+
     return match
 
 
@@ -98,6 +99,7 @@ def parse_field_selector(selector: str | None) -> Matcher:
 
     def match(obj: dict[str, Any]) -> bool:
         return all(((_dotted(obj, path) or "") == value) == equal for path, equal, value in checks)
+
     return match
 
 
@@ -130,7 +132,6 @@ def jsonpath(obj: Any, path: str) -> list[Any]:
                     elif int(m[2]) < len(value):
                         nxt.append(value[int(m[2])])
             elif isinstance(value, list):
-                nxt.extend(item for item in value
-                           if isinstance(item, dict) and _dotted(item, m[3]) == m[4])
+                nxt.extend(item for item in value if isinstance(item, dict) and _dotted(item, m[3]) == m[4])
         current = nxt
     return current

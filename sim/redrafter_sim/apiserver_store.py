@@ -24,9 +24,14 @@ from . import apiserver_cronjobs as cronjobs
 from . import apiserver_resources as res
 from . import podfailurepolicy
 from .apiserver_leases import LeaseDecodeError, decode_lease, lease_causes
-from .apiserver_objects import (as_type as _as_type, builtin_defaults as _builtin_defaults, clone as _clone,
-                                events_v1_to_core as _events_v1_to_core, now as _now, set_path as _set_path,
-                                spec_part as _spec_part, without_rv as _without_rv)
+from .apiserver_objects import as_type as _as_type
+from .apiserver_objects import builtin_defaults as _builtin_defaults
+from .apiserver_objects import clone as _clone
+from .apiserver_objects import events_v1_to_core as _events_v1_to_core
+from .apiserver_objects import now as _now
+from .apiserver_objects import set_path as _set_path
+from .apiserver_objects import spec_part as _spec_part
+from .apiserver_objects import without_rv as _without_rv
 from .apiserver_patch import PatchError, PatchTestFailed, json_patch, merge_patch, strategic_merge_patch
 from .apiserver_resources import ResourceType
 from .apiserver_schema import Cause, apply_defaults, prune, validate, validate_rules
@@ -35,16 +40,28 @@ from .apiserver_selectors import Matcher, jsonpath
 StoreKey = tuple[str, str]  # (group, plural) shared by all versions of a kind
 ObjKey = tuple[str | None, str]  # (namespace, name)
 
-REASONS = {400: "BadRequest", 404: "NotFound", 405: "MethodNotAllowed", 409: "Conflict", 410: "Expired",
-           415: "UnsupportedMediaType", 422: "Invalid", 429: "TooManyRequests", 500: "InternalError",
-           503: "ServiceUnavailable", 504: "Timeout"}
+REASONS = {
+    400: "BadRequest",
+    404: "NotFound",
+    405: "MethodNotAllowed",
+    409: "Conflict",
+    410: "Expired",
+    415: "UnsupportedMediaType",
+    422: "Invalid",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+    504: "Timeout",
+}
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+
 
 class ApiError(Exception):
     """An error the server answers with a metav1.Status body."""
 
-    def __init__(self, code: int, message: str, *, reason: str | None = None,
-                 details: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, code: int, message: str, *, reason: str | None = None, details: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.reason = reason or REASONS.get(code, "InternalError")
@@ -52,8 +69,15 @@ class ApiError(Exception):
         self.details = details
 
     def status(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                                "message": self.message, "reason": self.reason, "code": self.code}
+        body: dict[str, Any] = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        }
         if self.details:
             body["details"] = self.details
         return body
@@ -83,11 +107,13 @@ class Watcher:
 
     def translate(self, event: Event) -> tuple[str, dict[str, Any]] | None:
         """The event as this watcher sees it: filtered, and ADDED/DELETED when selection changes."""
+
         def selected(obj: dict[str, Any] | None) -> bool:
             if obj is None:
                 return False
             ns = obj["metadata"].get("namespace")
             return (self.namespace is None or ns == self.namespace) and self.labels(obj) and self.fields(obj)
+
         now, before = selected(event.obj), selected(event.old)
         if event.type == "MODIFIED" and now != before:
             kind = "ADDED" if now else "DELETED"
@@ -147,15 +173,18 @@ class ObjectStore:
 
     def _not_found(self, rtype: ResourceType, name: str) -> ApiError:
         res_name = f"{rtype.plural}.{rtype.group}" if rtype.group else rtype.plural
-        return ApiError(404, f'{res_name} "{name}" not found',
-                        details={"name": name, "group": rtype.group, "kind": rtype.plural})
+        return ApiError(
+            404, f'{res_name} "{name}" not found', details={"name": name, "group": rtype.group, "kind": rtype.plural}
+        )
 
     def _invalid(self, rtype: ResourceType, name: str, causes: list[Cause]) -> ApiError:
         qualified = f"{rtype.kind}.{rtype.group}" if rtype.group else rtype.kind
         joined = ", ".join(f"{c.field}: {c.message}" if c.field else c.message for c in causes)
-        return ApiError(422, f'{qualified} "{name}" is invalid: {joined if len(causes) == 1 else "[" + joined + "]"}',
-                        details={"name": name, "group": rtype.group, "kind": rtype.kind,
-                                 "causes": [c.as_dict() for c in causes]})
+        return ApiError(
+            422,
+            f'{qualified} "{name}" is invalid: {joined if len(causes) == 1 else "[" + joined + "]"}',
+            details={"name": name, "group": rtype.group, "kind": rtype.kind, "causes": [c.as_dict() for c in causes]},
+        )
 
     def _next_rv(self) -> str:
         self._rv += 1
@@ -178,15 +207,21 @@ class ObjectStore:
                 raise self._not_found(rtype, name)
             return _as_type(obj, rtype)
 
-    def _list(self, rtype: ResourceType, namespace: str | None, labels: Matcher, fields: Matcher,
-              ) -> list[dict[str, Any]]:
+    def _list(
+        self,
+        rtype: ResourceType,
+        namespace: str | None,
+        labels: Matcher,
+        fields: Matcher,
+    ) -> list[dict[str, Any]]:
         with self._mutex:
             bucket = self._bucket(rtype)
             if namespace is not None and rtype.namespaced:  # a key range, as etcd's: only this namespace's objects
                 keys = sorted(self._namespaced[rtype.storage_key].get(namespace, ()), key=lambda k: k[1])
             else:
-                keys = sorted((k for k in bucket if namespace is None or k[0] == namespace),
-                              key=lambda k: (k[0] or "", k[1]))
+                keys = sorted(
+                    (k for k in bucket if namespace is None or k[0] == namespace), key=lambda k: (k[0] or "", k[1])
+                )
             objs = [o for o in (bucket[k] for k in keys) if labels(o) and fields(o)]
             return [_as_type(o, rtype) for o in objs]
 
@@ -202,12 +237,12 @@ class ObjectStore:
         ns_type = self._types[("", "v1", "namespaces")]
         if (None, namespace) not in self._bucket(ns_type):
             if not self.auto_create_namespaces:
-                raise ApiError(404, f'namespaces "{namespace}" not found',
-                               details={"name": namespace, "kind": "namespaces"})
+                raise ApiError(
+                    404, f'namespaces "{namespace}" not found', details={"name": namespace, "kind": "namespaces"}
+                )
             self._create(ns_type, None, {"metadata": {"name": namespace}})
 
-    def _admit(self, rtype: ResourceType, obj: dict[str, Any],
-               old: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _admit(self, rtype: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None = None) -> dict[str, Any]:
         """CRD schema handling (prune, default, validate, CEL rules) and CRD acceptance; raises 422 Invalid."""
         name = obj["metadata"].get("name", "")
         if rtype.storage_key == ("coordination.k8s.io", "leases"):
@@ -238,17 +273,27 @@ class ObjectStore:
                 raise self._invalid(rtype, name, [Cause("spec", "FieldValueInvalid", str(exc))]) from None
             expected = f"{types[0].plural}.{types[0].group}" if types else name
             if name != expected:
-                raise self._invalid(rtype, name, [Cause("metadata.name", "FieldValueInvalid",
-                                                        f'Invalid value: "{name}": must be spec.names.'
-                                                        f'plural+"."+spec.group')])
+                raise self._invalid(
+                    rtype,
+                    name,
+                    [
+                        Cause(
+                            "metadata.name",
+                            "FieldValueInvalid",
+                            f'Invalid value: "{name}": must be spec.names.plural+"."+spec.group',
+                        )
+                    ],
+                )
             names = obj["spec"]["names"]
             obj["status"] = {
                 "acceptedNames": {k: v for k, v in names.items()},
                 "storedVersions": [v["name"] for v in obj["spec"]["versions"] if v.get("storage", True)],
                 "conditions": [
                     {"type": t, "status": "True", "reason": r, "message": m, "lastTransitionTime": _now()}
-                    for t, r, m in (("NamesAccepted", "NoConflicts", "no conflicts found"),
-                                    ("Established", "InitialNamesAccepted", "the initial names have been accepted"))
+                    for t, r, m in (
+                        ("NamesAccepted", "NoConflicts", "no conflicts found"),
+                        ("Established", "InitialNamesAccepted", "the initial names have been accepted"),
+                    )
                 ],
             }
         return obj
@@ -272,9 +317,16 @@ class ObjectStore:
                 obj["metadata"]["resourceVersion"] = self._next_rv()
                 self._emit(types[0], "DELETED", obj, obj)
 
-    def _create(self, rtype: ResourceType, namespace: str | None, body: dict[str, Any],
-                dry_run: bool = False, *, manager: str | None = None,
-                applied: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _create(
+        self,
+        rtype: ResourceType,
+        namespace: str | None,
+        body: dict[str, Any],
+        dry_run: bool = False,
+        *,
+        manager: str | None = None,
+        applied: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         """POST (``manager`` owns what it set) or an apply that creates (``applied``: the configuration)."""
         if not isinstance(body, dict):
             raise ApiError(400, "the body of the request was in an unknown format")
@@ -291,19 +343,35 @@ class ObjectStore:
                 meta["name"] = f"{meta['generateName']}{suffix}"
             name = meta.get("name")
             if not name:
-                raise self._invalid(rtype, "", [Cause("metadata.name", "FieldValueRequired",
-                                                      "Required value: name or generateName is required")])
+                raise self._invalid(
+                    rtype,
+                    "",
+                    [Cause("metadata.name", "FieldValueRequired", "Required value: name or generateName is required")],
+                )
             if not NAME_RE.match(name) or len(name) > 253:
-                raise self._invalid(rtype, name, [Cause("metadata.name", "FieldValueInvalid",
-                                                        f'Invalid value: "{name}": a lowercase RFC 1123 '
-                                                        "subdomain must consist of lower case alphanumeric characters, "
-                                                        "'-' or '.'")])
+                raise self._invalid(
+                    rtype,
+                    name,
+                    [
+                        Cause(
+                            "metadata.name",
+                            "FieldValueInvalid",
+                            f'Invalid value: "{name}": a lowercase RFC 1123 '
+                            "subdomain must consist of lower case alphanumeric characters, "
+                            "'-' or '.'",
+                        )
+                    ],
+                )
             self._check_namespace(rtype, namespace)
             key = self._key(rtype, namespace, name)
             if key in self._bucket(rtype):
                 res_name = f"{rtype.plural}.{rtype.group}" if rtype.group else rtype.plural
-                raise ApiError(409, f'{res_name} "{name}" already exists', reason="AlreadyExists",
-                               details={"name": name, "group": rtype.group, "kind": rtype.plural})
+                raise ApiError(
+                    409,
+                    f'{res_name} "{name}" already exists',
+                    reason="AlreadyExists",
+                    details={"name": name, "group": rtype.group, "kind": rtype.plural},
+                )
             if rtype.status_subresource and rtype.storage_key != res.CRD_STORAGE_KEY:
                 obj.pop("status", None)
             for k in ("resourceVersion", "uid", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"):
@@ -324,8 +392,13 @@ class ObjectStore:
             obj["metadata"].pop("managedFields", None)
             if manager:
                 obj["metadata"]["managedFields"] = ssa.created(
-                    obj, applied, manager=manager, api_version=rtype.api_version, now=_now(),
-                    status_subresource=rtype.status_subresource)
+                    obj,
+                    applied,
+                    manager=manager,
+                    api_version=rtype.api_version,
+                    now=_now(),
+                    status_subresource=rtype.status_subresource,
+                )
             if dry_run:
                 return _as_type(obj, rtype)
             obj["metadata"]["resourceVersion"] = self._next_rv()
@@ -335,9 +408,19 @@ class ObjectStore:
             self._emit(rtype, "ADDED", obj, None)
             return _as_type(obj, rtype)
 
-    def _update(self, rtype: ResourceType, namespace: str | None, name: str, new: dict[str, Any],
-                subresource: str | None, requested_rv: str | None, dry_run: bool = False, *,
-                manager: str | None = None, applied: bool = False) -> dict[str, Any]:
+    def _update(
+        self,
+        rtype: ResourceType,
+        namespace: str | None,
+        name: str,
+        new: dict[str, Any],
+        subresource: str | None,
+        requested_rv: str | None,
+        dry_run: bool = False,
+        *,
+        manager: str | None = None,
+        applied: bool = False,
+    ) -> dict[str, Any]:
         """Common tail of PUT and PATCH: subresource rules, preconditions, generation, field ownership,
         no-op detection. ``manager`` records an Update; ``applied``: ``new`` carries its managedFields
         from server-side apply; neither (the emulator's own writes): ownership is kept as it was."""
@@ -348,9 +431,12 @@ class ObjectStore:
                 raise self._not_found(rtype, name)
             if requested_rv and requested_rv != old["metadata"]["resourceVersion"]:
                 res_name = f"{rtype.plural}.{rtype.group}" if rtype.group else rtype.plural
-                raise ApiError(409, f'Operation cannot be fulfilled on {res_name} "{name}": the object has been '
-                                    "modified; please apply your changes to the latest version and try again",
-                               details={"name": name, "group": rtype.group, "kind": rtype.plural})
+                raise ApiError(
+                    409,
+                    f'Operation cannot be fulfilled on {res_name} "{name}": the object has been '
+                    "modified; please apply your changes to the latest version and try again",
+                    details={"name": name, "group": rtype.group, "kind": rtype.plural},
+                )
             if not isinstance(new, dict):
                 raise ApiError(400, "the body of the request was in an unknown format")
             if subresource == "status":
@@ -371,10 +457,17 @@ class ObjectStore:
                         new.pop("status", None)
             meta = new.setdefault("metadata", {})
             if meta.get("name", name) != name:
-                raise self._invalid(rtype, name, [Cause("metadata.name", "FieldValueInvalid",
-                                                        "Invalid value: field is immutable")])
-            for k in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "namespace",
-                      "name"):
+                raise self._invalid(
+                    rtype, name, [Cause("metadata.name", "FieldValueInvalid", "Invalid value: field is immutable")]
+                )
+            for k in (
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "namespace",
+                "name",
+            ):
                 if k in old["metadata"]:
                     meta[k] = old["metadata"][k]
                 else:
@@ -392,9 +485,15 @@ class ObjectStore:
             meta = new["metadata"]
             meta["resourceVersion"] = old["metadata"]["resourceVersion"]
             if manager:
-                meta["managedFields"] = ssa.update(old, new, manager=manager, api_version=rtype.api_version,
-                                                  now=_now(), subresource=subresource,
-                                                  status_subresource=rtype.status_subresource)
+                meta["managedFields"] = ssa.update(
+                    old,
+                    new,
+                    manager=manager,
+                    api_version=rtype.api_version,
+                    now=_now(),
+                    subresource=subresource,
+                    status_subresource=rtype.status_subresource,
+                )
             elif not applied:
                 if old["metadata"].get("managedFields"):
                     meta["managedFields"] = old["metadata"]["managedFields"]
@@ -402,8 +501,9 @@ class ObjectStore:
                     meta.pop("managedFields", None)
             if not meta.get("managedFields"):
                 meta.pop("managedFields", None)
-            unchanged = _without_rv(new) == _without_rv(old) and \
-                ssa.same_ownership(meta.get("managedFields"), old["metadata"].get("managedFields"))
+            unchanged = _without_rv(new) == _without_rv(old) and ssa.same_ownership(
+                meta.get("managedFields"), old["metadata"].get("managedFields")
+            )
             if unchanged or dry_run:
                 return _as_type(new if dry_run else old, rtype)
             meta["resourceVersion"] = self._next_rv()
@@ -417,8 +517,15 @@ class ObjectStore:
             self._emit(rtype, "MODIFIED", new, old)
             return _as_type(new, rtype)
 
-    def _replace(self, rtype: ResourceType, namespace: str | None, name: str, body: Any,
-                 subresource: str | None, params: dict[str, str]) -> dict[str, Any]:
+    def _replace(
+        self,
+        rtype: ResourceType,
+        namespace: str | None,
+        name: str,
+        body: Any,
+        subresource: str | None,
+        params: dict[str, str],
+    ) -> dict[str, Any]:
         if not isinstance(body, dict):
             raise ApiError(400, "the body of the request was in an unknown format")
         if rtype.group == "events.k8s.io":
@@ -426,11 +533,20 @@ class ObjectStore:
         if subresource == "scale":
             return self._write_scale(rtype, namespace, name, body, params)
         rv = (body.get("metadata") or {}).get("resourceVersion")
-        return self._update(rtype, namespace, name, body, subresource, rv, "dryRun" in params,
-                            manager=params.get("fieldManager"))
+        return self._update(
+            rtype, namespace, name, body, subresource, rv, "dryRun" in params, manager=params.get("fieldManager")
+        )
 
-    def _patch(self, rtype: ResourceType, namespace: str | None, name: str, patch_type: str, patch: Any,
-               subresource: str | None, params: dict[str, str]) -> dict[str, Any]:
+    def _patch(
+        self,
+        rtype: ResourceType,
+        namespace: str | None,
+        name: str,
+        patch_type: str,
+        patch: Any,
+        subresource: str | None,
+        params: dict[str, str],
+    ) -> dict[str, Any]:
         if patch_type == "apply" and subresource != "scale":
             return self._server_side_apply(rtype, namespace, name, patch, subresource, params)
         with self._mutex:
@@ -455,11 +571,26 @@ class ObjectStore:
             elif isinstance(new, dict):
                 new_rv = (new.get("metadata") or {}).get("resourceVersion")
                 requested_rv = new_rv if new_rv != current["metadata"]["resourceVersion"] else None
-            return self._update(rtype, namespace, name, new, subresource, requested_rv, "dryRun" in params,
-                                manager=params.get("fieldManager"))
+            return self._update(
+                rtype,
+                namespace,
+                name,
+                new,
+                subresource,
+                requested_rv,
+                "dryRun" in params,
+                manager=params.get("fieldManager"),
+            )
 
-    def _server_side_apply(self, rtype: ResourceType, namespace: str | None, name: str, config: Any,
-                           subresource: str | None, params: dict[str, str]) -> dict[str, Any]:
+    def _server_side_apply(
+        self,
+        rtype: ResourceType,
+        namespace: str | None,
+        name: str,
+        config: Any,
+        subresource: str | None,
+        params: dict[str, str],
+    ) -> dict[str, Any]:
         """PATCH application/apply-patch+yaml: create, or merge with ownership and conflicts (apiserver_apply)."""
         manager = params.get("fieldManager", "")
         if not isinstance(config, dict):
@@ -478,9 +609,16 @@ class ObjectStore:
                 return self._create(rtype, namespace, body, dry_run, manager=manager, applied=config)
             live = _as_type(stored, rtype)
             try:
-                new = ssa.apply(live, config, manager=manager, api_version=rtype.api_version, now=_now(),
-                                subresource=subresource, status_subresource=rtype.status_subresource,
-                                force=params.get("force", "") in ("1", "t", "T", "true", "TRUE", "True"))
+                new = ssa.apply(
+                    live,
+                    config,
+                    manager=manager,
+                    api_version=rtype.api_version,
+                    now=_now(),
+                    subresource=subresource,
+                    status_subresource=rtype.status_subresource,
+                    force=params.get("force", "") in ("1", "t", "T", "true", "TRUE", "True"),
+                )
             except ssa.ApplyConflicts as exc:
                 raise ApiError(409, exc.message(), reason="Conflict", details={"causes": exc.causes()}) from None
             requested_rv = (config.get("metadata") or {}).get("resourceVersion")
@@ -502,9 +640,13 @@ class ObjectStore:
         spec = jsonpath(obj, rtype.scale.spec_replicas_path)
         status = jsonpath(obj, rtype.scale.status_replicas_path)
         scale: dict[str, Any] = {
-            "kind": "Scale", "apiVersion": "autoscaling/v1",
-            "metadata": {k: obj["metadata"][k] for k in ("name", "namespace", "uid", "resourceVersion",
-                                                         "creationTimestamp") if k in obj["metadata"]},
+            "kind": "Scale",
+            "apiVersion": "autoscaling/v1",
+            "metadata": {
+                k: obj["metadata"][k]
+                for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+                if k in obj["metadata"]
+            },
             "spec": {"replicas": spec[0] if spec else 0},
             "status": {"replicas": status[0] if status else 0},
         }
@@ -514,38 +656,53 @@ class ObjectStore:
                 scale["status"]["selector"] = sel[0]
         return scale
 
-    def _write_scale(self, rtype: ResourceType, namespace: str | None, name: str, scale: Any,
-                     params: dict[str, str]) -> dict[str, Any]:
+    def _write_scale(
+        self, rtype: ResourceType, namespace: str | None, name: str, scale: Any, params: dict[str, str]
+    ) -> dict[str, Any]:
         if rtype.scale is None:
             raise ApiError(404, f"the server could not find the requested resource ({rtype.plural}/scale)")
         replicas = ((scale or {}).get("spec") or {}).get("replicas")
         if not isinstance(replicas, int) or replicas < 0:
-            raise ApiError(422, f"Scale.autoscaling \"{name}\" is invalid: spec.replicas: Invalid value: "
-                                f"{replicas!r}: must be greater than or equal to 0", reason="Invalid")
+            raise ApiError(
+                422,
+                f'Scale.autoscaling "{name}" is invalid: spec.replicas: Invalid value: '
+                f"{replicas!r}: must be greater than or equal to 0",
+                reason="Invalid",
+            )
         with self._mutex:
             current = self._get(rtype, namespace, name)
             _set_path(current, rtype.scale.spec_replicas_path, replicas)
             rv = ((scale or {}).get("metadata") or {}).get("resourceVersion")
-            updated = self._update(rtype, namespace, name, current, "scale", rv, "dryRun" in params,
-                                   manager=params.get("fieldManager"))
+            updated = self._update(
+                rtype, namespace, name, current, "scale", rv, "dryRun" in params, manager=params.get("fieldManager")
+            )
             return self._scale_of(rtype, updated)
 
-    def _delete(self, rtype: ResourceType, namespace: str | None, name: str,
-                options: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
+    def _delete(
+        self, rtype: ResourceType, namespace: str | None, name: str, options: dict[str, Any], dry_run: bool = False
+    ) -> dict[str, Any]:
         with self._mutex:
             key = self._key(rtype, namespace, name)
             obj = self._bucket(rtype).get(key)
             if obj is None:
                 raise self._not_found(rtype, name)
             pre = options.get("preconditions") or {}
-            if pre.get("uid") and pre["uid"] != obj["metadata"]["uid"] or \
-                    pre.get("resourceVersion") and pre["resourceVersion"] != obj["metadata"]["resourceVersion"]:
-                raise ApiError(409, f'Operation cannot be fulfilled on {rtype.plural} "{name}": '
-                                    "Precondition failed", details={"name": name, "kind": rtype.plural})
+            if (
+                pre.get("uid")
+                and pre["uid"] != obj["metadata"]["uid"]
+                or pre.get("resourceVersion")
+                and pre["resourceVersion"] != obj["metadata"]["resourceVersion"]
+            ):
+                raise ApiError(
+                    409,
+                    f'Operation cannot be fulfilled on {rtype.plural} "{name}": Precondition failed',
+                    details={"name": name, "kind": rtype.plural},
+                )
             if dry_run:
                 return _as_type(obj, rtype)
-            propagation = options.get("propagationPolicy") or \
-                ("Orphan" if options.get("orphanDependents") else "Background")
+            propagation = options.get("propagationPolicy") or (
+                "Orphan" if options.get("orphanDependents") else "Background"
+            )
             if obj["metadata"].get("finalizers"):
                 if not obj["metadata"].get("deletionTimestamp"):
                     old = obj
@@ -596,8 +753,9 @@ class ObjectStore:
             refs = obj["metadata"].get("ownerReferences") or []
             if orphan:
                 kept = [r for r in refs if r.get("uid") != owner_uid]
-                self._update(rtype, key[0], key[1],
-                             {**obj, "metadata": {**obj["metadata"], "ownerReferences": kept}}, None, None)
+                self._update(
+                    rtype, key[0], key[1], {**obj, "metadata": {**obj["metadata"], "ownerReferences": kept}}, None, None
+                )
             elif not any(self._uid_alive(r.get("uid", "")) for r in refs if r.get("uid") != owner_uid):
                 self._delete(rtype, key[0], key[1], {})
 

@@ -101,8 +101,12 @@ def _ports(obj: dict[str, Any]) -> str:
 
 
 def _endpoints(obj: dict[str, Any]) -> str:
-    items = [f"{a.get('ip')}:{p.get('port')}" for s in obj.get("subsets") or [] for a in s.get("addresses") or []
-             for p in (s.get("ports") or [{}])[:1]]
+    items = [
+        f"{a.get('ip')}:{p.get('port')}"
+        for s in obj.get("subsets") or []
+        for a in s.get("addresses") or []
+        for p in (s.get("ports") or [{}])[:1]
+    ]
     return ",".join(items) or "<none>"
 
 
@@ -114,48 +118,90 @@ def _involved(obj: dict[str, Any]) -> str:
 Column = tuple[str, str, int, Callable[[dict[str, Any]], Any]]
 _S = "string"
 BUILTIN_COLUMNS: dict[tuple[str, str], list[Column]] = {
-    ("", "pods"): [("Ready", _S, 0, _pod_ready), ("Status", _S, 0, lambda o: (o.get("status") or {}).get("phase")),
-                   ("Restarts", "integer", 0, lambda o: sum(c.get("restartCount", 0) for c in (
-                       o.get("status") or {}).get("containerStatuses") or [])),
-                   ("IP", _S, 1, lambda o: (o.get("status") or {}).get("podIP") or "<none>")],
+    ("", "pods"): [
+        ("Ready", _S, 0, _pod_ready),
+        ("Status", _S, 0, lambda o: (o.get("status") or {}).get("phase")),
+        (
+            "Restarts",
+            "integer",
+            0,
+            lambda o: sum(c.get("restartCount", 0) for c in (o.get("status") or {}).get("containerStatuses") or []),
+        ),
+        ("IP", _S, 1, lambda o: (o.get("status") or {}).get("podIP") or "<none>"),
+    ],
     ("apps", "deployments"): [
-        ("Ready", _S, 0, lambda o: f"{(o.get('status') or {}).get('readyReplicas', 0)}/"
-                                   f"{(o.get('spec') or {}).get('replicas', 1)}"),
+        (
+            "Ready",
+            _S,
+            0,
+            lambda o: f"{(o.get('status') or {}).get('readyReplicas', 0)}/{(o.get('spec') or {}).get('replicas', 1)}",
+        ),
         ("Up-to-date", "integer", 0, lambda o: (o.get("status") or {}).get("updatedReplicas", 0)),
-        ("Available", "integer", 0, lambda o: (o.get("status") or {}).get("availableReplicas", 0))],
-    ("batch", "jobs"): [("Status", _S, 0, _job_status),
-                        ("Completions", _S, 0, lambda o: f"{(o.get('status') or {}).get('succeeded', 0)}/"
-                                                          f"{(o.get('spec') or {}).get('completions', 1)}")],
-    ("", "services"): [("Type", _S, 0, lambda o: (o.get("spec") or {}).get("type", "ClusterIP")),
-                       ("Cluster-IP", _S, 0, lambda o: (o.get("spec") or {}).get("clusterIP", "<none>")),
-                       ("Port(s)", _S, 0, _ports)],
+        ("Available", "integer", 0, lambda o: (o.get("status") or {}).get("availableReplicas", 0)),
+    ],
+    ("batch", "jobs"): [
+        ("Status", _S, 0, _job_status),
+        (
+            "Completions",
+            _S,
+            0,
+            lambda o: f"{(o.get('status') or {}).get('succeeded', 0)}/{(o.get('spec') or {}).get('completions', 1)}",
+        ),
+    ],
+    ("", "services"): [
+        ("Type", _S, 0, lambda o: (o.get("spec") or {}).get("type", "ClusterIP")),
+        ("Cluster-IP", _S, 0, lambda o: (o.get("spec") or {}).get("clusterIP", "<none>")),
+        ("Port(s)", _S, 0, _ports),
+    ],
     ("", "endpoints"): [("Endpoints", _S, 0, _endpoints)],
     ("coordination.k8s.io", "leases"): [("Holder", _S, 0, lambda o: (o.get("spec") or {}).get("holderIdentity") or "")],
-    ("", "events"): [("Type", _S, 0, lambda o: o.get("type")), ("Reason", _S, 0, lambda o: o.get("reason")),
-                     ("Object", _S, 0, _involved),
-                     ("Message", _S, 0, lambda o: o.get("message") or o.get("note"))],
+    ("", "events"): [
+        ("Type", _S, 0, lambda o: o.get("type")),
+        ("Reason", _S, 0, lambda o: o.get("reason")),
+        ("Object", _S, 0, _involved),
+        ("Message", _S, 0, lambda o: o.get("message") or o.get("note")),
+    ],
 }
 
 
 def columns_for(rtype: ResourceType) -> list[dict[str, Any]]:
     """Column definitions: Name, then the CRD's additionalPrinterColumns (or Age if it has none)."""
-    name = {"name": "Name", "type": "string", "format": "name", "priority": 0,
-            "description": "Name must be unique within a namespace."}
-    age = {"name": "Age", "type": "date", "format": "", "priority": 0, "jsonPath": ".metadata.creationTimestamp",
-           "description": "CreationTimestamp is a timestamp representing the server time when this object was "
-                          "created."}
+    name = {
+        "name": "Name",
+        "type": "string",
+        "format": "name",
+        "priority": 0,
+        "description": "Name must be unique within a namespace.",
+    }
+    age = {
+        "name": "Age",
+        "type": "date",
+        "format": "",
+        "priority": 0,
+        "jsonPath": ".metadata.creationTimestamp",
+        "description": "CreationTimestamp is a timestamp representing the server time when this object was created.",
+    }
     extra = [
-        {"name": c["name"], "type": c.get("type", "string"), "format": c.get("format", ""),
-         "priority": c.get("priority", 0), "description": c.get("description", ""), "jsonPath": c["jsonPath"]}
+        {
+            "name": c["name"],
+            "type": c.get("type", "string"),
+            "format": c.get("format", ""),
+            "priority": c.get("priority", 0),
+            "description": c.get("description", ""),
+            "jsonPath": c["jsonPath"],
+        }
         for c in rtype.printer_columns
     ]
-    builtin = [{"name": n, "type": t, "format": "", "priority": p, "description": n, "fn": fn}
-               for n, t, p, fn in BUILTIN_COLUMNS.get(rtype.storage_key, [])]
+    builtin = [
+        {"name": n, "type": t, "format": "", "priority": p, "description": n, "fn": fn}
+        for n, t, p, fn in BUILTIN_COLUMNS.get(rtype.storage_key, [])
+    ]
     return [name, *(extra or [*builtin, age])]
 
 
-def table(rtype: ResourceType, objects: list[dict[str, Any]], resource_version: str,
-          include_object: str = "Metadata") -> dict[str, Any]:
+def table(
+    rtype: ResourceType, objects: list[dict[str, Any]], resource_version: str, include_object: str = "Metadata"
+) -> dict[str, Any]:
     """A meta.k8s.io/v1 Table of the objects (rows carry PartialObjectMetadata or the full object)."""
     columns = columns_for(rtype)
     rows = []
@@ -169,7 +215,9 @@ def table(rtype: ResourceType, objects: list[dict[str, Any]], resource_version: 
             embedded = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
         rows.append({"cells": cells, "object": embedded})
     return {
-        "kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": resource_version},
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": {"resourceVersion": resource_version},
         "columnDefinitions": [{k: v for k, v in c.items() if k not in ("jsonPath", "fn")} for c in columns],
         "rows": rows,
     }

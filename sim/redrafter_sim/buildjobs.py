@@ -46,7 +46,9 @@ TOOLCHAIN_DIR = Path(__file__).resolve().parent / "toolchain"
 
 COMPONENT_LABEL = "app.kubernetes.io/component"
 JOB_COMPONENTS = ("engine-build", "validation", "engine-cache")
-SERVICE_ADDRESS = re.compile(r"\b([a-z0-9]([-a-z0-9]*[a-z0-9])?)\.([a-z0-9]([-a-z0-9]*[a-z0-9])?)\.svc(\.cluster\.local)?:(\d+)\b")
+SERVICE_ADDRESS = re.compile(
+    r"\b([a-z0-9]([-a-z0-9]*[a-z0-9])?)\.([a-z0-9]([-a-z0-9]*[a-z0-9])?)\.svc(\.cluster\.local)?:(\d+)\b"
+)
 TERMINATION_MESSAGE_LIMIT = 4096
 LOG_TAIL_LINES = 80
 POD_CREATE_RETRY_SECONDS = 1.0
@@ -97,7 +99,7 @@ def provision_source(fs: HostFS, ref: SourceRef | None, role: str) -> None:
     """A pvc:// claim that does not hold the source yet gets the fake checkpoint piece for ``role``."""
     if ref is None or not ref.uri.startswith("pvc://"):
         return
-    claim, _, sub = ref.uri[len("pvc://"):].partition("/")
+    claim, _, sub = ref.uri[len("pvc://") :].partition("/")
     target = fs.claim_dir(claim) / sub if sub else fs.claim_dir(claim)
     if role == "base" and not (target / "config.json").exists():
         write_base(target)
@@ -116,10 +118,14 @@ def localize_build_spec(text: str, pod: PodRoot) -> str:
             return r
         return r.model_copy(update={"credentials_dir": pod.to_host(r.credentials_dir)})
 
-    local = spec.model_copy(update={
-        "cache_dir": pod.to_host(spec.cache_dir), "base": ref(spec.base), "drafter": ref(spec.drafter),
-        "tokenizer": ref(spec.tokenizer),
-    })
+    local = spec.model_copy(
+        update={
+            "cache_dir": pod.to_host(spec.cache_dir),
+            "base": ref(spec.base),
+            "drafter": ref(spec.drafter),
+            "tokenizer": ref(spec.tokenizer),
+        }
+    )
     return local.model_dump_json(indent=2)
 
 
@@ -135,8 +141,11 @@ class JobRunner:
         self.finished: dict[str, int] = {}  # job uid -> exit code of its last pod (for tests/the demo)
 
     async def sync(self) -> None:
-        jobs = [j for j in await self.api.list(JOBS)
-                if (j["metadata"].get("labels") or {}).get(COMPONENT_LABEL) in JOB_COMPONENTS]
+        jobs = [
+            j
+            for j in await self.api.list(JOBS)
+            if (j["metadata"].get("labels") or {}).get(COMPONENT_LABEL) in JOB_COMPONENTS
+        ]
         alive = set()
         for job in jobs:
             uid = job["metadata"]["uid"]
@@ -173,8 +182,11 @@ class JobRunner:
                     code, message, pod = await asyncio.wait_for(self._run_pod(job), timeout=deadline)
                 except asyncio.TimeoutError:
                     self.finished[uid] = -1
-                    await self._job_status(ns, name, self._failed(failures + 1, "DeadlineExceeded",
-                                                                  "Job was active longer than specified deadline"))
+                    await self._job_status(
+                        ns,
+                        name,
+                        self._failed(failures + 1, "DeadlineExceeded", "Job was active longer than specified deadline"),
+                    )
                     return
                 if code == 0:
                     break
@@ -195,22 +207,54 @@ class JobRunner:
         self.finished[uid] = code
         if code == 0:
             t = objects.now()
-            await self._job_status(ns, name, {
-                "active": 0, "succeeded": 1, "failed": failures, "completionTime": t, "conditions": [
-                    {"type": "SuccessCriteriaMet", "status": "True", "reason": "CompletionsReached",
-                     "message": "Reached expected number of succeeded pods", "lastTransitionTime": t},
-                    {"type": "Complete", "status": "True", "reason": "CompletionsReached",
-                     "message": "Reached expected number of succeeded pods", "lastTransitionTime": t}]})
+            await self._job_status(
+                ns,
+                name,
+                {
+                    "active": 0,
+                    "succeeded": 1,
+                    "failed": failures,
+                    "completionTime": t,
+                    "conditions": [
+                        {
+                            "type": "SuccessCriteriaMet",
+                            "status": "True",
+                            "reason": "CompletionsReached",
+                            "message": "Reached expected number of succeeded pods",
+                            "lastTransitionTime": t,
+                        },
+                        {
+                            "type": "Complete",
+                            "status": "True",
+                            "reason": "CompletionsReached",
+                            "message": "Reached expected number of succeeded pods",
+                            "lastTransitionTime": t,
+                        },
+                    ],
+                },
+            )
         else:
-            await self._job_status(ns, name, self._failed(failures, "BackoffLimitExceeded",
-                                                          "Job has reached the specified backoff limit"))
+            await self._job_status(
+                ns, name, self._failed(failures, "BackoffLimitExceeded", "Job has reached the specified backoff limit")
+            )
 
     @staticmethod
     def _failed(failures: int, reason: str, message: str) -> dict[str, Any]:
         t = objects.now()
-        return {"active": 0, "failed": failures, "conditions": [
-            {"type": "FailureTarget", "status": "True", "reason": reason, "message": message, "lastTransitionTime": t},
-            {"type": "Failed", "status": "True", "reason": reason, "message": message, "lastTransitionTime": t}]}
+        return {
+            "active": 0,
+            "failed": failures,
+            "conditions": [
+                {
+                    "type": "FailureTarget",
+                    "status": "True",
+                    "reason": reason,
+                    "message": message,
+                    "lastTransitionTime": t,
+                },
+                {"type": "Failed", "status": "True", "reason": reason, "message": message, "lastTransitionTime": t},
+            ],
+        }
 
     async def _job_status(self, ns: str, name: str, status: dict[str, Any]) -> None:
         with contextlib.suppress(Exception):
@@ -223,8 +267,12 @@ class JobRunner:
         ns, job_name = meta["namespace"], meta["name"]
         template = (job.get("spec") or {}).get("template") or {}
         pod_name = f"{job_name[:57]}-{objects.suffix()}"
-        labels = {"job-name": job_name, "batch.kubernetes.io/job-name": job_name,
-                  "controller-uid": meta["uid"], "batch.kubernetes.io/controller-uid": meta["uid"]}
+        labels = {
+            "job-name": job_name,
+            "batch.kubernetes.io/job-name": job_name,
+            "controller-uid": meta["uid"],
+            "batch.kubernetes.io/controller-uid": meta["uid"],
+        }
         manifest = objects.pod_manifest(job, pod_name, template, labels)
         await self._create_pod(job, manifest)
         container = manifest["spec"]["containers"][0]
@@ -237,15 +285,23 @@ class JobRunner:
                 for init in manifest["spec"].get("initContainers") or []:
                     argv, env, identity = await self._prepare(ns, manifest, init, root)
                     code, message = await self._execute(argv, env, root, identity)
-                    inits.append(objects.terminated_status(init["name"], objects.HOST_IP, started, code, message,
-                                                           init.get("image", ""))["containerStatuses"][0])
+                    inits.append(
+                        objects.terminated_status(
+                            init["name"], objects.HOST_IP, started, code, message, init.get("image", "")
+                        )["containerStatuses"][0]
+                    )
                     if code != 0:  # the pod fails with its init container; the main container never starts
                         break
                 else:
                     argv, env, identity = await self._prepare(ns, manifest, container, root)
-                    await self._pod_status(ns, pod_name, {**objects.running_status(
-                        container["name"], objects.HOST_IP, started, True, 0, image),
-                        **({"initContainerStatuses": inits} if inits else {})})
+                    await self._pod_status(
+                        ns,
+                        pod_name,
+                        {
+                            **objects.running_status(container["name"], objects.HOST_IP, started, True, 0, image),
+                            **({"initContainerStatuses": inits} if inits else {}),
+                        },
+                    )
                     code, message = await self._execute(argv, env, root, identity)
         except (OSError, ValueError) as exc:  # a volume or ConfigMap the pod cannot start with
             code, message = 128, f"CreateContainerConfigError: {exc}"
@@ -273,11 +329,14 @@ class JobRunner:
                     reported = exc.message
                     log.warning("pod of job %s/%s rejected: %s", ns, job["metadata"]["name"], exc.message)
                     with contextlib.suppress(ApiStatusError):
-                        await self.api.create(EVENTS, objects.failed_create_event(job, exc.message, "job-controller"), ns)
+                        await self.api.create(
+                            EVENTS, objects.failed_create_event(job, exc.message, "job-controller"), ns
+                        )
             await asyncio.sleep(POD_CREATE_RETRY_SECONDS)
 
-    async def _prepare(self, ns: str, manifest: dict[str, Any], container: dict[str, Any],
-                       root: PodRoot) -> tuple[list[str], dict[str, str], Identity]:
+    async def _prepare(
+        self, ns: str, manifest: dict[str, Any], container: dict[str, Any], root: PodRoot
+    ) -> tuple[list[str], dict[str, str], Identity]:
         pod_spec = manifest["spec"]
         configmaps: dict[str, dict[str, str]] = {}
         for cm_name in configmap_names(pod_spec):
@@ -317,6 +376,7 @@ class JobRunner:
 
     async def _resolve_services(self, arg: str, namespace: str) -> str:
         """``<svc>.<ns>.svc:<port>`` -> ``<ready endpoint ip>:<target port>`` (cluster DNS + kube-proxy)."""
+
         async def one(m: re.Match[str]) -> str:
             svc, ns, port = m.group(1), m.group(3), int(m.group(6))
             eps = await self.api.get(ENDPOINTS, svc, ns) or {}
@@ -332,18 +392,25 @@ class JobRunner:
 
         out, last = [], 0
         for m in SERVICE_ADDRESS.finditer(arg):
-            out += [arg[last:m.start()], await one(m)]
+            out += [arg[last : m.start()], await one(m)]
             last = m.end()
         return "".join(out) + arg[last:]
 
-    async def _execute(self, argv: list[str], env: dict[str, str], root: PodRoot,
-                       identity: Identity) -> tuple[int, str]:
+    async def _execute(
+        self, argv: list[str], env: dict[str, str], root: PodRoot, identity: Identity
+    ) -> tuple[int, str]:
         """Run the container's command as ``identity`` (its capabilities; file access was set at mount)."""
         log_path = root.root / "container.log"
         with open(log_path, "wb") as out:
-            proc = await asyncio.create_subprocess_exec(*argv, stdout=out, stderr=asyncio.subprocess.STDOUT,
-                                                        env=env, cwd=root.root, start_new_session=True,
-                                                        preexec_fn=identity.preexec)
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdout=out,
+                stderr=asyncio.subprocess.STDOUT,
+                env=env,
+                cwd=root.root,
+                start_new_session=True,
+                preexec_fn=identity.preexec,
+            )
         try:
             code = await proc.wait()
         except asyncio.CancelledError:

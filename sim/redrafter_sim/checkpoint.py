@@ -37,26 +37,50 @@ class FakeCheckpoint:
 
 
 def write_tokenizer(directory: Path, vocab_size: int = VOCAB_SIZE) -> Path:
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)} | {f"w{i}": i for i in range(len(SPECIAL_TOKENS), vocab_size)}
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)} | {
+        f"w{i}": i for i in range(len(SPECIAL_TOKENS), vocab_size)
+    }
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.add_special_tokens(list(SPECIAL_TOKENS))
     directory.mkdir(parents=True, exist_ok=True)
     tok.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "</s>", "pad_token": "[PAD]",
-         "unk_token": "[UNK]", "chat_template": CHAT_TEMPLATE}, indent=2))
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "eos_token": "</s>",
+                "pad_token": "[PAD]",
+                "unk_token": "[UNK]",
+                "chat_template": CHAT_TEMPLATE,
+            },
+            indent=2,
+        )
+    )
     return directory
 
 
 def write_base(directory: Path, vocab_size: int = VOCAB_SIZE) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 2,
-        "vocab_size": vocab_size, "max_position_embeddings": 4096, "torch_dtype": "bfloat16",
-        "bos_token_id": 1, "eos_token_id": 1,
-    }, indent=2))
+    (directory / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 4,
+                "num_hidden_layers": 2,
+                "vocab_size": vocab_size,
+                "max_position_embeddings": 4096,
+                "torch_dtype": "bfloat16",
+                "bos_token_id": 1,
+                "eos_token_id": 1,
+            },
+            indent=2,
+        )
+    )
     (directory / "model.safetensors").write_bytes(b"\0" * 4096)
     write_tokenizer(directory, vocab_size)
     return directory
@@ -64,13 +88,13 @@ def write_base(directory: Path, vocab_size: int = VOCAB_SIZE) -> Path:
 
 def write_drafter(directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(
-        {"hidden_size": 64, "exit_dim": 128, "num_draft_layers": 2, "rnn": True}, indent=2))
+    (directory / "config.json").write_text(
+        json.dumps({"hidden_size": 64, "exit_dim": 128, "num_draft_layers": 2, "rnn": True}, indent=2)
+    )
     (directory / "model.safetensors").write_bytes(b"\0" * 2048)
     return directory
 
 
 def write_fake_checkpoint(root: Path, base: str = "base", drafter: str = "drafter") -> FakeCheckpoint:
     """Base (with its tokenizer) and drafter under ``root`` (a claim's directory)."""
-    return FakeCheckpoint(base=write_base(root / base), drafter=write_drafter(root / drafter),
-                          tokenizer=root / base)
+    return FakeCheckpoint(base=write_base(root / base), drafter=write_drafter(root / drafter), tokenizer=root / base)

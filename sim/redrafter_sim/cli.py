@@ -12,8 +12,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="redrafter-sim", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     demo.register_cli(sub)
-    p = sub.add_parser("server", help="an emulated Kubernetes API server for manual kubectl sessions",
-                       add_help=False)
+    p = sub.add_parser("server", help="an emulated Kubernetes API server for manual kubectl sessions", add_help=False)
     p.set_defaults(func=None)
     args, rest = parser.parse_known_args(argv)
     if args.command == "server":

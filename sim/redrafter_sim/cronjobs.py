@@ -116,10 +116,16 @@ class CronJobController:
         for cj in self.emu.list_objects("batch/v1", "CronJob", self.namespace):
             uid = cj["metadata"]["uid"]
             seen.add(uid)
-            own = [j for j in jobs if j["metadata"].get("namespace") == cj["metadata"]["namespace"]
-                   and any(r.get("uid") == uid and r.get("controller") for r in j["metadata"].get("ownerReferences") or [])]
-            fingerprint = (cj["metadata"]["resourceVersion"],
-                           tuple(sorted((j["metadata"]["uid"], j["metadata"]["resourceVersion"]) for j in own)))
+            own = [
+                j
+                for j in jobs
+                if j["metadata"].get("namespace") == cj["metadata"]["namespace"]
+                and any(r.get("uid") == uid and r.get("controller") for r in j["metadata"].get("ownerReferences") or [])
+            ]
+            fingerprint = (
+                cj["metadata"]["resourceVersion"],
+                tuple(sorted((j["metadata"]["uid"], j["metadata"]["resourceVersion"]) for j in own)),
+            )
             queued = self._queue.get(uid)
             now = self.clock()
             if queued and queued.fingerprint == fingerprint and (queued.due is None or now < queued.due):
@@ -136,8 +142,9 @@ class CronJobController:
             del self._queue[uid]
 
     # ------------------------------------------------------------------ one CronJob
-    def sync_cronjob(self, cj: dict[str, Any], jobs: list[dict[str, Any]],
-                     now: datetime.datetime) -> datetime.datetime | None:
+    def sync_cronjob(
+        self, cj: dict[str, Any], jobs: list[dict[str, Any]], now: datetime.datetime
+    ) -> datetime.datetime | None:
         """syncCronJob then cleanupFinishedJobs; the status written once; returns when to look again."""
         meta, spec = cj["metadata"], cj.get("spec") or {}
         ns, name = meta["namespace"], meta["name"]
@@ -149,20 +156,27 @@ class CronJobController:
             uid, in_active = job["metadata"]["uid"], any(a.get("uid") == job["metadata"]["uid"] for a in active)
             state = finished(job)
             if not in_active and state is None:
-                self._event(cj, "Warning", "UnexpectedJob",
-                            f"Saw a job that the controller did not create or forgot: {job['metadata']['name']}")
+                self._event(
+                    cj,
+                    "Warning",
+                    "UnexpectedJob",
+                    f"Saw a job that the controller did not create or forgot: {job['metadata']['name']}",
+                )
             elif in_active and state is not None:
                 active = [a for a in active if a.get("uid") != uid]
-                self._event(cj, "Normal", "SawCompletedJob",
-                            f"Saw completed job: {job['metadata']['name']}, status: {state}")
+                self._event(
+                    cj, "Normal", "SawCompletedJob", f"Saw completed job: {job['metadata']['name']}, status: {state}"
+                )
             elif state == "Complete":
                 done = (job.get("status") or {}).get("completionTime")
                 last = status.get("lastSuccessfulTime")
                 if done and (last is None or parse_time(done) > parse_time(last)):  # type: ignore[operator]
                     status["lastSuccessfulTime"] = done
         for ref in list(active):
-            if ref.get("uid") not in children and \
-                    self.emu.find_object("batch/v1", "Job", ref.get("name", ""), ns) is None:
+            if (
+                ref.get("uid") not in children
+                and self.emu.find_object("batch/v1", "Job", ref.get("name", ""), ns) is None
+            ):
                 self._event(cj, "Normal", "MissingJob", f"Active job went missing: {ref.get('name')}")
                 active = [a for a in active if a.get("uid") != ref.get("uid")]
         due = self._schedule(cj, spec, status, active, now)
@@ -173,8 +187,14 @@ class CronJobController:
             self.emu.patch_object("batch/v1", "CronJob", name, ns, {"status": status}, subresource="status")
         return due
 
-    def _schedule(self, cj: dict[str, Any], spec: dict[str, Any], status: dict[str, Any],
-                  active: list[dict[str, Any]], now: datetime.datetime) -> datetime.datetime | None:
+    def _schedule(
+        self,
+        cj: dict[str, Any],
+        spec: dict[str, Any],
+        status: dict[str, Any],
+        active: list[dict[str, Any]],
+        now: datetime.datetime,
+    ) -> datetime.datetime | None:
         """The scheduling half of syncCronJob: maybe a new Job. Sets status["_active"]; returns the requeue time."""
         status["_active"] = active
         meta = cj["metadata"]
@@ -194,9 +214,14 @@ class CronJobController:
             self._event(cj, "Warning", "UnparseableSchedule", f'unparseable schedule: "{spec.get("schedule")}" : {exc}')
             return None
         if "TZ" in (spec.get("schedule") or ""):
-            self._event(cj, "Warning", "UnsupportedSchedule", f'CRON_TZ or TZ used in schedule "{spec["schedule"]}" is '
-                        "not officially supported, see https://kubernetes.io/docs/concepts/workloads/controllers/"
-                        "cron-jobs/ for more details")
+            self._event(
+                cj,
+                "Warning",
+                "UnsupportedSchedule",
+                f'CRON_TZ or TZ used in schedule "{spec["schedule"]}" is '
+                "not officially supported, see https://kubernetes.io/docs/concepts/workloads/controllers/"
+                "cron-jobs/ for more details",
+            )
         tz_used = None if sched.location else tz
         deadline = spec.get("startingDeadlineSeconds")
         try:
@@ -208,19 +233,32 @@ class CronJobController:
         if scheduled is None:
             return next_time
         if many:
-            self._event(cj, "Warning", "TooManyMissedTimes", "too many missed start times. Set or decrease "
-                        ".spec.startingDeadlineSeconds or check clock skew")
+            self._event(
+                cj,
+                "Warning",
+                "TooManyMissedTimes",
+                "too many missed start times. Set or decrease .spec.startingDeadlineSeconds or check clock skew",
+            )
         if deadline is not None and scheduled + datetime.timedelta(seconds=deadline) < now:
-            self._event(cj, "Warning", "MissSchedule", "Missed scheduled time to start a job: "
-                        + scheduled.astimezone(datetime.UTC).strftime("%a, %d %b %Y %H:%M:%S +0000"))
+            self._event(
+                cj,
+                "Warning",
+                "MissSchedule",
+                "Missed scheduled time to start a job: "
+                + scheduled.astimezone(datetime.UTC).strftime("%a, %d %b %Y %H:%M:%S +0000"),
+            )
             return next_time
         name = job_name(meta["name"], scheduled)
         if any(a.get("name") == name for a in active) or status.get("lastScheduleTime") == rfc3339(scheduled):
             return next_time
         policy = spec.get("concurrencyPolicy") or "Allow"
         if policy == "Forbid" and active:
-            self._event(cj, "Normal", "JobAlreadyActive",
-                        "Not starting job because prior execution is running and concurrency policy is Forbid")
+            self._event(
+                cj,
+                "Normal",
+                "JobAlreadyActive",
+                "Not starting job because prior execution is running and concurrency policy is Forbid",
+            )
             return next_time
         if policy == "Replace":
             for ref in list(active):
@@ -237,29 +275,47 @@ class CronJobController:
                 self._event(cj, "Warning", "FailedCreate", f"Error creating job: {exc.message}")
                 raise
             job = self.emu.get_object("batch/v1", "Job", name, meta["namespace"])
-            if not any(r.get("uid") == meta["uid"] and r.get("controller")
-                       for r in job["metadata"].get("ownerReferences") or []):
+            if not any(
+                r.get("uid") == meta["uid"] and r.get("controller")
+                for r in job["metadata"].get("ownerReferences") or []
+            ):
                 return next_time
             if any(a.get("uid") == job["metadata"]["uid"] for a in active):
                 return next_time
         jm = job["metadata"]
-        status["_active"] = [*active, {"apiVersion": "batch/v1", "kind": "Job", "name": jm["name"],
-                                       "namespace": jm["namespace"], "uid": jm["uid"],
-                                       "resourceVersion": jm["resourceVersion"]}]
+        status["_active"] = [
+            *active,
+            {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "name": jm["name"],
+                "namespace": jm["namespace"],
+                "uid": jm["uid"],
+                "resourceVersion": jm["resourceVersion"],
+            },
+        ]
         status["lastScheduleTime"] = rfc3339(scheduled)
         return next_schedule_time(cj, status, now, sched, tz_used)
 
-    def _cleanup(self, cj: dict[str, Any], spec: dict[str, Any], jobs: list[dict[str, Any]],
-                 active: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _cleanup(
+        self, cj: dict[str, Any], spec: dict[str, Any], jobs: list[dict[str, Any]], active: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
         """cleanupFinishedJobs: the oldest finished Jobs beyond the history limits are deleted."""
-        for state, limit in (("Complete", spec.get("successfulJobsHistoryLimit")),
-                             ("Failed", spec.get("failedJobsHistoryLimit"))):
+        for state, limit in (
+            ("Complete", spec.get("successfulJobsHistoryLimit")),
+            ("Failed", spec.get("failedJobsHistoryLimit")),
+        ):
             if limit is None:
                 continue
             done = [j for j in jobs if finished(j) == state]
-            done.sort(key=lambda j: ((j.get("status") or {}).get("startTime") is None,
-                                     (j.get("status") or {}).get("startTime") or "", j["metadata"]["name"]))
-            for job in done[:max(len(done) - int(limit), 0)]:
+            done.sort(
+                key=lambda j: (
+                    (j.get("status") or {}).get("startTime") is None,
+                    (j.get("status") or {}).get("startTime") or "",
+                    j["metadata"]["name"],
+                )
+            )
+            for job in done[: max(len(done) - int(limit), 0)]:
                 try:
                     self.emu.delete_object("batch/v1", "Job", job["metadata"]["name"], job["metadata"]["namespace"])
                 except ApiError as exc:
@@ -273,33 +329,62 @@ class CronJobController:
         """Record an Event on the CronJob (a repeat counts on the earlier one, as the event recorder does)."""
         meta, t = cj["metadata"], rfc3339(real_clock())
         for seen in self.emu.list_objects("v1", "Event", meta["namespace"]):
-            if seen.get("reason") == reason and seen.get("message") == message and \
-                    (seen.get("involvedObject") or {}).get("uid") == meta["uid"]:
-                self.emu.patch_object("v1", "Event", seen["metadata"]["name"], meta["namespace"],
-                                      {"count": int(seen.get("count") or 1) + 1, "lastTimestamp": t})
+            if (
+                seen.get("reason") == reason
+                and seen.get("message") == message
+                and (seen.get("involvedObject") or {}).get("uid") == meta["uid"]
+            ):
+                self.emu.patch_object(
+                    "v1",
+                    "Event",
+                    seen["metadata"]["name"],
+                    meta["namespace"],
+                    {"count": int(seen.get("count") or 1) + 1, "lastTimestamp": t},
+                )
                 return
-        self.emu.create_object({
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": f"{meta['name']}.{suffix(10)}", "namespace": meta["namespace"]},
-            "involvedObject": {"apiVersion": "batch/v1", "kind": "CronJob", "name": meta["name"],
-                               "namespace": meta["namespace"], "uid": meta["uid"]},
-            "reason": reason, "message": message, "type": type_,
-            "source": {"component": COMPONENT}, "reportingComponent": COMPONENT,
-            "firstTimestamp": t, "lastTimestamp": t, "count": 1,
-        })
+        self.emu.create_object(
+            {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"name": f"{meta['name']}.{suffix(10)}", "namespace": meta["namespace"]},
+                "involvedObject": {
+                    "apiVersion": "batch/v1",
+                    "kind": "CronJob",
+                    "name": meta["name"],
+                    "namespace": meta["namespace"],
+                    "uid": meta["uid"],
+                },
+                "reason": reason,
+                "message": message,
+                "type": type_,
+                "source": {"component": COMPONENT},
+                "reportingComponent": COMPONENT,
+                "firstTimestamp": t,
+                "lastTimestamp": t,
+                "count": 1,
+            }
+        )
 
 
 # ----------------------------------------------------------------------------- schedule arithmetic (utils.go)
 
 
 def _earliest(cj: dict[str, Any], status: dict[str, Any]) -> datetime.datetime:
-    return parse_time(status.get("lastScheduleTime")) or parse_time(cj["metadata"].get("creationTimestamp")) \
+    return (
+        parse_time(status.get("lastScheduleTime"))
+        or parse_time(cj["metadata"].get("creationTimestamp"))
         or real_clock()
+    )
 
 
-def most_recent_schedule_time(cj: dict[str, Any], status: dict[str, Any], now: datetime.datetime, sched: Schedule,
-                              tz: datetime.tzinfo | None, deadline: int | None = None,
-                              ) -> tuple[datetime.datetime | None, bool]:
+def most_recent_schedule_time(
+    cj: dict[str, Any],
+    status: dict[str, Any],
+    now: datetime.datetime,
+    sched: Schedule,
+    tz: datetime.tzinfo | None,
+    deadline: int | None = None,
+) -> tuple[datetime.datetime | None, bool]:
     """(the most recent start time due by ``now`` or None, whether more than 100 were missed);
     ValueError when the schedule never fires (mostRecentScheduleTime's "less than 1 second")."""
     earliest = _earliest(cj, status)
@@ -323,8 +408,9 @@ def most_recent_schedule_time(cj: dict[str, Any], status: dict[str, Any], now: d
     return recent, missed > MANY_MISSED
 
 
-def next_schedule_time(cj: dict[str, Any], status: dict[str, Any], now: datetime.datetime, sched: Schedule,
-                       tz: datetime.tzinfo | None) -> datetime.datetime | None:
+def next_schedule_time(
+    cj: dict[str, Any], status: dict[str, Any], now: datetime.datetime, sched: Schedule, tz: datetime.tzinfo | None
+) -> datetime.datetime | None:
     """When the controller looks at the CronJob again (nextScheduleTimeDuration, without its 100 ms pad)."""
     try:
         recent, _ = most_recent_schedule_time(cj, status, now, sched, tz)
@@ -343,14 +429,29 @@ def job_from_template(cj: dict[str, Any], scheduled: datetime.datetime, tz: date
     meta = cj["metadata"]
     template = (cj.get("spec") or {}).get("jobTemplate") or {}
     tmeta = template.get("metadata") or {}
-    annotations = {**(tmeta.get("annotations") or {}),
-                   SCHEDULED_TIMESTAMP: scheduled.astimezone(tz).isoformat().replace("+00:00", "Z")}
+    annotations = {
+        **(tmeta.get("annotations") or {}),
+        SCHEDULED_TIMESTAMP: scheduled.astimezone(tz).isoformat().replace("+00:00", "Z"),
+    }
     return {
-        "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": job_name(meta["name"], scheduled), "namespace": meta["namespace"],
-                     "labels": dict(tmeta.get("labels") or {}), "annotations": annotations,
-                     "ownerReferences": [{"apiVersion": "batch/v1", "kind": "CronJob", "name": meta["name"],
-                                          "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}]},
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": job_name(meta["name"], scheduled),
+            "namespace": meta["namespace"],
+            "labels": dict(tmeta.get("labels") or {}),
+            "annotations": annotations,
+            "ownerReferences": [
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "CronJob",
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
         "spec": dict(template.get("spec") or {}),
     }
 

@@ -32,18 +32,19 @@ from typing import Any
 
 import yaml
 
-from engine_jobs.contract import ACCEPTANCE_HEADER, OPENAI_PORT
+from engine_jobs.contract import ACCEPTANCE_HEADER, METRICS_PORT, OPENAI_PORT
 from redrafter_operator.api import API_VERSION, KIND, PLURAL
 from redrafter_operator.api.crd import crd_yaml
 from redrafter_operator.evaluate.prompts import Prompt
 from redrafter_operator.evaluate.stream import RequestOptions
-from engine_jobs.contract import METRICS_PORT
 from redrafter_operator.render import names
+
 from . import admission_podsecurity as podsecurity
 from .cronjobs import CronJobController, run_cronjob_controller
 from .engine import SimEngineSettings
-from .kubeapi import EVENTS, PODS, KubeApi, Kind
+from .kubeapi import EVENTS, PODS, Kind, KubeApi
 from .kubelet import SimKubelet
+from .prometheus import PrometheusServer, PrometheusUnavailable, ServingTarget, scrape_config, write_serving_file
 from .router import NoEndpoints, ServiceRouter
 from .scenarios import (
     DEFAULT_SCENARIO,
@@ -57,10 +58,9 @@ from .scenarios import (
     load_scenario,
     lookup,
 )
-from .prometheus import PrometheusServer, PrometheusUnavailable, ServingTarget, scrape_config, write_serving_file
 from .server import EmulatorThread, write_kubeconfig
-from .triton import free_ports
 from .traffic import RoutedLoadGenerator, TrafficStats
+from .triton import free_ports
 from .view import DemoView, describe_chat, render_summary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,9 +98,17 @@ class DemoOptions:
 async def kubectl(kubeconfig: Path, tmp: Path, *args: str, stdin: str | None = None) -> str:
     env = {**os.environ, "KUBECONFIG": str(kubeconfig), "HOME": str(tmp)}
     proc = await asyncio.create_subprocess_exec(
-        str(KUBECTL), "--kubeconfig", str(kubeconfig), "--cache-dir", str(tmp / "kubectl-cache"), *args,
+        str(KUBECTL),
+        "--kubeconfig",
+        str(kubeconfig),
+        "--cache-dir",
+        str(tmp / "kubectl-cache"),
+        *args,
         stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )
     out, err = await proc.communicate(stdin.encode() if stdin is not None else None)
     if proc.returncode != 0:
         raise RuntimeError(f"kubectl {' '.join(args)} failed ({proc.returncode}): {err.decode().strip()}")
@@ -111,8 +119,17 @@ class OperatorProcess:
     """``redrafter-operator run`` against the emulator, as a subprocess (exactly the production entry point)."""
 
     def __init__(self, kubeconfig: Path, namespace: str, log_path: Path, metrics_port: int | None = None) -> None:
-        self.argv = [str(BIN / "redrafter-operator"), "run", "--kubeconfig", str(kubeconfig), "--namespace", namespace,
-                     "--standalone", "--resync-seconds", "30"]
+        self.argv = [
+            str(BIN / "redrafter-operator"),
+            "run",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--namespace",
+            namespace,
+            "--standalone",
+            "--resync-seconds",
+            "30",
+        ]
         if metrics_port is not None:
             self.argv += ["--metrics-port", str(metrics_port)]
         self.log_path = log_path
@@ -120,8 +137,9 @@ class OperatorProcess:
 
     async def start(self) -> None:
         with open(self.log_path, "wb") as out:
-            self.proc = await asyncio.create_subprocess_exec(*self.argv, stdout=out, stderr=asyncio.subprocess.STDOUT,
-                                                             start_new_session=True)
+            self.proc = await asyncio.create_subprocess_exec(
+                *self.argv, stdout=out, stderr=asyncio.subprocess.STDOUT, start_new_session=True
+            )
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.returncode is None
@@ -158,8 +176,14 @@ def load_resource(path: Path) -> dict[str, Any]:
 
 def restricted_namespace(name: str) -> dict[str, Any]:
     """The Namespace labelled so the API server's PodSecurity admission enforces ``restricted``."""
-    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {
-        podsecurity.ENFORCE_LABEL: "restricted", podsecurity.ENFORCE_VERSION_LABEL: "latest"}}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {
+            "name": name,
+            "labels": {podsecurity.ENFORCE_LABEL: "restricted", podsecurity.ENFORCE_VERSION_LABEL: "latest"},
+        },
+    }
 
 
 def demo_prompts(n: int = 16) -> list[Prompt]:
@@ -202,23 +226,36 @@ class DemoRun:
         prometheus_task: asyncio.Task[Any] | None = None
         # the control plane's CronJob controller on the real clock (the node runs the Jobs it creates)
         cron_stop = asyncio.Event()
-        cron_task = asyncio.create_task(run_cronjob_controller(
-            CronJobController(handle.emulator, namespace=self.namespace), cron_stop), name="cronjobs")
+        cron_task = asyncio.create_task(
+            run_cronjob_controller(CronJobController(handle.emulator, namespace=self.namespace), cron_stop),
+            name="cronjobs",
+        )
         try:
             write_kubeconfig(handle.url, kubeconfig, namespace=self.namespace)
             self.view.note(f"API server emulator on {handle.url}")
             await kubectl(kubeconfig, self.tmp, "apply", "-f", "-", stdin=crd_yaml())
-            await kubectl(kubeconfig, self.tmp, "wait", "--for", "condition=established", "--timeout=30s",
-                          f"crd/{PLURAL}.{API_VERSION.split('/')[0]}")
+            await kubectl(
+                kubeconfig,
+                self.tmp,
+                "wait",
+                "--for",
+                "condition=established",
+                "--timeout=30s",
+                f"crd/{PLURAL}.{API_VERSION.split('/')[0]}",
+            )
             # as a hardened cluster would: Pods that do not meet the restricted profile are rejected
-            await kubectl(kubeconfig, self.tmp, "apply", "-f", "-", stdin=yaml.safe_dump(restricted_namespace(self.namespace)))
+            await kubectl(
+                kubeconfig, self.tmp, "apply", "-f", "-", stdin=yaml.safe_dump(restricted_namespace(self.namespace))
+            )
             self.view.note(f"namespace {self.namespace} enforces Pod Security restricted")
             metrics_port = free_ports("127.0.0.1", 1)[0] if self.opts.prometheus else None
             self.operator = OperatorProcess(kubeconfig, self.namespace, self.tmp / "operator.log", metrics_port)
             await self.operator.start()
             self.view.note("operator started: " + " ".join(self.operator.argv[1:3]))
-            async with KubeApi(handle.url) as api, SimKubelet(handle.url, sim=SIM_ENGINE,
-                                                             node_dir=self.tmp / "node", openai_front=True) as node:
+            async with (
+                KubeApi(handle.url) as api,
+                SimKubelet(handle.url, sim=SIM_ENGINE, node_dir=self.tmp / "node", openai_front=True) as node,
+            ):
                 self.api, self.node = api, node
                 if metrics_port is not None:
                     prometheus_task = asyncio.create_task(self._prometheus(api, metrics_port), name="prometheus")
@@ -228,8 +265,9 @@ class DemoRun:
                 await kubectl(kubeconfig, self.tmp, "apply", "-f", "-", stdin=yaml.safe_dump(self.resource))
                 self.view.note(f"kubectl apply {KIND}/{self.name}")
                 async with ServiceRouter(api, self.namespace, names.service_name(self.name)) as router:
-                    self.loadgen = RoutedLoadGenerator(router, demo_prompts(), RequestOptions(max_tokens=MAX_TOKENS),
-                                                       stats=self.stats)
+                    self.loadgen = RoutedLoadGenerator(
+                        router, demo_prompts(), RequestOptions(max_tokens=MAX_TOKENS), stats=self.stats
+                    )
                     loadgen_task = asyncio.create_task(self.loadgen.run(), name="loadgen")
                     with self.view.live():
                         await self._stages()
@@ -267,22 +305,29 @@ class DemoRun:
         targets.parent.mkdir(parents=True, exist_ok=True)
         write_serving_file(targets, [])
         self.prometheus = PrometheusServer(
-            scrape_config([], [f"127.0.0.1:{operator_port}"], serving_file=targets), workdir=self.tmp / "prometheus")
+            scrape_config([], [f"127.0.0.1:{operator_port}"], serving_file=targets), workdir=self.tmp / "prometheus"
+        )
         try:
             await asyncio.to_thread(self.prometheus.start)
         except (PrometheusUnavailable, RuntimeError) as exc:
             self.view.note(f"no Prometheus: {exc}".splitlines()[0])
             return
         self.view.note(f"Prometheus on {self.prometheus.url} (queries: charts/redrafter-operator/dashboards/)")
-        print(f"Prometheus: {self.prometheus.url}/graph  (namespace={self.namespace}, deployment={self.name})",
-              file=sys.stderr, flush=True)
+        print(
+            f"Prometheus: {self.prometheus.url}/graph  (namespace={self.namespace}, deployment={self.name})",
+            file=sys.stderr,
+            flush=True,
+        )
         selector = names.selector_string({names.LABEL_COMPONENT: "serving"})
         listed: list[ServingTarget] = []
         while True:
             with contextlib.suppress(Exception):  # the emulator is going away at the end: keep the last list
                 pods = await api.list(PODS, self.namespace, label_selector=selector)
-                now = [ServingTarget(f"{ip}:{METRICS_PORT}", self.namespace, p["metadata"]["name"]) for p in pods
-                       if (ip := (p.get("status") or {}).get("podIP"))]
+                now = [
+                    ServingTarget(f"{ip}:{METRICS_PORT}", self.namespace, p["metadata"]["name"])
+                    for p in pods
+                    if (ip := (p.get("status") or {}).get("podIP"))
+                ]
                 if now != listed:
                     write_serving_file(targets, now)
                     listed = now
@@ -300,8 +345,14 @@ class DemoRun:
     async def _stage(self, stage: Stage) -> StageResult:
         assert self.node is not None and self.loadgen is not None
         self.current = stage
-        res = StageResult(stage.name, stage.description, stage.expect, describe(stage.until),
-                          started_s=self.elapsed(), wall_start=time.time())
+        res = StageResult(
+            stage.name,
+            stage.description,
+            stage.expect,
+            describe(stage.until),
+            started_s=self.elapsed(),
+            wall_start=time.time(),
+        )
         if stage.concurrency is not None:
             self.loadgen.set_concurrency(stage.concurrency)
         if stage.acceptance is not None:
@@ -350,12 +401,18 @@ class DemoRun:
         for ev in await self.api.list(EVENTS, self.namespace):
             inv = ev.get("involvedObject") or ev.get("regarding") or {}
             if inv.get("kind") == KIND and inv.get("name") == self.name:
-                out.append({
-                    "time": ev.get("lastTimestamp") or ev.get("eventTime") or ev.get("firstTimestamp")
-                    or ev.get("metadata", {}).get("creationTimestamp"),
-                    "type": ev.get("type", ""), "reason": ev.get("reason", ""),
-                    "message": ev.get("message") or ev.get("note") or "", "count": ev.get("count", 1),
-                })
+                out.append(
+                    {
+                        "time": ev.get("lastTimestamp")
+                        or ev.get("eventTime")
+                        or ev.get("firstTimestamp")
+                        or ev.get("metadata", {}).get("creationTimestamp"),
+                        "type": ev.get("type", ""),
+                        "reason": ev.get("reason", ""),
+                        "message": ev.get("message") or ev.get("note") or "",
+                        "count": ev.get("count", 1),
+                    }
+                )
         return sorted(out, key=lambda e: e["time"] or "")
 
     async def _chat_completion(self, api: KubeApi) -> dict[str, Any]:
@@ -364,26 +421,31 @@ class DemoRun:
 
         service = names.service_name(self.name)
         out: dict[str, Any] = {"service": f"{service}:{OPENAI_PORT}", "error": None}
-        async with ServiceRouter(api, self.namespace, service, port_name="openai",
-                                 default_port=OPENAI_PORT) as router:
+        async with ServiceRouter(api, self.namespace, service, port_name="openai", default_port=OPENAI_PORT) as router:
             try:
                 backend = router.pick()
             except NoEndpoints as exc:
                 return out | {"error": str(exc)}
         out["pod"] = backend.pod
-        async with AsyncOpenAI(base_url=f"http://{backend.url}/v1", api_key="unused", max_retries=0,
-                               timeout=60) as client:
+        async with AsyncOpenAI(
+            base_url=f"http://{backend.url}/v1", api_key="unused", max_retries=0, timeout=60
+        ) as client:
             try:
                 model = (await client.models.list()).data[0].id
                 raw = await client.chat.completions.with_raw_response.create(
-                    model=model, messages=CHAT_MESSAGES, max_tokens=CHAT_MAX_TOKENS)
+                    model=model, messages=CHAT_MESSAGES, max_tokens=CHAT_MAX_TOKENS
+                )
             except (APIError, IndexError) as exc:
                 return out | {"error": f"{type(exc).__name__}: {exc}"}
         done = raw.parse()
         rate = raw.headers.get(ACCEPTANCE_HEADER)
-        return out | {"model": model, "content": done.choices[0].message.content,
-                      "finish_reason": done.choices[0].finish_reason, "usage": done.usage.model_dump(),
-                      "acceptance_rate": float(rate) if rate is not None else None}
+        return out | {
+            "model": model,
+            "content": done.choices[0].message.content,
+            "finish_reason": done.choices[0].finish_reason,
+            "usage": done.usage.model_dump(),
+            "acceptance_rate": float(rate) if rate is not None else None,
+        }
 
     # -------------------------------------------------------------------------- summary
     def summary(self, operator_tail: str) -> dict[str, Any]:
@@ -392,7 +454,7 @@ class DemoRun:
         for res in self.results:
             res.decisions = [e for e in self.events if _within(e["time"], res.wall_start, res.wall_end)]
         stages = [s.__dict__ | {"decisions": s.decisions} for s in self.results]
-        missing = [s.name for s in self.scenario.stages[len(self.results):]]
+        missing = [s.name for s in self.scenario.stages[len(self.results) :]]
         ok = bool(self.results) and all(r.happened for r in self.results) and not missing and not self.chat["error"]
         return {
             "scenario": self.scenario.name,
@@ -404,11 +466,17 @@ class DemoRun:
             "not_reached": missing,
             "history": history,
             "events": self.events,
-            "final_status": {k: status.get(k) for k in ("phase", "activeEngine", "serving", "speculation", "engines",
-                                                        "validation", "conditions")},
+            "final_status": {
+                k: status.get(k)
+                for k in ("phase", "activeEngine", "serving", "speculation", "engines", "validation", "conditions")
+            },
             "openai_chat": self.chat,
-            "traffic": {"requests": self.stats.total_requests, "errors": self.stats.total_errors,
-                        "tokens": self.stats.total_tokens, "last_error": self.stats.last_error},
+            "traffic": {
+                "requests": self.stats.total_requests,
+                "errors": self.stats.total_errors,
+                "tokens": self.stats.total_tokens,
+                "last_error": self.stats.last_error,
+            },
             "operator_log_tail": "" if ok else operator_tail,
         }
 
@@ -431,8 +499,12 @@ async def run_demo(opts: DemoOptions) -> int:
         scenario = scenario.scaled(FAST_FACTOR)
     resource = load_resource(opts.manifest)
     tmp = Path(tempfile.mkdtemp(prefix="redrafter-demo-"))
-    logging.basicConfig(filename=tmp / "demo.log", level=logging.INFO,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True)
+    logging.basicConfig(
+        filename=tmp / "demo.log",
+        level=logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        force=True,
+    )
     run = DemoRun(opts, scenario, resource, tmp)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -462,9 +534,14 @@ async def run_demo(opts: DemoOptions) -> int:
 
 # ---------------------------------------------------------------------------- CLI
 def _cmd_demo(args: argparse.Namespace) -> int:
-    opts = DemoOptions(manifest=Path(args.file), scenario=args.scenario, fast=args.fast,
-                       summary_json=Path(args.summary_json) if args.summary_json else None, keep_temp=args.keep_temp,
-                       prometheus=args.prometheus)
+    opts = DemoOptions(
+        manifest=Path(args.file),
+        scenario=args.scenario,
+        fast=args.fast,
+        summary_json=Path(args.summary_json) if args.summary_json else None,
+        keep_temp=args.keep_temp,
+        prometheus=args.prometheus,
+    )
     try:
         load_scenario(opts.scenario)
         load_resource(opts.manifest)
@@ -475,17 +552,31 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="the whole lifecycle on this machine: emulated cluster, real operator, "
-                                    "real Triton with a simulated engine")
-    p.add_argument("-f", "--file", default=str(DEFAULT_MANIFEST),
-                   help="ReDrafterDeployment manifest (default: examples/demo-tiny.yaml)")
-    p.add_argument("--scenario", default=DEFAULT_SCENARIO, metavar="NAME|FILE",
-                   help="; ".join(f"{s.name}: {s.description}" for s in SCENARIOS.values())
-                   + "; or a YAML file of stages (see sim/redrafter_sim/scenarios.py)")
+    p = sub.add_parser(
+        "demo",
+        help="the whole lifecycle on this machine: emulated cluster, real operator, "
+        "real Triton with a simulated engine",
+    )
+    p.add_argument(
+        "-f",
+        "--file",
+        default=str(DEFAULT_MANIFEST),
+        help="ReDrafterDeployment manifest (default: examples/demo-tiny.yaml)",
+    )
+    p.add_argument(
+        "--scenario",
+        default=DEFAULT_SCENARIO,
+        metavar="NAME|FILE",
+        help="; ".join(f"{s.name}: {s.description}" for s in SCENARIOS.values())
+        + "; or a YAML file of stages (see sim/redrafter_sim/scenarios.py)",
+    )
     p.add_argument("--fast", action="store_true", help=f"shorten every stage's minimum duration x{FAST_FACTOR}")
     p.add_argument("--summary-json", metavar="PATH", help="also write the summary as JSON")
     p.add_argument("--keep-temp", action="store_true", help="keep the temp dir (logs, engine cache) for debugging")
-    p.add_argument("--prometheus", action="store_true",
-                   help="also run a real Prometheus (Debian package `prometheus`) scraping the operator and the "
-                        "serving pods, with the chart's alert rules; prints its URL for the dashboard's queries")
+    p.add_argument(
+        "--prometheus",
+        action="store_true",
+        help="also run a real Prometheus (Debian package `prometheus`) scraping the operator and the "
+        "serving pods, with the chart's alert rules; prints its URL for the dashboard's queries",
+    )
     p.set_defaults(func=_cmd_demo)

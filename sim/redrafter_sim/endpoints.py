@@ -36,29 +36,52 @@ def endpoints_for(service: Mapping[str, Any], pods: list[Mapping[str, Any]]) -> 
     meta = service["metadata"]
     selector = (service.get("spec") or {}).get("selector") or {}
     ports = (service.get("spec") or {}).get("ports") or []
-    chosen = [p for p in pods if p["metadata"].get("namespace") == meta["namespace"]
-              and selects(selector, p["metadata"].get("labels") or {})
-              and (p.get("status") or {}).get("podIP") and not p["metadata"].get("deletionTimestamp")]
+    chosen = [
+        p
+        for p in pods
+        if p["metadata"].get("namespace") == meta["namespace"]
+        and selects(selector, p["metadata"].get("labels") or {})
+        and (p.get("status") or {}).get("podIP")
+        and not p["metadata"].get("deletionTimestamp")
+    ]
     subsets = []
     if chosen and ports:
+
         def address(pod: Mapping[str, Any]) -> dict[str, Any]:
-            return {"ip": pod["status"]["podIP"], "nodeName": (pod.get("spec") or {}).get("nodeName", ""),
-                    "targetRef": {"kind": "Pod", "namespace": pod["metadata"]["namespace"],
-                                  "name": pod["metadata"]["name"], "uid": pod["metadata"].get("uid", "")}}
+            return {
+                "ip": pod["status"]["podIP"],
+                "nodeName": (pod.get("spec") or {}).get("nodeName", ""),
+                "targetRef": {
+                    "kind": "Pod",
+                    "namespace": pod["metadata"]["namespace"],
+                    "name": pod["metadata"]["name"],
+                    "uid": pod["metadata"].get("uid", ""),
+                },
+            }
+
         ready = sorted((address(p) for p in chosen if condition_true(p, "Ready")), key=lambda a: a["ip"])
         not_ready = sorted((address(p) for p in chosen if not condition_true(p, "Ready")), key=lambda a: a["ip"])
-        subset: dict[str, Any] = {"ports": [
-            {"name": port.get("name", ""), "port": _target_port(port, chosen[0]) or port.get("port"),
-             "protocol": port.get("protocol", "TCP")} for port in ports]}
+        subset: dict[str, Any] = {
+            "ports": [
+                {
+                    "name": port.get("name", ""),
+                    "port": _target_port(port, chosen[0]) or port.get("port"),
+                    "protocol": port.get("protocol", "TCP"),
+                }
+                for port in ports
+            ]
+        }
         if ready:
             subset["addresses"] = ready
         if not_ready:
             subset["notReadyAddresses"] = not_ready
         subsets.append(subset)
-    return {"apiVersion": "v1", "kind": "Endpoints",
-            "metadata": {"name": meta["name"], "namespace": meta["namespace"],
-                         "labels": dict(meta.get("labels") or {})},
-            "subsets": subsets}
+    return {
+        "apiVersion": "v1",
+        "kind": "Endpoints",
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"], "labels": dict(meta.get("labels") or {})},
+        "subsets": subsets,
+    }
 
 
 class EndpointsController:

@@ -23,8 +23,9 @@ import datetime
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
-PodCause = Literal["Unschedulable", "ErrImagePull", "ImagePullBackOff", "CrashLoopBackOff", "OOMKilled",
-                   "CreateContainerConfigError"]
+PodCause = Literal[
+    "Unschedulable", "ErrImagePull", "ImagePullBackOff", "CrashLoopBackOff", "OOMKilled", "CreateContainerConfigError"
+]
 DeploymentCause = Literal["FailedCreate"]
 Cause = Literal[PodCause, DeploymentCause]
 POD_CAUSES: tuple[str, ...] = PodCause.__args__  # type: ignore[attr-defined]
@@ -48,14 +49,25 @@ class Fault:
 
 
 def unschedulable_message(nodes: int, resource: str = GPU_RESOURCE) -> str:
-    return (f"0/{nodes} nodes are available: {nodes} Insufficient {resource}. preemption: 0/{nodes} nodes are "
-            f"available: {nodes} No preemption victims found for incoming pod.")
+    return (
+        f"0/{nodes} nodes are available: {nodes} Insufficient {resource}. preemption: 0/{nodes} nodes are "
+        f"available: {nodes} No preemption victims found for incoming pod."
+    )
 
 
-def _container_status(container: Mapping[str, Any], state: dict[str, Any], *, restarts: int = 0,
-                      last: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"name": container["name"], "image": container.get("image", ""), "imageID": "", "ready": False,
-            "restartCount": restarts, "started": False, "state": state, "lastState": last or {}}
+def _container_status(
+    container: Mapping[str, Any], state: dict[str, Any], *, restarts: int = 0, last: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    return {
+        "name": container["name"],
+        "image": container.get("image", ""),
+        "imageID": "",
+        "ready": False,
+        "restartCount": restarts,
+        "started": False,
+        "state": state,
+        "lastState": last or {},
+    }
 
 
 def _pod_conditions(scheduled: bool, t: str, container_names: list[str]) -> list[dict[str, Any]]:
@@ -63,65 +75,145 @@ def _pod_conditions(scheduled: bool, t: str, container_names: list[str]) -> list
     return [
         {"type": "PodReadyToStartContainers", "status": "True", "lastProbeTime": None, "lastTransitionTime": t},
         {"type": "Initialized", "status": "True", "lastProbeTime": None, "lastTransitionTime": t},
-        {"type": "Ready", "status": "False", "reason": "ContainersNotReady", "message": unready,
-         "lastProbeTime": None, "lastTransitionTime": t},
-        {"type": "ContainersReady", "status": "False", "reason": "ContainersNotReady", "message": unready,
-         "lastProbeTime": None, "lastTransitionTime": t},
-        {"type": "PodScheduled", "status": "True" if scheduled else "False", "lastProbeTime": None,
-         "lastTransitionTime": t},
+        {
+            "type": "Ready",
+            "status": "False",
+            "reason": "ContainersNotReady",
+            "message": unready,
+            "lastProbeTime": None,
+            "lastTransitionTime": t,
+        },
+        {
+            "type": "ContainersReady",
+            "status": "False",
+            "reason": "ContainersNotReady",
+            "message": unready,
+            "lastProbeTime": None,
+            "lastTransitionTime": t,
+        },
+        {
+            "type": "PodScheduled",
+            "status": "True" if scheduled else "False",
+            "lastProbeTime": None,
+            "lastTransitionTime": t,
+        },
     ]
 
 
-def pod_status(pod: Mapping[str, Any], fault: Fault, *, host_ip: str = "192.168.0.10",
-               pod_ip: str = "10.244.0.2") -> dict[str, Any]:
+def pod_status(
+    pod: Mapping[str, Any], fault: Fault, *, host_ip: str = "192.168.0.10", pod_ip: str = "10.244.0.2"
+) -> dict[str, Any]:
     """The whole ``status`` of ``pod`` failing with ``fault.cause`` (a pod cause)."""
     meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
     containers = spec.get("containers") or [{"name": "main", "image": ""}]
     first = containers[0]
     t = _now()
     if fault.cause == "Unschedulable":
-        return {"phase": "Pending", "qosClass": "Burstable", "conditions": [{
-            "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "lastProbeTime": None,
-            "lastTransitionTime": t, "message": fault.detail or unschedulable_message(fault.nodes)}]}
+        return {
+            "phase": "Pending",
+            "qosClass": "Burstable",
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "lastProbeTime": None,
+                    "lastTransitionTime": t,
+                    "message": fault.detail or unschedulable_message(fault.nodes),
+                }
+            ],
+        }
     image = first.get("image", "")
     pod_ref = f"{meta.get('name', '')}_{meta.get('namespace', '')}({meta.get('uid', '')})"
     last: dict[str, Any] | None = None
     restarts = 0
     phase = "Pending"
     if fault.cause == "ErrImagePull":
-        state = {"waiting": {"reason": "ErrImagePull", "message": fault.detail or (
-            f'rpc error: code = NotFound desc = failed to pull and unpack image "{image}": failed to resolve '
-            f'reference "{image}": {image}: not found')}}
+        state = {
+            "waiting": {
+                "reason": "ErrImagePull",
+                "message": fault.detail
+                or (
+                    f'rpc error: code = NotFound desc = failed to pull and unpack image "{image}": failed to resolve '
+                    f'reference "{image}": {image}: not found'
+                ),
+            }
+        }
     elif fault.cause == "ImagePullBackOff":
         state = {"waiting": {"reason": "ImagePullBackOff", "message": f'Back-off pulling image "{image}"'}}
     elif fault.cause == "CreateContainerConfigError":
-        state = {"waiting": {"reason": "CreateContainerConfigError",
-                             "message": fault.detail or 'secret "hf-token" not found'}}
+        state = {
+            "waiting": {
+                "reason": "CreateContainerConfigError",
+                "message": fault.detail or 'secret "hf-token" not found',
+            }
+        }
     else:  # CrashLoopBackOff / OOMKilled: the container ran, died, and the kubelet backs off restarting it
         oom = fault.cause == "OOMKilled"
         restarts, phase = fault.restarts, "Running"
-        state, last = crash_loop_states(first["name"], pod_ref, restarts, exit_code=137 if oom else 1,
-                                        reason="OOMKilled" if oom else "Error",
-                                        message="" if oom else fault.detail or "engine failed to load",
-                                        container_id=f"containerd://{meta.get('uid', '')[:12]}", at=t)
-    statuses = [_container_status(c, state if i == 0 else {"waiting": {"reason": "PodInitializing"}},
-                                  restarts=restarts if i == 0 else 0, last=last if i == 0 else None)
-                for i, c in enumerate(containers)]
-    return {"phase": phase, "hostIP": host_ip, "hostIPs": [{"ip": host_ip}], "podIP": pod_ip,
-            "podIPs": [{"ip": pod_ip}], "startTime": t, "qosClass": "Burstable",
-            "conditions": _pod_conditions(True, t, [c["name"] for c in containers]), "containerStatuses": statuses}
+        state, last = crash_loop_states(
+            first["name"],
+            pod_ref,
+            restarts,
+            exit_code=137 if oom else 1,
+            reason="OOMKilled" if oom else "Error",
+            message="" if oom else fault.detail or "engine failed to load",
+            container_id=f"containerd://{meta.get('uid', '')[:12]}",
+            at=t,
+        )
+    statuses = [
+        _container_status(
+            c,
+            state if i == 0 else {"waiting": {"reason": "PodInitializing"}},
+            restarts=restarts if i == 0 else 0,
+            last=last if i == 0 else None,
+        )
+        for i, c in enumerate(containers)
+    ]
+    return {
+        "phase": phase,
+        "hostIP": host_ip,
+        "hostIPs": [{"ip": host_ip}],
+        "podIP": pod_ip,
+        "podIPs": [{"ip": pod_ip}],
+        "startTime": t,
+        "qosClass": "Burstable",
+        "conditions": _pod_conditions(True, t, [c["name"] for c in containers]),
+        "containerStatuses": statuses,
+    }
 
 
-def crash_loop_states(container: str, pod_ref: str, restarts: int, *, exit_code: int, reason: str, message: str,
-                      container_id: str, at: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def crash_loop_states(
+    container: str,
+    pod_ref: str,
+    restarts: int,
+    *,
+    exit_code: int,
+    reason: str,
+    message: str,
+    container_id: str,
+    at: str,
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """(state, lastState) of a container the kubelet backs off restarting: 10 s doubling per restart, at most
     5 min (pkg/kubelet/kubelet.go backOffPeriod / MaxContainerBackOff); ``pod_ref`` is name_namespace(uid)."""
     backoff = min(300, 10 * 2 ** max(0, restarts - 1))
     delay = f"{backoff // 60}m{backoff % 60}s" if backoff >= 60 else f"{backoff}s"
-    state = {"waiting": {"reason": "CrashLoopBackOff",
-                         "message": f"back-off {delay} restarting failed container={container} pod={pod_ref}"}}
-    last = {"terminated": {"exitCode": exit_code, "reason": reason, "startedAt": at, "finishedAt": at,
-                           "containerID": container_id, **({"message": message} if message else {})}}
+    state = {
+        "waiting": {
+            "reason": "CrashLoopBackOff",
+            "message": f"back-off {delay} restarting failed container={container} pod={pod_ref}",
+        }
+    }
+    last = {
+        "terminated": {
+            "exitCode": exit_code,
+            "reason": reason,
+            "startedAt": at,
+            "finishedAt": at,
+            "containerID": container_id,
+            **({"message": message} if message else {}),
+        }
+    }
     return state, last
 
 
@@ -148,13 +240,30 @@ def missing_env_source(container: Mapping[str, Any], exists: Any) -> str:
 def replica_failure(pod_name: str, detail: str = "") -> dict[str, Any]:
     """The Deployment's ReplicaFailure condition when the API server rejects its ReplicaSet's Pod."""
     t = _now()
-    return {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "lastUpdateTime": t,
-            "lastTransitionTime": t, "message": f'pods "{pod_name}" is forbidden: ' + (detail or (
+    return {
+        "type": "ReplicaFailure",
+        "status": "True",
+        "reason": "FailedCreate",
+        "lastUpdateTime": t,
+        "lastTransitionTime": t,
+        "message": f'pods "{pod_name}" is forbidden: '
+        + (
+            detail
+            or (
                 "exceeded quota: gpu-quota, requested: requests.nvidia.com/gpu=1, used: requests.nvidia.com/gpu=4, "
-                "limited: requests.nvidia.com/gpu=4"))}
+                "limited: requests.nvidia.com/gpu=4"
+            )
+        ),
+    }
 
 
 def progress_deadline_exceeded(replicaset: str) -> dict[str, Any]:
     t = _now()
-    return {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded", "lastUpdateTime": t,
-            "lastTransitionTime": t, "message": f'ReplicaSet "{replicaset}" has timed out progressing.'}
+    return {
+        "type": "Progressing",
+        "status": "False",
+        "reason": "ProgressDeadlineExceeded",
+        "lastUpdateTime": t,
+        "lastTransitionTime": t,
+        "message": f'ReplicaSet "{replicaset}" has timed out progressing.',
+    }

@@ -83,10 +83,15 @@ class HostFS:
     def remove_pod(self, namespace: str, name: str) -> None:
         shutil.rmtree(self.node_dir / "pods" / f"{_safe(namespace)}_{_safe(name)}", ignore_errors=True)
 
-    def mount_volumes(self, pod: PodRoot, pod_spec: Mapping[str, Any], container: Mapping[str, Any],
-                      configmaps: Mapping[str, Mapping[str, str]],
-                      secrets: Mapping[str, Mapping[str, bytes]] | None = None,
-                      identity: Identity | None = None) -> PodRoot:
+    def mount_volumes(
+        self,
+        pod: PodRoot,
+        pod_spec: Mapping[str, Any],
+        container: Mapping[str, Any],
+        configmaps: Mapping[str, Mapping[str, str]],
+        secrets: Mapping[str, Mapping[str, bytes]] | None = None,
+        identity: Identity | None = None,
+    ) -> PodRoot:
         """Lay out the container's volume mounts under the pod's rootfs.
 
         ``configmaps`` / ``secrets`` map a name to its (decoded) data, already fetched by the caller; a
@@ -117,8 +122,14 @@ class HostFS:
             pod.mounts.append(Mount(vm["mountPath"], host))
         return pod
 
-    def _volume_dir(self, pod: PodRoot, vol: Mapping[str, Any], configmaps: Mapping[str, Mapping[str, str]],
-                    secrets: Mapping[str, Mapping[str, bytes]], identity: Identity | None) -> Path:
+    def _volume_dir(
+        self,
+        pod: PodRoot,
+        vol: Mapping[str, Any],
+        configmaps: Mapping[str, Mapping[str, str]],
+        secrets: Mapping[str, Mapping[str, bytes]],
+        identity: Identity | None,
+    ) -> Path:
         name = _safe(vol["name"])
         if "persistentVolumeClaim" in vol:
             return self.claim_dir(vol["persistentVolumeClaim"]["claimName"])
@@ -141,10 +152,10 @@ class HostFS:
             return target
         raise ValueError(f"volume {vol['name']!r}: unsupported volume type {sorted(vol)}")
 
-
     @staticmethod
-    def _secret_dir(pod: PodRoot, vol: Mapping[str, Any], secrets: Mapping[str, Mapping[str, bytes]],
-                    identity: Identity | None) -> Path:
+    def _secret_dir(
+        pod: PodRoot, vol: Mapping[str, Any], secrets: Mapping[str, Mapping[str, bytes]], identity: Identity | None
+    ) -> Path:
         """The Secret's keys as files (``items`` select and rename them), each with its mode's access."""
         src = vol["secret"]
         name = src["secretName"]

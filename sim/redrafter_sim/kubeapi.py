@@ -79,8 +79,15 @@ class KubeApi:
             await self._session.close()
             self._session = None
 
-    async def _call(self, method: str, path: str, *, json: Any = None, params: dict[str, str] | None = None,
-                    content_type: str = "application/json") -> Obj:
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: dict[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> Obj:
         if self._session is None:
             raise RuntimeError("KubeApi is not open (use `async with`)")
         headers = {"Accept": "application/json"}
@@ -111,11 +118,13 @@ class KubeApi:
         ns = namespace or body.get("metadata", {}).get("namespace")
         return await self._call("POST", kind.path(ns), json=body)
 
-    async def patch(self, kind: Kind, name: str, namespace: str | None, patch: Obj,
-                    subresource: str | None = None) -> Obj:
+    async def patch(
+        self, kind: Kind, name: str, namespace: str | None, patch: Obj, subresource: str | None = None
+    ) -> Obj:
         """JSON merge patch (``subresource="status"`` for the status subresource)."""
-        return await self._call("PATCH", kind.path(namespace, name, subresource), json=patch,
-                                content_type="application/merge-patch+json")
+        return await self._call(
+            "PATCH", kind.path(namespace, name, subresource), json=patch, content_type="application/merge-patch+json"
+        )
 
     async def delete(self, kind: Kind, name: str, namespace: str | None = None) -> bool:
         """Delete in the background (dependents garbage-collected); False when already gone."""

@@ -31,9 +31,19 @@ TEMP_PREFIX = "redrafter-sim-node-"
 
 
 class SimKubelet:
-    def __init__(self, api_url: str, *, sync_period: float = 0.5, sim: SimEngineSettings | None = None,
-                 toolchain: Path = TOOLCHAIN_DIR, node_dir: Path | None = None, build_parallelism: int = 2,
-                 exit_timeout_secs: int = 3, gpus: int | None = None, openai_front: bool = False) -> None:
+    def __init__(
+        self,
+        api_url: str,
+        *,
+        sync_period: float = 0.5,
+        sim: SimEngineSettings | None = None,
+        toolchain: Path = TOOLCHAIN_DIR,
+        node_dir: Path | None = None,
+        build_parallelism: int = 2,
+        exit_timeout_secs: int = 3,
+        gpus: int | None = None,
+        openai_front: bool = False,
+    ) -> None:
         """``openai_front``: serving pods also run the OpenAI-compatible front (one more process each)."""
         self.api_url = api_url
         self.sync_period = sync_period
@@ -43,9 +53,15 @@ class SimKubelet:
         self.control_dir = self.node_dir / "sim-control"
         self.api = KubeApi(api_url)
         self.jobs = JobRunner(self.api, self.fs, toolchain=toolchain, parallel=build_parallelism)
-        self.serving = ServingController(self.api, self.fs, self.control_dir, sim=sim,
-                                         exit_timeout_secs=exit_timeout_secs, gpus=gpus,  # gpus: nvidia.com/gpu
-                                         openai_front=openai_front)
+        self.serving = ServingController(
+            self.api,
+            self.fs,
+            self.control_dir,
+            sim=sim,
+            exit_timeout_secs=exit_timeout_secs,
+            gpus=gpus,  # gpus: nvidia.com/gpu
+            openai_front=openai_front,
+        )
         self.endpoints = EndpointsController(self.api)
         self._task: asyncio.Task[None] | None = None
         self.sync_errors = 0

@@ -30,12 +30,19 @@ def template_hash(template: Mapping[str, Any]) -> str:
 
 def owner_ref(owner: Mapping[str, Any]) -> dict[str, Any]:
     meta = owner["metadata"]
-    return {"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": meta["name"], "uid": meta["uid"],
-            "controller": True, "blockOwnerDeletion": True}
+    return {
+        "apiVersion": owner["apiVersion"],
+        "kind": owner["kind"],
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
 
 
-def pod_manifest(owner: Mapping[str, Any], name: str, template: Mapping[str, Any],
-                 extra_labels: Mapping[str, str]) -> dict[str, Any]:
+def pod_manifest(
+    owner: Mapping[str, Any], name: str, template: Mapping[str, Any], extra_labels: Mapping[str, str]
+) -> dict[str, Any]:
     meta = template.get("metadata") or {}
     spec = dict(template.get("spec") or {})
     spec["nodeName"] = NODE_NAME
@@ -71,30 +78,46 @@ def running_status(container: str, ip: str, started: str, ready: bool, restarts:
         "hostIP": HOST_IP,
         "startTime": started,
         "conditions": _conditions(ready, now()),
-        "containerStatuses": [{
-            "name": container, "ready": ready, "started": True, "restartCount": restarts, "image": image,
-            "imageID": image, "containerID": f"sim://{container}-{restarts}",
-            "state": {"running": {"startedAt": started}},
-        }],
+        "containerStatuses": [
+            {
+                "name": container,
+                "ready": ready,
+                "started": True,
+                "restartCount": restarts,
+                "image": image,
+                "imageID": image,
+                "containerID": f"sim://{container}-{restarts}",
+                "state": {"running": {"startedAt": started}},
+            }
+        ],
     }
 
 
-def waiting_status(container: str, reason: str, message: str, restarts: int, image: str,
-                   started: str) -> dict[str, Any]:
+def waiting_status(
+    container: str, reason: str, message: str, restarts: int, image: str, started: str
+) -> dict[str, Any]:
     return {
         "phase": "Pending",
         "hostIP": HOST_IP,
         "startTime": started,
         "conditions": _conditions(False, now()),
-        "containerStatuses": [{
-            "name": container, "ready": False, "started": False, "restartCount": restarts, "image": image,
-            "imageID": "", "state": {"waiting": {"reason": reason, "message": message}},
-        }],
+        "containerStatuses": [
+            {
+                "name": container,
+                "ready": False,
+                "started": False,
+                "restartCount": restarts,
+                "image": image,
+                "imageID": "",
+                "state": {"waiting": {"reason": reason, "message": message}},
+            }
+        ],
     }
 
 
-def terminated_status(container: str, ip: str, started: str, exit_code: int, message: str,
-                      image: str) -> dict[str, Any]:
+def terminated_status(
+    container: str, ip: str, started: str, exit_code: int, message: str, image: str
+) -> dict[str, Any]:
     finished = now()
     return {
         "phase": "Succeeded" if exit_code == 0 else "Failed",
@@ -102,20 +125,33 @@ def terminated_status(container: str, ip: str, started: str, exit_code: int, mes
         "hostIP": HOST_IP,
         "startTime": started,
         "conditions": _conditions(False, finished),
-        "containerStatuses": [{
-            "name": container, "ready": False, "started": False, "restartCount": 0, "image": image,
-            "imageID": image, "containerID": f"sim://{container}",
-            "state": {"terminated": {
-                "exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
-                "message": message, "startedAt": started, "finishedAt": finished,
-            }},
-        }],
+        "containerStatuses": [
+            {
+                "name": container,
+                "ready": False,
+                "started": False,
+                "restartCount": 0,
+                "image": image,
+                "imageID": image,
+                "containerID": f"sim://{container}",
+                "state": {
+                    "terminated": {
+                        "exitCode": exit_code,
+                        "reason": "Completed" if exit_code == 0 else "Error",
+                        "message": message,
+                        "startedAt": started,
+                        "finishedAt": finished,
+                    }
+                },
+            }
+        ],
     }
 
 
 def condition_true(obj: Mapping[str, Any], ctype: str) -> bool:
-    return any(c.get("type") == ctype and c.get("status") == "True"
-               for c in (obj.get("status") or {}).get("conditions") or [])
+    return any(
+        c.get("type") == ctype and c.get("status") == "True" for c in (obj.get("status") or {}).get("conditions") or []
+    )
 
 
 def failed_create_event(owner: Mapping[str, Any], message: str, component: str) -> dict[str, Any]:
@@ -123,18 +159,35 @@ def failed_create_event(owner: Mapping[str, Any], message: str, component: str) 
     (``Error creating: <the API server's message>``, reason FailedCreate, as in the real controllers)."""
     meta, t = owner["metadata"], now()
     return {
-        "apiVersion": "v1", "kind": "Event",
+        "apiVersion": "v1",
+        "kind": "Event",
         "metadata": {"name": f"{meta['name']}.{suffix(10)}", "namespace": meta["namespace"]},
-        "involvedObject": {"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": meta["name"],
-                           "namespace": meta["namespace"], "uid": meta["uid"]},
-        "reason": "FailedCreate", "message": f"Error creating: {message}", "type": "Warning",
-        "source": {"component": component}, "reportingComponent": component,
-        "firstTimestamp": t, "lastTimestamp": t, "count": 1,
+        "involvedObject": {
+            "apiVersion": owner["apiVersion"],
+            "kind": owner["kind"],
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta["uid"],
+        },
+        "reason": "FailedCreate",
+        "message": f"Error creating: {message}",
+        "type": "Warning",
+        "source": {"component": component},
+        "reportingComponent": component,
+        "firstTimestamp": t,
+        "lastTimestamp": t,
+        "count": 1,
     }
 
 
 def replica_failure_condition(message: str) -> dict[str, Any]:
     """Deployment condition ReplicaFailure (copied by the Deployment controller from its ReplicaSet)."""
     t = now()
-    return {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": message,
-            "lastUpdateTime": t, "lastTransitionTime": t}
+    return {
+        "type": "ReplicaFailure",
+        "status": "True",
+        "reason": "FailedCreate",
+        "message": message,
+        "lastUpdateTime": t,
+        "lastTransitionTime": t,
+    }

@@ -35,26 +35,43 @@ def validate(job: Mapping[str, Any]) -> list[Cause]:
     causes: list[Cause] = []
     restart = pod_spec.get("restartPolicy")
     if restart != "Never":
-        causes.append(Cause("spec.template.spec.restartPolicy", "FieldValueInvalid",
-                            f'Invalid value: "{restart}": only "Never" is supported when podFailurePolicy is specified'))
+        causes.append(
+            Cause(
+                "spec.template.spec.restartPolicy",
+                "FieldValueInvalid",
+                f'Invalid value: "{restart}": only "Never" is supported when podFailurePolicy is specified',
+            )
+        )
     rules = policy.get("rules")
     if not isinstance(rules, list):
         return causes + [Cause(f"{base}.rules", "FieldValueRequired", "Required value")]
     if len(rules) > MAX_RULES:
-        causes.append(Cause(f"{base}.rules", "FieldValueTooMany",
-                            f"Too many: {len(rules)}: must have at most {MAX_RULES} items"))
+        causes.append(
+            Cause(f"{base}.rules", "FieldValueTooMany", f"Too many: {len(rules)}: must have at most {MAX_RULES} items")
+        )
     containers = {c.get("name") for key in ("containers", "initContainers") for c in pod_spec.get(key) or []}
     for i, rule in enumerate(rules):
         path = f"{base}.rules[{i}]"
         action = rule.get("action")
         if action not in (FAIL_JOB, IGNORE, COUNT) and not (action == FAIL_INDEX and "backoffLimitPerIndex" in spec):
-            causes.append(Cause(f"{path}.action", "FieldValueNotSupported",
-                                f'Unsupported value: "{action}": supported values: "Count", "FailJob", "Ignore"'))
+            causes.append(
+                Cause(
+                    f"{path}.action",
+                    "FieldValueNotSupported",
+                    f'Unsupported value: "{action}": supported values: "Count", "FailJob", "Ignore"',
+                )
+            )
         on_codes, on_conditions = rule.get("onExitCodes"), rule.get("onPodConditions")
         if (on_codes is None) == (on_conditions is None):
-            causes.append(Cause(path, "FieldValueInvalid", "Invalid value: specifying one of OnExitCodes and "
-                                "OnPodConditions is required" if on_codes is None else
-                                "Invalid value: specifying both OnExitCodes and OnPodConditions is not supported"))
+            causes.append(
+                Cause(
+                    path,
+                    "FieldValueInvalid",
+                    "Invalid value: specifying one of OnExitCodes and OnPodConditions is required"
+                    if on_codes is None
+                    else "Invalid value: specifying both OnExitCodes and OnPodConditions is not supported",
+                )
+            )
         if on_codes is not None:
             causes += _exit_code_causes(on_codes, f"{path}.onExitCodes", containers)
     return causes
@@ -64,24 +81,37 @@ def _exit_code_causes(req: Mapping[str, Any], path: str, containers: set[Any]) -
     causes: list[Cause] = []
     name = req.get("containerName")
     if name is not None and name not in containers:
-        causes.append(Cause(f"{path}.containerName", "FieldValueInvalid",
-                            f'Invalid value: "{name}": must be one of the container or initContainer names in the '
-                            "pod template"))
+        causes.append(
+            Cause(
+                f"{path}.containerName",
+                "FieldValueInvalid",
+                f'Invalid value: "{name}": must be one of the container or initContainer names in the pod template',
+            )
+        )
     op = req.get("operator")
     if op not in ("In", "NotIn"):
-        causes.append(Cause(f"{path}.operator", "FieldValueNotSupported",
-                            f'Unsupported value: "{op}": supported values: "In", "NotIn"'))
+        causes.append(
+            Cause(
+                f"{path}.operator",
+                "FieldValueNotSupported",
+                f'Unsupported value: "{op}": supported values: "In", "NotIn"',
+            )
+        )
     values = req.get("values")
     if not isinstance(values, list) or not values:
-        return causes + [Cause(f"{path}.values", "FieldValueRequired", "Required value: at least one value is required")]
+        return causes + [
+            Cause(f"{path}.values", "FieldValueRequired", "Required value: at least one value is required")
+        ]
     if len(values) > MAX_VALUES:
-        causes.append(Cause(f"{path}.values", "FieldValueTooMany",
-                            f"Too many: {len(values)}: must have at most {MAX_VALUES} items"))
+        causes.append(
+            Cause(
+                f"{path}.values", "FieldValueTooMany", f"Too many: {len(values)}: must have at most {MAX_VALUES} items"
+            )
+        )
     for j, value in enumerate(values):
         vpath = f"{path}.values[{j}]"
         if op == "In" and value == 0:
-            causes.append(Cause(vpath, "FieldValueInvalid",
-                                "Invalid value: 0: must not be 0 for the In operator"))
+            causes.append(Cause(vpath, "FieldValueInvalid", "Invalid value: 0: must not be 0 for the In operator"))
         if j > 0 and value == values[j - 1]:
             causes.append(Cause(vpath, "FieldValueDuplicate", f"Duplicate value: {value}"))
         elif j > 0 and value < values[j - 1]:
@@ -106,15 +136,22 @@ def match(job: Mapping[str, Any], pod: Mapping[str, Any]) -> tuple[str | None, s
             if hit is None:
                 continue
             name, code = hit
-            message = (f"Container {name} for pod {meta.get('namespace', '')}/{meta.get('name', '')} failed with "
-                       f"exit code {code} matching {action} rule at index {index}")
+            message = (
+                f"Container {name} for pod {meta.get('namespace', '')}/{meta.get('name', '')} failed with "
+                f"exit code {code} matching {action} rule at index {index}"
+            )
             return action, message if action == FAIL_JOB else ""
         patterns = rule.get("onPodConditions") or []
         conditions = status.get("conditions") or []
-        if any(c.get("type") == p.get("type") and c.get("status") == p.get("status", "True")
-               for p in patterns for c in conditions):
-            message = (f"Pod {meta.get('namespace', '')}/{meta.get('name', '')} has condition "
-                       f"{patterns[0].get('type')} matching {action} rule at index {index}")
+        if any(
+            c.get("type") == p.get("type") and c.get("status") == p.get("status", "True")
+            for p in patterns
+            for c in conditions
+        ):
+            message = (
+                f"Pod {meta.get('namespace', '')}/{meta.get('name', '')} has condition "
+                f"{patterns[0].get('type')} matching {action} rule at index {index}"
+            )
             return action, message if action == FAIL_JOB else ""
     return None, ""
 

@@ -26,9 +26,22 @@ from typing import Any
 IMAGE_USERS = {"redrafter-operator": 65532}
 DEFAULT_IMAGE_USER = 10001
 #: what containerd/CRI-O grant a container by default (capability numbers, linux/capability.h)
-DEFAULT_CAPABILITIES = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3, "FSETID": 4, "KILL": 5, "SETGID": 6,
-                        "SETUID": 7, "SETPCAP": 8, "NET_BIND_SERVICE": 10, "NET_RAW": 13, "SYS_CHROOT": 18,
-                        "MKNOD": 27, "AUDIT_WRITE": 29, "SETFCAP": 31}
+DEFAULT_CAPABILITIES = {
+    "CHOWN": 0,
+    "DAC_OVERRIDE": 1,
+    "FOWNER": 3,
+    "FSETID": 4,
+    "KILL": 5,
+    "SETGID": 6,
+    "SETUID": 7,
+    "SETPCAP": 8,
+    "NET_BIND_SERVICE": 10,
+    "NET_RAW": 13,
+    "SYS_CHROOT": 18,
+    "MKNOD": 27,
+    "AUDIT_WRITE": 29,
+    "SETFCAP": 31,
+}
 PR_CAPBSET_DROP = 24
 RO_MASK, RW_MASK = 0o440, 0o660
 DEFAULT_SECRET_MODE = 0o644  # Secret/ConfigMapVolumeSource.defaultMode when unset

@@ -68,8 +68,13 @@ def _groups(serving: Iterable[ServingTarget]) -> list[dict]:
     return [{"targets": [t.address], "labels": {"namespace": t.namespace, "pod": t.pod}} for t in serving]
 
 
-def scrape_config(serving: Iterable[ServingTarget], operator: Iterable[str], interval: str = "1s",
-                  rules: Iterable[Path] = (ALERT_RULES,), serving_file: Path | None = None) -> dict:
+def scrape_config(
+    serving: Iterable[ServingTarget],
+    operator: Iterable[str],
+    interval: str = "1s",
+    rules: Iterable[Path] = (ALERT_RULES,),
+    serving_file: Path | None = None,
+) -> dict:
     """prometheus.yml for these targets (operator: host:port of its /metrics). Serving pods that come and
     go are listed in ``serving_file`` instead (file-based discovery, see :func:`write_serving_file`)."""
     serving_job: dict = {"job_name": SERVING_JOB, "static_configs": _groups(serving)}
@@ -124,12 +129,18 @@ class PrometheusServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         cfg = self.workdir / "prometheus.yml"
         cfg.write_text(yaml.safe_dump(dict(self.config), sort_keys=False), encoding="utf-8")
-        argv = [binary, f"--config.file={cfg}", f"--storage.tsdb.path={self.workdir / 'data'}",
-                f"--web.listen-address={self.host}:{self.port}", "--storage.tsdb.retention.time=1d",
-                "--log.level=warn"]
+        argv = [
+            binary,
+            f"--config.file={cfg}",
+            f"--storage.tsdb.path={self.workdir / 'data'}",
+            f"--web.listen-address={self.host}:{self.port}",
+            "--storage.tsdb.retention.time=1d",
+            "--log.level=warn",
+        ]
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir, start_new_session=True
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -166,8 +177,9 @@ class PrometheusServer:
             if len(up) >= count:
                 return
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{len(up)} of {count} targets up after {timeout:.0f}s: "
-                                   f"{self.api('targets')['activeTargets']}")
+                raise TimeoutError(
+                    f"{len(up)} of {count} targets up after {timeout:.0f}s: {self.api('targets')['activeTargets']}"
+                )
             time.sleep(0.3)
 
     def log_tail(self, lines: int = 30) -> str:

@@ -46,15 +46,25 @@ def backends_from_endpoints(endpoints: dict[str, Any], port_name: str, default_p
         if port is None:
             port = next((p["port"] for p in ports if p.get("port") == default_port), default_port)
         for addr in subset.get("addresses") or []:
-            out.append(Backend(pod=(addr.get("targetRef") or {}).get("name", addr["ip"]), ip=addr["ip"], port=int(port)))
+            out.append(
+                Backend(pod=(addr.get("targetRef") or {}).get("name", addr["ip"]), ip=addr["ip"], port=int(port))
+            )
     return sorted(out, key=lambda b: (b.ip, b.port))
 
 
 class ServiceRouter:
     """``async with ServiceRouter(api, "default", "llm") as r: backend = r.pick()``."""
 
-    def __init__(self, api: KubeApi, namespace: str, service: str, *, port_name: str = "grpc",
-                 default_port: int = contract.GRPC_PORT, refresh: float = 0.5) -> None:
+    def __init__(
+        self,
+        api: KubeApi,
+        namespace: str,
+        service: str,
+        *,
+        port_name: str = "grpc",
+        default_port: int = contract.GRPC_PORT,
+        refresh: float = 0.5,
+    ) -> None:
         self.api = api
         self.namespace = namespace
         self.service = service

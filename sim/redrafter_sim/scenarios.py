@@ -28,7 +28,12 @@ from typing import Any, Callable, Mapping
 import yaml
 
 OPS: dict[str, Callable[[Any, Any], bool]] = {
-    "==": operator.eq, "!=": operator.ne, ">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt,
+    "==": operator.eq,
+    "!=": operator.ne,
+    ">=": operator.ge,
+    "<=": operator.le,
+    ">": operator.gt,
+    "<": operator.lt,
 }
 
 
@@ -118,12 +123,19 @@ class Scenario:
             unknown = set(st) - {f.name for f in fields(Stage)}
             if unknown:
                 raise ValueError(f"stage {st.get('name')!r}: unknown keys {sorted(unknown)}")
-            stages.append(Stage(
-                name=str(st["name"]), description=str(st.get("description", "")),
-                concurrency=st.get("concurrency"), acceptance=st.get("acceptance"), min_s=float(st.get("min_s", 0)),
-                until=_conditions(st.get("until")), timeout_s=float(st.get("timeout_s", 60.0)),
-                hold=_conditions(st.get("hold")), expect=str(st.get("expect", "")),
-            ))
+            stages.append(
+                Stage(
+                    name=str(st["name"]),
+                    description=str(st.get("description", "")),
+                    concurrency=st.get("concurrency"),
+                    acceptance=st.get("acceptance"),
+                    min_s=float(st.get("min_s", 0)),
+                    until=_conditions(st.get("until")),
+                    timeout_s=float(st.get("timeout_s", 60.0)),
+                    hold=_conditions(st.get("hold")),
+                    expect=str(st.get("expect", "")),
+                )
+            )
         if not stages:
             raise ValueError("a scenario needs at least one stage")
         return cls(str(raw.get("name", "custom")), str(raw.get("description", "")), tuple(stages))
@@ -143,58 +155,91 @@ READY = "status.serving.readyReplicas"
 REPLICAS = "status.serving.replicas"
 
 DEPLOY = Stage(
-    "deploy", "apply the resource: build both engines, validate ReDrafter against base, promote it",
-    concurrency=0, acceptance=HIGH_ACCEPTANCE,
-    until=(Condition("status.phase", "==", "Serving"), Condition("status.validation.state", "==", "Passed"),
-           Condition(ACTIVE_ENGINE, "==", "redrafter")),
+    "deploy",
+    "apply the resource: build both engines, validate ReDrafter against base, promote it",
+    concurrency=0,
+    acceptance=HIGH_ACCEPTANCE,
+    until=(
+        Condition("status.phase", "==", "Serving"),
+        Condition("status.validation.state", "==", "Passed"),
+        Condition(ACTIVE_ENGINE, "==", "redrafter"),
+    ),
     timeout_s=180,
     expect="engines built by Jobs; base serves while the validation Job compares greedy outputs; "
-           "then the Service moves to ReDrafter",
+    "then the Service moves to ReDrafter",
 )
 STEADY = Stage(
-    "steady", "steady light traffic on ReDrafter with high acceptance",
-    concurrency=LOW_LOAD, min_s=8,
+    "steady",
+    "steady light traffic on ReDrafter with high acceptance",
+    concurrency=LOW_LOAD,
+    min_s=8,
     # ends at the one replica the light load needs: the pool keeps the size validation traffic needed until
     # the scale-down window after the switch has passed, and load-rise must start from there to show a scale-up
-    until=(Condition("status.speculation.samples", ">", 0), Condition(REPLICAS, "==", 1)), timeout_s=40,
+    until=(Condition("status.speculation.samples", ">", 0), Condition(REPLICAS, "==", 1)),
+    timeout_s=40,
     hold=(Condition(ACTIVE_ENGINE, "==", "redrafter"),),
     expect="acceptance measured on live traffic; ReDrafter kept, at the one replica the light load needs",
 )
 LOAD_RISE = Stage(
-    "load-rise", "the load rises well above the per-replica target",
-    concurrency=HIGH_LOAD, min_s=4,
-    until=(Condition(READY, ">=", 2),), timeout_s=60,
+    "load-rise",
+    "the load rises well above the per-replica target",
+    concurrency=HIGH_LOAD,
+    min_s=4,
+    until=(Condition(READY, ">=", 2),),
+    timeout_s=60,
     expect="autoscaled up (HPA rule on active+waiting requests per replica)",
 )
 COLLAPSE = Stage(
-    "collapse", "the drafter stops matching the traffic: acceptance collapses",
-    acceptance=LOW_ACCEPTANCE, min_s=2,
-    until=(Condition(ACTIVE_ENGINE, "==", "base"),), timeout_s=120,
+    "collapse",
+    "the drafter stops matching the traffic: acceptance collapses",
+    acceptance=LOW_ACCEPTANCE,
+    min_s=2,
+    until=(Condition(ACTIVE_ENGINE, "==", "base"),),
+    timeout_s=120,
     expect="fallback to the base engine after failureLimit bad windows",
 )
 RECOVER = Stage(
-    "recover", "acceptance recovers (measured on the ReDrafter canary while on base)",
-    acceptance=HIGH_ACCEPTANCE, min_s=2,
+    "recover",
+    "acceptance recovers (measured on the ReDrafter canary while on base)",
+    acceptance=HIGH_ACCEPTANCE,
+    min_s=2,
     until=(Condition(ACTIVE_ENGINE, "==", "redrafter"), Condition(REPLICAS, ">=", 2), Condition(READY, ">=", 2)),
     timeout_s=120,
     expect="back to ReDrafter after successLimit good canary windows, scaled for the load",
 )
 LOAD_FALL = Stage(
-    "load-fall", "the load falls back",
-    concurrency=LOW_LOAD, min_s=2,
-    until=(Condition(REPLICAS, "==", 1), Condition(ACTIVE_ENGINE, "==", "redrafter")), timeout_s=60,
+    "load-fall",
+    "the load falls back",
+    concurrency=LOW_LOAD,
+    min_s=2,
+    until=(Condition(REPLICAS, "==", 1), Condition(ACTIVE_ENGINE, "==", "redrafter")),
+    timeout_s=60,
     expect="scaled down after the scale-down stabilization window",
 )
 
 SCENARIOS: dict[str, Scenario] = {
-    s.name: s for s in (
-        Scenario("lifecycle", "build -> rollout -> autoscale up -> fallback -> recovery -> scale down",
-                 (DEPLOY, STEADY, LOAD_RISE, COLLAPSE, RECOVER, LOAD_FALL)),
-        Scenario("collapse", "build -> rollout -> acceptance collapse -> fallback -> recovery",
-                 (DEPLOY, replace(STEADY, min_s=4), COLLAPSE, RECOVER)),
-        Scenario("steady", "build -> rollout -> steady traffic: the operator keeps ReDrafter and 1 replica",
-                 (DEPLOY, replace(STEADY, min_s=20, hold=(Condition(ACTIVE_ENGINE, "==", "redrafter"),
-                                                          Condition(REPLICAS, "==", 1))),)),
+    s.name: s
+    for s in (
+        Scenario(
+            "lifecycle",
+            "build -> rollout -> autoscale up -> fallback -> recovery -> scale down",
+            (DEPLOY, STEADY, LOAD_RISE, COLLAPSE, RECOVER, LOAD_FALL),
+        ),
+        Scenario(
+            "collapse",
+            "build -> rollout -> acceptance collapse -> fallback -> recovery",
+            (DEPLOY, replace(STEADY, min_s=4), COLLAPSE, RECOVER),
+        ),
+        Scenario(
+            "steady",
+            "build -> rollout -> steady traffic: the operator keeps ReDrafter and 1 replica",
+            (
+                DEPLOY,
+                replace(
+                    STEADY, min_s=20, hold=(Condition(ACTIVE_ENGINE, "==", "redrafter"), Condition(REPLICAS, "==", 1))
+                ),
+            ),
+        ),
     )
 }
 DEFAULT_SCENARIO = "lifecycle"

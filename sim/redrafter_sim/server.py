@@ -87,8 +87,9 @@ class EmulatorThread:
             self._ready.set()
 
 
-def kubeconfig_dict(url: str, namespace: str = "default", context: str = "redrafter-sim",
-                    token: str | None = None) -> dict[str, object]:
+def kubeconfig_dict(
+    url: str, namespace: str = "default", context: str = "redrafter-sim", token: str | None = None
+) -> dict[str, object]:
     """A kubeconfig for an insecure loopback server; ``token`` (see ApiServerEmulator.add_token) names the caller."""
     return {
         "apiVersion": "v1",
@@ -137,8 +138,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: a free one)")
     parser.add_argument("--kubeconfig", type=Path, help="write a kubeconfig for the server here")
     parser.add_argument("--load", type=Path, action="append", default=[], help="YAML manifests to create first")
-    parser.add_argument("--controllers", action="store_true",
-                        help="play the Deployment/Endpoints controllers (Pods become Ready) and the CronJob controller")
+    parser.add_argument(
+        "--controllers",
+        action="store_true",
+        help="play the Deployment/Endpoints controllers (Pods become Ready) and the CronJob controller",
+    )
     args = parser.parse_args(argv)
     try:
         asyncio.run(_serve_forever(args.port, args.kubeconfig, args.load, args.controllers))

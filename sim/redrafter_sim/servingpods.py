@@ -41,12 +41,19 @@ from engine_jobs import contract
 from engine_jobs.contract import ServingConfig
 from engine_jobs.model_repo import write_model_repository
 from engine_jobs.serve import LaunchSettings, front_argv
-
 from redrafter_operator.render import names
+
 from . import objects
 from .engine import SimEngineSettings, add_load_gauges, install_sim_engine
-from .failures import (GPU_RESOURCE, Fault, crash_loop_states, missing_env_source, pod_status,
-                       progress_deadline_exceeded, unschedulable_message)
+from .failures import (
+    GPU_RESOURCE,
+    Fault,
+    crash_loop_states,
+    missing_env_source,
+    pod_status,
+    progress_deadline_exceeded,
+    unschedulable_message,
+)
 from .hostfs import HostFS, PodRoot, configmap_names
 from .kubeapi import CONFIGMAPS, DEPLOYMENTS, EVENTS, PODS, SECRETS, ApiStatusError, KubeApi
 from .triton import STUB_TIMEOUT_SECONDS, TritonServer, port_is_free
@@ -67,9 +74,12 @@ STARTS_IN_PARALLEL = 4
 class IpPool:
     """Pod IPs on loopback: 127.0.0.N whose Triton ports are free on this machine."""
 
-    def __init__(self, first: int = 10, last: int = 250,
-                 ports: tuple[int, ...] = (contract.HTTP_PORT, contract.GRPC_PORT, contract.METRICS_PORT,
-                                           contract.OPENAI_PORT)) -> None:
+    def __init__(
+        self,
+        first: int = 10,
+        last: int = 250,
+        ports: tuple[int, ...] = (contract.HTTP_PORT, contract.GRPC_PORT, contract.METRICS_PORT, contract.OPENAI_PORT),
+    ) -> None:
         self._candidates = [f"127.0.0.{n}" for n in range(first, last + 1)]
         self._ports = ports
         self._used: set[str] = set()
@@ -134,9 +144,17 @@ class ServingPod:
 class ServingController:
     """Reconciles serving Deployments into running tritonserver pods."""
 
-    def __init__(self, api: KubeApi, fs: HostFS, control_dir: Path, *,
-                 sim: SimEngineSettings | None = None, exit_timeout_secs: int = 3, gpus: int | None = None,
-                 openai_front: bool = False) -> None:
+    def __init__(
+        self,
+        api: KubeApi,
+        fs: HostFS,
+        control_dir: Path,
+        *,
+        sim: SimEngineSettings | None = None,
+        exit_timeout_secs: int = 3,
+        gpus: int | None = None,
+        openai_front: bool = False,
+    ) -> None:
         self.api = api
         self.openai_front = openai_front
         self.gpus = gpus  # the node's allocatable nvidia.com/gpu (None: not limited)
@@ -159,8 +177,10 @@ class ServingController:
         if self._http is None:
             self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1.0))
         deployments = await self.api.list(DEPLOYMENTS, label_selector=SERVING_SELECTOR)
-        api_pods = {(p["metadata"]["namespace"], p["metadata"]["name"])
-                    for p in await self.api.list(PODS, label_selector=SERVING_SELECTOR)}
+        api_pods = {
+            (p["metadata"]["namespace"], p["metadata"]["name"])
+            for p in await self.api.list(PODS, label_selector=SERVING_SELECTOR)
+        }
         # pods deleted by someone else (garbage collection of a deleted Deployment, kubectl delete pod)
         for key, pod in list(self.pods.items()):
             if key not in api_pods and not pod.deleted:
@@ -228,25 +248,40 @@ class ServingController:
             self._progress_since.pop(ref, None)
         else:
             self._progress_since.setdefault(ref, time.monotonic())
-        deadline = self.deadline_seconds if self.deadline_seconds is not None else \
-            float((dep.get("spec") or {}).get("progressDeadlineSeconds", 600))
+        deadline = (
+            self.deadline_seconds
+            if self.deadline_seconds is not None
+            else float((dep.get("spec") or {}).get("progressDeadlineSeconds", 600))
+        )
         exceeded = ref in self._progress_since and time.monotonic() - self._progress_since[ref] > deadline
         have = dep.get("status") or {}
         have_exceeded = any(c.get("reason") == "ProgressDeadlineExceeded" for c in have.get("conditions") or [])
         failure = self.create_errors.get(meta["uid"])
         had_failure = any(c.get("type") == "ReplicaFailure" for c in have.get("conditions") or [])
-        if (all(have.get(k, 0) == v for k, v in status.items()) and have_exceeded == exceeded
-                and had_failure == bool(failure)):
+        if (
+            all(have.get(k, 0) == v for k, v in status.items())
+            and have_exceeded == exceeded
+            and had_failure == bool(failure)
+        ):
             return
         t = objects.now()
         status["conditions"] = [
-            {"type": "Available", "status": "True" if ready >= (desired or 0) else "False",
-             "reason": "MinimumReplicasAvailable" if ready >= (desired or 0) else "MinimumReplicasUnavailable",
-             "lastUpdateTime": t, "lastTransitionTime": t},
-            progress_deadline_exceeded(f"{meta['name']}-{thash[:8]}") if exceeded else
-            {"type": "Progressing", "status": "True",
-             "reason": "NewReplicaSetAvailable" if updated == len(pods) == ready else "ReplicaSetUpdated",
-             "lastUpdateTime": t, "lastTransitionTime": t},
+            {
+                "type": "Available",
+                "status": "True" if ready >= (desired or 0) else "False",
+                "reason": "MinimumReplicasAvailable" if ready >= (desired or 0) else "MinimumReplicasUnavailable",
+                "lastUpdateTime": t,
+                "lastTransitionTime": t,
+            },
+            progress_deadline_exceeded(f"{meta['name']}-{thash[:8]}")
+            if exceeded
+            else {
+                "type": "Progressing",
+                "status": "True",
+                "reason": "NewReplicaSetAvailable" if updated == len(pods) == ready else "ReplicaSetUpdated",
+                "lastUpdateTime": t,
+                "lastTransitionTime": t,
+            },
         ]
         if failure:
             status["conditions"].append(objects.replica_failure_condition(failure))
@@ -265,10 +300,21 @@ class ServingController:
         gpus = _gpu_limit(container)
         fits = self.gpus is None or self._gpus_used() + gpus <= self.gpus
         ip = self.ips.allocate() if fits else ""
-        pod = ServingPod(namespace=ns, name=name, owner_uid=dep["metadata"]["uid"], template_hash=thash,
-                         labels=manifest["metadata"]["labels"], ip=ip, root=self.fs.pod_root(ns, name),
-                         container=container["name"], image=container.get("image", ""), gpus=gpus, scheduled=fits,
-                         memory_limit=_memory_limit(container), probe=_http_probe(container))
+        pod = ServingPod(
+            namespace=ns,
+            name=name,
+            owner_uid=dep["metadata"]["uid"],
+            template_hash=thash,
+            labels=manifest["metadata"]["labels"],
+            ip=ip,
+            root=self.fs.pod_root(ns, name),
+            container=container["name"],
+            image=container.get("image", ""),
+            gpus=gpus,
+            scheduled=fits,
+            memory_limit=_memory_limit(container),
+            probe=_http_probe(container),
+        )
         try:
             created = await self.api.create(PODS, manifest, ns)
         except ApiStatusError as exc:
@@ -280,14 +326,22 @@ class ServingController:
                 self.create_errors[dep["metadata"]["uid"]] = exc.message
                 log.warning("pod of %s/%s rejected: %s", ns, dep["metadata"]["name"], exc.message)
                 with contextlib.suppress(ApiStatusError):
-                    await self.api.create(EVENTS, objects.failed_create_event(dep, exc.message, "replicaset-controller"), ns)
+                    await self.api.create(
+                        EVENTS, objects.failed_create_event(dep, exc.message, "replicaset-controller"), ns
+                    )
             return False
         self.create_errors.pop(dep["metadata"]["uid"], None)
         pod.uid = (created or {}).get("metadata", {}).get("uid", "")
         self.pods[(ns, name)] = pod
         if not fits:
-            log.info("pod %s/%s unschedulable: %d %s wanted, %d free", ns, name, gpus, GPU_RESOURCE,
-                     (self.gpus or 0) - self._gpus_used())
+            log.info(
+                "pod %s/%s unschedulable: %d %s wanted, %d free",
+                ns,
+                name,
+                gpus,
+                GPU_RESOURCE,
+                (self.gpus or 0) - self._gpus_used(),
+            )
             return True
         pod.starting = asyncio.create_task(self._start(pod, manifest), name=f"pod/{name}")
         log.info("pod %s/%s scheduled on %s", ns, name, ip)
@@ -298,7 +352,9 @@ class ServingController:
 
     async def _schedule_pending(self) -> None:
         """The scheduler's retry: a pending pod binds once the node has its GPUs free (oldest first)."""
-        for pod in sorted((p for p in self.pods.values() if not p.scheduled and not p.deleted), key=lambda p: p.started):
+        for pod in sorted(
+            (p for p in self.pods.values() if not p.scheduled and not p.deleted), key=lambda p: p.started
+        ):
             if self.gpus is not None and self._gpus_used() + pod.gpus > self.gpus:
                 continue
             manifest = await self.api.get(PODS, pod.name, pod.namespace)
@@ -313,8 +369,10 @@ class ServingController:
         if pod.image in self.unpullable:
             pod.pulls_failed += 1
             if pod.pulls_failed == 1:
-                return "ErrImagePull", (f'rpc error: code = NotFound desc = failed to pull and unpack image '
-                                        f'"{pod.image}": failed to resolve reference "{pod.image}": {pod.image}: not found')
+                return "ErrImagePull", (
+                    f"rpc error: code = NotFound desc = failed to pull and unpack image "
+                    f'"{pod.image}": failed to resolve reference "{pod.image}": {pod.image}: not found'
+                )
             return "ImagePullBackOff", f'Back-off pulling image "{pod.image}"'
         pod.pulls_failed = 0
         found: dict[tuple[str, str], bool] = {}
@@ -334,16 +392,26 @@ class ServingController:
             repo, config_path, tokenizer_dir = await self._prepare(pod, manifest)
             # every pod listens on the same ports (on its own IP): the default shared-memory prefix
             # (pid + HTTP port) would collide between pods and crash the Python backends
-            server = TritonServer(repo, host=pod.ip, http_port=contract.HTTP_PORT, grpc_port=contract.GRPC_PORT,
-                                  metrics_port=contract.METRICS_PORT, workdir=pod.root.root / "triton",
-                                  exit_timeout_secs=self.exit_timeout_secs, stub_timeout_secs=STUB_TIMEOUT_SECONDS,
-                                  shm_prefix=f"rdsim{os.getpid()}x{pod.ip.rsplit('.', 1)[-1]}n{pod.restarts}r")
+            server = TritonServer(
+                repo,
+                host=pod.ip,
+                http_port=contract.HTTP_PORT,
+                grpc_port=contract.GRPC_PORT,
+                metrics_port=contract.METRICS_PORT,
+                workdir=pod.root.root / "triton",
+                exit_timeout_secs=self.exit_timeout_secs,
+                stub_timeout_secs=STUB_TIMEOUT_SECONDS,
+                shm_prefix=f"rdsim{os.getpid()}x{pod.ip.rsplit('.', 1)[-1]}n{pod.restarts}r",
+            )
             pod.server = server
             pod.started = objects.now()
             async with self._start_slots:
                 await asyncio.to_thread(server.start)
-            pod.oom = self.memory_needed is not None and pod.memory_limit is not None \
+            pod.oom = (
+                self.memory_needed is not None
+                and pod.memory_limit is not None
                 and pod.memory_limit < self.memory_needed
+            )
             if pod.oom:  # the kernel kills the container once the engine is loaded into its cgroup
                 await asyncio.to_thread(server.stop)
                 pod.server = None
@@ -386,12 +454,15 @@ class ServingController:
         write_model_repository(repo, cfg, str(artifact / contract.ENGINE_DIR), str(artifact / contract.TOKENIZER_DIR))
         deployment = pod.labels.get(names.LABEL_DEPLOYMENT, cfg.deployment)
         self.control_dir.mkdir(parents=True, exist_ok=True)
-        sim = SimEngineSettings(**{
-            **self.sim.__dict__, "variant": cfg.variant,
-            "draft_len_per_beam": cfg.draft_len_per_beam or self.sim.draft_len_per_beam,
-            "num_beams": cfg.num_beams or self.sim.num_beams,
-            "control_file": str(self.control_dir / control_file_name(pod.namespace, deployment, cfg.variant)),
-        })
+        sim = SimEngineSettings(
+            **{
+                **self.sim.__dict__,
+                "variant": cfg.variant,
+                "draft_len_per_beam": cfg.draft_len_per_beam or self.sim.draft_len_per_beam,
+                "num_beams": cfg.num_beams or self.sim.num_beams,
+                "control_file": str(self.control_dir / control_file_name(pod.namespace, deployment, cfg.variant)),
+            }
+        )
         install_sim_engine(repo / contract.ENGINE_MODEL, sim)
         add_load_gauges(repo / contract.ENGINE_MODEL)
         return repo, config_path, artifact / contract.TOKENIZER_DIR
@@ -441,33 +512,58 @@ class ServingController:
         await asyncio.gather(*(self._probe(p) for p in list(self.pods.values()) if not p.deleted))
 
     async def _probe(self, pod: ServingPod) -> None:
-        ref = {"metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid},
-               "spec": {"containers": [{"name": pod.container, "image": pod.image}]}}
+        ref = {
+            "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid},
+            "spec": {"containers": [{"name": pod.container, "image": pod.image}]},
+        }
         if not pod.scheduled:
             ready, status = False, pod_status(ref, Fault("Unschedulable", detail=unschedulable_message(1)))
         elif pod.blocked:  # also while the next attempt waits: the kubelet keeps the waiting reason
             ready = False
-            status = objects.waiting_status(pod.container, pod.blocked[0], pod.blocked[1], pod.restarts, pod.image,
-                                            pod.started)
+            status = objects.waiting_status(
+                pod.container, pod.blocked[0], pod.blocked[1], pod.restarts, pod.image, pod.started
+            )
             await self._restart(pod, count=False)
-        elif pod.backing_off or (pod.starting is None or pod.starting.done()) and (
-                pod.error or (pod.server is not None and not pod.server.alive())
-                or (pod.front is not None and pod.front.poll() is not None)):
+        elif (
+            pod.backing_off
+            or (pod.starting is None or pod.starting.done())
+            and (
+                pod.error
+                or (pod.server is not None and not pod.server.alive())
+                or (pod.front is not None and pod.front.poll() is not None)
+            )
+        ):
             ready = False
             if not pod.backing_off:
                 _, pod.last_exit = crash_loop_states(
-                    pod.container, "", 0, exit_code=137 if pod.oom else 1, reason="OOMKilled" if pod.oom else "Error",
+                    pod.container,
+                    "",
+                    0,
+                    exit_code=137 if pod.oom else 1,
+                    reason="OOMKilled" if pod.oom else "Error",
                     message="" if pod.oom else pod.error or "a serving process exited",
-                    container_id=f"sim://{pod.container}-{pod.restarts}", at=objects.now())
-            state, _ = crash_loop_states(pod.container, f"{pod.name}_{pod.namespace}({pod.uid})", pod.restarts + 1,
-                                         exit_code=1, reason="Error", message="", container_id="", at="")
+                    container_id=f"sim://{pod.container}-{pod.restarts}",
+                    at=objects.now(),
+                )
+            state, _ = crash_loop_states(
+                pod.container,
+                f"{pod.name}_{pod.namespace}({pod.uid})",
+                pod.restarts + 1,
+                exit_code=1,
+                reason="Error",
+                message="",
+                container_id="",
+                at="",
+            )
             status = objects.waiting_status(pod.container, "CrashLoopBackOff", "", pod.restarts, pod.image, pod.started)
             status["phase"] = "Running"
             status["containerStatuses"][0].update(state=state, lastState=pod.last_exit or {})
             await self._restart(pod)
         elif pod.starting is not None and not pod.starting.done():
-            ready, status = False, objects.waiting_status(pod.container, "ContainerCreating", "", pod.restarts,
-                                                         pod.image, pod.started)
+            ready, status = (
+                False,
+                objects.waiting_status(pod.container, "ContainerCreating", "", pod.restarts, pod.image, pod.started),
+            )
             if pod.last_exit:  # a restart: the container runs again, its previous run is lastState
                 status["phase"] = "Running"
                 status["containerStatuses"][0]["lastState"] = pod.last_exit
@@ -477,8 +573,10 @@ class ServingController:
             if pod.last_exit:
                 status["containerStatuses"][0]["lastState"] = pod.last_exit
         pod.ready = ready
-        fingerprint = (f"{status['phase']}/{ready}/{pod.restarts}/{pod.error}/{pod.scheduled}/{pod.blocked}/"
-                       f"{pod.backing_off}/{bool(pod.starting and not pod.starting.done())}")
+        fingerprint = (
+            f"{status['phase']}/{ready}/{pod.restarts}/{pod.error}/{pod.scheduled}/{pod.blocked}/"
+            f"{pod.backing_off}/{bool(pod.starting and not pod.starting.done())}"
+        )
         if fingerprint != pod.reported:
             with contextlib.suppress(ApiStatusError):
                 await self.api.patch(PODS, pod.name, pod.namespace, {"status": status}, subresource="status")
@@ -486,7 +584,7 @@ class ServingController:
 
     async def _ready(self, pod: ServingPod) -> bool:
         assert self._http is not None
-        path, port = (pod.probe if self.openai_front and pod.probe else ("/v2/health/ready", contract.HTTP_PORT))
+        path, port = pod.probe if self.openai_front and pod.probe else ("/v2/health/ready", contract.HTTP_PORT)
         try:
             async with self._http.get(f"http://{pod.ip}:{port}{path}") as resp:
                 return resp.status == 200
@@ -516,8 +614,11 @@ class ServingController:
 
     # ------------------------------------------------------------------ for the demo and tests
     def pods_of(self, namespace: str, labels: Mapping[str, str]) -> list[ServingPod]:
-        return [p for p in self.pods.values() if p.namespace == namespace
-                and all(p.labels.get(k) == v for k, v in labels.items())]
+        return [
+            p
+            for p in self.pods.values()
+            if p.namespace == namespace and all(p.labels.get(k) == v for k, v in labels.items())
+        ]
 
 
 def _gpu_limit(container: Mapping[str, Any]) -> int:
@@ -533,8 +634,21 @@ def _env_source_names(container: Mapping[str, Any], kind: str) -> list[str]:
     return [n for n in names_ if n]
 
 
-_QUANTITY_SUFFIXES = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-                      "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18, "m": 10**-3}
+_QUANTITY_SUFFIXES = {
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+    "m": 10**-3,
+}
 
 
 def parse_quantity(text: str) -> int:

@@ -20,6 +20,7 @@ import tritonclient.grpc.aio as grpcaio
 from redrafter_operator.evaluate.loadgen import LoadGenerator
 from redrafter_operator.evaluate.prompts import Prompt
 from redrafter_operator.evaluate.stream import RequestOptions, RequestResult, stream_request
+
 from .router import NoEndpoints, ServiceRouter
 
 NO_ENDPOINT_BACKOFF_S = 0.2
@@ -52,8 +53,11 @@ class TrafficStats:
         self.total_tokens += r.output_tokens if r.ok else 0
         if not r.ok:
             self.last_error = r.error or ""
-        self._recent.append(_Done(r.end or time.monotonic(), r.ok, r.output_tokens, r.draft_tokens or 0,
-                                  r.accepted_draft_tokens or 0, pod))
+        self._recent.append(
+            _Done(
+                r.end or time.monotonic(), r.ok, r.output_tokens, r.draft_tokens or 0, r.accepted_draft_tokens or 0, pod
+            )
+        )
 
     def _trim(self, now: float) -> list[_Done]:
         while self._recent and self._recent[0].end < now - self.window_s:
@@ -77,11 +81,20 @@ class TrafficStats:
 class RoutedLoadGenerator(LoadGenerator):
     """A LoadGenerator whose requests each go to ``router.pick()`` (a gRPC client per backend)."""
 
-    def __init__(self, router: ServiceRouter, prompts: Sequence[Prompt], options: RequestOptions, *,
-                 concurrency: int = 0, stats: TrafficStats | None = None, keep_results: int = 2000) -> None:
+    def __init__(
+        self,
+        router: ServiceRouter,
+        prompts: Sequence[Prompt],
+        options: RequestOptions,
+        *,
+        concurrency: int = 0,
+        stats: TrafficStats | None = None,
+        keep_results: int = 2000,
+    ) -> None:
         # the endpoint given to the base class is never used: every request is routed
-        super().__init__(f"{router.service}.invalid:1", prompts, options, concurrency=concurrency,
-                         keep_results=keep_results)
+        super().__init__(
+            f"{router.service}.invalid:1", prompts, options, concurrency=concurrency, keep_results=keep_results
+        )
         self.router = router
         self.stats = stats or TrafficStats()
         self._clients: dict[str, grpcaio.InferenceServerClient] = {}
@@ -108,7 +121,13 @@ class RoutedLoadGenerator(LoadGenerator):
             self.stats.add(result, "")
             await asyncio.sleep(NO_ENDPOINT_BACKOFF_S)
             return result
-        result = await stream_request(self._client_for(backend.url), prompt.text, self.options, self.counter,
-                                      prompt_index=index, max_tokens=prompt.max_tokens)
+        result = await stream_request(
+            self._client_for(backend.url),
+            prompt.text,
+            self.options,
+            self.counter,
+            prompt_index=index,
+            max_tokens=prompt.max_tokens,
+        )
         self.stats.add(result, backend.pod)
         return result

@@ -61,8 +61,11 @@ class TritonInstall:
             raise TritonUnavailable("nvidia-pytriton is not installed") from exc
         root = Path(pytriton.__file__).parent / "tritonserver"
         version = f"{sys.version_info.major}.{sys.version_info.minor}"
-        inst = cls(root / "bin" / "tritonserver", root / "backends" / "python",
-                   root / "python_backend_stubs" / version / "triton_python_backend_stub")
+        inst = cls(
+            root / "bin" / "tritonserver",
+            root / "backends" / "python",
+            root / "python_backend_stubs" / version / "triton_python_backend_stub",
+        )
         for path in (inst.binary, inst.backend_source / "libtriton_python.so", inst.stub):
             if not path.exists():
                 raise TritonUnavailable(f"{path} missing from the nvidia-pytriton wheel")
@@ -72,8 +75,11 @@ class TritonInstall:
         """``<into>/python`` laid out as Triton expects (symlinks into the wheel)."""
         py = into / "python"
         py.mkdir(parents=True, exist_ok=True)
-        for src in (self.backend_source / "libtriton_python.so",
-                    self.backend_source / "triton_python_backend_utils.py", self.stub):
+        for src in (
+            self.backend_source / "libtriton_python.so",
+            self.backend_source / "triton_python_backend_utils.py",
+            self.stub,
+        ):
             link = py / src.name
             if not link.exists():
                 link.symlink_to(src)
@@ -177,8 +183,12 @@ class TritonServer:
 
     def argv(self, install: TritonInstall, backend_dir: Path) -> list[str]:
         settings = LaunchSettings(
-            tritonserver=str(install.binary), backend_dir=str(backend_dir), host=self.host,
-            http_port=self.http_port, grpc_port=self.grpc_port, metrics_port=self.metrics_port,
+            tritonserver=str(install.binary),
+            backend_dir=str(backend_dir),
+            host=self.host,
+            http_port=self.http_port,
+            grpc_port=self.grpc_port,
+            metrics_port=self.metrics_port,
             exit_timeout_secs=self.exit_timeout_secs,
         )
         argv = rank_argv(settings, str(self.repo), 0, shm_prefix=self.shm_prefix)
@@ -197,8 +207,12 @@ class TritonServer:
         log = open(self.log_path, "wb")
         try:
             self.proc = subprocess.Popen(
-                self.argv(install, backend_dir), stdout=log, stderr=subprocess.STDOUT,
-                env=install.env(self.env), cwd=self.workdir, start_new_session=True,
+                self.argv(install, backend_dir),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=install.env(self.env),
+                cwd=self.workdir,
+                start_new_session=True,
             )
         except OSError as exc:
             raise TritonUnavailable(f"cannot execute {install.binary}: {exc}") from exc

@@ -94,7 +94,7 @@ class DemoView:
             "phase": str(lookup(obj, "status.phase") or "-"),
             "engine": str(lookup(obj, "status.activeEngine") or "-"),
             "replicas": f"{_num(lookup(obj, 'status.serving.readyReplicas'), '{}')}/"
-                        f"{_num(lookup(obj, 'status.serving.replicas'), '{}')}",
+            f"{_num(lookup(obj, 'status.serving.replicas'), '{}')}",
             "acceptance": _num(spec.get("acceptanceRate")),
             "client_acceptance": _num(window["acceptance_rate"]),
             "tokens_s": _num(window["tokens_per_s"], "{:.0f}"),
@@ -106,13 +106,18 @@ class DemoView:
     def plain_line(self) -> str:
         f = self.figures()
         stage = self.run.current.name if self.run.current else "-"
-        return (f"[{self.run.elapsed():6.1f}s] {stage:<10} phase={f['phase']} engine={f['engine']} "
-                f"replicas={f['replicas']} acceptance={f['acceptance']} tok/s={f['tokens_s']} "
-                f"conc={f['concurrency']} decision={f['decision'][:90]}")
+        return (
+            f"[{self.run.elapsed():6.1f}s] {stage:<10} phase={f['phase']} engine={f['engine']} "
+            f"replicas={f['replicas']} acceptance={f['acceptance']} tok/s={f['tokens_s']} "
+            f"conc={f['concurrency']} decision={f['decision'][:90]}"
+        )
 
     def render(self) -> Group:
-        stages = Table(title=f"redrafter-sim demo — scenario {self.scenario.name}  ({self.run.elapsed():.0f}s)",
-                       expand=True, show_lines=False)
+        stages = Table(
+            title=f"redrafter-sim demo — scenario {self.scenario.name}  ({self.run.elapsed():.0f}s)",
+            expand=True,
+            show_lines=False,
+        )
         for col in ("", "stage", "until", "took"):
             stages.add_column(col)
         done = {r.name: r for r in self.run.results}
@@ -127,13 +132,31 @@ class DemoView:
             stages.add_row(mark, f"{s.name}: {s.description}", describe(s.until), took)
         f = self.figures()
         live = Table(expand=True)
-        for col in ("phase", "active engine", "replicas (ready/desired)", "acceptance (operator / clients)",
-                    "tokens/s", "concurrency", "last decision"):
+        for col in (
+            "phase",
+            "active engine",
+            "replicas (ready/desired)",
+            "acceptance (operator / clients)",
+            "tokens/s",
+            "concurrency",
+            "last decision",
+        ):
             live.add_column(col)
-        live.add_row(f["phase"], f["engine"], f["replicas"], f"{f['acceptance']} / {f['client_acceptance']}",
-                     f["tokens_s"], f["concurrency"], Text(f["decision"][:120]))
-        return Group(stages, live, Text(f"requests by pod (last 4 s): {f['pods']}", style="dim"),
-                     Text("\n".join(self._notes), style="dim"))
+        live.add_row(
+            f["phase"],
+            f["engine"],
+            f["replicas"],
+            f"{f['acceptance']} / {f['client_acceptance']}",
+            f["tokens_s"],
+            f["concurrency"],
+            Text(f["decision"][:120]),
+        )
+        return Group(
+            stages,
+            live,
+            Text(f"requests by pod (last 4 s): {f['pods']}", style="dim"),
+            Text("\n".join(self._notes), style="dim"),
+        )
 
 
 def describe_chat(chat: dict[str, Any]) -> str:
@@ -143,27 +166,47 @@ def describe_chat(chat: dict[str, Any]) -> str:
         return f"{where}: FAILED ({chat['error']})"
     rate = chat.get("acceptance_rate")
     spec = f"{ACCEPTANCE_HEADER}: {rate:.2f}" if rate is not None else "no speculation (base engine)"
-    return (f"{where} (pod {chat.get('pod')}), model {chat.get('model')!r}: {chat.get('content')!r} "
-            f"[{chat['usage']['completion_tokens']} tokens, {chat.get('finish_reason')}; {spec}]")
+    return (
+        f"{where} (pod {chat.get('pod')}), model {chat.get('model')!r}: {chat.get('content')!r} "
+        f"[{chat['usage']['completion_tokens']} tokens, {chat.get('finish_reason')}; {spec}]"
+    )
 
 
 def render_summary(summary: dict[str, Any], console: Console) -> None:
     """The timeline, the operator's decisions and why, and the verdict (from the summary dict)."""
     ok = summary["ok"]
     t = Table(title=f"Timeline — scenario {summary['scenario']} ({summary['wall_s']}s)", expand=False)
-    for col in ("#", "stage", "at", "took", "happened", "condition (observed)", "operator Events in the stage",
-                "operator at the end of the stage"):
+    for col in (
+        "#",
+        "stage",
+        "at",
+        "took",
+        "happened",
+        "condition (observed)",
+        "operator Events in the stage",
+        "operator at the end of the stage",
+    ):
         t.add_column(col)
     for i, s in enumerate(summary["stages"], 1):
         spec = s.get("speculation") or {}
         serving = s.get("replicas") or {}
-        said = (f"{serving.get('readyReplicas', '-')}/{serving.get('replicas', '-')} replicas; "
-                f"acceptance {_num(spec.get('acceptanceRate'))}; {spec.get('decision') or '-'}: {spec.get('reason') or ''}")
+        said = (
+            f"{serving.get('readyReplicas', '-')}/{serving.get('replicas', '-')} replicas; "
+            f"acceptance {_num(spec.get('acceptanceRate'))}; {spec.get('decision') or '-'}: {spec.get('reason') or ''}"
+        )
         seen = ", ".join(f"{v!r}" for v in (s.get("observed") or {}).values())
         cond = f"{s['condition']} ({seen})" if s["happened"] else s["failure"]
         reasons = list(dict.fromkeys(e["reason"] for e in s.get("decisions") or []))
-        t.add_row(str(i), s["name"], f"{s['started_s']:.1f}s", f"{s['duration_s']:.1f}s",
-                  "[green]yes[/]" if s["happened"] else "[red]NO[/]", cond, ", ".join(reasons) or "-", said)
+        t.add_row(
+            str(i),
+            s["name"],
+            f"{s['started_s']:.1f}s",
+            f"{s['duration_s']:.1f}s",
+            "[green]yes[/]" if s["happened"] else "[red]NO[/]",
+            cond,
+            ", ".join(reasons) or "-",
+            said,
+        )
     for name in summary["not_reached"]:
         t.add_row("", name, "", "", "[red]not reached[/]", "", "", "")
     console.print(t)
@@ -185,11 +228,17 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
     fs = summary["final_status"]
     spec = fs.get("speculation") or {}
     tr = summary["traffic"]
-    console.print(f"final: phase={fs.get('phase')} activeEngine={fs.get('activeEngine')} "
-                  f"serving={fs.get('serving')} speculation.decision={spec.get('decision')} "
-                  f"({spec.get('reason')})", highlight=False)
-    console.print(f"traffic: {tr['requests']} requests, {tr['tokens']} tokens, {tr['errors']} errors"
-                  + (f" (last: {tr['last_error'][:120]})" if tr["errors"] else ""), highlight=False)
+    console.print(
+        f"final: phase={fs.get('phase')} activeEngine={fs.get('activeEngine')} "
+        f"serving={fs.get('serving')} speculation.decision={spec.get('decision')} "
+        f"({spec.get('reason')})",
+        highlight=False,
+    )
+    console.print(
+        f"traffic: {tr['requests']} requests, {tr['tokens']} tokens, {tr['errors']} errors"
+        + (f" (last: {tr['last_error'][:120]})" if tr["errors"] else ""),
+        highlight=False,
+    )
     if summary.get("openai_chat"):
         console.print("OpenAI API: " + describe_chat(summary["openai_chat"]), highlight=False)
     happened = sum(1 for s in summary["stages"] if s["happened"])

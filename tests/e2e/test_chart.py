@@ -45,44 +45,134 @@ RELEASE, NAMESPACE = "rdo", "redrafter-system"
 # Every combination of values that changes the chart's structure (which objects exist, RBAC scope,
 # leader election), with the objects it must render (kind -> count). The counts are the closing note's.
 COMBOS: dict[str, tuple[dict[str, Any], dict[str, int]]] = {
-    "default": ({}, {"ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "Deployment": 1,
-                     "Service": 1, "NetworkPolicy": 1}),
-    "namespaced": ({"watchNamespaces": ["team-a", "team-b"]},
-                   {"ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "Role": 2,
-                    "RoleBinding": 2, "Deployment": 1, "Service": 1, "NetworkPolicy": 1}),
-    "monitors": ({"metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}}},
-                 {"ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "Deployment": 1,
-                  "Service": 1, "NetworkPolicy": 1, "ServiceMonitor": 1, "PodMonitor": 1}),
-    "replicas2": ({"replicas": 2, "podDisruptionBudget": {"enabled": True}},
-                  {"ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "Deployment": 1,
-                   "Service": 1, "NetworkPolicy": 1, "PodDisruptionBudget": 1, "Role": 1, "RoleBinding": 1}),
-    "replicas2-namespaced": ({"replicas": 2, "watchNamespaces": ["team-a", "team-b"],
-                              "podDisruptionBudget": {"enabled": True, "minAvailable": None,
-                                                      "maxUnavailable": "50%"}},
-                             {"ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "Role": 3,
-                              "RoleBinding": 3, "Deployment": 1, "Service": 1, "NetworkPolicy": 1,
-                              "PodDisruptionBudget": 1}),
-    "everything": ({"replicas": 3, "watchNamespaces": ["ml"],
-                    "metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}},
-                    "podDisruptionBudget": {"enabled": True}, "crds": {"upgradeJob": {"enabled": True}},
-                    "defaults": {"engineCacheClaim": "engine-cache"},
-                    "prometheusRule": {"enabled": True}, "grafana": {"dashboards": {"enabled": True}},
-                    "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/x"}},
-                    "extraEnv": [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}],
-                    "networkPolicy": {"from": [{"namespaceSelector": {"matchLabels": {
-                        "kubernetes.io/metadata.name": "monitoring"}}}]}},
-                   {"ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "Role": 2,
-                    "RoleBinding": 2, "Deployment": 1, "Service": 1, "NetworkPolicy": 1, "ServiceMonitor": 1,
-                    "PodMonitor": 1, "PodDisruptionBudget": 1, "PrometheusRule": 1, "ConfigMap": 1}),
-    "no-rbac": ({"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "ops"},
-                 "networkPolicy": {"enabled": False}},
-                {"Deployment": 1, "Service": 1}),
-    "observability": ({"prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
-                       "grafana": {"dashboards": {"enabled": True, "annotations": {"grafana_folder": "ReDrafter"}}},
-                       "metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}}},
-                      {"ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "Deployment": 1,
-                       "Service": 1, "NetworkPolicy": 1, "ServiceMonitor": 1, "PodMonitor": 1, "PrometheusRule": 1,
-                       "ConfigMap": 1}),
+    "default": (
+        {},
+        {
+            "ServiceAccount": 1,
+            "ClusterRole": 1,
+            "ClusterRoleBinding": 1,
+            "Deployment": 1,
+            "Service": 1,
+            "NetworkPolicy": 1,
+        },
+    ),
+    "namespaced": (
+        {"watchNamespaces": ["team-a", "team-b"]},
+        {
+            "ServiceAccount": 1,
+            "ClusterRole": 1,
+            "ClusterRoleBinding": 1,
+            "Role": 2,
+            "RoleBinding": 2,
+            "Deployment": 1,
+            "Service": 1,
+            "NetworkPolicy": 1,
+        },
+    ),
+    "monitors": (
+        {"metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}}},
+        {
+            "ServiceAccount": 1,
+            "ClusterRole": 1,
+            "ClusterRoleBinding": 1,
+            "Deployment": 1,
+            "Service": 1,
+            "NetworkPolicy": 1,
+            "ServiceMonitor": 1,
+            "PodMonitor": 1,
+        },
+    ),
+    "replicas2": (
+        {"replicas": 2, "podDisruptionBudget": {"enabled": True}},
+        {
+            "ServiceAccount": 1,
+            "ClusterRole": 1,
+            "ClusterRoleBinding": 1,
+            "Deployment": 1,
+            "Service": 1,
+            "NetworkPolicy": 1,
+            "PodDisruptionBudget": 1,
+            "Role": 1,
+            "RoleBinding": 1,
+        },
+    ),
+    "replicas2-namespaced": (
+        {
+            "replicas": 2,
+            "watchNamespaces": ["team-a", "team-b"],
+            "podDisruptionBudget": {"enabled": True, "minAvailable": None, "maxUnavailable": "50%"},
+        },
+        {
+            "ServiceAccount": 1,
+            "ClusterRole": 1,
+            "ClusterRoleBinding": 1,
+            "Role": 3,
+            "RoleBinding": 3,
+            "Deployment": 1,
+            "Service": 1,
+            "NetworkPolicy": 1,
+            "PodDisruptionBudget": 1,
+        },
+    ),
+    "everything": (
+        {
+            "replicas": 3,
+            "watchNamespaces": ["ml"],
+            "metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}},
+            "podDisruptionBudget": {"enabled": True},
+            "crds": {"upgradeJob": {"enabled": True}},
+            "defaults": {"engineCacheClaim": "engine-cache"},
+            "prometheusRule": {"enabled": True},
+            "grafana": {"dashboards": {"enabled": True}},
+            "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/x"}},
+            "extraEnv": [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}],
+            "networkPolicy": {
+                "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+            },
+        },
+        {
+            "ServiceAccount": 1,
+            "ClusterRole": 1,
+            "ClusterRoleBinding": 1,
+            "Role": 2,
+            "RoleBinding": 2,
+            "Deployment": 1,
+            "Service": 1,
+            "NetworkPolicy": 1,
+            "ServiceMonitor": 1,
+            "PodMonitor": 1,
+            "PodDisruptionBudget": 1,
+            "PrometheusRule": 1,
+            "ConfigMap": 1,
+        },
+    ),
+    "no-rbac": (
+        {
+            "rbac": {"create": False},
+            "serviceAccount": {"create": False, "name": "ops"},
+            "networkPolicy": {"enabled": False},
+        },
+        {"Deployment": 1, "Service": 1},
+    ),
+    "observability": (
+        {
+            "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+            "grafana": {"dashboards": {"enabled": True, "annotations": {"grafana_folder": "ReDrafter"}}},
+            "metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}},
+        },
+        {
+            "ServiceAccount": 1,
+            "ClusterRole": 1,
+            "ClusterRoleBinding": 1,
+            "Deployment": 1,
+            "Service": 1,
+            "NetworkPolicy": 1,
+            "ServiceMonitor": 1,
+            "PodMonitor": 1,
+            "PrometheusRule": 1,
+            "ConfigMap": 1,
+        },
+    ),
 }
 
 
@@ -91,8 +181,7 @@ COMBOS: dict[str, tuple[dict[str, Any], dict[str, int]]] = {
 
 def render(values: dict[str, Any] | None = None, *, upgrade: bool = False) -> dict[str, str]:
     with helm.Chart.load(CHART) as chart:
-        return chart.render(values, name=RELEASE, namespace=NAMESPACE,
-                            is_install=not upgrade, is_upgrade=upgrade)
+        return chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=not upgrade, is_upgrade=upgrade)
 
 
 def manifests(rendered: dict[str, str]) -> list[dict[str, Any]]:
@@ -132,8 +221,14 @@ def validate_monitor(obj: dict[str, Any]) -> None:
                 assert set(rule) <= {"alert", "record", "expr", "for", "labels", "annotations"}
                 assert isinstance(rule["expr"], str) and ("alert" in rule) != ("record" in rule)
         return
-    assert set(spec) <= {"selector", "namespaceSelector", "endpoints", "podMetricsEndpoints", "podTargetLabels",
-                         "jobLabel"}
+    assert set(spec) <= {
+        "selector",
+        "namespaceSelector",
+        "endpoints",
+        "podMetricsEndpoints",
+        "podTargetLabels",
+        "jobLabel",
+    }
     assert spec["selector"]["matchLabels"] and all(isinstance(v, str) for v in spec["selector"]["matchLabels"].values())
     ns = spec["namespaceSelector"]
     assert ns == {"any": True} or (set(ns) == {"matchNames"} and ns["matchNames"])
@@ -168,7 +263,8 @@ def test_chart_crd_is_the_generated_crd():
     generated = ROOT / "crds" / "redrafter.dev_redrafterdeployments.yaml"
     assert (CHART / "crds" / generated.name).read_bytes() == generated.read_bytes(), (
         "charts/redrafter-operator/crds/ is stale: cp crds/redrafter.dev_redrafterdeployments.yaml "
-        "charts/redrafter-operator/crds/")
+        "charts/redrafter-operator/crds/"
+    )
 
 
 def test_chart_ships_only_the_operators_crd():
@@ -206,40 +302,55 @@ def test_renders_valid_manifests(combo: str):
 
 @pytest.mark.parametrize("combo", sorted(COMBOS))
 def test_lint_strict_has_no_findings(combo: str):
-    report = helm.lint(CHART, COMBOS[combo][0], strict=True, kube_version=f"v{KUBE_VERSION}.0",
-                       namespace=NAMESPACE)
+    report = helm.lint(CHART, COMBOS[combo][0], strict=True, kube_version=f"v{KUBE_VERSION}.0", namespace=NAMESPACE)
     assert report["errors"] == [] and report["messages"] == [], report
 
 
 def test_upgrade_hook_renders_valid_and_minimal():
     objs = manifests(render({"crds": {"upgradeJob": {"enabled": True}}}, upgrade=True))
     hook = [o for o in objs if (o["metadata"].get("annotations") or {}).get("helm.sh/hook")]
-    assert Counter(o["kind"] for o in hook) == {"ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1,
-                                                "ConfigMap": 1, "Job": 1}
+    assert Counter(o["kind"] for o in hook) == {
+        "ServiceAccount": 1,
+        "ClusterRole": 1,
+        "ClusterRoleBinding": 1,
+        "ConfigMap": 1,
+        "Job": 1,
+    }
     for obj in hook:
         validate_manifest(obj)
         ann = obj["metadata"]["annotations"]
         assert ann["helm.sh/hook"] == "pre-upgrade"
         assert ann["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
         if obj["kind"] != "Job":  # prerequisites first
-            assert int(ann["helm.sh/hook-weight"]) < int(one(hook, "Job")["metadata"]["annotations"]["helm.sh/hook-weight"])
+            assert int(ann["helm.sh/hook-weight"]) < int(
+                one(hook, "Job")["metadata"]["annotations"]["helm.sh/hook-weight"]
+            )
     # the ConfigMap carries the chart's CRD files verbatim
     data = one(hook, "ConfigMap")["data"]
     assert {k: v.encode() for k, v in data.items()} == {p.name: p.read_bytes() for p in (CHART / "crds").glob("*.yaml")}
     # RBAC: read/patch only the chart's CRDs by name; create (unnamed, Kubernetes cannot scope it) for new ones
     rules = one(hook, "ClusterRole")["rules"]
     named = [r for r in rules if r.get("resourceNames")]
-    assert named == [{"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
-                      "resourceNames": sorted(c["metadata"]["name"] for c in chart_crds().values()),
-                      "verbs": ["get", "patch"]}]
+    assert named == [
+        {
+            "apiGroups": ["apiextensions.k8s.io"],
+            "resources": ["customresourcedefinitions"],
+            "resourceNames": sorted(c["metadata"]["name"] for c in chart_crds().values()),
+            "verbs": ["get", "patch"],
+        }
+    ]
     assert [r for r in rules if not r.get("resourceNames")] == [
-        {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["create"]}]
+        {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["create"]}
+    ]
     pod = one(hook, "Job")["spec"]["template"]["spec"]
     assert_hardened(pod, pod["containers"][0])
     assert pod["containers"][0]["args"][:3] == ["apply", "--server-side", "--force-conflicts"]
     # not an install-time object, and absent unless opted in
-    assert not [o for o in manifests(render({"crds": {"upgradeJob": {"enabled": True}}}))
-                if o["kind"] == "Job" and "helm.sh/hook" not in (o["metadata"].get("annotations") or {})]
+    assert not [
+        o
+        for o in manifests(render({"crds": {"upgradeJob": {"enabled": True}}}))
+        if o["kind"] == "Job" and "helm.sh/hook" not in (o["metadata"].get("annotations") or {})
+    ]
     assert not [o for o in manifests(render(upgrade=True)) if o["kind"] == "Job"]
 
 
@@ -276,7 +387,7 @@ def test_operator_deployment_is_hardened_and_probed():
     assert svc["spec"]["ports"] == [{"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}]
     # no secret material anywhere in the rendered chart
     text = json.dumps(objs)
-    assert "kind\": \"Secret\"" not in text and "secretKeyRef" not in text
+    assert 'kind": "Secret"' not in text and "secretKeyRef" not in text
 
 
 def _env(container: dict[str, Any]) -> dict[str, Any]:
@@ -298,8 +409,15 @@ def test_chart_pods_pass_the_restricted_pod_security_profile(combo: str):
 def test_deployment_args_and_env_follow_values():
     (c,) = one(manifests(render()), "Deployment")["spec"]["template"]["spec"]["containers"]
     assert c["command"] == ["redrafter-operator"]
-    assert c["args"] == ["run", "--all-namespaces", "--standalone", "--liveness=http://0.0.0.0:8080/healthz",
-                         "--metrics-port=9090", "--log-format=json", "--log-level=info"]
+    assert c["args"] == [
+        "run",
+        "--all-namespaces",
+        "--standalone",
+        "--liveness=http://0.0.0.0:8080/healthz",
+        "--metrics-port=9090",
+        "--log-format=json",
+        "--log-level=info",
+    ]
     env = _env(c)
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert env["REDRAFTER_DEFAULT_BUILDER_IMAGE"] == values["defaults"]["builderImage"]
@@ -308,16 +426,34 @@ def test_deployment_args_and_env_follow_values():
     assert env["REDRAFTER_OPERATOR_IMAGE"] == c["image"]  # validation Jobs run the operator's own image
     assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
 
-    values = {"replicas": 2, "watchNamespaces": ["a", "b"], "logging": {"level": "debug", "format": "plain"},
-              "health": {"port": 18080, "path": "/live"}, "metrics": {"port": 19090},
-              "defaults": {"engineCacheClaim": "engine-cache"}, "extraArgs": ["--workers=8"],
-              "image": {"digest": "sha256:" + "a" * 64}}
+    values = {
+        "replicas": 2,
+        "watchNamespaces": ["a", "b"],
+        "logging": {"level": "debug", "format": "plain"},
+        "health": {"port": 18080, "path": "/live"},
+        "metrics": {"port": 19090},
+        "defaults": {"engineCacheClaim": "engine-cache"},
+        "extraArgs": ["--workers=8"],
+        "image": {"digest": "sha256:" + "a" * 64},
+    }
     deploy = one(manifests(render(values)), "Deployment")
     (c,) = deploy["spec"]["template"]["spec"]["containers"]
-    assert c["args"] == ["run", "--namespace=a", "--namespace=b", "--leader-elect",
-                         f"--leader-election-namespace={NAMESPACE}", f"--leader-election-id={RELEASE}-redrafter-operator",
-                         "--lease-duration=15s", "--renew-deadline=10s", "--retry-period=2s", "--liveness=http://0.0.0.0:18080/live", "--metrics-port=19090", "--log-format=plain",
-                         "--log-level=debug", "--workers=8"]
+    assert c["args"] == [
+        "run",
+        "--namespace=a",
+        "--namespace=b",
+        "--leader-elect",
+        f"--leader-election-namespace={NAMESPACE}",
+        f"--leader-election-id={RELEASE}-redrafter-operator",
+        "--lease-duration=15s",
+        "--renew-deadline=10s",
+        "--retry-period=2s",
+        "--liveness=http://0.0.0.0:18080/live",
+        "--metrics-port=19090",
+        "--log-format=plain",
+        "--log-level=debug",
+        "--workers=8",
+    ]
     assert _env(c)["REDRAFTER_DEFAULT_CACHE_CLAIM"] == "engine-cache"
     assert c["image"] == "ghcr.io/redrafter/redrafter-operator@sha256:" + "a" * 64
     assert _env(c)["REDRAFTER_OPERATOR_IMAGE"] == c["image"]
@@ -352,12 +488,15 @@ def test_args_parse_with_the_operators_cli():
 def test_pod_monitor_selects_the_serving_pods():
     objs = manifests(render({"metrics": {"podMonitor": {"enabled": True}}}))
     pm = one(objs, "PodMonitor")
-    assert pm["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/component": "serving",
-                                                     "app.kubernetes.io/managed-by": MANAGED_BY}
+    assert pm["spec"]["selector"]["matchLabels"] == {
+        "app.kubernetes.io/component": "serving",
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+    }
     assert pm["spec"]["namespaceSelector"] == {"any": True}
     assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
     # and it matches what the operator puts on serving pods (render/names.py)
     from redrafter_operator.render.names import common_labels
+
     labels = common_labels("llama3-8b", "serving")
     assert all(labels[k] == v for k, v in pm["spec"]["selector"]["matchLabels"].items())
     sm = one(manifests(render({"metrics": {"serviceMonitor": {"enabled": True}}})), "ServiceMonitor")
@@ -379,8 +518,9 @@ def test_prometheus_rule_and_dashboard_carry_the_repository_files():
     assert cm["metadata"]["annotations"] == {"grafana_folder": "ReDrafter"}
     assert cm["data"]["redrafter.json"] == (CHART / "dashboards" / "redrafter.json").read_text().rstrip("\n")
     json.loads(cm["data"]["redrafter.json"])
-    other = one(manifests(render({"grafana": {"dashboards": {"enabled": True, "namespace": "monitoring"}}})),
-                "ConfigMap")
+    other = one(
+        manifests(render({"grafana": {"dashboards": {"enabled": True, "namespace": "monitoring"}}})), "ConfigMap"
+    )
     assert other["metadata"]["namespace"] == "monitoring"
     # the operator's per-resource series keep the resource's namespace label (joins with the pods' series)
     sm = one(objs, "ServiceMonitor")
@@ -400,16 +540,20 @@ def test_pdb_and_leader_election_follow_replicas():
         objs = manifests(render(values))
         role = one(objs, "Role", f"{RELEASE}-redrafter-operator-leader-election")
         assert role["metadata"]["namespace"] == NAMESPACE  # the Lease's namespace, even in cluster-wide mode
-        assert role["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-                                  "verbs": ["get", "create", "update"]}]
+        assert role["rules"] == [
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}
+        ]
         binding = one(objs, "RoleBinding", role["metadata"]["name"])
         assert binding["metadata"]["namespace"] == NAMESPACE and binding["roleRef"]["name"] == role["metadata"]["name"]
         deploy = one(objs, "Deployment")
         (c,) = deploy["spec"]["template"]["spec"]["containers"]
         assert "--leader-elect" in c["args"] and deploy["spec"]["strategy"]["type"] == "RollingUpdate"
         assert _env(c)["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}  # the holder identity
-    timing = manifests(render({"replicas": 2, "leaderElection": {"leaseDuration": "30s", "renewDeadline": "20s",
-                                                                 "retryPeriod": "500ms"}}))
+    timing = manifests(
+        render(
+            {"replicas": 2, "leaderElection": {"leaseDuration": "30s", "renewDeadline": "20s", "retryPeriod": "500ms"}}
+        )
+    )
     args = one(timing, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert {"--lease-duration=30s", "--renew-deadline=20s", "--retry-period=500ms"} <= set(args)
 
@@ -459,7 +603,9 @@ def test_schema_accepts_every_combination_and_the_defaults():
         chart.validate_schema(yaml.safe_load((CHART / "values.yaml").read_text()))
         for values, _ in COMBOS.values():
             chart.validate_schema(values)
-        chart.validate_schema({"podSecurityContext": {"runAsUser": None}, "podDisruptionBudget": {"minAvailable": "50%"}})
+        chart.validate_schema(
+            {"podSecurityContext": {"runAsUser": None}, "podDisruptionBudget": {"minAvailable": "50%"}}
+        )
 
 
 def test_schema_describes_every_default_value():
@@ -473,6 +619,7 @@ def test_schema_describes_every_default_value():
             for k, sub in v.items():
                 assert k in s["properties"], f"{path}.{k} missing from values.schema.json"
                 walk(sub, s["properties"][k], f"{path}.{k}")
+
     walk(values, schema, "")
 
 
@@ -502,8 +649,12 @@ def call_from_request(method: str, path: str, query: dict[str, str]) -> Call | N
     if method == "GET":
         verb = "watch" if query.get("watch") in ("true", "1") else "get" if name else "list"
     else:
-        verb = {"POST": "create", "PUT": "update", "PATCH": "patch",
-                "DELETE": "delete" if name else "deletecollection"}[method]
+        verb = {
+            "POST": "create",
+            "PUT": "update",
+            "PATCH": "patch",
+            "DELETE": "delete" if name else "deletecollection",
+        }[method]
     return group, resource, verb
 
 
@@ -537,7 +688,9 @@ def granted(objs: Iterable[dict[str, Any]]) -> set[Call]:
 
 def test_call_derivation():
     log = [  # recorded from kopf 1.45 + the controller against the emulator (method, path, query)
-        ("GET", "/api", {}), ("GET", "/apis", {}), ("GET", "/apis/redrafter.dev/v1alpha1", {}),
+        ("GET", "/api", {}),
+        ("GET", "/apis", {}),
+        ("GET", "/apis/redrafter.dev/v1alpha1", {}),
         ("GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", {}),
         ("GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", {"watch": "true"}),
         ("GET", "/api/v1/namespaces", {"watch": "true", "resourceVersion": "7"}),
@@ -554,7 +707,9 @@ def test_call_derivation():
         ("PUT", "/apis/coordination.k8s.io/v1/namespaces/redrafter-system/leases/rdo", {}),
     ]
     assert [call_from_request(m, p, q) for m, p, q in log] == [
-        None, None, None,
+        None,
+        None,
+        None,
         ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
         ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
         ("", "namespaces", "watch"),
@@ -576,8 +731,14 @@ def test_a_server_side_apply_that_creates_is_also_a_create():
     from types import SimpleNamespace
 
     def applied(status: int) -> Any:
-        return SimpleNamespace(method="PATCH", path="/apis/apps/v1/namespaces/d/deployments/x", query={},
-                               status=status, content_type="application/apply-patch+yaml")
+        return SimpleNamespace(
+            method="PATCH",
+            path="/apis/apps/v1/namespaces/d/deployments/x",
+            query={},
+            status=status,
+            content_type="application/apply-patch+yaml",
+        )
+
     assert calls_from_log([applied(201)]) == {("apps", "deployments", "patch"), ("apps", "deployments", "create")}
     assert calls_from_log([applied(200)]) == {("apps", "deployments", "patch")}
 
@@ -587,26 +748,35 @@ def test_rbac_scopes():
     assert not [o for o in cluster if o["kind"] in ("Role", "RoleBinding")]
     crb = one(cluster, "ClusterRoleBinding")
     assert crb["roleRef"]["name"] == one(cluster, "ClusterRole")["metadata"]["name"]
-    assert crb["subjects"] == [{"kind": "ServiceAccount", "name": f"{RELEASE}-redrafter-operator",
-                                "namespace": NAMESPACE}]
+    assert crb["subjects"] == [
+        {"kind": "ServiceAccount", "name": f"{RELEASE}-redrafter-operator", "namespace": NAMESPACE}
+    ]
     ns_objs = manifests(render({"watchNamespaces": ["team-a", "team-b"]}))
     roles = [o for o in ns_objs if o["kind"] == "Role"]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     bindings = {b["metadata"]["namespace"]: b for b in ns_objs if b["kind"] == "RoleBinding"}
     for role in roles:
         b = bindings[role["metadata"]["namespace"]]
-        assert b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]}
+        assert b["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": role["metadata"]["name"],
+        }
         assert b["subjects"][0]["namespace"] == NAMESPACE
     # namespaced mode: the cluster-wide part is read-only discovery (kopf lists/watches CRDs and namespaces)
     assert granted([one(ns_objs, "ClusterRole")]) == {
         ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
         ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
-        ("", "namespaces", "list"), ("", "namespaces", "watch")}
+        ("", "namespaces", "list"),
+        ("", "namespaces", "watch"),
+    }
     # the namespaced rules are the same in both modes
     ns_rules = granted(roles[:1])
     cluster_rules = granted([one(cluster, "ClusterRole")])
-    assert cluster_rules - ns_rules == {("apiextensions.k8s.io", "customresourcedefinitions", "list"),
-                                        ("apiextensions.k8s.io", "customresourcedefinitions", "watch")}
+    assert cluster_rules - ns_rules == {
+        ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
+        ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
+    }
     # no access to Secrets at all: build Jobs mount them by name, the operator never reads them
     assert not [c for c in cluster_rules | ns_rules if c[1] == "secrets"]
     # Lease rules only with replicas > 1, the same in both scopes, in a Role (never cluster-wide)
@@ -658,8 +828,9 @@ def helm_config(kubeconfig: Path) -> Iterator[helm.Config]:
 
 def test_install_and_upgrade_with_the_crd_hook(apiserver, helm_config, kubectl, tmp_path: Path):
     emu = apiserver.emulator
-    release = helm_config.install(str(CHART), RELEASE, {"watchNamespaces": ["default"]}, namespace=NAMESPACE,
-                                  create_namespace=True, timeout=60)
+    release = helm_config.install(
+        str(CHART), RELEASE, {"watchNamespaces": ["default"]}, namespace=NAMESPACE, create_namespace=True, timeout=60
+    )
     assert release["status"] == "deployed" and release["app_version"] == redrafter_operator.__version__
     assert "kubectl get rdd" in release["notes"]
     crds = {c["metadata"]["name"] for c in emu.list_objects("apiextensions.k8s.io/v1", "CustomResourceDefinition")}
@@ -674,9 +845,13 @@ def test_install_and_upgrade_with_the_crd_hook(apiserver, helm_config, kubectl, 
 
     # An older CRD in the cluster (as after a chart upgrade that changed the API): the hook applies the new one.
     name = "redrafterdeployments.redrafter.dev"
-    emu.patch_object("apiextensions.k8s.io/v1", "CustomResourceDefinition", name, None,
-                     {"metadata": {"annotations": {"redrafter.dev/stale": "true"}},
-                      "spec": {"names": {"shortNames": ["stale"]}}})
+    emu.patch_object(
+        "apiextensions.k8s.io/v1",
+        "CustomResourceDefinition",
+        name,
+        None,
+        {"metadata": {"annotations": {"redrafter.dev/stale": "true"}}, "spec": {"names": {"shortNames": ["stale"]}}},
+    )
     hook_ran: dict[str, Any] = {}
 
     def run_hook_job() -> None:
@@ -699,18 +874,25 @@ def test_install_and_upgrade_with_the_crd_hook(apiserver, helm_config, kubectl, 
 
     worker = threading.Thread(target=run_hook_job, daemon=True)
     worker.start()
-    upgraded = helm_config.upgrade(str(CHART), RELEASE, {"watchNamespaces": ["default"],
-                                                         "crds": {"upgradeJob": {"enabled": True}}},
-                                   namespace=NAMESPACE, timeout=60)
+    upgraded = helm_config.upgrade(
+        str(CHART),
+        RELEASE,
+        {"watchNamespaces": ["default"], "crds": {"upgradeJob": {"enabled": True}}},
+        namespace=NAMESPACE,
+        timeout=60,
+    )
     worker.join(30)
     assert hook_ran["result"].returncode == 0, hook_ran["result"].stderr
     assert upgraded["status"] == "deployed" and upgraded["revision"] == 2
     crd = emu.get_object("apiextensions.k8s.io/v1", "CustomResourceDefinition", name)
     assert crd["spec"]["names"]["shortNames"] == ["rdd"]  # the chart's CRD again
     # hook-succeeded: every hook object is gone after the upgrade
-    for kind, api, ns in (("Job", "batch/v1", NAMESPACE), ("ConfigMap", "v1", NAMESPACE),
-                          ("ServiceAccount", "v1", NAMESPACE),
-                          ("ClusterRole", "rbac.authorization.k8s.io/v1", None)):
+    for kind, api, ns in (
+        ("Job", "batch/v1", NAMESPACE),
+        ("ConfigMap", "v1", NAMESPACE),
+        ("ServiceAccount", "v1", NAMESPACE),
+        ("ClusterRole", "rbac.authorization.k8s.io/v1", None),
+    ):
         assert emu.find_object(api, kind, f"{RELEASE}-redrafter-operator-crd-upgrade", ns) is None, kind
 
     helm_config.uninstall(RELEASE, timeout=30)
@@ -771,8 +953,18 @@ def converge_with_kubectl(kubectl: Any, emu: Any) -> None:
     def node_selector() -> dict[str, str]:
         out = kubectl("get", "deployment", dep, "-n", "default", "-o", "jsonpath={.spec.template.spec.nodeSelector}")
         return json.loads(out.stdout) if out.returncode == 0 and out.stdout.strip() else {}
-    kubectl("patch", "rdd", "llama3-8b", "-n", "default", "--type=merge", "-p",
-            json.dumps({"spec": {"serving": {"nodeSelector": {"pool": "gpu-a"}}}}), check=True)
+
+    kubectl(
+        "patch",
+        "rdd",
+        "llama3-8b",
+        "-n",
+        "default",
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"serving": {"nodeSelector": {"pool": "gpu-a"}}}}),
+        check=True,
+    )
     _wait(lambda: node_selector().get("pool") == "gpu-a", 30, "spec.serving.nodeSelector on the Deployment")
 
     uid = emu.get_object("apps/v1", "Deployment", dep, "default")["metadata"]["uid"]
@@ -782,16 +974,35 @@ def converge_with_kubectl(kubectl: Any, emu: Any) -> None:
     def back() -> bool:
         obj = emu.find_object("apps/v1", "Deployment", dep, "default")
         return obj is not None and obj["metadata"]["uid"] != uid
+
     _wait(back, 10, "the deleted Deployment back", interval=0.05)
     assert time.monotonic() - started < 5.0
     _wait(lambda: node_selector().get("pool") == "gpu-a", 10, "the re-created Deployment's nodeSelector")
 
-    kubectl("patch", "deployment", dep, "-n", "default", "--type=merge", "-p",
-            json.dumps({"spec": {"template": {"spec": {"nodeSelector": {"pool": "hijacked"}}}}}), check=True)
+    kubectl(
+        "patch",
+        "deployment",
+        dep,
+        "-n",
+        "default",
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"template": {"spec": {"nodeSelector": {"pool": "hijacked"}}}}}),
+        check=True,
+    )
     _wait(lambda: node_selector().get("pool") == "gpu-a", 10, "the hand edit reverted", interval=0.05)
 
-    kubectl("patch", "rdd", "llama3-8b", "-n", "default", "--type=json", "-p",
-            json.dumps([{"op": "remove", "path": "/spec/serving/nodeSelector"}]), check=True)
+    kubectl(
+        "patch",
+        "rdd",
+        "llama3-8b",
+        "-n",
+        "default",
+        "--type=json",
+        "-p",
+        json.dumps([{"op": "remove", "path": "/spec/serving/nodeSelector"}]),
+        check=True,
+    )
     _wait(lambda: "pool" not in node_selector(), 30, "the removed nodeSelector gone from the Deployment")
 
 
@@ -810,8 +1021,13 @@ def test_operator_runs_from_the_chart_and_rbac_is_exact(mode, apiserver, helm_co
     env = {**os.environ, **_container_env(container, "rdo-operator-0"), "KUBECONFIG": str(kubeconfig)}
     mark = len(emu.request_log)
     log_file = (tmp_path / "operator.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-c", _SHIM, *container["args"]], env=env, cwd=tmp_path,
-                            stdout=log_file, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SHIM, *container["args"]],
+        env=env,
+        cwd=tmp_path,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+    )
     try:
         probe = container["readinessProbe"]["httpGet"]
         url = f"http://127.0.0.1:{health}{probe['path']}"
@@ -824,6 +1040,7 @@ def test_operator_runs_from_the_chart_and_rbac_is_exact(mode, apiserver, helm_co
                     return rsp.status == 200
             except OSError:
                 return False
+
         _wait(healthy, 30, "the operator's liveness endpoint")
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5) as rsp:
             assert rsp.status == 200
@@ -831,41 +1048,71 @@ def test_operator_runs_from_the_chart_and_rbac_is_exact(mode, apiserver, helm_co
         # The InferencePool (upstream v1 CRD) on: its verbs are derived from the requests like the others.
         emu.create_object(yaml.safe_load(INFERENCE_POOL_CRD.read_text()))
         doc = yaml.safe_load((ROOT / "examples" / "llama3-8b.yaml").read_text())
-        doc["spec"]["routing"] = {"inferencePool": {"enabled": True,
-                                                    "endpointPickerRef": {"name": "llama3-8b-epp", "port": 9002}}}
+        doc["spec"]["routing"] = {
+            "inferencePool": {"enabled": True, "endpointPickerRef": {"name": "llama3-8b-epp", "port": 9002}}
+        }
         kubectl("apply", "-f", "-", input=yaml.safe_dump(doc), check=True)
 
         def phase() -> str:
             out = kubectl("get", "rdd", "llama3-8b", "-n", "default", "-o", "jsonpath={.status.phase}")
             return out.stdout.strip()
+
         _wait(lambda: phase() == "Building", 60, "the example to reach Building", interval=0.3)
         jobs = emu.list_objects("batch/v1", "Job", "default")
         assert jobs, "a build Job was created"
         assert {j["spec"]["template"]["spec"]["containers"][0]["image"] for j in jobs} == {
-            env["REDRAFTER_DEFAULT_BUILDER_IMAGE"]}
+            env["REDRAFTER_DEFAULT_BUILDER_IMAGE"]
+        }
 
         # Children that already exist but are unknown to the operator (left behind by an earlier install that
         # orphaned them, written as the pre-server-side-apply operator did: created by the client library's
         # User-Agent, "OpenAPI-Generator"): its apply's answer shows their fields, it takes them over (a JSON
         # patch of managedFields) and applies again, which removes what it does not set (the "old" container).
         for leftover in (
-            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": names.serving_config_name("llama3-8b", "base"),
-                                                                   "namespace": "default"}, "data": {}},
-            {"apiVersion": "v1", "kind": "Service", "metadata": {"name": names.service_name("llama3-8b", "base"),
-                                                                 "namespace": "default"},
-             "spec": {"selector": names.serving_selector("llama3-8b", "base"), "ports": [{"name": "http", "port": 80}]}},
-            {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-             "metadata": {"name": names.safe_name("llama3-8b", "serving"), "namespace": "default"},
-             "spec": {"podSelector": {}}},
-            {"apiVersion": "apps/v1", "kind": "Deployment",
-             "metadata": {"name": names.serving_deployment_name("llama3-8b", "base"), "namespace": "default"},
-             "spec": {"replicas": 0, "selector": {"matchLabels": names.serving_selector("llama3-8b", "base")},
-                      "template": {"metadata": {"labels": names.serving_selector("llama3-8b", "base")},
-                                   "spec": {"containers": [{"name": "old", "image": "old:1"}]}}}},
-            {"apiVersion": INFERENCE_POOL_API, "kind": "InferencePool",
-             "metadata": {"name": names.service_name("llama3-8b"), "namespace": "default"},
-             "spec": {"selector": {"matchLabels": {"app": "old"}}, "targetPorts": [{"number": 8000}],
-                      "endpointPickerRef": {"name": "old-epp", "port": {"number": 9002}}}},
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": names.serving_config_name("llama3-8b", "base"), "namespace": "default"},
+                "data": {},
+            },
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": names.service_name("llama3-8b", "base"), "namespace": "default"},
+                "spec": {
+                    "selector": names.serving_selector("llama3-8b", "base"),
+                    "ports": [{"name": "http", "port": 80}],
+                },
+            },
+            {
+                "apiVersion": "networking.k8s.io/v1",
+                "kind": "NetworkPolicy",
+                "metadata": {"name": names.safe_name("llama3-8b", "serving"), "namespace": "default"},
+                "spec": {"podSelector": {}},
+            },
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": names.serving_deployment_name("llama3-8b", "base"), "namespace": "default"},
+                "spec": {
+                    "replicas": 0,
+                    "selector": {"matchLabels": names.serving_selector("llama3-8b", "base")},
+                    "template": {
+                        "metadata": {"labels": names.serving_selector("llama3-8b", "base")},
+                        "spec": {"containers": [{"name": "old", "image": "old:1"}]},
+                    },
+                },
+            },
+            {
+                "apiVersion": INFERENCE_POOL_API,
+                "kind": "InferencePool",
+                "metadata": {"name": names.service_name("llama3-8b"), "namespace": "default"},
+                "spec": {
+                    "selector": {"matchLabels": {"app": "old"}},
+                    "targetPorts": [{"number": 8000}],
+                    "endpointPickerRef": {"name": "old-epp", "port": {"number": 9002}},
+                },
+            },
         ):
             emu.create_object(leftover, field_manager="OpenAPI-Generator")
 
@@ -879,56 +1126,124 @@ def test_operator_runs_from_the_chart_and_rbac_is_exact(mode, apiserver, helm_co
                     if not (job.get("status") or {}).get("conditions"):
                         # what each Job's program writes to its termination log on success
                         validation = job["metadata"]["labels"].get(names.LABEL_COMPONENT) == "validation"
-                        message = "Passed: chart test stand-in" if validation else "OK: engine built (chart test stand-in)"
+                        message = (
+                            "Passed: chart test stand-in" if validation else "OK: engine built (chart test stand-in)"
+                        )
                         controllers.complete_job(emu, job["metadata"]["name"], "default", message=message)
                 controllers.reconcile_once(emu, "default")
                 stop.wait(0.1)
+
         ticker = threading.Thread(target=cluster, daemon=True)
         ticker.start()
         try:
+
             def promoted() -> bool:  # base serves first; ReDrafter once the validation Job (GET jobs) passed
-                out = kubectl("get", "rdd", "llama3-8b", "-n", "default", "-o",
-                              "jsonpath={.status.phase}/{.status.validation.state}/{.status.activeEngine}")
+                out = kubectl(
+                    "get",
+                    "rdd",
+                    "llama3-8b",
+                    "-n",
+                    "default",
+                    "-o",
+                    "jsonpath={.status.phase}/{.status.validation.state}/{.status.activeEngine}",
+                )
                 return out.stdout.strip() == "Serving/Passed/redrafter"
+
             try:
                 _wait(promoted, 90, "the example to reach Serving on the validated ReDrafter engine", interval=0.3)
             except AssertionError:
                 rdd = emu.get_object("redrafter.dev/v1alpha1", "ReDrafterDeployment", "llama3-8b", "default")
-                raise AssertionError(json.dumps({"status": rdd.get("status"), "jobs": [
-                    (j["metadata"]["name"], j.get("status")) for j in emu.list_objects("batch/v1", "Job", "default")],
-                    "log": (tmp_path / "operator.log").read_text()[-3000:]}, indent=1)) from None
+                raise AssertionError(
+                    json.dumps(
+                        {
+                            "status": rdd.get("status"),
+                            "jobs": [
+                                (j["metadata"]["name"], j.get("status"))
+                                for j in emu.list_objects("batch/v1", "Job", "default")
+                            ],
+                            "log": (tmp_path / "operator.log").read_text()[-3000:],
+                        },
+                        indent=1,
+                    )
+                ) from None
             listing = kubectl("get", "rdd", "-n", "default", "--no-headers")
             assert listing.stdout.split()[0] == "llama3-8b" and "Serving" in listing.stdout
-            base = emu.get_object("apps/v1", "Deployment", names.serving_deployment_name("llama3-8b", "base"), "default")
+            base = emu.get_object(
+                "apps/v1", "Deployment", names.serving_deployment_name("llama3-8b", "base"), "default"
+            )
             assert "old" not in {c["name"] for c in base["spec"]["template"]["spec"]["containers"]}
             converge_with_kubectl(kubectl, emu)
             # Update paths: a serving-only change rewrites the serving ConfigMap and rolls the Deployment;
             # speculation Never moves the stable Service to the base engine.
-            kubectl("patch", "rdd", "llama3-8b", "-n", "default", "--type=merge", "-p", json.dumps(
-                {"spec": {"serving": {"triton": {"kvCacheFreeGpuMemFraction": 0.8}},
-                          "speculation": {"mode": "Never"}}}), check=True)
+            kubectl(
+                "patch",
+                "rdd",
+                "llama3-8b",
+                "-n",
+                "default",
+                "--type=merge",
+                "-p",
+                json.dumps(
+                    {
+                        "spec": {
+                            "serving": {"triton": {"kvCacheFreeGpuMemFraction": 0.8}},
+                            "speculation": {"mode": "Never"},
+                        }
+                    }
+                ),
+                check=True,
+            )
 
             def switched() -> bool:
                 svc = emu.find_object("v1", "Service", "llama3-8b", "default")
                 return bool(svc) and svc["spec"]["selector"].get("redrafter.dev/traffic") == "base"
+
             _wait(switched, 60, "traffic to move to the base engine", interval=0.3)
 
             def pool_on_base() -> bool:
                 pool = emu.find_object(INFERENCE_POOL_API, "InferencePool", "llama3-8b", "default")
                 return bool(pool) and pool["spec"]["selector"]["matchLabels"].get("redrafter.dev/traffic") == "base"
+
             _wait(pool_on_base, 60, "the InferencePool to move to the base engine", interval=0.3)
-            kubectl("patch", "rdd", "llama3-8b", "-n", "default", "--type=merge", "-p", json.dumps(
-                {"spec": {"routing": {"inferencePool": {"enabled": False}}}}), check=True)
-            _wait(lambda: emu.find_object(INFERENCE_POOL_API, "InferencePool", "llama3-8b", "default") is None, 60,
-                  "the InferencePool to be deleted once turned off", interval=0.3)
+            kubectl(
+                "patch",
+                "rdd",
+                "llama3-8b",
+                "-n",
+                "default",
+                "--type=merge",
+                "-p",
+                json.dumps({"spec": {"routing": {"inferencePool": {"enabled": False}}}}),
+                check=True,
+            )
+            _wait(
+                lambda: emu.find_object(INFERENCE_POOL_API, "InferencePool", "llama3-8b", "default") is None,
+                60,
+                "the InferencePool to be deleted once turned off",
+                interval=0.3,
+            )
             # on again: this time the apply creates the pool (the leftover above was adopted, not created)
-            kubectl("patch", "rdd", "llama3-8b", "-n", "default", "--type=merge", "-p", json.dumps(
-                {"spec": {"routing": {"inferencePool": {"enabled": True}}}}), check=True)
+            kubectl(
+                "patch",
+                "rdd",
+                "llama3-8b",
+                "-n",
+                "default",
+                "--type=merge",
+                "-p",
+                json.dumps({"spec": {"routing": {"inferencePool": {"enabled": True}}}}),
+                check=True,
+            )
             _wait(pool_on_base, 60, "the InferencePool back once turned on again", interval=0.3)
             _wait(lambda: phase() == "Serving", 60, "Serving after the change", interval=0.3)
             kubectl("delete", "rdd", "llama3-8b", "-n", "default", "--wait=false", check=True)
-            _wait(lambda: emu.find_object("redrafter.dev/v1alpha1", "ReDrafterDeployment", "llama3-8b", "default")
-                  is None, 30, "the example to be deleted")
+            _wait(
+                lambda: (
+                    emu.find_object("redrafter.dev/v1alpha1", "ReDrafterDeployment", "llama3-8b", "default") is None
+                ),
+                30,
+                "the example to be deleted",
+            )
             time.sleep(1.0)  # let the last watch events and Events settle
         finally:
             stop.set()
@@ -947,8 +1262,9 @@ def test_operator_runs_from_the_chart_and_rbac_is_exact(mode, apiserver, helm_co
     forbidden = [(r.method, r.path, r.status) for r in operator_records if r.status in (401, 403)]
     assert not forbidden
     (tmp_path / "rbac-calls.json").write_text(json.dumps(sorted(called), indent=1))
-    (tmp_path / "requests.txt").write_text("".join(f"{r.status} {r.method} {r.path} {r.query} {r.user_agent}\n"
-                                                   for r in operator_records))
+    (tmp_path / "requests.txt").write_text(
+        "".join(f"{r.status} {r.method} {r.path} {r.query} {r.user_agent}\n" for r in operator_records)
+    )
     grants = granted(objs)
     missing = called - grants
     assert not missing, f"the operator called {sorted(missing)} which the chart does not grant"
@@ -956,8 +1272,9 @@ def test_operator_runs_from_the_chart_and_rbac_is_exact(mode, apiserver, helm_co
     assert not (set(NOT_YET_EXERCISED) & called), "exercised now: remove from NOT_YET_EXERCISED"
     watched = values.get("watchNamespaces")
     if watched:  # a Role per watched namespace suffices: nothing namespaced is asked for cluster-wide
-        cluster_calls = {(g, r) for g, r, _ in calls_from_log(r for r in operator_records
-                                                              if request_namespace(r.path) is None)}
+        cluster_calls = {
+            (g, r) for g, r, _ in calls_from_log(r for r in operator_records if request_namespace(r.path) is None)
+        }
         assert cluster_calls == {("apiextensions.k8s.io", "customresourcedefinitions"), ("", "namespaces")}
         assert {request_namespace(r.path) for r in operator_records} - {None} <= set(watched)
     if values.get("replicas", 1) > 1:  # the Lease: created, renewed, released on SIGTERM, in its own namespace
@@ -968,8 +1285,9 @@ def test_operator_runs_from_the_chart_and_rbac_is_exact(mode, apiserver, helm_co
 
 
 @pytest.mark.slow
-def test_two_replicas_from_the_chart_elect_one_leader_and_hand_over_on_shutdown(apiserver, helm_config, kubectl,
-                                                                             tmp_path):
+def test_two_replicas_from_the_chart_elect_one_leader_and_hand_over_on_shutdown(
+    apiserver, helm_config, kubectl, tmp_path
+):
     """Two pods of the chart's Deployment (replicas: 2, its flags and client-go's 15/10/2 s timing): the Lease
     names one leader and only it acts; the standby writes nothing; a stopping leader (a rollout) releases the
     Lease after its loops stopped, so the standby takes over well within one lease duration."""
@@ -977,12 +1295,13 @@ def test_two_replicas_from_the_chart_elect_one_leader_and_hand_over_on_shutdown(
     from redrafter_sim.server import write_kubeconfig
 
     emu = apiserver.emulator
-    release = helm_config.install(str(CHART), RELEASE, {"replicas": 2}, namespace=NAMESPACE,
-                                  create_namespace=True, timeout=60)
+    release = helm_config.install(
+        str(CHART), RELEASE, {"replicas": 2}, namespace=NAMESPACE, create_namespace=True, timeout=60
+    )
     deploy = one([d for d in yaml.safe_load_all(release["manifest"]) if d], "Deployment")
     (container,) = deploy["spec"]["template"]["spec"]["containers"]
     args = [a for a in container["args"] if not a.startswith(("--liveness", "--metrics-port"))]
-    lease_duration = float(next(a for a in args if a.startswith("--lease-duration="))[len("--lease-duration="):-1])
+    lease_duration = float(next(a for a in args if a.startswith("--lease-duration="))[len("--lease-duration=") : -1])
     procs: dict[str, subprocess.Popen] = {}
     logs = {}
     example = yaml.safe_load((ROOT / "examples" / "llama3-8b.yaml").read_text())
@@ -1009,15 +1328,24 @@ def test_two_replicas_from_the_chart_elect_one_leader_and_hand_over_on_shutdown(
             own = write_kubeconfig(apiserver.url, tmp_path / f"kubeconfig-{pod}", token=f"token-{pod}")
             env = {**os.environ, **_container_env(container, pod), "KUBECONFIG": str(own), "PYTHONUNBUFFERED": "1"}
             logs[pod] = tmp_path / f"{pod}.log"
-            procs[pod] = subprocess.Popen([sys.executable, "-c", _SHIM, *args], env=env, cwd=tmp_path,
-                                          stdout=logs[pod].open("w"), stderr=subprocess.STDOUT)
-        active = _wait(lambda: lease().get("holderIdentity") in procs and lease()["holderIdentity"], 60,
-                       "a replica to acquire the Lease")
+            procs[pod] = subprocess.Popen(
+                [sys.executable, "-c", _SHIM, *args],
+                env=env,
+                cwd=tmp_path,
+                stdout=logs[pod].open("w"),
+                stderr=subprocess.STDOUT,
+            )
+        active = _wait(
+            lambda: lease().get("holderIdentity") in procs and lease()["holderIdentity"],
+            60,
+            "a replica to acquire the Lease",
+        )
         (standby,) = set(procs) - {active}
         elected = len(emu.request_log)
         # before anyone held the Lease both replicas may try to create it: the loser's create is refused (409)
-        assert all(r.path.endswith("/leases") and r.method == "POST" and r.status == 409
-                   for r in writes_by(standby)), writes_by(standby)
+        assert all(r.path.endswith("/leases") and r.method == "POST" and r.status == 409 for r in writes_by(standby)), (
+            writes_by(standby)
+        )
         shown = kubectl("get", "lease", "-n", NAMESPACE, check=True).stdout
         assert active in shown and standby not in shown  # `kubectl get lease` shows the leader
         apply("first")
@@ -1032,7 +1360,9 @@ def test_two_replicas_from_the_chart_elect_one_leader_and_hand_over_on_shutdown(
         procs[active].wait(15)
         assert procs[active].returncode == 0, logs[active].read_text()[-2000:]
         assert lease().get("holderIdentity") in ("", standby)
-        _wait(lambda: lease().get("holderIdentity") == standby, lease_duration, "the standby to take the released Lease")
+        _wait(
+            lambda: lease().get("holderIdentity") == standby, lease_duration, "the standby to take the released Lease"
+        )
         took = time.time() - sigterm
         assert "released lease" in logs[active].read_text()  # after its loops stopped (kopf's cleanup)
         assert took < lease_duration, took  # released: the standby's next poll takes it, no waiting for expiry

@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from test_chart import COMBOS, manifests, render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,8 +32,13 @@ def write_inputs(out: Path) -> list[str]:
     """Every example rendered by the CLI, and the chart rendered per values set; the file names."""
     files = []
     for example in sorted((ROOT / "examples").glob("*.yaml")):
-        rendered = subprocess.run([sys.executable, "-m", "redrafter_operator.cli", "render", "-f", str(example)],
-                                  capture_output=True, text=True, check=True, cwd=ROOT)
+        rendered = subprocess.run(
+            [sys.executable, "-m", "redrafter_operator.cli", "render", "-f", str(example)],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=ROOT,
+        )
         (out / example.name).write_text(rendered.stdout)
         files.append(example.name)
     for combo in CHART_VALUES:
@@ -48,9 +52,23 @@ def scan(directory: Path) -> tuple[dict[str, int], list[dict[str, Any]]]:
     """checkov's summary and failed checks for the Kubernetes manifests under ``directory``."""
     if not CHECKOV.is_file():
         pytest.fail(f"{CHECKOV} is missing: run `make install` (it creates .venv-checkov)")
-    proc = subprocess.run([str(CHECKOV), "--directory", str(directory), "--framework", "kubernetes", "--output",
-                           "json", "--quiet", "--compact", "--skip-download"],
-                          capture_output=True, text=True, timeout=500)
+    proc = subprocess.run(
+        [
+            str(CHECKOV),
+            "--directory",
+            str(directory),
+            "--framework",
+            "kubernetes",
+            "--output",
+            "json",
+            "--quiet",
+            "--compact",
+            "--skip-download",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=500,
+    )
     assert proc.returncode in (0, 1), proc.stderr[-2000:]  # 1: some check failed
     reports = json.loads(proc.stdout)
     reports = reports if isinstance(reports, list) else [reports]
@@ -59,8 +77,11 @@ def scan(directory: Path) -> tuple[dict[str, int], list[dict[str, Any]]]:
 
 
 def allowed(finding: dict[str, Any], entry: dict[str, str]) -> bool:
-    return (finding["check_id"] == entry["check"] and re.search(entry["file"], finding["file_path"].lstrip("/"))
-            is not None and re.search(entry["resource"], finding["resource"]) is not None)
+    return (
+        finding["check_id"] == entry["check"]
+        and re.search(entry["file"], finding["file_path"].lstrip("/")) is not None
+        and re.search(entry["resource"], finding["resource"]) is not None
+    )
 
 
 def test_allowlist_is_short_and_every_entry_has_a_reason():
@@ -80,12 +101,17 @@ def test_rendered_examples_and_chart_pass_checkov(tmp_path: Path):
     scanned = {f["file_path"].lstrip("/") for f in failed}
     assert scanned <= set(files)
     entries = yaml.safe_load(ALLOWLIST.read_text())
-    unexpected = [f"{f['check_id']} {f['check_name']}: {f['file_path']} {f['resource']}"
-                  for f in failed if not any(allowed(f, e) for e in entries)]
+    unexpected = [
+        f"{f['check_id']} {f['check_name']}: {f['file_path']} {f['resource']}"
+        for f in failed
+        if not any(allowed(f, e) for e in entries)
+    ]
     assert not unexpected, "checkov findings (fix them, or allow-list with a reason):\n" + "\n".join(unexpected)
     stale = [e["check"] for e in entries if not any(allowed(f, e) for f in failed)]
     assert not stale, f"allow-list entries that match no finding any more: {stale}"
     # the closing note's figures
-    print(f"checkov: {summary['passed']} passed, {summary['failed']} failed, all {len(failed)} allow-listed "
-          f"({len(entries)} entries) over {len(files)} files")
+    print(
+        f"checkov: {summary['passed']} passed, {summary['failed']} failed, all {len(failed)} allow-listed "
+        f"({len(entries)} entries) over {len(files)} files"
+    )
     assert summary["passed"] > 1000  # the scan really covered the manifests

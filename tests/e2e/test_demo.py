@@ -71,8 +71,13 @@ def test_demo_fast_every_stage_happens_and_nothing_is_left(tmp_path: Path):
     tmpdir = tmp_path / "tmp"
     summary_path = tmp_path / "summary.json"
     started = time.monotonic()
-    proc = subprocess.Popen([str(CLI), "demo", "--fast", "--summary-json", str(summary_path)],
-                            env=demo_env(tmpdir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [str(CLI), "demo", "--fast", "--summary-json", str(summary_path)],
+        env=demo_env(tmpdir),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         output, _ = proc.communicate(timeout=DEMO_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -119,8 +124,9 @@ def test_demo_fast_every_stage_happens_and_nothing_is_left(tmp_path: Path):
 
 def test_ctrl_c_stops_every_process_and_removes_temp_files(tmp_path: Path):
     tmpdir = tmp_path / "tmp"
-    proc = subprocess.Popen([str(CLI), "demo", "--fast"], env=demo_env(tmpdir),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [str(CLI), "demo", "--fast"], env=demo_env(tmpdir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     # interrupt once serving pods run (real tritonservers), or after the builds if they never start
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline and proc.poll() is None:
@@ -147,8 +153,13 @@ def test_demo_prometheus_scrapes_the_operator_and_the_serving_pods(tmp_path: Pat
     if shutil.which("prometheus") is None:
         pytest.skip("prometheus not installed (Debian package `prometheus`; .ci/run installs it)")
     tmpdir = tmp_path / "tmp"
-    proc = subprocess.Popen([str(CLI), "demo", "--fast", "--prometheus"], env=demo_env(tmpdir),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [str(CLI), "demo", "--fast", "--prometheus"],
+        env=demo_env(tmpdir),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
     seen: list[str] = []
@@ -165,8 +176,13 @@ def test_demo_prometheus_scrapes_the_operator_and_the_serving_pods(tmp_path: Pat
         prom = PrometheusServer({}, host=host, port=int(port))  # a client of the demo's server
         variables = {"$__rate_interval": "30s", "$__range": "5m", "$namespace": "default", "$deployment": "demo-tiny"}
         queries = dict(dashboard_queries(variables))
-        wanted = ["panel 'Acceptance rate per engine' A", "panel 'Output tokens/s' A", "panel 'Active engine' A",
-                  "panel 'In-flight and queued requests per pod' A", "panel 'Replicas: desired vs ready' B"]
+        wanted = [
+            "panel 'Acceptance rate per engine' A",
+            "panel 'Output tokens/s' A",
+            "panel 'Active engine' A",
+            "panel 'In-flight and queued requests per pod' A",
+            "panel 'Replicas: desired vs ready' B",
+        ]
         missing = wanted
         deadline = time.monotonic() + 180  # builds, validation and the first serving pods come first
         while missing and time.monotonic() < deadline and proc.poll() is None:

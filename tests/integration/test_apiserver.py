@@ -23,41 +23,56 @@ WIDGET_CRD: dict[str, Any] = {
         "group": "example.com",
         "scope": "Namespaced",
         "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "shortNames": ["wd"]},
-        "versions": [{
-            "name": "v1",
-            "served": True,
-            "storage": True,
-            "subresources": {"status": {}, "scale": {"specReplicasPath": ".spec.size",
-                                                      "statusReplicasPath": ".status.size"}},
-            "additionalPrinterColumns": [
-                {"name": "Size", "type": "integer", "jsonPath": ".spec.size"},
-                {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-                {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
-            ],
-            "schema": {"openAPIV3Schema": {
-                "type": "object",
-                "properties": {
-                    "spec": {
-                        "type": "object",
-                        "required": ["size"],
-                        "x-kubernetes-validations": [
-                            {"rule": "!has(self.tag) || self.size > 1", "message": "a tagged widget needs size > 1",
-                             "fieldPath": ".tag"},
-                            {"rule": "!has(oldSelf.tag) || self.tag == oldSelf.tag", "message": "tag is immutable"},
-                        ],
-                        "properties": {
-                            "size": {"type": "integer", "minimum": 1, "maximum": 10},
-                            "color": {"type": "string", "enum": ["red", "blue"], "default": "blue"},
-                            "tag": {"type": "string", "pattern": "^[a-z]+$"},
-                            "options": {"type": "object", "default": {},
-                                        "properties": {"retries": {"type": "integer", "default": 3}}},
-                            "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
-                        },
-                    },
-                    "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "subresources": {
+                    "status": {},
+                    "scale": {"specReplicasPath": ".spec.size", "statusReplicasPath": ".status.size"},
                 },
-            }},
-        }],
+                "additionalPrinterColumns": [
+                    {"name": "Size", "type": "integer", "jsonPath": ".spec.size"},
+                    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+                    {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
+                ],
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {
+                            "spec": {
+                                "type": "object",
+                                "required": ["size"],
+                                "x-kubernetes-validations": [
+                                    {
+                                        "rule": "!has(self.tag) || self.size > 1",
+                                        "message": "a tagged widget needs size > 1",
+                                        "fieldPath": ".tag",
+                                    },
+                                    {
+                                        "rule": "!has(oldSelf.tag) || self.tag == oldSelf.tag",
+                                        "message": "tag is immutable",
+                                    },
+                                ],
+                                "properties": {
+                                    "size": {"type": "integer", "minimum": 1, "maximum": 10},
+                                    "color": {"type": "string", "enum": ["red", "blue"], "default": "blue"},
+                                    "tag": {"type": "string", "pattern": "^[a-z]+$"},
+                                    "options": {
+                                        "type": "object",
+                                        "default": {},
+                                        "properties": {"retries": {"type": "integer", "default": 3}},
+                                    },
+                                    "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                                },
+                            },
+                            "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                        },
+                    }
+                },
+            }
+        ],
     },
 }
 
@@ -66,13 +81,21 @@ CMS = "/api/v1/namespaces/default/configmaps"
 
 
 def widget(name: str, size: int = 2, **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": name},
-            "spec": {"size": size, **spec}}
+    return {
+        "apiVersion": "example.com/v1",
+        "kind": "Widget",
+        "metadata": {"name": name},
+        "spec": {"size": size, **spec},
+    }
 
 
 def configmap(name: str, labels: dict[str, str] | None = None, **meta: Any) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": name, "labels": labels or {}, **meta}, "data": {"k": "v"}}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "labels": labels or {}, **meta},
+        "data": {"k": "v"},
+    }
 
 
 class Api:
@@ -81,11 +104,13 @@ class Api:
     def __init__(self, session: aiohttp.ClientSession, url: str) -> None:
         self.session, self.url = session, url
 
-    async def __call__(self, method: str, path: str, body: Any = None, ctype: str = "application/json",
-                       **params: str) -> tuple[int, Any]:
+    async def __call__(
+        self, method: str, path: str, body: Any = None, ctype: str = "application/json", **params: str
+    ) -> tuple[int, Any]:
         data = None if body is None else (body if isinstance(body, str) else json.dumps(body))
-        async with self.session.request(method, self.url + path, data=data, params=params or None,
-                                        headers={"Content-Type": ctype}) as resp:
+        async with self.session.request(
+            method, self.url + path, data=data, params=params or None, headers={"Content-Type": ctype}
+        ) as resp:
             text = await resp.text()
             return resp.status, (json.loads(text) if text.startswith(("{", "[")) else text)
 
@@ -110,12 +135,27 @@ async def test_discovery_core_groups_and_namespaces(api: Api) -> None:
     _, core = await api("GET", "/api/v1")
     assert core["groupVersion"] == "v1"
     core_names = {r["name"] for r in core["resources"]}
-    assert {"pods", "pods/status", "services", "configmaps", "secrets", "endpoints", "events",
-            "serviceaccounts", "namespaces"} <= core_names
+    assert {
+        "pods",
+        "pods/status",
+        "services",
+        "configmaps",
+        "secrets",
+        "endpoints",
+        "events",
+        "serviceaccounts",
+        "namespaces",
+    } <= core_names
     _, groups = await api("GET", "/apis")
     group_names = {g["name"] for g in groups["groups"]}
-    assert {"apps", "batch", "coordination.k8s.io", "events.k8s.io", "rbac.authorization.k8s.io",
-            "apiextensions.k8s.io"} <= group_names
+    assert {
+        "apps",
+        "batch",
+        "coordination.k8s.io",
+        "events.k8s.io",
+        "rbac.authorization.k8s.io",
+        "apiextensions.k8s.io",
+    } <= group_names
     _, apps = await api("GET", "/apis/apps/v1")
     assert {"deployments", "deployments/status", "deployments/scale"} <= {r["name"] for r in apps["resources"]}
     status, nss = await api("GET", "/api/v1/namespaces")
@@ -200,23 +240,35 @@ async def test_stale_resource_version_conflicts_on_put_and_patch(api: Api) -> No
     assert status == 200 and fresh["data"] == {"k": "new"}
     status, body = await api("PUT", f"{CMS}/c", cm)
     assert (status, body["reason"]) == (409, "Conflict") and "has been modified" in body["message"]
-    status, body = await api("PATCH", f"{CMS}/c", {"metadata": {"resourceVersion": stale}, "data": {"k": "x"}},
-                             "application/merge-patch+json")
+    status, body = await api(
+        "PATCH",
+        f"{CMS}/c",
+        {"metadata": {"resourceVersion": stale}, "data": {"k": "x"}},
+        "application/merge-patch+json",
+    )
     assert (status, body["reason"]) == (409, "Conflict")
-    status, ok = await api("PATCH", f"{CMS}/c", {"metadata": {"resourceVersion": fresh["metadata"]["resourceVersion"]},
-                                                  "data": {"k": "x"}}, "application/merge-patch+json")
+    status, ok = await api(
+        "PATCH",
+        f"{CMS}/c",
+        {"metadata": {"resourceVersion": fresh["metadata"]["resourceVersion"]}, "data": {"k": "x"}},
+        "application/merge-patch+json",
+    )
     assert status == 200 and ok["data"] == {"k": "x"}
 
 
 async def test_json_patch_test_failure_is_422_and_success_applies(api: Api) -> None:
     await api("POST", CMS, configmap("j", finalizers=["a/b"]))
-    failing = [{"op": "test", "path": "/metadata/finalizers", "value": ["other"]},
-               {"op": "remove", "path": "/metadata/finalizers/0"}]
+    failing = [
+        {"op": "test", "path": "/metadata/finalizers", "value": ["other"]},
+        {"op": "remove", "path": "/metadata/finalizers/0"},
+    ]
     status, body = await api("PATCH", f"{CMS}/j", failing, "application/json-patch+json")
     assert (status, body["reason"]) == (422, "Invalid")
-    passing = [{"op": "test", "path": "/metadata/finalizers", "value": ["a/b"]},
-               {"op": "add", "path": "/metadata/finalizers/-", "value": "c/d"},
-               {"op": "replace", "path": "/data/k", "value": "w"}]
+    passing = [
+        {"op": "test", "path": "/metadata/finalizers", "value": ["a/b"]},
+        {"op": "add", "path": "/metadata/finalizers/-", "value": "c/d"},
+        {"op": "replace", "path": "/data/k", "value": "w"},
+    ]
     status, body = await api("PATCH", f"{CMS}/j", passing, "application/json-patch+json")
     assert status == 200 and body["metadata"]["finalizers"] == ["a/b", "c/d"] and body["data"]["k"] == "w"
 
@@ -227,11 +279,16 @@ async def test_status_subresource_isolation(api: Api) -> None:
     body["status"] = {"phase": "Forged"}
     _, w = await api("POST", WIDGETS, body)
     assert "status" not in w, "status on create is dropped when the status subresource is enabled"
-    _, w = await api("PATCH", f"{WIDGETS}/s1/status", {"spec": {"size": 9}, "status": {"phase": "Ready"}},
-                     "application/merge-patch+json")
+    _, w = await api(
+        "PATCH",
+        f"{WIDGETS}/s1/status",
+        {"spec": {"size": 9}, "status": {"phase": "Ready"}},
+        "application/merge-patch+json",
+    )
     assert w["spec"]["size"] == 2 and w["status"]["phase"] == "Ready"
-    _, w = await api("PATCH", f"{WIDGETS}/s1", {"spec": {"size": 4}, "status": {"phase": "Hacked"}},
-                     "application/merge-patch+json")
+    _, w = await api(
+        "PATCH", f"{WIDGETS}/s1", {"spec": {"size": 4}, "status": {"phase": "Hacked"}}, "application/merge-patch+json"
+    )
     assert w["spec"]["size"] == 4 and w["status"]["phase"] == "Ready"
     w["status"] = {"phase": "ViaPut"}
     _, put = await api("PUT", f"{WIDGETS}/s1/status", w)
@@ -286,8 +343,7 @@ async def _read_events(resp: aiohttp.ClientResponse, count: int, timeout: float 
     return events
 
 
-async def test_watch_resumes_from_resource_version_and_respects_selectors(
-        api: Api, apiserver: EmulatorHandle) -> None:
+async def test_watch_resumes_from_resource_version_and_respects_selectors(api: Api, apiserver: EmulatorHandle) -> None:
     _, first = await api("POST", CMS, configmap("w1", {"app": "a"}))
     mark = first["metadata"]["resourceVersion"]
     await api("POST", CMS, configmap("w2", {"app": "a"}))
@@ -303,7 +359,11 @@ async def test_watch_resumes_from_resource_version_and_respects_selectors(
         await api("DELETE", f"{CMS}/w1")
         live = await _read_events(resp, 4)
         assert [(e["type"], e["object"]["metadata"]["name"]) for e in live] == [
-            ("MODIFIED", "w1"), ("ADDED", "w3"), ("DELETED", "w2"), ("DELETED", "w1")]
+            ("MODIFIED", "w1"),
+            ("ADDED", "w3"),
+            ("DELETED", "w2"),
+            ("DELETED", "w1"),
+        ]
         assert all(e["object"]["kind"] == "ConfigMap" for e in live)
         assert apiserver.emulator.drop_watches() == 1
         assert await resp.content.readline() == b""
@@ -346,15 +406,22 @@ async def test_owner_reference_cascading_delete(api: Api) -> None:
     _, other = await api("POST", CMS, configmap("other-owner"))
 
     def ref(obj: dict[str, Any]) -> dict[str, Any]:
-        return {"apiVersion": "v1", "kind": "ConfigMap", "name": obj["metadata"]["name"],
-                "uid": obj["metadata"]["uid"], "controller": True}
+        return {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "name": obj["metadata"]["name"],
+            "uid": obj["metadata"]["uid"],
+            "controller": True,
+        }
 
     await api("POST", CMS, configmap("child", ownerReferences=[ref(owner)]))
-    await api("POST", CMS, configmap("grandchild", ownerReferences=[{**ref(owner), "name": "child",
-                                                                     "uid": "placeholder"}]))
+    await api(
+        "POST", CMS, configmap("grandchild", ownerReferences=[{**ref(owner), "name": "child", "uid": "placeholder"}])
+    )
     _, child = await api("GET", f"{CMS}/child")
-    await api("PATCH", f"{CMS}/grandchild", {"metadata": {"ownerReferences": [ref(child)]}},
-              "application/merge-patch+json")
+    await api(
+        "PATCH", f"{CMS}/grandchild", {"metadata": {"ownerReferences": [ref(child)]}}, "application/merge-patch+json"
+    )
     await api("POST", CMS, configmap("shared", ownerReferences=[ref(owner), {**ref(other), "controller": False}]))
     await api("DELETE", f"{CMS}/owner")
     _, lst = await api("GET", CMS)
@@ -366,33 +433,52 @@ async def test_owner_reference_cascading_delete(api: Api) -> None:
 
 
 async def test_server_side_apply_creates_then_merges(api: Api) -> None:
-    body = yaml.safe_dump({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ssa"},
-                           "data": {"a": "1"}})
+    body = yaml.safe_dump({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ssa"}, "data": {"a": "1"}})
     status, created = await api("PATCH", f"{CMS}/ssa", body, "application/apply-patch+yaml", fieldManager="t")
     assert status == 201 and created["data"] == {"a": "1"}
-    body = yaml.safe_dump({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ssa"},
-                           "data": {"b": "2"}})
+    body = yaml.safe_dump({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ssa"}, "data": {"b": "2"}})
     status, merged = await api("PATCH", f"{CMS}/ssa", body, "application/apply-patch+yaml", fieldManager="other")
     assert status == 200 and merged["data"] == {"a": "1", "b": "2"}, "another manager's fields merge in"
     assert merged["metadata"]["uid"] == created["metadata"]["uid"]
     await api("PATCH", f"{CMS}/ssa", {"data": {"m": "3"}}, "application/merge-patch+json")
-    body = yaml.safe_dump({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ssa"},
-                           "data": {"c": "4"}})
+    body = yaml.safe_dump({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ssa"}, "data": {"c": "4"}})
     status, reapplied = await api("PATCH", f"{CMS}/ssa", body, "application/apply-patch+yaml", fieldManager="t")
     assert reapplied["data"] == {"b": "2", "m": "3", "c": "4"}, "a manager's dropped fields are removed"
 
 
 async def test_strategic_merge_patch_merges_containers_by_name(api: Api) -> None:
-    deploy = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"},
-              "spec": {"replicas": 1, "selector": {"matchLabels": {"a": "b"}},
-                       "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": [
-                           {"name": "main", "image": "img:1", "ports": [{"containerPort": 8000}]},
-                           {"name": "side", "image": "side:1"}]}}}}
+    deploy = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "d"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"a": "b"}},
+            "template": {
+                "metadata": {"labels": {"a": "b"}},
+                "spec": {
+                    "containers": [
+                        {"name": "main", "image": "img:1", "ports": [{"containerPort": 8000}]},
+                        {"name": "side", "image": "side:1"},
+                    ]
+                },
+            },
+        },
+    }
     await api("POST", "/apis/apps/v1/namespaces/default/deployments", deploy)
-    patch = {"spec": {"template": {"spec": {"$setElementOrder/containers": [{"name": "main"}, {"name": "side"}],
-                                            "containers": [{"name": "main", "image": "img:2"}]}}}}
-    status, d = await api("PATCH", "/apis/apps/v1/namespaces/default/deployments/d", patch,
-                          "application/strategic-merge-patch+json")
+    patch = {
+        "spec": {
+            "template": {
+                "spec": {
+                    "$setElementOrder/containers": [{"name": "main"}, {"name": "side"}],
+                    "containers": [{"name": "main", "image": "img:2"}],
+                }
+            }
+        }
+    }
+    status, d = await api(
+        "PATCH", "/apis/apps/v1/namespaces/default/deployments/d", patch, "application/strategic-merge-patch+json"
+    )
     containers = d["spec"]["template"]["spec"]["containers"]
     assert status == 200 and [(c["name"], c["image"]) for c in containers] == [("main", "img:2"), ("side", "side:1")]
     assert containers[0]["ports"] == [{"containerPort": 8000}]
@@ -437,8 +523,13 @@ async def test_crd_cel_rules_including_transition_rules(api: Api) -> None:
 
 
 async def test_core_events_are_visible_as_events_k8s_io(api: Api) -> None:
-    event = {"metadata": {"name": "e1"}, "involvedObject": {"kind": "ConfigMap", "name": "x"},
-             "reason": "Built", "message": "engine built", "type": "Normal"}
+    event = {
+        "metadata": {"name": "e1"},
+        "involvedObject": {"kind": "ConfigMap", "name": "x"},
+        "reason": "Built",
+        "message": "engine built",
+        "type": "Normal",
+    }
     await api("POST", "/api/v1/namespaces/default/events", event)
     _, lst = await api("GET", "/apis/events.k8s.io/v1/namespaces/default/events")
     (item,) = lst["items"]
@@ -449,9 +540,12 @@ async def test_core_events_are_visible_as_events_k8s_io(api: Api) -> None:
 async def test_table_format_carries_printer_columns(api: Api) -> None:
     await install_widgets(api)
     await api("POST", WIDGETS, widget("t1", 3))
-    await api("PATCH", f"{WIDGETS}/t1/status",
-              {"status": {"phase": "Serving", "conditions": [{"type": "Ready", "status": "True"}]}},
-              "application/merge-patch+json")
+    await api(
+        "PATCH",
+        f"{WIDGETS}/t1/status",
+        {"status": {"phase": "Serving", "conditions": [{"type": "Ready", "status": "True"}]}},
+        "application/merge-patch+json",
+    )
     accept = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
     async with api.session.get(api.url + WIDGETS, headers={"Accept": accept}) as resp:
         tab = await resp.json()
@@ -490,8 +584,14 @@ async def test_request_log_and_fault_injection(api: Api, apiserver: EmulatorHand
 
 def test_direct_object_access_is_consistent_with_http(apiserver: EmulatorHandle) -> None:
     emu = apiserver.emulator
-    created = emu.create_object({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j", "namespace": "ns1"},
-                                 "spec": {"template": {"spec": {"containers": []}}}})
+    created = emu.create_object(
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "j", "namespace": "ns1"},
+            "spec": {"template": {"spec": {"containers": []}}},
+        }
+    )
     assert created["metadata"]["uid"]
     emu.patch_object("batch/v1", "Job", "j", "ns1", {"status": {"succeeded": 1}}, subresource="status")
     assert emu.get_object("batch/v1", "Job", "j", "ns1")["status"] == {"succeeded": 1}
@@ -516,9 +616,16 @@ def test_kubectl_lifecycle_of_a_custom_resource(kubectl: Any, tmp_path: Path) ->
     assert "unchanged" in kubectl("apply", "-f", str(cr), check=True).stdout
     got = json.loads(kubectl("get", "wd", "kw", "-o", "json", check=True).stdout)
     assert got["spec"] == {"size": 4, "color": "blue", "options": {"retries": 3}}
-    kubectl("patch", "widget", "kw", "--subresource=status", "--type=merge", "-p",
-            json.dumps({"status": {"phase": "Serving", "conditions": [{"type": "Ready", "status": "True"}]}}),
-            check=True)
+    kubectl(
+        "patch",
+        "widget",
+        "kw",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": {"phase": "Serving", "conditions": [{"type": "Ready", "status": "True"}]}}),
+        check=True,
+    )
     table = kubectl("get", "widgets", check=True).stdout.splitlines()
     assert table[0].split() == ["NAME", "SIZE", "PHASE", "READY"]
     assert table[1].split() == ["kw", "4", "Serving", "True"]
@@ -551,12 +658,15 @@ def test_kubectl_builtin_apply_patch_and_label_selection(kubectl: Any, tmp_path:
     assert "namespace/default" in kubectl("get", "namespaces", "-o", "name", check=True).stdout
 
 
-@pytest.mark.skipif(not (REPO / "crds" / "redrafter.dev_redrafterdeployments.yaml").exists(),
-                    reason="the ReDrafterDeployment CRD has not been generated yet")
+@pytest.mark.skipif(
+    not (REPO / "crds" / "redrafter.dev_redrafterdeployments.yaml").exists(),
+    reason="the ReDrafterDeployment CRD has not been generated yet",
+)
 def test_kubectl_applies_the_real_crd_and_examples(kubectl: Any) -> None:
     kubectl("apply", "-f", str(REPO / "crds" / "redrafter.dev_redrafterdeployments.yaml"), check=True)
-    kubectl("wait", "--for=condition=Established", "crd/redrafterdeployments.redrafter.dev",
-            "--timeout=10s", check=True)
+    kubectl(
+        "wait", "--for=condition=Established", "crd/redrafterdeployments.redrafter.dev", "--timeout=10s", check=True
+    )
     examples = sorted((REPO / "examples").glob("*.yaml"))
     names = []
     for example in examples:
@@ -586,8 +696,8 @@ async def test_kubernetes_asyncio_client_crud_and_watch(apiserver: EmulatorHandl
         nss = await core.list_namespace()
         assert "default" in {n.metadata.name for n in nss.items}
         created = await core.create_namespaced_config_map(
-            "default", client.V1ConfigMap(metadata=client.V1ObjectMeta(name="ka", labels={"x": "1"}),
-                                          data={"a": "1"}))
+            "default", client.V1ConfigMap(metadata=client.V1ObjectMeta(name="ka", labels={"x": "1"}), data={"a": "1"})
+        )
         assert created.metadata.uid and created.metadata.resource_version
         patched = await core.patch_namespaced_config_map("ka", "default", {"data": {"b": "2"}})
         assert patched.data == {"a": "1", "b": "2"}
@@ -595,11 +705,22 @@ async def test_kubernetes_asyncio_client_crud_and_watch(apiserver: EmulatorHandl
             await core.read_namespaced_config_map("nope", "default")
         assert err.value.status == 404 and json.loads(err.value.body)["reason"] == "NotFound"
         apps = client.AppsV1Api(api_client)
-        await apps.create_namespaced_deployment("default", {
-            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "dep"},
-            "spec": {"replicas": 1, "selector": {"matchLabels": {"a": "b"}},
-                     "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": [{"name": "c",
-                                                                                               "image": "i"}]}}}})
+        await apps.create_namespaced_deployment(
+            "default",
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": "dep"},
+                "spec": {
+                    "replicas": 1,
+                    "selector": {"matchLabels": {"a": "b"}},
+                    "template": {
+                        "metadata": {"labels": {"a": "b"}},
+                        "spec": {"containers": [{"name": "c", "image": "i"}]},
+                    },
+                },
+            },
+        )
         scale = await apps.patch_namespaced_deployment_scale("dep", "default", {"spec": {"replicas": 3}})
         assert scale.spec.replicas == 3
         listing = await core.list_namespaced_config_map("default", label_selector="x=1")
@@ -612,8 +733,12 @@ async def test_kubernetes_asyncio_client_crud_and_watch(apiserver: EmulatorHandl
 
         deleter = asyncio.create_task(later_delete())
         async with asyncio.timeout(10):
-            async for event in w.stream(core.list_namespaced_config_map, "default",
-                                        resource_version=listing.metadata.resource_version, timeout_seconds=5):
+            async for event in w.stream(
+                core.list_namespaced_config_map,
+                "default",
+                resource_version=listing.metadata.resource_version,
+                timeout_seconds=5,
+            ):
                 seen.append((event["type"], event["object"].metadata.name))
                 if event["type"] == "DELETED":
                     w.stop()
@@ -652,8 +777,7 @@ async def test_kopf_operator_finalizer_status_and_deletion(apiserver: EmulatorHa
         handled.append(f"delete:{name}")
 
     stop = asyncio.Event()
-    task = asyncio.create_task(kopf.operator(registry=registry, standalone=True, clusterwide=True,
-                                             stop_flag=stop))
+    task = asyncio.create_task(kopf.operator(registry=registry, standalone=True, clusterwide=True, stop_flag=stop))
     try:
         await api("POST", WIDGETS, widget("k1", 5))
 
@@ -688,9 +812,18 @@ async def test_kopf_operator_finalizer_status_and_deletion(apiserver: EmulatorHa
 
 
 def _job(name: str) -> dict[str, Any]:
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": "default"},
-            "spec": {"backoffLimit": 0, "template": {"metadata": {"labels": {"app": "builder"}}, "spec": {
-                "restartPolicy": "Never", "containers": [{"name": "build", "image": "builder:1"}]}}}}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"labels": {"app": "builder"}},
+                "spec": {"restartPolicy": "Never", "containers": [{"name": "build", "image": "builder:1"}]},
+            },
+        },
+    }
 
 
 def test_job_controller_helpers_complete_and_fail(apiserver: EmulatorHandle, kubectl: Any) -> None:
@@ -706,13 +839,25 @@ def test_job_controller_helpers_complete_and_fail(apiserver: EmulatorHandle, kub
     (pod,) = emu.list_objects("v1", "Pod", "default", label_selector="batch.kubernetes.io/job-name=ok")
     assert pod["metadata"]["labels"]["job-name"] == "ok" and pod["status"]["phase"] == "Succeeded"
     assert pod["status"]["containerStatuses"][0]["state"]["terminated"] == {
-        **pod["status"]["containerStatuses"][0]["state"]["terminated"], "exitCode": 0,
-        "message": '{"engine": "ready"}'}
-    failed = controllers.fail_job(emu, "bad", "default", reason="BackoffLimitExceeded", message="gave up",
-                                  exit_code=3, termination_message="trtllm-build: out of memory")
+        **pod["status"]["containerStatuses"][0]["state"]["terminated"],
+        "exitCode": 0,
+        "message": '{"engine": "ready"}',
+    }
+    failed = controllers.fail_job(
+        emu,
+        "bad",
+        "default",
+        reason="BackoffLimitExceeded",
+        message="gave up",
+        exit_code=3,
+        termination_message="trtllm-build: out of memory",
+    )
     assert failed["status"]["failed"] == 1
-    assert {c["type"]: (c["status"], c["reason"], c["message"]) for c in failed["status"]["conditions"]}["Failed"] \
-        == ("True", "BackoffLimitExceeded", "gave up")
+    assert {c["type"]: (c["status"], c["reason"], c["message"]) for c in failed["status"]["conditions"]}["Failed"] == (
+        "True",
+        "BackoffLimitExceeded",
+        "gave up",
+    )
     kubectl("wait", "--for=condition=Failed", "job/bad", "--timeout=10s", check=True)
     pods = json.loads(kubectl("get", "pods", "-l", "job-name=bad", "-o", "json", check=True).stdout)["items"]
     terminated = pods[0]["status"]["containerStatuses"][0]["state"]["terminated"]
@@ -721,12 +866,14 @@ def test_job_controller_helpers_complete_and_fail(apiserver: EmulatorHandle, kub
     assert emu.list_objects("v1", "Pod", "default", label_selector="job-name=bad") == []
 
 
-def test_job_pod_failure_policy_is_validated_and_fail_job_applied(apiserver: EmulatorHandle, kubectl: Any,
-                                                                  tmp_path: Path) -> None:
+def test_job_pod_failure_policy_is_validated_and_fail_job_applied(
+    apiserver: EmulatorHandle, kubectl: Any, tmp_path: Path
+) -> None:
     from redrafter_sim import controllers
 
-    policy = {"rules": [{"action": "FailJob", "onExitCodes": {"containerName": "build", "operator": "In",
-                                                               "values": [2, 6]}}]}
+    policy = {
+        "rules": [{"action": "FailJob", "onExitCodes": {"containerName": "build", "operator": "In", "values": [2, 6]}}]
+    }
     bad = _job("restarts")
     bad["spec"]["podFailurePolicy"] = policy
     bad["spec"]["template"]["spec"]["restartPolicy"] = "OnFailure"
@@ -734,8 +881,10 @@ def test_job_pod_failure_policy_is_validated_and_fail_job_applied(apiserver: Emu
     path.write_text(yaml.safe_dump(bad))
     result = kubectl("apply", "-f", str(path))
     assert result.returncode != 0
-    assert 'spec.template.spec.restartPolicy: Invalid value: "OnFailure": only "Never" is supported when ' \
-           "podFailurePolicy is specified" in result.stderr
+    assert (
+        'spec.template.spec.restartPolicy: Invalid value: "OnFailure": only "Never" is supported when '
+        "podFailurePolicy is specified" in result.stderr
+    )
     emu = apiserver.emulator
     job = _job("strict")
     job["spec"]["backoffLimit"] = 3
@@ -745,22 +894,36 @@ def test_job_pod_failure_policy_is_validated_and_fail_job_applied(apiserver: Emu
     cond = next(c for c in failed["status"]["conditions"] if c["type"] == "Failed")
     assert cond["reason"] == "PodFailurePolicy"
     assert cond["message"].startswith("Container build for pod default/strict-") and cond["message"].endswith(
-        "failed with exit code 6 matching FailJob rule at index 0")
+        "failed with exit code 6 matching FailJob rule at index 0"
+    )
 
 
 def test_deployment_pods_and_service_endpoints(apiserver: EmulatorHandle, kubectl: Any) -> None:
     from redrafter_sim import controllers
 
     emu = apiserver.emulator
-    template = {"metadata": {"labels": {"app": "srv", "variant": "redrafter"}},
-                "spec": {"containers": [{"name": "triton", "image": "triton:1",
-                                         "ports": [{"name": "http", "containerPort": 8000}]}]}}
-    emu.create_object({"apiVersion": "apps/v1", "kind": "Deployment",
-                       "metadata": {"name": "srv", "namespace": "default"},
-                       "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "srv"}}, "template": template}})
-    emu.create_object({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "srv", "namespace": "default"},
-                       "spec": {"selector": {"app": "srv"}, "ports": [{"name": "http", "port": 80,
-                                                                        "targetPort": "http"}]}})
+    template = {
+        "metadata": {"labels": {"app": "srv", "variant": "redrafter"}},
+        "spec": {
+            "containers": [{"name": "triton", "image": "triton:1", "ports": [{"name": "http", "containerPort": 8000}]}]
+        },
+    }
+    emu.create_object(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "srv", "namespace": "default"},
+            "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "srv"}}, "template": template},
+        }
+    )
+    emu.create_object(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "srv", "namespace": "default"},
+            "spec": {"selector": {"app": "srv"}, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]},
+        }
+    )
     pods = controllers.sync_deployment_pods(emu, "srv", "default", max_ready=1)
     assert len(pods) == 2 and sum(controllers.is_pod_ready(p) for p in pods) == 1
     assert all(p["metadata"]["labels"]["variant"] == "redrafter" and p["status"]["podIP"] for p in pods)
@@ -776,9 +939,14 @@ def test_deployment_pods_and_service_endpoints(apiserver: EmulatorHandle, kubect
     controllers.reconcile_once(emu)
     assert emu.resource_version == mark, "a second pass over a converged cluster writes nothing"
     new_container = {"name": "triton", "image": "triton:2", "ports": [{"name": "http", "containerPort": 8000}]}
-    emu.patch_object("apps/v1", "Deployment", "srv", "default",
-                     {"spec": {"replicas": 3, "template": {"spec": {"containers": [new_container]}}}},
-                     patch_type="strategic")
+    emu.patch_object(
+        "apps/v1",
+        "Deployment",
+        "srv",
+        "default",
+        {"spec": {"replicas": 3, "template": {"spec": {"containers": [new_container]}}}},
+        patch_type="strategic",
+    )
     old_names = {p["metadata"]["name"] for p in pods}
     controllers.reconcile_once(emu)
     new_pods = emu.list_objects("v1", "Pod", "default", label_selector="app=srv")
@@ -794,16 +962,27 @@ async def test_run_controllers_loop_stops(apiserver: EmulatorHandle) -> None:
     from redrafter_sim import controllers
 
     emu = apiserver.emulator
-    emu.create_object({"apiVersion": "apps/v1", "kind": "Deployment",
-                       "metadata": {"name": "loop", "namespace": "default"},
-                       "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "loop"}},
-                                "template": {"metadata": {"labels": {"app": "loop"}},
-                                             "spec": {"containers": [{"name": "c", "image": "i"}]}}}})
+    emu.create_object(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "loop", "namespace": "default"},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": "loop"}},
+                "template": {
+                    "metadata": {"labels": {"app": "loop"}},
+                    "spec": {"containers": [{"name": "c", "image": "i"}]},
+                },
+            },
+        }
+    )
     stop = asyncio.Event()
     task = asyncio.create_task(controllers.run_controllers(emu, stop, interval=0.05))
     async with asyncio.timeout(5):
         while (emu.get_object("apps/v1", "Deployment", "loop", "default").get("status") or {}).get(
-                "readyReplicas") != 1:
+            "readyReplicas"
+        ) != 1:
             await asyncio.sleep(0.05)
     stop.set()
     await asyncio.wait_for(task, 2)
@@ -828,7 +1007,8 @@ def _mini_chart(root: Path) -> Path:
     (chart / "values.yaml").write_text("greeting: hello\n")
     (chart / "templates" / "cm.yaml").write_text(
         "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-cm\n"
-        "data:\n  greeting: {{ .Values.greeting }}\n")
+        "data:\n  greeting: {{ .Values.greeting }}\n"
+    )
     return chart
 
 
@@ -890,8 +1070,7 @@ async def test_kopf_survives_injected_errors_and_dropped_watches(apiserver: Emul
                 while not predicate():
                     await asyncio.sleep(0.05)
 
-        await until(lambda: ("f1", 1) in seen and any(r.method == "PATCH" and r.status == 200
-                                                      for r in emu.request_log))
+        await until(lambda: ("f1", 1) in seen and any(r.method == "PATCH" and r.status == 200 for r in emu.request_log))
         failed = [r for r in emu.request_log if r.method == "PATCH" and r.status == 500]
         assert len(failed) == 2, "both injected faults were hit and kopf retried past them"
         annotations = emu.get_object("example.com/v1", "Widget", "f1", "default")["metadata"]["annotations"]
@@ -899,8 +1078,9 @@ async def test_kopf_survives_injected_errors_and_dropped_watches(apiserver: Emul
         await until(lambda: any(r.kind == "watch" and r.path.endswith("/widgets") for r in emu.request_log))
         watches_before = sum(1 for r in emu.request_log if r.kind == "watch" and "widgets" in r.path)
         assert emu.drop_watches() >= 1
-        await until(lambda: sum(1 for r in emu.request_log if r.kind == "watch" and "widgets" in r.path)
-                    > watches_before)
+        await until(
+            lambda: sum(1 for r in emu.request_log if r.kind == "watch" and "widgets" in r.path) > watches_before
+        )
         await api("PATCH", f"{WIDGETS}/f1", {"spec": {"size": 7}}, "application/merge-patch+json")
         await until(lambda: ("f1", 7) in seen)
         assert emu.drop_watches(abort=True) >= 1
@@ -924,15 +1104,33 @@ def test_standalone_server_cli_serves_kubectl(tmp_path: Path) -> None:
     kubeconfig = tmp_path / "kubeconfig"
     crd = tmp_path / "crd.yaml"
     crd.write_text(yaml.safe_dump(WIDGET_CRD))
-    proc = subprocess.Popen([sys.executable, "-m", "redrafter_sim.server", "--kubeconfig", str(kubeconfig),
-                             "--load", str(crd)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "redrafter_sim.server", "--kubeconfig", str(kubeconfig), "--load", str(crd)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 20
         while not kubeconfig.exists() and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)
         assert kubeconfig.exists(), "the server wrote no kubeconfig"
-        result = subprocess.run([str(kubectl_bin), "--kubeconfig", str(kubeconfig), "--cache-dir", str(tmp_path / "c"),
-                                 "get", "crd", "-o", "name"], capture_output=True, text=True, timeout=30)
+        result = subprocess.run(
+            [
+                str(kubectl_bin),
+                "--kubeconfig",
+                str(kubeconfig),
+                "--cache-dir",
+                str(tmp_path / "c"),
+                "get",
+                "crd",
+                "-o",
+                "name",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert result.stdout.split() == ["customresourcedefinition.apiextensions.k8s.io/widgets.example.com"]
     finally:
         proc.terminate()

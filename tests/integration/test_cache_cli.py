@@ -31,8 +31,9 @@ NS = "default"
 
 async def cli(*args: str) -> tuple[int, str, str]:
     """The CLI as a subprocess, without blocking the event loop the simulated node runs on."""
-    proc = await asyncio.create_subprocess_exec(str(CLI), *args, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.PIPE)
+    proc = await asyncio.create_subprocess_exec(
+        str(CLI), *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
     out, err = await asyncio.wait_for(proc.communicate(), 120)
     return proc.returncode or 0, out.decode(), err.decode()
 
@@ -44,8 +45,11 @@ def resource(owner: Owner) -> dict:
     return body
 
 
-async def test_cache_ls_and_gc_dry_run_through_the_api(apiserver: EmulatorHandle, node: SimKubelet,  # noqa: F811
-                                                       kubeconfig: Path):
+async def test_cache_ls_and_gc_dry_run_through_the_api(
+    apiserver: EmulatorHandle,
+    node: SimKubelet,  # noqa: F811
+    kubeconfig: Path,
+):
     em = apiserver.emulator
     em.create_object(yaml.safe_load((ROOT / "crds" / "redrafter.dev_redrafterdeployments.yaml").read_text()))
     owner = demo_owner()
@@ -55,37 +59,51 @@ async def test_cache_ls_and_gc_dry_run_through_the_api(apiserver: EmulatorHandle
     body = resource(owner)
     em.create_object(body)
     # status names the base engine still (e.g. it keeps serving while the new one builds)
-    em.patch_object("redrafter.dev/v1alpha1", "ReDrafterDeployment", owner.name, NS,
-                    {"status": {"engines": {"base": {"key": keys["base"], "state": "Ready"}}}}, subresource="status")
+    em.patch_object(
+        "redrafter.dev/v1alpha1",
+        "ReDrafterDeployment",
+        owner.name,
+        NS,
+        {"status": {"engines": {"base": {"key": keys["base"], "state": "Ready"}}}},
+        subresource="status",
+    )
     cache_dir = node.fs.claim_dir(claim, owner.spec.engine.cache.sub_path)
     abandoned = cache_dir / f".tmp-{keys['redrafter']}-build-pod-x7k-4242"  # a builder killed long ago
     (abandoned / "engine").mkdir(parents=True)
     (abandoned / "engine" / "rank0.engine").write_bytes(b"\0" * 4096)
 
-    code, out, err = await cli("cache", "ls", "-o", "json", "--kubeconfig", str(kubeconfig), "--claim", claim,
-                               "--timeout", "90")
+    code, out, err = await cli(
+        "cache", "ls", "-o", "json", "--kubeconfig", str(kubeconfig), "--claim", claim, "--timeout", "90"
+    )
     assert code == 0, err
     doc = json.loads(out)
     engines = {e["key"]: e for e in doc["engines"]}
     assert set(engines) == set(keys.values())
-    assert engines[keys["base"]]["referencedBy"] == [{"namespace": NS, "name": owner.name,
-                                                      "role": "status.engines.base"}]
+    assert engines[keys["base"]]["referencedBy"] == [
+        {"namespace": NS, "name": owner.name, "role": "status.engines.base"}
+    ]
     assert engines[keys["redrafter"]]["referencedBy"] == [] and engines[keys["redrafter"]]["unreferencedSince"] is None
     assert all(e["sizeBytes"] > 0 and e["builtAt"] for e in engines.values())
-    assert doc["partials"] == [{"entry": abandoned.name, "key": keys["redrafter"], "sizeBytes": 4096,
-                                "lockedBy": None}] and doc["partialBytes"] == 4096
+    assert (
+        doc["partials"] == [{"entry": abandoned.name, "key": keys["redrafter"], "sizeBytes": 4096, "lockedBy": None}]
+        and doc["partialBytes"] == 4096
+    )
 
     code, out, err = await cli("cache", "ls", "--kubeconfig", str(kubeconfig), "--claim", claim)
     assert code == 0, err
     assert f"{NS}/{owner.name} (status.engines.base)" in out and "unreferenced (since before any collection" in out
     assert "1 partial build(s), 4.0 KiB; 1 abandoned" in out and f"{abandoned.name}  key {keys['redrafter']}" in out
 
-    code, out, err = await cli("cache", "gc", "--dry-run", "--keep", "0", "--kubeconfig", str(kubeconfig),
-                               "--claim", claim)
+    code, out, err = await cli(
+        "cache", "gc", "--dry-run", "--keep", "0", "--kubeconfig", str(kubeconfig), "--claim", claim
+    )
     assert code == 0, err
     assert f"would remove {keys['redrafter']}" in out and keys["base"] not in out
-    assert f"would remove {keys['redrafter']}  partial  unknown  4.0 KiB  (abandoned partial build {abandoned.name})" \
-        in out and "1 engine(s) and 1 abandoned partial build(s)" in out
+    assert (
+        f"would remove {keys['redrafter']}  partial  unknown  4.0 KiB  (abandoned partial build {abandoned.name})"
+        in out
+        and "1 engine(s) and 1 abandoned partial build(s)" in out
+    )
     assert all((cache_dir / k / "manifest.json").is_file() for k in keys.values()), "a dry run removes nothing"
     assert abandoned.is_dir()
     # what it created is gone again
@@ -108,8 +126,10 @@ async def test_cache_ls_local_is_engine_jobs_listing(tmp_path: Path):
     assert code == 2 and "--references FILE" in err
 
 
-async def test_a_build_job_that_collects_first_runs_the_collection_then_the_build(apiserver: EmulatorHandle,  # noqa: F811
-                                                                                 node: SimKubelet):
+async def test_a_build_job_that_collects_first_runs_the_collection_then_the_build(
+    apiserver: EmulatorHandle,  # noqa: F811
+    node: SimKubelet,
+):
     """The retry after an out-of-disk failure: its init container (the real ``cache gc``) runs to completion
     before the build container starts, on the same claim."""
     em = apiserver.emulator
@@ -124,9 +144,16 @@ async def test_a_build_job_that_collects_first_runs_the_collection_then_the_buil
         (tmp / "engine" / "rank0.engine").write_bytes(b"\0" * 4096)
         write_json_atomic(tmp / "manifest.json", {"key": stale, "variant": "base", "inputs": {}})
         publish(tmp, paths.final)
-    em.create_object(cache_jobs.references_config_map(
-        name=cache_jobs.collection_name(claim), namespace=NS, claim=claim, document=json.dumps(
-            {"references": [{"key": keys["base"], "namespace": NS, "name": owner.name, "role": "spec.base"}]})))
+    em.create_object(
+        cache_jobs.references_config_map(
+            name=cache_jobs.collection_name(claim),
+            namespace=NS,
+            claim=claim,
+            document=json.dumps(
+                {"references": [{"key": keys["base"], "namespace": NS, "name": owner.name, "role": "spec.base"}]}
+            ),
+        )
+    )
     em.create_object(build_configmap(owner, "redrafter"))
     job = cache_jobs.collect_before_build(build_job(owner, "redrafter", 1), claim=claim, keep=0, max_age=None)
     name = em.create_object(job)["metadata"]["name"]

@@ -96,12 +96,20 @@ class Env:
         return [sys.executable, "-m", "engine_jobs", "build", "--spec", str(spec)]
 
     def run(self, spec: Path, **extra_env: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(self.build_argv(spec), cwd=REPO, env={**self.env, **extra_env}, capture_output=True,
-                              text=True, timeout=120)
+        return subprocess.run(
+            self.build_argv(spec), cwd=REPO, env={**self.env, **extra_env}, capture_output=True, text=True, timeout=120
+        )
 
     def start(self, spec: Path, **extra_env: str) -> subprocess.Popen[str]:
-        return subprocess.Popen(self.build_argv(spec), cwd=REPO, env={**self.env, **extra_env}, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        return subprocess.Popen(
+            self.build_argv(spec),
+            cwd=REPO,
+            env={**self.env, **extra_env},
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
 
     def tool_calls(self) -> list[dict]:
         if not self.tool_log.exists():
@@ -127,8 +135,12 @@ def pvc(path: str) -> dict:
 
 
 def llama_pvc(**changes) -> dict:
-    return {"base": pvc("models/llama3-8b"), "tokenizer": pvc("models/llama3-8b"),
-            "drafter": pvc("drafters/llama3-8b-redrafter"), **changes}
+    return {
+        "base": pvc("models/llama3-8b"),
+        "tokenizer": pvc("models/llama3-8b"),
+        "drafter": pvc("drafters/llama3-8b-redrafter"),
+        **changes,
+    }
 
 
 def assert_published(env: Env, spec_path: Path, tp: int) -> dict:
@@ -136,8 +148,9 @@ def assert_published(env: Env, spec_path: Path, tp: int) -> dict:
     artifact = env.cache / key
     manifest = json.loads((artifact / MANIFEST_FILE).read_text())
     assert manifest["key"] == key
-    assert sorted(p.name for p in (artifact / "engine").iterdir()) == \
-        sorted(["config.json", *(f"rank{r}.engine" for r in range(tp))])
+    assert sorted(p.name for p in (artifact / "engine").iterdir()) == sorted(
+        ["config.json", *(f"rank{r}.engine" for r in range(tp))]
+    )
     assert (artifact / "tokenizer" / "tokenizer.json").is_file()
     assert not (artifact / "work").exists(), "intermediate checkpoints must not be published"
     assert env.leftovers() == [], "no temp dir or lock may survive a finished build"
@@ -157,19 +170,41 @@ def assert_published(env: Env, spec_path: Path, tp: int) -> dict:
 # ---- every variant / architecture / precision / TP ----------------------------------------------
 
 CASES = {
-    "llama-bf16-tp1-redrafter": ("llama3-8b-redrafter", llama_pvc(), 1,
-                                 ["llama/convert_checkpoint.py", "redrafter/convert_checkpoint.py", "trtllm-build"]),
-    "llama-bf16-tp1-base": ("llama3-8b-base", llama_pvc(drafter=None), 1,
-                            ["llama/convert_checkpoint.py", "trtllm-build"]),
-    "qwen-fp8-tp2-redrafter": ("qwen2.5-7b-fp8-tp2-redrafter",
-                               {"base": pvc("models/qwen25-7b"), "tokenizer": pvc("models/qwen25-7b"),
-                                "drafter": pvc("drafters/qwen-redrafter"), "architecture": "auto"}, 2,
-                               ["quantization/quantize.py", "redrafter/convert_checkpoint.py", "trtllm-build"]),
-    "qwen-fp8-tp2-base": ("qwen2.5-7b-fp8-tp2-base",
-                          {"base": pvc("models/qwen25-7b"), "tokenizer": pvc("models/qwen25-7b")}, 2,
-                          ["quantization/quantize.py", "trtllm-build"]),
-    "llama-tp8-redrafter": ("llama3-70b-tp8-redrafter", llama_pvc(), 8,
-                            ["llama/convert_checkpoint.py", "redrafter/convert_checkpoint.py", "trtllm-build"]),
+    "llama-bf16-tp1-redrafter": (
+        "llama3-8b-redrafter",
+        llama_pvc(),
+        1,
+        ["llama/convert_checkpoint.py", "redrafter/convert_checkpoint.py", "trtllm-build"],
+    ),
+    "llama-bf16-tp1-base": (
+        "llama3-8b-base",
+        llama_pvc(drafter=None),
+        1,
+        ["llama/convert_checkpoint.py", "trtllm-build"],
+    ),
+    "qwen-fp8-tp2-redrafter": (
+        "qwen2.5-7b-fp8-tp2-redrafter",
+        {
+            "base": pvc("models/qwen25-7b"),
+            "tokenizer": pvc("models/qwen25-7b"),
+            "drafter": pvc("drafters/qwen-redrafter"),
+            "architecture": "auto",
+        },
+        2,
+        ["quantization/quantize.py", "redrafter/convert_checkpoint.py", "trtllm-build"],
+    ),
+    "qwen-fp8-tp2-base": (
+        "qwen2.5-7b-fp8-tp2-base",
+        {"base": pvc("models/qwen25-7b"), "tokenizer": pvc("models/qwen25-7b")},
+        2,
+        ["quantization/quantize.py", "trtllm-build"],
+    ),
+    "llama-tp8-redrafter": (
+        "llama3-70b-tp8-redrafter",
+        llama_pvc(),
+        8,
+        ["llama/convert_checkpoint.py", "redrafter/convert_checkpoint.py", "trtllm-build"],
+    ),
 }
 
 
@@ -219,20 +254,25 @@ def test_hf_source_resolves_the_revision_to_a_commit_and_keeps_the_token_secret(
     result = env.run(spec_path)
     assert result.returncode == 0, result.stdout + result.stderr
     manifest = assert_published(env, spec_path, 1)
-    assert manifest["sources"]["base"] == {"uri": "hf://acme/tiny-llama", "revision": "main",
-                                           "resolved": HF_COMMIT, "bytes": manifest["sources"]["base"]["bytes"]}
+    assert manifest["sources"]["base"] == {
+        "uri": "hf://acme/tiny-llama",
+        "revision": "main",
+        "resolved": HF_COMMIT,
+        "bytes": manifest["sources"]["base"]["bytes"],
+    }
     everything = result.stdout + result.stderr + json.dumps(manifest) + env.tool_log.read_text()
     assert HF_TOKEN not in everything, "the token leaked into logs, manifest, argv or a tool's environment"
 
 
 # ---- concurrency and crash recovery -------------------------------------------------------------
 
+
 def test_two_builders_on_one_key_build_once(env: Env):
     spec_path = env.spec("llama3-8b-redrafter", **llama_pvc())
     started = env.root / "trtllm-started"
     first = env.start(spec_path, FAKE_TRTLLM_SLEEP="4", FAKE_TRTLLM_STARTED=str(started))
     deadline = time.monotonic() + 30  # start the second only while the first holds the lock (a busy box
-    while not started.exists():       # could otherwise finish the first before the second even starts)
+    while not started.exists():  # could otherwise finish the first before the second even starts)
         assert first.poll() is None and time.monotonic() < deadline, first.communicate()
         time.sleep(0.05)
     second = env.start(spec_path, FAKE_TRTLLM_SLEEP="4")
@@ -289,6 +329,7 @@ def test_a_live_owner_makes_a_waiter_time_out(env: Env):
 
 # ---- failures: termination message and exit code ------------------------------------------------
 
+
 def _missing_drafter_config(env: Env) -> dict:
     (env.sources / "drafters" / "llama3-8b-redrafter" / "config.json").unlink()
     return llama_pvc()
@@ -320,14 +361,24 @@ def _no_tokenizer(env: Env) -> dict:
 
 BAD_INPUTS = {
     "missing-drafter-config": (_missing_drafter_config, 2, "BAD_INPUT: drafter model has no config.json"),
-    "unsupported-architecture": (_unsupported_architecture, 2,
-                                 "BAD_INPUT: unsupported base architecture in base config.json: GPT2LMHeadModel"),
-    "pvc-path-missing": (_missing_pvc_path, 6,
-                         "SOURCE_UNAVAILABLE: drafter source pvc://drafters/not-there: path not-there does not exist"),
+    "unsupported-architecture": (
+        _unsupported_architecture,
+        2,
+        "BAD_INPUT: unsupported base architecture in base config.json: GPT2LMHeadModel",
+    ),
+    "pvc-path-missing": (
+        _missing_pvc_path,
+        6,
+        "SOURCE_UNAVAILABLE: drafter source pvc://drafters/not-there: path not-there does not exist",
+    ),
     "hf-offline": (_hf_offline, 6, "SOURCE_UNAVAILABLE: base source hf://acme/not-cached@main is unreachable"),
     "no-tokenizer-files": (_no_tokenizer, 2, "BAD_INPUT: tokenizer files missing"),
-    "qwen-v1": (_qwen_v1, 2, "BAD_INPUT: Qwen v1 (QWenLMHeadModel) needs trust_remote_code tokenizers, which "
-                             "this operator does not run; use Qwen2/Qwen2.5"),
+    "qwen-v1": (
+        _qwen_v1,
+        2,
+        "BAD_INPUT: Qwen v1 (QWenLMHeadModel) needs trust_remote_code tokenizers, which "
+        "this operator does not run; use Qwen2/Qwen2.5",
+    ),
 }
 
 
@@ -373,8 +424,14 @@ def test_invalid_spec_file_is_bad_input(env: Env):
 
 def test_plan_command_prints_the_steps_without_running_them(env: Env):
     spec_path = env.spec("qwen2.5-7b-fp8-tp2-redrafter", **CASES["qwen-fp8-tp2-redrafter"][1])
-    result = subprocess.run([sys.executable, "-m", "engine_jobs", "plan", str(spec_path), "--json"], cwd=REPO,
-                            env=env.env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "engine_jobs", "plan", str(spec_path), "--json"],
+        cwd=REPO,
+        env=env.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
     assert doc["architecture"] == "qwen"  # auto, read from the mounted config.json
@@ -387,7 +444,8 @@ def test_plan_needs_an_architecture_for_auto_with_a_remote_base(env: Env):
     argv = [sys.executable, "-m", "engine_jobs", "plan", "--spec", str(spec_path)]
     refused = subprocess.run(argv, cwd=REPO, env=env.env, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "pass --architecture" in refused.stderr
-    shown = subprocess.run([*argv, "--architecture", "llama"], cwd=REPO, env=env.env, capture_output=True, text=True,
-                           timeout=60)
+    shown = subprocess.run(
+        [*argv, "--architecture", "llama"], cwd=REPO, env=env.env, capture_output=True, text=True, timeout=60
+    )
     assert shown.returncode == 0, shown.stderr
     assert "--tp_size 8" in shown.stdout and "--speculative_decoding_mode explicit_draft_tokens" in shown.stdout

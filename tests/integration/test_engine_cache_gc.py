@@ -40,9 +40,11 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 #: Runs the real program with shutil.rmtree replaced by a SIGKILL of the process: a crash between the
 #: rename into the trash and the removal, without a test hook in the program itself.
-CRASH_SHIM = ("import os, signal, sys, engine_jobs.cache_gc as gc; "
-              "gc.shutil.rmtree = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL); "
-              "from engine_jobs.__main__ import main; sys.exit(main(sys.argv[1:]))")
+CRASH_SHIM = (
+    "import os, signal, sys, engine_jobs.cache_gc as gc; "
+    "gc.shutil.rmtree = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL); "
+    "from engine_jobs.__main__ import main; sys.exit(main(sys.argv[1:]))"
+)
 
 
 class Cache:
@@ -55,21 +57,31 @@ class Cache:
         self.set_refs([])
 
     def set_refs(self, refs: list[tuple[str, str, str, str]]) -> None:
-        self.refs.write_text(json.dumps({"references": [
-            {"key": k, "namespace": ns, "name": n, "role": role} for k, ns, n, role in refs]}))
+        self.refs.write_text(
+            json.dumps(
+                {"references": [{"key": k, "namespace": ns, "name": n, "role": role} for k, ns, n, role in refs]}
+            )
+        )
 
-    def run(self, *args: str, env: dict[str, str] | None = None,
-            crash_at_removal: bool = False) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, *args: str, env: dict[str, str] | None = None, crash_at_removal: bool = False
+    ) -> subprocess.CompletedProcess[str]:
         """``python -m engine_jobs cache ...``; ``crash_at_removal``: the process is SIGKILLed at its first
         directory removal (from outside the program: the shim replaces shutil.rmtree before running it)."""
         entry = ["-c", CRASH_SHIM] if crash_at_removal else ["-m", "engine_jobs"]
         argv = [sys.executable, *entry, "cache", *args, "--local", str(self.dir)]
-        return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120,
-                              env={"PATH": "/usr/bin:/bin", "REDRAFTER_TERMINATION_LOG": str(self.termination),
-                                   **(env or {})})
+        return subprocess.run(
+            argv,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={"PATH": "/usr/bin:/bin", "REDRAFTER_TERMINATION_LOG": str(self.termination), **(env or {})},
+        )
 
-    def gc(self, *args: str, env: dict[str, str] | None = None,
-           crash_at_removal: bool = False) -> subprocess.CompletedProcess[str]:
+    def gc(
+        self, *args: str, env: dict[str, str] | None = None, crash_at_removal: bool = False
+    ) -> subprocess.CompletedProcess[str]:
         return self.run("gc", "--references", str(self.refs), *args, env=env, crash_at_removal=crash_at_removal)
 
     def ls(self) -> dict:
@@ -89,9 +101,11 @@ def cache(tmp_path: Path, built: Path) -> Cache:
     return Cache(tmp_path, built)
 
 
-REFS = [("llama-rd-new", "team-a", "llama", "spec.engines.redrafter"),
-        ("llama-rd-new", "team-b", "llama-canary", "status.promoted.redrafter"),
-        ("llama-base-new", "team-b", "llama-canary", "serving")]
+REFS = [
+    ("llama-rd-new", "team-a", "llama", "spec.engines.redrafter"),
+    ("llama-rd-new", "team-b", "llama-canary", "status.promoted.redrafter"),
+    ("llama-base-new", "team-b", "llama-canary", "serving"),
+]
 
 
 def test_ls_lists_every_engine_with_its_facts_and_references(cache: Cache):
@@ -107,8 +121,10 @@ def test_ls_lists_every_engine_with_its_facts_and_references(cache: Cache):
         assert engine["gpuProduct"] == manifest["inputs"]["gpuProduct"]  # no nvidia-smi: the targeted product
         assert engine["builtAt"] == manifest["builder"]["built_at"]
         assert engine["sizeBytes"] == tree_size(cache.dir / key) > 0
-    assert [(r["namespace"], r["name"]) for r in engines["llama-rd-new"]["referencedBy"]] == \
-        [("team-a", "llama"), ("team-b", "llama-canary")]
+    assert [(r["namespace"], r["name"]) for r in engines["llama-rd-new"]["referencedBy"]] == [
+        ("team-a", "llama"),
+        ("team-b", "llama-canary"),
+    ]
     assert engines["llama-rd-old"]["referencedBy"] == [] and engines["llama-rd-old"]["unreferencedSince"] is None
     assert doc["totalBytes"] == sum(e["sizeBytes"] for e in engines.values())
     table = cache.run("ls", "--references", str(cache.refs)).stdout
@@ -126,8 +142,7 @@ def test_ls_lists_every_engine_with_its_facts_and_references(cache: Cache):
 
 def test_gc_removes_only_unreferenced_unlocked_engines(cache: Cache):
     cache.set_refs(REFS)
-    holder = KeyLock(CachePaths(cache.dir, "llama-base-old").lock, stale_seconds=180, heartbeat_seconds=0.2,
-                     log=Log())
+    holder = KeyLock(CachePaths(cache.dir, "llama-base-old").lock, stale_seconds=180, heartbeat_seconds=0.2, log=Log())
     assert holder.try_acquire()
     holder.start_heartbeat()  # a running build holds this key
     try:
@@ -147,8 +162,14 @@ def test_gc_removes_only_unreferenced_unlocked_engines(cache: Cache):
 
 
 def test_dry_run_removes_nothing(cache: Cache):
-    state = {"unreferencedSince": {"llama-rd-new": iso(time.time() - 3600), "llama-base-new": iso(time.time() - 3600),
-                                   "llama-rd-old": iso(time.time() - 60), "llama-base-old": iso(time.time() - 60)}}
+    state = {
+        "unreferencedSince": {
+            "llama-rd-new": iso(time.time() - 3600),
+            "llama-base-new": iso(time.time() - 3600),
+            "llama-rd-old": iso(time.time() - 60),
+            "llama-base-old": iso(time.time() - 60),
+        }
+    }
     (cache.dir / STATE_FILE).write_text(json.dumps(state))
     result = cache.gc("--keep", "1", "--dry-run", "-o", "json")
     assert result.returncode == 0, result.stderr
@@ -211,8 +232,9 @@ def test_a_reference_added_after_planning_is_honoured(cache: Cache):
 
     cache_gc.plan = plan_then_reference
     try:
-        report = cache_gc.collect(cache.dir, str(cache.refs), cache_gc.Retention(keep=0), stale_seconds=180,
-                                  dry_run=False, log=Log())
+        report = cache_gc.collect(
+            cache.dir, str(cache.refs), cache_gc.Retention(keep=0), stale_seconds=180, dry_run=False, log=Log()
+        )
     finally:
         cache_gc.plan = real_plan
     assert added.is_set()
@@ -255,14 +277,16 @@ def test_a_removed_engine_is_rebuilt_not_found_half(tmp_path: Path, cache: Cache
 def test_gc_reclaims_abandoned_partial_builds_not_running_ones(cache: Cache):
     """Temp directories and manifest-less directories of dead builders go, whatever the retention; a running
     build's stays; ``ls`` shows them apart from the engines."""
+
     def half_built(name: str, size: int) -> Path:
         (cache.dir / name / "engine").mkdir(parents=True)
         (cache.dir / name / "engine" / "rank0.engine").write_bytes(b"\0" * size)
         return cache.dir / name
 
     dead = half_built(".tmp-llama-rd-new-build-pod-1-77", 5000)  # its key has '-', so has its host
-    (cache.dir / "llama-rd-new.lock").write_text(json.dumps({"owner": "build-pod-1", "pid": 77, "token": "t",
-                                                             "heartbeat": time.time() - 3600}))
+    (cache.dir / "llama-rd-new.lock").write_text(
+        json.dumps({"owner": "build-pod-1", "pid": 77, "token": "t", "heartbeat": time.time() - 3600})
+    )
     no_manifest = half_built("llama-half", 3000)
     running = half_built(".tmp-llama-next-node-5", 1000)
     holder = KeyLock(CachePaths(cache.dir, "llama-next").lock, stale_seconds=180, heartbeat_seconds=0.2, log=Log())
@@ -271,7 +295,10 @@ def test_gc_reclaims_abandoned_partial_builds_not_running_ones(cache: Cache):
     try:
         listing = cache.ls()
         assert [(p["entry"], p["key"], p["lockedBy"] is not None) for p in listing["partials"]] == [
-            (running.name, "llama-next", True), (dead.name, "llama-rd-new", False), ("llama-half", "llama-half", False)]
+            (running.name, "llama-next", True),
+            (dead.name, "llama-rd-new", False),
+            ("llama-half", "llama-half", False),
+        ]
         assert "3 partial build(s)" in cache.run("ls").stdout
         result = cache.gc("--keep", "5")
     finally:
@@ -281,7 +308,9 @@ def test_gc_reclaims_abandoned_partial_builds_not_running_ones(cache: Cache):
     assert cache.complete() == set(ENGINES), "the retention keeps every engine"
     report = cache.report()
     assert sorted((r["key"], r["variant"], r["bytes"]) for r in report["removed"]) == [
-        ("llama-half", "partial", 3000), ("llama-rd-new", "partial", 5000)]
+        ("llama-half", "partial", 3000),
+        ("llama-rd-new", "partial", 5000),
+    ]
     assert report["freedBytes"] == 8000 and report["removedPartials"] == 2
     assert any(s["key"] == "llama-next" and "locked by a running build" in s["reason"] for s in report["skipped"])
     assert not list(cache.dir.glob("*.lock*")), "the stale lock taken over, and the locks taken, are released"

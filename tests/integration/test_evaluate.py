@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from triton_servers import start_servers, stop_servers  # noqa: I001 (same dir)
 
 from engine_jobs.contract import ServingConfig
 from redrafter_operator.cli import main
@@ -27,19 +28,30 @@ from redrafter_operator.evaluate.stream import RequestOptions
 from redrafter_sim.checkpoint import write_tokenizer
 from redrafter_sim.engine import SimControl, SimEngineSettings, write_control
 from redrafter_sim.triton import TritonServer, build_sim_repository, free_ports
-from triton_servers import start_servers, stop_servers  # noqa: I001 (same dir)
 
 pytestmark = [pytest.mark.triton, pytest.mark.timeout(240)]
 
 MAX_BATCH = 8
 ACCEPTANCE = 0.7
-SIM = dict(step_ms=25.0, load_factor=0.05, draft_ms_per_token=3.25, num_beams=2, draft_len_per_beam=4,
-           acceptance_rate=ACCEPTANCE)
+SIM = dict(
+    step_ms=25.0,
+    load_factor=0.05,
+    draft_ms_per_token=3.25,
+    num_beams=2,
+    draft_len_per_beam=4,
+    acceptance_rate=ACCEPTANCE,
+)
 LABEL = "simulated engine on CPU (not a GPU measurement)"
 
 
-def sim_crossover(step_ms: float, load_factor: float, draft_ms_per_token: float, num_beams: int,
-                  draft_len_per_beam: int, acceptance_rate: float) -> float:
+def sim_crossover(
+    step_ms: float,
+    load_factor: float,
+    draft_ms_per_token: float,
+    num_beams: int,
+    draft_len_per_beam: int,
+    acceptance_rate: float,
+) -> float:
     """Batch size where the simulated ReDrafter's throughput equals base's (all requests generating).
 
     base: L(n) = s (1 + f (n - 1)) per 1 token; ReDrafter: L(n) + d B D n per (1 + a D) tokens.
@@ -59,8 +71,12 @@ class Served:
         self.set()
         redrafter = variant == "redrafter"
         cfg = ServingConfig(
-            deployment="llm", variant=variant, engine_key=f"key-{variant}", artifact_dir="/cache/x",
-            max_batch_size=MAX_BATCH, draft_len_per_beam=SIM["draft_len_per_beam"] if redrafter else 0,
+            deployment="llm",
+            variant=variant,
+            engine_key=f"key-{variant}",
+            artifact_dir="/cache/x",
+            max_batch_size=MAX_BATCH,
+            draft_len_per_beam=SIM["draft_len_per_beam"] if redrafter else 0,
             num_beams=SIM["num_beams"] if redrafter else 0,
         )
         sim = SimEngineSettings(variant=variant, control_file=str(self.control), **SIM)
@@ -92,17 +108,56 @@ def healthy(servers):
 
 
 def validate_argv(servers, log: Path, *extra: str) -> list[str]:
-    return ["evaluate", "validate", "--redrafter", servers["redrafter"].server.grpc_url,
-            "--base", servers["base"].server.grpc_url, "--max-tokens", "16", "--long-max-tokens", "48",
-            "--batch-size", "4", "--single-requests", "2", "--max-input-len", "64", "--max-seq-len", "96",
-            "--ready-timeout", "10", "--termination-log", str(log), "--out", str(log.with_suffix(".json")), *extra]
+    return [
+        "evaluate",
+        "validate",
+        "--redrafter",
+        servers["redrafter"].server.grpc_url,
+        "--base",
+        servers["base"].server.grpc_url,
+        "--max-tokens",
+        "16",
+        "--long-max-tokens",
+        "48",
+        "--batch-size",
+        "4",
+        "--single-requests",
+        "2",
+        "--max-input-len",
+        "64",
+        "--max-seq-len",
+        "96",
+        "--ready-timeout",
+        "10",
+        "--termination-log",
+        str(log),
+        "--out",
+        str(log.with_suffix(".json")),
+        *extra,
+    ]
 
 
 def test_sweep_report_and_crossover(healthy, tmp_path, capsys):
     out = tmp_path / "report"
-    rc = main(["evaluate", "--redrafter", healthy["redrafter"].server.grpc_url,
-               "--base", healthy["base"].server.grpc_url, "--concurrency", "1,2,4,8", "--max-tokens", "24",
-               "--requests-per-worker", "2", "--label", LABEL, "--out", str(out)])
+    rc = main(
+        [
+            "evaluate",
+            "--redrafter",
+            healthy["redrafter"].server.grpc_url,
+            "--base",
+            healthy["base"].server.grpc_url,
+            "--concurrency",
+            "1,2,4,8",
+            "--max-tokens",
+            "24",
+            "--requests-per-worker",
+            "2",
+            "--label",
+            LABEL,
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     report = json.loads((out / "report.json").read_text())
     assert report["kind"] == REPORT_KIND and report["label"] == LABEL
@@ -187,8 +242,14 @@ def test_validation_reports_an_unavailable_endpoint(healthy, tmp_path):
 
 
 async def test_load_generator_follows_concurrency_changes_and_stops(healthy):
-    gen = LoadGenerator(healthy["base"].server.grpc_url, DEFAULT_PROMPTS, RequestOptions(max_tokens=12),
-                        concurrency=1, bounds=Bounds(duration_s=30), keep_results=4)
+    gen = LoadGenerator(
+        healthy["base"].server.grpc_url,
+        DEFAULT_PROMPTS,
+        RequestOptions(max_tokens=12),
+        concurrency=1,
+        bounds=Bounds(duration_s=30),
+        keep_results=4,
+    )
     task = asyncio.create_task(gen.run())
 
     async def until(cond, timeout=10.0):
@@ -211,8 +272,9 @@ async def test_load_generator_follows_concurrency_changes_and_stops(healthy):
     assert len(results) <= 4 < gen.snapshot()["finished"]  # bounded memory, exact totals
 
     # a long run stopped with cancel_in_flight ends at once, without waiting for its requests
-    long_run = LoadGenerator(healthy["base"].server.grpc_url, DEFAULT_PROMPTS, RequestOptions(max_tokens=120),
-                             concurrency=2)
+    long_run = LoadGenerator(
+        healthy["base"].server.grpc_url, DEFAULT_PROMPTS, RequestOptions(max_tokens=120), concurrency=2
+    )
     task = asyncio.create_task(long_run.run())
     await asyncio.sleep(0.5)
     t0 = time.monotonic()

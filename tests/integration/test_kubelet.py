@@ -26,7 +26,7 @@ from redrafter_operator.controller.facts import DeploymentFact, ServingPodFact
 from redrafter_operator.render import names
 from redrafter_operator.render.build import build_configmap, build_job, build_spec
 from redrafter_operator.render.common import Owner
-from redrafter_sim.kubeapi import DEPLOYMENTS, ENDPOINTS, PODS, SERVICES, KubeApi
+from redrafter_sim.kubeapi import KubeApi
 from redrafter_sim.kubelet import SimKubelet
 from redrafter_sim.router import NoEndpoints, ServiceRouter
 from redrafter_sim.server import EmulatorHandle
@@ -154,8 +154,15 @@ def gated_model_build(node: SimKubelet, em, *, rendered: bool) -> tuple[str, dic
     (hub / "refs" / "main").write_text(HF_COMMIT)
     gated = {"source": "hf://acme/gated-llama", "credentialsSecret": "hf-token"}
     owner = demo_owner(**{"model.base": gated, "model.tokenizer": gated})
-    em.create_object({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf-token", "namespace": NS},
-                      "type": "Opaque", "data": {"token": base64.b64encode(HF_TOKEN.encode()).decode()}})
+    em.create_object(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "hf-token", "namespace": NS},
+            "type": "Opaque",
+            "data": {"token": base64.b64encode(HF_TOKEN.encode()).decode()},
+        }
+    )
     job = build_job(owner, "base")
     pod = job["spec"]["template"]["spec"]
     if not rendered:
@@ -168,8 +175,9 @@ def gated_model_build(node: SimKubelet, em, *, rendered: bool) -> tuple[str, dic
 
 
 @pytest.mark.parametrize("rendered", [True, False], ids=["rendered-security-context", "root-owned-0400-token"])
-async def test_the_token_secret_is_readable_only_as_a_node_would_allow(apiserver: EmulatorHandle, node: SimKubelet,
-                                                                        monkeypatch: pytest.MonkeyPatch, rendered):
+async def test_the_token_secret_is_readable_only_as_a_node_would_allow(
+    apiserver: EmulatorHandle, node: SimKubelet, monkeypatch: pytest.MonkeyPatch, rendered
+):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the node's runner passes its environment to the container
     em = apiserver.emulator
     job_name, _ = gated_model_build(node, em, rendered=rendered)
@@ -206,8 +214,9 @@ async def test_a_cache_claim_without_fs_group_is_not_writable(apiserver: Emulato
     assert "Permission denied" in term["message"], term
 
 
-async def test_failed_build_reports_termination_message_after_backoff(apiserver: EmulatorHandle, node: SimKubelet,
-                                                                      monkeypatch: pytest.MonkeyPatch):
+async def test_failed_build_reports_termination_message_after_backoff(
+    apiserver: EmulatorHandle, node: SimKubelet, monkeypatch: pytest.MonkeyPatch
+):
     monkeypatch.setenv("FAKE_TRTLLM_FAIL", "trtllm-build")
     em = apiserver.emulator
     owner = demo_owner(**{"engine.build.backoffLimit": 1})
@@ -240,8 +249,10 @@ async def test_bad_input_build_fails_its_job_after_one_pod(apiserver: EmulatorHa
     assert term["exitCode"] == 2 and term["message"].startswith("BAD_INPUT: spec says architecture qwen")
     failed = next(c for c in job["status"]["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "PodFailurePolicy"
-    assert failed["message"] == (f"Container build for pod {NS}/{pod['metadata']['name']} failed with exit code 2 "
-                                 "matching FailJob rule at index 0")
+    assert failed["message"] == (
+        f"Container build for pod {NS}/{pod['metadata']['name']} failed with exit code 2 "
+        "matching FailJob rule at index 0"
+    )
     await asyncio.sleep(1.0)  # a few node syncs: no further pod
     assert len(build_pods(em, name)) == 1
 
@@ -251,62 +262,109 @@ def serving_objects(owner: Owner, variant: str, pool: str, replicas: int = 1) ->
     """A ConfigMap with serving.json and a Deployment shaped like the operator's serving render."""
     key = build_spec(owner.spec, variant).key
     cfg = ServingConfig(
-        deployment=owner.name, variant=variant, engine_key=key, artifact_dir=f"{contract.CACHE_MOUNT}/{key}",
+        deployment=owner.name,
+        variant=variant,
+        engine_key=key,
+        artifact_dir=f"{contract.CACHE_MOUNT}/{key}",
         max_batch_size=owner.spec.engine.max_batch_size,
         draft_len_per_beam=owner.spec.redrafter.draft_len_per_beam if variant == "redrafter" else 0,
         num_beams=owner.spec.redrafter.num_beams if variant == "redrafter" else 0,
     )
     cm_name = names.serving_config_name(owner.name, variant)
-    labels = {**names.common_labels(owner.name, "serving"), names.LABEL_VARIANT: variant,
-              names.LABEL_TRAFFIC: pool, names.LABEL_ENGINE_KEY: key}
+    labels = {
+        **names.common_labels(owner.name, "serving"),
+        names.LABEL_VARIANT: variant,
+        names.LABEL_TRAFFIC: pool,
+        names.LABEL_ENGINE_KEY: key,
+    }
     meta = {"namespace": NS, "labels": labels, "ownerReferences": [owner.owner_reference()]}
     return [
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": cm_name, **copy.deepcopy(meta)},
-         "data": {contract.SERVING_CONFIG_FILE: cfg.model_dump_json()}},
-        {"apiVersion": "apps/v1", "kind": "Deployment",
-         "metadata": {"name": names.serving_deployment_name(owner.name, variant), **copy.deepcopy(meta)},
-         "spec": {
-             "replicas": replicas,
-             "selector": {"matchLabels": names.serving_selector(owner.name, variant)},
-             "template": {"metadata": {"labels": labels}, "spec": {
-                 "containers": [{
-                     "name": "triton", "image": owner.spec.serving.image,
-                     "command": ["python", "-m", "engine_jobs", "serve",
-                                 f"{contract.CONFIG_MOUNT}/{contract.SERVING_CONFIG_FILE}"],
-                     "ports": [{"name": "http", "containerPort": contract.HTTP_PORT},
-                               {"name": "grpc", "containerPort": contract.GRPC_PORT},
-                               {"name": "metrics", "containerPort": contract.METRICS_PORT}],
-                     "volumeMounts": [
-                         {"name": "cache", "mountPath": contract.CACHE_MOUNT, "subPath": "engines", "readOnly": True},
-                         {"name": "config", "mountPath": contract.CONFIG_MOUNT, "readOnly": True}],
-                 }],
-                 "volumes": [{"name": "cache", "persistentVolumeClaim": {"claimName": "engine-cache"}},
-                             {"name": "config", "configMap": {"name": cm_name}}],
-             }},
-         }},
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": cm_name, **copy.deepcopy(meta)},
+            "data": {contract.SERVING_CONFIG_FILE: cfg.model_dump_json()},
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": names.serving_deployment_name(owner.name, variant), **copy.deepcopy(meta)},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": names.serving_selector(owner.name, variant)},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "containers": [
+                            {
+                                "name": "triton",
+                                "image": owner.spec.serving.image,
+                                "command": [
+                                    "python",
+                                    "-m",
+                                    "engine_jobs",
+                                    "serve",
+                                    f"{contract.CONFIG_MOUNT}/{contract.SERVING_CONFIG_FILE}",
+                                ],
+                                "ports": [
+                                    {"name": "http", "containerPort": contract.HTTP_PORT},
+                                    {"name": "grpc", "containerPort": contract.GRPC_PORT},
+                                    {"name": "metrics", "containerPort": contract.METRICS_PORT},
+                                ],
+                                "volumeMounts": [
+                                    {
+                                        "name": "cache",
+                                        "mountPath": contract.CACHE_MOUNT,
+                                        "subPath": "engines",
+                                        "readOnly": True,
+                                    },
+                                    {"name": "config", "mountPath": contract.CONFIG_MOUNT, "readOnly": True},
+                                ],
+                            }
+                        ],
+                        "volumes": [
+                            {"name": "cache", "persistentVolumeClaim": {"claimName": "engine-cache"}},
+                            {"name": "config", "configMap": {"name": cm_name}},
+                        ],
+                    },
+                },
+            },
+        },
     ]
 
 
 def service(owner: Owner, pool: str) -> dict:
-    return {"apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": names.service_name(owner.name), "namespace": NS},
-            "spec": {"selector": names.traffic_selector(owner.name, pool),
-                     "ports": [{"name": "http", "port": contract.HTTP_PORT, "targetPort": "http"},
-                               {"name": "grpc", "port": contract.GRPC_PORT, "targetPort": "grpc"}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": names.service_name(owner.name), "namespace": NS},
+        "spec": {
+            "selector": names.traffic_selector(owner.name, pool),
+            "ports": [
+                {"name": "http", "port": contract.HTTP_PORT, "targetPort": "http"},
+                {"name": "grpc", "port": contract.GRPC_PORT, "targetPort": "grpc"},
+            ],
+        },
+    }
 
 
 async def generate(session: aiohttp.ClientSession, url: str, prompt: str = "w5 w6 w7") -> dict:
-    async with session.post(f"http://{url}/v2/models/{contract.ENTRY_MODEL}/generate",
-                            json={"text_input": prompt, "max_tokens": 8}) as resp:
+    async with session.post(
+        f"http://{url}/v2/models/{contract.ENTRY_MODEL}/generate", json={"text_input": prompt, "max_tokens": 8}
+    ) as resp:
         assert resp.status == 200, await resp.text()
         return await resp.json()
 
 
 def ready_pods(em, variant: str) -> list[dict]:
-    pods = em.list_objects("v1", "Pod", NS,
-                           label_selector=f"{names.LABEL_VARIANT}={variant},{names.LABEL_COMPONENT}=serving")
-    return [p for p in pods if any(c["type"] == "Ready" and c["status"] == "True"
-                                   for c in (p.get("status") or {}).get("conditions") or [])]
+    pods = em.list_objects(
+        "v1", "Pod", NS, label_selector=f"{names.LABEL_VARIANT}={variant},{names.LABEL_COMPONENT}=serving"
+    )
+    return [
+        p
+        for p in pods
+        if any(c["type"] == "Ready" and c["status"] == "True" for c in (p.get("status") or {}).get("conditions") or [])
+    ]
 
 
 async def test_serving_pods_are_real_tritons_routed_by_the_service(apiserver: EmulatorHandle, node: SimKubelet):
@@ -328,15 +386,19 @@ async def test_serving_pods_are_real_tritons_routed_by_the_service(apiserver: Em
     cs = pod["status"]["containerStatuses"][0]
     assert cs["ready"] and cs["state"]["running"]["startedAt"]
     assert pod["metadata"]["ownerReferences"][0]["name"] == dep_name
-    await wait_for(lambda: em.get_object("apps/v1", "Deployment", dep_name, NS).get("status", {}).get("readyReplicas") == 1,
-                   10, "Deployment status readyReplicas=1")
+    await wait_for(
+        lambda: em.get_object("apps/v1", "Deployment", dep_name, NS).get("status", {}).get("readyReplicas") == 1,
+        10,
+        "Deployment status readyReplicas=1",
+    )
     (base_pod,) = await wait_for(lambda: ready_pods(em, "base"), 60, "a Ready base pod")
     node_dir = node.node_dir
     assert len(tritonservers_under(node_dir)) == 2
 
     async with KubeApi(apiserver.url) as api, aiohttp.ClientSession() as http:
-        async with ServiceRouter(api, NS, names.service_name(owner.name), port_name="http",
-                                 default_port=contract.HTTP_PORT, refresh=0.2) as router:
+        async with ServiceRouter(
+            api, NS, names.service_name(owner.name), port_name="http", default_port=contract.HTTP_PORT, refresh=0.2
+        ) as router:
             await wait_for(lambda: router.backends, 10, "router backends")
             backend = router.pick()
             assert backend.ip == ip and backend.port == contract.HTTP_PORT
@@ -347,8 +409,9 @@ async def test_serving_pods_are_real_tritons_routed_by_the_service(apiserver: Em
                 metrics = await resp.text()
             assert f'{contract.METRIC_REQUESTS}{{model="{owner.name}",variant="redrafter"}} 1' in metrics
             max_batch = owner.spec.engine.max_batch_size
-            assert (f'{contract.METRIC_TRTLLM_REQUESTS}{{model="tensorrt_llm",request_type="max",version="1"}} '
-                    f'{max_batch}') in metrics
+            assert (
+                f'{contract.METRIC_TRTLLM_REQUESTS}{{model="tensorrt_llm",request_type="max",version="1"}} {max_batch}'
+            ) in metrics
 
             # scale up: a second pod, and round-robin over both
             em.patch_object("apps/v1", "Deployment", dep_name, NS, {"spec": {"replicas": 2}})
@@ -359,22 +422,44 @@ async def test_serving_pods_are_real_tritons_routed_by_the_service(apiserver: Em
                 await generate(http, router.pick().url)
 
             # move the Service selector: the traffic moves to the other pool
-            em.patch_object("v1", "Service", names.service_name(owner.name), NS,
-                            {"spec": {"selector": names.traffic_selector(owner.name, "base")}})
-            await wait_for(lambda: [b.ip for b in router.backends] == [base_pod["status"]["podIP"]], 10,
-                           "router following the selector")
+            em.patch_object(
+                "v1",
+                "Service",
+                names.service_name(owner.name),
+                NS,
+                {"spec": {"selector": names.traffic_selector(owner.name, "base")}},
+            )
+            await wait_for(
+                lambda: [b.ip for b in router.backends] == [base_pod["status"]["podIP"]],
+                10,
+                "router following the selector",
+            )
             eps = em.get_object("v1", "Endpoints", names.service_name(owner.name), NS)
             assert [a["ip"] for a in eps["subsets"][0]["addresses"]] == [base_pod["status"]["podIP"]]
             await generate(http, router.pick().url)
 
             # scale to zero: pods deleted, servers stopped
             em.patch_object("apps/v1", "Deployment", dep_name, NS, {"spec": {"replicas": 0}})
-            await wait_for(lambda: not em.list_objects("v1", "Pod", NS,
-                                                       label_selector=f"{names.LABEL_VARIANT}=redrafter,{names.LABEL_COMPONENT}=serving"),
-                           30, "redrafter pods deleted")
+            await wait_for(
+                lambda: (
+                    not em.list_objects(
+                        "v1",
+                        "Pod",
+                        NS,
+                        label_selector=f"{names.LABEL_VARIANT}=redrafter,{names.LABEL_COMPONENT}=serving",
+                    )
+                ),
+                30,
+                "redrafter pods deleted",
+            )
             await wait_for(lambda: len(tritonservers_under(node_dir)) == 1, 30, "redrafter servers stopped")
-            em.patch_object("v1", "Service", names.service_name(owner.name), NS,
-                            {"spec": {"selector": names.traffic_selector(owner.name, "redrafter")}})
+            em.patch_object(
+                "v1",
+                "Service",
+                names.service_name(owner.name),
+                NS,
+                {"spec": {"selector": names.traffic_selector(owner.name, "redrafter")}},
+            )
             await wait_for(lambda: not router.backends, 10, "no backends")
             with pytest.raises(NoEndpoints):
                 router.pick()
@@ -406,16 +491,25 @@ async def test_serving_pods_run_the_openai_front_behind_the_service(apiserver: E
         (pod,) = await wait_for(lambda: ready_pods(em, "redrafter"), 90, "a Ready redrafter pod")
         (served,) = node.serving.pods.values()
         assert served.probe == ("/health/ready", contract.OPENAI_PORT) and served.front.poll() is None
-        async with KubeApi(apiserver.url) as api, ServiceRouter(
-                api, NS, names.service_name(owner.name), port_name="openai", default_port=contract.OPENAI_PORT,
-                refresh=0.2) as router:
+        async with (
+            KubeApi(apiserver.url) as api,
+            ServiceRouter(
+                api,
+                NS,
+                names.service_name(owner.name),
+                port_name="openai",
+                default_port=contract.OPENAI_PORT,
+                refresh=0.2,
+            ) as router,
+        ):
             await wait_for(lambda: router.backends, 10, "router backends")
             backend = router.pick()
             assert (backend.ip, backend.port) == (pod["status"]["podIP"], contract.OPENAI_PORT)
             async with AsyncOpenAI(base_url=f"http://{backend.url}/v1", api_key="unused", max_retries=0) as client:
                 assert [m.id for m in (await client.models.list()).data] == ["demo/tiny-chat"]
                 raw = await client.chat.completions.with_raw_response.create(
-                    model="demo/tiny-chat", messages=[{"role": "user", "content": "w5 w6 w7"}], max_tokens=12)
+                    model="demo/tiny-chat", messages=[{"role": "user", "content": "w5 w6 w7"}], max_tokens=12
+                )
                 done = raw.parse()
         assert done.usage.completion_tokens == 12 and len(done.choices[0].message.content.split()) == 12
         assert 0 < float(raw.headers[contract.ACCEPTANCE_HEADER]) <= 1
@@ -455,8 +549,14 @@ async def test_validation_job_runs_against_the_variant_services(apiserver: Emula
         em.create_object(svc)
     for variant in contract.VARIANTS:
         await wait_for(lambda v=variant: ready_pods(em, v), 60, f"a Ready {variant} pod")
-    job = em.create_object(validation_job(owner, redrafter_key=build_spec(owner.spec, "redrafter").key,
-                                          base_key=build_spec(owner.spec, "base").key, operator_image="op:dev"))
+    job = em.create_object(
+        validation_job(
+            owner,
+            redrafter_key=build_spec(owner.spec, "redrafter").key,
+            base_key=build_spec(owner.spec, "base").key,
+            operator_image="op:dev",
+        )
+    )
     name = job["metadata"]["name"]
     state = await wait_for(lambda: job_state(em, name), 150, "the validation Job to finish")
     pods = build_pods(em, name)
@@ -465,8 +565,9 @@ async def test_validation_job_runs_against_the_variant_services(apiserver: Emula
     assert term["exitCode"] == 0 and term["message"]
 
 
-def _failing_deployment(owner: Owner, suffix: str, replicas: int = 1, gpus: int = 0, image: str | None = None,
-                        env: list[dict] | None = None) -> list[dict]:
+def _failing_deployment(
+    owner: Owner, suffix: str, replicas: int = 1, gpus: int = 0, image: str | None = None, env: list[dict] | None = None
+) -> list[dict]:
     """A serving Deployment (and its ConfigMap) of ``owner`` under its own name, with the given GPU limit,
     image and env; the engines are not built, so a pod that gets as far as starting crashes."""
     cm, dep = copy.deepcopy(serving_objects(owner, "redrafter", pool="redrafter"))
@@ -484,8 +585,14 @@ def _failing_deployment(owner: Owner, suffix: str, replicas: int = 1, gpus: int 
 
 def _pods_of(em, deployment: str) -> list[dict]:
     uid = em.get_object("apps/v1", "Deployment", deployment, NS)["metadata"]["uid"]
-    return sorted((p for p in em.list_objects("v1", "Pod", NS, label_selector=f"{names.LABEL_COMPONENT}=serving")
-                   if p["metadata"]["ownerReferences"][0]["uid"] == uid), key=lambda p: p["metadata"]["name"])
+    return sorted(
+        (
+            p
+            for p in em.list_objects("v1", "Pod", NS, label_selector=f"{names.LABEL_COMPONENT}=serving")
+            if p["metadata"]["ownerReferences"][0]["uid"] == uid
+        ),
+        key=lambda p: p["metadata"]["name"],
+    )
 
 
 def _reasons(em, deployment: str) -> list[str]:
@@ -498,17 +605,25 @@ async def test_serving_failures_are_written_as_the_scheduler_and_kubelet_write_t
     async with SimKubelet(apiserver.url, sync_period=0.2, gpus=1) as node:
         node.serving.unpullable.add("registry.invalid/triton:missing")
         gpu = f"{owner.name}-gpu"
-        for obj in (_failing_deployment(owner, "gpu", replicas=2, gpus=1)
-                    + _failing_deployment(owner, "pull", image="registry.invalid/triton:missing")
-                    + _failing_deployment(owner, "config", env=[{"name": "HF_TOKEN", "valueFrom": {
-                        "secretKeyRef": {"name": "hf-token", "key": "token"}}}])):
+        for obj in (
+            _failing_deployment(owner, "gpu", replicas=2, gpus=1)
+            + _failing_deployment(owner, "pull", image="registry.invalid/triton:missing")
+            + _failing_deployment(
+                owner,
+                "config",
+                env=[{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}],
+            )
+        ):
             if em.find_object(obj["apiVersion"], obj["kind"], obj["metadata"]["name"], NS) is None:
                 em.create_object(obj)
 
         # one GPU on the node: the first pod gets it (and crash-loops: its engine was never built), the second
         # stays Pending with the scheduler's message
-        await wait_for(lambda: sorted(_reasons(em, gpu)) == ["CrashLoopBackOff", "Unschedulable"], 30,
-                       "a crash-looping pod and an unschedulable one")
+        await wait_for(
+            lambda: sorted(_reasons(em, gpu)) == ["CrashLoopBackOff", "Unschedulable"],
+            30,
+            "a crash-looping pod and an unschedulable one",
+        )
         by_reason = {ServingPodFact.from_body(p).reason: p for p in _pods_of(em, gpu)}
         sched = next(c for c in by_reason["Unschedulable"]["status"]["conditions"] if c["type"] == "PodScheduled")
         assert (sched["status"], sched["reason"]) == ("False", "Unschedulable")
@@ -532,8 +647,14 @@ async def test_serving_failures_are_written_as_the_scheduler_and_kubelet_write_t
         await wait_for(lambda: _reasons(em, config) == ["CreateContainerConfigError"], 20, "CreateContainerConfigError")
         assert ServingPodFact.from_body(_pods_of(em, config)[0]).message == 'secret "hf-token" not found'
         # the Secret appears: the kubelet's next attempt creates the container (which then crashes: no engine)
-        em.create_object({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf-token", "namespace": NS},
-                          "data": {"token": "eA=="}})
+        em.create_object(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": "hf-token", "namespace": NS},
+                "data": {"token": "eA=="},
+            }
+        )
         await wait_for(lambda: _reasons(em, config) == ["CrashLoopBackOff"], 20, "the config error resolved")
 
         # the crash loop stays one cause across restarts (no flapping to "no failure" in between)
@@ -591,12 +712,16 @@ def unhardened(workload: dict) -> dict:
 
 
 def warning_events(em, namespace: str, name: str) -> list[dict]:
-    return [e for e in em.list_objects("v1", "Event", namespace)
-            if e["involvedObject"]["name"] == name and e["reason"] == "FailedCreate"]
+    return [
+        e
+        for e in em.list_objects("v1", "Event", namespace)
+        if e["involvedObject"]["name"] == name and e["reason"] == "FailedCreate"
+    ]
 
 
-async def test_restricted_namespace_rejects_unhardened_pods_and_controllers_say_why(apiserver: EmulatorHandle,
-                                                                                     node: SimKubelet):
+async def test_restricted_namespace_rejects_unhardened_pods_and_controllers_say_why(
+    apiserver: EmulatorHandle, node: SimKubelet
+):
     from redrafter_operator.render.serving import serving_deployment
     from redrafter_sim import controllers
     from redrafter_sim.apiserver import ApiError
@@ -604,17 +729,27 @@ async def test_restricted_namespace_rejects_unhardened_pods_and_controllers_say_
     em = apiserver.emulator
     ns = "secure"
     em.create_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": RESTRICTED}})
-    bare = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bare", "namespace": ns},
-            "spec": {"containers": [{"name": "app", "image": "busybox:1.36"}]}}
+    bare = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "bare", "namespace": ns},
+        "spec": {"containers": [{"name": "app", "image": "busybox:1.36"}]},
+    }
     with pytest.raises(ApiError) as rejected:
         em.create_object(bare)
     assert rejected.value.code == 403 and rejected.value.reason == "Forbidden"
-    assert rejected.value.message.startswith('pods "bare" is forbidden: violates PodSecurity "restricted:latest": '
-                                             'allowPrivilegeEscalation != false (container "app" must set ')
+    assert rejected.value.message.startswith(
+        'pods "bare" is forbidden: violates PodSecurity "restricted:latest": '
+        'allowPrivilegeEscalation != false (container "app" must set '
+    )
     em.create_object({**bare, "metadata": {"name": "bare", "namespace": NS}})  # unlabelled namespace: admitted
 
-    owner = Owner.from_body({**yaml.safe_load((ROOT / "examples" / "demo-tiny.yaml").read_text()),
-                             "metadata": {"name": "demo-tiny", "namespace": ns, "uid": "1-2-3"}})
+    owner = Owner.from_body(
+        {
+            **yaml.safe_load((ROOT / "examples" / "demo-tiny.yaml").read_text()),
+            "metadata": {"name": "demo-tiny", "namespace": ns, "uid": "1-2-3"},
+        }
+    )
     # the simulated node's Job controller: the build pod is rejected, the Job says why in an Event
     em.create_object(build_configmap(owner, "base"))
     job = em.create_object(unhardened(build_job(owner, "base")))
@@ -630,14 +765,22 @@ async def test_restricted_namespace_rejects_unhardened_pods_and_controllers_say_
     def replica_failure() -> dict | None:
         status = em.get_object("apps/v1", "Deployment", name, ns).get("status") or {}
         return next((c for c in status.get("conditions") or [] if c["type"] == "ReplicaFailure"), None)
+
     condition = await wait_for(replica_failure, 30, "the Deployment's ReplicaFailure condition")
     assert condition["reason"] == "FailedCreate" and "violates PodSecurity" in condition["message"]
     assert warning_events(em, ns, name)
     assert not [p for p in em.list_objects("v1", "Pod", ns) if p["metadata"]["name"].startswith(name)]
     # the in-process Deployment controller the lifecycle tests drive reports it the same way
-    plain = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "plain", "namespace": ns},
-             "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "plain"}},
-                      "template": {"metadata": {"labels": {"app": "plain"}}, "spec": bare["spec"]}}}
+    plain = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "plain", "namespace": ns},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "plain"}},
+            "template": {"metadata": {"labels": {"app": "plain"}}, "spec": bare["spec"]},
+        },
+    }
     em.create_object(plain)
     assert controllers.sync_deployment_pods(em, "plain", ns) == []
     assert controllers.sync_deployment_pods(em, "plain", ns) == []
@@ -669,8 +812,9 @@ async def test_validation_job_over_the_openai_api(apiserver: EmulatorHandle):
             em.create_object(variant_service(owner, variant))
         for variant in contract.VARIANTS:
             await wait_for(lambda v=variant: ready_pods(em, v), 90, f"a Ready {variant} pod")
-        job = em.create_object(validation_job(owner, redrafter_key=keys["redrafter"], base_key=keys["base"],
-                                              operator_image="op:dev"))
+        job = em.create_object(
+            validation_job(owner, redrafter_key=keys["redrafter"], base_key=keys["base"], operator_image="op:dev")
+        )
         args = job["spec"]["template"]["spec"]["containers"][0]["command"]
         assert args[args.index("--protocol") + 1] == "openai"
         name = job["metadata"]["name"]

@@ -14,9 +14,9 @@ import datetime as dt
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
-import socket
 import threading
 import time
 import urllib.request
@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_lifecycle import NAME, NS, Cluster, apply, example, running, until  # noqa: I001 (same dir)
 
 from redrafter_operator.controller.apply import ApiError, KubeClient, load_configuration
 from redrafter_operator.controller.leader import ElectionConfig, LeaderElector, LeaseRecord
 from redrafter_operator.render import names
 from redrafter_sim.server import EmulatorHandle, write_kubeconfig
-from test_lifecycle import NAME, NS, Cluster, apply, example, running, until  # noqa: I001 (same dir)
 
 LEASE_NS, LEASE = "redrafter-system", "redrafter-operator"
 LEASES = f"/apis/coordination.k8s.io/v1/namespaces/{LEASE_NS}/leases"
@@ -41,8 +41,12 @@ LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD = 8, 4.0, 1.0
 
 # ------------------------------------------------------------------------------------ the Lease itself
 def lease_body(**spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-            "metadata": {"name": LEASE, "namespace": LEASE_NS}, "spec": spec}
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": LEASE, "namespace": LEASE_NS},
+        "spec": spec,
+    }
 
 
 @contextlib.asynccontextmanager
@@ -54,20 +58,40 @@ async def client_for(kubeconfig: Path) -> AsyncIterator[KubeClient]:
         await client.close()
 
 
-async def test_lease_round_trips_micro_times_and_conflicts_like_the_server(apiserver: EmulatorHandle,
-                                                                          kubeconfig: Path, kubectl: Any) -> None:
+async def test_lease_round_trips_micro_times_and_conflicts_like_the_server(
+    apiserver: EmulatorHandle, kubeconfig: Path, kubectl: Any
+) -> None:
     async with client_for(kubeconfig) as c:
-        created = await c.request("POST", LEASES, lease_body(
-            holderIdentity="pod-a", leaseDurationSeconds=15, acquireTime="2026-12-02T20:00:00.000001+02:00",
-            renewTime="2026-12-02T18:00:00.500000Z", leaseTransitions=0, unknownField="dropped"))
-        assert created["spec"] == {"holderIdentity": "pod-a", "leaseDurationSeconds": 15, "leaseTransitions": 0,
-                                   "acquireTime": "2026-12-02T18:00:00.000001Z",  # MicroTime, served in UTC
-                                   "renewTime": "2026-12-02T18:00:00.500000Z"}
+        created = await c.request(
+            "POST",
+            LEASES,
+            lease_body(
+                holderIdentity="pod-a",
+                leaseDurationSeconds=15,
+                acquireTime="2026-12-02T20:00:00.000001+02:00",
+                renewTime="2026-12-02T18:00:00.500000Z",
+                leaseTransitions=0,
+                unknownField="dropped",
+            ),
+        )
+        assert created["spec"] == {
+            "holderIdentity": "pod-a",
+            "leaseDurationSeconds": 15,
+            "leaseTransitions": 0,
+            "acquireTime": "2026-12-02T18:00:00.000001Z",  # MicroTime, served in UTC
+            "renewTime": "2026-12-02T18:00:00.500000Z",
+        }
         # optimistic concurrency: an update based on an older resourceVersion is refused
-        first = await c.request("PUT", f"{LEASES}/{LEASE}", {**created, "spec": {**created["spec"], "holderIdentity": "b"}})
+        first = await c.request(
+            "PUT", f"{LEASES}/{LEASE}", {**created, "spec": {**created["spec"], "holderIdentity": "b"}}
+        )
         with pytest.raises(ApiError) as stale:
-            await c.request("PUT", f"{LEASES}/{LEASE}", {**created, "spec": {**created["spec"], "holderIdentity": "c"}},
-                            retry_conflict=False)
+            await c.request(
+                "PUT",
+                f"{LEASES}/{LEASE}",
+                {**created, "spec": {**created["spec"], "holderIdentity": "c"}},
+                retry_conflict=False,
+            )
         assert stale.value.status == 409 and stale.value.reason == "Conflict"
         assert (await c.request("GET", f"{LEASES}/{LEASE}"))["spec"]["holderIdentity"] == "b"
         assert int(first["metadata"]["resourceVersion"]) > int(created["metadata"]["resourceVersion"])
@@ -98,13 +122,20 @@ async def _noop() -> None:
 
 
 def elector(client: KubeClient, identity: str, clock: Clock) -> LeaderElector:
-    cfg = ElectionConfig(namespace=LEASE_NS, name=LEASE, identity=identity, lease_duration=LEASE_DURATION,
-                         renew_deadline=RENEW_DEADLINE, retry_period=RETRY_PERIOD)
+    cfg = ElectionConfig(
+        namespace=LEASE_NS,
+        name=LEASE,
+        identity=identity,
+        lease_duration=LEASE_DURATION,
+        renew_deadline=RENEW_DEADLINE,
+        retry_period=RETRY_PERIOD,
+    )
     return LeaderElector(client, cfg, on_started_leading=_noop, on_stopped_leading=_noop, clock=clock)
 
 
 async def test_two_electors_one_leader_takeover_only_after_expiry_and_a_stale_leader_loses(
-        apiserver: EmulatorHandle, kubeconfig: Path) -> None:
+    apiserver: EmulatorHandle, kubeconfig: Path
+) -> None:
     emu = apiserver.emulator
     async with client_for(kubeconfig) as ca, client_for(kubeconfig) as cb:
         clock_a, clock_b = Clock(), Clock()
@@ -136,7 +167,9 @@ async def test_two_electors_one_leader_takeover_only_after_expiry_and_a_stale_le
         assert not await a.try_acquire_or_renew() and not a.is_leader() and not a.may_write()
         puts = [(r.method, r.status) for r in emu.request_log[mark:] if r.path.startswith(LEASES)]
         assert ("PUT", 409) in puts
-        assert LeaseRecord.from_lease(emu.get_object("coordination.k8s.io/v1", "Lease", LEASE, LEASE_NS)).holder == "pod-b"
+        assert (
+            LeaseRecord.from_lease(emu.get_object("coordination.k8s.io/v1", "Lease", LEASE, LEASE_NS)).holder == "pod-b"
+        )
 
 
 async def test_a_fenced_client_sends_no_write(apiserver: EmulatorHandle, kubeconfig: Path) -> None:
@@ -156,11 +189,18 @@ async def test_a_fenced_client_sends_no_write(apiserver: EmulatorHandle, kubecon
         await client.close()
 
 
-async def test_concurrent_takeover_of_an_expired_lease_has_one_winner(apiserver: EmulatorHandle,
-                                                                      kubeconfig: Path) -> None:
+async def test_concurrent_takeover_of_an_expired_lease_has_one_winner(
+    apiserver: EmulatorHandle, kubeconfig: Path
+) -> None:
     emu = apiserver.emulator
-    emu.create_object(lease_body(holderIdentity="gone", leaseDurationSeconds=LEASE_DURATION,
-                                 renewTime="2026-12-02T18:00:00.000000Z", leaseTransitions=4))
+    emu.create_object(
+        lease_body(
+            holderIdentity="gone",
+            leaseDurationSeconds=LEASE_DURATION,
+            renewTime="2026-12-02T18:00:00.000000Z",
+            leaseTransitions=4,
+        )
+    )
     clients = [client_for(kubeconfig) for _ in range(4)]
     async with contextlib.AsyncExitStack() as stack:
         opened = [await stack.enter_async_context(c) for c in clients]
@@ -175,8 +215,9 @@ async def test_concurrent_takeover_of_an_expired_lease_has_one_winner(apiserver:
     assert record.holder == f"pod-{won.index(True)}" and record.transitions == 5
 
 
-async def test_a_leader_that_cannot_renew_stops_within_the_renew_deadline(apiserver: EmulatorHandle,
-                                                                         kubeconfig: Path) -> None:
+async def test_a_leader_that_cannot_renew_stops_within_the_renew_deadline(
+    apiserver: EmulatorHandle, kubeconfig: Path
+) -> None:
     events: list[tuple[str, float]] = []
 
     async def started() -> None:
@@ -186,13 +227,21 @@ async def test_a_leader_that_cannot_renew_stops_within_the_renew_deadline(apiser
         events.append(("stopped", time.monotonic()))
 
     async with client_for(kubeconfig) as c:
-        cfg = ElectionConfig(namespace=LEASE_NS, name=LEASE, identity="pod-a", lease_duration=LEASE_DURATION,
-                             renew_deadline=RENEW_DEADLINE, retry_period=RETRY_PERIOD)
+        cfg = ElectionConfig(
+            namespace=LEASE_NS,
+            name=LEASE,
+            identity="pod-a",
+            lease_duration=LEASE_DURATION,
+            renew_deadline=RENEW_DEADLINE,
+            retry_period=RETRY_PERIOD,
+        )
         e = LeaderElector(c, cfg, on_started_leading=started, on_stopped_leading=stopped)
         task = asyncio.create_task(e.run())
         await until(lambda: events, timeout=10, what="leading")
         await asyncio.sleep(2 * RETRY_PERIOD)  # a few renewals go through
-        renewed = LeaseRecord.from_lease(apiserver.emulator.get_object("coordination.k8s.io/v1", "Lease", LEASE, LEASE_NS))
+        renewed = LeaseRecord.from_lease(
+            apiserver.emulator.get_object("coordination.k8s.io/v1", "Lease", LEASE, LEASE_NS)
+        )
         assert renewed.renew_time != renewed.acquire_time
         apiserver.emulator.inject("*", "/leases", 503, times=10_000, message="etcdserver: request timed out")
         failing_since = time.monotonic()
@@ -222,7 +271,9 @@ class Proxy:
 
     def start(self) -> str:
         self.thread.start()
-        server = asyncio.run_coroutine_threadsafe(asyncio.start_server(self._handle, "127.0.0.1", 0), self.loop).result(10)
+        server = asyncio.run_coroutine_threadsafe(asyncio.start_server(self._handle, "127.0.0.1", 0), self.loop).result(
+            10
+        )
         return f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -238,6 +289,7 @@ class Proxy:
                     dst.write(data)
                     await dst.drain()
             dst.transport.abort()
+
         await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
 
     def _partition(self) -> None:
@@ -267,11 +319,26 @@ class Replica:
             s.bind(("127.0.0.1", 0))
             self.metrics_port = s.getsockname()[1]
         self.proc = subprocess.Popen(
-            [str(exe), "run", "--kubeconfig", str(kubeconfig), "--namespace", NS, "--leader-elect",
-             f"--leader-election-id={LEASE}", f"--lease-duration={LEASE_DURATION}s",
-             f"--renew-deadline={RENEW_DEADLINE}s", f"--retry-period={RETRY_PERIOD}s", "--log-format=json",
-             "--resync-seconds=2", f"--metrics-port={self.metrics_port}"],
-            env=env, stdout=self.log.open("w"), stderr=subprocess.STDOUT)
+            [
+                str(exe),
+                "run",
+                "--kubeconfig",
+                str(kubeconfig),
+                "--namespace",
+                NS,
+                "--leader-elect",
+                f"--leader-election-id={LEASE}",
+                f"--lease-duration={LEASE_DURATION}s",
+                f"--renew-deadline={RENEW_DEADLINE}s",
+                f"--retry-period={RETRY_PERIOD}s",
+                "--log-format=json",
+                "--resync-seconds=2",
+                f"--metrics-port={self.metrics_port}",
+            ],
+            env=env,
+            stdout=self.log.open("w"),
+            stderr=subprocess.STDOUT,
+        )
         self.exited_at: float | None = None  # wall time, comparable with the emulator's request timestamps
         threading.Thread(target=self._wait, daemon=True).start()
 
@@ -286,8 +353,11 @@ class Replica:
         """The sum of a metric's samples on the process's /metrics (0 when it has none)."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as rsp:
             text = rsp.read().decode()
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith(name) and not line.startswith("#") and line[len(name)] in " {")
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(name) and not line.startswith("#") and line[len(name)] in " {"
+        )
 
     def logged_at(self, fragment: str) -> float:
         """When (wall time) the process logged a message containing ``fragment`` (JSON log lines)."""
@@ -338,17 +408,23 @@ def micro(ts: str) -> float:
     return dt.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
 
 
-async def start_pair(cluster: Cluster, apiserver: EmulatorHandle, tmp_path: Path, replicas: list[Replica],
-                     leader_url: str | None = None) -> tuple[Replica, Replica]:
+async def start_pair(
+    cluster: Cluster, apiserver: EmulatorHandle, tmp_path: Path, replicas: list[Replica], leader_url: str | None = None
+) -> tuple[Replica, Replica]:
     """op-a first (it becomes the leader), then op-b once the Lease names op-a; both with warm watches."""
     a = Replica("op-a", leader_url or apiserver.url, apiserver, tmp_path)
     replicas.append(a)
     await until(lambda: holder(cluster) == "op-a", timeout=60, what=f"op-a to acquire the lease\n{a.text()}")
     b = Replica("op-b", apiserver.url, apiserver, tmp_path)
     replicas.append(b)
-    await until(lambda: any(r.kind == "watch" and "redrafterdeployments" in r.path for r in by(cluster, "op-b"))
-                and any(r.path.startswith(LEASES) for r in by(cluster, "op-b")),
-                timeout=60, what=f"op-b to watch and poll the lease\n{b.text()}")
+    await until(
+        lambda: (
+            any(r.kind == "watch" and "redrafterdeployments" in r.path for r in by(cluster, "op-b"))
+            and any(r.path.startswith(LEASES) for r in by(cluster, "op-b"))
+        ),
+        timeout=60,
+        what=f"op-b to watch and poll the lease\n{b.text()}",
+    )
     return a, b
 
 
@@ -356,9 +432,9 @@ pytestmark = pytest.mark.timeout(240)
 
 
 @pytest.mark.slow
-async def test_standby_writes_nothing_and_takes_over_after_sigkill(cluster: Cluster, apiserver: EmulatorHandle,
-                                                                   kubectl: Any, tmp_path: Path,
-                                                                   replicas: list[Replica]) -> None:
+async def test_standby_writes_nothing_and_takes_over_after_sigkill(
+    cluster: Cluster, apiserver: EmulatorHandle, kubectl: Any, tmp_path: Path, replicas: list[Replica]
+) -> None:
     mark = len(cluster.emu.request_log)
     a, b = await start_pair(cluster, apiserver, tmp_path, replicas)
     apply(kubectl, example(speculation__interval="2s"))  # the policy evaluates often: its state must carry over
@@ -389,8 +465,13 @@ async def test_standby_writes_nothing_and_takes_over_after_sigkill(cluster: Clus
     last_renew = micro(lease(cluster)["spec"]["renewTime"])
     # a change only a live leader acts on: the serving config (ConfigMap) and a rolled Deployment
     config_before = cluster.emu.get_object("v1", "ConfigMap", names.serving_config_name(NAME, "base"), NS)
-    cluster.emu.patch_object(API := "redrafter.dev/v1alpha1", "ReDrafterDeployment", NAME, NS,
-                             {"spec": {"serving": {"triton": {"kvCacheFreeGpuMemFraction": 0.8}}}})
+    cluster.emu.patch_object(
+        API := "redrafter.dev/v1alpha1",
+        "ReDrafterDeployment",
+        NAME,
+        NS,
+        {"spec": {"serving": {"triton": {"kvCacheFreeGpuMemFraction": 0.8}}}},
+    )
     await until(lambda: holder(cluster) == "op-b", timeout=LEASE_DURATION + 10, what=f"op-b to take over\n{b.text()}")
     acquired = lease(cluster)["spec"]
     handover = micro(acquired["acquireTime"]) - last_renew
@@ -398,33 +479,46 @@ async def test_standby_writes_nothing_and_takes_over_after_sigkill(cluster: Clus
     # the standby takes over one lease duration after the last change it saw; it polls every RetryPeriod
     # jittered up to ×2.2, so it sees the last renewal and then the expiry each up to 2.2 RetryPeriods late
     assert LEASE_DURATION - 0.2 <= handover <= LEASE_DURATION + 2 * 2.2 * RETRY_PERIOD + 0.5, handover
-    print(f"handover after SIGKILL: {micro(acquired['acquireTime']) - killed_at:.2f}s after the kill, "
-          f"{handover:.2f}s after the last renewal (lease {LEASE_DURATION}s, retry {RETRY_PERIOD}s)")
+    print(
+        f"handover after SIGKILL: {micro(acquired['acquireTime']) - killed_at:.2f}s after the kill, "
+        f"{handover:.2f}s after the last renewal (lease {LEASE_DURATION}s, retry {RETRY_PERIOD}s)"
+    )
 
     def reconfigured() -> bool:
         config = cluster.emu.get_object("v1", "ConfigMap", names.serving_config_name(NAME, "base"), NS)
         return config["data"] != config_before["data"]
+
     await until(reconfigured, timeout=30, what=f"the new leader to act on the change\n{b.text()[-3000:]}")
     # the ConfigMap is applied mid-reconcile; the reconcile is counted once it finished (status, Events)
-    await until(lambda: b.metric("redrafter_operator_reconciles_total") > 0, timeout=10,
-                what="the new leader's reconcile to be counted")
+    await until(
+        lambda: b.metric("redrafter_operator_reconciles_total") > 0,
+        timeout=10,
+        what="the new leader's reconcile to be counted",
+    )
     assert b.metric("redrafter_operator_leader") == 1
-    assert [r for r in by(cluster, "op-b", mark, writes=True) if r.path.endswith("/configmaps/" + names.serving_config_name(NAME, "base"))]
+    assert [
+        r
+        for r in by(cluster, "op-b", mark, writes=True)
+        if r.path.endswith("/configmaps/" + names.serving_config_name(NAME, "base"))
+    ]
     assert cluster.job_names() == jobs_before  # it saw the existing Jobs before deciding: no duplicate build
     assert not [r for r in by(cluster, "op-b", mark) if r.status == 409 and r.path.endswith("/jobs")]
     # the policy resumes from status.policy: the new leader's first evaluation continues the old state
     assert policy_before and policy_before["speculation"]["since"]
-    await until(lambda: (cluster.status()["policy"]["speculation"].get("last_evaluated") or 0)
-                > micro(acquired["acquireTime"]), timeout=20, what="the new leader's first policy evaluation")
+    await until(
+        lambda: (cluster.status()["policy"]["speculation"].get("last_evaluated") or 0) > micro(acquired["acquireTime"]),
+        timeout=20,
+        what="the new leader's first policy evaluation",
+    )
     policy_after = cluster.status()["policy"]
     assert policy_after["speculation"]["since"] == policy_before["speculation"]["since"], (policy_before, policy_after)
     assert policy_after["speculation"]["engine"] == policy_before["speculation"]["engine"]
 
 
 @pytest.mark.slow
-async def test_partitioned_leader_steps_down_before_the_standby_acts(cluster: Cluster, apiserver: EmulatorHandle,
-                                                                     kubectl: Any, tmp_path: Path,
-                                                                     replicas: list[Replica]) -> None:
+async def test_partitioned_leader_steps_down_before_the_standby_acts(
+    cluster: Cluster, apiserver: EmulatorHandle, kubectl: Any, tmp_path: Path, replicas: list[Replica]
+) -> None:
     proxy = Proxy(apiserver.url)
     url = proxy.start()
     try:
@@ -436,12 +530,17 @@ async def test_partitioned_leader_steps_down_before_the_standby_acts(cluster: Cl
 
         proxy.partition()  # op-a can no longer reach the API server; op-b can
         cut_at = time.time()
-        await until(lambda: a.exited_at is not None, timeout=RETRY_PERIOD + RENEW_DEADLINE + 15,
-                    what=f"the partitioned leader to step down\n{a.text()[-3000:]}")
+        await until(
+            lambda: a.exited_at is not None,
+            timeout=RETRY_PERIOD + RENEW_DEADLINE + 15,
+            what=f"the partitioned leader to step down\n{a.text()[-3000:]}",
+        )
         assert a.proc.returncode == 1, a.text()[-3000:]
         stopped_at = a.logged_at("leader election lost")  # logged once its workers and evaluators had stopped
         assert "reconcile loops stopped" in a.text()
-        await until(lambda: holder(cluster) == "op-b", timeout=LEASE_DURATION + 10, what=f"op-b to take over\n{b.text()}")
+        await until(
+            lambda: holder(cluster) == "op-b", timeout=LEASE_DURATION + 10, what=f"op-b to take over\n{b.text()}"
+        )
         b_lease_writes = [r for r in by(cluster, "op-b", mark, writes=True) if r.path.startswith(LEASES)]
         acquired_at = min(r.timestamp for r in b_lease_writes if r.status in (200, 201))
         # the old leader stopped every loop before the standby acquired the lease ...
@@ -449,16 +548,22 @@ async def test_partitioned_leader_steps_down_before_the_standby_acts(cluster: Cl
         # ... and made no write after that moment (nor did any reach the server once cut off)
         assert [r for r in by(cluster, "op-a", mark, writes=True) if r.timestamp >= acquired_at] == []
         # the standby wrote nothing before it held the lease
-        assert [r for r in by(cluster, "op-b", mark, writes=True) if r.timestamp < acquired_at] == \
-            [r for r in b_lease_writes if r.timestamp < acquired_at]
-        print(f"partition: leader stopped its loops {stopped_at - cut_at:.2f}s and exited {a.exited_at - cut_at:.2f}s "
-              f"after the cut, standby acquired "
-              f"{acquired_at - cut_at:.2f}s after it (renew deadline {RENEW_DEADLINE}s, lease {LEASE_DURATION}s)")
+        assert [r for r in by(cluster, "op-b", mark, writes=True) if r.timestamp < acquired_at] == [
+            r for r in b_lease_writes if r.timestamp < acquired_at
+        ]
+        print(
+            f"partition: leader stopped its loops {stopped_at - cut_at:.2f}s and exited {a.exited_at - cut_at:.2f}s "
+            f"after the cut, standby acquired "
+            f"{acquired_at - cut_at:.2f}s after it (renew deadline {RENEW_DEADLINE}s, lease {LEASE_DURATION}s)"
+        )
         # the new leader carries on: the build Jobs finish and it brings the resource to Serving
         jobs_before = cluster.job_names()
         cluster.complete_all()
-        await until(lambda: cluster.status().get("phase") == "Serving", timeout=60,
-                    what=f"Serving under the new leader\n{b.text()[-3000:]}")
+        await until(
+            lambda: cluster.status().get("phase") == "Serving",
+            timeout=60,
+            what=f"Serving under the new leader\n{b.text()[-3000:]}",
+        )
         assert cluster.job_names() == jobs_before
         assert json.dumps(cluster.status()).count("BuildFailed") == 0
     finally:

@@ -35,7 +35,10 @@ EXAMPLE = ROOT / "examples" / "llama3-8b.yaml"
 BUILT = BuildResult(size_bytes=17_179_869_184, built_at="2026-12-01T10:00:00Z")  # what build Pods report
 NS = "default"
 NAME = "llama3-8b"
-RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}
+RESTRICTED = {
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+}
 INFERENCE_POOL_CRD = ROOT / "tests" / "fixtures" / "crds" / "inference.networking.k8s.io_inferencepools.yaml"
 INFERENCE_POOL_API = "inference.networking.k8s.io/v1"
 
@@ -90,7 +93,9 @@ class Cluster:
     def __init__(self, handle: EmulatorHandle) -> None:
         self.emu = handle.emulator
         self.samples: list[tuple[float, str, int]] = []  # (time, service pool, ready endpoint IPs)
-        self.pool_samples: list[tuple[float, str, int]] = []  # (time, InferencePool's traffic pool, Ready pods it selects)
+        self.pool_samples: list[
+            tuple[float, str, int]
+        ] = []  # (time, InferencePool's traffic pool, Ready pods it selects)
         self.pods_ready = True
         self.faults: dict[str, Fault] = {}  # by Deployment name: what the scheduler/kubelet/admission does to its Pods
         self.deadline_seconds: float | None = None  # the Deployments' progress deadline, shortened
@@ -99,12 +104,20 @@ class Cluster:
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            controllers.reconcile_once(self.emu, NS, pods_ready=self.pods_ready, faults=self.faults,
-                                       deadline_seconds=self.deadline_seconds, cronjobs=self.cronjobs)
+            controllers.reconcile_once(
+                self.emu,
+                NS,
+                pods_ready=self.pods_ready,
+                faults=self.faults,
+                deadline_seconds=self.deadline_seconds,
+                cronjobs=self.cronjobs,
+            )
             svc = self.emu.find_object("v1", "Service", NAME, NS)
             if svc:
                 pool = svc["spec"]["selector"].get(names.LABEL_TRAFFIC, "")
-                self.samples.append((time.monotonic(), pool, len(set(controllers.ready_endpoint_ips(self.emu, NAME, NS)))))
+                self.samples.append(
+                    (time.monotonic(), pool, len(set(controllers.ready_endpoint_ips(self.emu, NAME, NS))))
+                )
             self.sample_inference_pool()
             await asyncio.sleep(0.05)  # not wait_for(stop.wait()): kopf cancels tasks spawned while it runs
 
@@ -114,8 +127,13 @@ class Cluster:
         if ipool:
             match = ipool["spec"]["selector"]["matchLabels"]
             pods = self.emu.list_objects("v1", "Pod", NS, label_selector=names.selector_string(match))
-            self.pool_samples.append((time.monotonic(), match.get(names.LABEL_TRAFFIC, ""),
-                                      sum(1 for p in pods if controllers.is_pod_ready(p))))
+            self.pool_samples.append(
+                (
+                    time.monotonic(),
+                    match.get(names.LABEL_TRAFFIC, ""),
+                    sum(1 for p in pods if controllers.is_pod_ready(p)),
+                )
+            )
 
     # -- views --
     def rdd(self, name: str = NAME) -> dict[str, Any]:
@@ -129,18 +147,25 @@ class Cluster:
 
     def jobs(self) -> list[dict[str, Any]]:
         """Engine build Jobs (not other Jobs the operator may run, e.g. validation)."""
-        return sorted(self.emu.list_objects("batch/v1", "Job", NS, label_selector=f"{names.LABEL_COMPONENT}=engine-build"),
-                      key=lambda j: j["metadata"]["name"])
+        return sorted(
+            self.emu.list_objects("batch/v1", "Job", NS, label_selector=f"{names.LABEL_COMPONENT}=engine-build"),
+            key=lambda j: j["metadata"]["name"],
+        )
 
     def job_names(self) -> list[str]:
         return [j["metadata"]["name"] for j in self.jobs()]
 
     def running_jobs(self) -> list[str]:
-        return [j["metadata"]["name"] for j in self.jobs()
-                if not any(c.get("status") == "True" for c in (j.get("status") or {}).get("conditions") or [])]
+        return [
+            j["metadata"]["name"]
+            for j in self.jobs()
+            if not any(c.get("status") == "True" for c in (j.get("status") or {}).get("conditions") or [])
+        ]
 
     def events(self) -> list[tuple[str, str, str]]:
-        return [(e["reason"], e.get("type", ""), e.get("message", "")) for e in self.emu.list_objects("v1", "Event", NS)]
+        return [
+            (e["reason"], e.get("type", ""), e.get("message", "")) for e in self.emu.list_objects("v1", "Event", NS)
+        ]
 
     def deployment(self, variant: str, name: str = NAME) -> dict[str, Any] | None:
         return self.emu.find_object("apps/v1", "Deployment", names.serving_deployment_name(name, variant), NS)
@@ -179,7 +204,9 @@ async def settle(cluster: Cluster, seconds: float = 1.0) -> None:
 
 async def running(apiserver: EmulatorHandle, make: Callable[[EmulatorHandle], Any]) -> AsyncIterator[Any]:
     """The CRD installed and ``make(apiserver)``'s cluster loop running until the test ends (shared by fixtures)."""
-    apiserver.emulator.create_object(yaml.safe_load((ROOT / "crds" / "redrafter.dev_redrafterdeployments.yaml").read_text()))
+    apiserver.emulator.create_object(
+        yaml.safe_load((ROOT / "crds" / "redrafter.dev_redrafterdeployments.yaml").read_text())
+    )
     # as a hardened cluster: the API server rejects Pods that do not meet the restricted profile
     apiserver.emulator.patch_object("v1", "Namespace", NS, None, {"metadata": {"labels": RESTRICTED}})
     c = make(apiserver)
@@ -220,13 +247,20 @@ async def to_serving(cluster: Cluster, name: str = NAME) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------
-async def test_apply_to_serving_with_conditions_events_and_printer_columns(cluster: Cluster, operator: Operator,
-                                                                           kubectl: Any) -> None:
+async def test_apply_to_serving_with_conditions_events_and_printer_columns(
+    cluster: Cluster, operator: Operator, kubectl: Any
+) -> None:
     from redrafter_sim.apiserver import ApiError
 
     with pytest.raises(ApiError, match='violates PodSecurity "restricted:latest"'):  # the namespace enforces it
-        cluster.emu.create_object({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bare", "namespace": NS},
-                                   "spec": {"containers": [{"name": "app", "image": "busybox:1.36"}]}})
+        cluster.emu.create_object(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "bare", "namespace": NS},
+                "spec": {"containers": [{"name": "app", "image": "busybox:1.36"}]},
+            }
+        )
     kubectl("apply", "-f", str(EXAMPLE), check=True)
     await until(lambda: len(cluster.jobs()) == 2, what="two build Jobs")
     await until(lambda: cluster.status().get("phase") == "Building", what="Building")
@@ -251,14 +285,21 @@ async def test_apply_to_serving_with_conditions_events_and_printer_columns(clust
     assert st["activeEngine"] == "redrafter" and st["observedGeneration"] == 1
     assert st["serving"]["readyReplicas"] == 1 and st["serving"]["replicas"] == 1
     conditions = {c["type"]: c for c in st["conditions"]}
-    lifecycle = {"SpecValid": "True", "EnginesReady": "True", "Available": "True", "Progressing": "True",
-                 "SpeculationHealthy": "Unknown"}
+    lifecycle = {
+        "SpecValid": "True",
+        "EnginesReady": "True",
+        "Available": "True",
+        "Progressing": "True",
+        "SpeculationHealthy": "Unknown",
+    }
     assert {t: conditions[t]["status"] for t in lifecycle} == lifecycle  # (other components may add more)
     assert all(conditions[t]["observedGeneration"] == 1 and conditions[t]["lastTransitionTime"] for t in lifecycle)
     for variant in ("redrafter", "base"):
         assert st["engines"][variant]["state"] == "Ready" and st["engines"][variant]["attempts"] == 1
-        assert (st["engines"][variant]["sizeBytes"], st["engines"][variant]["builtAt"]) == \
-            (BUILT.size_bytes, BUILT.built_at)
+        assert (st["engines"][variant]["sizeBytes"], st["engines"][variant]["builtAt"]) == (
+            BUILT.size_bytes,
+            BUILT.built_at,
+        )
     svc = cluster.emu.get_object("v1", "Service", NAME, NS)
     assert svc["spec"]["selector"][names.LABEL_TRAFFIC] == "redrafter"
     assert svc["metadata"]["ownerReferences"][0]["kind"] == KIND
@@ -266,8 +307,10 @@ async def test_apply_to_serving_with_conditions_events_and_printer_columns(clust
     # pair is validated (nothing runs the validation Job here, so it is still pending)
     await until(lambda: cluster.deployment("base")["spec"]["replicas"] == 1, what="base kept up for validation")
     assert conditions.get("Validated", {}).get("status") != "True"
-    await until(lambda: {"BuildStarted", "EngineReady", "PhaseBuilding", "PhaseServing"}
-                <= {r for r, _, _ in cluster.events()}, what="transition Events")
+    await until(
+        lambda: {"BuildStarted", "EngineReady", "PhaseBuilding", "PhaseServing"} <= {r for r, _, _ in cluster.events()},
+        what="transition Events",
+    )
     # the scale subresource's selector picks the active pods
     pods = cluster.emu.list_objects("v1", "Pod", NS, label_selector=st["serving"]["selector"])
     assert len(pods) == 1
@@ -323,16 +366,22 @@ async def test_restart_at_each_stage_resumes_without_duplicate_jobs(cluster: Clu
         # child it serves once (it cannot know what changed while it was down) and the server writes nothing
         await settle(cluster)
         await op.stop()
-        versions = {(o["kind"], o["metadata"]["name"]): o["metadata"]["resourceVersion"]
-                    for o in cluster.emu.iter_objects() if o["kind"] != "Event"}
+        versions = {
+            (o["kind"], o["metadata"]["name"]): o["metadata"]["resourceVersion"]
+            for o in cluster.emu.iter_objects()
+            if o["kind"] != "Event"
+        }
         mark = len(cluster.emu.request_log)
         await op.start()
         await asyncio.sleep(1.5)
         writes = cluster.operator_writes(mark)
         assert writes and {(r.method, r.content_type) for r in writes} == {("PATCH", "application/apply-patch+yaml")}
         assert len({r.path for r in writes}) == len(writes), "once per child"
-        assert {(o["kind"], o["metadata"]["name"]): o["metadata"]["resourceVersion"]
-                for o in cluster.emu.iter_objects() if o["kind"] != "Event"} == versions
+        assert {
+            (o["kind"], o["metadata"]["name"]): o["metadata"]["resourceVersion"]
+            for o in cluster.emu.iter_objects()
+            if o["kind"] != "Event"
+        } == versions
         mark = len(cluster.emu.request_log)
         await asyncio.sleep(1.5)
         assert cluster.operator_writes(mark) == []
@@ -346,8 +395,13 @@ async def test_restart_at_each_stage_resumes_without_duplicate_jobs(cluster: Clu
         await asyncio.sleep(1.0)
         assert len(cluster.jobs()) == 3
         cluster.complete_all()
-        await until(lambda: cluster.status().get("observedGeneration") == 2
-                    and cluster.condition("Progressing")["reason"] == "Complete", what="new engine served")
+        await until(
+            lambda: (
+                cluster.status().get("observedGeneration") == 2
+                and cluster.condition("Progressing")["reason"] == "Complete"
+            ),
+            what="new engine served",
+        )
     finally:
         await op.stop()
 
@@ -370,8 +424,10 @@ async def test_conflicts_server_errors_and_dropped_watches_still_converge(cluste
         emu.drop_watches()
         # a spec change after the watches were dropped is still seen
         emu.patch_object(API_VERSION, KIND, NAME, NS, {"spec": {"serving": {"replicas": 2}}})
-        await until(lambda: (cluster.deployment("redrafter") or {}).get("spec", {}).get("replicas") == 2,
-                    what="scale after reconnect")
+        await until(
+            lambda: (cluster.deployment("redrafter") or {}).get("spec", {}).get("replicas") == 2,
+            what="scale after reconnect",
+        )
         await until(lambda: cluster.status()["serving"]["readyReplicas"] == 2, what="2 Ready")
         assert len(cluster.jobs()) == 2
     finally:
@@ -387,18 +443,31 @@ async def building_redrafter_after_base(cluster: Cluster, kubectl: Any, retries:
     return next(j for j in cluster.running_jobs() if "redrafter" in j)
 
 
-async def test_failed_job_reason_bounded_retries_then_retry_annotation(cluster: Cluster, operator: Operator,
-                                                                       kubectl: Any) -> None:
+async def test_failed_job_reason_bounded_retries_then_retry_annotation(
+    cluster: Cluster, operator: Operator, kubectl: Any
+) -> None:
     first = await building_redrafter_after_base(cluster, kubectl, retries=1)
-    controllers.fail_job(cluster.emu, first, NS, reason="BackoffLimitExceeded", exit_code=3,
-                         termination_message="BuildError: trtllm-build exited 1: CUDA out of memory")
+    controllers.fail_job(
+        cluster.emu,
+        first,
+        NS,
+        reason="BackoffLimitExceeded",
+        exit_code=3,
+        termination_message="BuildError: trtllm-build exited 1: CUDA out of memory",
+    )
     await until(lambda: len(cluster.running_jobs()) == 1, what="retry Job")
     retry = cluster.running_jobs()[0]
     assert retry == first[: len(first)] + "-1"  # same name with the attempt suffix
     await until(lambda: cluster.condition("EnginesReady")["reason"] == "BuildRetrying", what="BuildRetrying")
     assert "CUDA out of memory" in cluster.status()["engines"]["redrafter"]["message"]
-    controllers.fail_job(cluster.emu, retry, NS, reason="DeadlineExceeded", message="Job was active longer than specified deadline",
-                         termination_message="FetchError: hf://meta-llama/Meta-Llama-3-8B-Instruct: 401 Unauthorized")
+    controllers.fail_job(
+        cluster.emu,
+        retry,
+        NS,
+        reason="DeadlineExceeded",
+        message="Job was active longer than specified deadline",
+        termination_message="FetchError: hf://meta-llama/Meta-Llama-3-8B-Instruct: 401 Unauthorized",
+    )
     await until(lambda: cluster.status().get("phase") == "Failed", what="Failed")
     st = cluster.status()
     engine = st["engines"]["redrafter"]
@@ -407,8 +476,13 @@ async def test_failed_job_reason_bounded_retries_then_retry_annotation(cluster: 
     cond = cluster.condition("EnginesReady")
     assert cond["status"] == "False" and cond["reason"] == "BuildFailed" and "401 Unauthorized" in cond["message"]
     assert cluster.condition("Available")["reason"] == "EngineFailed"
-    await until(lambda: sum(1 for r, t, m in cluster.events() if r == "BuildFailed" and t == "Warning") == 2
-                and any(r == "RetriesExhausted" for r, _, _ in cluster.events()), what="failure Events")
+    await until(
+        lambda: (
+            sum(1 for r, t, m in cluster.events() if r == "BuildFailed" and t == "Warning") == 2
+            and any(r == "RetriesExhausted" for r, _, _ in cluster.events())
+        ),
+        what="failure Events",
+    )
     assert any("401 Unauthorized" in m for r, _, m in cluster.events() if r == "BuildFailed")
     # no rebuild loop
     await settle(cluster)
@@ -424,12 +498,14 @@ async def test_failed_job_reason_bounded_retries_then_retry_annotation(cluster: 
     assert cluster.status()["engines"]["redrafter"]["state"] == "Ready"
 
 
-async def test_bad_input_build_ends_after_one_job_and_status_says_how_to_retry(cluster: Cluster, operator: Operator,
-                                                                             kubectl: Any) -> None:
+async def test_bad_input_build_ends_after_one_job_and_status_says_how_to_retry(
+    cluster: Cluster, operator: Operator, kubectl: Any
+) -> None:
     first = await building_redrafter_after_base(cluster, kubectl, retries=2)
     # the emulated Job controller applies the rendered podFailurePolicy: exit code 2 is FailJob
-    controllers.fail_job(cluster.emu, first, NS, exit_code=2,
-                         termination_message="BAD_INPUT: drafter config.json lacks exit_dim")
+    controllers.fail_job(
+        cluster.emu, first, NS, exit_code=2, termination_message="BAD_INPUT: drafter config.json lacks exit_dim"
+    )
     job = cluster.emu.get_object("batch/v1", "Job", first, NS)
     assert next(c for c in job["status"]["conditions"] if c["type"] == "Failed")["reason"] == "PodFailurePolicy"
     await until(lambda: cluster.status().get("phase") == "Failed", what="Failed")
@@ -438,8 +514,10 @@ async def test_bad_input_build_ends_after_one_job_and_status_says_how_to_retry(c
     assert engine["message"].startswith("exit code 2 (BAD_INPUT) cannot succeed on retry")
     assert f"kubectl annotate rdd {NAME} {names.ANNOTATION_RETRY_BUILD}=<new value> --overwrite" in engine["message"]
     assert "drafter config.json lacks exit_dim" in engine["message"]
-    await until(lambda: any(r == "BuildNotRetried" and "exit code 2 (BAD_INPUT)" in m
-                            for r, _, m in cluster.events()), what="BuildNotRetried Event")
+    await until(
+        lambda: any(r == "BuildNotRetried" and "exit code 2 (BAD_INPUT)" in m for r, _, m in cluster.events()),
+        what="BuildNotRetried Event",
+    )
     assert not any(r == "RetriesExhausted" for r, _, _ in cluster.events())
     # one Job, one pod, and no retry however long we wait
     await settle(cluster)
@@ -452,7 +530,8 @@ async def test_bad_input_build_ends_after_one_job_and_status_says_how_to_retry(c
 
 
 async def test_build_input_change_rolls_to_new_engine_without_gap_and_serving_change_never_rebuilds(
-        cluster: Cluster, operator: Operator, kubectl: Any) -> None:
+    cluster: Cluster, operator: Operator, kubectl: Any
+) -> None:
     # replicas from the spec, not the autoscaler; validation off (tests/integration/test_validation_gate.py
     # covers an engine change under validation: there the promoted engine serves until the new one passes)
     doc = example(autoscaling__mode="Disabled", validation__enabled=False)
@@ -473,8 +552,10 @@ async def test_build_input_change_rolls_to_new_engine_without_gap_and_serving_ch
     assert cluster.deployment("redrafter")["metadata"]["labels"][names.LABEL_ENGINE_KEY] == old_key
     cluster.complete_all()
     new_key = st["engines"]["redrafter"]["key"]
-    await until(lambda: cluster.deployment("redrafter")["metadata"]["labels"][names.LABEL_ENGINE_KEY] == new_key,
-                what="Deployment on the new engine")
+    await until(
+        lambda: cluster.deployment("redrafter")["metadata"]["labels"][names.LABEL_ENGINE_KEY] == new_key,
+        what="Deployment on the new engine",
+    )
     await until(lambda: cluster.condition("Progressing")["reason"] == "Complete", what="rollout complete")
     assert cluster.status()["phase"] == "Serving"
     gaps = [s for s in cluster.samples[served_from:] if s[2] == 0]
@@ -516,13 +597,16 @@ async def _switch_blue_green(cluster: Cluster, operator: Operator) -> None:
     # the Service moved only after base was up (first base-pool sample already has 2 Ready endpoints)
     first_base = next(s for s in samples if s[1] == "base")
     assert first_base[2] == 2
-    await until(lambda: ("Switched", "Normal", "Service now selects the base engine (was redrafter)")
-                in cluster.events(), what="Switched Event")
+    await until(
+        lambda: ("Switched", "Normal", "Service now selects the base engine (was redrafter)") in cluster.events(),
+        what="Switched Event",
+    )
 
 
 def routed(**spec: Any) -> dict[str, Any]:
-    return example(routing__inferencePool={"enabled": True, "endpointPickerRef": {"name": "llama3-8b-epp", "port": 9002}},
-                   **spec)
+    return example(
+        routing__inferencePool={"enabled": True, "endpointPickerRef": {"name": "llama3-8b-epp", "port": 9002}}, **spec
+    )
 
 
 async def test_inference_pool_follows_every_switch_blue_green(cluster: Cluster, kubeconfig: Path, kubectl: Any) -> None:
@@ -559,21 +643,28 @@ async def test_inference_pool_follows_every_switch_blue_green(cluster: Cluster, 
 
         # a deleted pool is seen (the watch-fed index) and recreated
         cluster.emu.delete_object(INFERENCE_POOL_API, "InferencePool", NAME, NS)
-        await until(lambda: cluster.emu.find_object(INFERENCE_POOL_API, "InferencePool", NAME, NS), what="pool recreated")
+        await until(
+            lambda: cluster.emu.find_object(INFERENCE_POOL_API, "InferencePool", NAME, NS), what="pool recreated"
+        )
 
         off = copy.deepcopy(doc)
         off["spec"]["routing"]["inferencePool"]["enabled"] = False
         apply(kubectl, off)
-        await until(lambda: cluster.emu.find_object(INFERENCE_POOL_API, "InferencePool", NAME, NS) is None,
-                    what="pool deleted once turned off")
-        await until(lambda: all(c["type"] != "InferencePoolReady" for c in cluster.status().get("conditions", [])),
-                    what="condition removed")
+        await until(
+            lambda: cluster.emu.find_object(INFERENCE_POOL_API, "InferencePool", NAME, NS) is None,
+            what="pool deleted once turned off",
+        )
+        await until(
+            lambda: all(c["type"] != "InferencePoolReady" for c in cluster.status().get("conditions", [])),
+            what="condition removed",
+        )
     finally:
         await operator.stop()
 
 
 async def test_inference_pool_without_its_crd_is_a_clear_status_error_until_the_crd_is_installed(
-        cluster: Cluster, operator: Operator, kubectl: Any) -> None:
+    cluster: Cluster, operator: Operator, kubectl: Any
+) -> None:
     apply(kubectl, routed(validation__enabled=False))
     await to_serving(cluster)  # the Service serves regardless
     await until(lambda: cluster.condition("InferencePoolReady")["reason"] == "CRDNotInstalled", what="CRD missing")
@@ -595,8 +686,10 @@ async def test_two_resources_sharing_a_cache_build_once(cluster: Cluster, operat
     cluster.complete_all()
     for name in ("svc-a", "svc-b"):
         await until(lambda: cluster.status(name).get("phase") == "Serving", what=f"{name} Serving")
-        await until(lambda: all(e["state"] in ("Ready", "Cached") for e in cluster.status(name)["engines"].values()),
-                    what=f"{name} engines")
+        await until(
+            lambda: all(e["state"] in ("Ready", "Cached") for e in cluster.status(name)["engines"].values()),
+            what=f"{name} engines",
+        )
     # a third resource arriving after the builds reuses the cache too
     apply(kubectl, example("svc-c"))
     await until(lambda: cluster.status("svc-c").get("phase") == "Serving", what="svc-c Serving")
@@ -620,8 +713,9 @@ async def idle_after_settling(cluster: Cluster) -> None:
     assert cluster.operator_writes(mark) == [], "in sync again: idle"
 
 
-async def test_children_converge_deleted_edited_and_removed_fields(cluster: Cluster, kubeconfig: Path,
-                                                                    kubectl: Any) -> None:
+async def test_children_converge_deleted_edited_and_removed_fields(
+    cluster: Cluster, kubeconfig: Path, kubectl: Any
+) -> None:
     """Server-side apply with drift repair, measured as a user sees it through kubectl. The resync interval
     is 300 s: every repair below is driven by the child's own watch event."""
     op = Operator(kubeconfig)
@@ -632,8 +726,10 @@ async def test_children_converge_deleted_edited_and_removed_fields(cluster: Clus
         dep_name = names.serving_deployment_name(NAME, "redrafter")
 
         def selector() -> dict[str, str]:
-            return ((cluster.deployment("redrafter") or {}).get("spec", {}).get("template", {}).get("spec", {})
-                    .get("nodeSelector") or {})
+            return (cluster.deployment("redrafter") or {}).get("spec", {}).get("template", {}).get("spec", {}).get(
+                "nodeSelector"
+            ) or {}
+
         assert selector()["pool"] == "gpu-a"
         owners = {e["manager"]: e["operation"] for e in cluster.deployment("redrafter")["metadata"]["managedFields"]}
         assert owners[names.MANAGED_BY] == "Apply"
@@ -643,8 +739,11 @@ async def test_children_converge_deleted_edited_and_removed_fields(cluster: Clus
         uid = cluster.deployment("redrafter")["metadata"]["uid"]
         started = time.monotonic()
         kubectl("delete", "deployment", dep_name, "--wait=false", check=True)
-        await until(lambda: (cluster.deployment("redrafter") or {}).get("metadata", {}).get("uid") not in (None, uid),
-                    timeout=10, what="the deleted Deployment back")
+        await until(
+            lambda: (cluster.deployment("redrafter") or {}).get("metadata", {}).get("uid") not in (None, uid),
+            timeout=10,
+            what="the deleted Deployment back",
+        )
         back_after = time.monotonic() - started
         print(f"deleted Deployment back after {back_after:.2f} s")
         assert back_after < 5.0
@@ -666,13 +765,22 @@ async def test_children_converge_deleted_edited_and_removed_fields(cluster: Clus
 
         applier.ensure = recording  # type: ignore[method-assign]
         before = reconciles._value.get()
-        kubectl("patch", "deployment", dep_name, "--type=merge", "-p",
-                json.dumps({"spec": {"template": {"spec": {"nodeSelector": {"pool": "hijacked"}}}}}), check=True)
+        kubectl(
+            "patch",
+            "deployment",
+            dep_name,
+            "--type=merge",
+            "-p",
+            json.dumps({"spec": {"template": {"spec": {"nodeSelector": {"pool": "hijacked"}}}}}),
+            check=True,
+        )
         edited = time.monotonic()
         await until(lambda: selector().get("pool") == "gpu-a", timeout=10, what="the hand edit reverted")
         applier.ensure = ensure  # type: ignore[method-assign]
-        print(f"hand edit reverted after {time.monotonic() - edited:.2f} s, "
-              f"{done_at_revert[0] - before:.0f} reconcile(s) completed before the reverting one")
+        print(
+            f"hand edit reverted after {time.monotonic() - edited:.2f} s, "
+            f"{done_at_revert[0] - before:.0f} reconcile(s) completed before the reverting one"
+        )
         # at most one reconcile may have been running already when the edit arrived; the next one reverted it
         # (the serving Pods' events start more reconciles afterwards: they are not counted)
         assert done_at_revert and done_at_revert[0] - before <= 1
@@ -698,21 +806,36 @@ async def test_network_policies_converge_like_every_child(cluster: Cluster, kube
 
         def policy() -> dict[str, Any]:
             return cluster.emu.find_object("networking.k8s.io/v1", "NetworkPolicy", np_name, NS) or {}
+
         wanted = policy()["spec"]
-        assert {e["manager"]: e["operation"] for e in policy()["metadata"]["managedFields"]}[names.MANAGED_BY] == "Apply"
+        assert {e["manager"]: e["operation"] for e in policy()["metadata"]["managedFields"]}[
+            names.MANAGED_BY
+        ] == "Apply"
         await settle(cluster)
 
         uid = policy()["metadata"]["uid"]
         started = time.monotonic()
         kubectl("delete", "networkpolicy", np_name, "-n", NS, "--wait=false", check=True)
-        await until(lambda: policy().get("metadata", {}).get("uid") not in (None, uid), timeout=10,
-                    what="the deleted NetworkPolicy back")
+        await until(
+            lambda: policy().get("metadata", {}).get("uid") not in (None, uid),
+            timeout=10,
+            what="the deleted NetworkPolicy back",
+        )
         print(f"deleted NetworkPolicy back after {time.monotonic() - started:.2f} s")
         assert time.monotonic() - started < 5.0 and policy()["spec"] == wanted
         await settle(cluster)
 
-        kubectl("patch", "networkpolicy", np_name, "-n", NS, "--type=merge", "-p",
-                json.dumps({"spec": {"ingress": [{}]}}), check=True)  # allow everything: a hole, reverted
+        kubectl(
+            "patch",
+            "networkpolicy",
+            np_name,
+            "-n",
+            NS,
+            "--type=merge",
+            "-p",
+            json.dumps({"spec": {"ingress": [{}]}}),
+            check=True,
+        )  # allow everything: a hole, reverted
         await until(lambda: policy().get("spec") == wanted, timeout=10, what="the hand edit reverted")
         await idle_after_settling(cluster)
     finally:
@@ -720,14 +843,16 @@ async def test_network_policies_converge_like_every_child(cluster: Cluster, kube
 
 
 async def test_validated_resources_at_rest_cost_no_writes_over_resyncs_and_evaluations(
-        cluster: Cluster, kubeconfig: Path) -> None:
+    cluster: Cluster, kubeconfig: Path
+) -> None:
     """Several resources built, validated (the validation Job's pod leaves the verdict a passing `evaluate
     validate` writes) and serving ReDrafter: once the policy recorded the move, an operator resyncing every
     0.5 s with every evaluator running (validation every second, the policy every second) writes nothing."""
     from redrafter_operator.evaluate import outcome as oc
 
-    passed = oc.format_termination_message(oc.ValidationOutcome(oc.PASSED, "12 requests per engine (chat): "
-                                                                "12 greedy outputs identical, no errors"))
+    passed = oc.format_termination_message(
+        oc.ValidationOutcome(oc.PASSED, "12 requests per engine (chat): 12 greedy outputs identical, no errors")
+    )
     names_ = [f"idle-{i}" for i in range(3)]
     op = Operator(kubeconfig, resync=0.5)
     await op.start()
@@ -738,8 +863,12 @@ async def test_validated_resources_at_rest_cost_no_writes_over_resyncs_and_evalu
             for job in cluster.emu.list_objects("batch/v1", "Job", NS):
                 component = job["metadata"]["labels"].get(names.LABEL_COMPONENT)
                 if component in ("engine-build", "validation") and not (job.get("status") or {}).get("conditions"):
-                    controllers.complete_job(cluster.emu, job["metadata"]["name"], NS, message=(
-                        passed if component == "validation" else BUILT.message("OK: engine built")))
+                    controllers.complete_job(
+                        cluster.emu,
+                        job["metadata"]["name"],
+                        NS,
+                        message=(passed if component == "validation" else BUILT.message("OK: engine built")),
+                    )
             await asyncio.sleep(0.05)
 
     finisher = asyncio.create_task(jobs_finish())
@@ -750,10 +879,14 @@ async def test_validated_resources_at_rest_cost_no_writes_over_resyncs_and_evalu
         def at_rest(name: str) -> bool:
             st = cluster.status(name)
             conds = {c["type"]: c for c in st.get("conditions") or []}
-            return (st.get("phase") == "Serving" and st.get("activeEngine") == "redrafter"
-                    and conds.get("Validated", {}).get("status") == "True"
-                    and conds.get("Progressing", {}).get("reason") == "Complete"  # base scaled down
-                    and (st.get("policy") or {}).get("serving") == "redrafter")
+            return (
+                st.get("phase") == "Serving"
+                and st.get("activeEngine") == "redrafter"
+                and conds.get("Validated", {}).get("status") == "True"
+                and conds.get("Progressing", {}).get("reason") == "Complete"  # base scaled down
+                and (st.get("policy") or {}).get("serving") == "redrafter"
+            )
+
         await until(lambda: all(at_rest(n) for n in names_), timeout=90, what="validated, serving ReDrafter")
         await settle(cluster)
         mark = len(cluster.emu.request_log)
@@ -765,8 +898,9 @@ async def test_validated_resources_at_rest_cost_no_writes_over_resyncs_and_evalu
         await op.stop()
 
 
-async def test_events_name_this_operator_and_its_pod(cluster: Cluster, kubeconfig: Path, kubectl: Any,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_events_name_this_operator_and_its_pod(
+    cluster: Cluster, kubeconfig: Path, kubectl: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("POD_NAME", "redrafter-operator-7d9f-abcde")  # the chart's downward API
     op = Operator(kubeconfig)
     await op.start()
@@ -777,15 +911,18 @@ async def test_events_name_this_operator_and_its_pod(cluster: Cluster, kubeconfi
         await op.stop()
     ours = [e for e in cluster.emu.list_objects("v1", "Event", NS) if e["involvedObject"].get("kind") == KIND]
     assert ours and {(e["reportingComponent"], e["reportingInstance"], e["source"]["component"]) for e in ours} == {
-        ("redrafter-operator", "redrafter-operator-7d9f-abcde", "redrafter-operator")}
+        ("redrafter-operator", "redrafter-operator-7d9f-abcde", "redrafter-operator")
+    }
     assert all(e["metadata"]["name"].startswith("redrafter-operator-") for e in ours)
     listed = json.loads(kubectl("get", "events.v1.events.k8s.io", "-n", NS, "-o", "json", check=True).stdout)
     assert {e["reportingController"] for e in listed["items"] if e["regarding"].get("kind") == KIND} == {
-        "redrafter-operator"}
+        "redrafter-operator"
+    }
 
 
-async def test_deletion_is_never_blocked_and_children_are_collected(cluster: Cluster, operator: Operator,
-                                                                    kubectl: Any) -> None:
+async def test_deletion_is_never_blocked_and_children_are_collected(
+    cluster: Cluster, operator: Operator, kubectl: Any
+) -> None:
     apply(kubectl, example())
     await to_serving(cluster)
     assert "finalizers" not in cluster.rdd()["metadata"] or not cluster.rdd()["metadata"]["finalizers"]
@@ -794,7 +931,6 @@ async def test_deletion_is_never_blocked_and_children_are_collected(cluster: Clu
     assert cluster.emu.find_object("v1", "Service", NAME, NS) is None
     assert operator.controller is not None
     await until(lambda: (NS, NAME) not in operator.controller.bodies, what="the operator forgot the resource")
-
 
 
 def _free_port() -> int:
@@ -815,18 +951,36 @@ async def test_run_command_serves_metrics_and_liveness(cluster: Cluster, kubecon
 
     metrics_port, health_port = _free_port(), _free_port()
     exe = Path(sys.executable).parent / "redrafter-operator"
-    proc = subprocess.Popen([str(exe), "run", "--kubeconfig", str(kubeconfig), "--namespace", NS, "--standalone",
-                             f"--liveness=http://127.0.0.1:{health_port}/healthz", f"--metrics-port={metrics_port}",
-                             "--log-format=json", "--log-level=INFO"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ})
+    proc = subprocess.Popen(
+        [
+            str(exe),
+            "run",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--namespace",
+            NS,
+            "--standalone",
+            f"--liveness=http://127.0.0.1:{health_port}/healthz",
+            f"--metrics-port={metrics_port}",
+            "--log-format=json",
+            "--log-level=INFO",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ},
+    )
     try:
         kubectl("apply", "-f", str(EXAMPLE), check=True)
-        await until(lambda: len(cluster.jobs()) == 2 and cluster.status().get("phase") == "Building",
-                    what="the process to start the builds")
+        await until(
+            lambda: len(cluster.jobs()) == 2 and cluster.status().get("phase") == "Building",
+            what="the process to start the builds",
+        )
 
         def get(url: str) -> tuple[int, str]:
             with urllib.request.urlopen(url, timeout=5) as resp:
                 return resp.status, resp.read().decode()
+
         status, text = await asyncio.to_thread(get, f"http://127.0.0.1:{metrics_port}/metrics")
         assert status == 200
         assert 'redrafter_operator_engine_builds_total{result="started",variant="redrafter"} 1.0' in text

@@ -24,12 +24,12 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 from tokenizers import Tokenizer
+from triton_servers import TOKENIZER_VOCAB, make_tokenizer, start_servers, stop_servers  # noqa: I001 (same dir)
 
 from engine_jobs.contract import ACCEPTANCE_HEADER, ENTRY_MODEL, METRIC_OUTPUT_TOKENS, METRIC_REQUESTS, ServingConfig
 from redrafter_sim.checkpoint import write_tokenizer
 from redrafter_sim.engine import SimEngineSettings, write_control
 from redrafter_sim.triton import TritonServer, build_sim_repository, free_ports
-from triton_servers import TOKENIZER_VOCAB, make_tokenizer, start_servers, stop_servers  # noqa: I001 (same dir)
 
 pytestmark = [pytest.mark.triton, pytest.mark.timeout(240)]
 
@@ -60,9 +60,24 @@ class Front:
         self.config = workdir / f"{name}-serving.json"
         self.config.write_text(cfg.model_dump_json())
         self.log_path = workdir / f"{name}-front.log"
-        argv = [sys.executable, "-m", "engine_jobs", "openai", "--config", str(self.config), "--host", "127.0.0.1",
-                "--port", str(self.port), "--grpc-url", grpc_url, "--tokenizer-dir", str(tokenizer),
-                "--shutdown-timeout", "20"]
+        argv = [
+            sys.executable,
+            "-m",
+            "engine_jobs",
+            "openai",
+            "--config",
+            str(self.config),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--grpc-url",
+            grpc_url,
+            "--tokenizer-dir",
+            str(tokenizer),
+            "--shutdown-timeout",
+            "20",
+        ]
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -112,12 +127,25 @@ class Served:
         self.ledger = root / "ledger.jsonl"
         write_control(self.control, acceptance_rate=0.7, step_ms=2.0)
         self.cfg = ServingConfig(
-            deployment="chat", variant="redrafter", engine_key="key-r", artifact_dir=str(root / "artifact"),
-            max_batch_size=32, draft_len_per_beam=4, num_beams=2, model_name=MODEL,
-            max_input_len=MAX_INPUT_LEN, max_seq_len=MAX_SEQ_LEN,
+            deployment="chat",
+            variant="redrafter",
+            engine_key="key-r",
+            artifact_dir=str(root / "artifact"),
+            max_batch_size=32,
+            draft_len_per_beam=4,
+            num_beams=2,
+            model_name=MODEL,
+            max_input_len=MAX_INPUT_LEN,
+            max_seq_len=MAX_SEQ_LEN,
         )
-        sim = SimEngineSettings(variant="redrafter", draft_len_per_beam=4, num_beams=2, vocab_size=TOKENIZER_VOCAB,
-                                control_file=str(self.control), ledger_file=str(self.ledger))
+        sim = SimEngineSettings(
+            variant="redrafter",
+            draft_len_per_beam=4,
+            num_beams=2,
+            vocab_size=TOKENIZER_VOCAB,
+            control_file=str(self.control),
+            ledger_file=str(self.ledger),
+        )
         repo = build_sim_repository(root / "repo", self.cfg, str(tokenizer), sim)
         self.server = TritonServer(repo, workdir=root / "work", exit_timeout_secs=3)
 
@@ -140,8 +168,14 @@ def stack(tmp_path_factory):
         front.wait_listening(ready=True)
         no_template.wait_listening(ready=True)
         no_triton.wait_listening(ready=False)
-        yield {"served": served, "front": front, "bare": no_template, "no_triton": no_triton,
-               "tokenizer": Tokenizer.from_file(str(tokenizer / "tokenizer.json")), "root": root}
+        yield {
+            "served": served,
+            "front": front,
+            "bare": no_template,
+            "no_triton": no_triton,
+            "tokenizer": Tokenizer.from_file(str(tokenizer / "tokenizer.json")),
+            "root": root,
+        }
     finally:
         codes = {f.log_path.name: f.stop() for f in fronts}
         stop_servers({"redrafter": served})
@@ -170,8 +204,10 @@ async def reference(stack, text: str, max_tokens: int) -> str:
     """The entry model's own answer (Triton's generate endpoint), as the front must reproduce it."""
     server = stack["served"].server
     async with aiohttp.ClientSession() as session:
-        async with session.post(f"http://{server.http_url}/v2/models/{ENTRY_MODEL}/generate",
-                                json={"text_input": text, "max_tokens": max_tokens}) as r:
+        async with session.post(
+            f"http://{server.http_url}/v2/models/{ENTRY_MODEL}/generate",
+            json={"text_input": text, "max_tokens": max_tokens},
+        ) as r:
             assert r.status == 200, await r.text()
             return (await r.json())["text_output"]
 
@@ -224,8 +260,12 @@ async def test_streamed_completion_joins_to_the_full_text_and_reports_usage_last
     client = clients(stack["front"])
     text = prompt(3)
     full = await client.completions.create(model=MODEL, prompt=text, max_tokens=30)
-    chunks = [c async for c in await client.completions.create(
-        model=MODEL, prompt=text, max_tokens=30, stream=True, stream_options={"include_usage": True})]
+    chunks = [
+        c
+        async for c in await client.completions.create(
+            model=MODEL, prompt=text, max_tokens=30, stream=True, stream_options={"include_usage": True}
+        )
+    ]
     assert len({c.id for c in chunks}) == 1
     assert "".join(c.choices[0].text for c in chunks if c.choices) == full.choices[0].text
     assert len([c for c in chunks if c.choices]) > 2, "the completion did not stream"
@@ -238,8 +278,10 @@ async def test_streamed_completion_joins_to_the_full_text_and_reports_usage_last
     assert all(c.usage is None and c.choices for c in plain), "usage sent although not asked for"
     # on the wire: one JSON object per `data:` event, LF-separated, ending with data: [DONE]
     async with aiohttp.ClientSession() as session:
-        async with session.post(f"{stack['front'].url}/v1/completions",
-                                json={"model": MODEL, "prompt": text, "max_tokens": 5, "stream": True}) as r:
+        async with session.post(
+            f"{stack['front'].url}/v1/completions",
+            json={"model": MODEL, "prompt": text, "max_tokens": 5, "stream": True},
+        ) as r:
             assert r.status == 200 and r.headers["content-type"].startswith("text/event-stream")
             body = (await r.read()).decode()
     events = body.split("\n\n")
@@ -254,13 +296,17 @@ async def test_stop_sequences_cut_text_and_finish_with_stop(stack, clients):
     words = ref.split()
     # a whole word whose first appearance in the text is where that word starts (OpenAI matches text)
     stop = next(w for i, w in enumerate(words[3:], 3) if ref.find(w) == len(" ".join(words[:i])) + 1)
-    cut = ref[:ref.find(stop)]
+    cut = ref[: ref.find(stop)]
     for stops in (stop, ["w1x", stop]):
         done = await client.completions.create(model=MODEL, prompt=text, max_tokens=20, stop=stops)
         assert done.choices[0].text == cut and done.choices[0].finish_reason == "stop"
         assert done.usage.completion_tokens == tokens(stack, cut + stop)  # the engine stopped on the stop word
-        streamed = [c async for c in await client.completions.create(
-            model=MODEL, prompt=text, max_tokens=20, stop=stops, stream=True)]
+        streamed = [
+            c
+            async for c in await client.completions.create(
+                model=MODEL, prompt=text, max_tokens=20, stop=stops, stream=True
+            )
+        ]
         assert "".join(c.choices[0].text for c in streamed) == cut
         assert streamed[-1].choices[0].finish_reason == "stop"
     # no stop: the same request runs to max_tokens
@@ -270,12 +316,17 @@ async def test_stop_sequences_cut_text_and_finish_with_stop(stack, clients):
 # ---- chat ----------------------------------------------------------------------------------------
 async def test_chat_uses_the_tokenizer_chat_template(stack, clients):
     client = clients(stack["front"])
-    messages = [{"role": "system", "content": "w20 w21"}, {"role": "user", "content": prompt(5)},
-                {"role": "assistant", "content": "w30"}, {"role": "user", "content": "w31 w32"}]
+    messages = [
+        {"role": "system", "content": "w20 w21"},
+        {"role": "user", "content": prompt(5)},
+        {"role": "assistant", "content": "w30"},
+        {"role": "user", "content": "w31 w32"},
+    ]
     rendered = render(messages)
     expected = await reference(stack, rendered, 12)
     raw = await client.chat.completions.with_raw_response.create(
-        model=MODEL, messages=messages, max_completion_tokens=12, temperature=0, top_p=1.0, seed=7)
+        model=MODEL, messages=messages, max_completion_tokens=12, temperature=0, top_p=1.0, seed=7
+    )
     done = raw.parse()
     assert done.object == "chat.completion"
     assert done.choices[0].message.role == "assistant" and done.choices[0].message.content == expected
@@ -286,8 +337,12 @@ async def test_chat_uses_the_tokenizer_chat_template(stack, clients):
     legacy = await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12)
     assert legacy.choices[0].message.content == expected
 
-    chunks = [c async for c in await client.chat.completions.create(
-        model=MODEL, messages=messages, max_tokens=12, stream=True, stream_options={"include_usage": True})]
+    chunks = [
+        c
+        async for c in await client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=12, stream=True, stream_options={"include_usage": True}
+        )
+    ]
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
@@ -295,7 +350,8 @@ async def test_chat_uses_the_tokenizer_chat_template(stack, clients):
     finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
     speculation = finals[0].model_extra["redrafter"]
     assert speculation["acceptance_rate"] == pytest.approx(
-        speculation["accepted_draft_tokens"] / speculation["draft_tokens"])
+        speculation["accepted_draft_tokens"] / speculation["draft_tokens"]
+    )
 
 
 async def test_chat_without_max_tokens_runs_to_the_end_of_the_context(stack, clients):
@@ -312,14 +368,17 @@ def error_of(exc: openai.APIStatusError) -> dict:
     return body["error"]
 
 
-@pytest.mark.parametrize(("kwargs", "param"), [
-    ({"n": 2}, "n"),
-    ({"temperature": 3}, "temperature"),
-    ({"max_tokens": 0}, "max_tokens"),
-    ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
-    ({"logprobs": 2}, "logprobs"),
-    ({"max_tokens": MAX_SEQ_LEN}, "max_tokens"),  # prompt + output beyond max_seq_len
-])
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"n": 2}, "n"),
+        ({"temperature": 3}, "temperature"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"logprobs": 2}, "logprobs"),
+        ({"max_tokens": MAX_SEQ_LEN}, "max_tokens"),  # prompt + output beyond max_seq_len
+    ],
+)
 async def test_invalid_parameters_are_400(stack, clients, kwargs, param):
     with pytest.raises(openai.BadRequestError) as exc:
         await clients(stack["front"]).completions.create(model=MODEL, prompt=prompt(1), **kwargs)
@@ -331,7 +390,9 @@ async def test_prompt_longer_than_max_input_len_is_400_counted_in_tokens(stack, 
     client = clients(stack["front"])
     fits = " ".join(["w5"] * MAX_INPUT_LEN)  # exactly MAX_INPUT_LEN tokens (no special tokens added)
     assert tokens(stack, fits) == MAX_INPUT_LEN
-    assert (await client.completions.create(model=MODEL, prompt=fits, max_tokens=2)).usage.prompt_tokens == MAX_INPUT_LEN
+    assert (
+        await client.completions.create(model=MODEL, prompt=fits, max_tokens=2)
+    ).usage.prompt_tokens == MAX_INPUT_LEN
     with pytest.raises(openai.BadRequestError) as exc:
         await client.completions.create(model=MODEL, prompt=fits + " w6", max_tokens=2)
     err = error_of(exc.value)
@@ -360,7 +421,8 @@ async def test_chat_errors_from_the_template(stack, clients):
     assert (await clients(stack["bare"]).completions.create(model=MODEL, prompt="w5", max_tokens=3)).usage
     with pytest.raises(openai.BadRequestError) as exc:
         await clients(stack["front"]).chat.completions.create(
-            model=MODEL, messages=[{"role": "tool", "content": "w5", "tool_call_id": "x"}])
+            model=MODEL, messages=[{"role": "tool", "content": "w5", "tool_call_id": "x"}]
+        )
     assert "Only system, user and assistant roles are supported" in error_of(exc.value)["message"]
 
 
@@ -387,7 +449,8 @@ async def test_engine_failure_is_a_500(stack, clients):
         # a stream that fails before its first token still gets its HTTP status
         with pytest.raises(openai.InternalServerError, match="injected engine failure"):
             await client.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": "w5"}], max_tokens=8, stream=True)
+                model=MODEL, messages=[{"role": "user", "content": "w5"}], max_tokens=8, stream=True
+            )
     finally:
         write_control(served.control, error=None, step_ms=2.0)
     assert (await client.completions.create(model=MODEL, prompt=prompt(2), max_tokens=8)).usage.completion_tokens == 8
@@ -400,19 +463,36 @@ async def test_20_concurrent_streams_are_not_mixed_up(stack, clients):
     refs = await asyncio.gather(*(reference(stack, prompt(100 + i), 16 + i % 9) for i in range(n)))
 
     async def one(i: int) -> tuple[str, set[str], int]:
-        chunks = [c async for c in await client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": prompt(100 + i)}], max_tokens=16 + i % 9,
-            stream=True, stream_options={"include_usage": True})] if i % 2 else [
-            c async for c in await client.completions.create(
-                model=MODEL, prompt=prompt(100 + i), max_tokens=16 + i % 9, stream=True,
-                stream_options={"include_usage": True})]
-        text = "".join((c.choices[0].delta.content or "") if i % 2 else c.choices[0].text
-                       for c in chunks if c.choices)
+        chunks = (
+            [
+                c
+                async for c in await client.chat.completions.create(
+                    model=MODEL,
+                    messages=[{"role": "user", "content": prompt(100 + i)}],
+                    max_tokens=16 + i % 9,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                )
+            ]
+            if i % 2
+            else [
+                c
+                async for c in await client.completions.create(
+                    model=MODEL,
+                    prompt=prompt(100 + i),
+                    max_tokens=16 + i % 9,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                )
+            ]
+        )
+        text = "".join((c.choices[0].delta.content or "") if i % 2 else c.choices[0].text for c in chunks if c.choices)
         return text, {c.id for c in chunks}, chunks[-1].usage.completion_tokens
 
     results = await asyncio.gather(*(one(i) for i in range(n)))
-    chat_refs = await asyncio.gather(*(reference(stack, render([{"role": "user", "content": prompt(100 + i)}]),
-                                                 16 + i % 9) for i in range(1, n, 2)))
+    chat_refs = await asyncio.gather(
+        *(reference(stack, render([{"role": "user", "content": prompt(100 + i)}]), 16 + i % 9) for i in range(1, n, 2))
+    )
     for i, (text, ids, used) in enumerate(results):
         want = chat_refs[i // 2] if i % 2 else refs[i]
         assert text == want, f"stream {i} got another request's text"
@@ -444,8 +524,11 @@ async def test_client_disconnect_cancels_the_triton_request(stack, clients):
         # a non-streaming request whose client gives up is cancelled too
         async with aiohttp.ClientSession() as session:
             with pytest.raises(asyncio.TimeoutError):
-                await session.post(f"{front.url}/v1/completions", timeout=aiohttp.ClientTimeout(total=1),
-                                   json={"model": MODEL, "prompt": prompt(10), "max_tokens": 250})
+                await session.post(
+                    f"{front.url}/v1/completions",
+                    timeout=aiohttp.ClientTimeout(total=1),
+                    json={"model": MODEL, "prompt": prompt(10), "max_tokens": 250},
+                )
         await wait_log(front, "cancelled: its client went away", count=before + 2)
     finally:
         write_control(served.control, step_ms=2.0)
@@ -459,8 +542,9 @@ async def test_sigterm_drains_in_flight_streams(stack, clients):
     try:
         front.wait_listening(ready=True)
         write_control(served.control, step_ms=10.0)
-        stream = await clients(front).completions.create(model=MODEL, prompt=prompt(12), max_tokens=60, stream=True,
-                                                          stream_options={"include_usage": True})
+        stream = await clients(front).completions.create(
+            model=MODEL, prompt=prompt(12), max_tokens=60, stream=True, stream_options={"include_usage": True}
+        )
         chunks = [await stream.__anext__()]
         front.proc.send_signal(signal.SIGTERM)
         chunks += [c async for c in stream]
@@ -493,15 +577,55 @@ def test_evaluate_validate_and_sweep_over_the_openai_protocol(stack, tmp_path):
 
     url = stack["front"].url  # both "engines" are the one front: validation must find identical outputs
     log = tmp_path / "termination-log"
-    rc = main(["evaluate", "validate", "--protocol", "openai", "--redrafter", url, "--base", url,
-               "--max-tokens", "8", "--long-max-tokens", "16", "--batch-size", "4", "--single-requests", "2",
-               "--ready-timeout", "10", "--termination-log", str(log), "--out", str(log.with_suffix(".json"))])
+    rc = main(
+        [
+            "evaluate",
+            "validate",
+            "--protocol",
+            "openai",
+            "--redrafter",
+            url,
+            "--base",
+            url,
+            "--max-tokens",
+            "8",
+            "--long-max-tokens",
+            "16",
+            "--batch-size",
+            "4",
+            "--single-requests",
+            "2",
+            "--ready-timeout",
+            "10",
+            "--termination-log",
+            str(log),
+            "--out",
+            str(log.with_suffix(".json")),
+        ]
+    )
     assert rc == 0, log.read_text()
     details = json.loads(log.with_suffix(".json").read_text())
     assert details["requests"]["redrafter"] == details["requests"]["base"] > 0 and not details["failures"]
     out = tmp_path / "report"
-    rc = main(["evaluate", "--protocol", "openai", "--redrafter", url, "--concurrency", "1,4", "--max-tokens", "12",
-               "--requests-per-worker", "2", "--warmup", "1", "--out", str(out)])
+    rc = main(
+        [
+            "evaluate",
+            "--protocol",
+            "openai",
+            "--redrafter",
+            url,
+            "--concurrency",
+            "1,4",
+            "--max-tokens",
+            "12",
+            "--requests-per-worker",
+            "2",
+            "--warmup",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     levels = json.loads((out / "report.json").read_text())["levels"]["redrafter"]
     assert [lv["concurrency"] for lv in levels] == [1, 4]
@@ -515,6 +639,20 @@ def test_evaluate_rejects_a_bad_openai_endpoint(stack, tmp_path):
 
     log = tmp_path / "termination-log"
     dead = f"http://127.0.0.1:{free_ports(count=1)[0]}"
-    rc = main(["evaluate", "validate", "--protocol", "openai", "--redrafter", stack["front"].url, "--base", dead,
-               "--ready-timeout", "1", "--termination-log", str(log)])
+    rc = main(
+        [
+            "evaluate",
+            "validate",
+            "--protocol",
+            "openai",
+            "--redrafter",
+            stack["front"].url,
+            "--base",
+            dead,
+            "--ready-timeout",
+            "1",
+            "--termination-log",
+            str(log),
+        ]
+    )
     assert rc == 3 and log.read_text().startswith(f"EndpointUnavailable: base endpoint {dead}/v1 not ready")

@@ -20,6 +20,18 @@ from typing import Any
 import pytest
 import yaml
 from aiohttp import web
+from test_lifecycle import (  # noqa: I001
+    INFERENCE_POOL_CRD,
+    NAME,
+    NS,
+    Cluster,
+    Operator,
+    apply,
+    example,
+    routed,
+    running,  # (same dir)
+    until,
+)
 
 from engine_jobs import contract as c
 from redrafter_operator.controller.speculation import SpeculationEvaluator
@@ -27,8 +39,6 @@ from redrafter_operator.policy import Evaluation
 from redrafter_operator.render import names
 from redrafter_sim import controllers
 from redrafter_sim.server import EmulatorHandle
-from test_lifecycle import (INFERENCE_POOL_CRD, NAME, NS, Cluster, Operator, apply, example, routed,  # noqa: I001
-                            running, until)  # (same dir)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -43,9 +53,19 @@ def policy_doc(**speculation: Any) -> dict[str, Any]:
     doc["spec"]["serving"]["replicas"] = 2
     doc["spec"]["validation"] = {"enabled": False}
     doc["spec"]["speculation"] = {
-        "mode": "Auto", "interval": "1s", "failureLimit": 2, "successLimit": 2, "minSamples": 5,
-        "minAcceptanceRate": 0.35, "acceptanceHysteresis": 0.05, "cooldown": "3s", "minDwell": "3s",
-        "loadAware": False, "canaryReplicas": 1, "consecutiveErrorLimit": 2, **speculation,
+        "mode": "Auto",
+        "interval": "1s",
+        "failureLimit": 2,
+        "successLimit": 2,
+        "minSamples": 5,
+        "minAcceptanceRate": 0.35,
+        "acceptanceHysteresis": 0.05,
+        "cooldown": "3s",
+        "minDwell": "3s",
+        "loadAware": False,
+        "canaryReplicas": 1,
+        "consecutiveErrorLimit": 2,
+        **speculation,
     }
     return doc
 
@@ -58,20 +78,27 @@ class FakePod:
     variant: str
     ip: str
     runner: web.AppRunner
-    counters: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
-        ("requests", "draft", "accepted", "output", "steps"), 0.0))
+    counters: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(("requests", "draft", "accepted", "output", "steps"), 0.0)
+    )
 
     def exposition(self, deployment: str) -> str:
         labels = f'model="{deployment}",variant="{self.variant}"'
         lines = []
-        for metric, key in ((c.METRIC_REQUESTS, "requests"), (c.METRIC_OUTPUT_TOKENS, "output"),
-                            (c.METRIC_STEPS, "steps"), (c.METRIC_DRAFT_TOKENS, "draft"),
-                            (c.METRIC_ACCEPTED_DRAFT_TOKENS, "accepted")):
+        for metric, key in (
+            (c.METRIC_REQUESTS, "requests"),
+            (c.METRIC_OUTPUT_TOKENS, "output"),
+            (c.METRIC_STEPS, "steps"),
+            (c.METRIC_DRAFT_TOKENS, "draft"),
+            (c.METRIC_ACCEPTED_DRAFT_TOKENS, "accepted"),
+        ):
             if self.variant == "base" and key in ("draft", "accepted"):
                 continue
             lines += [f"# TYPE {metric} counter", f"{metric}{{{labels}}} {self.counters[key]}"]
-        lines += [f"# TYPE {c.METRIC_TRTLLM_REQUESTS} gauge",
-                  f'{c.METRIC_TRTLLM_REQUESTS}{{model="{c.ENGINE_MODEL}",request_type="active",version="1"}} 1']
+        lines += [
+            f"# TYPE {c.METRIC_TRTLLM_REQUESTS} gauge",
+            f'{c.METRIC_TRTLLM_REQUESTS}{{model="{c.ENGINE_MODEL}",request_type="active",version="1"}} 1',
+        ]
         return "\n".join(lines) + "\n"
 
 
@@ -116,12 +143,19 @@ class MeteredCluster(Cluster):
             uid = pod["metadata"]["uid"]
             seen.add(uid)
             if uid not in self.fake:
-                self.fake[uid] = await self._serve(None, pod["metadata"]["labels"][names.LABEL_VARIANT],
-                                                   pod["metadata"]["name"])
+                self.fake[uid] = await self._serve(
+                    None, pod["metadata"]["labels"][names.LABEL_VARIANT], pod["metadata"]["name"]
+                )
             ip = self.fake[uid].ip
             if (pod.get("status") or {}).get("podIP") and pod["status"]["podIP"] != ip:
-                self.emu.patch_object("v1", "Pod", pod["metadata"]["name"], NS,
-                                      {"status": {"podIP": ip, "podIPs": [{"ip": ip}]}}, subresource="status")
+                self.emu.patch_object(
+                    "v1",
+                    "Pod",
+                    pod["metadata"]["name"],
+                    NS,
+                    {"status": {"podIP": ip, "podIPs": [{"ip": ip}]}},
+                    subresource="status",
+                )
         for uid in [u for u in self.fake if u not in seen]:
             await self.fake.pop(uid).runner.cleanup()
 
@@ -152,8 +186,9 @@ class MeteredCluster(Cluster):
                     pool = svc["spec"]["selector"].get(names.LABEL_TRAFFIC, "")
                     now = time.monotonic()
                     self.samples.append((now, pool, len(set(controllers.ready_endpoint_ips(self.emu, NAME, NS)))))
-                    selected = self.emu.list_objects("v1", "Pod", NS,
-                                                     label_selector=names.selector_string(svc["spec"]["selector"]))
+                    selected = self.emu.list_objects(
+                        "v1", "Pod", NS, label_selector=names.selector_string(svc["spec"]["selector"])
+                    )
                     self.selected_ready.append((now, pool, sum(controllers.is_pod_ready(p) for p in selected)))
                 self.sample_inference_pool()
                 self._traffic(svc)
@@ -201,9 +236,14 @@ async def serving_with_measurements(cluster: MeteredCluster) -> None:
     await until(lambda: len(cluster.running_jobs()) == 2, what="build Jobs")
     cluster.complete_all()
     await until(lambda: cluster.status().get("phase") == "Serving", timeout=60, what="phase Serving")
-    await until(lambda: (cluster.status().get("speculation") or {}).get("samples", 0) > 0
-                and cluster.condition("SpeculationHealthy")["status"] == "True", timeout=60,
-                what="a successful measurement in status")
+    await until(
+        lambda: (
+            (cluster.status().get("speculation") or {}).get("samples", 0) > 0
+            and cluster.condition("SpeculationHealthy")["status"] == "True"
+        ),
+        timeout=60,
+        what="a successful measurement in status",
+    )
 
 
 def since(evals: list[tuple[float, Evaluation]], t0: float) -> list[Evaluation]:
@@ -212,10 +252,12 @@ def since(evals: list[tuple[float, Evaluation]], t0: float) -> list[Evaluation]:
 
 async def past_dwell(cluster: MeteredCluster) -> None:
     """Wait until minDwell/cooldown (3s) no longer hold a switch (policy time is epoch seconds)."""
+
     def ok() -> bool:
         s = (cluster.status().get("policy") or {}).get("speculation") or {}
         last = max(s.get("since") or 0, s.get("last_switch") or 0)
         return bool(last) and time.time() - last > 3.5
+
     await until(ok, timeout=30, what="minDwell/cooldown elapsed")
 
 
@@ -228,7 +270,8 @@ def first_switch(evals: list[Evaluation], action: str) -> tuple[int, Evaluation]
 
 # ---------------------------------------------------------------------------------------------------------
 async def test_collapse_falls_back_to_base_and_recovery_returns_across_a_restart(
-        cluster: MeteredCluster, operator: Watched, kubectl: Any, kubeconfig: Path) -> None:
+    cluster: MeteredCluster, operator: Watched, kubectl: Any, kubeconfig: Path
+) -> None:
     # with the InferencePool on (the upstream v1 CRD installed): it follows the fallback and the return
     cluster.emu.create_object(yaml.safe_load(INFERENCE_POOL_CRD.read_text()))
     doc = policy_doc()
@@ -244,28 +287,38 @@ async def test_collapse_falls_back_to_base_and_recovery_returns_across_a_restart
     # ---- acceptance collapses: failureLimit (2) failed measurements => SwitchToBase => Service on base
     t0 = time.monotonic()
     cluster.acceptance["redrafter"] = 0.1
-    await until(lambda: any(e.speculation.switched for e in since(operator.evaluations, t0)), timeout=60,
-                what="the policy's switch decision")
+    await until(
+        lambda: any(e.speculation.switched for e in since(operator.evaluations, t0)),
+        timeout=60,
+        what="the policy's switch decision",
+    )
     t_decided = time.monotonic()
     evals = since(operator.evaluations, t0)
     i, switch = first_switch(evals, "SwitchToBase")
     assert switch.speculation.reason == "LowAcceptance"
-    assert [e.speculation.measurement.outcome for e in evals[:i + 1]].count("Failed") == 2  # failureLimit
+    assert [e.speculation.measurement.outcome for e in evals[: i + 1]].count("Failed") == 2  # failureLimit
     # + at most one evaluation in flight at the collapse and one window straddling it; inconclusive
     # windows (a starved traffic loop on a loaded machine) do not count
-    assert len([e for e in evals[:i + 1] if e.speculation.measurement.outcome != "Inconclusive"]) <= 2 + 2
+    assert len([e for e in evals[: i + 1] if e.speculation.measurement.outcome != "Inconclusive"]) <= 2 + 2
     await until(lambda: cluster.pool() == "base", timeout=60, what="Service on the base pool")
     t_base = time.monotonic()
-    print(f"\ncollapse -> decision {t_decided - t0:.1f}s, -> Service on base {t_base - t0:.1f}s "
-          f"(readiness/rollout {t_base - t_decided:.1f}s)")
+    print(
+        f"\ncollapse -> decision {t_decided - t0:.1f}s, -> Service on base {t_base - t0:.1f}s "
+        f"(readiness/rollout {t_base - t_decided:.1f}s)"
+    )
     await until(lambda: cluster.status().get("activeEngine") == "base", what="status.activeEngine base")
     st = cluster.status()
     assert [(h["from"], h["to"]) for h in st["history"]] == [("redrafter", "base")]
     assert st["history"][0]["reason"].startswith("LowAcceptance: 2 consecutive failed measurements")
     cond = cluster.condition("SpeculationHealthy")
     assert cond["status"] == "False"
-    await until(lambda: cluster.deployment("base")["spec"]["replicas"] == 2
-                and cluster.deployment("redrafter")["spec"]["replicas"] == 0, what="old pool scaled down")
+    await until(
+        lambda: (
+            cluster.deployment("base")["spec"]["replicas"] == 2
+            and cluster.deployment("redrafter")["spec"]["replicas"] == 0
+        ),
+        what="old pool scaled down",
+    )
     canary = cluster.emu.find_object("apps/v1", "Deployment", names.canary_deployment_name(NAME), NS)
     assert canary and canary["spec"]["replicas"] == 1  # recovery stays observable on base
     await until(lambda: {"SwitchToBase", "Switched"} <= {r for r, _, _ in cluster.events()}, what="switch Events")
@@ -277,8 +330,11 @@ async def test_collapse_falls_back_to_base_and_recovery_returns_across_a_restart
     assert m.active_engine.labels(NS, NAME, "base")._value.get() == 1 and m.fallback.labels(NS, NAME)._value.get() == 1
 
     # ---- the canary keeps measuring low acceptance on base: no return; an operator restart resumes the state
-    await until(lambda: (cluster.status().get("speculation") or {}).get("reason", "").startswith("CanaryLowAcceptance"),
-                timeout=30, what="canary measurements on base")
+    await until(
+        lambda: (cluster.status().get("speculation") or {}).get("reason", "").startswith("CanaryLowAcceptance"),
+        timeout=30,
+        what="canary measurements on base",
+    )
     await operator.stop()
     before = cluster.status()["policy"]["speculation"]
     await operator.start()
@@ -292,22 +348,31 @@ async def test_collapse_falls_back_to_base_and_recovery_returns_across_a_restart
     # ---- recovery: canary acceptance high => successLimit (2) successes => back on ReDrafter
     t2 = time.monotonic()
     cluster.acceptance["redrafter"] = 0.8
-    await until(lambda: any(e.speculation.switched for e in since(operator.evaluations, t2)), timeout=60,
-                what="the recovery decision")
+    await until(
+        lambda: any(e.speculation.switched for e in since(operator.evaluations, t2)),
+        timeout=60,
+        what="the recovery decision",
+    )
     evals = since(operator.evaluations, t2)
     i, back = first_switch(evals, "SwitchToRedrafter")
     assert back.speculation.reason == "CanaryRecovered"
-    assert [e.speculation.measurement.outcome for e in evals[:i + 1]].count("Successful") >= 2
+    assert [e.speculation.measurement.outcome for e in evals[: i + 1]].count("Successful") >= 2
     await until(lambda: cluster.pool() == "redrafter", timeout=60, what="Service back on ReDrafter")
     print(f"recovery -> Service on ReDrafter {time.monotonic() - t2:.1f}s")
     await until(lambda: cluster.status().get("activeEngine") == "redrafter", what="status.activeEngine redrafter")
     st = cluster.status()
     assert [(h["from"], h["to"]) for h in st["history"]] == [("redrafter", "base"), ("base", "redrafter")]
     assert st["history"][1]["reason"].startswith("CanaryRecovered")
-    await until(lambda: cluster.emu.find_object("apps/v1", "Deployment", names.canary_deployment_name(NAME), NS)
-                ["spec"]["replicas"] == 0, what="canary scaled down")
-    await until(lambda: any(r == "SwitchToRedrafter" and t == "Normal" for r, t, _ in cluster.events()),
-                what="recovery Event")
+    await until(
+        lambda: (
+            cluster.emu.find_object("apps/v1", "Deployment", names.canary_deployment_name(NAME), NS)["spec"]["replicas"]
+            == 0
+        ),
+        what="canary scaled down",
+    )
+    await until(
+        lambda: any(r == "SwitchToRedrafter" and t == "Normal" for r, t, _ in cluster.events()), what="recovery Event"
+    )
 
     # ---- the Service never selected a pool without Ready pods, at any sample after serving began
     serving = [s for s in cluster.selected_ready if s[1]]
@@ -322,13 +387,14 @@ async def test_collapse_falls_back_to_base_and_recovery_returns_across_a_restart
     pooled = [s for s in cluster.pool_samples if s[1]]
     first = next(i for i, s in enumerate(pooled) if s[2] > 0)
     assert all(n >= 1 for _, _, n in pooled[first:]), [s for s in pooled[first:] if s[2] < 1][:5]
-    moves = [b[1] for a, b in zip(pooled[first:], pooled[first + 1:]) if a[1] != b[1]]
+    moves = [b[1] for a, b in zip(pooled[first:], pooled[first + 1 :]) if a[1] != b[1]]
     assert pooled[first][1] == "redrafter" and moves == ["base", "redrafter"], moves
     await until(lambda: cluster.condition("InferencePoolReady")["status"] == "True", what="the pool observed back")
 
 
-async def test_metric_outage_is_inconclusive_and_never_switches(cluster: MeteredCluster, operator: Watched,
-                                                                kubectl: Any) -> None:
+async def test_metric_outage_is_inconclusive_and_never_switches(
+    cluster: MeteredCluster, operator: Watched, kubectl: Any
+) -> None:
     apply(kubectl, policy_doc())
     await serving_with_measurements(cluster)
     await past_dwell(cluster)
@@ -347,13 +413,13 @@ async def test_metric_outage_is_inconclusive_and_never_switches(cluster: Metered
     assert st["policy"]["speculation"]["failures"] == 0
     assert cluster.condition("SpeculationHealthy")["status"] == "Unknown"
     # an unchanged inconclusive evaluation writes nothing (timestamps alone do not count)
-    status_writes = [r for r in cluster.emu.writes(writes_before) if r.path.endswith("/status")
-                     and "redrafterdeployments" in r.path]
+    status_writes = [
+        r for r in cluster.emu.writes(writes_before) if r.path.endswith("/status") and "redrafterdeployments" in r.path
+    ]
     assert len(status_writes) <= 2, status_writes  # the first NoData evaluation (+ the Unknown condition)
 
     # the outage ends with acceptance back up: measurements resume, still no switch
     cluster.acceptance["redrafter"] = 0.8
     cluster.outage = False
-    await until(lambda: cluster.condition("SpeculationHealthy")["status"] == "True", timeout=60,
-                what="healthy again")
+    await until(lambda: cluster.condition("SpeculationHealthy")["status"] == "True", timeout=60, what="healthy again")
     assert cluster.pool() == "redrafter" and not cluster.status().get("history")

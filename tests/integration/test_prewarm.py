@@ -25,8 +25,17 @@ async def test_prewarm_then_scale_up(cluster: Cluster, operator: Operator, kubec
         dep = cluster.deployment(variant)
         assert dep is None or dep["spec"]["replicas"] == 0, f"{variant} must not serve"
     jobs = cluster.job_names()
-    kubectl("patch", "rdd", doc["metadata"]["name"], "-n", NS, "--type=merge", "-p",
-            json.dumps({"spec": {"serving": {"replicas": 1}}}), check=True)
+    kubectl(
+        "patch",
+        "rdd",
+        doc["metadata"]["name"],
+        "-n",
+        NS,
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"serving": {"replicas": 1}}}),
+        check=True,
+    )
     await until(lambda: cluster.status().get("phase") == "Serving", what="Serving after scale-up")
     active = cluster.status()["activeEngine"]
     assert cluster.deployment(active)["spec"]["replicas"] == 1 and cluster.status()["serving"]["readyReplicas"] == 1

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from test_serving_triton import VOCAB, make_tokenizer, prompt  # noqa: I001 (same dir)
+from triton_servers import start_servers, stop_servers
 
 from engine_jobs import contract as c
 from engine_jobs.contract import ENGINE_MODEL, ENTRY_MODEL, ServingConfig
@@ -33,8 +35,6 @@ from redrafter_sim.engine import SimEngineSettings, write_control
 from redrafter_sim.engine.load import add_load_gauges
 from redrafter_sim.prometheus import PrometheusServer, ServingTarget, dashboard_queries, scrape_config
 from redrafter_sim.triton import TritonServer, build_sim_repository, free_ports
-from test_serving_triton import VOCAB, make_tokenizer, prompt  # noqa: I001 (same dir)
-from triton_servers import start_servers, stop_servers
 
 pytestmark = [pytest.mark.triton, pytest.mark.timeout(300)]
 
@@ -45,9 +45,13 @@ SPEC = {"speculation": {"mode": "Auto", "minAcceptanceRate": 0.35}}
 
 
 def status(active: str, ready: int = 1) -> dict:
-    return {"phase": "Serving", "activeEngine": active, "serving": {"replicas": 1, "readyReplicas": ready},
-            "engines": {"redrafter": {"key": "r", "state": "Ready"}, "base": {"key": "b", "state": "Ready"}},
-            "validation": {"state": "Passed"}}
+    return {
+        "phase": "Serving",
+        "activeEngine": active,
+        "serving": {"replicas": 1, "readyReplicas": ready},
+        "engines": {"redrafter": {"key": "r", "state": "Ready"}, "base": {"key": "b", "state": "Ready"}},
+        "validation": {"state": "Passed"},
+    }
 
 
 class Pod:
@@ -58,19 +62,37 @@ class Pod:
         self.name = f"{NAME}-{variant}-0"
         control = root / f"{variant}-control.json"
         write_control(control, acceptance_rate=ACCEPTANCE, step_ms=20.0)
-        cfg = ServingConfig(deployment=NAME, variant=variant, engine_key=f"key-{variant}", artifact_dir="/cache/x",
-                            max_batch_size=4, draft_len_per_beam=4 if variant == "redrafter" else 0,
-                            num_beams=2 if variant == "redrafter" else 0)
-        sim = SimEngineSettings(variant=variant, draft_len_per_beam=4, num_beams=2, vocab_size=VOCAB,
-                                control_file=str(control), ledger_file=str(root / f"{variant}-ledger.jsonl"))
+        cfg = ServingConfig(
+            deployment=NAME,
+            variant=variant,
+            engine_key=f"key-{variant}",
+            artifact_dir="/cache/x",
+            max_batch_size=4,
+            draft_len_per_beam=4 if variant == "redrafter" else 0,
+            num_beams=2 if variant == "redrafter" else 0,
+        )
+        sim = SimEngineSettings(
+            variant=variant,
+            draft_len_per_beam=4,
+            num_beams=2,
+            vocab_size=VOCAB,
+            control_file=str(control),
+            ledger_file=str(root / f"{variant}-ledger.jsonl"),
+        )
         repo = build_sim_repository(root / f"{variant}-repo", cfg, str(tokenizer), sim)
         add_load_gauges(repo / ENGINE_MODEL)
         self.server = TritonServer(repo, workdir=root / f"{variant}-work", exit_timeout_secs=3)
 
     @property
     def target(self) -> PodTarget:
-        return PodTarget(name=self.name, uid=f"uid-{self.variant}", variant=self.variant, pool=self.variant,
-                         ip=self.server.host, port=self.server.metrics_port)
+        return PodTarget(
+            name=self.name,
+            uid=f"uid-{self.variant}",
+            variant=self.variant,
+            pool=self.variant,
+            ip=self.server.host,
+            port=self.server.metrics_port,
+        )
 
 
 class OperatorEndpoint:
@@ -83,7 +105,8 @@ class OperatorEndpoint:
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.runner = asyncio.run_coroutine_threadsafe(
-            _metrics_server(self.metrics, "127.0.0.1", self.port), self.loop).result(10)
+            _metrics_server(self.metrics, "127.0.0.1", self.port), self.loop
+        ).result(10)
 
     def stop(self) -> None:
         asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
@@ -147,8 +170,7 @@ async def traffic(stack: Stack, seconds: float, during=None) -> int:
             n += 1
 
     async with aiohttp.ClientSession() as session:
-        tasks = [asyncio.create_task(client(session, p.server, i))
-                 for p in stack.pods.values() for i in range(CLIENTS)]
+        tasks = [asyncio.create_task(client(session, p.server, i)) for p in stack.pods.values() for i in range(CLIENTS)]
         result = None
         if during is not None:
             await asyncio.sleep(seconds / 2)
@@ -164,8 +186,11 @@ def finite(result: list[dict]) -> list[float]:
 # ---- tests -------------------------------------------------------------------------------------
 def test_prometheus_scrapes_every_target_and_loads_the_rules(stack):
     up = {(r["metric"]["job"], r["metric"].get("pod", "")): r["value"][1] for r in stack.prom.query("up")}
-    assert up == {("redrafter-serving", f"{NAME}-redrafter-0"): "1", ("redrafter-serving", f"{NAME}-base-0"): "1",
-                  ("redrafter-operator", ""): "1"}
+    assert up == {
+        ("redrafter-serving", f"{NAME}-redrafter-0"): "1",
+        ("redrafter-serving", f"{NAME}-base-0"): "1",
+        ("redrafter-operator", ""): "1",
+    }
     # honor_labels: the operator's per-resource namespace survives the scrape
     assert [r["metric"]["namespace"] for r in stack.prom.query("redrafter_operator_active_engine")] == [NS]
     rules = [r for g in stack.prom.api("rules")["groups"] for r in g["rules"]]
@@ -272,9 +297,14 @@ async def test_prometheus_source_reads_the_windows_the_pod_scrape_reads(stack):
         assert abs(sl.tokens_per_step - pl.tokens_per_step) <= 0.03 * sl.tokens_per_step
         assert sl.queue_per_pod is not None and pl.queue_per_pod is not None
         assert sl.queue_per_pod >= CLIENTS / 2 and abs(sl.queue_per_pod - pl.queue_per_pod) <= 2, (
-            variant, sl.load, pl.load)
-    print(f"\nquiet window: redrafter acceptance {s_win.variants['redrafter'].acceptance_rate:.4f} (both sources), "
-          f"tokens/step {s_win.variants['redrafter'].tokens_per_step:.3f}; live: scrape "
-          f"{s_live.variants['redrafter'].acceptance_rate:.4f} vs PromQL {p_live.variants['redrafter'].acceptance_rate:.4f}, "
-          f"queue/pod {s_live.variants['redrafter'].queue_per_pod} vs {p_live.variants['redrafter'].queue_per_pod}")
+            variant,
+            sl.load,
+            pl.load,
+        )
+    print(
+        f"\nquiet window: redrafter acceptance {s_win.variants['redrafter'].acceptance_rate:.4f} (both sources), "
+        f"tokens/step {s_win.variants['redrafter'].tokens_per_step:.3f}; live: scrape "
+        f"{s_live.variants['redrafter'].acceptance_rate:.4f} vs PromQL {p_live.variants['redrafter'].acceptance_rate:.4f}, "
+        f"queue/pod {s_live.variants['redrafter'].queue_per_pod} vs {p_live.variants['redrafter'].queue_per_pod}"
+    )
     del s_state_live

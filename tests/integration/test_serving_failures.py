@@ -10,11 +10,11 @@ import time
 from typing import Any
 
 import pytest
+from test_lifecycle import NAME, Cluster, Operator, apply, cluster, example, operator, until  # noqa: F401
 
 from redrafter_operator.controller.facts import ServingPodFact
 from redrafter_operator.render import names
 from redrafter_sim.failures import Fault
-from test_lifecycle import NAME, Cluster, Operator, apply, cluster, example, operator, until  # noqa: F401
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -41,7 +41,8 @@ def _failure(cluster: Cluster) -> dict[str, Any]:
 
 @pytest.mark.parametrize("cause", list(FAULTS))
 async def test_a_serving_failure_shows_in_status_columns_and_one_event_then_clears(
-        cluster: Cluster, operator: Operator, kubectl: Any, cause: str) -> None:
+    cluster: Cluster, operator: Operator, kubectl: Any, cause: str
+) -> None:
     fault = FAULTS[cause]
     if fault is None:
         cluster.pods_ready, cluster.deadline_seconds = False, 2.0
@@ -54,16 +55,23 @@ async def test_a_serving_failure_shows_in_status_columns_and_one_event_then_clea
     seen = time.monotonic()
 
     failure = _failure(cluster)
-    pods = cluster.emu.list_objects("v1", "Pod", "default", label_selector=f"{names.LABEL_COMPONENT}=serving,{names.LABEL_VARIANT}=redrafter")
+    pods = cluster.emu.list_objects(
+        "v1", "Pod", "default", label_selector=f"{names.LABEL_COMPONENT}=serving,{names.LABEL_VARIANT}=redrafter"
+    )
     if cause in ("FailedCreate", "ProgressDeadlineExceeded"):
         assert "pod" not in failure and failure["deployment"] == DEPLOYMENT
         assert (pods == []) == (cause == "FailedCreate")  # admission rejected every Pod
     else:
         assert failure["pod"] == pods[0]["metadata"]["name"]
-    expected = {"Unschedulable": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
-                "ErrImagePull": "failed to pull and unpack image", "CrashLoopBackOff": "rank0.engine: unexpected EOF",
-                "OOMKilled": "exit code 137", "CreateContainerConfigError": 'secret "hf-token" not found',
-                "FailedCreate": "is forbidden: exceeded quota", "ProgressDeadlineExceeded": "has timed out progressing"}
+    expected = {
+        "Unschedulable": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+        "ErrImagePull": "failed to pull and unpack image",
+        "CrashLoopBackOff": "rank0.engine: unexpected EOF",
+        "OOMKilled": "exit code 137",
+        "CreateContainerConfigError": 'secret "hf-token" not found',
+        "FailedCreate": "is forbidden: exceeded quota",
+        "ProgressDeadlineExceeded": "has timed out progressing",
+    }
     assert expected[cause] in failure["message"]
     for type_ in ("Available", "Progressing", "Ready", "Stalled"):
         c = cluster.condition(type_)
@@ -90,8 +98,9 @@ async def test_a_serving_failure_shows_in_status_columns_and_one_event_then_clea
     assert cluster.condition("Available")["reason"] == "MinimumReplicasAvailable"
 
 
-async def test_the_cause_reaches_status_from_the_pod_event_not_a_resync(cluster: Cluster, kubeconfig: Any,
-                                                                         kubectl: Any) -> None:
+async def test_the_cause_reaches_status_from_the_pod_event_not_a_resync(
+    cluster: Cluster, kubeconfig: Any, kubectl: Any
+) -> None:
     op = Operator(kubeconfig, resync=300.0)  # no periodic resync during the test: only watch events drive it
     await op.start()
     try:
@@ -101,12 +110,21 @@ async def test_the_cause_reaches_status_from_the_pod_event_not_a_resync(cluster:
         await until(lambda: _condition(cluster, "Ready").get("status") == "True", what="Ready")
         cluster.faults[DEPLOYMENT] = Fault("OOMKilled")
         # a new template makes new Pods (the stand-in controller applies faults to the current template's Pods)
-        cluster.emu.patch_object("apps/v1", "Deployment", DEPLOYMENT, "default",
-                                 {"spec": {"template": {"metadata": {"annotations": {"test/rollout": "1"}}}}})
+        cluster.emu.patch_object(
+            "apps/v1",
+            "Deployment",
+            DEPLOYMENT,
+            "default",
+            {"spec": {"template": {"metadata": {"annotations": {"test/rollout": "1"}}}}},
+        )
 
         def oom_pod() -> bool:
-            return any(ServingPodFact.from_body(p).reason == "OOMKilled" for p in cluster.emu.list_objects(
-                "v1", "Pod", "default", label_selector=f"{names.LABEL_COMPONENT}=serving"))
+            return any(
+                ServingPodFact.from_body(p).reason == "OOMKilled"
+                for p in cluster.emu.list_objects(
+                    "v1", "Pod", "default", label_selector=f"{names.LABEL_COMPONENT}=serving"
+                )
+            )
 
         await until(oom_pod, what="an OOMKilled pod")
         written = time.monotonic()

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
+from triton_servers import TOKENIZER_VOCAB, make_tokenizer, start_servers, stop_servers  # noqa: I001 (same dir)
 from tritonclient.utils import InferenceServerException
 
 from engine_jobs.contract import (
@@ -32,7 +33,6 @@ from engine_jobs.contract import (
 )
 from redrafter_sim.engine import SimEngineSettings, write_control
 from redrafter_sim.triton import TritonServer, build_sim_repository
-from triton_servers import TOKENIZER_VOCAB, make_tokenizer, start_servers, stop_servers  # noqa: I001 (same dir)
 
 pytestmark = [pytest.mark.triton, pytest.mark.timeout(240)]
 
@@ -50,13 +50,21 @@ class Served:
         self.ledger = root / f"{variant}-ledger.jsonl"
         write_control(self.control, acceptance_rate=0.7, step_ms=2.0)
         cfg = ServingConfig(
-            deployment="llm", variant=variant, engine_key=f"key-{variant}", artifact_dir="/cache/x",
-            max_batch_size=16, draft_len_per_beam=DRAFT_LEN if variant == "redrafter" else 0,
+            deployment="llm",
+            variant=variant,
+            engine_key=f"key-{variant}",
+            artifact_dir="/cache/x",
+            max_batch_size=16,
+            draft_len_per_beam=DRAFT_LEN if variant == "redrafter" else 0,
             num_beams=2 if variant == "redrafter" else 0,
         )
         sim = SimEngineSettings(
-            variant=variant, draft_len_per_beam=DRAFT_LEN, num_beams=2, vocab_size=VOCAB,
-            control_file=str(self.control), ledger_file=str(self.ledger),
+            variant=variant,
+            draft_len_per_beam=DRAFT_LEN,
+            num_beams=2,
+            vocab_size=VOCAB,
+            control_file=str(self.control),
+            ledger_file=str(self.ledger),
         )
         repo = build_sim_repository(root / f"{variant}-repo", cfg, str(tokenizer), sim)
         self.server = TritonServer(repo, workdir=root / f"{variant}-work", exit_timeout_secs=3)
@@ -118,7 +126,8 @@ def servers(tmp_path_factory):
         # Python backend sometimes keeps the decoupled entry model loaded until that timeout.
         assert "Found 0 model versions that have in-flight inferences" in log, s.server.log_tail()
         assert codes[s.variant] == 0 or (codes[s.variant] == 1 and "Exit timeout expired" in log), (
-            f"{s.variant} server exited with {codes[s.variant]}:\n{s.server.log_tail()}")
+            f"{s.variant} server exited with {codes[s.variant]}:\n{s.server.log_tail()}"
+        )
         assert "Segmentation fault" not in log and "core dumped" not in log
         assert not list(Path("/dev/shm").glob(f"{s.server.shm_prefix}*")), "shared memory regions left behind"
 
@@ -168,11 +177,15 @@ def grpc_inputs(text: str, max_tokens: int, *, stream: bool, perf: bool | None =
 async def grpc_stream(server: TritonServer, text: str, max_tokens: int, perf: bool | None = None) -> dict:
     """One streaming request over gRPC: the text deltas and the outputs of the final response."""
     async with grpcaio.InferenceServerClient(server.grpc_url) as client:
+
         async def requests():
             yield {
-                "model_name": ENTRY_MODEL, "inputs": grpc_inputs(text, max_tokens, stream=True, perf=perf),
-                "request_id": uuid.uuid4().hex, "enable_empty_final_response": True,
+                "model_name": ENTRY_MODEL,
+                "inputs": grpc_inputs(text, max_tokens, stream=True, perf=perf),
+                "request_id": uuid.uuid4().hex,
+                "enable_empty_final_response": True,
             }
+
         deltas, final_outputs, failure = [], {}, None
         async for result, error in client.stream_infer(requests()):
             if error is not None:
@@ -206,7 +219,8 @@ async def test_http_generate_same_greedy_output_and_perf_only_when_asked(servers
     assert with_perf["total_draft_tokens"] > 0
     assert 0 <= with_perf["total_accepted_draft_tokens"] <= with_perf["total_draft_tokens"]
     assert with_perf["acceptance_rate"] == pytest.approx(
-        with_perf["total_accepted_draft_tokens"] / with_perf["total_draft_tokens"], rel=1e-6)
+        with_perf["total_accepted_draft_tokens"] / with_perf["total_draft_tokens"], rel=1e-6
+    )
     _, base_perf = await http_generate(base, {**body, "return_perf_metrics": True})
     assert base_perf["total_draft_tokens"] == 0 and base_perf["total_accepted_draft_tokens"] == 0
 
@@ -215,8 +229,9 @@ async def test_http_generate_same_greedy_output_and_perf_only_when_asked(servers
 async def test_grpc_streaming_under_concurrency_matches_ledger(servers, variant):
     served = servers[variant]
     n = 40
-    results = await asyncio.gather(*(grpc_stream(served.server, prompt(i), 20 + i % 13, perf=(i % 2 == 0))
-                                     for i in range(n)))
+    results = await asyncio.gather(
+        *(grpc_stream(served.server, prompt(i), 20 + i % 13, perf=(i % 2 == 0)) for i in range(n))
+    )
     _, reference = await http_generate(served.server, {"text_input": prompt(3), "max_tokens": 20 + 3 % 13})
     assert results[3]["text"].strip() == reference["text_output"], "streamed deltas must join to the full text"
     for i, res in enumerate(results):
@@ -294,8 +309,12 @@ async def test_acceptance_rate_follows_control_file(servers):
     served = servers["redrafter"]
 
     async def measured() -> float:
-        outs = await asyncio.gather(*(http_generate(served.server, {
-            "text_input": prompt(i), "max_tokens": 64, "return_perf_metrics": True}) for i in range(12)))
+        outs = await asyncio.gather(
+            *(
+                http_generate(served.server, {"text_input": prompt(i), "max_tokens": 64, "return_perf_metrics": True})
+                for i in range(12)
+            )
+        )
         acc = sum(b["total_accepted_draft_tokens"] for _, b in outs)
         return acc / sum(b["total_draft_tokens"] for _, b in outs)
 

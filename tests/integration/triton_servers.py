@@ -37,8 +37,7 @@ class HasServer(Protocol):
 S = TypeVar("S", bound=HasServer)
 
 
-def start_servers(make: Callable[[str], S], variants: Iterable[str] = VARIANTS,
-                  timeout: float = 90) -> dict[str, S]:
+def start_servers(make: Callable[[str], S], variants: Iterable[str] = VARIANTS, timeout: float = 90) -> dict[str, S]:
     """``make(variant)`` started for each variant. Skips where Triton cannot run; on any other failure
     stops the ones already started first (they run in their own sessions and would outlive pytest)."""
     started: dict[str, S] = {}
@@ -59,8 +58,9 @@ def start_servers(make: Callable[[str], S], variants: Iterable[str] = VARIANTS,
 def stop_servers(started: dict[str, S]) -> dict[str, int | None]:
     """Stop all in parallel (each drains for its exit timeout); their exit codes by variant."""
     codes: dict[str, int | None] = {}
-    stoppers = [threading.Thread(target=lambda v=v, s=s: codes.__setitem__(v, s.server.stop()))
-                for v, s in started.items()]
+    stoppers = [
+        threading.Thread(target=lambda v=v, s=s: codes.__setitem__(v, s.server.stop())) for v, s in started.items()
+    ]
     for t in stoppers:
         t.start()
     for t in stoppers:

@@ -72,7 +72,12 @@ INVALID = [
     ("bad-interval", "spec.speculation.interval", "30 seconds", "spec.speculation.interval"),
     ("acceptance-gt-1", "spec.speculation.minAcceptanceRate", 1.5, "spec.speculation.minAcceptanceRate"),
     ("static-batching", "spec.serving.triton", {"batchingStrategy": "v1"}, "spec.serving.triton.batchingStrategy"),
-    ("kv-fraction-0", "spec.serving.triton", {"kvCacheFreeGpuMemFraction": 0}, "spec.serving.triton.kvCacheFreeGpuMemFraction"),
+    (
+        "kv-fraction-0",
+        "spec.serving.triton",
+        {"kvCacheFreeGpuMemFraction": 0},
+        "spec.serving.triton.kvCacheFreeGpuMemFraction",
+    ),
     ("negative-replicas", "spec.serving.replicas", -1, "spec.serving.replicas"),
     ("rollout-strategy", "spec.serving.rollout", {"strategy": "Canary"}, "spec.serving.rollout.strategy"),
 ]
@@ -98,11 +103,18 @@ def test_crd_is_a_valid_crd(committed_crd):
     version = committed_crd["spec"]["versions"][0]
     assert version["subresources"]["scale"]["labelSelectorPath"] == ".status.serving.selector"
     assert [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")] == [
-        "Phase", "Engine", "Ready", "Reason", "Acceptance", "Age"]
+        "Phase",
+        "Engine",
+        "Ready",
+        "Reason",
+        "Acceptance",
+        "Age",
+    ]
 
 
 def test_crd_is_structural(committed_crd):
     """No $ref/anyOf/additionalProperties:false beside properties; every field has a type."""
+
     def walk(node, path):
         assert "$ref" not in node and "anyOf" not in node and "allOf" not in node, path
         if "properties" in node:
@@ -112,6 +124,7 @@ def test_crd_is_structural(committed_crd):
                 walk(sub, f"{path}.{name}")
         if "items" in node:
             walk(node["items"], path + "[]")
+
     walk(committed_crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"], "")
 
 
@@ -124,6 +137,7 @@ def test_every_spec_field_is_documented(committed_crd):
             if not sub.get("description"):
                 missing.append(f"{path}.{name}")
             walk(sub, f"{path}.{name}")
+
     walk(spec, "spec")
     assert not missing
 
@@ -171,10 +185,22 @@ def test_at_least_fifteen_distinct_invalid_specs():
     assert len({c[0] for c in INVALID}) >= 15
 
 
-@pytest.mark.parametrize("uri", [
-    "hf://a/b/c", "s3://BadBucket/x", "pvc://Claim/x", "pvc://x/-rf", "hf://org/name$(id)", "hf://org/na me",
-    "pvc://x//y", "hf://", "s3://bucket/a\nb", "file:///etc/passwd", "pvc://x/./y",
-])
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "hf://a/b/c",
+        "s3://BadBucket/x",
+        "pvc://Claim/x",
+        "pvc://x/-rf",
+        "hf://org/name$(id)",
+        "hf://org/na me",
+        "pvc://x//y",
+        "hf://",
+        "s3://bucket/a\nb",
+        "file:///etc/passwd",
+        "pvc://x/./y",
+    ],
+)
 def test_source_parser_rejects(uri):
     with pytest.raises(ValueError):
         parse_source(uri)

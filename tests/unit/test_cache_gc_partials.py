@@ -35,8 +35,15 @@ def root(tmp_path: Path) -> Path:
 
 def refs_file(tmp_path: Path, keys: list[str] = []) -> str:  # noqa: B006 (never mutated)
     path = tmp_path / "refs.json"
-    path.write_text(json.dumps({"references": [{"key": k, "namespace": "ns", "name": f"rd-{i}", "role": "spec"}
-                                               for i, k in enumerate(keys)]}))
+    path.write_text(
+        json.dumps(
+            {
+                "references": [
+                    {"key": k, "namespace": "ns", "name": f"rd-{i}", "role": "spec"} for i, k in enumerate(keys)
+                ]
+            }
+        )
+    )
     return str(path)
 
 
@@ -49,8 +56,9 @@ def partial(root: Path, name: str, size: int = 1000) -> Path:
 
 
 def lock(root: Path, key: str, age: float) -> None:
-    CachePaths(root, key).lock.write_text(json.dumps({"owner": f"build-{key}", "pid": 7, "token": f"t-{key}",
-                                                      "heartbeat": time.time() - age}))
+    CachePaths(root, key).lock.write_text(
+        json.dumps({"owner": f"build-{key}", "pid": 7, "token": f"t-{key}", "heartbeat": time.time() - age})
+    )
 
 
 def engine(root: Path, key: str) -> None:
@@ -58,29 +66,40 @@ def engine(root: Path, key: str) -> None:
     tmp = paths.new_tmp()
     (tmp / "engine").mkdir(parents=True)
     (tmp / "engine" / "rank0.engine").write_bytes(b"\0" * 100)
-    write_json_atomic(tmp / MANIFEST_FILE, {"key": key, "variant": "base", "inputs": {"base": {"source": "hf://m"}},
-                                            "builder": {"built_at": iso(time.time())}})
+    write_json_atomic(
+        tmp / MANIFEST_FILE,
+        {
+            "key": key,
+            "variant": "base",
+            "inputs": {"base": {"source": "hf://m"}},
+            "builder": {"built_at": iso(time.time())},
+        },
+    )
     publish(tmp, paths.final)
 
 
 def collect(root: Path, refs: str, *, dry_run: bool = False, keep: int = 5) -> tuple[cache_gc.Report, str]:
     out = io.StringIO()
-    report = cache_gc.collect(root, refs, cache_gc.Retention(keep=keep), stale_seconds=STALE, dry_run=dry_run,
-                              log=Log(stream=out))
+    report = cache_gc.collect(
+        root, refs, cache_gc.Retention(keep=keep), stale_seconds=STALE, dry_run=dry_run, log=Log(stream=out)
+    )
     return report, out.getvalue()
 
 
-@pytest.mark.parametrize(("name", "candidates"), [
-    (f".tmp-{KEY}-redrafter-build-x7k2p-1", [KEY, f"{KEY}-redrafter", f"{KEY}-redrafter-build"]),
-    (".tmp-abc-host-12", ["abc"]),
-    (".tmp-llama-rd-new-node-3-42", ["llama", "llama-rd", "llama-rd-new", "llama-rd-new-node"]),
-    (".tmp-abc-host", []),  # no pid
-    (".tmp-abc-host-1x", []),
-    (".tmp-abc--1", []),  # no host
-    (".tmp--host-1", []),  # no key
-    (".tmp-_bad-host-1", []),  # not a key
-    ("abc-host-1", []),
-])
+@pytest.mark.parametrize(
+    ("name", "candidates"),
+    [
+        (f".tmp-{KEY}-redrafter-build-x7k2p-1", [KEY, f"{KEY}-redrafter", f"{KEY}-redrafter-build"]),
+        (".tmp-abc-host-12", ["abc"]),
+        (".tmp-llama-rd-new-node-3-42", ["llama", "llama-rd", "llama-rd-new", "llama-rd-new-node"]),
+        (".tmp-abc-host", []),  # no pid
+        (".tmp-abc-host-1x", []),
+        (".tmp-abc--1", []),  # no host
+        (".tmp--host-1", []),  # no key
+        (".tmp-_bad-host-1", []),  # not a key
+        ("abc-host-1", []),
+    ],
+)
 def test_temp_names_parse_into_every_key_they_may_belong_to(name: str, candidates: list[str]):
     assert tmp_key_candidates(name) == candidates
 
@@ -108,8 +127,10 @@ def test_a_dead_builders_partial_build_is_removed_and_reported(tmp_path: Path, r
         lock(root, KEY, lock_age)
     report, out = collect(root, refs_file(tmp_path), keep=5)
     assert not tmp.exists() and not other.exists()
-    assert sorted((r["key"], r["variant"], r["bytes"]) for r in report.removed) == \
-        [(KEY, "partial", 3000), (KEY, "partial", 5000)]
+    assert sorted((r["key"], r["variant"], r["bytes"]) for r in report.removed) == [
+        (KEY, "partial", 3000),
+        (KEY, "partial", 5000),
+    ]
     assert all(r["note"].startswith("abandoned partial build .tmp-") for r in report.removed)
     assert report.freed_bytes == 8000 and report.to_json()["removedPartials"] == 2
     assert json.loads(report.termination_message())["freedBytes"] == 8000
@@ -192,7 +213,9 @@ def test_ls_shows_partial_builds_apart_from_engines(tmp_path: Path, root: Path, 
     assert [e["key"] for e in doc["engines"]] == ["eng"]
     assert doc["totalBytes"] == tree_size(root / "eng") and doc["partialBytes"] == 3 * 1024 * 1024 + 1024
     assert [(p["entry"], p["key"], p["lockedBy"]) for p in doc["partials"]] == [
-        (f".tmp-{KEY}-build-pod-1", KEY, None), (".tmp-live-build-pod-1", "live", "build-live pid 7")]
+        (f".tmp-{KEY}-build-pod-1", KEY, None),
+        (".tmp-live-build-pod-1", "live", "build-live pid 7"),
+    ]
     assert main(["cache", "ls", "--local", str(root)]) == 0
     text = capsys.readouterr().out
     assert "1 engine(s)" in text

@@ -30,25 +30,29 @@ from engine_jobs.progress import Log
 
 STALE = 180.0
 
-engine_st = st.fixed_dictionaries({
-    "model": st.sampled_from(["hf://a/llama", "hf://b/qwen"]),
-    "variant": st.sampled_from(["redrafter", "base"]),
-    "referenced": st.booleans(),
-    "late_reference": st.booleans(),
-    "lock": st.sampled_from([None, "fresh", "stale"]),
-    "late_lock": st.booleans(),
-    "unreferenced_age": st.one_of(st.none(), st.floats(min_value=0, max_value=90 * 86400)),
-    "built_age": st.floats(min_value=0, max_value=90 * 86400),
-})
+engine_st = st.fixed_dictionaries(
+    {
+        "model": st.sampled_from(["hf://a/llama", "hf://b/qwen"]),
+        "variant": st.sampled_from(["redrafter", "base"]),
+        "referenced": st.booleans(),
+        "late_reference": st.booleans(),
+        "lock": st.sampled_from([None, "fresh", "stale"]),
+        "late_lock": st.booleans(),
+        "unreferenced_age": st.one_of(st.none(), st.floats(min_value=0, max_value=90 * 86400)),
+        "built_age": st.floats(min_value=0, max_value=90 * 86400),
+    }
+)
 
-partial_st = st.fixed_dictionaries({
-    "kind": st.sampled_from(["tmp", "tmp", "final"]),
-    "owner": st.sampled_from(["own", "own", "engine"]),  # tmp only: a dead builder of an engine's key
-    "host": st.sampled_from(["node", "build-pod-x7k", "k0-node"]),  # hosts with '-' make names ambiguous
-    "lock": st.sampled_from([None, "fresh", "stale"]),
-    "lock_on": st.sampled_from(["own", "other"]),  # another key the temp name may belong to
-    "late_lock": st.booleans(),  # a build of that key starts after the scan
-})
+partial_st = st.fixed_dictionaries(
+    {
+        "kind": st.sampled_from(["tmp", "tmp", "final"]),
+        "owner": st.sampled_from(["own", "own", "engine"]),  # tmp only: a dead builder of an engine's key
+        "host": st.sampled_from(["node", "build-pod-x7k", "k0-node"]),  # hosts with '-' make names ambiguous
+        "lock": st.sampled_from([None, "fresh", "stale"]),
+        "lock_on": st.sampled_from(["own", "other"]),  # another key the temp name may belong to
+        "late_lock": st.booleans(),  # a build of that key starts after the scan
+    }
+)
 
 
 def publish_engine(root: Path, key: str, spec: dict, now: float) -> None:
@@ -56,29 +60,44 @@ def publish_engine(root: Path, key: str, spec: dict, now: float) -> None:
     tmp = paths.new_tmp()
     (tmp / "engine").mkdir(parents=True)
     (tmp / "engine" / "rank0.engine").write_bytes(b"\0" * 100)
-    write_json_atomic(tmp / MANIFEST_FILE, {
-        "key": key, "variant": spec["variant"], "inputs": {"base": {"source": spec["model"]}},
-        "builder": {"built_at": iso(now - spec["built_age"])}})
+    write_json_atomic(
+        tmp / MANIFEST_FILE,
+        {
+            "key": key,
+            "variant": spec["variant"],
+            "inputs": {"base": {"source": spec["model"]}},
+            "builder": {"built_at": iso(now - spec["built_age"])},
+        },
+    )
     publish(tmp, paths.final)
 
 
 def write_lock(root: Path, key: str, heartbeat: float) -> None:
-    CachePaths(root, key).lock.write_text(json.dumps({"owner": "build-x", "pid": 1, "token": key,
-                                                      "heartbeat": heartbeat}))
+    CachePaths(root, key).lock.write_text(
+        json.dumps({"owner": "build-x", "pid": 1, "token": key, "heartbeat": heartbeat})
+    )
 
 
 def refs_doc(keys: list[str]) -> str:
-    return json.dumps({"references": [{"key": k, "namespace": f"ns-{i % 3}", "name": f"rd-{i}", "role": "spec"}
-                                      for i, k in enumerate(keys)]})
+    return json.dumps(
+        {
+            "references": [
+                {"key": k, "namespace": f"ns-{i % 3}", "name": f"rd-{i}", "role": "spec"} for i, k in enumerate(keys)
+            ]
+        }
+    )
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(engines=st.lists(engine_st, min_size=1, max_size=8),
-       partials=st.lists(partial_st, max_size=5),
-       keep=st.one_of(st.none(), st.integers(min_value=0, max_value=3)),
-       max_age=st.one_of(st.none(), st.floats(min_value=0, max_value=60 * 86400)))
-def test_nothing_referenced_or_locked_is_ever_removed(engines: list[dict], partials: list[dict], keep: int | None,
-                                                      max_age: float | None) -> None:
+@given(
+    engines=st.lists(engine_st, min_size=1, max_size=8),
+    partials=st.lists(partial_st, max_size=5),
+    keep=st.one_of(st.none(), st.integers(min_value=0, max_value=3)),
+    max_age=st.one_of(st.none(), st.floats(min_value=0, max_value=60 * 86400)),
+)
+def test_nothing_referenced_or_locked_is_ever_removed(
+    engines: list[dict], partials: list[dict], keep: int | None, max_age: float | None
+) -> None:
     if keep is None and max_age is None:
         keep = 0
     now = time.time()  # per example: lock staleness is judged against the clock, not against import time
@@ -91,8 +110,17 @@ def test_nothing_referenced_or_locked_is_ever_removed(engines: list[dict], parti
             if spec["lock"]:
                 write_lock(root, key, now - (1 if spec["lock"] == "fresh" else STALE * 10))
         partial_names, fresh_partial_locks, late_partial_locks = make_partials(root, partials, keys, now)
-        (root / STATE_FILE).write_text(json.dumps({"unreferencedSince": {
-            k: iso(now - s["unreferenced_age"]) for k, s in zip(keys, engines) if s["unreferenced_age"] is not None}}))
+        (root / STATE_FILE).write_text(
+            json.dumps(
+                {
+                    "unreferencedSince": {
+                        k: iso(now - s["unreferenced_age"])
+                        for k, s in zip(keys, engines)
+                        if s["unreferenced_age"] is not None
+                    }
+                }
+            )
+        )
         refs = Path(d) / "refs.json"
         referenced = [k for k, s in zip(keys, engines) if s["referenced"]]
         refs.write_text(refs_doc(referenced))
@@ -115,11 +143,19 @@ def test_nothing_referenced_or_locked_is_ever_removed(engines: list[dict], parti
                 write_lock(root, key, time.time())
             return found
 
-        with mock.patch.object(cache_gc, "plan", plan_then_change), \
-                mock.patch.object(cache_gc, "find_partials", find_then_lock):
-            report = cache_gc.collect(root, str(refs), cache_gc.Retention(keep=keep, max_age_seconds=max_age),
-                                      stale_seconds=STALE, dry_run=False, log=Log(stream=io.StringIO()),
-                                      now=now)
+        with (
+            mock.patch.object(cache_gc, "plan", plan_then_change),
+            mock.patch.object(cache_gc, "find_partials", find_then_lock),
+        ):
+            report = cache_gc.collect(
+                root,
+                str(refs),
+                cache_gc.Retention(keep=keep, max_age_seconds=max_age),
+                stale_seconds=STALE,
+                dry_run=False,
+                log=Log(stream=io.StringIO()),
+                now=now,
+            )
         complete = {p.parent.name for p in root.glob(f"*/{MANIFEST_FILE}")}
         removed = {r["key"] for r in report.removed if r["variant"] != "partial"}
         # partial builds: exactly those no key they may belong to had a live lock for when they were collected
@@ -127,12 +163,16 @@ def test_nothing_referenced_or_locked_is_ever_removed(engines: list[dict], parti
         live = {k for k, s in zip(keys, engines) if s["lock"] == "fresh"} | fresh_partial_locks | late_partial_locks
         for name in partial_names:
             protected_partial = bool(set(candidates(name)) & live)
-            assert (root / name).is_dir() == protected_partial, \
+            assert (root / name).is_dir() == protected_partial, (
                 f"{name}: {'removed although locked' if protected_partial else 'abandoned but kept'}"
+            )
         removed_partials = sorted(r["note"].rsplit(" ", 1)[1] for r in report.removed if r["variant"] == "partial")
         assert removed_partials == sorted(n for n in partial_names if not (root / n).exists())
-        protected = {k for k, s in zip(keys, engines)
-                     if s["referenced"] or s["late_reference"] or s["lock"] == "fresh" or s["late_lock"]}
+        protected = {
+            k
+            for k, s in zip(keys, engines)
+            if s["referenced"] or s["late_reference"] or s["lock"] == "fresh" or s["late_lock"]
+        }
         assert protected <= complete, f"removed protected engines: {protected - complete}"
         assert removed.isdisjoint(protected)
         assert complete | removed == set(keys) and not complete & removed
@@ -141,16 +181,16 @@ def test_nothing_referenced_or_locked_is_ever_removed(engines: list[dict], parti
             assert removed == set(keys) - protected
         for key, spec in zip(keys, engines):  # a live lock is never taken; one the collector took is released
             live_lock = spec["lock"] == "fresh" or key in late_locks or key in late_partial_locks
-            assert CachePaths(root, key).lock.exists() == live_lock or \
-                (spec["lock"] == "stale" and key not in removed)
+            assert CachePaths(root, key).lock.exists() == live_lock or (spec["lock"] == "stale" and key not in removed)
 
 
 def candidates(name: str) -> list[str]:
     return tmp_key_candidates(name) if name.startswith(".tmp-") else [name]
 
 
-def make_partials(root: Path, partials: list[dict], engine_keys: list[str],
-                  now: float) -> tuple[list[str], set[str], set[str]]:
+def make_partials(
+    root: Path, partials: list[dict], engine_keys: list[str], now: float
+) -> tuple[list[str], set[str], set[str]]:
     """The partial builds on the volume (their names), the keys with a fresh lock, those whose builds start
     after the partial builds were listed.
 

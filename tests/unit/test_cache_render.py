@@ -17,8 +17,16 @@ from redrafter_operator.render.cache_refs import references_document, resource_r
 
 ROOT = Path(__file__).resolve().parents[2]
 # kubernetes.io/docs/concepts/security/pod-security-standards (Restricted, Kubernetes 1.30)
-RESTRICTED_VOLUME_TYPES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
-                           "projected", "secret"}
+RESTRICTED_VOLUME_TYPES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
 
 
 def restricted_violations(pod: dict) -> list[str]:
@@ -51,8 +59,17 @@ def restricted_violations(pod: dict) -> list[str]:
 
 def job(verb: str, read_only: bool) -> dict:
     args = cache_jobs.list_args() if verb == "ls" else cache_jobs.gc_args(keep=0, max_age="30d", dry_run=False)
-    return cache_jobs.cache_job(name="cache-x", namespace="ns", claim="engine-cache", sub_path="engines",
-                                references_config_map="refs", image="img", args=args, verb=verb, read_only=read_only)
+    return cache_jobs.cache_job(
+        name="cache-x",
+        namespace="ns",
+        claim="engine-cache",
+        sub_path="engines",
+        references_config_map="refs",
+        image="img",
+        args=args,
+        verb=verb,
+        read_only=read_only,
+    )
 
 
 def test_cache_pods_are_restricted_and_the_listing_mounts_read_only():
@@ -86,20 +103,36 @@ def demo_body() -> dict:
 def test_references_cover_spec_status_validation_promoted_and_serving():
     body = demo_body()
     spec = ReDrafterDeploymentSpec.model_validate(body["spec"])
-    body["status"] = {"engines": {"redrafter": {"key": "old-rd"}, "base": {"key": "old-base"}},
-                      "validation": {"redrafterKey": "val-rd", "baseKey": "val-base",
-                                     "promoted": {"redrafterKey": "prom-rd", "baseKey": "prom-base"}}}
+    body["status"] = {
+        "engines": {"redrafter": {"key": "old-rd"}, "base": {"key": "old-base"}},
+        "validation": {
+            "redrafterKey": "val-rd",
+            "baseKey": "val-base",
+            "promoted": {"redrafterKey": "prom-rd", "baseKey": "prom-base"},
+        },
+    }
     refs = {(r["key"], r["role"]) for r in resource_references(body)}
-    assert refs == {(engine_key(spec, "redrafter"), "spec.redrafter"), (engine_key(spec, "base"), "spec.base"),
-                    ("old-rd", "status.engines.redrafter"), ("old-base", "status.engines.base"),
-                    ("val-rd", "status.validation.redrafter"), ("val-base", "status.validation.base"),
-                    ("prom-rd", "status.validation.promoted.redrafter"),
-                    ("prom-base", "status.validation.promoted.base")}
-    serving = {"metadata": {"name": "llama-base", "namespace": "team-b",
-                            "labels": {"redrafter.dev/engine-key": "serving-key", "redrafter.dev/deployment": "llama"}}}
+    assert refs == {
+        (engine_key(spec, "redrafter"), "spec.redrafter"),
+        (engine_key(spec, "base"), "spec.base"),
+        ("old-rd", "status.engines.redrafter"),
+        ("old-base", "status.engines.base"),
+        ("val-rd", "status.validation.redrafter"),
+        ("val-base", "status.validation.base"),
+        ("prom-rd", "status.validation.promoted.redrafter"),
+        ("prom-base", "status.validation.promoted.base"),
+    }
+    serving = {
+        "metadata": {
+            "name": "llama-base",
+            "namespace": "team-b",
+            "labels": {"redrafter.dev/engine-key": "serving-key", "redrafter.dev/deployment": "llama"},
+        }
+    }
     doc = json.loads(references_document([body, body], [serving, {"metadata": {"name": "unlabelled"}}]))
-    assert {"key": "serving-key", "namespace": "team-b", "name": "llama", "role": "serving:llama-base"} \
-        in doc["references"]
+    assert {"key": "serving-key", "namespace": "team-b", "name": "llama", "role": "serving:llama-base"} in doc[
+        "references"
+    ]
     assert len(doc["references"]) == len(refs) + 1, "duplicates collapse"
 
 
@@ -111,11 +144,26 @@ def test_an_invalid_spec_still_contributes_its_status():
 
 
 def listing(n: int) -> dict:
-    return {"cache": "/cache", "totalBytes": n, "engines": [
-        {"key": f"{i:020x}", "complete": True, "variant": "redrafter", "model": "hf://meta-llama/Llama-3.1-8B",
-         "tensorrtLlmVersion": "1.0.0", "gpuProduct": "NVIDIA-H100-80GB-HBM3", "sizeBytes": 16 * 2**30 + i,
-         "builtAt": "2026-12-01T10:00:00Z", "lockedBy": None, "referencedBy": [], "unreferencedSince": None}
-        for i in range(n)]}
+    return {
+        "cache": "/cache",
+        "totalBytes": n,
+        "engines": [
+            {
+                "key": f"{i:020x}",
+                "complete": True,
+                "variant": "redrafter",
+                "model": "hf://meta-llama/Llama-3.1-8B",
+                "tensorrtLlmVersion": "1.0.0",
+                "gpuProduct": "NVIDIA-H100-80GB-HBM3",
+                "sizeBytes": 16 * 2**30 + i,
+                "builtAt": "2026-12-01T10:00:00Z",
+                "lockedBy": None,
+                "referencedBy": [],
+                "unreferencedSince": None,
+            }
+            for i in range(n)
+        ],
+    }
 
 
 def test_listing_message_fits_and_round_trips():
@@ -127,22 +175,50 @@ def test_listing_message_fits_and_round_trips():
     assert decode_message(text) == big
     huge = listing(2000)
     doc = decode_message(encode_message(huge))
-    assert doc["truncated"] == 2000 - len(doc["engines"]) > 0 and doc["engines"] == huge["engines"][:len(doc["engines"])]
+    assert (
+        doc["truncated"] == 2000 - len(doc["engines"]) > 0 and doc["engines"] == huge["engines"][: len(doc["engines"])]
+    )
 
 
 def test_collection_cronjob_runs_a_restricted_gc_with_the_claims_references():
-    cj = cache_jobs.collection_cronjob(namespace="ns", claim="engine-cache", sub_path="engines", image="img",
-                                       schedule="@daily", keep=2, max_age="2592000s",
-                                       owners=[{"apiVersion": "redrafter.dev/v1alpha1", "kind": "ReDrafterDeployment",
-                                                "name": "a", "uid": "u", "blockOwnerDeletion": False}])
+    cj = cache_jobs.collection_cronjob(
+        namespace="ns",
+        claim="engine-cache",
+        sub_path="engines",
+        image="img",
+        schedule="@daily",
+        keep=2,
+        max_age="2592000s",
+        owners=[
+            {
+                "apiVersion": "redrafter.dev/v1alpha1",
+                "kind": "ReDrafterDeployment",
+                "name": "a",
+                "uid": "u",
+                "blockOwnerDeletion": False,
+            }
+        ],
+    )
     assert cj["spec"]["concurrencyPolicy"] == "Forbid" and cj["spec"]["schedule"] == "@daily"
     pod = cj["spec"]["jobTemplate"]["spec"]["template"]["spec"]
     assert restricted_violations(pod) == []
     (c,) = pod["containers"]
-    assert c["command"][4:] == ["gc", "--local", "/cache", "--references", "/etc/redrafter/cache/references.json",
-                                "--termination-log", "/dev/termination-log", "--keep", "2", "--max-age", "2592000s"]
-    assert next(v for v in pod["volumes"] if v["name"] == "references")["configMap"]["name"] == \
-        cache_jobs.collection_name("engine-cache")
+    assert c["command"][4:] == [
+        "gc",
+        "--local",
+        "/cache",
+        "--references",
+        "/etc/redrafter/cache/references.json",
+        "--termination-log",
+        "/dev/termination-log",
+        "--keep",
+        "2",
+        "--max-age",
+        "2592000s",
+    ]
+    assert next(v for v in pod["volumes"] if v["name"] == "references")["configMap"][
+        "name"
+    ] == cache_jobs.collection_name("engine-cache")
     assert not any(m.get("readOnly") for m in c["volumeMounts"] if m["name"] == "cache"), "it removes engines"
 
 
@@ -155,8 +231,11 @@ def test_retentions_sharing_a_claim_keep_the_union():
         return ReDrafterDeploymentSpec.model_validate(body["spec"])
 
     assert merged_retention([spec(), spec()]) is None  # nothing enabled: no collection at all
-    assert merged_retention([spec(keep=1), spec(maxAge="24h"), spec(keep=3, schedule="@hourly")]) == \
-        (3, "86400s", "30 3 * * *")
+    assert merged_retention([spec(keep=1), spec(maxAge="24h"), spec(keep=3, schedule="@hourly")]) == (
+        3,
+        "86400s",
+        "30 3 * * *",
+    )
     assert merged_retention([spec(), spec(maxAge="90m")]) == (None, "5400s", "30 3 * * *")
 
 
@@ -165,9 +244,13 @@ def test_chart_defaults_supply_the_retention():
 
     from redrafter_operator.api.defaults import OperatorDefaults
 
-    d = OperatorDefaults.from_env({"REDRAFTER_DEFAULT_CACHE_RETENTION_KEEP": "2",
-                                   "REDRAFTER_DEFAULT_CACHE_RETENTION_MAX_AGE": "720h",
-                                   "REDRAFTER_DEFAULT_CACHE_RETENTION_SCHEDULE": "0 * * * *"})
+    d = OperatorDefaults.from_env(
+        {
+            "REDRAFTER_DEFAULT_CACHE_RETENTION_KEEP": "2",
+            "REDRAFTER_DEFAULT_CACHE_RETENTION_MAX_AGE": "720h",
+            "REDRAFTER_DEFAULT_CACHE_RETENTION_SCHEDULE": "0 * * * *",
+        }
+    )
     assert (d.cache_retention_keep, d.cache_retention_max_age, d.cache_retention_schedule) == (2, "720h", "0 * * * *")
     assert OperatorDefaults.from_env({}).cache_retention_keep is None
     with pytest.raises(ValueError, match="REDRAFTER_DEFAULT_CACHE_RETENTION_MAX_AGE"):

@@ -30,21 +30,36 @@ class EmulatorClient:
         self.emu = ApiServerEmulator()
         self.calls: list[tuple[str, str, str]] = []
 
-    async def request(self, method: str, path: str, body: Any = None, *, content_type: str = "application/json",
-                      query: list[tuple[str, str]] | None = None, **_: Any) -> dict[str, Any]:
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        content_type: str = "application/json",
+        query: list[tuple[str, str]] | None = None,
+        **_: Any,
+    ) -> dict[str, Any]:
         self.calls.append((method, path, content_type))
         params = {"fieldManager": FIELD_MANAGER, **dict(query or [])}  # as KubeClient.request sends on writes
         parts = path.strip("/").split("/")  # api/v1/namespaces/ns/services[/name], apis/apps/v1/...
         version = parts[1] if parts[0] == "api" else f"{parts[1]}/{parts[2]}"
-        ns, plural, *name = parts[parts.index("namespaces") + 1:]
+        ns, plural, *name = parts[parts.index("namespaces") + 1 :]
         try:
             if method == "POST":
                 return self.emu.create_object(body, field_manager=params.get("fieldManager"))
             kind = self.emu.resource_type(version, plural).kind
             if method == "PATCH" and content_type in (APPLY_PATCH, JSON_PATCH):
-                return self.emu.patch_object(version, kind, name[0], ns, body,
-                                             patch_type="apply" if content_type == APPLY_PATCH else "json",
-                                             field_manager=params.get("fieldManager"), force=params.get("force") == "true")
+                return self.emu.patch_object(
+                    version,
+                    kind,
+                    name[0],
+                    ns,
+                    body,
+                    patch_type="apply" if content_type == APPLY_PATCH else "json",
+                    field_manager=params.get("fieldManager"),
+                    force=params.get("force") == "true",
+                )
         except EmulatorError as exc:
             raise ApiError(exc.code, exc.reason, exc.message, method, path) from None
         raise AssertionError(f"unexpected {method} {path} {content_type}")
@@ -59,8 +74,12 @@ class EmulatorClient:
 
 
 def service(selector: str = "redrafter", **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s", "namespace": "ns", "labels": {"a": "b"}},
-            "spec": {"selector": {"pool": selector}, "ports": [{"name": "http", "port": 8000}], **spec}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "s", "namespace": "ns", "labels": {"a": "b"}},
+        "spec": {"selector": {"pool": selector}, "ports": [{"name": "http", "port": 8000}], **spec},
+    }
 
 
 def stored(client: EmulatorClient) -> dict[str, Any]:
@@ -80,8 +99,9 @@ async def test_ensure_applies_server_side_then_writes_nothing_while_in_sync() ->
     assert stored(client)["metadata"]["resourceVersion"] == obj["metadata"]["resourceVersion"]
     assert await applier.ensure(service()) is False
     # status or another manager's fields change: the operator's owned fields do not, nothing to do
-    client.emu.patch_object("v1", "Service", "s", "ns", {"metadata": {"labels": {"team": "x"}}},
-                            field_manager="kubectl-label")
+    client.emu.patch_object(
+        "v1", "Service", "s", "ns", {"metadata": {"labels": {"team": "x"}}}, field_manager="kubectl-label"
+    )
     assert await applier.ensure(service()) is False
     assert len(client.calls) == 2
 
@@ -99,8 +119,9 @@ async def test_a_hand_edit_of_an_owned_field_is_reverted_and_other_fields_are_ke
     client = EmulatorClient()
     applier = Applier(client, client.watch_view)  # type: ignore[arg-type]
     await applier.ensure(service())
-    client.emu.patch_object("v1", "Service", "s", "ns", {"spec": {"selector": {"pool": "hijacked"}}},
-                            field_manager="kubectl-patch")
+    client.emu.patch_object(
+        "v1", "Service", "s", "ns", {"spec": {"selector": {"pool": "hijacked"}}}, field_manager="kubectl-patch"
+    )
     assert await applier.ensure(service()) is True, "drift of an owned field is seen from managedFields"
     assert stored(client)["spec"]["selector"] == {"pool": "redrafter"}
     assert await applier.ensure(service()) is False
@@ -111,8 +132,9 @@ async def test_the_watch_view_from_before_an_apply_is_not_taken_for_drift() -> N
     view: dict[str, Any] = {"of": client.watch_view}
     applier = Applier(client, lambda m: view["of"](m))  # type: ignore[arg-type]
     await applier.ensure(service())
-    client.emu.patch_object("v1", "Service", "s", "ns", {"spec": {"selector": {"pool": "hijacked"}}},
-                            field_manager="kubectl-patch")
+    client.emu.patch_object(
+        "v1", "Service", "s", "ns", {"spec": {"selector": {"pool": "hijacked"}}}, field_manager="kubectl-patch"
+    )
     drifted = client.watch_view(service())
     assert await applier.ensure(service()) is True
     view["of"] = lambda m: drifted  # the repair's watch event has not arrived yet
@@ -123,15 +145,23 @@ async def test_the_watch_view_from_before_an_apply_is_not_taken_for_drift() -> N
 
 def deployment(image: str = "triton:1") -> dict[str, Any]:
     labels = {"app": "d"}
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d", "namespace": "ns"},
-            "spec": {"replicas": 1, "selector": {"matchLabels": labels},
-                     "template": {"metadata": {"labels": labels},
-                                  "spec": {"containers": [{"name": "triton", "image": image}]}}}}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "d", "namespace": "ns"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels}, "spec": {"containers": [{"name": "triton", "image": image}]}},
+        },
+    }
 
 
 def carried(applier: Applier, seen: dict[str, Any]) -> str:
     fact = DeploymentFact.from_body(seen)
-    return applier.carried("Deployment", "ns", "d", fact.generation, ChildState(fact.resource_version, fact.owned_fields))
+    return applier.carried(
+        "Deployment", "ns", "d", fact.generation, ChildState(fact.resource_version, fact.owned_fields)
+    )
 
 
 async def test_which_manifest_a_deployment_carries_follows_the_apply_its_echo_and_drift() -> None:
@@ -145,13 +175,20 @@ async def test_which_manifest_a_deployment_carries_follows_the_apply_its_echo_an
     assert carried(applier, v1) == "", "the watch still shows generation 1: not the new manifest"
     v2 = client.emu.get_object("apps/v1", "Deployment", "d", "ns")
     assert v2["metadata"]["generation"] == 2 and carried(applier, v2) == manifest_hash(deployment("triton:2"))
-    client.emu.patch_object("apps/v1", "Deployment", "d", "ns", {"status": {"observedGeneration": 2}},
-                            subresource="status")
+    client.emu.patch_object(
+        "apps/v1", "Deployment", "d", "ns", {"status": {"observedGeneration": 2}}, subresource="status"
+    )
     status_only = client.emu.get_object("apps/v1", "Deployment", "d", "ns")
     assert carried(applier, status_only) == manifest_hash(deployment("triton:2")), "status is not drift"
-    client.emu.patch_object("apps/v1", "Deployment", "d", "ns",
-                            {"spec": {"template": {"spec": {"containers": [{"name": "triton", "image": "evil"}]}}}},
-                            patch_type="strategic", field_manager="kubectl-edit")
+    client.emu.patch_object(
+        "apps/v1",
+        "Deployment",
+        "d",
+        "ns",
+        {"spec": {"template": {"spec": {"containers": [{"name": "triton", "image": "evil"}]}}}},
+        patch_type="strategic",
+        field_manager="kubectl-edit",
+    )
     edited = client.emu.get_object("apps/v1", "Deployment", "d", "ns")
     assert carried(applier, edited) == "", "a hand edit of the template: not the operator's manifest"
     assert carried(Applier(client, client.watch_view), v2) == "", "a restarted operator knows nothing yet"  # type: ignore[arg-type]
@@ -175,8 +212,9 @@ async def test_children_written_by_an_earlier_version_are_adopted_whole() -> Non
     old = service(sessionAffinity="ClientIP")
     old["spec"]["ports"].append({"name": "legacy", "port": 9000})
     client.emu.create_object(old, field_manager="OpenAPI-Generator")
-    client.emu.patch_object("v1", "Service", "s", "ns", {"metadata": {"annotations": {"team": "x"}}},
-                            field_manager="kubectl-annotate")
+    client.emu.patch_object(
+        "v1", "Service", "s", "ns", {"metadata": {"annotations": {"team": "x"}}}, field_manager="kubectl-annotate"
+    )
     applier = Applier(client, client.watch_view)  # type: ignore[arg-type]
     assert await applier.ensure(service()) is True
     assert [c[2] for c in client.calls] == [APPLY_PATCH, JSON_PATCH, APPLY_PATCH], "apply, hand over, apply"
@@ -189,8 +227,12 @@ async def test_children_written_by_an_earlier_version_are_adopted_whole() -> Non
 
 async def test_create_only_never_patches_an_existing_job() -> None:
     client = EmulatorClient()
-    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j", "namespace": "ns"},
-           "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "i"}]}}}}
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "j", "namespace": "ns"},
+        "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "i"}]}}},
+    }
     client.emu.create_object(job)
     applier = Applier(client, lambda m: None)  # type: ignore[arg-type]
     assert await applier.create(job) is False
@@ -207,26 +249,43 @@ def test_manifest_hash_ignores_status() -> None:
     assert manifest_hash(a) != manifest_hash(service("base"))
 
 
-@pytest.mark.parametrize("old,new,patch", [
-    ({"a": 1}, {"a": 1}, None),
-    ({"a": 1, "b": 2}, {"a": 1}, {"b": None}),
-    ({"a": {"x": 1, "y": 2}}, {"a": {"x": 1, "y": 3}}, {"a": {"y": 3}}),
-    ({"c": [1, 2]}, {"c": [1]}, {"c": [1]}),
-    ({}, {"n": {"m": 1}}, {"n": {"m": 1}}),
-])
+@pytest.mark.parametrize(
+    "old,new,patch",
+    [
+        ({"a": 1}, {"a": 1}, None),
+        ({"a": 1, "b": 2}, {"a": 1}, {"b": None}),
+        ({"a": {"x": 1, "y": 2}}, {"a": {"x": 1, "y": 3}}, {"a": {"y": 3}}),
+        ({"c": [1, 2]}, {"c": [1]}, {"c": [1]}),
+        ({}, {"n": {"m": 1}}, {"n": {"m": 1}}),
+    ],
+)
 def test_merge_patch(old: Any, new: Any, patch: Any) -> None:
     assert merge_patch(old, new) == patch
 
 
 def test_job_facts_from_conditions() -> None:
-    body = {"metadata": {"name": "j", "namespace": "ns",
-                         "labels": {"redrafter.dev/deployment": "d", "redrafter.dev/variant": "base",
-                                    "redrafter.dev/engine-key": "k"},
-                         "annotations": {"redrafter.dev/attempt": "2", "redrafter.dev/artifact": "engines/k"}},
-            "spec": {"template": {"spec": {"volumes": [{"name": "cache", "persistentVolumeClaim": {"claimName": "c"}}]}}},
-            "status": {"conditions": [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded", "message": "m"}]}}
+    body = {
+        "metadata": {
+            "name": "j",
+            "namespace": "ns",
+            "labels": {
+                "redrafter.dev/deployment": "d",
+                "redrafter.dev/variant": "base",
+                "redrafter.dev/engine-key": "k",
+            },
+            "annotations": {"redrafter.dev/attempt": "2", "redrafter.dev/artifact": "engines/k"},
+        },
+        "spec": {"template": {"spec": {"volumes": [{"name": "cache", "persistentVolumeClaim": {"claimName": "c"}}]}}},
+        "status": {"conditions": [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded", "message": "m"}]},
+    }
     fact = JobFact.from_body(body)
-    assert (fact.state, fact.reason, fact.attempt, fact.claim, fact.artifact) == ("Failed", "DeadlineExceeded", 2, "c", "engines/k")
+    assert (fact.state, fact.reason, fact.attempt, fact.claim, fact.artifact) == (
+        "Failed",
+        "DeadlineExceeded",
+        2,
+        "c",
+        "engines/k",
+    )
     body["status"] = {"conditions": [{"type": "Complete", "status": "True"}], "succeeded": 1}
     assert JobFact.from_body(body).state == "Succeeded"
     body["status"] = {"active": 1}
@@ -234,21 +293,36 @@ def test_job_facts_from_conditions() -> None:
 
 
 def test_pod_fact_prefers_the_failed_container_message() -> None:
-    pod = {"metadata": {"labels": {"batch.kubernetes.io/job-name": "j"}}, "status": {"phase": "Failed", "containerStatuses": [
-        {"state": {"terminated": {"exitCode": 3, "message": "FetchError: 401\n"}}}]}}
+    pod = {
+        "metadata": {"labels": {"batch.kubernetes.io/job-name": "j"}},
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [{"state": {"terminated": {"exitCode": 3, "message": "FetchError: 401\n"}}}],
+        },
+    }
     assert PodFact.from_body(pod) == PodFact(job="j", phase="Failed", message="FetchError: 401")
 
 
 def test_deployment_rollout_complete_only_when_all_new_replicas_ready() -> None:
     def dep(**status: int) -> DeploymentFact:
-        return DeploymentFact.from_body({"metadata": {"name": "d", "generation": 2}, "spec": {"replicas": 2},
-                                         "status": {"observedGeneration": 2, **status}})
+        return DeploymentFact.from_body(
+            {
+                "metadata": {"name": "d", "generation": 2},
+                "spec": {"replicas": 2},
+                "status": {"observedGeneration": 2, **status},
+            }
+        )
+
     assert dep(replicas=2, updatedReplicas=2, readyReplicas=2).rolled_out
     assert not dep(replicas=3, updatedReplicas=2, readyReplicas=2).rolled_out  # an old pod still there
     assert not dep(replicas=2, updatedReplicas=1, readyReplicas=2).rolled_out
-    assert not DeploymentFact.from_body({"metadata": {"generation": 3}, "spec": {"replicas": 1},
-                                         "status": {"observedGeneration": 2, "replicas": 1, "updatedReplicas": 1,
-                                                    "readyReplicas": 1}}).rolled_out
+    assert not DeploymentFact.from_body(
+        {
+            "metadata": {"generation": 3},
+            "spec": {"replicas": 1},
+            "status": {"observedGeneration": 2, "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1},
+        }
+    ).rolled_out
 
 
 async def test_work_queue_dedups_and_requeues_dirty_keys() -> None:
@@ -282,8 +356,8 @@ async def test_evaluator_slot_runs_per_resource_and_targets_enqueue() -> None:
     """The policy seam: an evaluator is called per resource on its interval and may set serving targets."""
     from redrafter_operator.controller.plan_types import ServingTargets
     from redrafter_operator.controller.reconciler import Controller
-    from redrafter_operator.controller.resource_io import interval_of
     from redrafter_operator.controller.renderers import default_renderers
+    from redrafter_operator.controller.resource_io import interval_of
 
     class Client(EmulatorClient):
         async def close(self) -> None:
@@ -297,8 +371,9 @@ async def test_evaluator_slot_runs_per_resource_and_targets_enqueue() -> None:
 
         async def evaluate(self, controller: Controller, body: Any) -> None:
             calls.append(body["metadata"]["name"])
-            controller.set_targets("ns", body["metadata"]["name"],
-                                   ServingTargets(active="base", replicas={"base": 1, "redrafter": 0}))
+            controller.set_targets(
+                "ns", body["metadata"]["name"], ServingTargets(active="base", replicas={"base": 1, "redrafter": 0})
+            )
 
     controller = Controller(client=Client(), renderers=default_renderers())  # type: ignore[arg-type]
     controller.add_evaluator(Evaluator())
@@ -338,18 +413,30 @@ def test_validation_is_polled_only_while_it_may_be_under_way() -> None:
     """The validation evaluator's interval: a second while a validation may run, else long (any change of the
     resource wakes it: see the next test)."""
     from redrafter_operator.controller.gate import ANNOTATION_RETRY_VALIDATION
-    from redrafter_operator.controller.validation import SETTLED_INTERVAL, Promotion, ValidationEvaluator, \
-        may_be_validating
+    from redrafter_operator.controller.validation import (
+        SETTLED_INTERVAL,
+        Promotion,
+        ValidationEvaluator,
+        may_be_validating,
+    )
 
     engines = {"redrafter": {"state": "Ready", "key": "r1"}, "base": {"state": "Cached", "key": "b1"}}
 
-    def body(validation: dict[str, Any] | None = None, enabled: bool | None = None,
-             retry: str | None = None, built: bool = True) -> dict[str, Any]:
-        return {"metadata": {"annotations": {ANNOTATION_RETRY_VALIDATION: retry} if retry else {}},
-                "spec": {"validation": {"enabled": enabled}} if enabled is not None else {},
-                "status": {"engines": engines if built else {}, **({"validation": validation} if validation else {})}}
+    def body(
+        validation: dict[str, Any] | None = None,
+        enabled: bool | None = None,
+        retry: str | None = None,
+        built: bool = True,
+    ) -> dict[str, Any]:
+        return {
+            "metadata": {"annotations": {ANNOTATION_RETRY_VALIDATION: retry} if retry else {}},
+            "spec": {"validation": {"enabled": enabled}} if enabled is not None else {},
+            "status": {"engines": engines if built else {}, **({"validation": validation} if validation else {})},
+        }
 
-    assert may_be_validating(body()) and may_be_validating(body({"redrafterKey": "r1", "baseKey": "b1", "state": "Running"}))
+    assert may_be_validating(body()) and may_be_validating(
+        body({"redrafterKey": "r1", "baseKey": "b1", "state": "Running"})
+    )
     assert may_be_validating(body({"redrafterKey": "r0", "baseKey": "b1", "state": "Passed"}))  # a new pair
     assert not may_be_validating(body(enabled=False)) and not may_be_validating(body(built=False))
     assert not may_be_validating(body({"redrafterKey": "r1", "baseKey": "b1", "state": "Passed"}))

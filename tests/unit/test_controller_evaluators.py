@@ -20,7 +20,11 @@ from redrafter_operator.controller.apply import ApiError
 from redrafter_operator.controller.metrics import OperatorMetrics
 from redrafter_operator.controller.plan_types import ServingTargets
 from redrafter_operator.controller.speculation import (
-    SpeculationEvaluator, newer_state, status_fragment, status_patch, stored_state,
+    SpeculationEvaluator,
+    newer_state,
+    status_fragment,
+    status_patch,
+    stored_state,
 )
 from redrafter_operator.policy import PolicyState
 from redrafter_operator.render import names
@@ -45,23 +49,50 @@ def body(**speculation: Any) -> dict[str, Any]:
     spec = {
         "model": {"base": {"source": "hf://org/base"}, "drafter": {"source": "pvc://drafters/d"}},
         "autoscaling": {"mode": "Disabled"},
-        "speculation": {"interval": "1s", "failureLimit": 1, "successLimit": 1, "minSamples": 1, "minDwell": "1s",
-                        "cooldown": "1s", "loadAware": False, "consecutiveErrorLimit": 2, **speculation},
+        "speculation": {
+            "interval": "1s",
+            "failureLimit": 1,
+            "successLimit": 1,
+            "minSamples": 1,
+            "minDwell": "1s",
+            "cooldown": "1s",
+            "loadAware": False,
+            "consecutiveErrorLimit": 2,
+            **speculation,
+        },
     }
-    return {"apiVersion": "redrafter.dev/v1alpha1", "kind": "ReDrafterDeployment",
-            "metadata": {"name": NAME, "namespace": NS, "uid": "uid-1", "generation": 1},
-            "spec": spec,
-            "status": {"activeEngine": "redrafter", "phase": "Serving",
-                       "engines": {"redrafter": {"key": "r", "state": "Ready"}, "base": {"key": "b", "state": "Ready"}},
-                       "conditions": [{"type": "SpecValid", "status": "True", "reason": "Valid", "message": "",
-                                       "lastTransitionTime": "2027-01-15T00:00:00Z", "observedGeneration": 1}]}}
+    return {
+        "apiVersion": "redrafter.dev/v1alpha1",
+        "kind": "ReDrafterDeployment",
+        "metadata": {"name": NAME, "namespace": NS, "uid": "uid-1", "generation": 1},
+        "spec": spec,
+        "status": {
+            "activeEngine": "redrafter",
+            "phase": "Serving",
+            "engines": {"redrafter": {"key": "r", "state": "Ready"}, "base": {"key": "b", "state": "Ready"}},
+            "conditions": [
+                {
+                    "type": "SpecValid",
+                    "status": "True",
+                    "reason": "Valid",
+                    "message": "",
+                    "lastTransitionTime": "2027-01-15T00:00:00Z",
+                    "observedGeneration": 1,
+                }
+            ],
+        },
+    }
 
 
 def pod(name: str, variant: str = "redrafter", pool: str | None = None, ready: bool = True) -> dict[str, Any]:
-    return {"metadata": {"name": name, "uid": f"uid-{name}",
-                         "labels": {names.LABEL_VARIANT: variant, names.LABEL_TRAFFIC: pool or variant}},
-            "status": {"podIP": "127.0.0.1",
-                       "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+    return {
+        "metadata": {
+            "name": name,
+            "uid": f"uid-{name}",
+            "labels": {names.LABEL_VARIANT: variant, names.LABEL_TRAFFIC: pool or variant},
+        },
+        "status": {"podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
 
 
 class FakeClient:
@@ -118,13 +149,23 @@ class Metrics:
         if self.down:
             return web.Response(status=503)
         labels = f'model="{NAME}",variant="redrafter"'
-        gauge = (f"# TYPE {c.METRIC_TRTLLM_REQUESTS} gauge\n"
-                 f'{c.METRIC_TRTLLM_REQUESTS}{{model="{c.ENGINE_MODEL}",request_type="active"}} {self.active}\n'
-                 if self.active is not None else "")
-        return web.Response(text="".join(
-            f"# TYPE {m} counter\n{m}{{{labels}}} {self.n[k]}\n" for m, k in (
-                (c.METRIC_REQUESTS, "requests"), (c.METRIC_DRAFT_TOKENS, "draft"),
-                (c.METRIC_ACCEPTED_DRAFT_TOKENS, "accepted"))) + gauge)
+        gauge = (
+            f"# TYPE {c.METRIC_TRTLLM_REQUESTS} gauge\n"
+            f'{c.METRIC_TRTLLM_REQUESTS}{{model="{c.ENGINE_MODEL}",request_type="active"}} {self.active}\n'
+            if self.active is not None
+            else ""
+        )
+        return web.Response(
+            text="".join(
+                f"# TYPE {m} counter\n{m}{{{labels}}} {self.n[k]}\n"
+                for m, k in (
+                    (c.METRIC_REQUESTS, "requests"),
+                    (c.METRIC_DRAFT_TOKENS, "draft"),
+                    (c.METRIC_ACCEPTED_DRAFT_TOKENS, "accepted"),
+                )
+            )
+            + gauge
+        )
 
 
 @pytest.fixture
@@ -178,8 +219,9 @@ async def test_collapse_switches_with_status_history_event_counter_and_targets(e
     st = ctl.status
     assert st["speculation"]["decision"] == "SwitchToBase" and st["speculation"]["acceptanceRate"] == pytest.approx(0.1)
     assert st["speculation"]["samples"] == 20
-    assert st["history"] == [{"time": sp.rfc3339(clock.t), "from": "redrafter", "to": "base",
-                              "reason": st["history"][0]["reason"]}]
+    assert st["history"] == [
+        {"time": sp.rfc3339(clock.t), "from": "redrafter", "to": "base", "reason": st["history"][0]["reason"]}
+    ]
     assert st["history"][0]["reason"].startswith("LowAcceptance: 1 consecutive failed measurements")
     cond = next(x for x in st["conditions"] if x["type"] == "SpeculationHealthy")
     assert (cond["status"], cond["reason"]) == ("False", "LowAcceptance")
@@ -301,7 +343,10 @@ def test_pure_helpers() -> None:
     assert stored_state({"policy": {"speculation": {"engine": "nope"}}}) is None
     assert stored_state({}) is None
     old = {"speculation": {"lastEvaluated": sp.rfc3339(100.0), "samples": 0}, "policy": {"window": {"t": 1.0}}}
-    same_but_later = {"speculation": {"lastEvaluated": sp.rfc3339(101.0), "samples": 0}, "policy": {"window": {"t": 2.0}}}
+    same_but_later = {
+        "speculation": {"lastEvaluated": sp.rfc3339(101.0), "samples": 0},
+        "policy": {"window": {"t": 2.0}},
+    }
     assert status_patch(old, same_but_later, now=101.0) is None
     assert status_patch(old, same_but_later, now=100_000.0) is None  # no timestamp heartbeat, however long at rest
     assert status_patch(old, {**same_but_later, "speculation": {"samples": 3}}, now=101.0)
@@ -311,10 +356,13 @@ def test_pure_helpers() -> None:
 def test_an_expired_settle_window_is_not_worth_a_write_alone() -> None:
     """The autoscaler treats a settle window that has expired as none: clearing it is no change by itself
     (else every resource writes once, minutes after a switch, with nothing else to say)."""
+
     def status(settle: list[float] | None, t: float) -> dict[str, Any]:
         autoscaler = {"recommendations": [], **({"settle": settle} if settle else {})}
-        return {"speculation": {"lastEvaluated": sp.rfc3339(t), "samples": 0},
-                "policy": {"autoscaler": autoscaler, "window": {"t": t}}}
+        return {
+            "speculation": {"lastEvaluated": sp.rfc3339(t), "samples": 0},
+            "policy": {"autoscaler": autoscaler, "window": {"t": t}},
+        }
 
     old = status([150.0, 2], 100.0)
     assert status_patch(old, status(None, 200.0), now=200.0) is None  # expired at 150
@@ -326,7 +374,11 @@ def test_an_expired_settle_window_is_not_worth_a_write_alone() -> None:
 # ---- the validation gate's pure parts -------------------------------------------------------------------
 from redrafter_operator.api.spec import ReDrafterDeploymentSpec  # noqa: E402
 from redrafter_operator.controller.gate import (  # noqa: E402
-    Gate, engine_pair, gate_from_status, gate_of, gated_targets,
+    Gate,
+    engine_pair,
+    gate_from_status,
+    gate_of,
+    gated_targets,
 )
 from redrafter_operator.controller.targets import default_targets  # noqa: E402
 from redrafter_operator.controller.validation import Promotion  # noqa: E402
@@ -337,7 +389,12 @@ POLICY = ServingTargets(active="redrafter", replicas={"redrafter": 3, "base": 0}
 
 def test_engine_pair_and_gate_of() -> None:
     assert engine_pair(PAIR_STATUS) == ("r1", "b1")
-    assert engine_pair({"engines": {"redrafter": {"key": "r1", "state": "Ready"}, "base": {"key": "b1", "state": "Building"}}}) is None
+    assert (
+        engine_pair(
+            {"engines": {"redrafter": {"key": "r1", "state": "Ready"}, "base": {"key": "b1", "state": "Building"}}}
+        )
+        is None
+    )
     assert gate_of(PAIR_STATUS, ("r1", "b1")) == Gate(False, "Pending")
     passed = {**PAIR_STATUS, "validation": {"redrafterKey": "r1", "baseKey": "b1", "state": "Passed"}}
     assert gate_of(passed, ("r1", "b1")) == Gate(True, "Passed")
@@ -345,33 +402,54 @@ def test_engine_pair_and_gate_of() -> None:
 
 
 def test_gated_targets() -> None:
-    assert gated_targets(POLICY, None, "redrafter") is POLICY and gated_targets(POLICY, Gate(True, "Passed"), None) is POLICY
+    assert (
+        gated_targets(POLICY, None, "redrafter") is POLICY
+        and gated_targets(POLICY, Gate(True, "Passed"), None) is POLICY
+    )
     # validating: the Service stays where it is, both variants up, no canary
     assert gated_targets(POLICY, Gate(False, "Running"), "redrafter") == ServingTargets(
-        "redrafter", {"redrafter": 3, "base": 1}, 0)
-    assert gated_targets(POLICY, Gate(False, "Running"), "base") == ServingTargets("base", {"base": 3, "redrafter": 1}, 0)
+        "redrafter", {"redrafter": 3, "base": 1}, 0
+    )
+    assert gated_targets(POLICY, Gate(False, "Running"), "base") == ServingTargets(
+        "base", {"base": 3, "redrafter": 1}, 0
+    )
     assert gated_targets(POLICY, Gate(False, "Pending"), None).active == "base"  # nothing serves yet: the reference
     # a fallback to base (the reference engine) is never held by a validation in progress
     fallback = ServingTargets(active="base", replicas={"base": 3, "redrafter": 0}, canary=1)
     assert gated_targets(fallback, Gate(False, "Running"), "redrafter") == ServingTargets(
-        "base", {"base": 3, "redrafter": 1}, 0)
+        "base", {"base": 3, "redrafter": 1}, 0
+    )
     # failed: base serves at the policy's size, ReDrafter scales away, no canary
     on_base = ServingTargets(active="base", replicas={"base": 2, "redrafter": 0}, canary=1)
-    assert gated_targets(on_base, Gate(False, "Failed"), "base") == ServingTargets("base", {"base": 2, "redrafter": 0}, 0)
-    assert gated_targets(POLICY, Gate(False, "Failed"), "redrafter") == ServingTargets("base", {"base": 3, "redrafter": 0}, 0)
+    assert gated_targets(on_base, Gate(False, "Failed"), "base") == ServingTargets(
+        "base", {"base": 2, "redrafter": 0}, 0
+    )
+    assert gated_targets(POLICY, Gate(False, "Failed"), "redrafter") == ServingTargets(
+        "base", {"base": 3, "redrafter": 0}, 0
+    )
 
 
 def test_planner_defaults_keep_the_canary_and_the_gate_from_status() -> None:
     spec = ReDrafterDeploymentSpec.model_validate(body()["spec"])
     assert default_targets(spec, {"activeEngine": "base"}).canary == 1  # no canary flap on restart
     # ... nor one started for an interval after a load-caused fallback, which runs none (status.policy)
-    load_fallback = {"speculation": {"engine": "base", "since": 0, "fallback_reason": "NoSpeedupAtLoad",
-                                     "last_acceptance": 0.6, "last_tokens_per_step": 4.0}}
+    load_fallback = {
+        "speculation": {
+            "engine": "base",
+            "since": 0,
+            "fallback_reason": "NoSpeedupAtLoad",
+            "last_acceptance": 0.6,
+            "last_tokens_per_step": 4.0,
+        }
+    }
     aware = ReDrafterDeploymentSpec.model_validate(body(loadAware=True)["spec"])
     assert default_targets(aware, {"activeEngine": "base", "policy": load_fallback}).canary == 0
     assert default_targets(spec, {"activeEngine": "base", "policy": load_fallback}).canary == 1  # not load-aware
-    running = {**PAIR_STATUS, "activeEngine": "redrafter",
-               "validation": {"redrafterKey": "r1", "baseKey": "b1", "state": "Running"}}
+    running = {
+        **PAIR_STATUS,
+        "activeEngine": "redrafter",
+        "validation": {"redrafterKey": "r1", "baseKey": "b1", "state": "Running"},
+    }
     assert default_targets(spec, running).replicas == {"redrafter": 1, "base": 1}
     failed = {**running, "validation": {**running["validation"], "state": "Failed"}}
     assert default_targets(spec, failed) == ServingTargets("base", {"base": 1, "redrafter": 0}, 0)
@@ -408,14 +486,21 @@ def test_a_promoted_engine_is_stable_until_the_new_pair_passes() -> None:
     from redrafter_operator.controller.validation import validation_fragment
     from redrafter_operator.evaluate.gate import ValidationStep
 
-    pending = {**PAIR_STATUS, "validation": {"redrafterKey": "r0", "baseKey": "b1", "state": "Passed", "promoted": PROMOTED}}
+    pending = {
+        **PAIR_STATUS,
+        "validation": {"redrafterKey": "r0", "baseKey": "b1", "state": "Passed", "promoted": PROMOTED},
+    }
     assert gate_of(pending, ("r1", "b1")) == Gate(False, "Pending", stable="r0")
     assert gate_of(pending, ("r0", "b1")) == Gate(True, "Passed")  # the promoted pair itself: nothing stable
-    failed = {**PAIR_STATUS, "validation": {"redrafterKey": "r1", "baseKey": "b1", "state": "Failed", "promoted": PROMOTED}}
+    failed = {
+        **PAIR_STATUS,
+        "validation": {"redrafterKey": "r1", "baseKey": "b1", "state": "Failed", "promoted": PROMOTED},
+    }
     assert gate_of(failed, ("r1", "b1")) == Gate(False, "Failed", stable="r0")
     # validating: the policy's targets stand (the promoted engine is validated), base kept up as the reference
     assert gated_targets(POLICY, Gate(False, "Running", "r0"), "redrafter") == ServingTargets(
-        "redrafter", {"redrafter": 3, "base": 1}, 0)
+        "redrafter", {"redrafter": 3, "base": 1}, 0
+    )
     on_base = ServingTargets(active="base", replicas={"base": 2, "redrafter": 1}, canary=1)
     assert gated_targets(on_base, Gate(False, "Running", "r0"), "base") == on_base  # canary of the promoted engine kept
     # failed: the promoted engine keeps serving as the policy says, not base
@@ -426,7 +511,9 @@ def test_a_promoted_engine_is_stable_until_the_new_pair_passes() -> None:
     assert out["validation"]["promoted"] == PROMOTED and out["validation"]["state"] == "Running"
     passed = ValidationStep(True, False, 0, {"redrafterKey": "r1", "baseKey": "b1", "attempt": 0, "state": "Passed"})
     assert validation_fragment(pending, passed, generation=1, now="2026-01-01T00:00:00Z")["validation"]["promoted"] == {
-        "redrafterKey": "r1", "baseKey": "b1"}
+        "redrafterKey": "r1",
+        "baseKey": "b1",
+    }
 
 
 def test_the_policy_may_choose_a_promoted_engine_while_a_newer_one_is_validated() -> None:
@@ -443,8 +530,14 @@ def test_the_policy_may_choose_a_promoted_engine_while_a_newer_one_is_validated(
 def test_gating_twice_changes_nothing() -> None:
     """The planner gates whatever targets it gets (some arrive already gated by the promotion hub)."""
     on_base = ServingTargets(active="base", replicas={"base": 2, "redrafter": 0}, canary=1)
-    for gate in (Gate(False, "Pending"), Gate(False, "Running"), Gate(False, "Failed"), Gate(False, "Running", "r0"),
-                 Gate(False, "Failed", "r0"), Gate(True, "Passed")):
+    for gate in (
+        Gate(False, "Pending"),
+        Gate(False, "Running"),
+        Gate(False, "Failed"),
+        Gate(False, "Running", "r0"),
+        Gate(False, "Failed", "r0"),
+        Gate(True, "Passed"),
+    ):
         for pool in ("redrafter", "base", None):
             for targets in (POLICY, on_base):
                 once = gated_targets(targets, gate, pool)
@@ -457,8 +550,13 @@ async def test_the_autoscaler_counts_the_pods_still_starting(endpoint, events) -
     those count at the target, (2 + 2 x 4) / 4 pods / 4 -> ceil(0.625 x 4) = 3, where the Ready pods alone
     would say ceil(2 x 1/4) = 1 and take away the pods that are about to serve."""
     obj = body()
-    obj["spec"]["autoscaling"] = {"mode": "Operator", "minReplicas": 1, "maxReplicas": 16, "targetQueuePerReplica": 4,
-                                  "scaleDownStabilization": "0s"}
+    obj["spec"]["autoscaling"] = {
+        "mode": "Operator",
+        "minReplicas": 1,
+        "maxReplicas": 16,
+        "targetQueuePerReplica": 4,
+        "scaleDownStabilization": "0s",
+    }
     obj["spec"]["serving"] = {"replicas": 4}
     ctl, clock = FakeController(obj), Clock()
     ctl.pods = [pod(f"chat-redrafter-{i}", ready=i < 2) for i in range(4)]

@@ -32,16 +32,29 @@ LATER = "2026-01-01T00:05:00Z"
 
 
 def _variant(owner, variant, key, replicas):
-    return [{"apiVersion": "apps/v1", "kind": "Deployment",
-             "metadata": {"name": names.serving_deployment_name(owner.name, variant), "namespace": owner.namespace,
-                          "labels": {names.LABEL_ENGINE_KEY: key}},
-             "spec": {"replicas": replicas}}]
+    return [
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {
+                "name": names.serving_deployment_name(owner.name, variant),
+                "namespace": owner.namespace,
+                "labels": {names.LABEL_ENGINE_KEY: key},
+            },
+            "spec": {"replicas": replicas},
+        }
+    ]
 
 
 def _services(owner, pool):
-    return [{"apiVersion": "v1", "kind": "Service",
-             "metadata": {"name": names.service_name(owner.name), "namespace": owner.namespace},
-             "spec": {"selector": names.traffic_selector(owner.name, pool)}}]
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": names.service_name(owner.name), "namespace": owner.namespace},
+            "spec": {"selector": names.traffic_selector(owner.name, pool)},
+        }
+    ]
 
 
 RENDER = Renderers(variant=_variant, services=_services)
@@ -73,16 +86,34 @@ def keys(doc: dict) -> dict[str, str]:
 
 def job(doc, variant, state, attempt=0, token="", reason="", message="", owner=None) -> JobFact:
     key = keys(doc)[variant]
-    return JobFact(name=names.build_job_name(owner or doc["metadata"]["name"], variant, key, attempt),
-                   namespace="default", owner=owner or doc["metadata"]["name"], variant=variant, key=key,
-                   attempt=attempt, retry_token=token, claim="engine-cache", artifact=f"engines/{key}",
-                   state=state, reason=reason, message=message)
+    return JobFact(
+        name=names.build_job_name(owner or doc["metadata"]["name"], variant, key, attempt),
+        namespace="default",
+        owner=owner or doc["metadata"]["name"],
+        variant=variant,
+        key=key,
+        attempt=attempt,
+        retry_token=token,
+        claim="engine-cache",
+        artifact=f"engines/{key}",
+        state=state,
+        reason=reason,
+        message=message,
+    )
 
 
 def dep(name, variant, key, replicas=1, ready=1, gen=1, observed_gen=1) -> DeploymentFact:
-    return DeploymentFact(name=names.serving_deployment_name(name, variant), variant=variant, key=key,
-                          replicas=replicas, ready_replicas=ready, updated_replicas=ready, total_replicas=replicas,
-                          generation=gen, observed_generation=observed_gen)
+    return DeploymentFact(
+        name=names.serving_deployment_name(name, variant),
+        variant=variant,
+        key=key,
+        replicas=replicas,
+        ready_replicas=ready,
+        updated_replicas=ready,
+        total_replicas=replicas,
+        generation=gen,
+        observed_generation=observed_gen,
+    )
 
 
 def cond(status: dict, type_: str) -> dict:
@@ -144,8 +175,12 @@ def test_active_engine_ready_deploys_serving_without_waiting_for_base():
     assert p2.status["phase"] == "Serving"
     assert cond(p2.status, "Available")["status"] == "True"
     assert cond(p2.status, "EnginesReady")["status"] == "False"  # base still building
-    assert p2.status["serving"] == {"replicas": 1, "readyReplicas": 1, "service": "llama3-8b",
-                                    "selector": names.selector_string(names.traffic_selector("llama3-8b", "redrafter"))}
+    assert p2.status["serving"] == {
+        "replicas": 1,
+        "readyReplicas": 1,
+        "service": "llama3-8b",
+        "selector": names.selector_string(names.traffic_selector("llama3-8b", "redrafter")),
+    }
     assert [e.reason for e in p2.events] == ["PhaseServing"]
 
 
@@ -166,7 +201,9 @@ def test_failed_job_retries_with_attempt_suffix_then_fails_without_loop():
     obs = Observed(jobs=[failed0, job(doc, "base", "Succeeded")], pods={failed0.name: pod})
     p1 = plan(res_of(doc, st0), obs, now=NOW, renderers=RENDER)
     retry = [m for m in p1.create if m["kind"] == "Job"]
-    assert [m["metadata"]["name"] for m in retry] == [names.build_job_name("llama3-8b", "redrafter", keys(doc)["redrafter"], 1)]
+    assert [m["metadata"]["name"] for m in retry] == [
+        names.build_job_name("llama3-8b", "redrafter", keys(doc)["redrafter"], 1)
+    ]
     eng = p1.status["engines"]["redrafter"]
     assert eng["attempts"] == 2 and "out of memory" in eng["message"]
     assert cond(p1.status, "EnginesReady")["reason"] == "BuildRetrying"
@@ -191,7 +228,9 @@ def test_failed_job_retries_with_attempt_suffix_then_fails_without_loop():
     doc2["metadata"]["annotations"] = {names.ANNOTATION_RETRY_BUILD: "1"}
     p5 = plan(res_of(doc2, p2.status), obs, now=LATER, renderers=RENDER)
     jobs5 = [m for m in p5.create if m["kind"] == "Job"]
-    assert [m["metadata"]["name"] for m in jobs5] == [names.build_job_name("llama3-8b", "redrafter", keys(doc)["redrafter"], 2)]
+    assert [m["metadata"]["name"] for m in jobs5] == [
+        names.build_job_name("llama3-8b", "redrafter", keys(doc)["redrafter"], 2)
+    ]
     assert jobs5[0]["metadata"]["annotations"]["redrafter.dev/retry-token"] == "1"
     assert p5.status["engines"]["redrafter"]["state"] == "Building"
 
@@ -201,14 +240,29 @@ def _fail_job_body(doc, code: int) -> dict:
     k = keys(doc)["redrafter"]
     name = names.build_job_name("llama3-8b", "redrafter", k, 0)
     why = f"Container build for pod default/{name}-x7k2p failed with exit code {code} matching FailJob rule at index 0"
-    return {"metadata": {"name": name, "namespace": "default",
-                         "labels": {names.LABEL_DEPLOYMENT: "llama3-8b", names.LABEL_VARIANT: "redrafter",
-                                    names.LABEL_ENGINE_KEY: k},
-                         "annotations": {"redrafter.dev/attempt": "0", "redrafter.dev/artifact": f"engines/{k}",
-                                         "redrafter.dev/cache-claim": "engine-cache"}},
-            "status": {"failed": 1, "conditions": [
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "labels": {
+                names.LABEL_DEPLOYMENT: "llama3-8b",
+                names.LABEL_VARIANT: "redrafter",
+                names.LABEL_ENGINE_KEY: k,
+            },
+            "annotations": {
+                "redrafter.dev/attempt": "0",
+                "redrafter.dev/artifact": f"engines/{k}",
+                "redrafter.dev/cache-claim": "engine-cache",
+            },
+        },
+        "status": {
+            "failed": 1,
+            "conditions": [
                 {"type": "FailureTarget", "status": "True", "reason": "PodFailurePolicy", "message": why},
-                {"type": "Failed", "status": "True", "reason": "PodFailurePolicy", "message": why}]}}
+                {"type": "Failed", "status": "True", "reason": "PodFailurePolicy", "message": why},
+            ],
+        },
+    }
 
 
 def test_job_fact_reads_the_exit_code_a_fail_job_rule_matched():
@@ -241,8 +295,9 @@ def test_non_retryable_exit_code_fails_the_engine_after_one_job(code, name):
     assert f"exit code {code} ({name})" in events["BuildNotRetried"].message
     assert "retry-build" in events["BuildNotRetried"].message
     # a long stderr tail never pushes the code and the retry hint out of the bounded message
-    long_tail = Observed(jobs=obs.jobs, pods={failed.name: PodFact(job=failed.name, phase="Failed",
-                                                                    message="x" * 5000)})
+    long_tail = Observed(
+        jobs=obs.jobs, pods={failed.name: PodFact(job=failed.name, phase="Failed", message="x" * 5000)}
+    )
     bounded = plan(res_of(doc, st0), long_tail, now=NOW, renderers=RENDER).status["engines"]["redrafter"]["message"]
     assert len(bounded) <= 1024 and "retry-build=<new value>" in bounded
     # the Job expires (TTL): status remembers the code, still no Job
@@ -259,8 +314,13 @@ def test_non_retryable_exit_code_fails_the_engine_after_one_job(code, name):
 def test_shared_cache_running_or_complete_elsewhere_means_no_build():
     doc = body()
     other = job(doc, "redrafter", "Running", owner="other")
-    obs = Observed(jobs=[], shared={"redrafter": SharedArtifact(building_job=other.name),
-                                    "base": SharedArtifact(ready_by="Job other-build-base")})
+    obs = Observed(
+        jobs=[],
+        shared={
+            "redrafter": SharedArtifact(building_job=other.name),
+            "base": SharedArtifact(ready_by="Job other-build-base"),
+        },
+    )
     p = plan(res_of(doc), obs, now=NOW, renderers=RENDER)
     assert p.create == []
     assert p.status["engines"]["redrafter"]["state"] == "Building"
@@ -272,10 +332,14 @@ def test_shared_cache_running_or_complete_elsewhere_means_no_build():
 def test_build_input_change_keeps_serving_old_engine_until_new_is_ready():
     doc = body()
     k = keys(doc)
-    serving = Observed(jobs=[job(doc, "redrafter", "Succeeded"), job(doc, "base", "Succeeded")],
-                       deployments={"redrafter": dep("llama3-8b", "redrafter", k["redrafter"]),
-                                    "base": dep("llama3-8b", "base", k["base"], replicas=0, ready=0)},
-                       service_pool="redrafter")
+    serving = Observed(
+        jobs=[job(doc, "redrafter", "Succeeded"), job(doc, "base", "Succeeded")],
+        deployments={
+            "redrafter": dep("llama3-8b", "redrafter", k["redrafter"]),
+            "base": dep("llama3-8b", "base", k["base"], replicas=0, ready=0),
+        },
+        service_pool="redrafter",
+    )
     st = plan(res_of(doc), serving, now=NOW, renderers=RENDER).status
     st = plan(res_of(doc, st), serving, now=NOW, renderers=RENDER).status
     assert st["phase"] == "Serving"
@@ -294,8 +358,11 @@ def test_build_input_change_keeps_serving_old_engine_until_new_is_ready():
 def test_serving_only_change_patches_deployments_without_jobs():
     doc = body()
     k = keys(doc)
-    obs = Observed(jobs=[job(doc, "redrafter", "Succeeded"), job(doc, "base", "Succeeded")],
-                   deployments={"redrafter": dep("llama3-8b", "redrafter", k["redrafter"])}, service_pool="redrafter")
+    obs = Observed(
+        jobs=[job(doc, "redrafter", "Succeeded"), job(doc, "base", "Succeeded")],
+        deployments={"redrafter": dep("llama3-8b", "redrafter", k["redrafter"])},
+        service_pool="redrafter",
+    )
     st = plan(res_of(doc), obs, now=NOW, renderers=RENDER).status
     changed = body(serving__replicas=3)
     p = plan(res_of(changed, st), obs, now=LATER, renderers=RENDER)
@@ -308,8 +375,13 @@ def test_blue_green_switch_order():
     targets = ServingTargets(active="base", replicas={"base": 2, "redrafter": 0})
     both = {"redrafter": True, "base": True}
     # 1. target not Ready: scale it up, keep the Service and the old pool
-    obs = Observed(deployments={"redrafter": dep("x", "redrafter", "k1", replicas=2, ready=2),
-                                "base": dep("x", "base", "k2", replicas=0, ready=0)}, service_pool="redrafter")
+    obs = Observed(
+        deployments={
+            "redrafter": dep("x", "redrafter", "k1", replicas=2, ready=2),
+            "base": dep("x", "base", "k2", replicas=0, ready=0),
+        },
+        service_pool="redrafter",
+    )
     s = plan_switch(targets, both, obs, "BlueGreen")
     assert s.pool == "redrafter" and s.replicas == {"base": 2, "redrafter": 2} and s.switching
     # 2. target rolled out and Ready: move the Service, keep the old pool up
@@ -349,8 +421,10 @@ def test_last_transition_time_only_moves_on_status_change(old_status, new_status
 
 
 def test_conditions_owned_by_others_are_kept_and_ordered():
-    old = [{"type": "Custom", "status": "True", "reason": "X"},
-           {"type": "SpeculationHealthy", "status": "True", "reason": "AcceptanceHigh", "lastTransitionTime": NOW}]
+    old = [
+        {"type": "Custom", "status": "True", "reason": "X"},
+        {"type": "SpeculationHealthy", "status": "True", "reason": "AcceptanceHigh", "lastTransitionTime": NOW},
+    ]
     out = merge_conditions(old, [Cond("SpecValid", "True", "Valid")], generation=1, now=LATER)
     assert [c["type"] for c in out] == ["SpecValid", "SpeculationHealthy", "Custom"]
 
@@ -360,10 +434,14 @@ def test_policy_targets_render_the_canary_and_real_serving_children():
 
     doc = body(validation__enabled=False)  # the policy's targets as they are (no validation gate)
     k = keys(doc)
-    obs = Observed(jobs=[job(doc, "redrafter", "Succeeded"), job(doc, "base", "Succeeded")],
-                   deployments={"redrafter": dep("llama3-8b", "redrafter", k["redrafter"]),
-                                "base": dep("llama3-8b", "base", k["base"], replicas=0, ready=0)},
-                   service_pool="redrafter")
+    obs = Observed(
+        jobs=[job(doc, "redrafter", "Succeeded"), job(doc, "base", "Succeeded")],
+        deployments={
+            "redrafter": dep("llama3-8b", "redrafter", k["redrafter"]),
+            "base": dep("llama3-8b", "base", k["base"], replicas=0, ready=0),
+        },
+        service_pool="redrafter",
+    )
     targets = ServingTargets(active="base", replicas={"base": 2, "redrafter": 0}, canary=1)
     p = plan(res_of(doc), obs, now=NOW, renderers=default_renderers(), targets=lambda spec, status: targets)
     by_name = {(m["kind"], m["metadata"]["name"]): m for m in p.apply}
@@ -387,10 +465,14 @@ def test_a_new_redrafter_engine_is_validated_on_a_candidate_while_the_promoted_o
     old_pair = {"redrafterKey": "r-old", "baseKey": k["base"], "state": "Passed", "promoted": promoted}
 
     def step(validation, jobs=("redrafter", "base"), candidate=None):
-        deps = {"redrafter": dep("llama3-8b", "redrafter", "r-old", replicas=2, ready=2),
-                "base": dep("llama3-8b", "base", k["base"], replicas=1, ready=1)}
+        deps = {
+            "redrafter": dep("llama3-8b", "redrafter", "r-old", replicas=2, ready=2),
+            "base": dep("llama3-8b", "base", k["base"], replicas=1, ready=1),
+        }
         if candidate:
-            deps["candidate"] = DeploymentFact(names.candidate_name("llama3-8b"), "redrafter", candidate, 1, 1, 1, 1, 1, 1, "")
+            deps["candidate"] = DeploymentFact(
+                names.candidate_name("llama3-8b"), "redrafter", candidate, 1, 1, 1, 1, 1, 1, ""
+            )
         obs = Observed(jobs=[job(doc, v, "Succeeded") for v in jobs], deployments=deps, service_pool="redrafter")
         engines = {v: {"key": k[v], "state": "Ready" if v in jobs else "Building"} for v in ("redrafter", "base")}
         status = {"activeEngine": "redrafter", "validation": validation, "engines": engines}
@@ -416,8 +498,14 @@ def test_a_new_redrafter_engine_is_validated_on_a_candidate_while_the_promoted_o
     prog = cond(p.status, "Progressing")
     assert prog["reason"] == "Validating" and "r-old keeps serving" in prog["message"] and cand in prog["message"]
     # the new pair fails: the promoted engine keeps serving, the candidate scales to zero
-    failed = {"redrafterKey": k["redrafter"], "baseKey": k["base"], "state": "Failed", "reason": "Diverged",
-              "message": "1 of 12 differ", "promoted": promoted}
+    failed = {
+        "redrafterKey": k["redrafter"],
+        "baseKey": k["base"],
+        "state": "Failed",
+        "reason": "Diverged",
+        "message": "1 of 12 differ",
+        "promoted": promoted,
+    }
     p, by = step(failed, candidate=k["redrafter"])
     assert key_of(by[("Deployment", "llama3-8b-redrafter")]) == "r-old"
     assert by[("Deployment", "llama3-8b-redrafter")]["spec"]["replicas"] >= 1
@@ -427,8 +515,12 @@ def test_a_new_redrafter_engine_is_validated_on_a_candidate_while_the_promoted_o
     assert prog["reason"] == "ValidationFailed" and "promoted ReDrafter engine r-old keeps serving" in prog["message"]
     assert p.status["phase"] == "Degraded"
     # a retry passes: the primary rolls to the new engine, the candidate scales away
-    passed = {"redrafterKey": k["redrafter"], "baseKey": k["base"], "state": "Passed",
-              "promoted": {"redrafterKey": k["redrafter"], "baseKey": k["base"]}}
+    passed = {
+        "redrafterKey": k["redrafter"],
+        "baseKey": k["base"],
+        "state": "Passed",
+        "promoted": {"redrafterKey": k["redrafter"], "baseKey": k["base"]},
+    }
     p, by = step(passed, candidate=k["redrafter"])
     assert key_of(by[("Deployment", "llama3-8b-redrafter")]) == k["redrafter"]
     assert by[("Deployment", cand)]["spec"]["replicas"] == 0
@@ -439,12 +531,17 @@ def test_without_a_promoted_engine_the_primary_runs_the_new_engine_as_before():
 
     doc = body()
     k = keys(doc)
-    obs = Observed(jobs=[job(doc, v, "Succeeded") for v in ("redrafter", "base")],
-                   deployments={"redrafter": dep("llama3-8b", "redrafter", "r-old")}, service_pool="redrafter")
+    obs = Observed(
+        jobs=[job(doc, v, "Succeeded") for v in ("redrafter", "base")],
+        deployments={"redrafter": dep("llama3-8b", "redrafter", "r-old")},
+        service_pool="redrafter",
+    )
     p = plan(res_of(doc, {"activeEngine": "redrafter"}), obs, now=NOW, renderers=default_renderers())
     by = {(m["kind"], m["metadata"]["name"]): m for m in p.apply}
-    assert by[("Deployment", "llama3-8b-redrafter")]["spec"]["template"]["metadata"]["labels"][
-        names.LABEL_ENGINE_KEY] == k["redrafter"]
+    assert (
+        by[("Deployment", "llama3-8b-redrafter")]["spec"]["template"]["metadata"]["labels"][names.LABEL_ENGINE_KEY]
+        == k["redrafter"]
+    )
     assert ("Deployment", names.candidate_name("llama3-8b")) not in by
     prog = cond(p.status, "Progressing")  # not promoted yet: the rollout is not complete
     assert (prog["status"], prog["reason"]) == ("True", "Validating") and "serves meanwhile" in prog["message"]
@@ -458,16 +555,22 @@ def test_engine_status_reports_size_and_built_at_from_the_build_message():
     rd = job(doc, "redrafter", "Succeeded")
     ok = PodFact(job=rd.name, phase="Succeeded", message=built.message("OK: engine k (redrafter) is complete at /c/k"))
     other_ok = built.model_copy(update={"size_bytes": 123}).message("OK: engine b (base) is complete at /c/b")
-    obs = Observed(jobs=[rd], pods={rd.name: ok}, shared={"base": SharedArtifact(ready_by="Job other-build-base",
-                                                                                 built_message=other_ok)})
+    obs = Observed(
+        jobs=[rd],
+        pods={rd.name: ok},
+        shared={"base": SharedArtifact(ready_by="Job other-build-base", built_message=other_ok)},
+    )
     p = plan(res_of(doc), obs, now=NOW, renderers=RENDER)
     engines = p.status["engines"]
     assert (engines["redrafter"]["sizeBytes"], engines["redrafter"]["builtAt"]) == (16 * 2**30, "2026-01-01T00:00:00Z")
     assert engines["base"]["state"] == "Cached" and engines["base"]["sizeBytes"] == 123
     ReDrafterDeploymentStatus.model_validate(p.status)
     later = plan(res_of(doc, p.status), Observed(), now=LATER, renderers=RENDER)  # Jobs and Pods expired
-    assert all((later.status["engines"][v]["sizeBytes"], later.status["engines"][v]["builtAt"])
-               == (engines[v]["sizeBytes"], engines[v]["builtAt"]) for v in ("redrafter", "base"))
+    assert all(
+        (later.status["engines"][v]["sizeBytes"], later.status["engines"][v]["builtAt"])
+        == (engines[v]["sizeBytes"], engines[v]["builtAt"])
+        for v in ("redrafter", "base")
+    )
     # a message from an older builder (no result line) leaves the fields out rather than inventing them
     bare = Observed(jobs=[rd], pods={rd.name: PodFact(job=rd.name, phase="Succeeded", message="OK: engine k")})
     assert "sizeBytes" not in plan(res_of(doc), bare, now=NOW, renderers=RENDER).status["engines"]["redrafter"]
@@ -480,22 +583,44 @@ def test_out_of_disk_collects_then_retries_once_beyond_the_retries():
     st0 = plan(res_of(doc), Observed(), now=NOW, renderers=RENDER).status
     failed0 = job(doc, "redrafter", "Failed", reason="BackoffLimitExceeded")
     ood = "OUT_OF_DISK: not enough free space on the cache volume: about 16.0 GiB needed, 2.0 GiB free"
-    obs = Observed(jobs=[failed0, job(doc, "base", "Succeeded")],
-                   pods={failed0.name: PodFact(job=failed0.name, phase="Failed", message=ood)})
+    obs = Observed(
+        jobs=[failed0, job(doc, "base", "Succeeded")],
+        pods={failed0.name: PodFact(job=failed0.name, phase="Failed", message=ood)},
+    )
     p1 = plan(res_of(doc, st0), obs, now=NOW, renderers=RENDER)
     (retry,) = [m for m in p1.create if m["kind"] == "Job"]
     assert retry["metadata"]["name"] == names.build_job_name("llama3-8b", "redrafter", keys(doc)["redrafter"], 1)
     pod = retry["spec"]["template"]["spec"]
     (collect,) = pod["initContainers"]
     assert collect["image"] == pod["containers"][0]["image"]  # the builder image: engine_jobs, the files' owner
-    assert collect["command"][4:] == ["gc", "--local", "/cache", "--references", "/etc/redrafter/cache/references.json",
-                                      "--termination-log", "/dev/termination-log", "--keep", "1", "--max-age", "86400s"]
+    assert collect["command"][4:] == [
+        "gc",
+        "--local",
+        "/cache",
+        "--references",
+        "/etc/redrafter/cache/references.json",
+        "--termination-log",
+        "/dev/termination-log",
+        "--keep",
+        "1",
+        "--max-age",
+        "86400s",
+    ]
     assert retry["metadata"]["labels"]["redrafter.dev/cache-verb"] == "gc-before-build"
     engine = p1.status["engines"]["redrafter"]
-    assert engine["state"] == "Building" and "ran out of disk" in engine["message"] and "then one more build" in \
-        engine["message"]
-    failed1 = JobFact.from_body({**retry, "status": {"conditions": [
-        {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "x"}]}})
+    assert (
+        engine["state"] == "Building"
+        and "ran out of disk" in engine["message"]
+        and "then one more build" in engine["message"]
+    )
+    failed1 = JobFact.from_body(
+        {
+            **retry,
+            "status": {
+                "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "x"}]
+            },
+        }
+    )
     assert failed1.collected and failed1.state == "Failed"
     obs.jobs.append(failed1)
     obs.pods[failed1.name] = PodFact(job=failed1.name, phase="Failed", message=ood)
@@ -506,11 +631,14 @@ def test_out_of_disk_collects_then_retries_once_beyond_the_retries():
 def test_out_of_disk_without_a_retention_collects_nothing():
     doc = body(engine__build__retries=0)
     failed0 = job(doc, "redrafter", "Failed", reason="BackoffLimitExceeded")
-    obs = Observed(jobs=[failed0], pods={failed0.name: PodFact(job=failed0.name, phase="Failed",
-                                                               message="OUT_OF_DISK: not enough free space")})
+    obs = Observed(
+        jobs=[failed0],
+        pods={failed0.name: PodFact(job=failed0.name, phase="Failed", message="OUT_OF_DISK: not enough free space")},
+    )
     p = plan(res_of(doc), obs, now=NOW, renderers=RENDER)
-    assert not [m for m in p.create if m["kind"] == "Job" and m["metadata"]["labels"].get(names.LABEL_VARIANT) ==
-                "redrafter"]
+    assert not [
+        m for m in p.create if m["kind"] == "Job" and m["metadata"]["labels"].get(names.LABEL_VARIANT) == "redrafter"
+    ]
     assert p.status["engines"]["redrafter"]["state"] == "Failed"
 
 
@@ -521,13 +649,20 @@ def _prewarm_to_rest(doc, obs, st, rounds=3):
     for _ in range(rounds):
         p = plan(res_of(doc, st), obs, now=LATER, renderers=RENDER)
         st = p.status
-        applied = {v: m for m in p.apply for v in ("redrafter", "base")
-                   if m["kind"] == "Deployment" and m["metadata"]["name"] == names.serving_deployment_name("llama3-8b", v)}
+        applied = {
+            v: m
+            for m in p.apply
+            for v in ("redrafter", "base")
+            if m["kind"] == "Deployment" and m["metadata"]["name"] == names.serving_deployment_name("llama3-8b", v)
+        }
         want = {v: m["spec"]["replicas"] for v, m in applied.items()}
-        obs.deployments = {v: dep("llama3-8b", v, k[v], replicas=want.get(v, 0), ready=want.get(v, 0))
-                           for v in ("redrafter", "base")}
-        obs.applied = {names.serving_deployment_name("llama3-8b", v): manifest_hash(applied[v]) if v in applied else "h"
-                       for v in ("redrafter", "base")}  # as applied: the Deployments carry this step's spec
+        obs.deployments = {
+            v: dep("llama3-8b", v, k[v], replicas=want.get(v, 0), ready=want.get(v, 0)) for v in ("redrafter", "base")
+        }
+        obs.applied = {
+            names.serving_deployment_name("llama3-8b", v): manifest_hash(applied[v]) if v in applied else "h"
+            for v in ("redrafter", "base")
+        }  # as applied: the Deployments carry this step's spec
         svc = next((m for m in p.apply if m["kind"] == "Service"), None)
         obs.service_pool = svc["spec"]["selector"].get(names.LABEL_TRAFFIC) if svc else None
     return p
@@ -539,12 +674,21 @@ def test_prewarm_builds_and_validates_then_rests_without_serving_and_scaling_up_
     obs = Observed(jobs=[job(doc, "redrafter", "Succeeded"), job(doc, "base", "Succeeded")])
     first = plan(res_of(doc), obs, now=NOW, renderers=RENDER)
     assert first.status["phase"] != "Prewarmed"  # the pair is validated first (its pods run for that)
-    st = {**first.status, "validation": {"state": "Passed", "redrafterKey": k["redrafter"], "baseKey": k["base"],
-                                         "promoted": {"redrafterKey": k["redrafter"], "baseKey": k["base"]}}}
+    st = {
+        **first.status,
+        "validation": {
+            "state": "Passed",
+            "redrafterKey": k["redrafter"],
+            "baseKey": k["base"],
+            "promoted": {"redrafterKey": k["redrafter"], "baseKey": k["base"]},
+        },
+    }
     p = _prewarm_to_rest(doc, obs, st)
     assert p.status["phase"] == "Prewarmed" and p.create == []
-    assert {m["metadata"]["name"]: m["spec"]["replicas"] for m in p.apply if m["kind"] == "Deployment"} == \
-        {"llama3-8b-redrafter": 0, "llama3-8b-base": 0}
+    assert {m["metadata"]["name"]: m["spec"]["replicas"] for m in p.apply if m["kind"] == "Deployment"} == {
+        "llama3-8b-redrafter": 0,
+        "llama3-8b-base": 0,
+    }
     available = cond(p.status, "Available")
     assert available["status"] == "False" and available["reason"] == "Prewarmed"
     # GitOps tools see a prewarmed resource as healthy and done (kstatus Current, Argo CD Healthy)
@@ -556,7 +700,8 @@ def test_prewarm_builds_and_validates_then_rests_without_serving_and_scaling_up_
     p2 = _prewarm_to_rest(up, obs, p.status)
     assert p2.create == [] and p2.status["phase"] == "Serving"
     assert {m["metadata"]["name"]: m["spec"]["replicas"] for m in p2.apply if m["kind"] == "Deployment"}[
-        f"llama3-8b-{p2.status['activeEngine']}"] == 2
+        f"llama3-8b-{p2.status['activeEngine']}"
+    ] == 2
     # zero replicas while the autoscaler may scale up again is not a prewarm
     auto = body(serving__replicas=0, autoscaling__mode="External")
     assert _prewarm_to_rest(auto, obs, p.status).status["phase"] == "Serving"

@@ -12,7 +12,10 @@ import pytest
 import yaml
 
 from redrafter_operator.api.defaults import (
-    DEFAULT_BUILDER_IMAGE, ENV_BUILDER_IMAGE, ENV_CACHE_CLAIM, OperatorDefaults,
+    DEFAULT_BUILDER_IMAGE,
+    ENV_BUILDER_IMAGE,
+    ENV_CACHE_CLAIM,
+    OperatorDefaults,
 )
 from redrafter_operator.api.spec import ReDrafterDeploymentSpec
 
@@ -33,8 +36,13 @@ _PROBE = (
 
 def probe(spec: dict, **env: str) -> dict:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("REDRAFTER_DEFAULT_")}
-    out = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(spec)], capture_output=True, text=True,
-                         check=True, env={**clean, **env})
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE, json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**clean, **env},
+    )
     return json.loads(out.stdout)
 
 
@@ -45,8 +53,14 @@ def test_builtin_defaults_without_environment():
 
 def test_environment_defaults_fill_unset_fields_and_move_the_key():
     plain = probe(SPEC)
-    custom = probe(SPEC, **{ENV_BUILDER_IMAGE: "registry.local/builder:trtllm1.0.0", ENV_CACHE_CLAIM: "team-cache",
-                            "REDRAFTER_DEFAULT_SERVING_IMAGE": "registry.local/triton:25.09"})
+    custom = probe(
+        SPEC,
+        **{
+            ENV_BUILDER_IMAGE: "registry.local/builder:trtllm1.0.0",
+            ENV_CACHE_CLAIM: "team-cache",
+            "REDRAFTER_DEFAULT_SERVING_IMAGE": "registry.local/triton:25.09",
+        },
+    )
     assert custom["image"] == "registry.local/builder:trtllm1.0.0"
     assert custom["claim"] == "team-cache" and custom["serving"] == "registry.local/triton:25.09"
     assert custom["key"] != plain["key"], "the builder image pins TensorRT-LLM: it must be part of the key"

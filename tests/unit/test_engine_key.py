@@ -43,8 +43,13 @@ def test_same_inputs_same_key_in_another_process():
         "s=S.model_validate(json.loads(sys.argv[1]));"
         "print(engine_key(s,'redrafter'), engine_key(s,'base'))"
     )
-    out = subprocess.run([sys.executable, "-c", code, json.dumps(BASE)], capture_output=True, text=True,
-                         check=True, env={"PYTHONHASHSEED": "123", "PATH": ""})
+    out = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(BASE)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONHASHSEED": "123", "PATH": ""},
+    )
     assert tuple(out.stdout.split()) == keys(BASE)
 
 
@@ -116,6 +121,21 @@ def test_every_build_input_is_covered_by_a_test():
     """A new build input must get a row above (so nobody adds one without checking key sensitivity)."""
     spec = ReDrafterDeploymentSpec.model_validate(BASE)
     assert set(build_inputs(spec, "redrafter")) == {
-        "contract", "variant", "base", "tokenizer", "architecture", "dtype", "quantization",
-        "tensorParallel", "maxBatchSize", "maxInputLen", "maxSeqLen", "maxNumTokens",
-        "pagedContextFmha", "builderImage", "gpuProduct", "drafter", "redrafter"}
+        "contract",
+        "variant",
+        "base",
+        "tokenizer",
+        "architecture",
+        "dtype",
+        "quantization",
+        "tensorParallel",
+        "maxBatchSize",
+        "maxInputLen",
+        "maxSeqLen",
+        "maxNumTokens",
+        "pagedContextFmha",
+        "builderImage",
+        "gpuProduct",
+        "drafter",
+        "redrafter",
+    }

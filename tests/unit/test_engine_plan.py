@@ -76,20 +76,67 @@ def assert_tool_accepts(argv: tuple[str, ...]) -> argparse.Namespace:
 
 # ---- the README procedure, flag for flag ----------------------------------------------------------
 
+
 def test_llama_bf16_tp1_redrafter_matches_readme_exactly():
     steps = plan(spec("llama3-8b-redrafter"))
     assert [s.name for s in steps] == ["convert-base", "convert-redrafter", "trtllm-build"]
-    assert steps[0].argv == ("py", "/ex/models/core/llama/convert_checkpoint.py", "--model_dir", "/m/base",
-                             "--output_dir", "/w/base_ckpt", "--dtype", "bfloat16", "--tp_size", "1")
-    assert steps[1].argv == ("py", "/ex/redrafter/convert_checkpoint.py", "--base_model_checkpoint_dir", "/w/base_ckpt",
-                             "--drafter_model_dir", "/m/drafter", "--output_dir", "/w/redrafter_ckpt",
-                             "--dtype", "bfloat16", "--tp_size", "1", "--redrafter_num_beams", "5",
-                             "--redrafter_draft_len_per_beam", "5")
-    assert steps[2].argv == ("trtllm-build", "--checkpoint_dir", "/w/redrafter_ckpt", "--output_dir", "/out/engine",
-                             "--gemm_plugin", "bfloat16", "--speculative_decoding_mode", "explicit_draft_tokens",
-                             "--max_beam_width", "1", "--kv_cache_type", "paged", "--max_batch_size", "8",
-                             "--max_input_len", "2048", "--max_seq_len", "4096", "--max_num_tokens", "8192",
-                             "--use_paged_context_fmha", "enable", "--workers", "1")
+    assert steps[0].argv == (
+        "py",
+        "/ex/models/core/llama/convert_checkpoint.py",
+        "--model_dir",
+        "/m/base",
+        "--output_dir",
+        "/w/base_ckpt",
+        "--dtype",
+        "bfloat16",
+        "--tp_size",
+        "1",
+    )
+    assert steps[1].argv == (
+        "py",
+        "/ex/redrafter/convert_checkpoint.py",
+        "--base_model_checkpoint_dir",
+        "/w/base_ckpt",
+        "--drafter_model_dir",
+        "/m/drafter",
+        "--output_dir",
+        "/w/redrafter_ckpt",
+        "--dtype",
+        "bfloat16",
+        "--tp_size",
+        "1",
+        "--redrafter_num_beams",
+        "5",
+        "--redrafter_draft_len_per_beam",
+        "5",
+    )
+    assert steps[2].argv == (
+        "trtllm-build",
+        "--checkpoint_dir",
+        "/w/redrafter_ckpt",
+        "--output_dir",
+        "/out/engine",
+        "--gemm_plugin",
+        "bfloat16",
+        "--speculative_decoding_mode",
+        "explicit_draft_tokens",
+        "--max_beam_width",
+        "1",
+        "--kv_cache_type",
+        "paged",
+        "--max_batch_size",
+        "8",
+        "--max_input_len",
+        "2048",
+        "--max_seq_len",
+        "4096",
+        "--max_num_tokens",
+        "8192",
+        "--use_paged_context_fmha",
+        "enable",
+        "--workers",
+        "1",
+    )
 
 
 def test_qwen_fp8_tp2_quantizes_the_base_and_builds_with_fp8_gemm():
@@ -97,13 +144,27 @@ def test_qwen_fp8_tp2_quantizes_the_base_and_builds_with_fp8_gemm():
     assert [s.name for s in steps] == ["quantize-base", "convert-redrafter", "trtllm-build"]
     q = flags(steps[0].argv)
     assert steps[0].argv[1] == "/ex/quantization/quantize.py"
-    assert q == {"--model_dir": "/m/base", "--dtype": "float16", "--qformat": "fp8", "--output_dir": "/w/base_ckpt",
-                 "--tp_size": "2", "--calib_size": "512"}
+    assert q == {
+        "--model_dir": "/m/base",
+        "--dtype": "float16",
+        "--qformat": "fp8",
+        "--output_dir": "/w/base_ckpt",
+        "--tp_size": "2",
+        "--calib_size": "512",
+    }
     r = flags(steps[1].argv)
-    assert (r["--tp_size"], r["--dtype"], r["--redrafter_num_beams"], r["--redrafter_draft_len_per_beam"]) == \
-        ("2", "float16", "4", "4")  # the drafter stays in dtype: only the base is FP8
+    assert (r["--tp_size"], r["--dtype"], r["--redrafter_num_beams"], r["--redrafter_draft_len_per_beam"]) == (
+        "2",
+        "float16",
+        "4",
+        "4",
+    )  # the drafter stays in dtype: only the base is FP8
     b = flags(steps[2].argv)
-    assert (b["--gemm_plugin"], b["--workers"], b["--speculative_decoding_mode"]) == ("fp8", "2", "explicit_draft_tokens")
+    assert (b["--gemm_plugin"], b["--workers"], b["--speculative_decoding_mode"]) == (
+        "fp8",
+        "2",
+        "explicit_draft_tokens",
+    )
 
 
 def test_qwen_bf16_uses_the_qwen_converter():
@@ -118,8 +179,16 @@ def test_base_variant_is_the_same_conversion_and_a_plain_build_with_the_same_lim
     bf, rf = flags(base[1].argv), flags(red[2].argv)
     assert "--speculative_decoding_mode" not in bf
     assert bf["--checkpoint_dir"] == "/w/base_ckpt"
-    for flag in ("--max_batch_size", "--max_input_len", "--max_seq_len", "--max_num_tokens", "--kv_cache_type",
-                 "--gemm_plugin", "--use_paged_context_fmha", "--max_beam_width"):
+    for flag in (
+        "--max_batch_size",
+        "--max_input_len",
+        "--max_seq_len",
+        "--max_num_tokens",
+        "--kv_cache_type",
+        "--gemm_plugin",
+        "--use_paged_context_fmha",
+        "--max_beam_width",
+    ):
         assert bf[flag] == rf[flag], flag
 
 
@@ -139,8 +208,14 @@ def test_non_greedy_and_no_paged_context_fmha():
 
 
 def test_calibration_dataset_setting_reaches_quantize():
-    settings = Settings.from_env({"REDRAFTER_TRTLLM_EXAMPLES": "/ex", "REDRAFTER_PYTHON": "py",
-                                  "REDRAFTER_FP8_CALIB_DATASET": "/data/calib", "REDRAFTER_FP8_CALIB_SIZE": "64"})
+    settings = Settings.from_env(
+        {
+            "REDRAFTER_TRTLLM_EXAMPLES": "/ex",
+            "REDRAFTER_PYTHON": "py",
+            "REDRAFTER_FP8_CALIB_DATASET": "/data/calib",
+            "REDRAFTER_FP8_CALIB_SIZE": "64",
+        }
+    )
     step = plan_steps(spec("qwen2.5-7b-fp8-tp2-base"), settings, "qwen", LAYOUT)[0]
     assert flags(step.argv)["--calib_dataset"] == "/data/calib"
     assert flags(step.argv)["--calib_size"] == "64"
@@ -167,11 +242,15 @@ def test_redrafter_variant_without_drafter_is_bad_input():
 
 # ---- architecture -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("config,arch", [
-    ({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}, "llama"),
-    ({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}, "qwen"),
-    ({"model_type": "qwen2"}, "qwen"),
-])
+
+@pytest.mark.parametrize(
+    "config,arch",
+    [
+        ({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}, "llama"),
+        ({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}, "qwen"),
+        ({"model_type": "qwen2"}, "qwen"),
+    ],
+)
 def test_detect_supported_architectures(config, arch):
     assert detect_architecture(config) == arch
 
@@ -183,23 +262,27 @@ def test_unsupported_architecture_is_bad_input(config):
     assert err.value.code == ExitCode.BAD_INPUT and "unsupported base architecture" in err.value.reason
 
 
-@pytest.mark.parametrize("config", [{"architectures": ["QWenLMHeadModel"], "model_type": "qwen"},
-                                    {"model_type": "qwen"}])
+@pytest.mark.parametrize(
+    "config", [{"architectures": ["QWenLMHeadModel"], "model_type": "qwen"}, {"model_type": "qwen"}]
+)
 def test_qwen_v1_is_refused_because_its_tokenizer_is_remote_code(config):
     for requested in ("auto", "qwen"):
         with pytest.raises(BuildError) as err:
             resolve_architecture(requested, config)
         assert err.value.code == ExitCode.BAD_INPUT
-        assert err.value.reason.startswith("Qwen v1 (QWenLMHeadModel) needs trust_remote_code tokenizers, which "
-                                           "this operator does not run; use Qwen2/Qwen2.5")
+        assert err.value.reason.startswith(
+            "Qwen v1 (QWenLMHeadModel) needs trust_remote_code tokenizers, which "
+            "this operator does not run; use Qwen2/Qwen2.5"
+        )
 
 
 def test_remote_code_tokenizer_is_bad_input(tmp_path: Path):
     (tmp_path / "tokenizer.json").write_text("{}")
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
     assert "tokenizer.json" in validate_tokenizer(tmp_path)
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
-        {"auto_map": {"AutoTokenizer": ["tokenization_qwen.QWenTokenizer", None]}}))
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps({"auto_map": {"AutoTokenizer": ["tokenization_qwen.QWenTokenizer", None]}})
+    )
     with pytest.raises(BuildError) as err:
         validate_tokenizer(tmp_path)
     assert err.value.code == ExitCode.BAD_INPUT
@@ -215,6 +298,7 @@ def test_explicit_architecture_must_agree_with_config():
 
 
 # ---- estimates, messages, settings, sources -----------------------------------------------------
+
 
 def test_disk_estimate_counts_checkpoints_engine_and_drafter():
     gib = 1 << 30
@@ -255,6 +339,7 @@ def test_drafter_config_must_have_the_converter_keys(tmp_path):
 
 
 # ---- lock ---------------------------------------------------------------------------------------
+
 
 def make_lock(tmp_path: Path, stale: float = 60) -> KeyLock:
     return KeyLock(tmp_path / "k.lock", stale_seconds=stale, heartbeat_seconds=0.05, log=Log(open(os.devnull, "w")))
@@ -303,13 +388,15 @@ def test_waiting_builder_times_out_on_a_live_owner_and_hits_a_finished_one(tmp_p
     assert err.value.code == ExitCode.LOCK_TIMEOUT
     paths.final.mkdir()
     (paths.final / "manifest.json").write_text(json.dumps({"key": "k"}))
-    assert acquire_or_wait(paths, waiter, wait_seconds=0.2, poll_seconds=0.05,
-                           log=Log(open(os.devnull, "w"))) == {"key": "k"}
+    assert acquire_or_wait(paths, waiter, wait_seconds=0.2, poll_seconds=0.05, log=Log(open(os.devnull, "w"))) == {
+        "key": "k"
+    }
     (paths.final / "manifest.json").write_text(json.dumps({"key": "other"}))
     assert read_manifest(paths) is None
 
 
 # ---- s3 -----------------------------------------------------------------------------------------
+
 
 class FakeS3Client:
     """TEST DOUBLE for the two boto3 S3 client calls fetch_s3 makes."""
@@ -324,10 +411,19 @@ class FakeS3Client:
         class Paginator:
             def paginate(self, Bucket, Prefix):
                 keys = sorted(k for k in client.objects if k.startswith(Prefix))
-                yield {"Contents": [{"Key": k, "ETag": f'"{len(client.objects[k])}"', "Size": len(client.objects[k])}
-                                    for k in keys[:1]]}
-                yield {"Contents": [{"Key": k, "ETag": f'"{len(client.objects[k])}"', "Size": len(client.objects[k])}
-                                    for k in keys[1:]]}
+                yield {
+                    "Contents": [
+                        {"Key": k, "ETag": f'"{len(client.objects[k])}"', "Size": len(client.objects[k])}
+                        for k in keys[:1]
+                    ]
+                }
+                yield {
+                    "Contents": [
+                        {"Key": k, "ETag": f'"{len(client.objects[k])}"', "Size": len(client.objects[k])}
+                        for k in keys[1:]
+                    ]
+                }
+
         return Paginator()
 
     def download_file(self, bucket, key, filename):
@@ -352,9 +448,11 @@ def test_s3_fetch_uses_secret_files_downloads_atomically_and_records_a_digest(tm
     ref = SourceRef(uri="s3://bucket/models/q", credentials_dir=str(creds))
     log = Log()
     got = fetch_s3("base", ref, parse_uri(ref.uri), str(tmp_path / "dl"), log, client_factory=factory)
-    assert made[0].kwargs == {"aws_access_key_id": "AKIAEXAMPLEKEYID",
-                              "aws_secret_access_key": "s3cr3t-value-never-logged",
-                              "endpoint_url": "http://127.0.0.1:9000"}
+    assert made[0].kwargs == {
+        "aws_access_key_id": "AKIAEXAMPLEKEYID",
+        "aws_secret_access_key": "s3cr3t-value-never-logged",
+        "endpoint_url": "http://127.0.0.1:9000",
+    }
     assert sorted(p.name for p in got.local_dir.iterdir()) == ["config.json", "model.safetensors"]
     assert got.bytes == 102 and got.resolved.startswith("sha256:")
     again = fetch_s3("base", ref, parse_uri(ref.uri), str(tmp_path / "dl"), log, client_factory=factory)
@@ -369,8 +467,14 @@ def test_s3_empty_prefix_is_source_unavailable(tmp_path):
 
     ref = SourceRef(uri="s3://bucket/missing")
     with pytest.raises(BuildError) as err:
-        fetch_s3("drafter", ref, parse_uri(ref.uri), str(tmp_path), Log(open(os.devnull, "w")),
-                 client_factory=lambda **kw: FakeS3Client({}, **kw))
+        fetch_s3(
+            "drafter",
+            ref,
+            parse_uri(ref.uri),
+            str(tmp_path),
+            Log(open(os.devnull, "w")),
+            client_factory=lambda **kw: FakeS3Client({}, **kw),
+        )
     assert err.value.code == ExitCode.SOURCE_UNAVAILABLE and "no objects" in err.value.reason
 
 

@@ -19,8 +19,18 @@ def pod(message: str) -> dict:
 
 
 def step(previous=None, *, pods_ready=True, j=None, p=None, retry=None, enabled=True, r=R, b=B):
-    s = validation_step(enabled=enabled, redrafter_key=r, base_key=b, pods_ready=pods_ready, previous=previous,
-                        job=j, pod=p, job_name="llm-validate", now=NOW, retry_token=retry)
+    s = validation_step(
+        enabled=enabled,
+        redrafter_key=r,
+        base_key=b,
+        pods_ready=pods_ready,
+        previous=previous,
+        job=j,
+        pod=p,
+        job_name="llm-validate",
+        now=NOW,
+        retry_token=retry,
+    )
     if s.status is not None:
         ValidationStatus.model_validate(s.status)  # what the controller writes fits status.validation
     return s
@@ -70,8 +80,15 @@ def test_job_failure_without_a_verdict():
 
 
 def test_retry_token_starts_the_next_attempt():
-    failed = {"redrafterKey": R, "baseKey": B, "attempt": 0, "state": "Failed", "reason": "RequestFailed",
-              "message": "x", "retryToken": "t1"}
+    failed = {
+        "redrafterKey": R,
+        "baseKey": B,
+        "attempt": 0,
+        "state": "Failed",
+        "reason": "RequestFailed",
+        "message": "x",
+        "retryToken": "t1",
+    }
     assert not step(failed, retry="t1").create_job
     s = step(failed, retry="t2")
     assert s.attempt == 1 and s.create_job and s.status["state"] == "Pending" and s.status["retryToken"] == "t2"

@@ -8,7 +8,15 @@ import re
 
 import pytest
 
-from redrafter_operator.evaluate.report import FIGURES, REPORT_KIND, build_report, figures, load_levels, markdown, write_report
+from redrafter_operator.evaluate.report import (
+    FIGURES,
+    REPORT_KIND,
+    build_report,
+    figures,
+    load_levels,
+    markdown,
+    write_report,
+)
 from redrafter_operator.evaluate.stats import Sample, level_stats
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -21,11 +29,18 @@ def _level(concurrency: int, tokens_per_s: float, acceptance: float | None) -> o
     samples = []
     for i in range(concurrency):
         drafted = 40 if acceptance is not None else None
-        samples.append(Sample(
-            start=0.0, end=duration, output_tokens=60, chunk_times=(0.05, duration / 2, duration),
-            chunk_tokens=(1, 29, 30), acceptance_rate=acceptance,
-            accepted_draft_tokens=round(acceptance * drafted) if drafted else None, draft_tokens=drafted,
-        ))
+        samples.append(
+            Sample(
+                start=0.0,
+                end=duration,
+                output_tokens=60,
+                chunk_times=(0.05, duration / 2, duration),
+                chunk_tokens=(1, 29, 30),
+                acceptance_rate=acceptance,
+                accepted_draft_tokens=round(acceptance * drafted) if drafted else None,
+                draft_tokens=drafted,
+            )
+        )
     return level_stats(concurrency, samples)
 
 
@@ -64,8 +79,9 @@ def test_single_endpoint_report_has_no_speedup(levels):
 
 
 def test_write_report_is_self_contained(levels, tmp_path):
-    report = build_report(levels, {"endpoints": {"redrafter": "r:8001", "base": "b:8001"}, "max_tokens": 60},
-                          label=LABEL)
+    report = build_report(
+        levels, {"endpoints": {"redrafter": "r:8001", "base": "b:8001"}, "max_tokens": 60}, label=LABEL
+    )
     paths = write_report(report, tmp_path / "out")
     assert json.loads(paths["json"].read_text()) == report
     for name in FIGURES:

@@ -118,8 +118,11 @@ def test_concurrency_levels():
 
 
 def test_window_stats_counts_recent_requests_only():
-    samples = [Sample(0, 1, output_tokens=100), Sample(5, 9, output_tokens=40, chunk_times=(0.2,), chunk_tokens=(40,)),
-               Sample(6, 9.5, ok=False)]
+    samples = [
+        Sample(0, 1, output_tokens=100),
+        Sample(5, 9, output_tokens=40, chunk_times=(0.2,), chunk_tokens=(40,)),
+        Sample(6, 9.5, ok=False),
+    ]
     w = window_stats(samples, now=10.0, window_s=2.0)
     assert (w["finished"], w["errors"]) == (2, 1)
     assert w["tokens_per_s"] == pytest.approx(20.0)
@@ -130,7 +133,7 @@ def test_gpu_utilization_from_dcgm_exposition():
     text = (
         "# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).\n# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n"
         'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-a"} 80\nDCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-b"} 60\n'
-        "# TYPE DCGM_FI_DEV_FB_USED gauge\nDCGM_FI_DEV_FB_USED{gpu=\"0\"} 1234\n"
+        '# TYPE DCGM_FI_DEV_FB_USED gauge\nDCGM_FI_DEV_FB_USED{gpu="0"} 1234\n'
     )
     assert gpu_utilization(text) == pytest.approx(70.0)
     assert gpu_utilization("# TYPE x gauge\nx 1\n") is None

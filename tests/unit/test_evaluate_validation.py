@@ -14,7 +14,14 @@ from redrafter_operator.api.spec import ReDrafterDeploymentSpec
 from redrafter_operator.cli import main
 from redrafter_operator.evaluate import outcome as oc
 from redrafter_operator.evaluate.compare import compare_outputs, first_divergence
-from redrafter_operator.evaluate.prompts import DEFAULT_PROMPTS, FILLER_WORD, Prompt, load_prompts, max_length_prompt, parse_prompts
+from redrafter_operator.evaluate.prompts import (
+    DEFAULT_PROMPTS,
+    FILLER_WORD,
+    Prompt,
+    load_prompts,
+    max_length_prompt,
+    parse_prompts,
+)
 from redrafter_operator.evaluate.stream import RequestResult, grpc_target
 from redrafter_operator.evaluate.validate import Item, ValidationConfig, judge
 from redrafter_operator.render import names
@@ -87,9 +94,11 @@ def test_judge_request_failures_win_over_divergences():
 
 # ---- termination message ---------------------------------------------------------------------------
 def test_termination_message_roundtrip(tmp_path):
-    for outcome in (oc.ValidationOutcome(oc.PASSED, "17 requests | fine", 3.25),
-                    oc.ValidationOutcome(oc.DIVERGED, "1 of 2 differ\nat char 4"),
-                    oc.ValidationOutcome(oc.ENDPOINT_UNAVAILABLE, "base not ready")):
+    for outcome in (
+        oc.ValidationOutcome(oc.PASSED, "17 requests | fine", 3.25),
+        oc.ValidationOutcome(oc.DIVERGED, "1 of 2 differ\nat char 4"),
+        oc.ValidationOutcome(oc.ENDPOINT_UNAVAILABLE, "base not ready"),
+    ):
         line = oc.format_termination_message(outcome)
         assert "\n" not in line and line.startswith(outcome.reason + ": ")
         back = oc.parse_termination_message(line)
@@ -114,8 +123,13 @@ def test_foreign_messages_are_not_outcomes():
 
 
 def test_outcome_from_pod_and_job_result():
-    pod = {"status": {"containerStatuses": [{"name": "validate", "state": {"terminated": {
-        "exitCode": 1, "message": "Diverged: 1 of 8 differ"}}}]}}
+    pod = {
+        "status": {
+            "containerStatuses": [
+                {"name": "validate", "state": {"terminated": {"exitCode": 1, "message": "Diverged: 1 of 8 differ"}}}
+            ]
+        }
+    }
     assert oc.outcome_from_pod(pod) == oc.ValidationOutcome(oc.DIVERGED, "1 of 8 differ")
     assert oc.outcome_from_pod({"status": {}}) is None
     job = {"status": {"conditions": [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded"}]}}
@@ -168,8 +182,20 @@ def test_validate_cli_reports_invalid_input(tmp_path, capsys):
     bad = tmp_path / "prompts.yaml"
     bad.write_text("[]\n")
     log = tmp_path / "termination-log"
-    rc = main(["evaluate", "validate", "--redrafter", "127.0.0.1:1", "--base", "127.0.0.1:2",
-               "--prompts", str(bad), "--termination-log", str(log)])
+    rc = main(
+        [
+            "evaluate",
+            "validate",
+            "--redrafter",
+            "127.0.0.1:1",
+            "--base",
+            "127.0.0.1:2",
+            "--prompts",
+            str(bad),
+            "--termination-log",
+            str(log),
+        ]
+    )
     assert rc == 2
     assert log.read_text().startswith("InvalidInput: prompts must be a non-empty list")
 
@@ -188,7 +214,9 @@ def owner_of(path: Path, **validation) -> Owner:
 
 
 def test_validation_is_on_by_default():
-    spec = ReDrafterDeploymentSpec.model_validate({"model": {"base": {"source": "hf://a/b"}, "drafter": {"source": "hf://a/c"}}})
+    spec = ReDrafterDeploymentSpec.model_validate(
+        {"model": {"base": {"source": "hf://a/b"}, "drafter": {"source": "hf://a/c"}}}
+    )
     assert spec.validation.enabled and spec.validation.measure_crossover and spec.validation.max_divergences == 0
 
 
@@ -230,9 +258,16 @@ def test_validation_job_name_follows_the_engine_pair():
 
 
 def test_validation_job_options_from_spec():
-    owner = owner_of(EXAMPLES[0], image="registry.local/validator:1", promptsConfigMap="my-prompts",
-                     promptsKey="set.json", measureCrossover=False, maxDivergences=2, maxTokens=100000 // 100,
-                     resources={"requests": {"cpu": "1"}})
+    owner = owner_of(
+        EXAMPLES[0],
+        image="registry.local/validator:1",
+        promptsConfigMap="my-prompts",
+        promptsKey="set.json",
+        measureCrossover=False,
+        maxDivergences=2,
+        maxTokens=100000 // 100,
+        resources={"requests": {"cpu": "1"}},
+    )
     job = validation_job(owner, redrafter_key=RKEY, base_key=BKEY, operator_image=IMAGE, candidate=True)
     kubernetes_validate.validate(job, "1.30", strict=True)
     pod = job["spec"]["template"]["spec"]
@@ -254,9 +289,13 @@ def test_validation_job_options_from_spec():
 
 def test_validation_job_can_go_through_the_openai_api():
     owner = owner_of(EXAMPLES[0], protocol="openai")
-    args = validation_job(owner, redrafter_key=RKEY, base_key=BKEY, operator_image=IMAGE)["spec"]["template"][
-        "spec"]["containers"][0]["command"]
+    args = validation_job(owner, redrafter_key=RKEY, base_key=BKEY, operator_image=IMAGE)["spec"]["template"]["spec"][
+        "containers"
+    ][0]["command"]
     assert args[args.index("--protocol") + 1] == "openai"
     assert args[args.index("--redrafter") + 1] == (
-        f"http://{names.service_name(owner.name, 'redrafter')}.{owner.namespace}.svc:9000")
-    assert args[args.index("--base") + 1] == f"http://{names.service_name(owner.name, 'base')}.{owner.namespace}.svc:9000"
+        f"http://{names.service_name(owner.name, 'redrafter')}.{owner.namespace}.svc:9000"
+    )
+    assert (
+        args[args.index("--base") + 1] == f"http://{names.service_name(owner.name, 'base')}.{owner.namespace}.svc:9000"
+    )

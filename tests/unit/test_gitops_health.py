@@ -29,8 +29,17 @@ from redrafter_operator.render import names
 from redrafter_sim.failures import Fault, pod_status
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_controller_planner import LATER, NOW, RENDER, body, cond, job, keys, res_of  # noqa: E402
-from test_controller_planner import dep  # noqa: E402
+from test_controller_planner import (  # noqa: E402
+    LATER,
+    NOW,
+    RENDER,
+    body,
+    cond,
+    dep,  # noqa: E402
+    job,
+    keys,
+    res_of,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 LUA = ROOT / "docs" / "argocd-health.lua"
@@ -86,8 +95,12 @@ def _both_built(doc: dict[str, Any]) -> list[Any]:
 def _serving(doc: dict[str, Any], renderers: Any = RENDER, **kw: Any) -> dict[str, Any]:
     """Status of a resource serving the ReDrafter engine, settled (two reconciles)."""
     k = keys(doc)
-    obs = Observed(jobs=_both_built(doc), deployments={"redrafter": dep(NAME, "redrafter", k["redrafter"])},
-                   service_pool="redrafter", **kw)
+    obs = Observed(
+        jobs=_both_built(doc),
+        deployments={"redrafter": dep(NAME, "redrafter", k["redrafter"])},
+        service_pool="redrafter",
+        **kw,
+    )
     st = plan(res_of(doc), obs, now=NOW, renderers=renderers).status
     return plan(res_of(doc, st), obs, now=NOW, renderers=renderers).status
 
@@ -101,7 +114,9 @@ def test_first_deploy_is_in_progress_until_serving_then_current() -> None:
     assert cond(building, "Reconciling")["reason"] == "Building" and cond(building, "Ready")["status"] == "False"
     # engines built, the Deployment applied but no replica Ready yet: still in progress
     k = keys(doc)
-    rolling = Observed(jobs=_both_built(doc), deployments={"redrafter": dep(NAME, "redrafter", k["redrafter"], ready=0)})
+    rolling = Observed(
+        jobs=_both_built(doc), deployments={"redrafter": dep(NAME, "redrafter", k["redrafter"], ready=0)}
+    )
     st = plan(res_of(doc, building), rolling, now=LATER, renderers=RENDER).status
     assert verdicts(resource(doc, st)) == ("InProgress", "Progressing")
     served = _serving(doc)
@@ -119,8 +134,11 @@ def test_before_the_first_status_write_only_argo_cd_can_tell() -> None:
 def test_a_build_in_progress_is_never_done_even_while_serving() -> None:
     doc = body(validation__enabled=False)
     k = keys(doc)
-    obs = Observed(jobs=[job(doc, "redrafter", "Succeeded"), job(doc, "base", "Running")],
-                   deployments={"redrafter": dep(NAME, "redrafter", k["redrafter"])}, service_pool="redrafter")
+    obs = Observed(
+        jobs=[job(doc, "redrafter", "Succeeded"), job(doc, "base", "Running")],
+        deployments={"redrafter": dep(NAME, "redrafter", k["redrafter"])},
+        service_pool="redrafter",
+    )
     st = plan(res_of(doc), obs, now=NOW, renderers=RENDER).status
     st = plan(res_of(doc, st), obs, now=NOW, renderers=RENDER).status
     assert st["phase"] == "Serving" and cond(st, "Available")["status"] == "True"
@@ -132,8 +150,10 @@ def test_a_failed_build_is_failed_and_degraded() -> None:
     doc = body(engine__build__retries=0)
     st0 = plan(res_of(doc), Observed(), now=NOW, renderers=RENDER).status
     failed = job(doc, "redrafter", "Failed", reason="BackoffLimitExceeded")
-    obs = Observed(jobs=[failed, job(doc, "base", "Running")],
-                   pods={failed.name: PodFact(job=failed.name, phase="Failed", message="BuildError: out of memory")})
+    obs = Observed(
+        jobs=[failed, job(doc, "base", "Running")],
+        pods={failed.name: PodFact(job=failed.name, phase="Failed", message="BuildError: out of memory")},
+    )
     st = plan(res_of(doc, st0), obs, now=NOW, renderers=RENDER).status
     assert st["engines"]["redrafter"]["state"] == "Failed"
     u = resource(doc, st)
@@ -144,13 +164,25 @@ def test_a_failed_build_is_failed_and_degraded() -> None:
 def test_a_serving_failure_is_failed_and_degraded() -> None:
     doc = body(validation__enabled=False)
     k = keys(doc)
-    pod = {"metadata": {"name": f"{NAME}-redrafter-abc-0", "namespace": "default", "uid": "u",
-                        "labels": {**names.common_labels(NAME, "serving"), names.LABEL_VARIANT: "redrafter",
-                                   names.LABEL_ROLE: "primary"}},
-           "spec": {"containers": [{"name": "triton", "image": "img"}]}}
+    pod = {
+        "metadata": {
+            "name": f"{NAME}-redrafter-abc-0",
+            "namespace": "default",
+            "uid": "u",
+            "labels": {
+                **names.common_labels(NAME, "serving"),
+                names.LABEL_VARIANT: "redrafter",
+                names.LABEL_ROLE: "primary",
+            },
+        },
+        "spec": {"containers": [{"name": "triton", "image": "img"}]},
+    }
     pod["status"] = pod_status(pod, Fault("Unschedulable"))
-    obs = Observed(jobs=_both_built(doc), deployments={"redrafter": dep(NAME, "redrafter", k["redrafter"], ready=0)},
-                   serving_pods=[ServingPodFact.from_body(pod)])
+    obs = Observed(
+        jobs=_both_built(doc),
+        deployments={"redrafter": dep(NAME, "redrafter", k["redrafter"], ready=0)},
+        serving_pods=[ServingPodFact.from_body(pod)],
+    )
     st = plan(res_of(doc), obs, now=NOW, renderers=RENDER).status
     u = resource(doc, st)
     assert verdicts(u) == ("Failed", "Degraded")
@@ -163,11 +195,23 @@ def test_a_fallback_to_base_is_healthy_degraded_performance_not_an_outage() -> N
     served = _serving(doc)
     # the speculation policy measured low acceptance and asked for base (its condition, its targets)
     served["conditions"] = [c for c in served["conditions"] if c["type"] != "SpeculationHealthy"] + [
-        {"type": "SpeculationHealthy", "status": "False", "reason": "LowAcceptance",
-         "message": "acceptance 0.12 below 0.30", "lastTransitionTime": NOW, "observedGeneration": 1}]
-    on_base = Observed(jobs=_both_built(doc), service_pool="base",
-                       deployments={"base": dep(NAME, "base", k["base"]),
-                                    "redrafter": dep(NAME, "redrafter", k["redrafter"], replicas=0, ready=0)})
+        {
+            "type": "SpeculationHealthy",
+            "status": "False",
+            "reason": "LowAcceptance",
+            "message": "acceptance 0.12 below 0.30",
+            "lastTransitionTime": NOW,
+            "observedGeneration": 1,
+        }
+    ]
+    on_base = Observed(
+        jobs=_both_built(doc),
+        service_pool="base",
+        deployments={
+            "base": dep(NAME, "base", k["base"]),
+            "redrafter": dep(NAME, "redrafter", k["redrafter"], replicas=0, ready=0),
+        },
+    )
     targets = ServingTargets(active="base", replicas={"base": 1, "redrafter": 0})
     st = plan(res_of(doc, served), on_base, now=LATER, renderers=RENDER, targets=lambda s, o: targets).status
     st = plan(res_of(doc, st), on_base, now=LATER, renderers=RENDER, targets=lambda s, o: targets).status
@@ -180,13 +224,28 @@ def test_a_spec_change_is_in_progress_until_the_new_generation_is_rolled_out() -
     doc = body(validation__enabled=False)
     renderers = default_renderers()
     k = keys(doc)
-    old_manifest = next(m for m in plan(res_of(doc), Observed(jobs=_both_built(doc)), now=NOW,
-                                        renderers=renderers).apply if m["metadata"]["name"] == f"{NAME}-redrafter")
-    applied = DeploymentFact(name=f"{NAME}-redrafter", variant="redrafter", key=k["redrafter"], replicas=1,
-                             ready_replicas=1, updated_replicas=1, total_replicas=1, generation=1,
-                             observed_generation=1)
-    obs = Observed(jobs=_both_built(doc), deployments={"redrafter": applied}, service_pool="redrafter",
-                   applied={applied.name: manifest_hash(old_manifest)})
+    old_manifest = next(
+        m
+        for m in plan(res_of(doc), Observed(jobs=_both_built(doc)), now=NOW, renderers=renderers).apply
+        if m["metadata"]["name"] == f"{NAME}-redrafter"
+    )
+    applied = DeploymentFact(
+        name=f"{NAME}-redrafter",
+        variant="redrafter",
+        key=k["redrafter"],
+        replicas=1,
+        ready_replicas=1,
+        updated_replicas=1,
+        total_replicas=1,
+        generation=1,
+        observed_generation=1,
+    )
+    obs = Observed(
+        jobs=_both_built(doc),
+        deployments={"redrafter": applied},
+        service_pool="redrafter",
+        applied={applied.name: manifest_hash(old_manifest)},
+    )
     st = plan(res_of(doc), obs, now=NOW, renderers=renderers).status
     st = plan(res_of(doc, st), obs, now=NOW, renderers=renderers).status
     assert verdicts(resource(doc, st)) == ("Current", "Healthy")
@@ -201,8 +260,11 @@ def test_a_spec_change_is_in_progress_until_the_new_generation_is_rolled_out() -
     assert st2["observedGeneration"] == 2
     assert verdicts(resource(changed, st2, generation=2)) == ("InProgress", "Progressing")
     # the new template applied and rolled out: current again
-    new_manifest = next(m for m in plan(res_of(ch, st2), obs, now=LATER, renderers=renderers).apply
-                        if m["metadata"]["name"] == f"{NAME}-redrafter")
+    new_manifest = next(
+        m
+        for m in plan(res_of(ch, st2), obs, now=LATER, renderers=renderers).apply
+        if m["metadata"]["name"] == f"{NAME}-redrafter"
+    )
     # applied, the watch not showing the apply's result yet: the applier knows no manifest it carries
     obs.applied[applied.name] = ""
     st_sent = plan(res_of(ch, st2), obs, now=LATER, renderers=renderers).status
@@ -239,10 +301,35 @@ def test_the_transcription_and_the_lua_agree_with_kstatus_own_edge_cases() -> No
     base = {"metadata": {"name": "x", "generation": 2}}
     assert kstatus({**base, "status": {"observedGeneration": 1}}) == "InProgress"
     assert kstatus({"metadata": {"name": "x", "generation": 1, "deletionTimestamp": NOW}}) == "Terminating"
-    stalled_first = {**base, "status": {"observedGeneration": 2, "conditions": [
-        {"type": "Stalled", "status": "True", "reason": "R"}, {"type": "Reconciling", "status": "True", "reason": "R"}]}}
+    stalled_first = {
+        **base,
+        "status": {
+            "observedGeneration": 2,
+            "conditions": [
+                {"type": "Stalled", "status": "True", "reason": "R"},
+                {"type": "Reconciling", "status": "True", "reason": "R"},
+            ],
+        },
+    }
     assert kstatus(stalled_first) == "Failed"  # list order decides when both are True
-    assert kstatus({**base, "status": {"observedGeneration": 2, "conditions": [
-        {"type": "Ready", "status": "Unknown", "reason": "R"}]}}) == "InProgress"
-    assert argocd({**base, "status": {"observedGeneration": 2, "conditions": [
-        {"type": "Ready", "status": "False", "reason": "R", "message": "m"}]}}) == ("Progressing", "R: m")
+    assert (
+        kstatus(
+            {
+                **base,
+                "status": {
+                    "observedGeneration": 2,
+                    "conditions": [{"type": "Ready", "status": "Unknown", "reason": "R"}],
+                },
+            }
+        )
+        == "InProgress"
+    )
+    assert argocd(
+        {
+            **base,
+            "status": {
+                "observedGeneration": 2,
+                "conditions": [{"type": "Ready", "status": "False", "reason": "R", "message": "m"}],
+            },
+        }
+    ) == ("Progressing", "R: m")

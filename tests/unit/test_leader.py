@@ -6,8 +6,16 @@ import datetime as dt
 
 import pytest
 
-from redrafter_operator.controller.leader import (ElectionConfig, LeaseRecord, config_errors, default_identity,
-                                                  desired_record, lease_valid, micro_time, released_record)
+from redrafter_operator.controller.leader import (
+    ElectionConfig,
+    LeaseRecord,
+    config_errors,
+    default_identity,
+    desired_record,
+    lease_valid,
+    micro_time,
+    released_record,
+)
 
 WALL = dt.datetime(2026, 12, 2, 18, 0, 0, 123456, tzinfo=dt.timezone.utc)
 STAMP = "2026-12-02T18:00:00.123456Z"
@@ -56,8 +64,13 @@ def test_lease_validity_is_strict_at_the_boundary() -> None:
 
 def test_record_round_trips_through_a_lease_spec() -> None:
     rec = LeaseRecord("pod-a", 15, STAMP, STAMP, 2)
-    assert rec.to_spec() == {"holderIdentity": "pod-a", "leaseDurationSeconds": 15, "acquireTime": STAMP,
-                             "renewTime": STAMP, "leaseTransitions": 2}
+    assert rec.to_spec() == {
+        "holderIdentity": "pod-a",
+        "leaseDurationSeconds": 15,
+        "acquireTime": STAMP,
+        "renewTime": STAMP,
+        "leaseTransitions": 2,
+    }
     assert LeaseRecord.from_lease({"spec": rec.to_spec()}) == rec
     assert LeaseRecord.from_lease({"spec": {}}) == LeaseRecord()
     assert LeaseRecord.from_lease({}) == LeaseRecord()
@@ -69,14 +82,17 @@ def test_micro_time_has_six_digits_in_utc() -> None:
     assert micro_time(plus2) == "2026-12-02T18:00:00.000000Z"
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"lease_duration": 10, "renew_deadline": 10}, "must be greater than renew deadline"),
-    ({"renew_deadline": 2.4, "retry_period": 2}, "must be greater than retry period × 1.2"),
-    ({"retry_period": 0}, "greater than zero"),
-    ({"lease_duration": 15.5}, "whole seconds"),
-    ({"identity": ""}, "identity must not be empty"),
-    ({"name": ""}, "must not be empty"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"lease_duration": 10, "renew_deadline": 10}, "must be greater than renew deadline"),
+        ({"renew_deadline": 2.4, "retry_period": 2}, "must be greater than retry period × 1.2"),
+        ({"retry_period": 0}, "greater than zero"),
+        ({"lease_duration": 15.5}, "whole seconds"),
+        ({"identity": ""}, "identity must not be empty"),
+        ({"name": ""}, "must not be empty"),
+    ],
+)
 def test_config_is_checked_like_client_go(kwargs: dict, message: str) -> None:
     base = {"namespace": "ops", "name": "l", "identity": "pod-a"}
     with pytest.raises(ValueError, match=message):
@@ -104,9 +120,14 @@ def test_run_flags_default_to_client_go_and_read_the_environment(monkeypatch: py
     assert not args.leader_elect and not args.standalone
     assert (args.lease_duration, args.renew_deadline, args.retry_period) == (15.0, 10.0, 2.0)
     assert args.leader_election_id == "redrafter-operator" and args.leader_election_namespace is None
-    for name, value in {"REDRAFTER_LEADER_ELECT": "1", "REDRAFTER_LEADER_ELECTION_NAMESPACE": "ops",
-                        "REDRAFTER_LEADER_ELECTION_ID": "lease-x", "REDRAFTER_LEASE_DURATION": "30s",
-                        "REDRAFTER_RENEW_DEADLINE": "20", "REDRAFTER_RETRY_PERIOD": "500ms"}.items():
+    for name, value in {
+        "REDRAFTER_LEADER_ELECT": "1",
+        "REDRAFTER_LEADER_ELECTION_NAMESPACE": "ops",
+        "REDRAFTER_LEADER_ELECTION_ID": "lease-x",
+        "REDRAFTER_LEASE_DURATION": "30s",
+        "REDRAFTER_RENEW_DEADLINE": "20",
+        "REDRAFTER_RETRY_PERIOD": "500ms",
+    }.items():
         monkeypatch.setenv(name, value)
     args = build_parser().parse_args(["run"])
     assert args.leader_elect and args.leader_election_namespace == "ops" and args.leader_election_id == "lease-x"
@@ -114,22 +135,29 @@ def test_run_flags_default_to_client_go_and_read_the_environment(monkeypatch: py
     assert build_parser().parse_args(["run", "--lease-duration", "1m"]).lease_duration == 60.0
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--peering", "x"], "--peering (kopf peering) was replaced by --leader-elect"),
-    (["--leader-elect", "--leader-election-namespace", "ops", "--lease-duration", "5", "--renew-deadline", "6"],
-     "lease duration (5s) must be greater than renew deadline (6s)"),
-    (["--leader-elect", "--leader-election-namespace", "ops", "--lease-duration", "15.5s"], "whole seconds"),
-])
-def test_run_rejects_bad_election_flags_with_a_clear_error(argv: list[str], message: str,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--peering", "x"], "--peering (kopf peering) was replaced by --leader-elect"),
+        (
+            ["--leader-elect", "--leader-election-namespace", "ops", "--lease-duration", "5", "--renew-deadline", "6"],
+            "lease duration (5s) must be greater than renew deadline (6s)",
+        ),
+        (["--leader-elect", "--leader-election-namespace", "ops", "--lease-duration", "15.5s"], "whole seconds"),
+    ],
+)
+def test_run_rejects_bad_election_flags_with_a_clear_error(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     from redrafter_operator.cli import main
 
     assert main(["run", *argv]) == 2
     assert message in capsys.readouterr().err
 
 
-def test_run_needs_a_lease_namespace_off_cluster(monkeypatch: pytest.MonkeyPatch,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_run_needs_a_lease_namespace_off_cluster(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from redrafter_operator.cli import main
     from redrafter_operator.controller import main as run_module
 

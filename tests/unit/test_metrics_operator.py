@@ -17,11 +17,14 @@ def series(m: OperatorMetrics) -> dict[tuple[str, tuple], float]:
 
 
 def of(m: OperatorMetrics, metric: str, **labels: str) -> dict[tuple, float]:
-    return {k: v for (n, k), v in series(m).items() if n == metric and all(dict(k).get(a) == b for a, b in labels.items())}
+    return {
+        k: v for (n, k), v in series(m).items() if n == metric and all(dict(k).get(a) == b for a, b in labels.items())
+    }
 
 
 STATUS = {
-    "phase": "Serving", "activeEngine": "base",
+    "phase": "Serving",
+    "activeEngine": "base",
     "engines": {"redrafter": {"key": "r", "state": "Failed"}, "base": {"key": "b", "state": "Ready"}},
     "serving": {"replicas": 3, "readyReplicas": 2},
     "validation": {"state": "Running"},
@@ -32,10 +35,13 @@ def test_observe_resource_exports_one_series_per_fact():
     m = OperatorMetrics()
     m.observe_resource("ml", "a", {"speculation": {"mode": "Auto", "minAcceptanceRate": 0.4}}, STATUS)
     assert of(m, "redrafter_operator_active_engine", name="a") == {
-        (("engine", "base"), ("name", "a"), ("namespace", "ml")): 1.0}
+        (("engine", "base"), ("name", "a"), ("namespace", "ml")): 1.0
+    }
     assert list(of(m, "redrafter_operator_speculation_fallback").values()) == [1.0]
     assert {dict(k)["variant"]: dict(k)["state"] for k in of(m, "redrafter_operator_engine_state")} == {
-        "redrafter": "Failed", "base": "Ready"}
+        "redrafter": "Failed",
+        "base": "Ready",
+    }
     assert [dict(k)["state"] for k in of(m, "redrafter_operator_validation_state")] == ["Running"]
     assert list(of(m, "redrafter_operator_serving_replicas", engine="base").values()) == [3.0]
     assert list(of(m, "redrafter_operator_serving_ready_replicas", engine="base").values()) == [2.0]
@@ -46,8 +52,12 @@ def test_observe_resource_exports_one_series_per_fact():
 def test_state_changes_replace_the_previous_series():
     m = OperatorMetrics()
     m.observe_resource("ml", "a", {}, STATUS)
-    promoted = {**STATUS, "activeEngine": "redrafter", "validation": {"state": "Passed"},
-                "engines": {"redrafter": {"key": "r2", "state": "Ready"}, "base": {"key": "b", "state": "Ready"}}}
+    promoted = {
+        **STATUS,
+        "activeEngine": "redrafter",
+        "validation": {"state": "Passed"},
+        "engines": {"redrafter": {"key": "r2", "state": "Ready"}, "base": {"key": "b", "state": "Ready"}},
+    }
     m.observe_resource("ml", "a", {}, promoted)
     assert [dict(k)["engine"] for k in of(m, "redrafter_operator_active_engine")] == ["redrafter"]
     assert list(of(m, "redrafter_operator_speculation_fallback").values()) == [0.0]

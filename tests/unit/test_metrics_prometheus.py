@@ -36,8 +36,11 @@ async def fake_prometheus():
     await runner.cleanup()
 
 
-TARGETS = [PodTarget("a", "ua", "redrafter", "redrafter"), PodTarget("b", "ub", "redrafter", "redrafter"),
-           PodTarget("gone", "ug", "redrafter", "redrafter")]
+TARGETS = [
+    PodTarget("a", "ua", "redrafter", "redrafter"),
+    PodTarget("b", "ub", "redrafter", "redrafter"),
+    PodTarget("gone", "ug", "redrafter", "redrafter"),
+]
 
 
 def pod_series(pod, requests, draft, accepted, up=1):
@@ -61,8 +64,12 @@ async def test_same_interface_and_windows_as_the_scraper(fake_prometheus):
         assert [s.pod for s in r1.samples] == ["a"]
         errs = {e.pod: e.error for e in r1.errors}
         assert "up == 0" in errs["b"] and "no series" in errs["gone"]
-        assert r1.samples[0].counters == {"requests": 10, "draft_tokens": 100, "accepted_draft_tokens": 50,
-                                          "queue_us": 1000}
+        assert r1.samples[0].counters == {
+            "requests": 10,
+            "draft_tokens": 100,
+            "accepted_draft_tokens": 50,
+            "queue_us": 1000,
+        }
         assert r1.samples[0].load == {"active": 4}
         _, st = advance(None, r1)
         state["result"] = pod_series("a", 70, 1100, 750)

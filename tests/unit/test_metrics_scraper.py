@@ -15,9 +15,9 @@ def exposition(requests: int, draft: int, accepted: int, active: int = 3) -> str
     return (
         f'# TYPE {c.METRIC_REQUESTS} counter\n{c.METRIC_REQUESTS}{{model="chat",variant="redrafter"}} {requests}\n'
         f'# TYPE {c.METRIC_DRAFT_TOKENS} counter\n{c.METRIC_DRAFT_TOKENS}{{model="chat",variant="redrafter"}} {draft}\n'
-        f'# TYPE {c.METRIC_ACCEPTED_DRAFT_TOKENS} counter\n'
+        f"# TYPE {c.METRIC_ACCEPTED_DRAFT_TOKENS} counter\n"
         f'{c.METRIC_ACCEPTED_DRAFT_TOKENS}{{model="chat",variant="redrafter"}} {accepted}\n'
-        f'# TYPE {c.METRIC_TRTLLM_REQUESTS} gauge\n'
+        f"# TYPE {c.METRIC_TRTLLM_REQUESTS} gauge\n"
         f'{c.METRIC_TRTLLM_REQUESTS}{{model="tensorrt_llm",request_type="active",version="1"}} {active}\n'
     )
 
@@ -57,8 +57,9 @@ def free_port() -> int:
 
 
 def target(name: str, port: int, **kw) -> PodTarget:
-    return PodTarget(name=name, uid=f"uid-{name}", variant="redrafter", pool="redrafter", ip="127.0.0.1",
-                     port=port, **kw)
+    return PodTarget(
+        name=name, uid=f"uid-{name}", variant="redrafter", pool="redrafter", ip="127.0.0.1", port=port, **kw
+    )
 
 
 async def test_scrapes_healthy_pods_and_reports_dead_and_slow_ones(pods):
@@ -76,8 +77,13 @@ async def test_scrapes_healthy_pods_and_reports_dead_and_slow_ones(pods):
         return web.Response(status=503, text="unavailable")
 
     p_ok, p_slow, p_broken = await pods.serve(healthy), await pods.serve(slow), await pods.serve(broken)
-    targets = [target("ok", p_ok), target("slow", p_slow), target("broken", p_broken),
-               target("dead", free_port()), PodTarget("noip", "u", "redrafter", "redrafter", ip=None)]
+    targets = [
+        target("ok", p_ok),
+        target("slow", p_slow),
+        target("broken", p_broken),
+        target("dead", free_port()),
+        PodTarget("noip", "u", "redrafter", "redrafter", ip=None),
+    ]
     times = iter([10.0, 10.0, 40.0, 40.0])
     async with aiohttp.ClientSession() as session:
         scraper = PodScraper("chat", timeout=0.3, session=session, clock=lambda: next(times))
@@ -129,11 +135,17 @@ async def test_scrapes_concurrently(pods):
 
 def test_target_from_pod_object():
     pod = {
-        "metadata": {"name": "chat-base-abc", "uid": "u-1", "labels": {
-            "redrafter.dev/variant": "redrafter", "redrafter.dev/traffic": "base"}},
-        "status": {"podIP": "10.0.0.7", "startTime": "2026-01-01T00:00:00Z",
-                   "conditions": [{"type": "Ready", "status": "True"}],
-                   "containerStatuses": [{"restartCount": 2, "state": {"running": {"startedAt": "2026-01-01T00:05:00Z"}}}]},
+        "metadata": {
+            "name": "chat-base-abc",
+            "uid": "u-1",
+            "labels": {"redrafter.dev/variant": "redrafter", "redrafter.dev/traffic": "base"},
+        },
+        "status": {
+            "podIP": "10.0.0.7",
+            "startTime": "2026-01-01T00:00:00Z",
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "containerStatuses": [{"restartCount": 2, "state": {"running": {"startedAt": "2026-01-01T00:05:00Z"}}}],
+        },
     }
     t = PodTarget.from_pod(pod)
     assert (t.variant, t.pool, t.ip, t.port, t.identity) == ("redrafter", "base", "10.0.0.7", c.METRICS_PORT, "u-1/2")
@@ -146,27 +158,42 @@ def test_targets_from_pods_keeps_ready_serving_pods():
     from redrafter_operator.metrics import targets_from_pods
 
     def pod(name, ready=True, variant="base", deleting=False, role="primary"):
-        meta = {"name": name, "uid": name,
-                "labels": {"redrafter.dev/variant": variant, "redrafter.dev/role": role} if variant else {}}
+        meta = {
+            "name": name,
+            "uid": name,
+            "labels": {"redrafter.dev/variant": variant, "redrafter.dev/role": role} if variant else {},
+        }
         if deleting:
             meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-        return {"metadata": meta, "status": {"podIP": "10.0.0.1",
-                                             "conditions": [{"type": "Ready", "status": str(ready)}]}}
+        return {
+            "metadata": meta,
+            "status": {"podIP": "10.0.0.1", "conditions": [{"type": "Ready", "status": str(ready)}]},
+        }
 
-    pods = [pod("b"), pod("a", variant="redrafter"), pod("not-ready", ready=False), pod("no-label", variant=None),
-            pod("deleting", deleting=True), pod("candidate", variant="redrafter", role="candidate")]
-    assert [(t.name, t.variant, t.pool) for t in targets_from_pods(pods)] == [("a", "redrafter", "redrafter"),
-                                                                             ("b", "base", "base")]
+    pods = [
+        pod("b"),
+        pod("a", variant="redrafter"),
+        pod("not-ready", ready=False),
+        pod("no-label", variant=None),
+        pod("deleting", deleting=True),
+        pod("candidate", variant="redrafter", role="candidate"),
+    ]
+    assert [(t.name, t.variant, t.pool) for t in targets_from_pods(pods)] == [
+        ("a", "redrafter", "redrafter"),
+        ("b", "base", "base"),
+    ]
 
 
 def test_source_for_follows_the_spec():
     from redrafter_operator.api.spec import ReDrafterDeploymentSpec
     from redrafter_operator.metrics import PrometheusSource, source_for
+
     base = {"model": {"base": {"source": "hf://o/b"}, "drafter": {"source": "hf://o/d"}}}
     src = source_for(ReDrafterDeploymentSpec.model_validate(base), "chat", "ns")
     assert isinstance(src, PodScraper) and src.timeout == 2.0
     prom = ReDrafterDeploymentSpec.model_validate(
-        {**base, "metrics": {"source": "Prometheus", "prometheusUrl": "http://prom:9090", "scrapeTimeoutSeconds": 4}})
+        {**base, "metrics": {"source": "Prometheus", "prometheusUrl": "http://prom:9090", "scrapeTimeoutSeconds": 4}}
+    )
     src = source_for(prom, "chat", "ns")
     assert isinstance(src, PrometheusSource) and src.url == "http://prom:9090" and src.timeout == 4
 
@@ -174,7 +201,8 @@ def test_source_for_follows_the_spec():
 async def test_large_exposition_is_read_whole(pods):
     """A real Triton exposition is hundreds of KiB: the body must be read to the end, not one chunk."""
     padding = "# TYPE nv_gpu_utilization gauge\n" + "".join(
-        f'nv_gpu_utilization{{gpu_uuid="GPU-{i:06d}"}} 0.5\n' for i in range(20000))
+        f'nv_gpu_utilization{{gpu_uuid="GPU-{i:06d}"}} 0.5\n' for i in range(20000)
+    )
 
     async def big(_req):
         return web.Response(text=padding + exposition(42, 100, 70))

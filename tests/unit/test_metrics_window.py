@@ -22,10 +22,19 @@ def test_first_reading_is_baseline_only():
 
 
 def test_increase_between_snapshots_gives_rates():
-    _, st = advance(None, Reading(0.0, (sample(t=0, requests=10, output_tokens=100, steps=40,
-                                                 draft_tokens=200, accepted_draft_tokens=100),)))
-    w, _ = advance(st, Reading(30.0, (sample(t=30, requests=70, output_tokens=1000, steps=340,
-                                               draft_tokens=1700, accepted_draft_tokens=1000),)))
+    _, st = advance(
+        None,
+        Reading(
+            0.0, (sample(t=0, requests=10, output_tokens=100, steps=40, draft_tokens=200, accepted_draft_tokens=100),)
+        ),
+    )
+    w, _ = advance(
+        st,
+        Reading(
+            30.0,
+            (sample(t=30, requests=70, output_tokens=1000, steps=340, draft_tokens=1700, accepted_draft_tokens=1000),),
+        ),
+    )
     agg = w.variants["redrafter"]
     assert agg.samples == 60
     assert agg.acceptance_rate == pytest.approx(900 / 1500)
@@ -44,19 +53,29 @@ def test_counter_reset_counts_the_new_value_like_prometheus_rate():
 
 
 def test_restarted_pod_identity_is_a_reset_even_if_value_grew():
-    _, st = advance(None, Reading(0.0, (sample(t=0, ident="u1/0", requests=10, draft_tokens=10, accepted_draft_tokens=5),)))
-    w, _ = advance(st, Reading(30.0, (sample(t=30, ident="u1/1", requests=60, draft_tokens=100, accepted_draft_tokens=20),)))
+    _, st = advance(
+        None, Reading(0.0, (sample(t=0, ident="u1/0", requests=10, draft_tokens=10, accepted_draft_tokens=5),))
+    )
+    w, _ = advance(
+        st, Reading(30.0, (sample(t=30, ident="u1/1", requests=60, draft_tokens=100, accepted_draft_tokens=20),))
+    )
     agg = w.variants["redrafter"]
     assert agg.resets == 1 and agg.samples == 60 and agg.acceptance_rate == pytest.approx(0.2)
 
 
 def test_new_pod_started_in_window_counts_whole_value_old_unknown_pod_is_baseline():
     _, st = advance(None, Reading(0.0, (sample("a", t=0, requests=10),)))
-    w, st2 = advance(st, Reading(30.0, (
-        sample("a", t=30, requests=20),
-        sample("b", t=30, ident="ub/0", started=10.0, requests=7),  # scaled up during the window
-        sample("c", t=30, ident="uc/0", started=-500.0, requests=900),  # existed before: baseline
-    )))
+    w, st2 = advance(
+        st,
+        Reading(
+            30.0,
+            (
+                sample("a", t=30, requests=20),
+                sample("b", t=30, ident="ub/0", started=10.0, requests=7),  # scaled up during the window
+                sample("c", t=30, ident="uc/0", started=-500.0, requests=900),  # existed before: baseline
+            ),
+        ),
+    )
     agg = w.variants["redrafter"]
     assert agg.samples == 10 + 7
     assert agg.pods_reporting == 3 and agg.pods_with_increase == 2
@@ -78,15 +97,36 @@ def test_dead_pod_is_missing_not_zero_and_keeps_its_mark():
 
 
 def test_pools_and_variants_are_grouped_separately():
-    _, st = advance(None, Reading(0.0, (
-        sample("base-1", t=0, ident="b1", variant="base", pool="base"),
-        sample("canary", t=0, ident="c1", variant="redrafter", pool="base"),
-    )))
-    w, _ = advance(st, Reading(30.0, (
-        sample("base-1", t=30, ident="b1", variant="base", pool="base", requests=100, load={"active": 6}),
-        sample("canary", t=30, ident="c1", variant="redrafter", pool="base", requests=30,
-               draft_tokens=100, accepted_draft_tokens=70, load={"active": 4}),
-    )))
+    _, st = advance(
+        None,
+        Reading(
+            0.0,
+            (
+                sample("base-1", t=0, ident="b1", variant="base", pool="base"),
+                sample("canary", t=0, ident="c1", variant="redrafter", pool="base"),
+            ),
+        ),
+    )
+    w, _ = advance(
+        st,
+        Reading(
+            30.0,
+            (
+                sample("base-1", t=30, ident="b1", variant="base", pool="base", requests=100, load={"active": 6}),
+                sample(
+                    "canary",
+                    t=30,
+                    ident="c1",
+                    variant="redrafter",
+                    pool="base",
+                    requests=30,
+                    draft_tokens=100,
+                    accepted_draft_tokens=70,
+                    load={"active": 4},
+                ),
+            ),
+        ),
+    )
     assert w.variants["redrafter"].samples == 30 and w.variants["base"].samples == 100
     assert w.pools["base"].samples == 130 and w.pools["base"].active_per_pod == 5
     assert "redrafter" not in w.pools

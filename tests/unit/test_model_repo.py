@@ -17,9 +17,15 @@ from redrafter_sim.engine.control import ControlWatcher, SimControl, read_contro
 
 
 def cfg(variant: str = "redrafter", **kw) -> ServingConfig:
-    base = dict(deployment="chat", variant=variant, engine_key="abc123", artifact_dir="/cache/abc123",
-                max_batch_size=32, draft_len_per_beam=5 if variant == "redrafter" else 0,
-                num_beams=4 if variant == "redrafter" else 0)
+    base = dict(
+        deployment="chat",
+        variant=variant,
+        engine_key="abc123",
+        artifact_dir="/cache/abc123",
+        max_batch_size=32,
+        draft_len_per_beam=5 if variant == "redrafter" else 0,
+        num_beams=4 if variant == "redrafter" else 0,
+    )
     return ServingConfig(**(base | kw))
 
 
@@ -40,8 +46,12 @@ def io(mc: model_config_pb2.ModelConfig) -> tuple:
 @pytest.mark.parametrize("variant", contract.VARIANTS)
 def test_every_config_parses_and_is_named_for_its_model(variant):
     configs = model_configs(cfg(variant), "/cache/abc123/engine", "/cache/abc123/tokenizer")
-    assert set(configs) == {contract.ENTRY_MODEL, contract.PREPROCESSING_MODEL, contract.ENGINE_MODEL,
-                            contract.POSTPROCESSING_MODEL}
+    assert set(configs) == {
+        contract.ENTRY_MODEL,
+        contract.PREPROCESSING_MODEL,
+        contract.ENGINE_MODEL,
+        contract.POSTPROCESSING_MODEL,
+    }
     for name, text in configs.items():
         mc = parse(text)
         assert mc.name == name
@@ -62,8 +72,11 @@ def test_engine_parameters_follow_variant_and_serving_config():
     assert p["enable_chunked_context"] == "true"
     no_fmha = parse(model_configs(cfg(paged_context_fmha=False), "/e", "/t")[contract.ENGINE_MODEL])
     assert "enable_chunked_context" not in params(no_fmha)
-    tuned = cfg(triton=TritonParams(max_queue_delay_microseconds=250,
-                                    kv_cache_free_gpu_mem_fraction=0.55, enable_kv_cache_reuse=False))
+    tuned = cfg(
+        triton=TritonParams(
+            max_queue_delay_microseconds=250, kv_cache_free_gpu_mem_fraction=0.55, enable_kv_cache_reuse=False
+        )
+    )
     t = parse(model_configs(tuned, "/e", "/t")[contract.ENGINE_MODEL])
     assert params(t)["gpt_model_type"] == "inflight_fused_batching"
     assert params(t)["kv_cache_free_gpu_mem_fraction"] == "0.55"
@@ -75,9 +88,20 @@ def test_engine_io_has_perf_metrics_like_trtllm():
     mc = parse(model_configs(cfg(), "/e", "/t")[contract.ENGINE_MODEL])
     inputs = {t.name: t for t in mc.input}
     outputs = {t.name: t for t in mc.output}
-    assert {"input_ids", "input_lengths", "request_output_len", "end_id", "pad_id", "streaming",
-            "stop_words_list", "bad_words_list", "return_perf_metrics"} <= set(inputs)
-    assert inputs["return_perf_metrics"].optional and inputs["return_perf_metrics"].data_type == model_config_pb2.TYPE_BOOL
+    assert {
+        "input_ids",
+        "input_lengths",
+        "request_output_len",
+        "end_id",
+        "pad_id",
+        "streaming",
+        "stop_words_list",
+        "bad_words_list",
+        "return_perf_metrics",
+    } <= set(inputs)
+    assert (
+        inputs["return_perf_metrics"].optional and inputs["return_perf_metrics"].data_type == model_config_pb2.TYPE_BOOL
+    )
     assert set(PERF_OUTPUTS) <= set(outputs)
     assert outputs["acceptance_rate"].data_type == model_config_pb2.TYPE_FP32
     assert outputs["total_draft_tokens"].data_type == model_config_pb2.TYPE_INT32
@@ -86,8 +110,19 @@ def test_engine_io_has_perf_metrics_like_trtllm():
 def test_entry_model_keeps_ensemble_interface_and_carries_metric_names():
     mc = parse(model_configs(cfg(), "/e", "/t")[contract.ENTRY_MODEL])
     assert mc.backend == "python" and mc.model_transaction_policy.decoupled
-    assert {"text_input", "max_tokens", "stream", "temperature", "end_id", "pad_id", "stop_words",
-            "bad_words", "top_k", "top_p", "return_perf_metrics"} <= {t.name for t in mc.input}
+    assert {
+        "text_input",
+        "max_tokens",
+        "stream",
+        "temperature",
+        "end_id",
+        "pad_id",
+        "stop_words",
+        "bad_words",
+        "top_k",
+        "top_p",
+        "return_perf_metrics",
+    } <= {t.name for t in mc.input}
     assert {t.name for t in mc.output} == {"text_output", *PERF_OUTPUTS, contract.OUTPUT_TOKEN_COUNT}
     p = params(mc)
     assert p["output_token_count"] == contract.OUTPUT_TOKEN_COUNT
@@ -105,8 +140,9 @@ def test_sim_engine_declares_the_same_io_as_the_real_engine():
     assert sim.max_batch_size == real.max_batch_size
     assert sim.model_transaction_policy.decoupled == real.model_transaction_policy.decoupled
     assert sim.backend == "python" and params(sim)["sim_control_file"] == "/tmp/c.json"
-    assert {k: v for k, v in params(sim).items() if not k.startswith("sim_")} == params(real), \
+    assert {k: v for k, v in params(sim).items() if not k.startswith("sim_")} == params(real), (
         "the simulated engine sees exactly the parameters the real backend would"
+    )
 
 
 def test_write_model_repository_lays_out_models_and_replaces_old(tmp_path: Path):
@@ -114,8 +150,12 @@ def test_write_model_repository_lays_out_models_and_replaces_old(tmp_path: Path)
     (out / "stale").mkdir(parents=True)
     write_model_repository(out, cfg(), "/e", "/t")
     assert not (out / "stale").exists()
-    for name in (contract.ENTRY_MODEL, contract.PREPROCESSING_MODEL, contract.ENGINE_MODEL,
-                 contract.POSTPROCESSING_MODEL):
+    for name in (
+        contract.ENTRY_MODEL,
+        contract.PREPROCESSING_MODEL,
+        contract.ENGINE_MODEL,
+        contract.POSTPROCESSING_MODEL,
+    ):
         parse((out / name / "config.pbtxt").read_text())
         assert (out / name / "1").is_dir()
         for dest in MODEL_SOURCES.get(name, {}):
@@ -124,7 +164,11 @@ def test_write_model_repository_lays_out_models_and_replaces_old(tmp_path: Path)
     install_sim_engine(out / contract.ENGINE_MODEL, SimEngineSettings())
     assert parse((out / contract.ENGINE_MODEL / "config.pbtxt").read_text()).backend == "python"
     assert {p.name for p in (out / contract.ENGINE_MODEL / "1").iterdir()} == {
-        "model.py", "_sim_control.py", "_sim_backend.py", "_trtllm_backend.py"}
+        "model.py",
+        "_sim_control.py",
+        "_sim_backend.py",
+        "_trtllm_backend.py",
+    }
 
 
 def test_sim_control_file_roundtrip_and_watcher(tmp_path: Path):

@@ -16,9 +16,13 @@ LONGEST = "a" * 253  # the longest legal custom-resource name
 def test_names_are_valid_labels(owner):
     key = "f77810ba3564d1d5671a"
     for name in (
-        names.service_name(owner), names.service_name(owner, "redrafter"), names.service_name(owner, "base"),
-        names.serving_deployment_name(owner, "redrafter"), names.canary_deployment_name(owner),
-        names.serving_config_name(owner, "base"), names.build_job_name(owner, "redrafter", key, 3),
+        names.service_name(owner),
+        names.service_name(owner, "redrafter"),
+        names.service_name(owner, "base"),
+        names.serving_deployment_name(owner, "redrafter"),
+        names.canary_deployment_name(owner),
+        names.serving_config_name(owner, "base"),
+        names.build_job_name(owner, "redrafter", key, 3),
         names.build_config_name(owner, "base", key),
     ):
         assert DNS1123_LABEL.fullmatch(name) and len(name) <= 63, name

@@ -36,15 +36,25 @@ RUNBOOK_URL = "https://github.com/redrafter/redrafter-operator/blob/main/docs/ru
 PROMETHEUS_LABELS = {"job", "instance"}
 #: values the dashboard's Grafana variables stand for when a query is parsed or evaluated
 GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$__range": "1h", "$namespace": "ns", "$deployment": "dep"}
-ALERT_NAMES = {"ReDrafterFallbackActive", "ReDrafterAcceptanceBelowMinimum", "ReDrafterNoReadyReplica",
-               "ReDrafterEngineBuildFailed", "ReDrafterValidationFailed", "ReDrafterOperatorReconcileErrors",
-               "ReDrafterOperatorDown", "ReDrafterSpeculationFlapping"}
+ALERT_NAMES = {
+    "ReDrafterFallbackActive",
+    "ReDrafterAcceptanceBelowMinimum",
+    "ReDrafterNoReadyReplica",
+    "ReDrafterEngineBuildFailed",
+    "ReDrafterValidationFailed",
+    "ReDrafterOperatorReconcileErrors",
+    "ReDrafterOperatorDown",
+    "ReDrafterSpeculationFlapping",
+}
 
 
 # ---- what the exporters export --------------------------------------------------------------
 def _sample_names(name: str, kind: str) -> set[str]:
-    return {"counter": {f"{name}_total"}, "histogram": {f"{name}_bucket", f"{name}_count", f"{name}_sum"},
-            "gauge": {name}}[kind]
+    return {
+        "counter": {f"{name}_total"},
+        "histogram": {f"{name}_bucket", f"{name}_count", f"{name}_sum"},
+        "gauge": {name},
+    }[kind]
 
 
 @cache
@@ -60,17 +70,27 @@ def exported() -> dict[str, frozenset[str]]:
             kind = families[name]
             for sample in _sample_names(name, kind):
                 out[sample] = frozenset(labels | ({"le"} if sample.endswith("_bucket") else set()))
-    assert {n for n in families} <= {n.removesuffix("_total") for n in out} | {
-        n.rsplit("_", 1)[0] for n in out}, "an OperatorMetrics family is not a public attribute"
+    assert {n for n in families} <= {n.removesuffix("_total") for n in out} | {n.rsplit("_", 1)[0] for n in out}, (
+        "an OperatorMetrics family is not a public attribute"
+    )
     metering = frozenset({c.METRIC_LABEL_MODEL, c.METRIC_LABEL_VARIANT})
-    for name in (c.METRIC_REQUESTS, c.METRIC_OUTPUT_TOKENS, c.METRIC_DRAFT_TOKENS,
-                 c.METRIC_ACCEPTED_DRAFT_TOKENS, c.METRIC_STEPS):
+    for name in (
+        c.METRIC_REQUESTS,
+        c.METRIC_OUTPUT_TOKENS,
+        c.METRIC_DRAFT_TOKENS,
+        c.METRIC_ACCEPTED_DRAFT_TOKENS,
+        c.METRIC_STEPS,
+    ):
         out[name] = metering
     for sample in _sample_names(c.METRIC_ACCEPTANCE_HISTOGRAM, "histogram"):
         out[sample] = metering | ({"le"} if sample.endswith("_bucket") else set())
     triton = frozenset(c.TRITON_METRIC_LABELS)
-    for name in (c.METRIC_QUEUE_DURATION, c.METRIC_REQUEST_DURATION, c.METRIC_REQUEST_SUCCESS,
-                 c.METRIC_TRTLLM_KV_BLOCKS):
+    for name in (
+        c.METRIC_QUEUE_DURATION,
+        c.METRIC_REQUEST_DURATION,
+        c.METRIC_REQUEST_SUCCESS,
+        c.METRIC_TRTLLM_KV_BLOCKS,
+    ):
         out[name] = triton
     out[c.METRIC_TRTLLM_REQUESTS] = triton | {c.METRIC_TRTLLM_LABEL_TYPE}
     for sample in _sample_names(c.METRIC_FIRST_RESPONSE_HISTOGRAM, "histogram"):
@@ -112,7 +132,9 @@ def check_names(expr: str) -> None:
         assert labels <= known[name], f"{name} has no label {sorted(labels - known[name])} ({expr!r})"
         available |= known[name]
     created = {m.group(1) for m in re.finditer(r'label_replace\([^,]+,\s*"([^"]+)"', expr)}
-    assert grouping <= available | created, f"labels {sorted(grouping - available - created)} not on any series of {expr!r}"
+    assert grouping <= available | created, (
+        f"labels {sorted(grouping - available - created)} not on any series of {expr!r}"
+    )
 
 
 # ---- the dashboard --------------------------------------------------------------------------
@@ -145,12 +167,25 @@ def test_dashboard_has_the_panels_and_variables_per_deployment():
     d = dashboard()
     assert [v["name"] for v in d["templating"]["list"]] == ["datasource", "namespace", "deployment"]
     titles = {p["title"] for p in d["panels"] if p["type"] != "row"}
-    for wanted in ("Active engine", "Engine switches", "Acceptance rate per engine", "Acceptance rate per pod",
-                   "Tokens per step", "Output tokens/s", "Requests/s per pod", "In-flight and queued requests per pod",
-                   "Replicas: desired vs ready", "Time to first token", "Request latency and time per output token",
-                   "Queue time per request", "Engine build state",
-                   "Validation verdict", "Builds by result (all resources)", "Reconciles by result",
-                   "Reconcile latency"):
+    for wanted in (
+        "Active engine",
+        "Engine switches",
+        "Acceptance rate per engine",
+        "Acceptance rate per pod",
+        "Tokens per step",
+        "Output tokens/s",
+        "Requests/s per pod",
+        "In-flight and queued requests per pod",
+        "Replicas: desired vs ready",
+        "Time to first token",
+        "Request latency and time per output token",
+        "Queue time per request",
+        "Engine build state",
+        "Validation verdict",
+        "Builds by result (all resources)",
+        "Reconciles by result",
+        "Reconcile latency",
+    ):
         assert wanted in titles
     assert any("switches" in a["expr"] for a in d["annotations"]["list"] if "expr" in a)
     ids = [p["id"] for p in d["panels"]]
@@ -159,8 +194,9 @@ def test_dashboard_has_the_panels_and_variables_per_deployment():
     for where, expr in dashboard_queries():
         selected, _ = names_in(expr)
         # the operator's per-resource series carry `name`; the metering model's carry `model`
-        per_resource = [n for n in selected if {"name", c.METRIC_LABEL_MODEL} & exported()[n]
-                        and n.startswith("redrafter_")]
+        per_resource = [
+            n for n in selected if {"name", c.METRIC_LABEL_MODEL} & exported()[n] and n.startswith("redrafter_")
+        ]
         if per_resource:
             assert '"ns"' in expr and '"dep"' in expr, f"{where} is not filtered by namespace and deployment"
 
@@ -180,7 +216,7 @@ def test_dashboard_variables_use_exported_names_only():
 
 def test_every_grafana_variable_is_substituted(tmp_path):
     broken = dashboard()
-    broken["panels"][1]["targets"][0]["expr"] += ' * on () group_left vector($unknown)'
+    broken["panels"][1]["targets"][0]["expr"] += " * on () group_left vector($unknown)"
     (tmp_path / "d.json").write_text(json.dumps(broken))
     with pytest.raises(ValueError, match="not substituted"):
         prometheus.dashboard_queries(GRAFANA_VARIABLES, tmp_path / "d.json")
@@ -251,8 +287,13 @@ def test_promtool_unit_tests_fire_and_stay_silent():
     for name in ALERT_NAMES:  # each alert is shown firing and not firing
         cases = [t for g in tests for t in g["alert_rule_test"] if t["alertname"] == name]
         assert any(t["exp_alerts"] for t in cases) and any(not t["exp_alerts"] for t in cases), name
-    out = subprocess.run([_promtool(), "test", "rules", str(ALERT_TESTS)], capture_output=True, text=True,
-                         timeout=120, cwd=ALERT_TESTS.parent)
+    out = subprocess.run(
+        [_promtool(), "test", "rules", str(ALERT_TESTS)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ALERT_TESTS.parent,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -262,9 +303,14 @@ def test_promtool_unit_tests_can_fail(tmp_path):
     (tmp_path / "a" / "b").mkdir(parents=True)
     rules_dir = tmp_path / "charts" / "redrafter-operator" / "files"
     rules_dir.mkdir(parents=True)
-    (rules_dir / ALERTS.name).write_text(ALERTS.read_text().replace(
-        "(redrafter_operator_engine_switches_total[1h])) > 4", "(redrafter_operator_engine_switches_total[1h])) > 40"))
+    (rules_dir / ALERTS.name).write_text(
+        ALERTS.read_text().replace(
+            "(redrafter_operator_engine_switches_total[1h])) > 4",
+            "(redrafter_operator_engine_switches_total[1h])) > 40",
+        )
+    )
     (tmp_path / "a" / "b" / ALERT_TESTS.name).write_text(ALERT_TESTS.read_text())
-    out = subprocess.run([tool, "test", "rules", ALERT_TESTS.name], capture_output=True, text=True, timeout=120,
-                         cwd=tmp_path / "a" / "b")
+    out = subprocess.run(
+        [tool, "test", "rules", ALERT_TESTS.name], capture_output=True, text=True, timeout=120, cwd=tmp_path / "a" / "b"
+    )
     assert out.returncode != 0 and "ReDrafterSpeculationFlapping" in out.stdout + out.stderr

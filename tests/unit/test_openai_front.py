@@ -37,11 +37,16 @@ def tokenizer_dir(tmp_path: Path, **config) -> Path:
 
 
 def test_llama2_template_renders_as_transformers_does(tmp_path):
-    d = tokenizer_dir(tmp_path, chat_template=LLAMA2, bos_token={"content": "<s>", "special": True},
-                      eos_token="</s>")
+    d = tokenizer_dir(tmp_path, chat_template=LLAMA2, bos_token={"content": "<s>", "special": True}, eos_token="</s>")
     t = ChatTemplate(d)
-    out = t.render([{"role": "system", "content": "Be brief."}, {"role": "user", "content": " Hi "},
-                    {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "Bye"}])
+    out = t.render(
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": " Hi "},
+            {"role": "assistant", "content": "Hello"},
+            {"role": "user", "content": "Bye"},
+        ]
+    )
     # strip() applies to system + first user message together: the user's leading space stays
     assert out == "<s>[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\n Hi [/INST] Hello </s><s>[INST] Bye [/INST]"
     with pytest.raises(ChatTemplateError, match="roles must alternate"):
@@ -80,12 +85,15 @@ def test_no_template_is_a_clear_error(tmp_path):
     assert not ChatTemplate(tmp_path / "missing").available
 
 
-@pytest.mark.parametrize(("stops", "pieces", "emitted", "hit"), [
-    (("END",), ["ab", "cE", "N", "D tail"], ["ab", "c", "", ""], True),
-    (("END",), ["ab", "cE", "Nx"], ["ab", "c", "ENx"], False),  # a prefix that did not complete is released
-    (("xy", "b"), ["ab"], ["a"], True),
-    ((), ["a", "b"], ["a", "b"], False),
-])
+@pytest.mark.parametrize(
+    ("stops", "pieces", "emitted", "hit"),
+    [
+        (("END",), ["ab", "cE", "N", "D tail"], ["ab", "c", "", ""], True),
+        (("END",), ["ab", "cE", "Nx"], ["ab", "c", "ENx"], False),  # a prefix that did not complete is released
+        (("xy", "b"), ["ab"], ["a"], True),
+        ((), ["a", "b"], ["a", "b"], False),
+    ],
+)
 def test_stop_matcher(stops, pieces, emitted, hit):
     m = StopMatcher(stops)
     assert [m.feed(p) for p in pieces] == emitted
@@ -107,19 +115,25 @@ def test_outcome_acceptance_only_where_drafted():
     assert Outcome(accepted_draft_tokens=0, draft_tokens=0).acceptance_rate is None
 
 
-@pytest.mark.parametrize(("model", "body", "param"), [
-    (CompletionRequest, {"prompt": "x", "n": 3}, "n"),
-    (CompletionRequest, {"prompt": ["a", "b"]}, "prompt"),
-    (CompletionRequest, {"prompt": "x", "echo": True}, "echo"),
-    (CompletionRequest, {"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
-    (CompletionRequest, {"prompt": "x", "stop": [""]}, "stop"),
-    (CompletionRequest, {"prompt": "x", "top_p": 0}, "top_p"),
-    (ChatCompletionRequest, {"messages": []}, "messages"),
-    (ChatCompletionRequest, {"messages": [{"role": "robot", "content": "x"}]}, "messages.0.role"),
-    (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "logprobs": True}, "logprobs"),
-    (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
-     "tools"),
-])
+@pytest.mark.parametrize(
+    ("model", "body", "param"),
+    [
+        (CompletionRequest, {"prompt": "x", "n": 3}, "n"),
+        (CompletionRequest, {"prompt": ["a", "b"]}, "prompt"),
+        (CompletionRequest, {"prompt": "x", "echo": True}, "echo"),
+        (CompletionRequest, {"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
+        (CompletionRequest, {"prompt": "x", "stop": [""]}, "stop"),
+        (CompletionRequest, {"prompt": "x", "top_p": 0}, "top_p"),
+        (ChatCompletionRequest, {"messages": []}, "messages"),
+        (ChatCompletionRequest, {"messages": [{"role": "robot", "content": "x"}]}, "messages.0.role"),
+        (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "logprobs": True}, "logprobs"),
+        (
+            ChatCompletionRequest,
+            {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
+            "tools",
+        ),
+    ],
+)
 def test_invalid_requests_name_their_param(model, body, param):
     with pytest.raises(ValidationError) as exc:
         model.model_validate({"model": "m", **body})
@@ -130,14 +144,24 @@ def test_invalid_requests_name_their_param(model, body, param):
 def test_valid_requests():
     c = CompletionRequest.model_validate({"model": "m", "prompt": ["one"], "stop": "s", "n": 1, "extra": 1})
     assert c.text == "one" and c.stop_list == ["s"] and c.output_limit is None
-    chat = ChatCompletionRequest.model_validate({
-        "model": "m", "max_tokens": 5, "max_completion_tokens": 7, "stream": True,
-        "stream_options": {"include_usage": True},
-        "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
-                     {"role": "assistant", "content": None, "name": "bot"}]})
+    chat = ChatCompletionRequest.model_validate(
+        {
+            "model": "m",
+            "max_tokens": 5,
+            "max_completion_tokens": 7,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                {"role": "assistant", "content": None, "name": "bot"},
+            ],
+        }
+    )
     assert chat.output_limit == 7 and chat.include_usage
     assert [m.for_template() for m in chat.messages] == [
-        {"role": "user", "content": "ab"}, {"role": "assistant", "content": "", "name": "bot"}]
+        {"role": "user", "content": "ab"},
+        {"role": "assistant", "content": "", "name": "bot"},
+    ]
 
 
 def test_front_argv_targets_rank0_grpc_on_localhost():
@@ -148,8 +172,9 @@ def test_front_argv_targets_rank0_grpc_on_localhost():
 
 def test_run_together_stops_the_rest_when_one_exits_unasked():
     start = time.monotonic()
-    code = run_together([[sys.executable, "-c", "import sys; sys.exit(3)"],
-                         [sys.executable, "-c", "import time; time.sleep(60)"]])
+    code = run_together(
+        [[sys.executable, "-c", "import sys; sys.exit(3)"], [sys.executable, "-c", "import time; time.sleep(60)"]]
+    )
     assert code == 3 and time.monotonic() - start < 30
     # a component that exits 0 unasked is still a failure of the pod
     assert run_together([[sys.executable, "-c", "pass"], [sys.executable, "-c", "import time; time.sleep(60)"]]) == 1
@@ -167,8 +192,13 @@ def test_chat_prompt_keeps_one_bos_when_the_tokenizer_adds_it(tmp_path):
     tok.add_special_tokens(["<s>", "</s>", "[UNK]"])
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
     tok.save(str(tmp_path / "tokenizer.json"))
-    tokenizer_dir(tmp_path, chat_template="{{ bos_token }}[INST] {{ messages[0]['content'] }}",
-                  bos_token="<s>", eos_token="</s>", tokenizer_class="PreTrainedTokenizerFast")
+    tokenizer_dir(
+        tmp_path,
+        chat_template="{{ bos_token }}[INST] {{ messages[0]['content'] }}",
+        bos_token="<s>",
+        eos_token="</s>",
+        tokenizer_class="PreTrainedTokenizerFast",
+    )
     front = Front(FrontSettings("m", 64, 128, 0), tmp_path, "127.0.0.1:1")
     req = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
     prompt = front.chat_prompt(req)
@@ -186,11 +216,13 @@ def test_run_together_forwards_sigterm_to_every_process_and_waits_for_their_drai
     import signal
     import threading
 
-    drain = ("import signal, sys, time, pathlib\n"
-             "signal.signal(signal.SIGTERM, lambda *a: (time.sleep(0.5), pathlib.Path(sys.argv[1]).write_text('drained'),"
-             " sys.exit(0)))\n"
-             "pathlib.Path(sys.argv[1] + '.up').touch()\n"
-             "time.sleep(60)\n")
+    drain = (
+        "import signal, sys, time, pathlib\n"
+        "signal.signal(signal.SIGTERM, lambda *a: (time.sleep(0.5), pathlib.Path(sys.argv[1]).write_text('drained'),"
+        " sys.exit(0)))\n"
+        "pathlib.Path(sys.argv[1] + '.up').touch()\n"
+        "time.sleep(60)\n"
+    )
     marks = [tmp_path / "triton", tmp_path / "front"]
 
     def terminate_when_up():

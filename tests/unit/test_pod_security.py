@@ -15,8 +15,7 @@ from redrafter_operator.api.engine_key import engine_key
 from redrafter_operator.render import render_all, resources, security
 from redrafter_operator.render.build import build_job
 from redrafter_operator.render.common import Owner
-from redrafter_operator.render.serving import candidate_deployment, canary_deployment, network_policies
-from redrafter_operator.render.validation import validation_job
+from redrafter_operator.render.serving import canary_deployment, candidate_deployment, network_policies
 from redrafter_sim.admission_podsecurity import admit_pod, violations
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,6 +76,7 @@ def test_the_gated_model_example_mounts_its_token_readable_by_the_builder():
 
 # ---- resources ---------------------------------------------------------------------------------
 
+
 def test_default_requests_scale_with_tensor_parallel_ranks():
     tp1 = load(EXAMPLES[0], **{"parallelism.tensor": 1, "serving.resources": {}, "engine.build.resources": {}})
     tp8 = load(EXAMPLES[0], **{"parallelism.tensor": 8, "serving.resources": {}, "engine.build.resources": {}})
@@ -92,24 +92,31 @@ def test_default_requests_scale_with_tensor_parallel_ranks():
             assert set(res["limits"]) == {"nvidia.com/gpu"}, "no default CPU/memory limit on GPU pods"
 
 
-@pytest.mark.parametrize(("user", "expected"), [
-    ({}, {"requests": {"cpu": "2", "memory": "16Gi"}}),
-    ({"requests": {"cpu": "6"}}, {"requests": {"cpu": "6", "memory": "16Gi"}}),
-    # a limit without a request: the API server defaults the request to it, so ours must not be there
-    ({"limits": {"memory": "8Gi"}}, {"requests": {"cpu": "2"}, "limits": {"memory": "8Gi"}}),
-    ({"requests": {"memory": "64Gi"}, "limits": {"memory": "80Gi", "cpu": "8"}},
-     {"requests": {"memory": "64Gi"}, "limits": {"memory": "80Gi", "cpu": "8"}}),
-])
+@pytest.mark.parametrize(
+    ("user", "expected"),
+    [
+        ({}, {"requests": {"cpu": "2", "memory": "16Gi"}}),
+        ({"requests": {"cpu": "6"}}, {"requests": {"cpu": "6", "memory": "16Gi"}}),
+        # a limit without a request: the API server defaults the request to it, so ours must not be there
+        ({"limits": {"memory": "8Gi"}}, {"requests": {"cpu": "2"}, "limits": {"memory": "8Gi"}}),
+        (
+            {"requests": {"memory": "64Gi"}, "limits": {"memory": "80Gi", "cpu": "8"}},
+            {"requests": {"memory": "64Gi"}, "limits": {"memory": "80Gi", "cpu": "8"}},
+        ),
+    ],
+)
 def test_spec_resources_override_the_defaults_per_resource(user, expected):
     assert resources.merged(resources.per_rank(resources.SERVING_PER_RANK, 1), user) == expected
 
 
 def test_a_user_request_above_a_default_limit_drops_that_limit():
     assert resources.merged(resources.VALIDATION, {"requests": {"memory": "2Gi"}}) == {
-        "requests": {"cpu": "250m", "memory": "2Gi"}}
+        "requests": {"cpu": "250m", "memory": "2Gi"}
+    }
 
 
 # ---- NetworkPolicy -----------------------------------------------------------------------------
+
 
 def test_network_policies_are_optional():
     assert network_policies(load(EXAMPLES[0], **{"serving.networkPolicy": {"enabled": False}})) == []
@@ -123,13 +130,16 @@ def test_serving_policy_admits_the_namespace_the_validation_job_and_the_operator
     spec = serving["spec"]
     assert spec["policyTypes"] == ["Ingress"]
     assert spec["podSelector"]["matchExpressions"] == [
-        {"key": "app.kubernetes.io/component", "operator": "In", "values": ["serving"]}]
+        {"key": "app.kubernetes.io/component", "operator": "In", "values": ["serving"]}
+    ]
     serve_rule, metrics_rule = spec["ingress"]
     assert [p["port"] for p in serve_rule["ports"]] == [8000, 8001, 8002, 9000]  # HTTP, gRPC, metrics, OpenAI
     assert serve_rule["from"][0] == {"podSelector": {}}, "default: every pod of this namespace"
     assert serve_rule["from"][1]["podSelector"]["matchExpressions"][0]["values"] == ["validation"]
-    assert metrics_rule == {"from": [{"namespaceSelector": {"matchLabels": {
-        "kubernetes.io/metadata.name": "redrafter-system"}}}], "ports": [{"protocol": "TCP", "port": 8002}]}
+    assert metrics_rule == {
+        "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "redrafter-system"}}}],
+        "ports": [{"protocol": "TCP", "port": 8002}],
+    }
     assert "ingress" not in jobs["spec"], "nothing connects to build or validation pods"
     assert jobs["spec"]["podSelector"]["matchExpressions"][0]["values"] == ["engine-build", "validation"]
     # every pod of the resource is selected by one of them (the scanners' "pod without a NetworkPolicy")
@@ -141,8 +151,9 @@ def test_serving_policy_admits_the_namespace_the_validation_job_and_the_operator
 def test_configured_peers_replace_the_namespace_default_and_metrics_peers_add():
     clients = [{"namespaceSelector": {"matchLabels": {"team": "gateway"}}}]
     prometheus = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
-    owner = load(EXAMPLES[0], **{"serving.networkPolicy": {"enabled": True, "ingressFrom": clients,
-                                                           "metricsFrom": prometheus}})
+    owner = load(
+        EXAMPLES[0], **{"serving.networkPolicy": {"enabled": True, "ingressFrom": clients, "metricsFrom": prometheus}}
+    )
     serving, _ = network_policies(owner, operator_namespace=owner.namespace)  # operator next to it: no extra peer
     serve_rule, metrics_rule = serving["spec"]["ingress"]
     assert serve_rule["from"][0] == clients[0] and len(serve_rule["from"]) == 2
@@ -150,6 +161,7 @@ def test_configured_peers_replace_the_namespace_default_and_metrics_peers_add():
 
 
 # ---- the emulator's PodSecurity admission ------------------------------------------------------
+
 
 def test_a_bare_pod_is_rejected_with_the_real_message():
     pod = {"metadata": {"name": "bad-pod"}, "spec": {"containers": [{"name": "app", "image": "nginx"}]}}
@@ -159,7 +171,8 @@ def test_a_bare_pod_is_rejected_with_the_real_message():
         'unrestricted capabilities (container "app" must set securityContext.capabilities.drop=["ALL"]), '
         'runAsNonRoot != true (pod or container "app" must set securityContext.runAsNonRoot=true), '
         'seccompProfile (pod or container "app" must set securityContext.seccompProfile.type to "RuntimeDefault" '
-        'or "Localhost")')
+        'or "Localhost")'
+    )
     assert admit_pod(pod, {}) is None, "unlabelled namespaces are privileged"
     assert admit_pod(pod, {"pod-security.kubernetes.io/enforce": "baseline"}) is None
 
@@ -179,29 +192,48 @@ def test_admission_names_each_violation_like_the_plugin():
             node[leaf] = value
         return out
 
-    assert violations(broken(**{"securityContext.runAsUser": 0})) == ['runAsUser=0 (pod must not set runAsUser=0)']
+    assert violations(broken(**{"securityContext.runAsUser": 0})) == ["runAsUser=0 (pod must not set runAsUser=0)"]
     assert violations(broken(**{"containers.0.securityContext.runAsNonRoot": False})) == [
-        'runAsNonRoot != true (container "build" must not set securityContext.runAsNonRoot=false)']
-    assert violations(broken(**{"containers.0.securityContext.capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN"]}})) == [
+        'runAsNonRoot != true (container "build" must not set securityContext.runAsNonRoot=false)'
+    ]
+    assert violations(
+        broken(**{"containers.0.securityContext.capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN"]}})
+    ) == [
         'non-default capabilities (container "build" must not include "SYS_ADMIN" in securityContext.capabilities.add)',
-        'unrestricted capabilities (container "build" must not include "SYS_ADMIN" in securityContext.capabilities.add)']
+        'unrestricted capabilities (container "build" must not include "SYS_ADMIN" in securityContext.capabilities.add)',
+    ]
     assert violations(broken(**{"hostNetwork": True, "containers.0.securityContext.privileged": True})) == [
-        "host namespaces (hostNetwork=true)", 'privileged (container "build" must not set securityContext.privileged=true)']
+        "host namespaces (hostNetwork=true)",
+        'privileged (container "build" must not set securityContext.privileged=true)',
+    ]
     assert violations(broken(**{"volumes": [{"name": "host", "hostPath": {"path": "/"}}]})) == [
-        'restricted volume types (volume "host" uses restricted volume type "hostPath")']
+        'restricted volume types (volume "host" uses restricted volume type "hostPath")'
+    ]
     assert violations(broken(**{"containers.0.securityContext.seccompProfile": {"type": "Unconfined"}})) == [
-        'seccompProfile (container "build" must not set securityContext.seccompProfile.type to "Unconfined")']
+        'seccompProfile (container "build" must not set securityContext.seccompProfile.type to "Unconfined")'
+    ]
 
 
 def test_baseline_checks_reject_what_the_plugin_rejects():
     ok = {"containers": [{"name": "c", "image": "x"}]}
     assert violations(ok, "baseline") == []
     bad = {
-        "securityContext": {"sysctls": [{"name": "kernel.msgmax", "value": "1"}, {"name": "net.ipv4.tcp_rmem", "value": "1"}],
-                            "seLinuxOptions": {"user": "system_u", "role": "r"}},
-        "containers": [{"name": "c", "image": "x", "readinessProbe": {"httpGet": {"host": "10.0.0.1", "port": 80}},
-                        "securityContext": {"procMount": "Unmasked", "seccompProfile": {"type": "Unconfined"},
-                                            "appArmorProfile": {"type": "Unconfined"}}}],
+        "securityContext": {
+            "sysctls": [{"name": "kernel.msgmax", "value": "1"}, {"name": "net.ipv4.tcp_rmem", "value": "1"}],
+            "seLinuxOptions": {"user": "system_u", "role": "r"},
+        },
+        "containers": [
+            {
+                "name": "c",
+                "image": "x",
+                "readinessProbe": {"httpGet": {"host": "10.0.0.1", "port": 80}},
+                "securityContext": {
+                    "procMount": "Unmasked",
+                    "seccompProfile": {"type": "Unconfined"},
+                    "appArmorProfile": {"type": "Unconfined"},
+                },
+            }
+        ],
     }
     assert violations(bad, "baseline") == [
         'forbidden AppArmor profile (container "c" must not set AppArmor profile type to "Unconfined")',

@@ -16,13 +16,22 @@ from redrafter_operator.render.names import LABEL_TRAFFIC, LABEL_VARIANT
 
 
 def make_spec(**autoscaling) -> ReDrafterDeploymentSpec:
-    base = {"minReplicas": 1, "maxReplicas": 20, "targetQueuePerReplica": 4, "tolerance": 0.1,
-            "scaleUpStabilization": "0s", "scaleDownStabilization": "300s", "maxStep": 10}
+    base = {
+        "minReplicas": 1,
+        "maxReplicas": 20,
+        "targetQueuePerReplica": 4,
+        "tolerance": 0.1,
+        "scaleUpStabilization": "0s",
+        "scaleDownStabilization": "300s",
+        "maxStep": 10,
+    }
     base.update(autoscaling)
-    return ReDrafterDeploymentSpec.model_validate({
-        "model": {"base": {"source": "hf://org/base"}, "drafter": {"source": "hf://org/drafter"}},
-        "autoscaling": base,
-    })
+    return ReDrafterDeploymentSpec.model_validate(
+        {
+            "model": {"base": {"source": "hf://org/base"}, "drafter": {"source": "hf://org/drafter"}},
+            "autoscaling": base,
+        }
+    )
 
 
 def load(per_pod: float, pods: int, failed: int = 0, waiting: float = 0.0, pending: int = 0) -> PoolLoad:
@@ -170,8 +179,10 @@ def _pods(ready: int, starting: int = 0, pending: int = 0, pool: str = "redrafte
 
 
 def _reading(per_pod: dict[str, float], t: float = 0.0, errors: tuple[str, ...] = ()) -> Reading:
-    samples = tuple(PodSample(n, f"{n}/0", "redrafter", "redrafter", t, {}, {"active": v, "waiting": 0.0})
-                    for n, v in per_pod.items())
+    samples = tuple(
+        PodSample(n, f"{n}/0", "redrafter", "redrafter", t, {}, {"active": v, "waiting": 0.0})
+        for n, v in per_pod.items()
+    )
     return Reading(t, samples, tuple(PodError(n, "redrafter", "redrafter", "timeout") for n in errors))
 
 
@@ -219,8 +230,7 @@ def test_loading_pods_do_not_overshoot():
     state, replicas, seen = AutoscalerState(), 2, []
     for t in range(0, 95, 5):
         names = sorted(created)
-        pods = [PodStatus(n, "redrafter", "redrafter", "Ready" if t - created[n] >= 60 else "Starting")
-                for n in names]
+        pods = [PodStatus(n, "redrafter", "redrafter", "Ready" if t - created[n] >= 60 else "Starting") for n in names]
         ready = [p.name for p in pods if p.phase == "Ready"]
         r = _reading({n: 16 / len(ready) for n in ready}, t)  # the Service spreads the load over Ready pods
         d, state = recommend(spec, state, replicas, pool_load(r, "redrafter", pods), t)

@@ -9,8 +9,9 @@ from redrafter_operator.policy import CostParams, crossover, speedup, throughput
 
 
 def spec(**kw):
-    return ReDrafterDeploymentSpec.model_validate({
-        "model": {"base": {"source": "hf://o/b"}, "drafter": {"source": "hf://o/d"}}, **kw})
+    return ReDrafterDeploymentSpec.model_validate(
+        {"model": {"base": {"source": "hf://o/b"}, "drafter": {"source": "hf://o/d"}}, **kw}
+    )
 
 
 def test_defaults_reproduce_published_low_batch_speedup():
@@ -47,8 +48,10 @@ def test_tokens_per_step_from_acceptance_is_clamped():
 
 
 def test_every_parameter_is_overridable_in_the_spec():
-    s = spec(redrafter={"numBeams": 4, "draftLenPerBeam": 3},
-             speculation={"costModel": {"tokenCost": 0.01, "drafterOverhead": 0.2, "verifiedTokensPerRequest": 9}})
+    s = spec(
+        redrafter={"numBeams": 4, "draftLenPerBeam": 3},
+        speculation={"costModel": {"tokenCost": 0.01, "drafterOverhead": 0.2, "verifiedTokensPerRequest": 9}},
+    )
     p = CostParams.from_spec(s)
     assert p == CostParams(token_cost=0.01, drafter_overhead=0.2, verified_tokens=9, draft_len=3)
     assert CostParams.from_spec(spec(redrafter={"numBeams": 4, "draftLenPerBeam": 3})).verified_tokens == 13

@@ -42,13 +42,21 @@ def test_step_judges_load_against_the_measured_crossover():
     from redrafter_operator.metrics import PodSample, Reading
     from redrafter_operator.policy import step
 
-    spec = ReDrafterDeploymentSpec.model_validate({
-        "model": {"base": {"source": "hf://o/b"}, "drafter": {"source": "hf://o/d"}},
-        "speculation": {"minDwell": "30s", "minSamples": 10}})
+    spec = ReDrafterDeploymentSpec.model_validate(
+        {
+            "model": {"base": {"source": "hf://o/b"}, "drafter": {"source": "hf://o/d"}},
+            "speculation": {"minDwell": "30s", "minSamples": 10},
+        }
+    )
 
     def reading(t: float, n: int) -> Reading:
-        c = {"requests": 30.0 * n, "draft_tokens": 500.0 * n, "accepted_draft_tokens": 300.0 * n,
-             "output_tokens": 400.0 * n, "steps": 100.0 * n}
+        c = {
+            "requests": 30.0 * n,
+            "draft_tokens": 500.0 * n,
+            "accepted_draft_tokens": 300.0 * n,
+            "output_tokens": 400.0 * n,
+            "steps": 100.0 * n,
+        }
         return Reading(t, (PodSample("r-0", "u0/0", "redrafter", "redrafter", t, c, {"active": 2.0, "waiting": 0.0}),))
 
     outcomes = {}

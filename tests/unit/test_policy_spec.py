@@ -10,17 +10,24 @@ BASE = {"model": {"base": {"source": "hf://o/b"}, "drafter": {"source": "hf://o/
 
 
 def resource(speculation: dict) -> dict:
-    return {"apiVersion": "redrafter.dev/v1alpha1", "kind": "ReDrafterDeployment",
-            "metadata": {"name": "t", "namespace": "default"}, "spec": {**BASE, "speculation": speculation}}
+    return {
+        "apiVersion": "redrafter.dev/v1alpha1",
+        "kind": "ReDrafterDeployment",
+        "metadata": {"name": "t", "namespace": "default"},
+        "spec": {**BASE, "speculation": speculation},
+    }
 
 
-@pytest.mark.parametrize("speculation,ok", [
-    ({"minAcceptanceRate": 0.95}, True),  # + default hysteresis 0.05 = 1.0
-    ({"minAcceptanceRate": 0.96}, False),
-    ({"minAcceptanceRate": 0.5, "acceptanceHysteresis": 0.6}, False),
-    ({"costModel": {"tokenCost": 0.01, "drafterOverhead": 0.2, "verifiedTokensPerRequest": 9}}, True),
-    ({"costModel": {"tokenCost": 0}}, False),
-])
+@pytest.mark.parametrize(
+    "speculation,ok",
+    [
+        ({"minAcceptanceRate": 0.95}, True),  # + default hysteresis 0.05 = 1.0
+        ({"minAcceptanceRate": 0.96}, False),
+        ({"minAcceptanceRate": 0.5, "acceptanceHysteresis": 0.6}, False),
+        ({"costModel": {"tokenCost": 0.01, "drafterOverhead": 0.2, "verifiedTokensPerRequest": 9}}, True),
+        ({"costModel": {"tokenCost": 0}}, False),
+    ],
+)
 def test_model_and_crd_agree(speculation, ok):
     model = spec_errors({**BASE, "speculation": speculation})
     server = validate_resource(crd(), resource(speculation))

@@ -12,13 +12,22 @@ MIN = 60.0
 
 
 def make_spec(**speculation) -> ReDrafterDeploymentSpec:
-    base = {"interval": "30s", "cooldown": "10m", "minDwell": "2m", "minSamples": 50,
-            "failureLimit": 3, "successLimit": 3, "consecutiveErrorLimit": 2}
+    base = {
+        "interval": "30s",
+        "cooldown": "10m",
+        "minDwell": "2m",
+        "minSamples": 50,
+        "failureLimit": 3,
+        "successLimit": 3,
+        "consecutiveErrorLimit": 2,
+    }
     base.update(speculation)
-    return ReDrafterDeploymentSpec.model_validate({
-        "model": {"base": {"source": "hf://org/base"}, "drafter": {"source": "hf://org/drafter"}},
-        "speculation": base,
-    })
+    return ReDrafterDeploymentSpec.model_validate(
+        {
+            "model": {"base": {"source": "hf://org/base"}, "drafter": {"source": "hf://org/drafter"}},
+            "speculation": base,
+        }
+    )
 
 
 def agg(requests=100, acceptance=0.6, active=2.0, pods=1, failed=0, with_increase=None, steps=True) -> Aggregate:
@@ -26,9 +35,16 @@ def agg(requests=100, acceptance=0.6, active=2.0, pods=1, failed=0, with_increas
     inc = {"requests": float(requests), "draft_tokens": draft, "accepted_draft_tokens": draft * acceptance}
     if steps:
         inc.update(output_tokens=(1 + acceptance * 5) * 300, steps=300.0)
-    return Aggregate(seconds=30, pods_reporting=pods, pods_failed=failed,
-                     pods_with_increase=pods if with_increase is None else with_increase, resets=0,
-                     increases=inc, tokens_per_second=0.0, load={"active": active * pods})
+    return Aggregate(
+        seconds=30,
+        pods_reporting=pods,
+        pods_failed=failed,
+        pods_with_increase=pods if with_increase is None else with_increase,
+        resets=0,
+        increases=inc,
+        tokens_per_second=0.0,
+        load={"active": active * pods},
+    )
 
 
 def obs_on_redrafter(**kw) -> Observation:
@@ -39,8 +55,16 @@ def obs_on_redrafter(**kw) -> Observation:
 def obs_on_base(canary: Aggregate | None, base_active=2.0) -> Observation:
     base = agg(acceptance=0.0, active=base_active, pods=3)
     variants = {"base": base} | ({"redrafter": canary} if canary else {})
-    pool = Aggregate(30, 3 + (canary.pods_reporting if canary else 0), 0, 3, 0, {}, 0.0,
-                     {"active": base_active * (3 + (canary.pods_reporting if canary else 0))})
+    pool = Aggregate(
+        30,
+        3 + (canary.pods_reporting if canary else 0),
+        0,
+        3,
+        0,
+        {},
+        0.0,
+        {"active": base_active * (3 + (canary.pods_reporting if canary else 0))},
+    )
     return Observation(Windows(0, variants, {"base": pool}))
 
 
@@ -81,17 +105,24 @@ def test_collapse_switches_after_failure_limit():
 
 def test_failures_must_be_consecutive():
     spec = make_spec(minDwell="30s")
-    seq = [obs_on_redrafter(acceptance=0.1)] * 2 + [obs_on_redrafter(acceptance=0.6)] + [obs_on_redrafter(acceptance=0.1)] * 2
+    seq = (
+        [obs_on_redrafter(acceptance=0.1)] * 2
+        + [obs_on_redrafter(acceptance=0.6)]
+        + [obs_on_redrafter(acceptance=0.1)] * 2
+    )
     ds, s, _ = run(spec, initial_state(spec, 0), seq)
     assert all(d.action == "Stay" for d in ds) and s.failures == 2
 
 
-@pytest.mark.parametrize("observation,reason", [
-    (obs_on_redrafter(requests=2, acceptance=0.0), "TooFewSamples"),  # 10 windows pool only 20
-    (Observation(Windows(0, {}, {})), "NoData"),
-    (obs_on_redrafter(acceptance=0.0, with_increase=0), "NoData"),
-    (Observation(Windows(0, {"redrafter": agg(pods=0, failed=2)}, {})), "NoData"),
-])
+@pytest.mark.parametrize(
+    "observation,reason",
+    [
+        (obs_on_redrafter(requests=2, acceptance=0.0), "TooFewSamples"),  # 10 windows pool only 20
+        (Observation(Windows(0, {}, {})), "NoData"),
+        (obs_on_redrafter(acceptance=0.0, with_increase=0), "NoData"),
+        (Observation(Windows(0, {"redrafter": agg(pods=0, failed=2)}, {})), "NoData"),
+    ],
+)
 def test_inconclusive_is_never_a_failure_and_keeps_counts(observation, reason):
     spec = make_spec(minDwell="30s")
     ds, s, _ = run(spec, initial_state(spec, 0), [obs_on_redrafter(acceptance=0.1)] * 2 + [observation] * 10)
@@ -194,6 +225,7 @@ def test_margin_band_holds_both_ways():
     """A speedup inside [1-margin, 1+margin] neither leaves ReDrafter nor returns to it."""
     spec = make_spec(minDwell="30s", cooldown="30s", margin=0.2)
     from redrafter_operator.policy import CostParams, speedup
+
     p = CostParams.from_spec(spec)
     batch = next(b for b in range(1, 100) if speedup(b, 4.0, p) < 1.0)  # just past the crossover
     assert 0.8 < speedup(batch, 4.0, p) < 1.2
@@ -266,6 +298,7 @@ def test_decision_status_fields_are_wire_names():
     assert st["decision"] == "Stay" and st["acceptanceRate"] == 0.6 and st["samples"] == 100
     assert st["predictedSpeedup"] > 1 and "crossoverConcurrency" in st
     from redrafter_operator.api.status import SpeculationStatus
+
     SpeculationStatus.model_validate(st)
 
 
@@ -274,8 +307,9 @@ def test_oscillation_is_flapping_and_switches_at_most_once():
     alternation is seen as flapping, which then holds the engine."""
     spec = make_spec(minDwell="2m", cooldown="10m")
     # at batch 10, acceptance 0.30 / 0.45 predict speedups 0.85 / 1.10: the mean is ~1, no clear winner
-    seq = ([obs_on_redrafter(acceptance=0.6, active=10)] * 10
-           + [obs_on_redrafter(acceptance=a, active=10) for a in ([0.30] * 4 + [0.45] * 4) * 12])
+    seq = [obs_on_redrafter(acceptance=0.6, active=10)] * 10 + [
+        obs_on_redrafter(acceptance=a, active=10) for a in ([0.30] * 4 + [0.45] * 4) * 12
+    ]
     s = initial_state(spec, 0)
     switches, t = [], 0.0
     for o in seq:
@@ -290,6 +324,7 @@ def test_oscillation_is_flapping_and_switches_at_most_once():
 
 def test_flapping_moves_once_when_the_mean_clearly_favours_the_other_engine():
     from redrafter_operator.policy.speculation import FLAP_MIN
+
     spec = make_spec(minDwell="30s", cooldown="30s", margin=0.05)
     s = SpeculationState(engine="base", since=0, last_switch=0, outcomes="SFSFSFSF", flapping=True)
     # canary alternates between failing hysteresis (0.38) and great acceptance (0.9): mean speedup >> 1.2
@@ -323,6 +358,7 @@ def test_flapping_ends_once_the_canary_succeeds_settle_times_in_a_row():
     returns (at once: the successLimit is already met). Before, flapping lingered until the 40-outcome
     history had flushed."""
     from redrafter_operator.policy.speculation import FLAP_SETTLE
+
     spec = make_spec(minDwell="30s", cooldown="30s")
     s = SpeculationState(engine="base", since=0, last_switch=0, outcomes="FFSFFSFSFF", flapping=True)
     good = obs_on_base(agg(acceptance=0.55), base_active=12)  # predicted speedup 1.14: pays, not beyond 1.2
@@ -347,6 +383,7 @@ def test_a_load_caused_fallback_runs_no_canary_and_recovers_from_the_load():
     """The canary would serve at ReDrafter's speed while the load makes ReDrafter the slower engine;
     a load-caused fallback needs no fresh acceptance to return, so none runs (canaryReplicas 1 here)."""
     from redrafter_operator.policy import canary_replicas
+
     spec = make_spec(minDwell="30s", cooldown="30s")
     assert spec.speculation.canary_replicas == 1
     ds, s, t = run(spec, initial_state(spec, 0), [obs_on_redrafter(acceptance=0.6, active=40)] * 3)
@@ -360,18 +397,22 @@ def test_a_load_caused_fallback_runs_no_canary_and_recovers_from_the_load():
 
 def test_the_canary_runs_when_the_fallback_needs_acceptance_measured():
     from redrafter_operator.policy import canary_replicas
+
     spec = make_spec(minDwell="30s", cooldown="30s")
     _, s, _ = run(spec, initial_state(spec, 0), [obs_on_redrafter(acceptance=0.05)] * 3)
     assert s.engine == "base" and s.fallback_reason == "LowAcceptance" and canary_replicas(spec, s) == 1
     # a load fallback with load-awareness off cannot happen; without a ReDrafter measurement the load
     # alone cannot judge the return either: the canary runs
     assert canary_replicas(make_spec(loadAware=False), s.model_copy(update={"fallback_reason": "NoSpeedupAtLoad"})) == 1
-    assert canary_replicas(spec, s.model_copy(update={"fallback_reason": "NoSpeedupAtLoad",
-                                                      "last_tokens_per_step": None})) == 1
+    assert (
+        canary_replicas(spec, s.model_copy(update={"fallback_reason": "NoSpeedupAtLoad", "last_tokens_per_step": None}))
+        == 1
+    )
     # no speedup at an acceptance below the canary's recovery bar (0.35 + 0.05): the acceptance decides the
     # return, so it must stay measured
-    low = s.model_copy(update={"fallback_reason": "NoSpeedupAtLoad", "last_acceptance": 0.38,
-                               "last_tokens_per_step": 2.9})
+    low = s.model_copy(
+        update={"fallback_reason": "NoSpeedupAtLoad", "last_acceptance": 0.38, "last_tokens_per_step": 2.9}
+    )
     assert canary_replicas(spec, low) == 1
     assert canary_replicas(spec, low.model_copy(update={"last_acceptance": 0.40})) == 0
     assert canary_replicas(make_spec(mode="Never"), s) == 0

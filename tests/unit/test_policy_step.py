@@ -8,17 +8,26 @@ from redrafter_operator.policy import PolicyState, step
 
 
 def spec(**kw):
-    return ReDrafterDeploymentSpec.model_validate({
-        "model": {"base": {"source": "hf://o/b"}, "drafter": {"source": "hf://o/d"}},
-        "speculation": {"minDwell": "30s", "minSamples": 10}, **kw})
+    return ReDrafterDeploymentSpec.model_validate(
+        {
+            "model": {"base": {"source": "hf://o/b"}, "drafter": {"source": "hf://o/d"}},
+            "speculation": {"minDwell": "30s", "minSamples": 10},
+            **kw,
+        }
+    )
 
 
 def reading(t, n, acceptance, active=2.0, pods=2, variant="redrafter", pool="redrafter"):
     """Cumulative counters after n intervals of 30 requests per pod."""
     out = []
     for i in range(pods):
-        c = {"requests": 30.0 * n, "draft_tokens": 500.0 * n, "accepted_draft_tokens": 500.0 * n * acceptance,
-             "output_tokens": 100.0 * n * (1 + 5 * acceptance), "steps": 100.0 * n}
+        c = {
+            "requests": 30.0 * n,
+            "draft_tokens": 500.0 * n,
+            "accepted_draft_tokens": 500.0 * n * acceptance,
+            "output_tokens": 100.0 * n * (1 + 5 * acceptance),
+            "steps": 100.0 * n,
+        }
         out.append(PodSample(f"{variant}-{i}", f"u{i}/0", variant, pool, t, c, {"active": active, "waiting": 0.0}))
     return Reading(t, tuple(out))
 
@@ -101,8 +110,9 @@ def test_the_policy_starts_from_the_replicas_it_asked_for_not_a_lagging_deployme
     s = spec(autoscaling={"targetQueuePerReplica": 1, "maxReplicas": 8})
     st, t = None, 0.0
     for n in range(1, 6):  # 3 pods, 1 in flight each: 3 replicas; then acceptance collapses
-        ev, st = step(s, st and roundtrip(st), reading(t, n, 0.6 if n < 3 else 0.05, active=1.0, pods=3), t,
-                      current_replicas=3)
+        ev, st = step(
+            s, st and roundtrip(st), reading(t, n, 0.6 if n < 3 else 0.05, active=1.0, pods=3), t, current_replicas=3
+        )
         t += 30
     assert ev.speculation.action == "SwitchToBase" and ev.plan(s, 3).replicas["base"] == 3
     # the base Deployment still shows its standby size (0) and base reports no load yet
@@ -136,8 +146,9 @@ def test_no_scaling_on_the_first_evaluation_after_the_service_moved():
     idle_redrafter = reading(30, 2, 0.6, active=0.0, pods=3)
     ev, st = step(s, roundtrip(st), idle_redrafter, 30, current_replicas=6, serving="redrafter")
     assert ev.scale.reason == "NoMetrics" and ev.scale.replicas == 6  # just moved: kept
-    ev, st = step(s, roundtrip(st), reading(60, 3, 0.6, active=0.0, pods=3), 60, current_replicas=6,
-                  serving="redrafter")
+    ev, st = step(
+        s, roundtrip(st), reading(60, 3, 0.6, active=0.0, pods=3), 60, current_replicas=6, serving="redrafter"
+    )
     assert ev.scale.reason != "NoMetrics"  # measured from the next evaluation on
 
 
@@ -152,8 +163,9 @@ def test_the_pool_that_took_the_traffic_is_not_scaled_down_after_the_switch():
     ev, st = step(s, roundtrip(st), reading(t, n, 0.6, active=0.0, pods=3), t, current_replicas=3, serving="redrafter")
     while t < 30 + 120 - 30:  # the moved evaluation, then near-zero load for the rest of the window
         t, n = t + 30, n + 1
-        ev, st = step(s, roundtrip(st), reading(t, n, 0.6, active=0.1, pods=3), t, current_replicas=3,
-                      serving="redrafter")
+        ev, st = step(
+            s, roundtrip(st), reading(t, n, 0.6, active=0.1, pods=3), t, current_replicas=3, serving="redrafter"
+        )
         assert ev.scale.replicas == 3 and ev.scale.reason == "SwitchSettling", (t, ev.scale)
     t, n = 30 + 120, n + 1
     ev, st = step(s, roundtrip(st), reading(t, n, 0.6, active=0.1, pods=3), t, current_replicas=3, serving="redrafter")
@@ -162,6 +174,7 @@ def test_the_pool_that_took_the_traffic_is_not_scaled_down_after_the_switch():
 
 def test_plan_runs_no_canary_after_a_load_fallback_and_a_restart_resumes_it_from_status():
     from redrafter_operator.policy import canary_from_status
+
     s = spec(autoscaling={"mode": "Disabled"})
     st, t = None, 0.0
     for n in range(1, 6):  # acceptance fine, 40 in flight per pod: ReDrafter predicted slower

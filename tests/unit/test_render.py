@@ -90,9 +90,18 @@ def test_build_job_fails_at_once_on_exit_codes_no_retry_can_fix(variant):
 
     job = build_job(owner_of(ROOT / "examples" / "llama3-8b.yaml"), variant)
     spec = job["spec"]
-    assert spec["podFailurePolicy"] == {"rules": [{"action": "FailJob", "onExitCodes": {
-        "containerName": "build", "operator": "In",
-        "values": [int(ExitCode.BAD_INPUT), int(ExitCode.SOURCE_UNAVAILABLE)]}}]}
+    assert spec["podFailurePolicy"] == {
+        "rules": [
+            {
+                "action": "FailJob",
+                "onExitCodes": {
+                    "containerName": "build",
+                    "operator": "In",
+                    "values": [int(ExitCode.BAD_INPUT), int(ExitCode.SOURCE_UNAVAILABLE)],
+                },
+            }
+        ]
+    }
     assert spec["template"]["spec"]["restartPolicy"] == "Never"  # required by podFailurePolicy
     assert spec["backoffLimit"] >= 1  # other codes (tool failure, OOM, lock timeout) still retry in the Job
     assert spec["template"]["spec"]["containers"][0]["name"] == "build"

@@ -14,12 +14,12 @@ from redrafter_operator.api.engine_key import engine_key
 from redrafter_operator.render import names
 from redrafter_operator.render.common import Owner
 from redrafter_operator.render.serving import (
+    canary_deployment,
     candidate_deployment,
     candidate_service,
-    canary_deployment,
+    services,
     serving_configmap,
     serving_deployment,
-    services,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,8 +29,10 @@ def owner(tensor: int = 1, **engine_build) -> Owner:
     body = {
         "metadata": {"name": "chat", "namespace": "llm", "uid": "1b4e28ba-2fa1-11d2-883f-0016d3cca427"},
         "spec": {
-            "model": {"base": {"source": "hf://meta-llama/Llama-3.1-8B-Instruct"},
-                      "drafter": {"source": "pvc://drafters/llama3-8b"}},
+            "model": {
+                "base": {"source": "hf://meta-llama/Llama-3.1-8B-Instruct"},
+                "drafter": {"source": "pvc://drafters/llama3-8b"},
+            },
             "parallelism": {"tensor": tensor},
             "engine": {"build": engine_build},
             "serving": {"startupTimeoutSeconds": 1200, "nodeSelector": {"pool": "gpu"}},
@@ -42,11 +44,15 @@ def owner(tensor: int = 1, **engine_build) -> Owner:
 def everything(o: Owner) -> list[dict]:
     key_r, key_b = engine_key(o.spec, "redrafter"), engine_key(o.spec, "base")
     return [
-        serving_configmap(o, "redrafter", key_r), serving_configmap(o, "base", key_b),
-        serving_deployment(o, "redrafter", key_r, 2), serving_deployment(o, "base", key_b, 0),
-        canary_deployment(o, key_r, 1), *services(o, "redrafter"),
+        serving_configmap(o, "redrafter", key_r),
+        serving_configmap(o, "base", key_b),
+        serving_deployment(o, "redrafter", key_r, 2),
+        serving_deployment(o, "base", key_b, 0),
+        canary_deployment(o, key_r, 1),
+        *services(o, "redrafter"),
         serving_configmap(o, "redrafter", "new" + key_r[3:], names.candidate_config_name("chat")),
-        candidate_deployment(o, "new" + key_r[3:], 1), candidate_service(o),
+        candidate_deployment(o, "new" + key_r[3:], 1),
+        candidate_service(o),
     ]
 
 
@@ -76,7 +82,11 @@ def test_deployment_pod_wiring():
     assert c["resources"]["requests"]["nvidia.com/gpu"] == c["resources"]["limits"]["nvidia.com/gpu"] == "8"
     assert c["command"] == ["python3", "-m", "engine_jobs", "serve", "--config", "/etc/redrafter/serving.json"]
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {
-        "http": 8000, "grpc": 8001, "metrics": 8002, "openai": 9000}
+        "http": 8000,
+        "grpc": 8001,
+        "metrics": 8002,
+        "openai": 9000,
+    }
     # ready only when the OpenAI front answers, and it answers ready only while Triton is ready
     assert c["readinessProbe"]["httpGet"] == {"path": "/health/ready", "port": "openai"}
     assert c["startupProbe"]["httpGet"] == c["readinessProbe"]["httpGet"]
@@ -165,7 +175,11 @@ def test_services_select_pools_and_variants():
     assert selected(stable_on_red, base_pods + red_pods) == ["chat-redrafter"]
     for svc in (stable, red, base, candidate_service(o)):
         assert [(p["name"], p["port"], p["targetPort"]) for p in svc["spec"]["ports"]] == [
-            ("http", 8000, "http"), ("grpc", 8001, "grpc"), ("metrics", 8002, "metrics"), ("openai", 9000, "openai")]
+            ("http", 8000, "http"),
+            ("grpc", 8001, "grpc"),
+            ("metrics", 8002, "metrics"),
+            ("openai", 9000, "openai"),
+        ]
 
 
 def test_model_name_reaches_the_serving_config():
@@ -196,7 +210,11 @@ def test_candidate_runs_the_new_engine_in_no_pool_with_its_own_config():
     deps = [primary, canary, base, cand]
 
     def selected(selector, pods):
-        return [d["metadata"]["name"] for d in pods if set(selector.items()) <= set(d["spec"]["template"]["metadata"]["labels"].items())]
+        return [
+            d["metadata"]["name"]
+            for d in pods
+            if set(selector.items()) <= set(d["spec"]["template"]["metadata"]["labels"].items())
+        ]
 
     # only the candidate Service reaches it; no traffic pool and no other Deployment's selector does
     assert selected(candidate_service(o)["spec"]["selector"], deps) == ["chat-redrafter-candidate"]

@@ -17,8 +17,13 @@ def test_tp1_is_one_tritonserver_serving_all_endpoints():
     argv = launch_argv(S, "/tmp/repo", 1)
     assert argv[0] == "/opt/tritonserver/bin/tritonserver"
     assert "--model-repository=/tmp/repo" in argv
-    assert {"--http-port=8000", "--grpc-port=8001", "--metrics-port=8002", "--allow-metrics=true",
-            "--metrics-config=histogram_latencies=true"} <= set(argv)
+    assert {
+        "--http-port=8000",
+        "--grpc-port=8001",
+        "--metrics-port=8002",
+        "--allow-metrics=true",
+        "--metrics-config=histogram_latencies=true",
+    } <= set(argv)
     assert "--model-control-mode=explicit" not in argv
     assert all(isinstance(a, str) for a in argv)
 
@@ -41,17 +46,37 @@ def test_tp8_runs_one_rank_per_gpu_and_only_rank0_serves():
         if i == 0:
             assert "--http-port=8000" in rank and "--allow-http=false" not in rank
         else:
-            assert {"--allow-http=false", "--allow-grpc=false", "--allow-metrics=false",
-                    "--model-control-mode=explicit", f"--load-model={contract.ENGINE_MODEL}"} <= set(rank)
+            assert {
+                "--allow-http=false",
+                "--allow-grpc=false",
+                "--allow-metrics=false",
+                "--model-control-mode=explicit",
+                f"--load-model={contract.ENGINE_MODEL}",
+            } <= set(rank)
 
 
 def test_rank_argv_honours_settings():
-    s = LaunchSettings(tritonserver="ts", host="127.0.0.5", http_port=9000, grpc_port=9001, metrics_port=9002,
-                       backend_dir="/b", exit_timeout_secs=3, log_verbose=1)
+    s = LaunchSettings(
+        tritonserver="ts",
+        host="127.0.0.5",
+        http_port=9000,
+        grpc_port=9001,
+        metrics_port=9002,
+        backend_dir="/b",
+        exit_timeout_secs=3,
+        log_verbose=1,
+    )
     argv = rank_argv(s, "/r", 0, shm_prefix="x")
-    assert {"--http-address=127.0.0.5", "--grpc-address=127.0.0.5", "--metrics-address=127.0.0.5",
-            "--http-port=9000", "--backend-directory=/b", "--exit-timeout-secs=3", "--log-verbose=1",
-            "--backend-config=python,shm-region-prefix-name=x0_"} <= set(argv)
+    assert {
+        "--http-address=127.0.0.5",
+        "--grpc-address=127.0.0.5",
+        "--metrics-address=127.0.0.5",
+        "--http-port=9000",
+        "--backend-directory=/b",
+        "--exit-timeout-secs=3",
+        "--log-verbose=1",
+        "--backend-config=python,shm-region-prefix-name=x0_",
+    } <= set(argv)
 
 
 def test_invalid_tp_rejected():
@@ -60,15 +85,17 @@ def test_invalid_tp_rejected():
 
 
 def test_settings_from_env():
-    s = LaunchSettings.from_env({"REDRAFTER_TRITONSERVER": "/x/ts", "REDRAFTER_MODEL_REPO_DIR": "/w/repo",
-                                 "REDRAFTER_EXIT_TIMEOUT_SECS": "45"})
+    s = LaunchSettings.from_env(
+        {"REDRAFTER_TRITONSERVER": "/x/ts", "REDRAFTER_MODEL_REPO_DIR": "/w/repo", "REDRAFTER_EXIT_TIMEOUT_SECS": "45"}
+    )
     assert (s.tritonserver, s.model_repo_dir, s.exit_timeout_secs) == ("/x/ts", "/w/repo", 45)
     assert LaunchSettings.from_env({}) == LaunchSettings()
 
 
 def test_prepare_writes_repository_from_serving_json(tmp_path: Path):
-    cfg = ServingConfig(deployment="chat", variant="base", engine_key="k", artifact_dir="/cache/k/",
-                        tensor_parallel=2, max_batch_size=8)
+    cfg = ServingConfig(
+        deployment="chat", variant="base", engine_key="k", artifact_dir="/cache/k/", tensor_parallel=2, max_batch_size=8
+    )
     path = tmp_path / "serving.json"
     path.write_text(cfg.model_dump_json())
     loaded = load_serving_config(path)
@@ -87,8 +114,15 @@ def test_cli_serve_dry_run(tmp_path: Path, monkeypatch, capsys):
 
     from engine_jobs.__main__ import main
 
-    cfg = ServingConfig(deployment="chat", variant="redrafter", engine_key="k", artifact_dir="/cache/k",
-                        max_batch_size=8, draft_len_per_beam=4, num_beams=2)
+    cfg = ServingConfig(
+        deployment="chat",
+        variant="redrafter",
+        engine_key="k",
+        artifact_dir="/cache/k",
+        max_batch_size=8,
+        draft_len_per_beam=4,
+        num_beams=2,
+    )
     path = tmp_path / "serving.json"
     path.write_text(cfg.model_dump_json())
     monkeypatch.setenv("REDRAFTER_MODEL_REPO_DIR", str(tmp_path / "repo"))

@@ -24,12 +24,21 @@ NAME = "llama3-8b"
 IMAGE = "nvcr.io/nvidia/tritonserver:25.09-trtllm-python-py3"
 
 
-def pod(name: str = f"{NAME}-redrafter-7d9f4c8b-x2k4q", variant: str = "redrafter", role: str = "primary") -> dict[str, Any]:
+def pod(
+    name: str = f"{NAME}-redrafter-7d9f4c8b-x2k4q", variant: str = "redrafter", role: str = "primary"
+) -> dict[str, Any]:
     labels = {**names.common_labels(NAME, "serving"), names.LABEL_VARIANT: variant, names.LABEL_ROLE: role}
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": "default", "uid": "0b6e3c1a-5d2f-4f7e-9a53-2f0c8d1e7b44",
-                         "labels": labels},
-            "spec": {"containers": [{"name": "triton", "image": IMAGE}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "uid": "0b6e3c1a-5d2f-4f7e-9a53-2f0c8d1e7b44",
+            "labels": labels,
+        },
+        "spec": {"containers": [{"name": "triton", "image": IMAGE}]},
+    }
 
 
 def failing(fault: Fault, **kw: Any) -> dict[str, Any]:
@@ -38,28 +47,54 @@ def failing(fault: Fault, **kw: Any) -> dict[str, Any]:
     return p
 
 
-def deployment(variant: str = "redrafter", key: str = "", *, replicas: int = 1, ready: int = 0,
-               conditions: list[dict[str, Any]] | None = None) -> DeploymentFact:
-    return DeploymentFact.from_body({
-        "metadata": {"name": names.serving_deployment_name(NAME, variant), "generation": 1,
-                     "labels": {names.LABEL_VARIANT: variant, names.LABEL_ENGINE_KEY: key}},
-        "spec": {"replicas": replicas},
-        "status": {"observedGeneration": 1, "replicas": replicas, "updatedReplicas": replicas, "readyReplicas": ready,
-                   "conditions": conditions or []}})
+def deployment(
+    variant: str = "redrafter",
+    key: str = "",
+    *,
+    replicas: int = 1,
+    ready: int = 0,
+    conditions: list[dict[str, Any]] | None = None,
+) -> DeploymentFact:
+    return DeploymentFact.from_body(
+        {
+            "metadata": {
+                "name": names.serving_deployment_name(NAME, variant),
+                "generation": 1,
+                "labels": {names.LABEL_VARIANT: variant, names.LABEL_ENGINE_KEY: key},
+            },
+            "spec": {"replicas": replicas},
+            "status": {
+                "observedGeneration": 1,
+                "replicas": replicas,
+                "updatedReplicas": replicas,
+                "readyReplicas": ready,
+                "conditions": conditions or [],
+            },
+        }
+    )
 
 
 # -- the facts: what each shape says -----------------------------------------------------------------
-@pytest.mark.parametrize("fault,reason,needle", [
-    (Fault("Unschedulable"), "Unschedulable", "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."),
-    (Fault("ErrImagePull"), "ErrImagePull", f'failed to pull and unpack image "{IMAGE}"'),
-    (Fault("ImagePullBackOff"), "ImagePullBackOff", f'Back-off pulling image "{IMAGE}"'),
-    (Fault("CrashLoopBackOff", detail="failed to load engine: rank0.engine is truncated"), "CrashLoopBackOff",
-     "exited with code 1 (failed to load engine: rank0.engine is truncated), restarted 3 times; back-off 40s "
-     f"restarting failed container=triton pod={NAME}-redrafter-7d9f4c8b-x2k4q_default("),
-    (Fault("OOMKilled"), "OOMKilled", "OOMKilled, exit code 137"),
-    (Fault("CreateContainerConfigError", detail='secret "hf-token" not found'), "CreateContainerConfigError",
-     'secret "hf-token" not found'),
-])
+@pytest.mark.parametrize(
+    "fault,reason,needle",
+    [
+        (Fault("Unschedulable"), "Unschedulable", "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."),
+        (Fault("ErrImagePull"), "ErrImagePull", f'failed to pull and unpack image "{IMAGE}"'),
+        (Fault("ImagePullBackOff"), "ImagePullBackOff", f'Back-off pulling image "{IMAGE}"'),
+        (
+            Fault("CrashLoopBackOff", detail="failed to load engine: rank0.engine is truncated"),
+            "CrashLoopBackOff",
+            "exited with code 1 (failed to load engine: rank0.engine is truncated), restarted 3 times; back-off 40s "
+            f"restarting failed container=triton pod={NAME}-redrafter-7d9f4c8b-x2k4q_default(",
+        ),
+        (Fault("OOMKilled"), "OOMKilled", "OOMKilled, exit code 137"),
+        (
+            Fault("CreateContainerConfigError", detail='secret "hf-token" not found'),
+            "CreateContainerConfigError",
+            'secret "hf-token" not found',
+        ),
+    ],
+)
 def test_each_pod_cause_is_read_with_its_message(fault: Fault, reason: str, needle: str) -> None:
     fact = ServingPodFact.from_body(failing(fault))
     assert (fact.reason, fact.ready, fact.variant, fact.owner) == (reason, False, "redrafter", NAME)
@@ -68,16 +103,31 @@ def test_each_pod_cause_is_read_with_its_message(fault: Fault, reason: str, need
 
 def test_pods_on_their_normal_way_up_are_not_failures() -> None:
     creating = pod()
-    creating["status"] = {"phase": "Pending", "containerStatuses": [
-        {"name": "triton", "ready": False, "restartCount": 0, "state": {"waiting": {"reason": "ContainerCreating"}}}]}
+    creating["status"] = {
+        "phase": "Pending",
+        "containerStatuses": [
+            {"name": "triton", "ready": False, "restartCount": 0, "state": {"waiting": {"reason": "ContainerCreating"}}}
+        ],
+    }
     ready_after_oom = pod()  # recovered: Ready now, an OOM kill in its past is history
-    ready_after_oom["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}],
-                                 "containerStatuses": [{"name": "triton", "ready": True, "restartCount": 1,
-                                                        "state": {"running": {}},
-                                                        "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}]}
+    ready_after_oom["status"] = {
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": "True"}],
+        "containerStatuses": [
+            {
+                "name": "triton",
+                "ready": True,
+                "restartCount": 1,
+                "state": {"running": {}},
+                "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}},
+            }
+        ],
+    }
     pending = pod()
-    pending["status"] = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
-                                                             "reason": "SchedulingGated"}]}
+    pending["status"] = {
+        "phase": "Pending",
+        "conditions": [{"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}],
+    }
     assert [ServingPodFact.from_body(p).reason for p in (creating, ready_after_oom, pending, pod())] == ["", "", "", ""]
 
 
@@ -92,9 +142,12 @@ def test_deployment_causes_are_read() -> None:
 
 # -- the planner: status, conditions, Events ----------------------------------------------------------
 def _observed(doc: dict[str, Any], dep: DeploymentFact, pods: list[dict[str, Any]]) -> Observed:
-    return Observed(jobs=[job(doc, "redrafter", "Succeeded"), job(doc, "base", "Succeeded")],
-                    deployments={"redrafter": dep}, serving_pods=[ServingPodFact.from_body(p) for p in pods],
-                    service_pool="redrafter")
+    return Observed(
+        jobs=[job(doc, "redrafter", "Succeeded"), job(doc, "base", "Succeeded")],
+        deployments={"redrafter": dep},
+        serving_pods=[ServingPodFact.from_body(p) for p in pods],
+        service_pool="redrafter",
+    )
 
 
 CASES = {
@@ -104,8 +157,12 @@ CASES = {
     "CrashLoopBackOff": (Fault("CrashLoopBackOff", detail="failed to load engine"), None),
     "OOMKilled": (Fault("OOMKilled"), None),
     "CreateContainerConfigError": (Fault("CreateContainerConfigError", detail='configmap "extra" not found'), None),
-    "FailedCreate": (None, replica_failure(f"{NAME}-redrafter-7d9f4c8b-0",
-                                           'violates PodSecurity "restricted:latest": runAsNonRoot != true')),
+    "FailedCreate": (
+        None,
+        replica_failure(
+            f"{NAME}-redrafter-7d9f4c8b-0", 'violates PodSecurity "restricted:latest": runAsNonRoot != true'
+        ),
+    ),
     "ProgressDeadlineExceeded": (None, progress_deadline_exceeded(f"{NAME}-redrafter-7d9f4c8b")),
 }
 
@@ -124,11 +181,16 @@ def test_each_cause_shows_in_status_conditions_and_one_event(cause: str) -> None
     assert failure.get("pod") == (pods[0]["metadata"]["name"] if fault else None)
     assert failure["message"]
     available, progressing = cond(st, "Available"), cond(st, "Progressing")
-    assert available["status"] == "False" and available["reason"] == cause and failure["message"] in available["message"]
+    assert (
+        available["status"] == "False" and available["reason"] == cause and failure["message"] in available["message"]
+    )
     assert progressing["reason"] == cause and failure["message"] in progressing["message"]
     assert progressing["status"] == ("False" if cause == "ProgressDeadlineExceeded" else "True")
     assert (cond(st, "Stalled")["status"], cond(st, "Ready")["status"], cond(st, "Reconciling")["status"]) == (
-        "True", "False", "False")
+        "True",
+        "False",
+        "False",
+    )
     warnings = [e for e in first.events if e.reason == cause]
     assert len(warnings) == 1 and warnings[0].type == "Warning" and failure["message"] in warnings[0].message
     ReDrafterDeploymentStatus.model_validate(st)
@@ -145,16 +207,21 @@ def test_deadline_names_the_pod_behind_it_and_a_new_pod_cause_is_a_new_event() -
     f1 = p1.status["serving"]["failure"]
     assert f1["reason"] == "ImagePullBackOff" and "ProgressDeadlineExceeded" in f1["message"]
     assert cond(p1.status, "Progressing")["status"] == "False"  # the Deployment controller gave up
-    p2 = plan(res_of(doc, p1.status), _observed(doc, late, [failing(Fault("ErrImagePull"))]), now=LATER,
-              renderers=RENDER)
+    p2 = plan(
+        res_of(doc, p1.status), _observed(doc, late, [failing(Fault("ErrImagePull"))]), now=LATER, renderers=RENDER
+    )
     assert [e.reason for e in p2.events] == ["ErrImagePull"]
 
 
 def test_recovery_clears_the_failure_and_the_resource_becomes_ready() -> None:
     doc = body(validation__enabled=False)
     k = keys(doc)
-    broken = plan(res_of(doc), _observed(doc, deployment(key=k["redrafter"]), [failing(Fault("OOMKilled"))]),
-                  now=NOW, renderers=RENDER).status
+    broken = plan(
+        res_of(doc),
+        _observed(doc, deployment(key=k["redrafter"]), [failing(Fault("OOMKilled"))]),
+        now=NOW,
+        renderers=RENDER,
+    ).status
     healthy = _observed(doc, deployment(key=k["redrafter"], ready=1), [])
     st = plan(res_of(doc, broken), healthy, now=LATER, renderers=RENDER).status
     st = plan(res_of(doc, st), healthy, now=LATER, renderers=RENDER).status
@@ -165,8 +232,10 @@ def test_recovery_clears_the_failure_and_the_resource_becomes_ready() -> None:
 def test_a_canary_or_candidate_pod_failing_is_not_the_serving_cause() -> None:
     doc = body(validation__enabled=False)
     k = keys(doc)
-    others = [failing(Fault("CrashLoopBackOff"), name=f"{NAME}-canary-1", role="canary"),
-              failing(Fault("CrashLoopBackOff"), name=f"{NAME}-candidate-1", role=names.ROLE_CANDIDATE)]
+    others = [
+        failing(Fault("CrashLoopBackOff"), name=f"{NAME}-canary-1", role="canary"),
+        failing(Fault("CrashLoopBackOff"), name=f"{NAME}-candidate-1", role=names.ROLE_CANDIDATE),
+    ]
     st = plan(res_of(doc), _observed(doc, deployment(key=k["redrafter"]), others), now=NOW, renderers=RENDER).status
     assert "failure" not in st["serving"] and cond(st, "Progressing")["reason"] == "RollingOut"
 
@@ -183,11 +252,19 @@ def test_the_planner_does_not_mutate_the_observed_facts() -> None:
 def test_a_crash_loop_between_two_back_offs_is_still_the_crash_loop() -> None:
     # the kubelet runs the container again after the back-off: running, not Ready, the crash in lastState
     restarted = pod()
-    restarted["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}],
-                           "containerStatuses": [{"name": "triton", "ready": False, "restartCount": 2,
-                                                  "state": {"running": {"startedAt": NOW}},
-                                                  "lastState": {"terminated": {"exitCode": 1, "reason": "Error",
-                                                                               "message": "engine failed to load"}}}]}
+    restarted["status"] = {
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": "False"}],
+        "containerStatuses": [
+            {
+                "name": "triton",
+                "ready": False,
+                "restartCount": 2,
+                "state": {"running": {"startedAt": NOW}},
+                "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "message": "engine failed to load"}},
+            }
+        ],
+    }
     fact = ServingPodFact.from_body(restarted)
     assert fact.reason == "CrashLoopBackOff"
     assert fact.message == "container triton exited with code 1 (engine failed to load), restarted 2 times"
@@ -199,7 +276,11 @@ def test_a_crash_loop_between_two_back_offs_is_still_the_crash_loop() -> None:
 def test_a_deployment_reason_outside_the_condition_reason_syntax_is_named_replica_failure() -> None:
     odd = replica_failure(f"{NAME}-redrafter-7d9f4c8b-0") | {"reason": "Failed Create!"}
     doc = body(validation__enabled=False)
-    st = plan(res_of(doc), _observed(doc, deployment(key=keys(doc)["redrafter"], conditions=[odd]), []), now=NOW,
-              renderers=RENDER).status
+    st = plan(
+        res_of(doc),
+        _observed(doc, deployment(key=keys(doc)["redrafter"], conditions=[odd]), []),
+        now=NOW,
+        renderers=RENDER,
+    ).status
     assert st["serving"]["failure"]["reason"] == "ReplicaFailure"
     ReDrafterDeploymentStatus.model_validate(st)  # the CRD's reason pattern holds

@@ -17,11 +17,22 @@ NS = "default"
 
 
 def cronjob(name: str = "gc", **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": name, "namespace": NS},
-            "spec": {"schedule": "*/5 * * * *", "jobTemplate": {
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "CronJob",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "schedule": "*/5 * * * *",
+            "jobTemplate": {
                 "metadata": {"labels": {"app": "gc"}, "annotations": {"note": "n"}},
-                "spec": {"backoffLimit": 0, "template": {"spec": {
-                    "restartPolicy": "Never", "containers": [{"name": "c", "image": "img"}]}}}}, **spec}}
+                "spec": {
+                    "backoffLimit": 0,
+                    "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "img"}]}},
+                },
+            },
+            **spec,
+        },
+    }
 
 
 def invalid(emu: ApiServerEmulator, body: dict[str, Any]) -> str:
@@ -31,20 +42,38 @@ def invalid(emu: ApiServerEmulator, body: dict[str, Any]) -> str:
     return info.value.message
 
 
-@pytest.mark.parametrize(("spec", "message"), [
-    ({"schedule": "99 * * * *"},
-     'spec.schedule: Invalid value: "99 * * * *": end of range (99) above maximum (59): 99'),
-    ({"schedule": "@fortnightly"}, 'spec.schedule: Invalid value: "@fortnightly": unrecognized descriptor: @fortnightly'),
-    ({"schedule": "TZ=UTC 0 3 * * *"}, 'spec.schedule: Invalid value: "TZ=UTC 0 3 * * *": cannot use TZ or CRON_TZ in '
-                                       "schedule, use timeZone field instead"),
-    ({"schedule": ""}, "spec.schedule: Required value"),
-    ({"concurrencyPolicy": "Sometimes"},
-     'spec.concurrencyPolicy: Unsupported value: "Sometimes": supported values: "Allow", "Forbid", "Replace"'),
-    ({"startingDeadlineSeconds": -1}, "spec.startingDeadlineSeconds: Invalid value: -1: must be greater than or equal to 0"),
-    ({"successfulJobsHistoryLimit": -1},
-     "spec.successfulJobsHistoryLimit: Invalid value: -1: must be greater than or equal to 0"),
-    ({"timeZone": "Mars/Olympus"}, 'spec.timeZone: Invalid value: "Mars/Olympus": unknown time zone Mars/Olympus'),
-])
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (
+            {"schedule": "99 * * * *"},
+            'spec.schedule: Invalid value: "99 * * * *": end of range (99) above maximum (59): 99',
+        ),
+        (
+            {"schedule": "@fortnightly"},
+            'spec.schedule: Invalid value: "@fortnightly": unrecognized descriptor: @fortnightly',
+        ),
+        (
+            {"schedule": "TZ=UTC 0 3 * * *"},
+            'spec.schedule: Invalid value: "TZ=UTC 0 3 * * *": cannot use TZ or CRON_TZ in '
+            "schedule, use timeZone field instead",
+        ),
+        ({"schedule": ""}, "spec.schedule: Required value"),
+        (
+            {"concurrencyPolicy": "Sometimes"},
+            'spec.concurrencyPolicy: Unsupported value: "Sometimes": supported values: "Allow", "Forbid", "Replace"',
+        ),
+        (
+            {"startingDeadlineSeconds": -1},
+            "spec.startingDeadlineSeconds: Invalid value: -1: must be greater than or equal to 0",
+        ),
+        (
+            {"successfulJobsHistoryLimit": -1},
+            "spec.successfulJobsHistoryLimit: Invalid value: -1: must be greater than or equal to 0",
+        ),
+        ({"timeZone": "Mars/Olympus"}, 'spec.timeZone: Invalid value: "Mars/Olympus": unknown time zone Mars/Olympus'),
+    ],
+)
 def test_the_api_server_refuses_what_kubernetes_refuses(spec: dict[str, Any], message: str) -> None:
     assert invalid(ApiServerEmulator(), cronjob(**spec)) == f'CronJob.batch "gc" is invalid: {message}'
 
@@ -53,18 +82,21 @@ def test_the_job_template_and_the_name_are_validated_too() -> None:
     emu = ApiServerEmulator()
     body = cronjob()
     body["spec"]["jobTemplate"]["spec"]["template"]["spec"]["restartPolicy"] = "Always"
-    assert invalid(emu, body).endswith('spec.jobTemplate.spec.template.spec.restartPolicy: Required value: valid '
-                                       'values: "OnFailure", "Never"')
-    assert invalid(emu, cronjob("x" * 53)).endswith(f'metadata.name: Invalid value: "{"x" * 53}": must be no more '
-                                                    "than 52 characters")
+    assert invalid(emu, body).endswith(
+        'spec.jobTemplate.spec.template.spec.restartPolicy: Required value: valid values: "OnFailure", "Never"'
+    )
+    assert invalid(emu, cronjob("x" * 53)).endswith(
+        f'metadata.name: Invalid value: "{"x" * 53}": must be no more than 52 characters'
+    )
 
 
 def test_defaults_and_an_update_keeping_a_tz_schedule() -> None:
     emu = ApiServerEmulator()
     stored = emu.create_object(cronjob())
-    assert {k: stored["spec"][k] for k in ("concurrencyPolicy", "suspend", "successfulJobsHistoryLimit",
-                                           "failedJobsHistoryLimit")} == \
-        {"concurrencyPolicy": "Allow", "suspend": False, "successfulJobsHistoryLimit": 3, "failedJobsHistoryLimit": 1}
+    assert {
+        k: stored["spec"][k]
+        for k in ("concurrencyPolicy", "suspend", "successfulJobsHistoryLimit", "failedJobsHistoryLimit")
+    } == {"concurrencyPolicy": "Allow", "suspend": False, "successfulJobsHistoryLimit": 3, "failedJobsHistoryLimit": 1}
     with pytest.raises(ApiError, match="cannot use TZ"):
         emu.patch_object("batch/v1", "CronJob", "gc", NS, {"spec": {"schedule": "TZ=UTC 0 3 * * *"}})
 
@@ -172,4 +204,7 @@ def test_finished_jobs_beyond_the_history_limits_are_deleted() -> None:
         (complete_job if outcome == "ok" else fail_job)(w.emu, names[-1], NS)
     w.controller.sync()
     assert w.jobs() == sorted([names[1], names[3]])
-    assert {e["message"] for e in w.events("SuccessfulDelete")} == {f"Deleted job {names[0]}", f"Deleted job {names[2]}"}
+    assert {e["message"] for e in w.events("SuccessfulDelete")} == {
+        f"Deleted job {names[0]}",
+        f"Deleted job {names[2]}",
+    }

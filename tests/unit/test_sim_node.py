@@ -55,12 +55,15 @@ def test_scenario_from_a_yaml_file(tmp_path: Path):
         "  - name: collapse\n"
         "    acceptance: 0.1\n"
         "    until: [{path: status.activeEngine, op: '==', value: base}, 'status.serving.readyReplicas >= 2']\n"
-        "    hold: 'status.phase != Failed'\n")
+        "    hold: 'status.phase != Failed'\n"
+    )
     s = load_scenario(str(path))
     assert s.name == "quick"
     assert s.stages[0].until == (Condition("status.phase", "==", "Serving"),) and s.stages[0].timeout_s == 90
-    assert s.stages[1].until == (Condition("status.activeEngine", "==", "base"),
-                                 Condition("status.serving.readyReplicas", ">=", 2))
+    assert s.stages[1].until == (
+        Condition("status.activeEngine", "==", "base"),
+        Condition("status.serving.readyReplicas", ">=", 2),
+    )
     assert s.stages[1].hold == (Condition("status.phase", "!=", "Failed"),)
     obj = {"status": {"activeEngine": "base", "serving": {"readyReplicas": 1}}}
     assert not all_hold(s.stages[1].until, obj)
@@ -73,16 +76,23 @@ def test_scenario_from_a_yaml_file(tmp_path: Path):
 
 
 def _pod(name: str, ip: str, ready: bool, labels: dict) -> dict:
-    return {"metadata": {"name": name, "namespace": "ns", "uid": name, "labels": labels},
-            "spec": {"containers": [{"ports": [{"name": "grpc", "containerPort": 8001}]}]},
-            "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+    return {
+        "metadata": {"name": name, "namespace": "ns", "uid": name, "labels": labels},
+        "spec": {"containers": [{"ports": [{"name": "grpc", "containerPort": 8001}]}]},
+        "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
 
 
 def test_endpoints_follow_the_selector_and_readiness_and_the_router_uses_ready_ones():
-    svc = {"metadata": {"name": "llm", "namespace": "ns"},
-           "spec": {"selector": {"pool": "a"}, "ports": [{"name": "grpc", "port": 8001, "targetPort": "grpc"}]}}
-    pods = [_pod("p1", "127.0.0.11", True, {"pool": "a"}), _pod("p2", "127.0.0.12", False, {"pool": "a"}),
-            _pod("p3", "127.0.0.13", True, {"pool": "b"})]
+    svc = {
+        "metadata": {"name": "llm", "namespace": "ns"},
+        "spec": {"selector": {"pool": "a"}, "ports": [{"name": "grpc", "port": 8001, "targetPort": "grpc"}]},
+    }
+    pods = [
+        _pod("p1", "127.0.0.11", True, {"pool": "a"}),
+        _pod("p2", "127.0.0.12", False, {"pool": "a"}),
+        _pod("p3", "127.0.0.13", True, {"pool": "b"}),
+    ]
     eps = endpoints_for(svc, pods)
     (subset,) = eps["subsets"]
     assert [a["ip"] for a in subset["addresses"]] == ["127.0.0.11"]
@@ -97,10 +107,18 @@ def test_endpoints_follow_the_selector_and_readiness_and_the_router_uses_ready_o
 def test_pod_paths_map_under_the_pod_root_and_build_spec_paths_are_localized(tmp_path: Path):
     fs = HostFS(tmp_path)
     pod = fs.pod_root("default", "build-x")
-    spec = {"volumes": [{"name": "cache", "persistentVolumeClaim": {"claimName": "engine-cache"}},
-                        {"name": "cfg", "configMap": {"name": "cm"}}]}
-    container = {"volumeMounts": [{"name": "cache", "mountPath": "/cache", "subPath": "engines"},
-                                  {"name": "cfg", "mountPath": "/etc/redrafter"}]}
+    spec = {
+        "volumes": [
+            {"name": "cache", "persistentVolumeClaim": {"claimName": "engine-cache"}},
+            {"name": "cfg", "configMap": {"name": "cm"}},
+        ]
+    }
+    container = {
+        "volumeMounts": [
+            {"name": "cache", "mountPath": "/cache", "subPath": "engines"},
+            {"name": "cfg", "mountPath": "/etc/redrafter"},
+        ]
+    }
     fs.mount_volumes(pod, spec, container, {"cm": {"a.txt": "hello"}})
     assert Path(pod.to_host("/etc/redrafter/a.txt")).read_text() == "hello"
     assert Path(pod.to_host("/cache")).resolve() == (tmp_path / "pvc" / "engine-cache" / "engines").resolve()
@@ -116,7 +134,8 @@ def test_pod_paths_map_under_the_pod_root_and_build_spec_paths_are_localized(tmp
 
 @pytest.mark.parametrize("entrypoint", ["python", "redrafter-operator"])
 async def test_a_checkout_under_a_mount_path_keeps_its_programs_and_maps_only_container_paths(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, entrypoint: str):
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, entrypoint: str
+):
     """The node runs this checkout's programs for the image's; a checkout under ``/tmp`` (an emptyDir in
     every rendered pod) must still run them from the host, while the container's own ``/tmp`` paths move."""
     bin_dir = "/tmp/x/.venv/bin"
@@ -124,8 +143,13 @@ async def test_a_checkout_under_a_mount_path_keeps_its_programs_and_maps_only_co
     fs = HostFS(tmp_path)
     root = fs.pod_root("default", "build-x")
     volume, mount = tmp_volume()
-    container = {"name": "build", "command": [entrypoint], "args": ["run", "--workdir", f"{mount['mountPath']}/w"],
-                 "env": [{"name": "TMPDIR", "value": mount["mountPath"]}], "volumeMounts": [mount]}
+    container = {
+        "name": "build",
+        "command": [entrypoint],
+        "args": ["run", "--workdir", f"{mount['mountPath']}/w"],
+        "env": [{"name": "TMPDIR", "value": mount["mountPath"]}],
+        "volumeMounts": [mount],
+    }
     manifest = {"metadata": {"name": "build-x"}, "spec": {"volumes": [volume], "containers": [container]}}
 
     argv, env, _ = await JobRunner(api=None, fs=fs)._prepare("default", manifest, container, root)  # type: ignore[arg-type]

@@ -12,23 +12,29 @@ from redrafter_sim import podfailurepolicy as pfp
 JOB = {
     "spec": {
         "backoffLimit": 3,
-        "podFailurePolicy": {"rules": [
-            {"action": "Ignore", "onExitCodes": {"containerName": "build", "operator": "In", "values": [137]}},
-            {"action": "FailJob", "onExitCodes": {"containerName": "build", "operator": "In", "values": [2, 6]}},
-        ]},
+        "podFailurePolicy": {
+            "rules": [
+                {"action": "Ignore", "onExitCodes": {"containerName": "build", "operator": "In", "values": [137]}},
+                {"action": "FailJob", "onExitCodes": {"containerName": "build", "operator": "In", "values": [2, 6]}},
+            ]
+        },
         "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "build"}]}},
     }
 }
 
 
 def pod(code: int, container: str = "build") -> dict:
-    return {"metadata": {"name": "job-x-abcde", "namespace": "ml"},
-            "status": {"containerStatuses": [{"name": container, "state": {"terminated": {"exitCode": code}}}]}}
+    return {
+        "metadata": {"name": "job-x-abcde", "namespace": "ml"},
+        "status": {"containerStatuses": [{"name": container, "state": {"terminated": {"exitCode": code}}}]},
+    }
 
 
 def test_fail_job_rule_matches_with_the_controllers_message():
     assert pfp.match(JOB, pod(2)) == (
-        "FailJob", "Container build for pod ml/job-x-abcde failed with exit code 2 matching FailJob rule at index 1")
+        "FailJob",
+        "Container build for pod ml/job-x-abcde failed with exit code 2 matching FailJob rule at index 1",
+    )
     assert pfp.match(JOB, pod(6))[0] == "FailJob"
     assert pfp.match(JOB, pod(137)) == ("Ignore", "")
 
@@ -54,22 +60,46 @@ def test_valid_policy_passes_validation():
     assert pfp.validate({"spec": {"template": {"spec": {"restartPolicy": "OnFailure"}}}}) == []  # no policy
 
 
-@pytest.mark.parametrize(("mutate", "field", "text"), [
-    (lambda s: s["template"]["spec"].update(restartPolicy="OnFailure"), "spec.template.spec.restartPolicy",
-     'only "Never" is supported when podFailurePolicy is specified'),
-    (lambda s: s["podFailurePolicy"]["rules"][1]["onExitCodes"].update(containerName="main"),
-     "spec.podFailurePolicy.rules[1].onExitCodes.containerName", "must be one of the container"),
-    (lambda s: s["podFailurePolicy"]["rules"][1]["onExitCodes"].update(values=[6, 2]),
-     "spec.podFailurePolicy.rules[1].onExitCodes.values[1]", "must be ordered"),
-    (lambda s: s["podFailurePolicy"]["rules"][1]["onExitCodes"].update(values=[0, 2]),
-     "spec.podFailurePolicy.rules[1].onExitCodes.values[0]", "must not be 0 for the In operator"),
-    (lambda s: s["podFailurePolicy"]["rules"][1]["onExitCodes"].update(values=[2, 2]),
-     "spec.podFailurePolicy.rules[1].onExitCodes.values[1]", "Duplicate value"),
-    (lambda s: s["podFailurePolicy"]["rules"][1].update(action="Retry"),
-     "spec.podFailurePolicy.rules[1].action", "Unsupported value"),
-    (lambda s: s["podFailurePolicy"]["rules"][1].update(onPodConditions=[{"type": "DisruptionTarget"}]),
-     "spec.podFailurePolicy.rules[1]", "specifying both"),
-])
+@pytest.mark.parametrize(
+    ("mutate", "field", "text"),
+    [
+        (
+            lambda s: s["template"]["spec"].update(restartPolicy="OnFailure"),
+            "spec.template.spec.restartPolicy",
+            'only "Never" is supported when podFailurePolicy is specified',
+        ),
+        (
+            lambda s: s["podFailurePolicy"]["rules"][1]["onExitCodes"].update(containerName="main"),
+            "spec.podFailurePolicy.rules[1].onExitCodes.containerName",
+            "must be one of the container",
+        ),
+        (
+            lambda s: s["podFailurePolicy"]["rules"][1]["onExitCodes"].update(values=[6, 2]),
+            "spec.podFailurePolicy.rules[1].onExitCodes.values[1]",
+            "must be ordered",
+        ),
+        (
+            lambda s: s["podFailurePolicy"]["rules"][1]["onExitCodes"].update(values=[0, 2]),
+            "spec.podFailurePolicy.rules[1].onExitCodes.values[0]",
+            "must not be 0 for the In operator",
+        ),
+        (
+            lambda s: s["podFailurePolicy"]["rules"][1]["onExitCodes"].update(values=[2, 2]),
+            "spec.podFailurePolicy.rules[1].onExitCodes.values[1]",
+            "Duplicate value",
+        ),
+        (
+            lambda s: s["podFailurePolicy"]["rules"][1].update(action="Retry"),
+            "spec.podFailurePolicy.rules[1].action",
+            "Unsupported value",
+        ),
+        (
+            lambda s: s["podFailurePolicy"]["rules"][1].update(onPodConditions=[{"type": "DisruptionTarget"}]),
+            "spec.podFailurePolicy.rules[1]",
+            "specifying both",
+        ),
+    ],
+)
 def test_invalid_policy_is_refused_naming_the_field(mutate, field, text):
     job = copy.deepcopy(JOB)
     mutate(job["spec"])

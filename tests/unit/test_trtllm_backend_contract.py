@@ -22,9 +22,17 @@ UPSTREAM_REQUIRED = ("gpt_model_type", "tokenizer_dir", "xgrammar_tokenizer_info
 
 def serving(variant: str, tp: int, paged_context_fmha: bool = True) -> ServingConfig:
     red = variant == "redrafter"
-    return ServingConfig(deployment="chat", variant=variant, engine_key="k", artifact_dir="/cache/k",
-                         tensor_parallel=tp, max_batch_size=16, paged_context_fmha=paged_context_fmha,
-                         draft_len_per_beam=4 if red else 0, num_beams=2 if red else 0)
+    return ServingConfig(
+        deployment="chat",
+        variant=variant,
+        engine_key="k",
+        artifact_dir="/cache/k",
+        tensor_parallel=tp,
+        max_batch_size=16,
+        paged_context_fmha=paged_context_fmha,
+        draft_len_per_beam=4 if red else 0,
+        num_beams=2 if red else 0,
+    )
 
 
 def engine_params(cfg: ServingConfig) -> dict[str, str]:
@@ -41,7 +49,9 @@ def test_contract_lists_the_upstream_parameters_with_their_source():
         assert "TensorRT-LLM 1.0.0" in p.release and "25.09" in p.release
 
 
-@pytest.mark.parametrize(("variant", "tp", "fmha"), list(itertools.product(contract.VARIANTS, (1, 2, 8), (True, False))))
+@pytest.mark.parametrize(
+    ("variant", "tp", "fmha"), list(itertools.product(contract.VARIANTS, (1, 2, 8), (True, False)))
+)
 def test_generated_config_defines_every_required_parameter(variant, tp, fmha):
     p = engine_params(serving(variant, tp, fmha))
     missing = [name for name in trtllm_backend.REQUIRED_PARAMETER_NAMES if name not in p]
@@ -62,8 +72,11 @@ NOT_READ_BY_THE_BACKEND = {
 @pytest.mark.parametrize("variant", contract.VARIANTS)
 def test_every_generated_parameter_is_one_the_backend_reads(variant):
     """A misspelt key would be ignored silently by the real backend (its default applies instead)."""
-    known = (set(trtllm_backend.REQUIRED_PARAMETER_NAMES) | set(trtllm_backend.OPTIONAL_PARAMETER_NAMES)
-             | set(trtllm_backend.LOOKAHEAD_PARAMETER_NAMES))
+    known = (
+        set(trtllm_backend.REQUIRED_PARAMETER_NAMES)
+        | set(trtllm_backend.OPTIONAL_PARAMETER_NAMES)
+        | set(trtllm_backend.LOOKAHEAD_PARAMETER_NAMES)
+    )
     unknown = set(engine_params(serving(variant, 2))) - known - set(NOT_READ_BY_THE_BACKEND)
     assert not unknown, f"{sorted(unknown)}: not read by the TensorRT-LLM backend"
     assert not known & set(NOT_READ_BY_THE_BACKEND)
@@ -83,8 +96,9 @@ def test_double_rejects_a_config_missing_a_required_parameter(name):
     del p[name]
     with pytest.raises(BackendLoadError) as err:
         check_parameters(p, trtllm_backend)
-    assert str(err.value) == ("unexpected error when creating modelInstanceState: "
-                              f"Cannot find parameter with name: {name}")
+    assert str(err.value) == (
+        f"unexpected error when creating modelInstanceState: Cannot find parameter with name: {name}"
+    )
 
 
 def test_double_reports_the_first_missing_parameter_in_upstream_read_order():
@@ -97,8 +111,9 @@ def test_double_reports_the_first_missing_parameter_in_upstream_read_order():
         check_parameters(None, trtllm_backend)
 
 
-@pytest.mark.parametrize(("value", "match"), [("v1", "static batching"), ("V1", "static batching"),
-                                              ("dynamic", "Invalid gpt_model_type")])
+@pytest.mark.parametrize(
+    ("value", "match"), [("v1", "static batching"), ("V1", "static batching"), ("dynamic", "Invalid gpt_model_type")]
+)
 def test_double_rejects_batching_the_pinned_backend_does_not_run(value, match):
     p = engine_parameters(serving("base", 1), "/e") | {"gpt_model_type": value}
     with pytest.raises(BackendLoadError, match=match):
@@ -109,19 +124,24 @@ def test_double_checks_guided_decoding_and_model_path(tmp_path: Path):
     p = engine_parameters(serving("base", 1), "/e")
     missing = str(tmp_path / "absent.json")
     with pytest.raises(BackendLoadError, match="tokenizer info path at .*absent.json does not exist"):
-        check_parameters(p | {"guided_decoding_backend": "xgrammar", "xgrammar_tokenizer_info_path": missing},
-                         trtllm_backend)
+        check_parameters(
+            p | {"guided_decoding_backend": "xgrammar", "xgrammar_tokenizer_info_path": missing}, trtllm_backend
+        )
     info = tmp_path / "info.json"
     info.write_text("{}")
     with pytest.raises(BackendLoadError, match="Invalid guided_decoding_backend"):
-        check_parameters(p | {"guided_decoding_backend": "outlines", "xgrammar_tokenizer_info_path": str(info)},
-                         trtllm_backend)
-    check_parameters(p | {"guided_decoding_backend": "xgrammar", "xgrammar_tokenizer_info_path": str(info)},
-                     trtllm_backend)
+        check_parameters(
+            p | {"guided_decoding_backend": "outlines", "xgrammar_tokenizer_info_path": str(info)}, trtllm_backend
+        )
+    check_parameters(
+        p | {"guided_decoding_backend": "xgrammar", "xgrammar_tokenizer_info_path": str(info)}, trtllm_backend
+    )
     # an empty info path (or the unfilled template placeholder) turns guided decoding off
     check_parameters(p | {"guided_decoding_backend": "xgrammar"}, trtllm_backend)
-    check_parameters(p | {"xgrammar_tokenizer_info_path": "${xgrammar_tokenizer_info_path}",
-                          "guided_decoding_backend": "xgrammar"}, trtllm_backend)
+    check_parameters(
+        p | {"xgrammar_tokenizer_info_path": "${xgrammar_tokenizer_info_path}", "guided_decoding_backend": "xgrammar"},
+        trtllm_backend,
+    )
     no_path = {k: v for k, v in p.items() if k != "gpt_model_path"}
     with pytest.raises(BackendLoadError, match="Both encoder and decoder model paths are empty"):
         check_parameters(no_path, trtllm_backend)

@@ -13,6 +13,16 @@ SHORT_NAMES = ["rdd"]
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
 __all__ = [
-    "API_VERSION", "CRD_NAME", "Condition", "GROUP", "KIND", "PLURAL", "ReDrafterDeploymentSpec",
-    "ReDrafterDeploymentStatus", "SHORT_NAMES", "SINGULAR", "VERSION", "spec_errors",
+    "API_VERSION",
+    "CRD_NAME",
+    "Condition",
+    "GROUP",
+    "KIND",
+    "PLURAL",
+    "ReDrafterDeploymentSpec",
+    "ReDrafterDeploymentStatus",
+    "SHORT_NAMES",
+    "SINGULAR",
+    "VERSION",
+    "spec_errors",
 ]

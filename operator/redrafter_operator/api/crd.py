@@ -15,10 +15,27 @@ from .spec import ReDrafterDeploymentSpec
 from .status import ReDrafterDeploymentStatus
 
 _KEEP = {
-    "type", "description", "default", "enum", "minimum", "maximum", "exclusiveMinimum",
-    "exclusiveMaximum", "pattern", "minLength", "maxLength", "minItems", "maxItems", "items",
-    "properties", "required", "additionalProperties", "x-kubernetes-validations",
-    "x-kubernetes-preserve-unknown-fields", "format", "nullable",
+    "type",
+    "description",
+    "default",
+    "enum",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "pattern",
+    "minLength",
+    "maxLength",
+    "minItems",
+    "maxItems",
+    "items",
+    "properties",
+    "required",
+    "additionalProperties",
+    "x-kubernetes-validations",
+    "x-kubernetes-preserve-unknown-fields",
+    "format",
+    "nullable",
 }
 
 
@@ -69,8 +86,13 @@ def _structural(node: dict, defs: dict) -> dict[str, Any]:
             # Nested objects with a default factory default to {} so the API server applies the
             # defaults inside them; Optional ones (anyOf with null) stay absent.
             optional = "anyOf" in _resolve(node["properties"][name], defs)
-            if (sub.get("type") == "object" and "properties" in sub and name not in required
-                    and "default" not in sub and not optional):
+            if (
+                sub.get("type") == "object"
+                and "properties" in sub
+                and name not in required
+                and "default" not in sub
+                and not optional
+            ):
                 sub["default"] = {}
     return out
 

@@ -34,14 +34,20 @@ TZ_IN_SCHEDULE = "cannot use TZ or CRON_TZ in schedule, use timeZone field inste
 TZ_AND_TIME_ZONE = "cannot use both timeZone field and TZ or CRON_TZ in schedule"
 DESCRIPTORS = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
 
-_MONTHS = {m: i + 1 for i, m in enumerate(("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct",
-                                           "nov", "dec"))}
+_MONTHS = {
+    m: i + 1 for i, m in enumerate(("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"))
+}
 _DAYS = {d: i for i, d in enumerate(("sun", "mon", "tue", "wed", "thu", "fri", "sat"))}
 # (min, max, names) of minute, hour, day of month, month, day of week
 _BOUNDS = ((0, 59, None), (0, 23, None), (1, 31, None), (1, 12, _MONTHS), (0, 6, _DAYS))
 _DESCRIPTOR_FIELDS = {
-    "@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *", "@weekly": "0 0 * * 0",
-    "@daily": "0 0 * * *", "@midnight": "0 0 * * *", "@hourly": "0 * * * *",
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
 }
 _INT = re.compile(r"[+-]?[0-9]+")
 _INT64_MAX = 2**63 - 1
@@ -93,7 +99,7 @@ def parse_standard(spec: str) -> Schedule:
     location = None
     if spec.startswith("TZ=") or spec.startswith("CRON_TZ="):
         space, eq = spec.find(" "), spec.index("=")
-        name = spec[eq + 1:space] if space >= 0 else spec[eq + 1:]
+        name = spec[eq + 1 : space] if space >= 0 else spec[eq + 1 :]
         if not _known_location(name):
             raise CronError(f"provided bad location {name}: unknown time zone {name}")
         location = name if name not in ("", "Local") else None  # Local: the controller's zone, UTC here
@@ -167,12 +173,13 @@ def _known_location(name: str) -> bool:
 
 def _descriptor(spec: str, location: str | None) -> Schedule:
     if spec in _DESCRIPTOR_FIELDS:
-        return Schedule(tuple(_field(t, *b) for t, b in zip(_DESCRIPTOR_FIELDS[spec].split(), _BOUNDS)),
-                        location=location)
+        return Schedule(
+            tuple(_field(t, *b) for t, b in zip(_DESCRIPTOR_FIELDS[spec].split(), _BOUNDS)), location=location
+        )
     every = "@every "
     if spec.startswith(every):
         try:
-            nanos = parse_go_duration(spec[len(every):])
+            nanos = parse_go_duration(spec[len(every) :])
         except ValueError as exc:
             raise CronError(f"failed to parse duration {spec}: {exc}") from None
         nanos = max(nanos, 10**9)  # robfig Every: under a second is a second, then whole seconds
@@ -238,15 +245,22 @@ def _uint(expr: str) -> int:
         raise CronError(f"failed to parse int from {expr}: strconv.Atoi: parsing {go_quote(expr)}: invalid syntax")
     num = int(expr)
     if not -_INT64_MAX - 1 <= num <= _INT64_MAX:
-        raise CronError(f"failed to parse int from {expr}: strconv.Atoi: parsing {go_quote(expr)}: "
-                        "value out of range")
+        raise CronError(f"failed to parse int from {expr}: strconv.Atoi: parsing {go_quote(expr)}: value out of range")
     if num < 0:
         raise CronError(f"negative number ({num}) not allowed: {expr}")
     return num
 
 
-_UNITS = {"ns": 1, "us": 10**3, "\u00b5s": 10**3, "\u03bcs": 10**3, "ms": 10**6, "s": 10**9, "m": 60 * 10**9,
-          "h": 3600 * 10**9}
+_UNITS = {
+    "ns": 1,
+    "us": 10**3,
+    "\u00b5s": 10**3,
+    "\u03bcs": 10**3,
+    "ms": 10**6,
+    "s": 10**9,
+    "m": 60 * 10**9,
+    "h": 3600 * 10**9,
+}
 
 
 def parse_go_duration(text: str) -> int:
@@ -263,15 +277,15 @@ def parse_go_duration(text: str) -> int:
         if not (s[0] == "." or s[0].isascii() and s[0].isdigit()):
             raise invalid
         m = re.match(r"[0-9]*", s)
-        whole, s = m.group(), s[m.end():]
+        whole, s = m.group(), s[m.end() :]
         frac = ""
         if s.startswith("."):
             f = re.match(r"[0-9]*", s[1:])
-            frac, s = f.group(), s[1 + f.end():]
+            frac, s = f.group(), s[1 + f.end() :]
         if not whole and not frac:
             raise invalid
         u = re.match(r"[^0-9.]*", s)
-        unit, s = u.group(), s[u.end():]
+        unit, s = u.group(), s[u.end() :]
         if not unit:
             raise ValueError(f"time: missing unit in duration {go_quote(orig)}")
         if unit not in _UNITS:

@@ -19,7 +19,10 @@ KEY_LENGTH = 20  # hex chars (80 bits): collision-free in any realistic cache, s
 def _source(src: ModelSource | None) -> dict | None:
     if src is None:
         return None
-    return {"source": src.source.rstrip("/"), "revision": src.revision or ("main" if src.source.startswith("hf://") else None)}
+    return {
+        "source": src.source.rstrip("/"),
+        "revision": src.revision or ("main" if src.source.startswith("hf://") else None),
+    }
 
 
 def build_inputs(spec: ReDrafterDeploymentSpec, variant: Variant) -> dict:

@@ -32,9 +32,12 @@ def _strict(schema: Any) -> Any:
     """The schema with unknown fields rejected (kubectl --validate=strict behaviour)."""
     if isinstance(schema, dict):
         out = {k: _strict(v) for k, v in schema.items() if not k.startswith("x-kubernetes-")}
-        if (schema.get("type") == "object" and "properties" in schema
-                and "additionalProperties" not in schema
-                and not schema.get("x-kubernetes-preserve-unknown-fields")):
+        if (
+            schema.get("type") == "object"
+            and "properties" in schema
+            and "additionalProperties" not in schema
+            and not schema.get("x-kubernetes-preserve-unknown-fields")
+        ):
             out["additionalProperties"] = False
         return out
     if isinstance(schema, list):

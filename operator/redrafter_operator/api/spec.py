@@ -15,11 +15,11 @@ from . import defaults
 from .cron import check_schedule
 from .defaults import DEFAULT_BUILDER_IMAGE, DEFAULT_SERVING_IMAGE  # noqa: F401 (re-exported)
 from .types import (
+    SOURCE_PATTERN,
     ApiModel,
     Duration,
     NetworkPolicyPeer,
     ResourceRequirements,
-    SOURCE_PATTERN,
     StringMap,
     Toleration,
     parse_duration,
@@ -48,10 +48,16 @@ class ModelSource(ApiModel):
     model_config = {
         "json_schema_extra": {
             "x-kubernetes-validations": [
-                _cel(r"!self.source.matches('^[a-z0-9]+://(.*/)?\\.\\.?(/.*)?$')",
-                     "source must not contain '.' or '..' path segments", ".source"),
-                _cel("!has(self.revision) || self.source.startsWith('hf://')",
-                     "revision is only meaningful for hf:// sources", ".revision"),
+                _cel(
+                    r"!self.source.matches('^[a-z0-9]+://(.*/)?\\.\\.?(/.*)?$')",
+                    "source must not contain '.' or '..' path segments",
+                    ".source",
+                ),
+                _cel(
+                    "!has(self.revision) || self.source.startsWith('hf://')",
+                    "revision is only meaningful for hf:// sources",
+                    ".revision",
+                ),
             ]
         }
     }
@@ -169,17 +175,23 @@ class CacheRetention(ApiModel):
     """
 
     keep: int | None = Field(
-        default_factory=lambda: defaults.DEFAULTS.cache_retention_keep, ge=0, le=1000,
-        description="Keep this many most recently used unreferenced engines per model and variant.")
+        default_factory=lambda: defaults.DEFAULTS.cache_retention_keep,
+        ge=0,
+        le=1000,
+        description="Keep this many most recently used unreferenced engines per model and variant.",
+    )
     max_age: Duration | None = Field(
         default_factory=lambda: defaults.DEFAULTS.cache_retention_max_age,
-        description="Keep unreferenced engines that were referenced within this duration (e.g. 720h).")
+        description="Keep unreferenced engines that were referenced within this duration (e.g. 720h).",
+    )
     schedule: str = Field(
-        default_factory=lambda: defaults.DEFAULTS.cache_retention_schedule, max_length=100,
+        default_factory=lambda: defaults.DEFAULTS.cache_retention_schedule,
+        max_length=100,
         json_schema_extra={"pattern": _CRON},
         description="Cron schedule of the collection (a CronJob per cache claim, in the claim's namespace): "
         "five fields or a descriptor (@daily, @every 6h) as Kubernetes CronJobs take them, in the time zone of "
-        "the cluster's kube-controller-manager (usually UTC).")
+        "the cluster's kube-controller-manager (usually UTC).",
+    )
 
     @field_validator("schedule")
     @classmethod
@@ -197,23 +209,32 @@ class EngineCache(ApiModel):
     model_config = {
         "json_schema_extra": {
             "x-kubernetes-validations": [
-                _cel(r"!self.subPath.matches('(^|/)\\.\\.?(/|$)')", "subPath must not contain '.' or '..' segments", ".subPath"),
+                _cel(
+                    r"!self.subPath.matches('(^|/)\\.\\.?(/|$)')",
+                    "subPath must not contain '.' or '..' segments",
+                    ".subPath",
+                ),
             ]
         }
     }
 
     claim_name: str = Field(
-        default_factory=lambda: defaults.DEFAULTS.cache_claim, pattern=_DNS1123_LABEL, max_length=253,
+        default_factory=lambda: defaults.DEFAULTS.cache_claim,
+        pattern=_DNS1123_LABEL,
+        max_length=253,
         description="ReadWriteMany PVC holding engines; shared by every resource that names it. Unset: the "
         "operator's default (Helm value defaults.engineCacheClaim), else engine-cache.",
     )
     sub_path: str = Field(
-        default="engines", pattern=r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$", max_length=253,
+        default="engines",
+        pattern=r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$",
+        max_length=253,
         description="Directory inside the claim; engines live at <subPath>/<engine-key>/.",
     )
 
-    retention: CacheRetention = Field(default_factory=CacheRetention,
-                                      description="Collection of unreferenced engines in this claim.")
+    retention: CacheRetention = Field(
+        default_factory=CacheRetention, description="Collection of unreferenced engines in this claim."
+    )
 
     @field_validator("sub_path")
     @classmethod
@@ -227,11 +248,15 @@ class BuildJob(ApiModel):
     """Scheduling and limits of the GPU build Jobs."""
 
     gpu_resource: str = Field(
-        default="nvidia.com/gpu", pattern=r"^[a-z0-9.-]+/[a-z0-9.-]+$", max_length=253,
+        default="nvidia.com/gpu",
+        pattern=r"^[a-z0-9.-]+/[a-z0-9.-]+$",
+        max_length=253,
         description="Extended resource name requested (tensor GPUs per build).",
     )
     gpu_product: str | None = Field(
-        default=None, pattern=r"^[A-Za-z0-9._-]+$", max_length=63,
+        default=None,
+        pattern=r"^[A-Za-z0-9._-]+$",
+        max_length=63,
         description="GPU product (the nvidia.com/gpu.product node label). Engines are GPU-specific: "
         "it selects build and serving nodes and is part of the engine key.",
     )
@@ -248,7 +273,9 @@ class BuildJob(ApiModel):
     )
     backoff_limit: int = Field(default=1, ge=0, le=10, description="Pod retries inside one build Job.")
     retries: int = Field(
-        default=2, ge=0, le=10,
+        default=2,
+        ge=0,
+        le=10,
         description="How many times the operator re-creates a failed build Job before the phase is Failed.",
     )
 
@@ -266,7 +293,9 @@ class Engine(ApiModel):
     }
 
     builder_image: str = Field(
-        default_factory=lambda: defaults.DEFAULTS.builder_image, pattern=_IMAGE, max_length=512,
+        default_factory=lambda: defaults.DEFAULTS.builder_image,
+        pattern=_IMAGE,
+        max_length=512,
         description="Image with TensorRT-LLM and engine_jobs; its tag pins the TensorRT-LLM version and "
         "is part of the engine key. Must match the serving image's TensorRT-LLM. Unset: the operator's "
         "default (Helm value defaults.builderImage).",
@@ -314,8 +343,10 @@ class Triton(ApiModel):
     def _no_static_batching(cls, v):
         # Say why, not only "should be 'inflight_fused_batching'": v1 was accepted before.
         if isinstance(v, str) and v.lower() == "v1":
-            raise ValueError("batchingStrategy v1 (static batching) is not supported: the TensorRT-LLM 1.0 "
-                             "executor runs only in-flight batching; use inflight_fused_batching")
+            raise ValueError(
+                "batchingStrategy v1 (static batching) is not supported: the TensorRT-LLM 1.0 "
+                "executor runs only in-flight batching; use inflight_fused_batching"
+            )
         return v
 
 
@@ -357,7 +388,9 @@ class Serving(ApiModel):
     """Triton serving pods."""
 
     image: str = Field(
-        default_factory=lambda: defaults.DEFAULTS.serving_image, pattern=_IMAGE, max_length=512,
+        default_factory=lambda: defaults.DEFAULTS.serving_image,
+        pattern=_IMAGE,
+        max_length=512,
         description="Triton + TensorRT-LLM backend image with the redrafter launcher and metering model. "
         "Unset: the operator's default (Helm value defaults.servingImage).",
     )
@@ -380,7 +413,9 @@ class Serving(ApiModel):
     )
 
     model_name: str | None = Field(
-        default=None, pattern=_MODEL_NAME, max_length=256,
+        default=None,
+        pattern=_MODEL_NAME,
+        max_length=256,
         description="Model id of the OpenAI-compatible API (GET /v1/models, the `model` of requests). "
         "Unset: the resource name.",
     )
@@ -389,8 +424,12 @@ class Serving(ApiModel):
 class EndpointPickerRef(ApiModel):
     """The Endpoint Picker (EPP) Service the gateway consults for each request (InferencePool v1 ``endpointPickerRef``)."""
 
-    name: str = Field(min_length=1, max_length=63, pattern=_DNS1123_LABEL,
-                      description="Name of the endpoint picker's Service, in the resource's namespace.")
+    name: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=_DNS1123_LABEL,
+        description="Name of the endpoint picker's Service, in the resource's namespace.",
+    )
     port: int = Field(ge=1, le=65535, description="The endpoint picker Service's port (its gRPC ext-proc port).")
     failure_mode: Literal["FailOpen", "FailClose"] = Field(
         default="FailClose",
@@ -405,16 +444,22 @@ class InferencePool(ApiModel):
     model_config = {
         "json_schema_extra": {
             "x-kubernetes-validations": [
-                _cel("!self.enabled || has(self.endpointPickerRef)",
-                     "endpointPickerRef is required when the InferencePool is enabled")
+                _cel(
+                    "!self.enabled || has(self.endpointPickerRef)",
+                    "endpointPickerRef is required when the InferencePool is enabled",
+                )
             ]
         }
     }
 
-    enabled: bool = Field(default=False, description="Manage an InferencePool <name> that selects the active "
-                          "engine's pods exactly as the Service <name> does (moved blue/green with it).")
+    enabled: bool = Field(
+        default=False,
+        description="Manage an InferencePool <name> that selects the active "
+        "engine's pods exactly as the Service <name> does (moved blue/green with it).",
+    )
     endpoint_picker_ref: EndpointPickerRef | None = Field(
-        default=None, description="The endpoint picker the gateway consults; required when enabled.")
+        default=None, description="The endpoint picker the gateway consults; required when enabled."
+    )
 
     @model_validator(mode="after")
     def _picker_when_enabled(self) -> "InferencePool":
@@ -426,8 +471,9 @@ class InferencePool(ApiModel):
 class Routing(ApiModel):
     """How gateways reach the serving pods beyond the Service <name>."""
 
-    inference_pool: InferencePool = Field(default_factory=InferencePool,
-                                          description="Gateway API Inference Extension InferencePool.")
+    inference_pool: InferencePool = Field(
+        default_factory=InferencePool, description="Gateway API Inference Extension InferencePool."
+    )
 
 
 class Autoscaling(ApiModel):
@@ -473,14 +519,18 @@ class CostModel(ApiModel):
     """
 
     token_cost: float = Field(
-        default=0.0072, gt=0, le=10,
+        default=0.0072,
+        gt=0,
+        le=10,
         description="Per-token compute cost relative to the fixed (weight-loading) cost of one step.",
     )
     drafter_overhead: float = Field(
         default=0.10, ge=0, le=10, description="Extra step time of the drafter, as a fraction of a step."
     )
     verified_tokens_per_request: int | None = Field(
-        default=None, ge=1, le=1024,
+        default=None,
+        ge=1,
+        le=1024,
         description="Tokens ReDrafter verifies per request per step; default 1 + numBeams x draftLenPerBeam.",
     )
 
@@ -491,8 +541,10 @@ class Speculation(ApiModel):
     model_config = {
         "json_schema_extra": {
             "x-kubernetes-validations": [
-                _cel("self.minAcceptanceRate + self.acceptanceHysteresis <= 1.0",
-                     "minAcceptanceRate + acceptanceHysteresis must be at most 1 (else recovery is impossible)")
+                _cel(
+                    "self.minAcceptanceRate + self.acceptanceHysteresis <= 1.0",
+                    "minAcceptanceRate + acceptanceHysteresis must be at most 1 (else recovery is impossible)",
+                )
             ]
         }
     }
@@ -519,17 +571,24 @@ class Speculation(ApiModel):
         default=True, description="Also fall back when the cost model predicts no speedup at the current load."
     )
     margin: float = Field(
-        default=0.05, ge=0, lt=1, description="Hysteresis of the load-aware rule: leave below 1-margin, return above 1+margin."
+        default=0.05,
+        ge=0,
+        lt=1,
+        description="Hysteresis of the load-aware rule: leave below 1-margin, return above 1+margin.",
     )
     canary_replicas: int = Field(
-        default=1, ge=0, le=100,
+        default=1,
+        ge=0,
+        le=100,
         description="While on base, ReDrafter replicas that keep receiving a share of live traffic so "
         "acceptance stays measured and recovery can be detected (0 disables recovery detection). None run "
         "after a fallback caused by load alone (loadAware, at an acceptance above minAcceptanceRate + "
         "acceptanceHysteresis): its return is judged from the load.",
     )
     acceptance_hysteresis: float = Field(
-        default=0.05, ge=0, le=1,
+        default=0.05,
+        ge=0,
+        le=1,
         description="Returning to ReDrafter needs the canary's acceptance at least minAcceptanceRate plus this.",
     )
     cost_model: CostModel = Field(
@@ -557,7 +616,9 @@ class Metrics(ApiModel):
         default="Pods", description="Pods scrapes each Ready pod's metrics port; Prometheus uses PromQL."
     )
     prometheus_url: str | None = Field(
-        default=None, pattern=r"^https?://[A-Za-z0-9.:/_-]+$", max_length=512,
+        default=None,
+        pattern=r"^https?://[A-Za-z0-9.:/_-]+$",
+        max_length=512,
         description="Prometheus base URL (source: Prometheus).",
     )
     scrape_timeout_seconds: float = Field(default=2.0, gt=0, le=60, description="Per-pod scrape timeout.")
@@ -582,7 +643,9 @@ class Validation(ApiModel):
 
     enabled: bool = Field(default=True, description="Validate every new engine pair before promoting it.")
     image: str | None = Field(
-        default=None, pattern=_IMAGE, max_length=512,
+        default=None,
+        pattern=_IMAGE,
+        max_length=512,
         description="Image running the validation Job (needs the redrafter-operator CLI with its `client` "
         "extra). Defaults to the operator's own image.",
     )
@@ -592,16 +655,22 @@ class Validation(ApiModel):
     )
     single_requests: int = Field(default=4, ge=1, le=256, description="Requests sent one at a time.")
     max_divergences: int = Field(
-        default=0, ge=0, le=1000,
+        default=0,
+        ge=0,
+        le=1000,
         description="Greedy outputs allowed to differ from the base engine's (0: any divergence fails).",
     )
     prompts_config_map: str | None = Field(
-        default=None, pattern=_DNS1123_LABEL, max_length=253,
+        default=None,
+        pattern=_DNS1123_LABEL,
+        max_length=253,
         description="ConfigMap in this namespace holding the prompt set (JSON or YAML) under promptsKey; "
         "defaults to a small built-in set.",
     )
     prompts_key: str = Field(
-        default="prompts.yaml", pattern=r"^[-._a-zA-Z0-9]+$", max_length=253,
+        default="prompts.yaml",
+        pattern=r"^[-._a-zA-Z0-9]+$",
+        max_length=253,
         description="Key of the prompt set in promptsConfigMap.",
     )
     measure_crossover: bool = Field(

@@ -11,8 +11,18 @@ from .types import ApiModel
 #: Prewarmed: engines built and validated, nothing served (serving.replicas 0, autoscaling Disabled)
 Phase = Literal["Pending", "Building", "Deploying", "Serving", "Prewarmed", "Degraded", "Failed"]
 EngineState = Literal["Pending", "Cached", "Building", "Ready", "Failed"]
-ConditionType = Literal["SpecValid", "EnginesReady", "Validated", "Available", "Progressing", "SpeculationHealthy",
-                        "Ready", "Reconciling", "Stalled", "InferencePoolReady"]
+ConditionType = Literal[
+    "SpecValid",
+    "EnginesReady",
+    "Validated",
+    "Available",
+    "Progressing",
+    "SpeculationHealthy",
+    "Ready",
+    "Reconciling",
+    "Stalled",
+    "InferencePoolReady",
+]
 CONDITION_TYPES: tuple[str, ...] = ConditionType.__args__  # type: ignore[attr-defined]
 HISTORY_LIMIT = 20
 
@@ -26,8 +36,11 @@ class Condition(ApiModel):
         "(with spec.routing.inferencePool)."
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
-    reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", max_length=1024,
-                        description="CamelCase machine-readable reason.")
+    reason: str = Field(
+        pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
+        max_length=1024,
+        description="CamelCase machine-readable reason.",
+    )
     message: str = Field(default="", max_length=32768, description="Human-readable details.")
     last_transition_time: str | None = Field(default=None, description="When status last changed (RFC 3339).")
     observed_generation: int | None = Field(default=None, description="Generation this condition reflects.")
@@ -41,8 +54,11 @@ class EngineStatus(ApiModel):
     job: str | None = Field(default=None, description="Name of the current/last build Job.")
     path: str | None = Field(default=None, description="Artifact directory inside the cache volume.")
     size_bytes: int | None = Field(
-        default=None, ge=0, description="Size of the artifact (engine, tokenizer, model repository) in bytes, from "
-        "its manifest, as the build Job reported it.")
+        default=None,
+        ge=0,
+        description="Size of the artifact (engine, tokenizer, model repository) in bytes, from "
+        "its manifest, as the build Job reported it.",
+    )
     built_at: str | None = Field(default=None, description="When the artifact was built (RFC 3339, from its manifest).")
     message: str | None = Field(default=None, description="Failure reason (Job termination message).")
     attempts: int = Field(default=0, description="Build Jobs created for this key since the last retry request.")
@@ -67,8 +83,10 @@ class EnginesStatus(ApiModel):
 class ServingFailure(ApiModel):
     """Why serving replicas do not come up, as the scheduler, the kubelet or the Deployment controller said."""
 
-    reason: str = Field(description="Unschedulable, ErrImagePull, ImagePullBackOff, CrashLoopBackOff, OOMKilled, "
-                        "CreateContainerConfigError, FailedCreate (ReplicaFailure), ProgressDeadlineExceeded, ...")
+    reason: str = Field(
+        description="Unschedulable, ErrImagePull, ImagePullBackOff, CrashLoopBackOff, OOMKilled, "
+        "CreateContainerConfigError, FailedCreate (ReplicaFailure), ProgressDeadlineExceeded, ..."
+    )
     message: str = Field(default="", description="The scheduler's, kubelet's or Deployment controller's message.")
     deployment: str = Field(description="The serving Deployment.")
     pod: str | None = Field(default=None, description="The failing Pod (absent when the Deployment itself reports it).")
@@ -79,15 +97,19 @@ class ServingStatus(ApiModel):
     ready_replicas: int = Field(default=0, description="Ready replicas of the active variant.")
     selector: str = Field(default="", description="Label selector of the active pods (scale subresource).")
     service: str | None = Field(default=None, description="The stable Service clients use.")
-    failure: ServingFailure | None = Field(default=None, description="Why serving does not come up (absent when "
-                                           "nothing failed).")
+    failure: ServingFailure | None = Field(
+        default=None, description="Why serving does not come up (absent when nothing failed)."
+    )
 
 
 class SpeculationStatus(ApiModel):
     acceptance_rate: float | None = Field(default=None, description="Windowed accepted/draft tokens.")
     tokens_per_step: float | None = Field(default=None, description="Output tokens per engine step.")
     samples: int = Field(default=0, description="Finished requests in the last window.")
-    last_evaluated: str | None = Field(default=None, description="Time of the evaluation that last changed this status (one that changes nothing writes nothing).")
+    last_evaluated: str | None = Field(
+        default=None,
+        description="Time of the evaluation that last changed this status (one that changes nothing writes nothing).",
+    )
     decision: str | None = Field(default=None, description="Last decision (Stay, SwitchToBase, ...).")
     reason: str | None = Field(default=None, description="Why.")
     predicted_speedup: float | None = Field(default=None, description="Cost-model speedup at current load.")
@@ -133,8 +155,11 @@ class HistoryEntry(ApiModel):
 
 
 class ReDrafterDeploymentStatus(ApiModel):
-    phase: Phase = Field(default="Pending", description="Pending, Building, Deploying, Serving, Prewarmed (built and validated, "
-                         "serving.replicas 0 with autoscaling Disabled), Degraded or Failed.")
+    phase: Phase = Field(
+        default="Pending",
+        description="Pending, Building, Deploying, Serving, Prewarmed (built and validated, "
+        "serving.replicas 0 with autoscaling Disabled), Degraded or Failed.",
+    )
     active_engine: Literal["redrafter", "base"] | None = Field(default=None, description="Engine the Service selects.")
     observed_generation: int | None = Field(default=None, description="Last generation acted on.")
     conditions: list[Condition] = Field(default_factory=list, description="Standard conditions.")
@@ -144,7 +169,10 @@ class ReDrafterDeploymentStatus(ApiModel):
     validation: ValidationStatus | None = Field(
         default=None, description="Validation of the newest engine pair before promotion."
     )
-    policy: Annotated[dict[str, Any], WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True})] | None = Field(
+    policy: (
+        Annotated[dict[str, Any], WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True})]
+        | None
+    ) = Field(
         default=None,
         description="The speculation policy's and autoscaler's state (counter marks per pod, consecutive "
         "outcomes, dwell/cooldown times, recommendations): what the operator resumes from after a restart. "

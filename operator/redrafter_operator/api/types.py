@@ -48,9 +48,7 @@ _PRESERVE = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
 ResourceRequirements = Annotated[dict[str, Any], WithJsonSchema(_PRESERVE)]
 Toleration = Annotated[dict[str, Any], WithJsonSchema(_PRESERVE)]
 NetworkPolicyPeer = Annotated[dict[str, Any], WithJsonSchema(_PRESERVE)]
-StringMap = Annotated[
-    dict[str, str], WithJsonSchema({"type": "object", "additionalProperties": {"type": "string"}})
-]
+StringMap = Annotated[dict[str, str], WithJsonSchema({"type": "object", "additionalProperties": {"type": "string"}})]
 
 
 # ---- model sources -----------------------------------------------------------------------------

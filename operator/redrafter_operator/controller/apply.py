@@ -91,8 +91,13 @@ class KubeClient:
     refused before it is sent, with reason NotLeader.
     """
 
-    def __init__(self, configuration: k8s_client.Configuration, on_request: WriteHook | None = None,
-                 backoff: tuple[float, ...] = BACKOFF, may_write: Callable[[], bool] | None = None):
+    def __init__(
+        self,
+        configuration: k8s_client.Configuration,
+        on_request: WriteHook | None = None,
+        backoff: tuple[float, ...] = BACKOFF,
+        may_write: Callable[[], bool] | None = None,
+    ):
         self._api = k8s_client.ApiClient(configuration=configuration)
         self._on_request = on_request
         self._backoff = backoff
@@ -101,8 +106,16 @@ class KubeClient:
     async def close(self) -> None:
         await self._api.close()
 
-    async def request(self, method: str, path: str, body: Any = None, *, content_type: str = "application/json",
-                      query: list[tuple[str, str]] | None = None, retry_conflict: bool = True) -> dict[str, Any]:
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        content_type: str = "application/json",
+        query: list[tuple[str, str]] | None = None,
+        retry_conflict: bool = True,
+    ) -> dict[str, Any]:
         resource = path.rsplit("/namespaces/", 1)[-1].split("/")[1] if "/namespaces/" in path else path
         query = list(query or [])
         if method in ("POST", "PUT", "PATCH") and not any(k == "fieldManager" for k, _ in query):
@@ -112,9 +125,14 @@ class KubeClient:
                 raise ApiError(0, "NotLeader", "this replica no longer holds the leader lease", method, path)
             try:
                 resp = await self._api.call_api(
-                    path, method, query_params=query, body=body,
+                    path,
+                    method,
+                    query_params=query,
+                    body=body,
                     header_params={"Content-Type": content_type, "Accept": "application/json"},
-                    auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True,
+                    auth_settings=["BearerToken"],
+                    _preload_content=False,
+                    _return_http_data_only=True,
                     _request_timeout=30,
                 )
                 status = resp.status
@@ -123,7 +141,10 @@ class KubeClient:
             except (OSError, asyncio.TimeoutError, aiohttp.ClientError, k8s_client.exceptions.ApiException) as exc:
                 status, raw = 0, str(exc).encode()
                 if isinstance(exc, k8s_client.exceptions.ApiException) and exc.status:
-                    status, raw = exc.status, (exc.body or b"") if isinstance(exc.body, bytes) else str(exc.body or "").encode()
+                    status, raw = (
+                        exc.status,
+                        (exc.body or b"") if isinstance(exc.body, bytes) else str(exc.body or "").encode(),
+                    )
             if self._on_request:
                 self._on_request(method, resource, status)
             if 200 <= status < 300:
@@ -174,8 +195,12 @@ class Applier:
     changes nothing without writing. A deleted child is forgotten (:meth:`deleted`) and re-applied.
     """
 
-    def __init__(self, client: KubeClient, observed: Callable[[Mapping[str, Any]], ChildState | None],
-                 memory_seconds: float = 60.0):
+    def __init__(
+        self,
+        client: KubeClient,
+        observed: Callable[[Mapping[str, Any]], ChildState | None],
+        memory_seconds: float = 60.0,
+    ):
         self.client = client
         self._observed = observed
         self._applied: dict[tuple[str, str, str], _Applied] = {}
@@ -210,8 +235,13 @@ class Applier:
             applied = await self._apply(manifest)
         meta = applied.get("metadata") or {}
         self._applied[self._ref(manifest)] = _Applied(
-            manifest_hash(manifest), meta.get("resourceVersion", ""), owned_fields(applied),
-            seen.resource_version if seen else None, time.monotonic(), int(meta.get("generation") or 0))
+            manifest_hash(manifest),
+            meta.get("resourceVersion", ""),
+            owned_fields(applied),
+            seen.resource_version if seen else None,
+            time.monotonic(),
+            int(meta.get("generation") or 0),
+        )
         return True
 
     def carried(self, kind: str, namespace: str, name: str, generation: int, seen: ChildState) -> str:
@@ -230,8 +260,13 @@ class Applier:
         return mem.digest
 
     async def _apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
-        return await self.client.request("PATCH", object_path(manifest), manifest, content_type=APPLY_PATCH,
-                                         query=[("fieldManager", FIELD_MANAGER), ("force", "true")])
+        return await self.client.request(
+            "PATCH",
+            object_path(manifest),
+            manifest,
+            content_type=APPLY_PATCH,
+            query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+        )
 
     async def _adopt(self, manifest: Mapping[str, Any], live: Mapping[str, Any]) -> bool:
         """Hand the fields an earlier operator version wrote by create/merge patch (an Update by the client
@@ -240,21 +275,40 @@ class Applier:
         (the caller applies again, which now removes them)."""
         meta = live.get("metadata") or {}
         entries = meta.get("managedFields") or []
-        ours = [e for e in entries if e.get("manager") in PREVIOUS_MANAGERS and e.get("operation") == "Update"
-                and not e.get("subresource")]
+        ours = [
+            e
+            for e in entries
+            if e.get("manager") in PREVIOUS_MANAGERS and e.get("operation") == "Update" and not e.get("subresource")
+        ]
         if not ours:
             return False
         fields: dict[str, Any] = {}
-        mine = [e for e in entries if e.get("manager") == FIELD_MANAGER and e.get("operation") == "Apply"
-                and not e.get("subresource")]
+        mine = [
+            e
+            for e in entries
+            if e.get("manager") == FIELD_MANAGER and e.get("operation") == "Apply" and not e.get("subresource")
+        ]
         for entry in ours + mine:
             _merge_fields(fields, entry.get("fieldsV1") or {})
         upgraded = [e for e in entries if e not in ours and e not in mine] + [
-            {"manager": FIELD_MANAGER, "operation": "Apply", "apiVersion": manifest["apiVersion"],
-             "time": (mine or ours)[-1].get("time"), "fieldsType": "FieldsV1", "fieldsV1": fields}]
-        await self.client.request("PATCH", object_path(manifest), [
-            {"op": "test", "path": "/metadata/resourceVersion", "value": meta.get("resourceVersion")},
-            {"op": "replace", "path": "/metadata/managedFields", "value": upgraded}], content_type=JSON_PATCH)
+            {
+                "manager": FIELD_MANAGER,
+                "operation": "Apply",
+                "apiVersion": manifest["apiVersion"],
+                "time": (mine or ours)[-1].get("time"),
+                "fieldsType": "FieldsV1",
+                "fieldsV1": fields,
+            }
+        ]
+        await self.client.request(
+            "PATCH",
+            object_path(manifest),
+            [
+                {"op": "test", "path": "/metadata/resourceVersion", "value": meta.get("resourceVersion")},
+                {"op": "replace", "path": "/metadata/managedFields", "value": upgraded},
+            ],
+            content_type=JSON_PATCH,
+        )
         return True
 
     def deleted(self, obj: Mapping[str, Any]) -> None:

@@ -21,6 +21,8 @@ def exit_code_name(code: int) -> str:
 
 def not_retried_message(resource: str, code: int) -> str:
     """The status/Event text for a build that ended with ``code``: which code, and how to retry."""
-    return (f"exit code {code} ({exit_code_name(code)}) cannot succeed on retry, so no further build Job is "
-            f"started; fix the spec (a changed spec builds again), or fix the source and run "
-            f"`kubectl annotate rdd {resource} {names.ANNOTATION_RETRY_BUILD}=<new value> --overwrite`")
+    return (
+        f"exit code {code} ({exit_code_name(code)}) cannot succeed on retry, so no further build Job is "
+        f"started; fix the spec (a changed spec builds again), or fix the source and run "
+        f"`kubectl annotate rdd {resource} {names.ANNOTATION_RETRY_BUILD}=<new value> --overwrite`"
+    )

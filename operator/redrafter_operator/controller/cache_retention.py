@@ -67,8 +67,17 @@ def merged_retention(specs: list[ReDrafterDeploymentSpec]) -> tuple[int | None, 
 
 
 def owner_refs(users: list[tuple[Key, Mapping[str, Any]]]) -> list[dict[str, Any]]:
-    return [{"apiVersion": API_VERSION, "kind": KIND, "name": key[1], "uid": (body.get("metadata") or {}).get("uid"),
-             "blockOwnerDeletion": False} for key, body in users if (body.get("metadata") or {}).get("uid")]
+    return [
+        {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": key[1],
+            "uid": (body.get("metadata") or {}).get("uid"),
+            "blockOwnerDeletion": False,
+        }
+        for key, body in users
+        if (body.get("metadata") or {}).get("uid")
+    ]
 
 
 def report_event(report: Mapping[str, Any], claim: str) -> tuple[str, str, str]:
@@ -76,20 +85,25 @@ def report_event(report: Mapping[str, Any], claim: str) -> tuple[str, str, str]:
     removed = report.get("removed") or []
     count = int(report.get("removedCount", len(removed)))
     partials = int(report.get("removedPartials") or 0)
-    keys = ", ".join(str(r.get("key")) + (" (partial)" if r.get("variant") == "partial" else "")
-                     for r in removed[:10]) + (" ..." if count > 10 else "")
+    keys = ", ".join(
+        str(r.get("key")) + (" (partial)" if r.get("variant") == "partial" else "") for r in removed[:10]
+    ) + (" ..." if count > 10 else "")
     what = f"{count - partials} engine(s)" + (f" and {partials} abandoned partial build(s)" if partials else "")
-    return ("Normal", "EngineCacheCollected",
-            f"collection of cache claim {claim} removed {what}, freed "
-            f"{human_bytes(int(report.get('freedBytes') or 0))}{': ' + keys if count else ''}; "
-            f"{report.get('kept', 0)} kept, {human_bytes(int(report.get('cacheBytes') or 0))} in the cache")
+    return (
+        "Normal",
+        "EngineCacheCollected",
+        f"collection of cache claim {claim} removed {what}, freed "
+        f"{human_bytes(int(report.get('freedBytes') or 0))}{': ' + keys if count else ''}; "
+        f"{report.get('kept', 0)} kept, {human_bytes(int(report.get('cacheBytes') or 0))} in the cache",
+    )
 
 
 class CacheRetention:
     """The evaluator keeping each claim's references ConfigMap and collection CronJob, and reporting results."""
 
-    def __init__(self, metrics: OperatorMetrics, *, operator_image: str | None = None,
-                 interval_seconds: float = INTERVAL_SECONDS) -> None:
+    def __init__(
+        self, metrics: OperatorMetrics, *, operator_image: str | None = None, interval_seconds: float = INTERVAL_SECONDS
+    ) -> None:
         self.metrics = metrics
         self.interval_seconds = interval_seconds
         self.operator_image = operator_image
@@ -108,9 +122,14 @@ class CacheRetention:
         if cur is None:
             return
         ns, claim = cur.key[0], cur.spec.engine.cache.claim_name
-        users = sorted(((k, b) for k, b in controller.bodies.items() if k[0] == ns
-                        and (s := _spec(b)) is not None and s.engine.cache.claim_name == claim),
-                       key=lambda kb: kb[0][1])
+        users = sorted(
+            (
+                (k, b)
+                for k, b in controller.bodies.items()
+                if k[0] == ns and (s := _spec(b)) is not None and s.engine.cache.claim_name == claim
+            ),
+            key=lambda kb: kb[0][1],
+        )
         if not users or users[0][0] != cur.key:
             return  # the first resource on the claim acts for it
         if self._applier is None:
@@ -121,12 +140,24 @@ class CacheRetention:
         retention = merged_retention(specs)
         if retention is not None:
             self._absent.discard((ns, name))
-            await self._ensure(cache_jobs.references_config_map(
-                name=name, namespace=ns, claim=claim, document=self._references(controller), owners=owners))
+            await self._ensure(
+                cache_jobs.references_config_map(
+                    name=name, namespace=ns, claim=claim, document=self._references(controller), owners=owners
+                )
+            )
             keep, max_age, schedule = retention
-            await self._ensure(cache_jobs.collection_cronjob(
-                namespace=ns, claim=claim, sub_path=cur.spec.engine.cache.sub_path, image=self._image(),
-                schedule=schedule, keep=keep, max_age=max_age, owners=owners))
+            await self._ensure(
+                cache_jobs.collection_cronjob(
+                    namespace=ns,
+                    claim=claim,
+                    sub_path=cur.spec.engine.cache.sub_path,
+                    image=self._image(),
+                    schedule=schedule,
+                    keep=keep,
+                    max_age=max_age,
+                    owners=owners,
+                )
+            )
         elif (ns, name) not in self._absent:  # once per process: it may be left from an earlier retention
             await self._delete(controller, f"/apis/batch/v1/namespaces/{ns}/cronjobs/{name}")
             self._absent.add((ns, name))
@@ -138,10 +169,13 @@ class CacheRetention:
             status = controller.written.get(key) or body.get("status") or {}
             bodies.append({**body, "status": status})
         idx = controller.indexes.get("rdd_deployments") or {}
-        deployments = [{"metadata": {"name": fact.name, "namespace": k[1],
-                                     "labels": {names.LABEL_ENGINE_KEY: fact.key}}}
-                       for k in list(idx) if isinstance(k, tuple) and k[0] == "name"
-                       for fact in index_entries(controller.indexes, "rdd_deployments", k) if fact.key]
+        deployments = [
+            {"metadata": {"name": fact.name, "namespace": k[1], "labels": {names.LABEL_ENGINE_KEY: fact.key}}}
+            for k in list(idx)
+            if isinstance(k, tuple) and k[0] == "name"
+            for fact in index_entries(controller.indexes, "rdd_deployments", k)
+            if fact.key
+        ]
         return references_document(bodies, deployments)
 
     async def _ensure(self, manifest: dict[str, Any]) -> None:
@@ -169,33 +203,51 @@ class CacheRetention:
         """Events and metrics for each finished, unreported collection Job of the claim."""
         for verb, statuses in (("gc", "containerStatuses"), (cache_jobs.VERB_BEFORE_BUILD, "initContainerStatuses")):
             selector = f"{cache_jobs.LABEL_CLAIM}={names.label_value(claim)},{cache_jobs.LABEL_VERB}={verb}"
-            jobs = (await controller.client.request("GET", f"/apis/batch/v1/namespaces/{ns}/jobs",
-                                                    query=[("labelSelector", selector)])).get("items") or []
+            jobs = (
+                await controller.client.request(
+                    "GET", f"/apis/batch/v1/namespaces/{ns}/jobs", query=[("labelSelector", selector)]
+                )
+            ).get("items") or []
             await self._report_jobs(controller, ns, claim, users, jobs, statuses)
 
-    async def _report_jobs(self, controller: Host, ns: str, claim: str, users: list[tuple[Key, Mapping[str, Any]]],
-                           jobs: list[dict[str, Any]], statuses: str) -> None:
+    async def _report_jobs(
+        self,
+        controller: Host,
+        ns: str,
+        claim: str,
+        users: list[tuple[Key, Mapping[str, Any]]],
+        jobs: list[dict[str, Any]],
+        statuses: str,
+    ) -> None:
         for job in jobs:
             meta = job.get("metadata") or {}
             if (meta.get("annotations") or {}).get(ANNOTATION_REPORTED):
                 continue
-            conds = {c.get("type"): c for c in (job.get("status") or {}).get("conditions") or []
-                     if c.get("status") == "True"}
+            conds = {
+                c.get("type"): c for c in (job.get("status") or {}).get("conditions") or [] if c.get("status") == "True"
+            }
             if "Complete" not in conds and "Failed" not in conds:
                 continue
-            event = await self._outcome(controller, ns, meta["name"], claim, failed="Failed" in conds,
-                                        statuses=statuses)
+            event = await self._outcome(
+                controller, ns, meta["name"], claim, failed="Failed" in conds, statuses=statuses
+            )
             for _, body in users:
                 post_events(controller, body, [event])
             await controller.client.request(
-                "PATCH", f"/apis/batch/v1/namespaces/{ns}/jobs/{meta['name']}",
+                "PATCH",
+                f"/apis/batch/v1/namespaces/{ns}/jobs/{meta['name']}",
                 {"metadata": {"annotations": {ANNOTATION_REPORTED: "true"}}},
-                content_type="application/merge-patch+json")
+                content_type="application/merge-patch+json",
+            )
 
-    async def _outcome(self, controller: Host, ns: str, job: str, claim: str, *, failed: bool,
-                       statuses: str) -> tuple[str, str, str]:
-        pods = (await controller.client.request("GET", f"/api/v1/namespaces/{ns}/pods",
-                                                query=[("labelSelector", f"job-name={job}")])).get("items") or []
+    async def _outcome(
+        self, controller: Host, ns: str, job: str, claim: str, *, failed: bool, statuses: str
+    ) -> tuple[str, str, str]:
+        pods = (
+            await controller.client.request(
+                "GET", f"/api/v1/namespaces/{ns}/pods", query=[("labelSelector", f"job-name={job}")]
+            )
+        ).get("items") or []
         message = ""
         for pod in pods:
             for cs in (pod.get("status") or {}).get(statuses) or []:
@@ -206,8 +258,12 @@ class CacheRetention:
                 raise ValueError
         except ValueError:
             text = " ".join(message.split())[:512] or "no termination message"
-            return ("Warning", "EngineCacheCollectionFailed", f"collection Job {job} of cache claim {claim} "
-                    f"{'failed' if failed else 'reported nothing readable'}: {text}")
+            return (
+                "Warning",
+                "EngineCacheCollectionFailed",
+                f"collection Job {job} of cache claim {claim} "
+                f"{'failed' if failed else 'reported nothing readable'}: {text}",
+            )
         self.metrics.cache_bytes.labels(claim).set(int(report.get("cacheBytes") or 0))
         self.metrics.cache_reclaimed.inc(int(report.get("freedBytes") or 0))
         return report_event(report, claim)

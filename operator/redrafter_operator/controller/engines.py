@@ -47,8 +47,9 @@ def _built(message: str, old: Mapping[str, Any]) -> dict[str, Any]:
     return {"sizeBytes": old.get("sizeBytes"), "builtAt": old.get("builtAt")}
 
 
-def _new_build(owner: Owner, variant: Variant, attempt: int, token: str, claim: str, plan: Plan,
-               path: str) -> dict[str, Any]:
+def _new_build(
+    owner: Owner, variant: Variant, attempt: int, token: str, claim: str, plan: Plan, path: str
+) -> dict[str, Any]:
     """A build Job (and its ConfigMap) added to the plan and claimed; returned for last touches."""
     job = build_job(owner, variant, attempt)
     ann = job["metadata"].setdefault("annotations", {})
@@ -74,9 +75,7 @@ def _collect_and_retry(owner: Owner, failed: list[JobFact], epoch: list[JobFact]
     return f"Job {failed[-1].name} ran out of disk ({' '.join(text.split())[:300]})"
 
 
-def plan_engine(
-    res: Resource, owner: Owner, variant: Variant, observed: Observed, plan: Plan
-) -> dict[str, Any]:
+def plan_engine(res: Resource, owner: Owner, variant: Variant, observed: Observed, plan: Plan) -> dict[str, Any]:
     """One variant's engine status; appends the build ConfigMap + Job to ``plan.create`` when needed."""
     spec = owner.spec
     key = engine_key(spec, variant)
@@ -86,9 +85,14 @@ def plan_engine(
     token = res.retry_token
     old = (res.status.get("engines") or {}).get(variant) or {}
     old = old if old.get("key") == key and old.get("path") == path else {}
-    jobs = sorted((j for j in observed.jobs
-                   if j.variant == variant and j.key == key and j.claim == claim and j.artifact in ("", path)),
-                  key=lambda j: j.attempt)
+    jobs = sorted(
+        (
+            j
+            for j in observed.jobs
+            if j.variant == variant and j.key == key and j.claim == claim and j.artifact in ("", path)
+        ),
+        key=lambda j: j.attempt,
+    )
     epoch = [j for j in jobs if j.retry_token == token]
     failed = [j for j in epoch if j.state == "Failed"]
     running = [j for j in jobs if j.state == "Running"]
@@ -101,18 +105,26 @@ def plan_engine(
     elif old.get("state") in READY_STATES:
         out.update(state=old["state"], job=old.get("job"), attempts=old.get("attempts", 0), **_built("", old))
     elif shared and shared.ready_by:
-        out.update(state="Cached", message=f"engine already in the cache (built for {shared.ready_by})",
-                   **_built(shared.built_message, old))
+        out.update(
+            state="Cached",
+            message=f"engine already in the cache (built for {shared.ready_by})",
+            **_built(shared.built_message, old),
+        )
     elif running:
         out.update(state="Building", job=running[-1].name)
         if failed:
             out["message"] = _failure_text(failed[-1], observed)
         if running[-1].collected:
-            out["message"] = _bounded(f"{out.get('message') or 'out of disk'}; Job {running[-1].name} collects "
-                                      f"unreferenced engines in cache claim {claim}, then builds once more")
+            out["message"] = _bounded(
+                f"{out.get('message') or 'out of disk'}; Job {running[-1].name} collects "
+                f"unreferenced engines in cache claim {claim}, then builds once more"
+            )
     elif shared and shared.building_job:
-        out.update(state="Building", job=shared.building_job,
-                   message=f"waiting for Job {shared.building_job}, which builds the same engine into the shared cache")
+        out.update(
+            state="Building",
+            job=shared.building_job,
+            message=f"waiting for Job {shared.building_job}, which builds the same engine into the shared cache",
+        )
     else:
         n_failed = len(failed)
         final_code = next((j.final_exit_code for j in reversed(failed) if j.final_exit_code is not None), None)
@@ -126,17 +138,29 @@ def plan_engine(
             r = spec.engine.cache.retention
             max_age = f"{int(parse_duration(r.max_age))}s" if r.max_age else None
             cache_jobs.collect_before_build(job, claim=claim, keep=r.keep, max_age=max_age)
-            out.update(state="Building", job=job["metadata"]["name"], attempts=n_failed + 1, message=_bounded(
-                f"{disk}; collecting unreferenced engines in cache claim {claim} (retention keep={r.keep}, "
-                f"maxAge={r.max_age}), then one more build"))
+            out.update(
+                state="Building",
+                job=job["metadata"]["name"],
+                attempts=n_failed + 1,
+                message=_bounded(
+                    f"{disk}; collecting unreferenced engines in cache claim {claim} (retention keep={r.keep}, "
+                    f"maxAge={r.max_age}), then one more build"
+                ),
+            )
         elif final_code is not None and failed:  # podFailurePolicy ended it: no attempt can fix this code
             msg = f"{not_retried_message(owner.name, final_code)}. {_failure_text(failed[-1], observed)}"
-            out.update(state="Failed", job=failed[-1].name, attempts=n_failed, exitCode=final_code,
-                       message=_bounded(msg))
+            out.update(
+                state="Failed", job=failed[-1].name, attempts=n_failed, exitCode=final_code, message=_bounded(msg)
+            )
         elif final_code is not None or n_failed > retries:
             msg = _failure_text(failed[-1], observed) if failed else old.get("message") or "build failed"
-            out.update(state="Failed", job=failed[-1].name if failed else old.get("job"), message=msg,
-                       attempts=n_failed, exitCode=final_code)
+            out.update(
+                state="Failed",
+                job=failed[-1].name if failed else old.get("job"),
+                message=msg,
+                attempts=n_failed,
+                exitCode=final_code,
+            )
         else:
             attempt = max((j.attempt for j in jobs), default=-1) + 1
             job = _new_build(owner, variant, attempt, token, claim, plan, path)
@@ -147,32 +171,67 @@ def plan_engine(
     return {k: v for k, v in out.items() if v is not None}
 
 
-def _engine_events(variant: str, old: Mapping[str, Any], new: Mapping[str, Any], observed: Observed,
-                   retries: int, plan: Plan, resource: str) -> None:
+def _engine_events(
+    variant: str,
+    old: Mapping[str, Any],
+    new: Mapping[str, Any],
+    observed: Observed,
+    retries: int,
+    plan: Plan,
+    resource: str,
+) -> None:
     state, job = new["state"], new.get("job")
     if old.get("state") == state and old.get("job") == job:
         return
     prev_job = next((j for j in observed.jobs if j.name == old.get("job")), None)
     if prev_job and prev_job.state == "Failed" and (state == "Failed" or job != prev_job.name):
-        plan.events.append(EventSpec("Warning", "BuildFailed", f"{variant} engine: {_failure_text(prev_job, observed)}"))
+        plan.events.append(
+            EventSpec("Warning", "BuildFailed", f"{variant} engine: {_failure_text(prev_job, observed)}")
+        )
     if state == "Building" and job != old.get("job"):
         if job and any(c[2] == job for c in plan.claims):
-            plan.events.append(EventSpec("Normal", "BuildStarted",
-                                         f"Job {job} builds the {variant} engine {new['key']} "
-                                         f"(attempt {new['attempts']} of {retries + 1})"))
+            plan.events.append(
+                EventSpec(
+                    "Normal",
+                    "BuildStarted",
+                    f"Job {job} builds the {variant} engine {new['key']} (attempt {new['attempts']} of {retries + 1})",
+                )
+            )
         else:
-            plan.events.append(EventSpec("Normal", "BuildWaiting", f"{variant} engine {new['key']}: {new.get('message') or f'Job {job} is building it'}"))
+            plan.events.append(
+                EventSpec(
+                    "Normal",
+                    "BuildWaiting",
+                    f"{variant} engine {new['key']}: {new.get('message') or f'Job {job} is building it'}",
+                )
+            )
     elif state == "Ready":
-        plan.events.append(EventSpec("Normal", "EngineReady", f"{variant} engine {new['key']} is built ({new['path']})"))
+        plan.events.append(
+            EventSpec("Normal", "EngineReady", f"{variant} engine {new['key']} is built ({new['path']})")
+        )
     elif state == "Cached":
-        plan.events.append(EventSpec("Normal", "EngineCached", f"{variant} engine {new['key']} found in the cache ({new['path']}); no build"))
+        plan.events.append(
+            EventSpec(
+                "Normal", "EngineCached", f"{variant} engine {new['key']} found in the cache ({new['path']}); no build"
+            )
+        )
     elif state == "Failed":
         if not prev_job or prev_job.state != "Failed":
             plan.events.append(EventSpec("Warning", "BuildFailed", f"{variant} engine: {new.get('message', '')}"))
         if new.get("exitCode") is not None:
-            plan.events.append(EventSpec("Warning", "BuildNotRetried", f"{variant} engine {new['key']}: "
-                                         f"{not_retried_message(resource, new['exitCode'])}"))
+            plan.events.append(
+                EventSpec(
+                    "Warning",
+                    "BuildNotRetried",
+                    f"{variant} engine {new['key']}: {not_retried_message(resource, new['exitCode'])}",
+                )
+            )
             return
-        plan.events.append(EventSpec("Warning", "RetriesExhausted",
-                                     f"{variant} engine {new['key']}: {new['attempts']} build Jobs failed; "
-                                     f"change the spec or set annotation {names.ANNOTATION_RETRY_BUILD} to retry"))
+        plan.events.append(
+            EventSpec(
+                "Warning",
+                "RetriesExhausted",
+                f"{variant} engine {new['key']}: {new['attempts']} build Jobs failed; "
+                f"change the spec or set annotation {names.ANNOTATION_RETRY_BUILD} to retry",
+            )
+        )

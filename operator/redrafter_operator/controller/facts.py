@@ -152,8 +152,14 @@ class PodFact:
         labels = _labels(body)
         job = next((labels[k] for k in JOB_NAME_LABELS if labels.get(k)), "")
         if not job:
-            job = next((r.get("name", "") for r in body.get("metadata", {}).get("ownerReferences") or []
-                        if r.get("kind") == "Job"), "")
+            job = next(
+                (
+                    r.get("name", "")
+                    for r in body.get("metadata", {}).get("ownerReferences") or []
+                    if r.get("kind") == "Job"
+                ),
+                "",
+            )
         status = body.get("status") or {}
         message = ""
         for cs in status.get("containerStatuses") or []:
@@ -162,15 +168,27 @@ class PodFact:
                 message = (term.get("message") or term.get("reason") or "").strip()
                 if term.get("exitCode", 0) != 0:
                     break
-        return cls(job=job, phase=status.get("phase", ""), message=message,
-                   started=body.get("metadata", {}).get("creationTimestamp", ""))
+        return cls(
+            job=job,
+            phase=status.get("phase", ""),
+            message=message,
+            started=body.get("metadata", {}).get("creationTimestamp", ""),
+        )
 
 
 #: container waiting reasons the kubelet writes when a container cannot start (pkg/kubelet/images/types.go,
 #: pkg/kubelet/kuberuntime/kuberuntime_container.go, pkg/kubelet/container/sync_result.go at Kubernetes
 #: v1.30); ContainerCreating / PodInitializing are the normal way up and are not failures
-FAILED_WAITING = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
-                  "CreateContainerConfigError", "CreateContainerError", "RunContainerError", "CrashLoopBackOff")
+FAILED_WAITING = (
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "ErrImageNeverPull",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+    "CrashLoopBackOff",
+)
 
 
 @dataclass(frozen=True)
@@ -197,9 +215,15 @@ class ServingPodFact:
         conditions = {c.get("type"): c for c in status.get("conditions") or []}
         ready = (conditions.get("Ready") or {}).get("status") == "True"
         reason, message = ("", "") if ready else _pod_failure(status, conditions)
-        return cls(name=body.get("metadata", {}).get("name", ""), owner=labels.get(names.LABEL_DEPLOYMENT, ""),
-                   variant=labels.get(names.LABEL_VARIANT, ""), role=labels.get(names.LABEL_ROLE, ""),
-                   ready=ready, reason=reason, message=message)
+        return cls(
+            name=body.get("metadata", {}).get("name", ""),
+            owner=labels.get(names.LABEL_DEPLOYMENT, ""),
+            variant=labels.get(names.LABEL_VARIANT, ""),
+            role=labels.get(names.LABEL_ROLE, ""),
+            ready=ready,
+            reason=reason,
+            message=message,
+        )
 
 
 def _pod_failure(status: Mapping[str, Any], conditions: Mapping[str, Mapping[str, Any]]) -> tuple[str, str]:
@@ -215,8 +239,10 @@ def _pod_failure(status: Mapping[str, Any], conditions: Mapping[str, Mapping[str
         restarts = int(cs.get("restartCount") or 0)
         if term.get("reason") == "OOMKilled" or (last.get("reason") == "OOMKilled" and not cs.get("ready")):
             code = (term or last).get("exitCode", 137)
-            return "OOMKilled", (f"container {name} was killed for exceeding its memory limit (OOMKilled, exit code "
-                                 f"{code}), restarted {restarts} times")
+            return "OOMKilled", (
+                f"container {name} was killed for exceeding its memory limit (OOMKilled, exit code "
+                f"{code}), restarted {restarts} times"
+            )
         if waiting.get("reason") in FAILED_WAITING:
             detail = waiting.get("message") or ""
             if waiting["reason"] == "CrashLoopBackOff" and last:
@@ -231,8 +257,11 @@ def _pod_failure(status: Mapping[str, Any], conditions: Mapping[str, Mapping[str
 
 def _exited(container: str, last: Mapping[str, Any], restarts: int) -> str:
     why = (last.get("message") or last.get("reason") or "").strip()
-    return (f"container {container} exited with code {last.get('exitCode')}" + (f" ({why})" if why else "")
-            + f", restarted {restarts} times")
+    return (
+        f"container {container} exited with code {last.get('exitCode')}"
+        + (f" ({why})" if why else "")
+        + f", restarted {restarts} times"
+    )
 
 
 @dataclass(frozen=True)

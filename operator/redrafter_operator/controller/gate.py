@@ -63,8 +63,11 @@ def gated_targets(targets: ServingTargets, gate: Gate | None, current_pool: str 
     if gate.state == "Failed":
         return ServingTargets(active="base", replicas={"base": size, "redrafter": 0}, canary=0)
     if targets.active == "base":  # a fallback to the reference engine is never held; ReDrafter stays up to validate
-        return ServingTargets(active="base", replicas={"base": size, "redrafter": max(1, int(targets.replicas.get("redrafter", 0)))},
-                              canary=0)
+        return ServingTargets(
+            active="base",
+            replicas={"base": size, "redrafter": max(1, int(targets.replicas.get("redrafter", 0)))},
+            canary=0,
+        )
     stay = current_pool if current_pool in VARIANTS else "base"
     other = "base" if stay == "redrafter" else "redrafter"
     # the other variant: one pod to validate against (its standby size if larger), not the policy's full size
@@ -72,8 +75,9 @@ def gated_targets(targets: ServingTargets, gate: Gate | None, current_pool: str 
     return ServingTargets(active=stay, replicas={stay: max(size, 1), other: max(1, spare)}, canary=0)
 
 
-def gate_from_status(targets: ServingTargets, spec: ReDrafterDeploymentSpec,
-                     status: Mapping[str, Any]) -> ServingTargets:
+def gate_from_status(
+    targets: ServingTargets, spec: ReDrafterDeploymentSpec, status: Mapping[str, Any]
+) -> ServingTargets:
     """``targets`` with the gate status implies (the planner's defaults, before any evaluation)."""
     pair = engine_pair(status) if spec.validation.enabled else None
     if pair is None:
@@ -91,8 +95,9 @@ def pods_ready(deployments: Mapping[str, Any], pair: tuple[str, str], candidate:
     return True
 
 
-def promotion_state(spec: ReDrafterDeploymentSpec, status: Mapping[str, Any],
-                    engines: Mapping[str, Mapping[str, Any]]) -> tuple[Gate | None, str | None]:
+def promotion_state(
+    spec: ReDrafterDeploymentSpec, status: Mapping[str, Any], engines: Mapping[str, Mapping[str, Any]]
+) -> tuple[Gate | None, str | None]:
     """(the validation gate of the current engine pair or None, the stable ReDrafter key or None).
 
     Stable: the promoted ReDrafter engine (status.validation.promoted) while a different ReDrafter

@@ -18,16 +18,29 @@ def gitops_conditions(progressing: Cond, available: Cond | None, stall: tuple[st
     """Ready/Reconciling/Stalled from Progressing, Available and the cause that stops progress (if any)."""
     if stall is not None:
         reason, message = stall
-        return [Cond("Ready", "False", reason, message), Cond("Reconciling", "False", reason),
-                Cond("Stalled", "True", reason, message)]
+        return [
+            Cond("Ready", "False", reason, message),
+            Cond("Reconciling", "False", reason),
+            Cond("Stalled", "True", reason, message),
+        ]
     if progressing.status != "False":
-        return [Cond("Ready", "False", progressing.reason, progressing.message),
-                Cond("Reconciling", "True", progressing.reason, progressing.message),
-                Cond("Stalled", "False", progressing.reason)]
+        return [
+            Cond("Ready", "False", progressing.reason, progressing.message),
+            Cond("Reconciling", "True", progressing.reason, progressing.message),
+            Cond("Stalled", "False", progressing.reason),
+        ]
     # scaled to zero or prewarmed on purpose is a settled state: healthy, nothing left to do
-    serving = available is not None and (available.status == "True" or available.reason in ("ScaledToZero", "Prewarmed"))
-    ready = Cond("Ready", "True", "Serving" if available.status == "True" else available.reason,
-                 available.message) if serving and available else \
-        Cond("Ready", "False", available.reason if available else progressing.reason,
-             available.message if available else progressing.message)
+    serving = available is not None and (
+        available.status == "True" or available.reason in ("ScaledToZero", "Prewarmed")
+    )
+    ready = (
+        Cond("Ready", "True", "Serving" if available.status == "True" else available.reason, available.message)
+        if serving and available
+        else Cond(
+            "Ready",
+            "False",
+            available.reason if available else progressing.reason,
+            available.message if available else progressing.message,
+        )
+    )
     return [ready, Cond("Reconciling", "False", progressing.reason), Cond("Stalled", "False", progressing.reason)]

@@ -1,14 +1,14 @@
 """The kopf shell: the watch-fed indexes, the event handlers that feed the work queue, and startup/cleanup.
 
-  * kopf watches ReDrafterDeployments and the labelled children (Jobs, build Pods, Deployments, Services,
-    ConfigMaps, NetworkPolicies, InferencePools) and keeps small facts about them in ``@kopf.index``
-    indexes; kopf starts handlers only after every index is populated, so a restarted operator sees every
-    existing Job before it decides anything (never a duplicate Job).
-  * ``@kopf.on.event`` handlers do nothing but hand the object to the controller, which enqueues the
-    owning resource; every kind the operator applies has one, so drift or a deletion is repaired at once.
-    No change-detection handlers, no daemons: kopf itself writes nothing to the resources (no finalizer,
-    no annotations), so deletion is never blocked.
-  * Everything else (the queue's workers, the reconcile, the evaluators) is :mod:`.reconciler`.
+* kopf watches ReDrafterDeployments and the labelled children (Jobs, build Pods, Deployments, Services,
+  ConfigMaps, NetworkPolicies, InferencePools) and keeps small facts about them in ``@kopf.index``
+  indexes; kopf starts handlers only after every index is populated, so a restarted operator sees every
+  existing Job before it decides anything (never a duplicate Job).
+* ``@kopf.on.event`` handlers do nothing but hand the object to the controller, which enqueues the
+  owning resource; every kind the operator applies has one, so drift or a deletion is repaired at once.
+  No change-detection handlers, no daemons: kopf itself writes nothing to the resources (no finalizer,
+  no annotations), so deletion is never blocked.
+* Everything else (the queue's workers, the reconcile, the evaluators) is :mod:`.reconciler`.
 """
 
 from __future__ import annotations
@@ -38,8 +38,10 @@ class OptionalApiFilter(logging.Filter):
     ``InferencePoolReady=False CRDNotInstalled`` condition instead, and kopf starts watching once it appears.
     """
 
-    SELECTOR = (f"Selector(group='{inference_pool.GROUP}', version='{inference_pool.VERSION}', "
-                f"any_name='{inference_pool.PLURAL}')")  # kopf's repr of the handlers' selector
+    SELECTOR = (
+        f"Selector(group='{inference_pool.GROUP}', version='{inference_pool.VERSION}', "
+        f"any_name='{inference_pool.PLURAL}')"
+    )  # kopf's repr of the handlers' selector
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
@@ -69,9 +71,12 @@ class NoEssenceStorage(kopf.AnnotationsDiffBaseStorage):
         return None  # type: ignore[return-value]  # kopf skips a None essence (processing._detect_causes)
 
 
-def register(registry: kopf.OperatorRegistry, make_controller: Callable[[], Awaitable[Controller]],
-             configure: Callable[[kopf.OperatorSettings], None] | None = None,
-             start: Callable[[Controller], Awaitable[None]] | None = None) -> None:
+def register(
+    registry: kopf.OperatorRegistry,
+    make_controller: Callable[[], Awaitable[Controller]],
+    configure: Callable[[kopf.OperatorSettings], None] | None = None,
+    start: Callable[[Controller], Awaitable[None]] | None = None,
+) -> None:
     """Register every handler into ``registry`` (a fresh one per run keeps test runs independent).
 
     ``start`` replaces ``Controller.start`` (leader election starts the loops only while leading).
@@ -102,8 +107,11 @@ def register(registry: kopf.OperatorRegistry, make_controller: Callable[[], Awai
     @kopf.index("batch", "v1", "jobs", labels=BUILD, registry=registry, id="rdd_jobs")
     def rdd_jobs(body: kopf.Body, **_: Any) -> dict[Any, JobFact]:
         job = JobFact.from_body(body)
-        return {("owner", job.namespace, job.owner): job, ("name", job.namespace, job.name): job,
-                ("artifact", job.namespace, job.claim, job.artifact): job}
+        return {
+            ("owner", job.namespace, job.owner): job,
+            ("name", job.namespace, job.name): job,
+            ("artifact", job.namespace, job.claim, job.artifact): job,
+        }
 
     @kopf.index("", "v1", "pods", labels=BUILD, registry=registry, id="rdd_build_pods")
     def rdd_build_pods(body: kopf.Body, namespace: str, **_: Any) -> dict[Any, PodFact]:
@@ -130,15 +138,22 @@ def register(registry: kopf.OperatorRegistry, make_controller: Callable[[], Awai
     def rdd_configmaps(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[Any, ObjectFact]:
         return {("name", namespace, name): ObjectFact.from_body(body)}
 
-    @kopf.index("networking.k8s.io", "v1", "networkpolicies", labels=MANAGED, registry=registry,
-                id="rdd_networkpolicies")
+    @kopf.index(
+        "networking.k8s.io", "v1", "networkpolicies", labels=MANAGED, registry=registry, id="rdd_networkpolicies"
+    )
     def rdd_networkpolicies(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[Any, ObjectFact]:
         return {("name", namespace, name): ObjectFact.from_body(body)}
 
     # The InferencePool CRD may be absent (the feature is optional): kopf then serves nothing for these two
     # handlers and starts watching as soon as the CRD is installed (it watches CRDs); indexes never block on it.
-    @kopf.index(inference_pool.GROUP, inference_pool.VERSION, inference_pool.PLURAL, labels=MANAGED, registry=registry,
-                id="rdd_inferencepools")
+    @kopf.index(
+        inference_pool.GROUP,
+        inference_pool.VERSION,
+        inference_pool.PLURAL,
+        labels=MANAGED,
+        registry=registry,
+        id="rdd_inferencepools",
+    )
     def rdd_inferencepools(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[Any, ObjectFact]:
         return {("name", namespace, name): ObjectFact.from_body(body)}
 
@@ -147,8 +162,11 @@ def register(registry: kopf.OperatorRegistry, make_controller: Callable[[], Awai
         """Artifacts a resource's status shows Ready: they outlive the Jobs that built them."""
         claim = ((body.get("spec") or {}).get("engine") or {}).get("cache", {}).get("claimName", "engine-cache")
         engines = (body.get("status") or {}).get("engines") or {}
-        return {(namespace, claim, e["path"]): name for e in engines.values()
-                if isinstance(e, dict) and e.get("state") in ("Ready", "Cached") and e.get("path")}
+        return {
+            (namespace, claim, e["path"]): name
+            for e in engines.values()
+            if isinstance(e, dict) and e.get("state") in ("Ready", "Cached") and e.get("path")
+        }
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="rdd_event")
     def rdd_event(event: Mapping[str, Any], memo: kopf.Memo, **_: Any) -> None:
@@ -164,10 +182,17 @@ def register(registry: kopf.OperatorRegistry, make_controller: Callable[[], Awai
     kopf.on.event("apps", "v1", "deployments", labels=MANAGED, registry=registry, id="deployment_event")(child_event)
     kopf.on.event("", "v1", "services", labels=MANAGED, registry=registry, id="service_event")(child_event)
     kopf.on.event("", "v1", "configmaps", labels=MANAGED, registry=registry, id="configmap_event")(child_event)
-    kopf.on.event("networking.k8s.io", "v1", "networkpolicies", labels=MANAGED, registry=registry,
-                  id="networkpolicy_event")(child_event)
-    kopf.on.event(inference_pool.GROUP, inference_pool.VERSION, inference_pool.PLURAL, labels=MANAGED,
-                  registry=registry, id="inferencepool_event")(child_event)
+    kopf.on.event(
+        "networking.k8s.io", "v1", "networkpolicies", labels=MANAGED, registry=registry, id="networkpolicy_event"
+    )(child_event)
+    kopf.on.event(
+        inference_pool.GROUP,
+        inference_pool.VERSION,
+        inference_pool.PLURAL,
+        labels=MANAGED,
+        registry=registry,
+        id="inferencepool_event",
+    )(child_event)
 
 
 __all__ = ["register"]

@@ -65,13 +65,18 @@ def config_errors(cfg: ElectionConfig) -> list[str]:
     if cfg.lease_duration <= 0 or cfg.renew_deadline <= 0 or cfg.retry_period <= 0:
         errors.append("lease duration, renew deadline and retry period must be greater than zero")
     elif cfg.lease_duration <= cfg.renew_deadline:
-        errors.append(f"lease duration ({cfg.lease_duration:g}s) must be greater than renew deadline "
-                      f"({cfg.renew_deadline:g}s)")
+        errors.append(
+            f"lease duration ({cfg.lease_duration:g}s) must be greater than renew deadline ({cfg.renew_deadline:g}s)"
+        )
     elif cfg.renew_deadline <= JITTER_FACTOR * cfg.retry_period:
-        errors.append(f"renew deadline ({cfg.renew_deadline:g}s) must be greater than retry period × {JITTER_FACTOR} "
-                      f"({JITTER_FACTOR * cfg.retry_period:g}s)")
+        errors.append(
+            f"renew deadline ({cfg.renew_deadline:g}s) must be greater than retry period × {JITTER_FACTOR} "
+            f"({JITTER_FACTOR * cfg.retry_period:g}s)"
+        )
     if cfg.lease_duration > 0 and cfg.lease_duration != int(cfg.lease_duration):
-        errors.append(f"lease duration must be whole seconds (Lease spec.leaseDurationSeconds), got {cfg.lease_duration:g}s")
+        errors.append(
+            f"lease duration must be whole seconds (Lease spec.leaseDurationSeconds), got {cfg.lease_duration:g}s"
+        )
     return errors
 
 
@@ -99,15 +104,23 @@ class LeaseRecord:
     @classmethod
     def from_lease(cls, lease: Mapping[str, Any]) -> "LeaseRecord":
         spec = lease.get("spec") or {}
-        return cls(holder=spec.get("holderIdentity") or "",
-                   lease_duration_seconds=int(spec.get("leaseDurationSeconds") or 0),
-                   acquire_time=spec.get("acquireTime"), renew_time=spec.get("renewTime"),
-                   transitions=int(spec.get("leaseTransitions") or 0))
+        return cls(
+            holder=spec.get("holderIdentity") or "",
+            lease_duration_seconds=int(spec.get("leaseDurationSeconds") or 0),
+            acquire_time=spec.get("acquireTime"),
+            renew_time=spec.get("renewTime"),
+            transitions=int(spec.get("leaseTransitions") or 0),
+        )
 
     def to_spec(self) -> dict[str, Any]:
         """LeaderElectionRecordToLeaseSpec: every field is written (an empty holder releases the lease)."""
-        return {"holderIdentity": self.holder, "leaseDurationSeconds": self.lease_duration_seconds,
-                "acquireTime": self.acquire_time, "renewTime": self.renew_time, "leaseTransitions": self.transitions}
+        return {
+            "holderIdentity": self.holder,
+            "leaseDurationSeconds": self.lease_duration_seconds,
+            "acquireTime": self.acquire_time,
+            "renewTime": self.renew_time,
+            "leaseTransitions": self.transitions,
+        }
 
 
 def lease_valid(record: LeaseRecord, observed_at: float, now: float) -> bool:
@@ -115,8 +128,9 @@ def lease_valid(record: LeaseRecord, observed_at: float, now: float) -> bool:
     return observed_at + record.lease_duration_seconds > now
 
 
-def desired_record(current: LeaseRecord | None, observed_at: float, now: float, wall: dt.datetime,
-                   cfg: ElectionConfig) -> LeaseRecord | None:
+def desired_record(
+    current: LeaseRecord | None, observed_at: float, now: float, wall: dt.datetime, cfg: ElectionConfig
+) -> LeaseRecord | None:
     """tryAcquireOrRenew steps 3-4: the record to write, or None while another holder's lease is valid.
 
     ``current`` is the record just read (None: no Lease yet, create it) and ``observed_at`` the local
@@ -147,12 +161,17 @@ class LeaderElector:
     while it is a standby. Cancel it to stop without having led.
     """
 
-    def __init__(self, client: KubeClient, cfg: ElectionConfig, *,
-                 on_started_leading: Callable[[], Awaitable[None]],
-                 on_stopped_leading: Callable[[], Awaitable[None]],
-                 clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc),
-                 on_leader: Callable[[bool], None] | None = None) -> None:
+    def __init__(
+        self,
+        client: KubeClient,
+        cfg: ElectionConfig,
+        *,
+        on_started_leading: Callable[[], Awaitable[None]],
+        on_stopped_leading: Callable[[], Awaitable[None]],
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc),
+        on_leader: Callable[[bool], None] | None = None,
+    ) -> None:
         self.client, self.cfg = client, cfg
         self._started, self._stopped = on_started_leading, on_stopped_leading
         self._clock, self._wall = clock, wall
@@ -193,8 +212,12 @@ class LeaderElector:
 
     def _body(self, record: LeaseRecord) -> dict[str, Any]:
         if self._lease is None:
-            return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": self.cfg.name, "namespace": self.cfg.namespace}, "spec": record.to_spec()}
+            return {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": self.cfg.name, "namespace": self.cfg.namespace},
+                "spec": record.to_spec(),
+            }
         return {**self._lease, "spec": {**(self._lease.get("spec") or {}), **record.to_spec()}}
 
     async def _update(self, record: LeaseRecord) -> None:
@@ -231,8 +254,9 @@ class LeaderElector:
             desired = desired_record(None, 0.0, now, wall, self.cfg)
             assert desired is not None
             try:
-                self._lease = await self.client.request("POST", LEASES.format(namespace=self.cfg.namespace),
-                                                        self._body(desired), retry_conflict=False)
+                self._lease = await self.client.request(
+                    "POST", LEASES.format(namespace=self.cfg.namespace), self._body(desired), retry_conflict=False
+                )
             except ApiError as exc2:
                 log.warning("cannot create lease %s: %s", self.describe(), exc2)
                 return False
@@ -279,8 +303,11 @@ class LeaderElector:
             while not await self._attempt(deadline - self._clock()):
                 left = deadline - self._clock()
                 if left <= 0:
-                    log.warning("failed to renew lease %s within %gs: stopping leading", self.describe(),
-                                self.cfg.renew_deadline)
+                    log.warning(
+                        "failed to renew lease %s within %gs: stopping leading",
+                        self.describe(),
+                        self.cfg.renew_deadline,
+                    )
                     return
                 await asyncio.sleep(min(self.cfg.retry_period, left))
 
@@ -323,5 +350,14 @@ class LeaderElector:
         return False
 
 
-__all__ = ["ElectionConfig", "LeaderElector", "LeaseRecord", "config_errors", "default_identity",
-           "desired_record", "lease_valid", "micro_time", "released_record"]
+__all__ = [
+    "ElectionConfig",
+    "LeaderElector",
+    "LeaseRecord",
+    "config_errors",
+    "default_identity",
+    "desired_record",
+    "lease_valid",
+    "micro_time",
+    "released_record",
+]

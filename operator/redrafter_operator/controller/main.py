@@ -90,10 +90,15 @@ async def run_operator(
     async def make_controller() -> Controller:
         # elected: the reconciler's writes are fenced by the Lease (LeaderElector.may_write; the elector
         # below exists before kopf calls this)
-        client = KubeClient(configuration, on_request=metrics.on_request,
-                            may_write=elector.may_write if elector is not None else None)
-        controller = Controller(client=client, renderers=renderers or default_renderers(), metrics=metrics,
-                                settings=ControllerSettings(workers=opts.workers, resync_seconds=opts.resync_seconds))
+        client = KubeClient(
+            configuration, on_request=metrics.on_request, may_write=elector.may_write if elector is not None else None
+        )
+        controller = Controller(
+            client=client,
+            renderers=renderers or default_renderers(),
+            metrics=metrics,
+            settings=ControllerSettings(workers=opts.workers, resync_seconds=opts.resync_seconds),
+        )
         promotion = Promotion()  # the validation gate applied to the speculation policy's targets
         controller.add_evaluator(SpeculationEvaluator(promotion=promotion))
         controller.add_evaluator(ValidationEvaluator(promotion))
@@ -153,8 +158,11 @@ async def run_operator(
         lost = True
         controller = created.result()
         await controller.stop()
-        log.error("leader election lost (lease %s/%s): reconcile loops stopped, exiting",
-                  election.namespace if election else "", election.name if election else "")
+        log.error(
+            "leader election lost (lease %s/%s): reconcile loops stopped, exiting",
+            election.namespace if election else "",
+            election.name if election else "",
+        )
         kopf_stop.set()
 
     async def elect() -> None:
@@ -174,8 +182,13 @@ async def run_operator(
 
     if election is not None:
         lease_client = KubeClient(configuration, on_request=metrics.on_request, backoff=())  # the elector retries
-        elector = LeaderElector(lease_client, election, on_started_leading=started_leading,
-                                on_stopped_leading=stopped_leading, on_leader=lambda on: metrics.leader.set(int(on)))
+        elector = LeaderElector(
+            lease_client,
+            election,
+            on_started_leading=started_leading,
+            on_stopped_leading=stopped_leading,
+            on_leader=lambda on: metrics.leader.set(int(on)),
+        )
 
     async def step_down() -> None:
         """A graceful stop of a leader: loops first, then the Lease, so a standby takes over at once."""
@@ -233,7 +246,9 @@ def _configure_posting(settings: kopf.OperatorSettings) -> None:
     kopf 1.45 PostingSettings (kopf/_cogs/configs/configuration.py) puts these in every Event it posts:
     reportingComponent, reportingInstance, source.component and the generateName prefix.
     """
-    settings.posting.reporting_component = names.MANAGED_BY  # core/v1 reportingComponent = events/v1 reportingController
+    settings.posting.reporting_component = (
+        names.MANAGED_BY
+    )  # core/v1 reportingComponent = events/v1 reportingController
     settings.posting.reporting_instance = _instance()
     settings.posting.event_name_prefix = f"{names.MANAGED_BY}-"
 
@@ -269,81 +284,160 @@ def _env_list(name: str) -> list[str]:
 def register_cli(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run the operator (kopf) against the current cluster")
     scope = p.add_mutually_exclusive_group()
-    scope.add_argument("-n", "--namespace", action="append", default=None,
-                       help="watch this namespace (repeatable; globs allowed). Env REDRAFTER_NAMESPACES (comma-separated)")
-    scope.add_argument("-A", "--all-namespaces", action="store_true", default=None,
-                       help="watch every namespace (env REDRAFTER_ALL_NAMESPACES=1)")
+    scope.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        default=None,
+        help="watch this namespace (repeatable; globs allowed). Env REDRAFTER_NAMESPACES (comma-separated)",
+    )
+    scope.add_argument(
+        "-A",
+        "--all-namespaces",
+        action="store_true",
+        default=None,
+        help="watch every namespace (env REDRAFTER_ALL_NAMESPACES=1)",
+    )
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--standalone", action="store_true",
-                      help="no leader election: exactly one replica must run (the default)")
-    mode.add_argument("--leader-elect", action="store_true",
-                      default=os.environ.get("REDRAFTER_LEADER_ELECT", "").lower() in ("1", "true"),
-                      help="elect one active replica through a coordination.k8s.io/v1 Lease; the others keep "
-                      "their caches warm and write nothing (env REDRAFTER_LEADER_ELECT=1)")
+    mode.add_argument(
+        "--standalone", action="store_true", help="no leader election: exactly one replica must run (the default)"
+    )
+    mode.add_argument(
+        "--leader-elect",
+        action="store_true",
+        default=os.environ.get("REDRAFTER_LEADER_ELECT", "").lower() in ("1", "true"),
+        help="elect one active replica through a coordination.k8s.io/v1 Lease; the others keep "
+        "their caches warm and write nothing (env REDRAFTER_LEADER_ELECT=1)",
+    )
     mode.add_argument("--peering", help=argparse.SUPPRESS)  # replaced by --leader-elect: a clear error
     elect = p.add_argument_group("leader election (with --leader-elect; client-go's semantics and defaults)")
-    elect.add_argument("--leader-election-namespace", default=os.environ.get("REDRAFTER_LEADER_ELECTION_NAMESPACE") or None,
-                       help="namespace of the Lease (default: this pod's, from POD_NAMESPACE or the service "
-                       "account; env REDRAFTER_LEADER_ELECTION_NAMESPACE)")
-    elect.add_argument("--leader-election-id", default=os.environ.get("REDRAFTER_LEADER_ELECTION_ID") or "redrafter-operator",
-                       help="name of the Lease (env REDRAFTER_LEADER_ELECTION_ID; default redrafter-operator)")
-    elect.add_argument("--lease-duration", type=_duration, default=os.environ.get("REDRAFTER_LEASE_DURATION") or "15s",
-                       help="a standby takes over this long after the leader's last renewal it saw; whole seconds "
-                       "(env REDRAFTER_LEASE_DURATION; default 15s)")
-    elect.add_argument("--renew-deadline", type=_duration, default=os.environ.get("REDRAFTER_RENEW_DEADLINE") or "10s",
-                       help="a leader that cannot renew for this long stops its loops and exits; less than the lease "
-                       "duration (env REDRAFTER_RENEW_DEADLINE; default 10s)")
-    elect.add_argument("--retry-period", type=_duration, default=os.environ.get("REDRAFTER_RETRY_PERIOD") or "2s",
-                       help="time between attempts to acquire or renew (env REDRAFTER_RETRY_PERIOD; default 2s)")
-    p.add_argument("--liveness", default=os.environ.get("REDRAFTER_LIVENESS") or None,
-                   help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
-    p.add_argument("--metrics-port", type=int, default=int(os.environ.get("REDRAFTER_METRICS_PORT", "0")) or None,
-                   help="serve the operator's /metrics on this port (0: off)")
-    p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG") or None,
-                   help="kubeconfig file (default: in-cluster service account, else ~/.kube/config)")
+    elect.add_argument(
+        "--leader-election-namespace",
+        default=os.environ.get("REDRAFTER_LEADER_ELECTION_NAMESPACE") or None,
+        help="namespace of the Lease (default: this pod's, from POD_NAMESPACE or the service "
+        "account; env REDRAFTER_LEADER_ELECTION_NAMESPACE)",
+    )
+    elect.add_argument(
+        "--leader-election-id",
+        default=os.environ.get("REDRAFTER_LEADER_ELECTION_ID") or "redrafter-operator",
+        help="name of the Lease (env REDRAFTER_LEADER_ELECTION_ID; default redrafter-operator)",
+    )
+    elect.add_argument(
+        "--lease-duration",
+        type=_duration,
+        default=os.environ.get("REDRAFTER_LEASE_DURATION") or "15s",
+        help="a standby takes over this long after the leader's last renewal it saw; whole seconds "
+        "(env REDRAFTER_LEASE_DURATION; default 15s)",
+    )
+    elect.add_argument(
+        "--renew-deadline",
+        type=_duration,
+        default=os.environ.get("REDRAFTER_RENEW_DEADLINE") or "10s",
+        help="a leader that cannot renew for this long stops its loops and exits; less than the lease "
+        "duration (env REDRAFTER_RENEW_DEADLINE; default 10s)",
+    )
+    elect.add_argument(
+        "--retry-period",
+        type=_duration,
+        default=os.environ.get("REDRAFTER_RETRY_PERIOD") or "2s",
+        help="time between attempts to acquire or renew (env REDRAFTER_RETRY_PERIOD; default 2s)",
+    )
+    p.add_argument(
+        "--liveness",
+        default=os.environ.get("REDRAFTER_LIVENESS") or None,
+        help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(os.environ.get("REDRAFTER_METRICS_PORT", "0")) or None,
+        help="serve the operator's /metrics on this port (0: off)",
+    )
+    p.add_argument(
+        "--kubeconfig",
+        default=os.environ.get("KUBECONFIG") or None,
+        help="kubeconfig file (default: in-cluster service account, else ~/.kube/config)",
+    )
     p.add_argument("--context", default=None, help="kubeconfig context")
-    p.add_argument("--workers", type=int, default=int(os.environ.get("REDRAFTER_WORKERS", "4")),
-                   help="concurrent reconciles (one resource is never reconciled twice at once)")
-    p.add_argument("--resync-seconds", type=float, default=float(os.environ.get("REDRAFTER_RESYNC_SECONDS", "300")),
-                   help="re-check every resource this often (catches missed events; writes nothing when in sync)")
-    p.add_argument("--log-level", default=os.environ.get("REDRAFTER_LOG_LEVEL", "INFO"),
-                   choices=["DEBUG", "INFO", "WARNING", "ERROR", "debug", "info", "warning", "error"])
-    p.add_argument("--log-format", default=os.environ.get("REDRAFTER_LOG_FORMAT", "plain"),
-                   choices=["plain", "full", "json"])
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=int(os.environ.get("REDRAFTER_WORKERS", "4")),
+        help="concurrent reconciles (one resource is never reconciled twice at once)",
+    )
+    p.add_argument(
+        "--resync-seconds",
+        type=float,
+        default=float(os.environ.get("REDRAFTER_RESYNC_SECONDS", "300")),
+        help="re-check every resource this often (catches missed events; writes nothing when in sync)",
+    )
+    p.add_argument(
+        "--log-level",
+        default=os.environ.get("REDRAFTER_LOG_LEVEL", "INFO"),
+        choices=["DEBUG", "INFO", "WARNING", "ERROR", "debug", "info", "warning", "error"],
+    )
+    p.add_argument(
+        "--log-format", default=os.environ.get("REDRAFTER_LOG_FORMAT", "plain"), choices=["plain", "full", "json"]
+    )
     p.set_defaults(func=_cmd_run)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
     namespaces = args.namespace if args.namespace is not None else _env_list("REDRAFTER_NAMESPACES")
-    all_ns = bool(args.all_namespaces) or (not namespaces and os.environ.get("REDRAFTER_ALL_NAMESPACES", "") in ("1", "true"))
+    all_ns = bool(args.all_namespaces) or (
+        not namespaces and os.environ.get("REDRAFTER_ALL_NAMESPACES", "") in ("1", "true")
+    )
     if not namespaces and not all_ns:
         namespaces = [os.environ.get("POD_NAMESPACE") or "default"]
     if args.peering is not None:
-        return _usage_error("--peering (kopf peering) was replaced by --leader-elect: replicas elect one active "
-                            "operator through a coordination.k8s.io/v1 Lease (see `redrafter-operator run --help`)")
+        return _usage_error(
+            "--peering (kopf peering) was replaced by --leader-elect: replicas elect one active "
+            "operator through a coordination.k8s.io/v1 Lease (see `redrafter-operator run --help`)"
+        )
     election = None
     if args.leader_elect and not args.standalone:
         namespace = _lease_namespace(args.leader_election_namespace)
         if not namespace:
-            return _usage_error("--leader-elect needs --leader-election-namespace outside a pod "
-                                "(no POD_NAMESPACE and no service account namespace)")
+            return _usage_error(
+                "--leader-elect needs --leader-election-namespace outside a pod "
+                "(no POD_NAMESPACE and no service account namespace)"
+            )
         try:
-            election = ElectionConfig(namespace=namespace, name=args.leader_election_id, identity=default_identity(),
-                                      lease_duration=args.lease_duration, renew_deadline=args.renew_deadline,
-                                      retry_period=args.retry_period)
+            election = ElectionConfig(
+                namespace=namespace,
+                name=args.leader_election_id,
+                identity=default_identity(),
+                lease_duration=args.lease_duration,
+                renew_deadline=args.renew_deadline,
+                retry_period=args.retry_period,
+            )
         except ValueError as exc:
             return _usage_error(str(exc))
     level = args.log_level.upper()
-    kopf.configure(debug=level == "DEBUG", quiet=level in ("WARNING", "ERROR"),
-                   log_format={"plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}[args.log_format])
+    kopf.configure(
+        debug=level == "DEBUG",
+        quiet=level in ("WARNING", "ERROR"),
+        log_format={"plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}[
+            args.log_format
+        ],
+    )
     logging.getLogger().setLevel(level)
     if level != "DEBUG":
         # kopf logs every handler call at INFO; ours only enqueue work, the reconciler logs what happens
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    opts = RunOptions(namespaces=namespaces, all_namespaces=all_ns, election=election,
-                      liveness=args.liveness, metrics_port=args.metrics_port,
-                      kubeconfig=args.kubeconfig, context=args.context, workers=args.workers,
-                      resync_seconds=args.resync_seconds, log_level=level, log_format=args.log_format)
+    opts = RunOptions(
+        namespaces=namespaces,
+        all_namespaces=all_ns,
+        election=election,
+        liveness=args.liveness,
+        metrics_port=args.metrics_port,
+        kubeconfig=args.kubeconfig,
+        context=args.context,
+        workers=args.workers,
+        resync_seconds=args.resync_seconds,
+        log_level=level,
+        log_format=args.log_format,
+    )
     if threading.current_thread() is threading.main_thread():
         try:
             asyncio.run(run_operator(opts))

@@ -31,60 +31,115 @@ class OperatorMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.reconciles = Counter("redrafter_operator_reconciles_total", "Reconciles by result (ok, error).",
-                                  ["result"], registry=r)
-        self.errors = Counter("redrafter_operator_reconcile_errors_total", "Failed reconciles by error reason.",
-                              ["reason"], registry=r)
-        self.duration = Histogram("redrafter_operator_reconcile_duration_seconds", "Time of one reconcile.",
-                                  buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r)
-        self.builds = Counter("redrafter_operator_engine_builds_total",
-                              "Engine build outcomes by variant and result (started, succeeded, failed, cached).",
-                              ["variant", "result"], registry=r)
-        self.phase = Gauge("redrafter_operator_resource_phase", "1 for the current phase of each resource.",
-                           ["namespace", "name", "phase"], registry=r)
-        self.switches = Counter("redrafter_operator_engine_switches_total", "Service moves between engines.",
-                                [*RESOURCE_LABELS, "from_engine", "to_engine"], registry=r)
-        self.active_engine = Gauge("redrafter_operator_active_engine",
-                                   "1 for the engine the Service of each resource selects.",
-                                   [*RESOURCE_LABELS, "engine"], registry=r)
-        self.fallback = Gauge("redrafter_operator_speculation_fallback",
-                              "1 while a resource serves the base engine although speculation.mode is not Never "
-                              "(acceptance fell, the ReDrafter engine failed or is not validated).",
-                              RESOURCE_LABELS, registry=r)
-        self.engine_state = Gauge("redrafter_operator_engine_state", "1 for the build state of each engine.",
-                                  [*RESOURCE_LABELS, "variant", "state"], registry=r)
-        self.validation_state = Gauge("redrafter_operator_validation_state",
-                                      "1 for the state of the newest engine pair's validation.",
-                                      [*RESOURCE_LABELS, "state"], registry=r)
-        self.cache_bytes = Gauge("redrafter_engine_cache_bytes",
-                                 "Bytes of engines in each cache claim after its last collection.", ["claim"],
-                                 registry=r)
-        self.cache_reclaimed = Counter("redrafter_engine_cache_reclaimed_bytes",
-                                       "Bytes the engine cache collections removed.", registry=r)
-        self.replicas = Gauge("redrafter_operator_serving_replicas", "Desired replicas of the active engine.",
-                              [*RESOURCE_LABELS, "engine"], registry=r)
-        self.ready_replicas = Gauge("redrafter_operator_serving_ready_replicas",
-                                    "Ready replicas of the active engine.", [*RESOURCE_LABELS, "engine"], registry=r)
-        self.min_acceptance = Gauge("redrafter_operator_min_acceptance_rate",
-                                    "spec.speculation.minAcceptanceRate of each resource.", RESOURCE_LABELS,
-                                    registry=r)
+        self.reconciles = Counter(
+            "redrafter_operator_reconciles_total", "Reconciles by result (ok, error).", ["result"], registry=r
+        )
+        self.errors = Counter(
+            "redrafter_operator_reconcile_errors_total", "Failed reconciles by error reason.", ["reason"], registry=r
+        )
+        self.duration = Histogram(
+            "redrafter_operator_reconcile_duration_seconds",
+            "Time of one reconcile.",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
+        self.builds = Counter(
+            "redrafter_operator_engine_builds_total",
+            "Engine build outcomes by variant and result (started, succeeded, failed, cached).",
+            ["variant", "result"],
+            registry=r,
+        )
+        self.phase = Gauge(
+            "redrafter_operator_resource_phase",
+            "1 for the current phase of each resource.",
+            ["namespace", "name", "phase"],
+            registry=r,
+        )
+        self.switches = Counter(
+            "redrafter_operator_engine_switches_total",
+            "Service moves between engines.",
+            [*RESOURCE_LABELS, "from_engine", "to_engine"],
+            registry=r,
+        )
+        self.active_engine = Gauge(
+            "redrafter_operator_active_engine",
+            "1 for the engine the Service of each resource selects.",
+            [*RESOURCE_LABELS, "engine"],
+            registry=r,
+        )
+        self.fallback = Gauge(
+            "redrafter_operator_speculation_fallback",
+            "1 while a resource serves the base engine although speculation.mode is not Never "
+            "(acceptance fell, the ReDrafter engine failed or is not validated).",
+            RESOURCE_LABELS,
+            registry=r,
+        )
+        self.engine_state = Gauge(
+            "redrafter_operator_engine_state",
+            "1 for the build state of each engine.",
+            [*RESOURCE_LABELS, "variant", "state"],
+            registry=r,
+        )
+        self.validation_state = Gauge(
+            "redrafter_operator_validation_state",
+            "1 for the state of the newest engine pair's validation.",
+            [*RESOURCE_LABELS, "state"],
+            registry=r,
+        )
+        self.cache_bytes = Gauge(
+            "redrafter_engine_cache_bytes",
+            "Bytes of engines in each cache claim after its last collection.",
+            ["claim"],
+            registry=r,
+        )
+        self.cache_reclaimed = Counter(
+            "redrafter_engine_cache_reclaimed_bytes", "Bytes the engine cache collections removed.", registry=r
+        )
+        self.replicas = Gauge(
+            "redrafter_operator_serving_replicas",
+            "Desired replicas of the active engine.",
+            [*RESOURCE_LABELS, "engine"],
+            registry=r,
+        )
+        self.ready_replicas = Gauge(
+            "redrafter_operator_serving_ready_replicas",
+            "Ready replicas of the active engine.",
+            [*RESOURCE_LABELS, "engine"],
+            registry=r,
+        )
+        self.min_acceptance = Gauge(
+            "redrafter_operator_min_acceptance_rate",
+            "spec.speculation.minAcceptanceRate of each resource.",
+            RESOURCE_LABELS,
+            registry=r,
+        )
         self.speculation_evaluations = Counter(
             "redrafter_operator_speculation_evaluations_total",
             "Speculation policy evaluations by measurement outcome (Successful, Failed, Inconclusive, Error).",
-            ["outcome"], registry=r)
+            ["outcome"],
+            registry=r,
+        )
         self.speculation_switches = Counter(
             "redrafter_operator_speculation_switches_total",
             "Speculation policy decisions to switch engines, by target engine and reason.",
-            ["to_engine", "reason"], registry=r)
-        self.api_requests = Counter("redrafter_operator_api_requests_total",
-                                    "Requests the reconciler sent to the API server (excl. kopf's watches).",
-                                    ["verb", "resource", "code"], registry=r)
-        self.queue_depth = Gauge("redrafter_operator_workqueue_depth", "Resources waiting to be reconciled.",
-                                 registry=r)
+            ["to_engine", "reason"],
+            registry=r,
+        )
+        self.api_requests = Counter(
+            "redrafter_operator_api_requests_total",
+            "Requests the reconciler sent to the API server (excl. kopf's watches).",
+            ["verb", "resource", "code"],
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "redrafter_operator_workqueue_depth", "Resources waiting to be reconciled.", registry=r
+        )
         self.resources = Gauge("redrafter_operator_resources", "ReDrafterDeployments watched.", registry=r)
-        self.leader = Gauge("redrafter_operator_leader",
-                            "1 while this replica runs the reconcile loops (holds the leader Lease, or standalone).",
-                            registry=r)
+        self.leader = Gauge(
+            "redrafter_operator_leader",
+            "1 while this replica runs the reconcile loops (holds the leader Lease, or standalone).",
+            registry=r,
+        )
 
     def on_request(self, verb: str, resource: str, code: int) -> None:
         self.api_requests.labels(verb, resource, str(code)).inc()
@@ -92,8 +147,7 @@ class OperatorMetrics:
     def set_phase(self, namespace: str, name: str, phase: str | None) -> None:
         _one_of(self.phase, (namespace, name), PHASES, phase)
 
-    def observe_resource(self, namespace: str, name: str, spec: Mapping[str, Any],
-                         status: Mapping[str, Any]) -> None:
+    def observe_resource(self, namespace: str, name: str, spec: Mapping[str, Any], status: Mapping[str, Any]) -> None:
         """Export what the status just written says about one resource (and the threshold its spec sets)."""
         self.set_phase(namespace, name, status.get("phase"))
         key = (namespace, name)
@@ -127,8 +181,12 @@ class OperatorMetrics:
 
     def writes(self) -> float:
         """Total write requests so far (bench and tests read this)."""
-        return sum(s.value for m in self.api_requests.collect() for s in m.samples
-                   if s.name.endswith("_total") and s.labels.get("verb") in WRITE_VERBS)
+        return sum(
+            s.value
+            for m in self.api_requests.collect()
+            for s in m.samples
+            if s.name.endswith("_total") and s.labels.get("verb") in WRITE_VERBS
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -141,8 +199,7 @@ def _remove(gauge: Gauge, labels: tuple[str, ...]) -> None:
         pass
 
 
-def _one_of(gauge: Gauge, prefix: tuple[str, ...], values: tuple[str, ...], current: Any,
-            value: float = 1.0) -> None:
+def _one_of(gauge: Gauge, prefix: tuple[str, ...], values: tuple[str, ...], current: Any, value: float = 1.0) -> None:
     """Keep only the series whose last label is ``current`` (set to ``value``); none when it is unknown."""
     for v in values:
         if v == current:

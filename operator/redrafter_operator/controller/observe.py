@@ -48,8 +48,13 @@ def child_state(indexes: Mapping[str, Any], manifest: Mapping[str, Any]) -> Chil
     ns, name, kind = manifest["metadata"]["namespace"], manifest["metadata"]["name"], manifest["kind"]
     if kind == "Job":
         return ChildState("", "") if index_entries(indexes, "rdd_jobs", ("name", ns, name)) else None
-    index = {"Deployment": "rdd_deployments", "Service": "rdd_services", "ConfigMap": "rdd_configmaps",
-             "NetworkPolicy": "rdd_networkpolicies", "InferencePool": "rdd_inferencepools"}[kind]
+    index = {
+        "Deployment": "rdd_deployments",
+        "Service": "rdd_services",
+        "ConfigMap": "rdd_configmaps",
+        "NetworkPolicy": "rdd_networkpolicies",
+        "InferencePool": "rdd_inferencepools",
+    }[kind]
     facts = index_entries(indexes, index, ("name", ns, name))
     return ChildState(facts[0].resource_version, facts[0].owned_fields) if facts else None
 
@@ -61,8 +66,16 @@ def _latest_message(indexes: Mapping[str, Any], ns: str, job: str) -> PodFact | 
     return max(with_msg, key=lambda p: p.started) if with_msg else None
 
 
-def observe(indexes: Mapping[str, Any], res: Resource, claim: str, paths: Mapping[str, str],
-            claims: Mapping[ClaimRef, BuildClaim], *, claim_seconds: float, now: float) -> Observed:
+def observe(
+    indexes: Mapping[str, Any],
+    res: Resource,
+    claim: str,
+    paths: Mapping[str, str],
+    claims: Mapping[ClaimRef, BuildClaim],
+    *,
+    claim_seconds: float,
+    now: float,
+) -> Observed:
     """The facts the planner needs for ``res``: its Jobs (and failed builds' Pods), Deployments, the pool the
     Service (and the InferencePool) selects, and for each variant's artifact who in the namespace already
     built or is building it."""
@@ -83,8 +96,9 @@ def observe(indexes: Mapping[str, Any], res: Resource, claim: str, paths: Mappin
             deployments["canary"] = dep
         elif dep.name == names.candidate_name(res.name):
             deployments["candidate"] = dep
-    serving_pods: list[ServingPodFact] = sorted(index_entries(indexes, "rdd_serving_pods", ("owner", ns, owner)),
-                                                key=lambda p: p.name)
+    serving_pods: list[ServingPodFact] = sorted(
+        index_entries(indexes, "rdd_serving_pods", ("owner", ns, owner)), key=lambda p: p.name
+    )
     services: list[ObjectFact] = index_entries(indexes, "rdd_services", ("name", ns, names.service_name(res.name)))
     pools: list[ObjectFact] = index_entries(indexes, "rdd_inferencepools", ("name", ns, names.service_name(res.name)))
     shared: dict[str, SharedArtifact] = {}
@@ -101,13 +115,24 @@ def observe(indexes: Mapping[str, Any], res: Resource, claim: str, paths: Mappin
             if other != res.name:
                 ready_by = ready_by or f"ReDrafterDeployment {other}"
         c = claims.get((ns, claim, path))
-        if (c and not building and c.owner != res.name and now - c.at < claim_seconds
-                and not index_entries(indexes, "rdd_jobs", ("name", ns, c.job))):  # once seen, the Job itself tells
+        if (
+            c
+            and not building
+            and c.owner != res.name
+            and now - c.at < claim_seconds
+            and not index_entries(indexes, "rdd_jobs", ("name", ns, c.job))
+        ):  # once seen, the Job itself tells
             building = c.job
         shared[variant] = SharedArtifact(ready_by=ready_by, building_job=building, built_message=built_message)
-    return Observed(jobs=jobs, pods=pods, deployments=deployments, serving_pods=serving_pods,
-                    service_pool=services[0].pool if services else None,
-                    routing_pool=pools[0].pool if pools else None, shared=shared)
+    return Observed(
+        jobs=jobs,
+        pods=pods,
+        deployments=deployments,
+        serving_pods=serving_pods,
+        service_pool=services[0].pool if services else None,
+        routing_pool=pools[0].pool if pools else None,
+        shared=shared,
+    )
 
 
 class FailedPodMessages:
@@ -128,8 +153,10 @@ class FailedPodMessages:
             cached = self._cache.get((namespace, job.name))
             if cached is None:
                 found = await self.client.request(
-                    "GET", f"/api/v1/namespaces/{namespace}/pods",
-                    query=[("labelSelector", f"batch.kubernetes.io/job-name={job.name}")])
+                    "GET",
+                    f"/api/v1/namespaces/{namespace}/pods",
+                    query=[("labelSelector", f"batch.kubernetes.io/job-name={job.name}")],
+                )
                 pods = [PodFact.from_body(p) for p in found.get("items") or []]
                 with_msg = [p for p in pods if p.message]
                 cached = max(with_msg, key=lambda p: p.started) if with_msg else PodFact(job.name, "", "")

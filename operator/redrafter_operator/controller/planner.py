@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from engine_jobs.contract import VARIANTS
 from pydantic import ValidationError
+
+from engine_jobs.contract import VARIANTS
 
 from ..api.spec import ReDrafterDeploymentSpec, spec_errors
 from ..render.common import Owner
@@ -40,7 +41,9 @@ def plan(
     if errors:
         return invalid_plan(res, errors, now)
     try:
-        owner = Owner(res.name, res.namespace, res.uid, ReDrafterDeploymentSpec.model_validate(dict(res.spec)), res.generation)
+        owner = Owner(
+            res.name, res.namespace, res.uid, ReDrafterDeploymentSpec.model_validate(dict(res.spec)), res.generation
+        )
     except ValidationError as exc:  # pragma: no cover - spec_errors and model_validate agree
         return invalid_plan(res, [str(exc)], now)
     spec = owner.spec
@@ -50,15 +53,18 @@ def plan(
     # The gate sees this plan's engines: a pair built just now is gated at once, not one reconcile later
     # (targets set before the evaluators saw it, e.g. the policy's, are gated here too; gating is idempotent).
     current = {**old_status, "engines": engines}
-    tgt = gate_from_status((targets(spec, old_status) if targets else None) or default_targets(spec, current), spec, current)
+    tgt = gate_from_status(
+        (targets(spec, old_status) if targets else None) or default_targets(spec, current), spec, current
+    )
     deploy = {v: deployable_key(v, engines[v], observed) for v in VARIANTS}
     gate, stable = promotion_state(spec, old_status, engines)
     if stable:  # the promoted ReDrafter engine keeps the primary Deployment until the new one passes
         deploy["redrafter"] = stable
     # A variant whose Deployment runs an old key keeps it only while its new engine is not built.
     routed = routing.enabled(spec) and renderers.inference_pool is not None
-    step = plan_switch(tgt, {v: deploy[v] is not None for v in VARIANTS}, observed, spec.serving.rollout.strategy,
-                       routed=routed)
+    step = plan_switch(
+        tgt, {v: deploy[v] is not None for v in VARIANTS}, observed, spec.serving.rollout.strategy, routed=routed
+    )
     for v in VARIANTS:
         key = deploy[v]
         if key is not None:
@@ -77,12 +83,23 @@ def plan(
     if not routing.enabled(spec) and observed.routing_pool is not None:
         result.delete.append(routing.stale_pool(res.name, res.namespace))
 
-    result.status = resource_status(res, spec, observed, engines=engines, targets=tgt, step=step, deploy=deploy,
-                                    gate=gate, stable=stable, candidate=candidate, now=now,
-                                    applied={m["metadata"]["name"]: manifest_hash(m) for m in result.apply
-                                             if m.get("kind") == "Deployment"})
+    result.status = resource_status(
+        res,
+        spec,
+        observed,
+        engines=engines,
+        targets=tgt,
+        step=step,
+        deploy=deploy,
+        gate=gate,
+        stable=stable,
+        candidate=candidate,
+        now=now,
+        applied={m["metadata"]["name"]: manifest_hash(m) for m in result.apply if m.get("kind") == "Deployment"},
+    )
     if renderers.inference_pool:
-        result.status = routing.with_condition(result.status, routing.condition(spec, res.name, observed, step.pool),
-                                               generation=res.generation, now=now)
+        result.status = routing.with_condition(
+            result.status, routing.condition(spec, res.name, observed, step.pool), generation=res.generation, now=now
+        )
     status_events(old_status, result.status, result)
     return result

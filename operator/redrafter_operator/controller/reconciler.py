@@ -85,8 +85,11 @@ class Controller:
         run outside those tasks, so they adopt the variables captured from a handler (once).
         """
         if not self.posting_vars:
-            self.posting_vars = [(var, value) for var, value in contextvars.copy_context().items()
-                                  if var.name in ("event_queue_var", "event_queue_loop_var")]
+            self.posting_vars = [
+                (var, value)
+                for var, value in contextvars.copy_context().items()
+                if var.name in ("event_queue_var", "event_queue_loop_var")
+            ]
 
     # ---- the policy seam --------------------------------------------------------------------
     def set_targets(self, namespace: str, name: str, targets: ServingTargets | None) -> None:
@@ -185,8 +188,9 @@ class Controller:
 
     # ---- the loop ---------------------------------------------------------------------------
     async def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._worker(i), name=f"redrafter-worker-{i}")
-                       for i in range(self.settings.workers)]
+        self._tasks = [
+            asyncio.create_task(self._worker(i), name=f"redrafter-worker-{i}") for i in range(self.settings.workers)
+        ]
         self._tasks.append(asyncio.create_task(self._ticker(), name="redrafter-ticker"))
 
     async def stop(self) -> None:
@@ -231,8 +235,9 @@ class Controller:
                         log.exception("evaluator %s failed for %s/%s", type(ev).__name__, *key)
                         continue
                     self._evaluating.add(slot)
-                    task = asyncio.create_task(self._evaluate(ev, slot, body),
-                                               name=f"redrafter-evaluate-{i}-{key[0]}/{key[1]}")
+                    task = asyncio.create_task(
+                        self._evaluate(ev, slot, body), name=f"redrafter-evaluate-{i}-{key[0]}/{key[1]}"
+                    )
                     self._eval_tasks.add(task)
                     task.add_done_callback(self._eval_tasks.discard)
 
@@ -288,15 +293,28 @@ class Controller:
         started = time.perf_counter()
         res = Resource.from_body(body)
         if key in self.written:
-            res = Resource(res.name, res.namespace, res.uid, res.generation, res.spec, res.annotations,
-                           self.written[key])
+            res = Resource(
+                res.name, res.namespace, res.uid, res.generation, res.spec, res.annotations, self.written[key]
+            )
         claim, paths = cache_of(res)
-        observed = observe(self.indexes, res, claim, paths, self.claims,
-                           claim_seconds=self.settings.claim_seconds, now=time.monotonic())
+        observed = observe(
+            self.indexes,
+            res,
+            claim,
+            paths,
+            self.claims,
+            claim_seconds=self.settings.claim_seconds,
+            now=time.monotonic(),
+        )
         await self.failed_pods.fill(res.namespace, observed)
         self._fill_applied(res.namespace, observed)
-        result = plan(res, observed, now=now_rfc3339(), renderers=self.renderers,
-                      targets=lambda spec, status: self.targets.get(key))
+        result = plan(
+            res,
+            observed,
+            now=now_rfc3339(),
+            renderers=self.renderers,
+            targets=lambda spec, status: self.targets.get(key),
+        )
         # Claim builds before the first await: a concurrent reconcile of another resource sharing the
         # cache sees the claim and waits for this Job instead of starting its own.
         for claim_name, path, job in result.claims:
@@ -322,23 +340,33 @@ class Controller:
             # carried its manifest (an apply that changed nothing, e.g. the first one after a restart) or
             # now rolls out a new template. Plan again (pure; the children are the same) for the status.
             self._fill_applied(res.namespace, observed)
-            again = plan(res, observed, now=now_rfc3339(), renderers=self.renderers,
-                         targets=lambda spec, status: self.targets.get(key))
+            again = plan(
+                res,
+                observed,
+                now=now_rfc3339(),
+                renderers=self.renderers,
+                targets=lambda spec, status: self.targets.get(key),
+            )
             result.status, result.events = again.status, again.events
         if pool_missing:
-            result.status, news = crd_missing(res.status, result.status, generation=res.generation,
-                                              now=now_rfc3339())
+            result.status, news = crd_missing(res.status, result.status, generation=res.generation, now=now_rfc3339())
             if news:
                 result.events.append(EventSpec("Warning", "InferencePoolCRDMissing", CRD_MISSING_MESSAGE))
         for manifest in result.delete:
             await self.applier.delete(manifest)
-        self._set_waiting(key, {(claim, e["path"]) for e in result.status.get("engines", {}).values()
-                                if e.get("state") == "Building"})
+        self._set_waiting(
+            key, {(claim, e["path"]) for e in result.status.get("engines", {}).values() if e.get("state") == "Building"}
+        )
         current = {k: v for k, v in res.status.items() if k != "kopf"}
         patch = merge_patch(current, result.status)
         if patch:
             try:
-                await self.client.request("PATCH", status_path(res.namespace, res.name), {"status": patch}, content_type="application/merge-patch+json")
+                await self.client.request(
+                    "PATCH",
+                    status_path(res.namespace, res.name),
+                    {"status": patch},
+                    content_type="application/merge-patch+json",
+                )
             except ApiError as exc:
                 if exc.status == 404:  # deleted meanwhile
                     return result
@@ -348,11 +376,13 @@ class Controller:
             post_event(body, ev.type, ev.reason, ev.message)
             if ev.reason in ("EngineReady", "EngineCached", "BuildFailed"):
                 variant = ev.message.split(" ", 1)[0]
-                self.metrics.builds.labels(variant, {"EngineReady": "succeeded", "EngineCached": "cached",
-                                                     "BuildFailed": "failed"}[ev.reason]).inc()
+                self.metrics.builds.labels(
+                    variant, {"EngineReady": "succeeded", "EngineCached": "cached", "BuildFailed": "failed"}[ev.reason]
+                ).inc()
             if ev.reason == "Switched":
-                self.metrics.switches.labels(res.namespace, res.name, current.get("activeEngine", ""),
-                                             result.status.get("activeEngine", "")).inc()
+                self.metrics.switches.labels(
+                    res.namespace, res.name, current.get("activeEngine", ""), result.status.get("activeEngine", "")
+                ).inc()
         self.metrics.observe_resource(res.namespace, res.name, res.spec, result.status)
         self.metrics.reconciles.labels("ok").inc()
         self.metrics.duration.observe(time.perf_counter() - started)
@@ -368,8 +398,9 @@ def _discard(index: dict[Any, set[Key]], ref: Any, key: Key) -> None:
 
 
 def _carried(applier: Applier, namespace: str, dep: DeploymentFact) -> str:
-    return applier.carried("Deployment", namespace, dep.name, dep.generation,
-                           ChildState(dep.resource_version, dep.owned_fields))
+    return applier.carried(
+        "Deployment", namespace, dep.name, dep.generation, ChildState(dep.resource_version, dep.owned_fields)
+    )
 
 
 def _same_status(observed: Mapping[str, Any], written: Mapping[str, Any]) -> bool:
@@ -379,8 +410,13 @@ def _same_status(observed: Mapping[str, Any], written: Mapping[str, Any]) -> boo
 def _reconcile_relevant(body: Mapping[str, Any]) -> Any:
     """What in a resource can change the plan: generation/spec, annotations, deletion (not our status)."""
     meta = body.get("metadata") or {}
-    return (meta.get("generation"), body.get("spec"), meta.get("annotations", {}).get(names.ANNOTATION_RETRY_BUILD),
-            meta.get("deletionTimestamp"), meta.get("uid"))
+    return (
+        meta.get("generation"),
+        body.get("spec"),
+        meta.get("annotations", {}).get(names.ANNOTATION_RETRY_BUILD),
+        meta.get("deletionTimestamp"),
+        meta.get("uid"),
+    )
 
 
 __all__ = ["Controller", "ControllerSettings"]

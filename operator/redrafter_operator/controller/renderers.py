@@ -23,8 +23,11 @@ def _canary(owner: Owner, key: str, replicas: int) -> list[dict[str, Any]]:
 
 def _candidate(owner: Owner, key: str, replicas: int) -> list[dict[str, Any]]:
     """Its own serving.json (the primary's stays on the promoted engine), Deployment and Service."""
-    return [serving.serving_configmap(owner, "redrafter", key, names.candidate_config_name(owner.name)),
-            serving.candidate_deployment(owner, key, replicas), serving.candidate_service(owner)]
+    return [
+        serving.serving_configmap(owner, "redrafter", key, names.candidate_config_name(owner.name)),
+        serving.candidate_deployment(owner, key, replicas),
+        serving.candidate_service(owner),
+    ]
 
 
 def _services(owner: Owner, pool: Variant) -> list[dict[str, Any]]:
@@ -37,5 +40,6 @@ def _inference_pool(owner: Owner, pool: Variant) -> list[dict[str, Any]]:
 
 
 def default_renderers() -> Renderers:
-    return Renderers(variant=_variant, services=_services, canary=_canary, candidate=_candidate,
-                     inference_pool=_inference_pool)
+    return Renderers(
+        variant=_variant, services=_services, canary=_canary, candidate=_candidate, inference_pool=_inference_pool
+    )

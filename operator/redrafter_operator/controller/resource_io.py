@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Protocol
 
 import kopf
-from engine_jobs.contract import VARIANTS
 from pydantic import ValidationError
+
+from engine_jobs.contract import VARIANTS
 
 from ..api import GROUP, PLURAL, VERSION
 from ..api.spec import ReDrafterDeploymentSpec
@@ -105,8 +106,9 @@ async def write_status(controller: Host, key: Key, patch: Mapping[str, Any]) -> 
     becomes that view: its next status patch then keeps what the evaluator wrote.
     """
     try:
-        resp = await controller.client.request("PATCH", status_path(*key), {"status": dict(patch)},
-                                               content_type="application/merge-patch+json")
+        resp = await controller.client.request(
+            "PATCH", status_path(*key), {"status": dict(patch)}, content_type="application/merge-patch+json"
+        )
     except ApiError as exc:
         if exc.status == 404:
             return
@@ -125,8 +127,9 @@ def post_event(body: Mapping[str, Any], type_: str, reason: str, message: str) -
             kopf.info(dict(body), reason=reason, message=message)
     except LookupError:  # outside a running kopf operator (unit use): log only
         pass
-    (log.warning if type_ == "Warning" else log.info)("%s/%s %s: %s", body.get("metadata", {}).get("namespace"),
-                                                       body.get("metadata", {}).get("name"), reason, message)
+    (log.warning if type_ == "Warning" else log.info)(
+        "%s/%s %s: %s", body.get("metadata", {}).get("namespace"), body.get("metadata", {}).get("name"), reason, message
+    )
 
 
 def post_events(controller: Host, body: Mapping[str, Any], events: Iterable[tuple[str, str, str]]) -> None:
@@ -161,5 +164,18 @@ def variant_deployments(controller: Host, ns: str, name: str) -> dict[str, Any]:
     return out
 
 
-__all__ = ["Current", "Evaluator", "Host", "Key", "current_resource", "index_entries", "interval_of", "now_rfc3339",
-           "post_event", "post_events", "status_path", "variant_deployments", "write_status"]
+__all__ = [
+    "Current",
+    "Evaluator",
+    "Host",
+    "Key",
+    "current_resource",
+    "index_entries",
+    "interval_of",
+    "now_rfc3339",
+    "post_event",
+    "post_events",
+    "status_path",
+    "variant_deployments",
+    "write_status",
+]

@@ -19,9 +19,11 @@ from .facts import Observed
 
 CONDITION = "InferencePoolReady"
 REASON_CRD_MISSING = "CRDNotInstalled"
-CRD_MISSING_MESSAGE = (f"the {ip.KIND} CRD ({ip.PLURAL}.{ip.GROUP}, {ip.VERSION}) is not installed in the cluster: install "
-                       "it from kubernetes-sigs/gateway-api-inference-extension v1.0.0 or later, or set "
-                       "spec.routing.inferencePool.enabled: false")
+CRD_MISSING_MESSAGE = (
+    f"the {ip.KIND} CRD ({ip.PLURAL}.{ip.GROUP}, {ip.VERSION}) is not installed in the cluster: install "
+    "it from kubernetes-sigs/gateway-api-inference-extension v1.0.0 or later, or set "
+    "spec.routing.inferencePool.enabled: false"
+)
 
 
 def enabled(spec: ReDrafterDeploymentSpec) -> bool:
@@ -30,8 +32,11 @@ def enabled(spec: ReDrafterDeploymentSpec) -> bool:
 
 def stale_pool(name: str, namespace: str) -> dict[str, Any]:
     """The reference the reconciler deletes once the feature is turned off (nothing would move it any more)."""
-    return {"apiVersion": ip.API_VERSION, "kind": ip.KIND,
-            "metadata": {"name": names.service_name(name), "namespace": namespace}}
+    return {
+        "apiVersion": ip.API_VERSION,
+        "kind": ip.KIND,
+        "metadata": {"name": names.service_name(name), "namespace": namespace},
+    }
 
 
 def condition(spec: ReDrafterDeploymentSpec, name: str, observed: Observed, pool: str | None) -> Cond | None:
@@ -39,10 +44,16 @@ def condition(spec: ReDrafterDeploymentSpec, name: str, observed: Observed, pool
     if not enabled(spec):
         return None
     if pool is None:
-        return Cond(CONDITION, "False", "NoServingPool", "no engine serves yet: the InferencePool is created with the Service")
+        return Cond(
+            CONDITION, "False", "NoServingPool", "no engine serves yet: the InferencePool is created with the Service"
+        )
     if observed.routing_pool == pool:
-        return Cond(CONDITION, "True", "Selecting",
-                    f"{ip.KIND} {names.service_name(name)} selects the {pool} pods on port {OPENAI_PORT}")
+        return Cond(
+            CONDITION,
+            "True",
+            "Selecting",
+            f"{ip.KIND} {names.service_name(name)} selects the {pool} pods on port {OPENAI_PORT}",
+        )
     return Cond(CONDITION, "False", "Moving", f"moving {ip.KIND} {names.service_name(name)} to the {pool} pods")
 
 
@@ -52,10 +63,12 @@ def with_condition(status: Mapping[str, Any], cond: Cond | None, *, generation: 
     return {**status, "conditions": merge_conditions(old, [cond] if cond else [], generation=generation, now=now)}
 
 
-def crd_missing(old_status: Mapping[str, Any], status: Mapping[str, Any], *, generation: int,
-                now: str) -> tuple[dict[str, Any], bool]:
+def crd_missing(
+    old_status: Mapping[str, Any], status: Mapping[str, Any], *, generation: int, now: str
+) -> tuple[dict[str, Any], bool]:
     """The status after the InferencePool write found no such API, and whether that is news (post an Event)."""
     prev = find(old_status.get("conditions") or [], CONDITION)
     news = not prev or prev.get("reason") != REASON_CRD_MISSING
-    return with_condition(status, Cond(CONDITION, "False", REASON_CRD_MISSING, CRD_MISSING_MESSAGE),
-                          generation=generation, now=now), news
+    return with_condition(
+        status, Cond(CONDITION, "False", REASON_CRD_MISSING, CRD_MISSING_MESSAGE), generation=generation, now=now
+    ), news

@@ -44,7 +44,9 @@ class ServingFailure:
         f = (serving or {}).get("failure")
         if not isinstance(f, Mapping) or not f.get("reason"):
             return None
-        return cls(str(f["reason"]), str(f.get("message") or ""), str(f.get("deployment") or ""), str(f.get("pod") or ""))
+        return cls(
+            str(f["reason"]), str(f.get("message") or ""), str(f.get("deployment") or ""), str(f.get("pod") or "")
+        )
 
 
 def serving_failure(observed: Observed, variants: Iterable[str]) -> ServingFailure | None:
@@ -59,8 +61,9 @@ def serving_failure(observed: Observed, variants: Iterable[str]) -> ServingFailu
     for v in wanted:
         dep = observed.deployments[v]
         if dep.failure_reason == PROGRESS_DEADLINE:
-            deadline = deadline or ServingFailure(dep.failure_reason, dep.failure_message, dep.name,
-                                                  deadline_exceeded=True)
+            deadline = deadline or ServingFailure(
+                dep.failure_reason, dep.failure_message, dep.name, deadline_exceeded=True
+            )
         elif dep.failure_reason:  # a condition reason is CamelCase by API convention; the CRD enforces it here
             reason = dep.failure_reason if _REASON.fullmatch(dep.failure_reason) else "ReplicaFailure"
             return ServingFailure(reason, dep.failure_message, dep.name)
@@ -68,7 +71,12 @@ def serving_failure(observed: Observed, variants: Iterable[str]) -> ServingFailu
         if pod.reason and pod.variant in wanted and pod.role in ("", PRIMARY_ROLE):
             dep = observed.deployments[pod.variant]
             if deadline:  # say which pod is the reason the deadline passed
-                return ServingFailure(pod.reason, f"{pod.message} ({deadline.reason}: {deadline.message})",
-                                      dep.name, pod.name, deadline_exceeded=True)
+                return ServingFailure(
+                    pod.reason,
+                    f"{pod.message} ({deadline.reason}: {deadline.message})",
+                    dep.name,
+                    pod.name,
+                    deadline_exceeded=True,
+                )
             return ServingFailure(pod.reason, pod.message, dep.name, pod.name)
     return deadline

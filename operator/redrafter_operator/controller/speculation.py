@@ -34,8 +34,9 @@ import logging
 import time
 from typing import Any, Callable, Mapping
 
-from engine_jobs.contract import METRICS_PORT, VARIANTS
 from pydantic import ValidationError
+
+from engine_jobs.contract import METRICS_PORT, VARIANTS
 
 from ..api.spec import ReDrafterDeploymentSpec
 from ..api.status import HISTORY_LIMIT
@@ -90,8 +91,13 @@ def _volatile_free(fragment: Mapping[str, Any], now: float) -> Any:
         if isinstance(policy.get("speculation"), dict):
             policy["speculation"] = {k: v for k, v in policy["speculation"].items() if k != "last_evaluated"}
         autoscaler = policy.get("autoscaler")
-        if isinstance(autoscaler, dict) and isinstance(autoscaler.get("settle"), list) and autoscaler["settle"] \
-                and isinstance(autoscaler["settle"][0], (int, float)) and now >= autoscaler["settle"][0]:
+        if (
+            isinstance(autoscaler, dict)
+            and isinstance(autoscaler.get("settle"), list)
+            and autoscaler["settle"]
+            and isinstance(autoscaler["settle"][0], (int, float))
+            and now >= autoscaler["settle"][0]
+        ):
             policy["autoscaler"] = {k: v for k, v in autoscaler.items() if k != "settle"}
         window = policy.get("window")
         if isinstance(window, dict):
@@ -109,8 +115,16 @@ def measured_crossover(status: Mapping[str, Any]) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def status_fragment(spec: ReDrafterDeploymentSpec, old: Mapping[str, Any], ev: Evaluation, state: PolicyState,
-                    *, previous_engine: str, now: str, generation: int) -> dict[str, Any]:
+def status_fragment(
+    spec: ReDrafterDeploymentSpec,
+    old: Mapping[str, Any],
+    ev: Evaluation,
+    state: PolicyState,
+    *,
+    previous_engine: str,
+    now: str,
+    generation: int,
+) -> dict[str, Any]:
     """status.speculation / policy / conditions (/ history on a switch) after one evaluation (pure)."""
     d = ev.speculation
     speculation = {**(old.get("speculation") or {}), **d.status(now)}
@@ -124,8 +138,12 @@ def status_fragment(spec: ReDrafterDeploymentSpec, old: Mapping[str, Any], ev: E
         cond = Cond(CONDITION, d.healthy, d.reason, d.message)
         out["conditions"] = merge_conditions(old.get("conditions") or [], [cond], generation=generation, now=now)
     if d.switched:
-        entry = {"time": now, "from": previous_engine, "to": d.engine,
-                 "reason": f"{d.reason}: {d.message}"[:HISTORY_REASON_LIMIT]}
+        entry = {
+            "time": now,
+            "from": previous_engine,
+            "to": d.engine,
+            "reason": f"{d.reason}: {d.message}"[:HISTORY_REASON_LIMIT],
+        }
         out["history"] = (list(old.get("history") or []) + [entry])[-HISTORY_LIMIT:]
     return out
 
@@ -143,8 +161,9 @@ def status_patch(old: Mapping[str, Any], fragment: Mapping[str, Any], *, now: fl
 class SpeculationEvaluator:
     """Evaluates the speculation policy and autoscaler of each resource (see the module docs)."""
 
-    def __init__(self, *, metrics_port: int = METRICS_PORT, clock: Callable[[], float] = time.time,
-                 promotion: Any = None) -> None:
+    def __init__(
+        self, *, metrics_port: int = METRICS_PORT, clock: Callable[[], float] = time.time, promotion: Any = None
+    ) -> None:
         self.metrics_port = metrics_port
         self.clock = clock
         #: the validation gate's hub (controller/validation.Promotion); None: targets go straight to the reconciler
@@ -181,22 +200,41 @@ class SpeculationEvaluator:
             return
         reading, error = await self._read(spec, name, ns, pods)
         deployments = variant_deployments(controller, ns, name)
-        available = frozenset(v for v in VARIANTS
-                              if ((status.get("engines") or {}).get(v) or {}).get("state") in READY_STATES
-                              or (deployments.get(v) is not None and getattr(deployments[v], "key", "")))
+        available = frozenset(
+            v
+            for v in VARIANTS
+            if ((status.get("engines") or {}).get(v) or {}).get("state") in READY_STATES
+            or (deployments.get(v) is not None and getattr(deployments[v], "key", ""))
+        )
         if self.promotion is not None and not self.promotion.allows_redrafter(key):
             available -= {"redrafter"}  # not validated: a switch to it is held (TargetNotReady)
         serving = str(status["activeEngine"])  # the pool taking the traffic (the gate may hold it on base)
         dep = deployments.get(serving)
         observed = int(dep.replicas) if dep is not None else spec.serving.replicas
-        ev, new = step(spec, state, reading, now, current_replicas=observed, error=error, available=available,
-                       measured_crossover=measured_crossover(status), serving=serving,
-                       pods=statuses_from_pods(pods))
+        ev, new = step(
+            spec,
+            state,
+            reading,
+            now,
+            current_replicas=observed,
+            error=error,
+            available=available,
+            measured_crossover=measured_crossover(status),
+            serving=serving,
+            pods=statuses_from_pods(pods),
+        )
         current = ev.current_replicas
         self._states[key] = (uid, new)
 
-        fragment = status_fragment(spec, status, ev, new, previous_engine=previous, now=rfc3339(now),
-                                   generation=int(meta.get("generation") or 1))
+        fragment = status_fragment(
+            spec,
+            status,
+            ev,
+            new,
+            previous_engine=previous,
+            now=rfc3339(now),
+            generation=int(meta.get("generation") or 1),
+        )
         patch = status_patch(status, fragment, now=now)
         if patch:
             await self._write(controller, key, patch)
@@ -206,24 +244,29 @@ class SpeculationEvaluator:
             self.promotion.set_policy(controller, key, targets, spec, status)
         else:
             controller.set_targets(ns, name, targets)
-        self._account(controller, key, body, spec, ev, previous, serving, current, plan.replicas.get(plan.active, current))
+        self._account(
+            controller, key, body, spec, ev, previous, serving, current, plan.replicas.get(plan.active, current)
+        )
         for observer in self.observers:
             observer(key, ev)
 
     # ---- I/O -------------------------------------------------------------------------------------
     async def _pods(self, controller: Host, ns: str, name: str) -> list[dict[str, Any]] | None:
-        selector = names.selector_string({names.LABEL_DEPLOYMENT: names.label_value(name),
-                                          names.LABEL_COMPONENT: "serving"})
+        selector = names.selector_string(
+            {names.LABEL_DEPLOYMENT: names.label_value(name), names.LABEL_COMPONENT: "serving"}
+        )
         try:
-            found = await controller.client.request("GET", f"/api/v1/namespaces/{ns}/pods",
-                                                    query=[("labelSelector", selector)])
+            found = await controller.client.request(
+                "GET", f"/api/v1/namespaces/{ns}/pods", query=[("labelSelector", selector)]
+            )
         except ApiError as exc:
             log.warning("%s/%s: cannot list serving pods (%s); evaluation skipped", ns, name, exc)
             return None
         return list(found.get("items") or [])
 
-    async def _read(self, spec: ReDrafterDeploymentSpec, name: str, ns: str,
-                    pods: list[dict[str, Any]]) -> tuple[Reading | None, str | None]:
+    async def _read(
+        self, spec: ReDrafterDeploymentSpec, name: str, ns: str, pods: list[dict[str, Any]]
+    ) -> tuple[Reading | None, str | None]:
         """A reading, or (None, why) when the source failed as a whole (the policy's Error input)."""
         try:
             targets = targets_from_pods(pods, self.metrics_port)
@@ -240,8 +283,18 @@ class SpeculationEvaluator:
         except ApiError as exc:  # retried on the next evaluation: the fragment still differs from status
             log.warning("%s/%s: status write failed (%s); retried next interval", key[0], key[1], exc)
 
-    def _account(self, controller: Host, key: Key, body: Mapping[str, Any], spec: ReDrafterDeploymentSpec,
-                 ev: Evaluation, previous: str, serving: str, current: int, replicas: int) -> None:
+    def _account(
+        self,
+        controller: Host,
+        key: Key,
+        body: Mapping[str, Any],
+        spec: ReDrafterDeploymentSpec,
+        ev: Evaluation,
+        previous: str,
+        serving: str,
+        current: int,
+        replicas: int,
+    ) -> None:
         d = ev.speculation
         m = getattr(controller, "metrics", None)
         if m is not None and hasattr(m, "speculation_evaluations"):
@@ -249,16 +302,32 @@ class SpeculationEvaluator:
         if d.switched:
             if m is not None and hasattr(m, "speculation_switches"):
                 m.speculation_switches.labels(d.engine, d.reason).inc()
-            post_events(controller, body, [("Warning" if d.engine == "base" else "Normal", d.action,
-                                             f"{previous} -> {d.engine}: {d.reason}: {d.message}")])
+            post_events(
+                controller,
+                body,
+                [
+                    (
+                        "Warning" if d.engine == "base" else "Normal",
+                        d.action,
+                        f"{previous} -> {d.engine}: {d.reason}: {d.message}",
+                    )
+                ],
+            )
         # one Event per autoscaler decision (not per evaluation while the Deployment catches up)
         last = self._scaled.get(key)
         self._scaled[key] = (serving, replicas)
-        if (spec.autoscaling.mode == "Operator" and not d.switched and replicas != current
-                and last != (serving, replicas)):
+        if (
+            spec.autoscaling.mode == "Operator"
+            and not d.switched
+            and replicas != current
+            and last != (serving, replicas)
+        ):
             s = ev.scale
-            post_events(controller, body, [("Normal", "Scaling",
-                                             f"{serving} replicas {current} -> {replicas}: {s.reason}: {s.message}")])
+            post_events(
+                controller,
+                body,
+                [("Normal", "Scaling", f"{serving} replicas {current} -> {replicas}: {s.reason}: {s.message}")],
+            )
 
 
 __all__ = ["SpeculationEvaluator", "newer_state", "status_fragment", "status_patch", "stored_state"]

@@ -22,10 +22,21 @@ from .serving_health import ServingFailure, serving_failure
 from .targets import ServingPlan
 
 
-def resource_status(res: Resource, spec: ReDrafterDeploymentSpec, observed: Observed, *,
-                    engines: Mapping[str, Mapping[str, Any]], targets: ServingTargets, step: ServingPlan,
-                    deploy: Mapping[str, str | None], gate: Gate | None, stable: str | None,
-                    candidate: str | None, now: str, applied: Mapping[str, str] | None = None) -> dict[str, Any]:
+def resource_status(
+    res: Resource,
+    spec: ReDrafterDeploymentSpec,
+    observed: Observed,
+    *,
+    engines: Mapping[str, Mapping[str, Any]],
+    targets: ServingTargets,
+    step: ServingPlan,
+    deploy: Mapping[str, str | None],
+    gate: Gate | None,
+    stable: str | None,
+    candidate: str | None,
+    now: str,
+    applied: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
     """The whole status after one plan step: what serves, how ready, and why (conditions and phase).
 
     ``applied`` maps each Deployment this step applies to its manifest hash: a Deployment not known to
@@ -40,12 +51,24 @@ def resource_status(res: Resource, spec: ReDrafterDeploymentSpec, observed: Obse
     ready = active_dep.ready_replicas if active_dep and observed.service_pool == active else 0
     target_engine = engines[targets.active]
     current_key = bool(active_dep and active_dep.key == engines[active]["key"]) if active else False
-    current_spec = bool(active_dep and (not applied or active_dep.name not in applied
-                                        or active_dep.name not in observed.applied
-                                        or observed.applied[active_dep.name] == applied[active_dep.name]))
+    current_spec = bool(
+        active_dep
+        and (
+            not applied
+            or active_dep.name not in applied
+            or active_dep.name not in observed.applied
+            or observed.applied[active_dep.name] == applied[active_dep.name]
+        )
+    )
     rolled = bool(active_dep and active_dep.rolled_out and active_dep.replicas == want_active and current_spec)
-    settled = bool(active and active == targets.active and not step.switching and current_key and rolled
-                   and observed.service_pool == active)
+    settled = bool(
+        active
+        and active == targets.active
+        and not step.switching
+        and current_key
+        and rolled
+        and observed.service_pool == active
+    )
     # after the switch completes, the scale-down of the old pool must also be observed
     if settled:
         for v in VARIANTS:
@@ -60,46 +83,87 @@ def resource_status(res: Resource, spec: ReDrafterDeploymentSpec, observed: Obse
 
     conds = [Cond("SpecValid", "True", "Valid", "spec is valid")]
     if failed:
-        conds.append(Cond("EnginesReady", "False", "BuildFailed",
-                          "; ".join(f"{v}: {engines[v].get('message', '')}" for v in failed)))
+        conds.append(
+            Cond(
+                "EnginesReady",
+                "False",
+                "BuildFailed",
+                "; ".join(f"{v}: {engines[v].get('message', '')}" for v in failed),
+            )
+        )
     elif building:
         retrying = [v for v in building if engines[v].get("message", "").startswith("Job ")]
-        conds.append(Cond("EnginesReady", "False", "BuildRetrying" if retrying else "Building",
-                          "; ".join(f"{v}: Job {engines[v].get('job')}" + (f" (previous: {engines[v]['message']})" if v in retrying else "")
-                                    for v in building)))
+        conds.append(
+            Cond(
+                "EnginesReady",
+                "False",
+                "BuildRetrying" if retrying else "Building",
+                "; ".join(
+                    f"{v}: Job {engines[v].get('job')}"
+                    + (f" (previous: {engines[v]['message']})" if v in retrying else "")
+                    for v in building
+                ),
+            )
+        )
     else:
-        conds.append(Cond("EnginesReady", "True", "EnginesBuilt",
-                          ", ".join(f"{v} {engines[v]['key']}" for v in VARIANTS)))
+        conds.append(
+            Cond("EnginesReady", "True", "EnginesBuilt", ", ".join(f"{v} {engines[v]['key']}" for v in VARIANTS))
+        )
     if available:
-        conds.append(Cond("Available", "True", "MinimumReplicasAvailable",
-                          f"{ready}/{want_active} {active} replicas Ready behind Service {names.service_name(res.name)}"))
+        conds.append(
+            Cond(
+                "Available",
+                "True",
+                "MinimumReplicasAvailable",
+                f"{ready}/{want_active} {active} replicas Ready behind Service {names.service_name(res.name)}",
+            )
+        )
     elif want_active == 0 and active and prewarm(spec):
-        conds.append(Cond("Available", "False", "Prewarmed", "engines built and validated, not serving: "
-                          "serving.replicas is 0 with autoscaling Disabled; scale up to serve at once"))
+        conds.append(
+            Cond(
+                "Available",
+                "False",
+                "Prewarmed",
+                "engines built and validated, not serving: "
+                "serving.replicas is 0 with autoscaling Disabled; scale up to serve at once",
+            )
+        )
     elif want_active == 0 and active:
         conds.append(Cond("Available", "False", "ScaledToZero", "serving.replicas is 0"))
     elif active is None:
         reason = "EngineFailed" if target_engine["state"] == "Failed" else "EngineNotReady"
         conds.append(Cond("Available", "False", reason, f"the {targets.active} engine is {target_engine['state']}"))
     elif failure:
-        conds.append(Cond("Available", "False", failure.reason, f"0/{want_active} {active} replicas Ready; {failure.summary}"))
+        conds.append(
+            Cond("Available", "False", failure.reason, f"0/{want_active} {active} replicas Ready; {failure.summary}")
+        )
     else:
         conds.append(Cond("Available", "False", "NoReadyReplicas", f"0/{want_active} {active} replicas Ready"))
     invalid = _validation_failure(gate, stable, old_status, engines)
     if targets.active in failed and not available:
         conds.append(Cond("Progressing", "False", "BuildFailed", f"the {targets.active} engine could not be built"))
     elif failure:  # the kubelet retries, so it is still progressing, until the Deployment's deadline says not
-        conds.append(Cond("Progressing", "False" if failure.deadline_exceeded else "True", failure.reason,
-                          failure.summary))
+        conds.append(
+            Cond("Progressing", "False" if failure.deadline_exceeded else "True", failure.reason, failure.summary)
+        )
     elif invalid and not step.switching:
         conds.append(Cond("Progressing", "False", "ValidationFailed", invalid))
     elif gate and gate.state in ("Pending", "Running") and not step.switching:  # not promoted yet: not complete
         where = f" on Deployment {names.candidate_name(res.name)}" if candidate else ""
-        serving = (f"the promoted ReDrafter engine {stable} keeps serving" if stable
-                   else f"the {active or targets.active} engine serves meanwhile")
-        conds.append(Cond("Progressing", "True", "Validating",
-                          f"validating the ReDrafter engine {engines['redrafter']['key']}{where} against base "
-                          f"{engines['base']['key']}; {serving}"))
+        serving = (
+            f"the promoted ReDrafter engine {stable} keeps serving"
+            if stable
+            else f"the {active or targets.active} engine serves meanwhile"
+        )
+        conds.append(
+            Cond(
+                "Progressing",
+                "True",
+                "Validating",
+                f"validating the ReDrafter engine {engines['redrafter']['key']}{where} against base "
+                f"{engines['base']['key']}; {serving}",
+            )
+        )
     elif settled and not building:
         conds.append(Cond("Progressing", "False", "Complete", f"serving the {active} engine {engines[active]['key']}"))
     elif step.switching:
@@ -107,14 +171,33 @@ def resource_status(res: Resource, spec: ReDrafterDeploymentSpec, observed: Obse
     elif building:
         conds.append(Cond("Progressing", "True", "Building", f"building the {' and '.join(building)} engine(s)"))
     else:
-        conds.append(Cond("Progressing", "True", "RollingOut", f"waiting for {active or targets.active} replicas to be Ready"))
+        conds.append(
+            Cond("Progressing", "True", "RollingOut", f"waiting for {active or targets.active} replicas to be Ready")
+        )
     by_type = {c.type: c for c in conds}
-    stall = (("BuildFailed", by_type["EnginesReady"].message) if failed else (failure.reason, failure.summary)
-             if failure else ("ValidationFailed", invalid) if invalid else None)
+    stall = (
+        ("BuildFailed", by_type["EnginesReady"].message)
+        if failed
+        else (failure.reason, failure.summary)
+        if failure
+        else ("ValidationFailed", invalid)
+        if invalid
+        else None
+    )
     conds += gitops_conditions(by_type["Progressing"], by_type["Available"], stall)
     if spec.speculation.mode == "Never":
-        conds.append(Cond("SpeculationHealthy", "False", "SpeculationDisabled", "speculation.mode is Never: serving the base engine"))
-    elif not find(old_conditions, "SpeculationHealthy") or find(old_conditions, "SpeculationHealthy").get("reason") == "SpeculationDisabled":
+        conds.append(
+            Cond(
+                "SpeculationHealthy",
+                "False",
+                "SpeculationDisabled",
+                "speculation.mode is Never: serving the base engine",
+            )
+        )
+    elif (
+        not find(old_conditions, "SpeculationHealthy")
+        or find(old_conditions, "SpeculationHealthy").get("reason") == "SpeculationDisabled"
+    ):
         conds.append(Cond("SpeculationHealthy", "Unknown", "NotMeasured", "no acceptance measurement yet"))
 
     if (available or want_active == 0) and settled:  # scaled to zero on purpose is a settled state too
@@ -156,16 +239,19 @@ def prewarm(spec: ReDrafterDeploymentSpec) -> bool:
     return spec.serving.replicas == 0 and spec.autoscaling.mode == "Disabled"
 
 
-def _validation_failure(gate: Gate | None, stable: str | None, status: Mapping[str, Any],
-                        engines: Mapping[str, Mapping[str, Any]]) -> str | None:
+def _validation_failure(
+    gate: Gate | None, stable: str | None, status: Mapping[str, Any], engines: Mapping[str, Mapping[str, Any]]
+) -> str | None:
     """Why the current engine pair is not promoted, when its validation Failed (:mod:`.validation`)."""
     if gate is None or gate.state != "Failed":
         return None
     v = status.get("validation") or {}
     serving = f"the promoted ReDrafter engine {stable} keeps serving" if stable else "serving base"
-    return (f"the ReDrafter engine {engines['redrafter']['key']} failed validation against base "
-            f"{engines['base']['key']} ({v.get('reason')}: {v.get('message')}); {serving} until a retry passes "
-            f"(annotation {ANNOTATION_RETRY_VALIDATION})")
+    return (
+        f"the ReDrafter engine {engines['redrafter']['key']} failed validation against base "
+        f"{engines['base']['key']} ({v.get('reason')}: {v.get('message')}); {serving} until a retry passes "
+        f"(annotation {ANNOTATION_RETRY_VALIDATION})"
+    )
 
 
 def invalid_plan(res: Resource, errors: list[str], now: str) -> Plan:
@@ -178,8 +264,12 @@ def invalid_plan(res: Resource, errors: list[str], now: str) -> Plan:
     ]
     conds += gitops_conditions(conds[1], None, ("InvalidSpec", message))
     phase = old.get("phase") if old.get("phase") in ("Serving", "Prewarmed", "Degraded") else "Failed"
-    status = {**{k: v for k, v in old.items() if k != "kopf"}, "phase": phase, "observedGeneration": res.generation,
-              "conditions": merge_conditions(old.get("conditions") or [], conds, generation=res.generation, now=now)}
+    status = {
+        **{k: v for k, v in old.items() if k != "kopf"},
+        "phase": phase,
+        "observedGeneration": res.generation,
+        "conditions": merge_conditions(old.get("conditions") or [], conds, generation=res.generation, now=now),
+    }
     p = Plan(status=status)
     prev = find(old.get("conditions") or [], "SpecValid")
     if not prev or prev.get("status") != "False" or prev.get("message") != message:
@@ -194,16 +284,38 @@ def status_events(old: Mapping[str, Any], new: Mapping[str, Any], p: Plan, skip_
         if prev and prev.get("status") == "False":
             p.events.append(EventSpec("Normal", "SpecValid", "spec is valid again"))
     if old.get("activeEngine") and new.get("activeEngine") and old["activeEngine"] != new["activeEngine"]:
-        p.events.append(EventSpec("Normal", "Switched", f"Service now selects the {new['activeEngine']} engine (was {old['activeEngine']})"))
+        p.events.append(
+            EventSpec(
+                "Normal",
+                "Switched",
+                f"Service now selects the {new['activeEngine']} engine (was {old['activeEngine']})",
+            )
+        )
     failure = ServingFailure.from_status(new.get("serving"))
     before = ServingFailure.from_status(old.get("serving"))
-    if failure and (before is None or (before.reason, before.pod, before.deployment) != (failure.reason, failure.pod, failure.deployment)):
+    if failure and (
+        before is None
+        or (before.reason, before.pod, before.deployment) != (failure.reason, failure.pod, failure.deployment)
+    ):
         p.events.append(EventSpec("Warning", failure.reason, failure.summary))  # once per cause, not per reconcile
     if old.get("phase") != new.get("phase"):
         serving = new.get("serving") or {}
         typ = "Warning" if new.get("phase") in ("Failed", "Degraded") else "Normal"
         detail = {
             "Serving": f"{serving.get('readyReplicas')}/{serving.get('replicas')} {new.get('activeEngine')} replicas Ready",
-            "Failed": next((c.get("message", "") for c in new.get("conditions", []) if c.get("type") in ("EnginesReady", "SpecValid") and c.get("status") == "False"), ""),
+            "Failed": next(
+                (
+                    c.get("message", "")
+                    for c in new.get("conditions", [])
+                    if c.get("type") in ("EnginesReady", "SpecValid") and c.get("status") == "False"
+                ),
+                "",
+            ),
         }.get(str(new.get("phase")), "")
-        p.events.append(EventSpec(typ, f"Phase{new.get('phase')}", f"phase {old.get('phase') or 'None'} -> {new.get('phase')}" + (f": {detail}" if detail else "")))
+        p.events.append(
+            EventSpec(
+                typ,
+                f"Phase{new.get('phase')}",
+                f"phase {old.get('phase') or 'None'} -> {new.get('phase')}" + (f": {detail}" if detail else ""),
+            )
+        )

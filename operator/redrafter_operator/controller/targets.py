@@ -34,8 +34,15 @@ def default_targets(spec: ReDrafterDeploymentSpec, status: Mapping[str, Any]) ->
     # What the policy and the validation gate would keep, read from status, so that a restarted operator's
     # first reconciles (before the evaluators run) neither drop the canary nor a pod under validation.
     canary = canary_from_status(spec, status) if active == "base" else 0
-    return gate_from_status(ServingTargets(active=active, replicas={active: replicas, other: 1 if spec.serving.rollout.keep_standby else 0},
-                                           canary=canary), spec, status)
+    return gate_from_status(
+        ServingTargets(
+            active=active,
+            replicas={active: replicas, other: 1 if spec.serving.rollout.keep_standby else 0},
+            canary=canary,
+        ),
+        spec,
+        status,
+    )
 
 
 def deployable_key(variant: Variant, engine: Mapping[str, Any], observed: Observed) -> str | None:
@@ -56,8 +63,9 @@ class ServingPlan:
     message: str
 
 
-def plan_switch(targets: ServingTargets, deployable: Mapping[str, bool], observed: Observed,
-                strategy: str, *, routed: bool = False) -> ServingPlan:
+def plan_switch(
+    targets: ServingTargets, deployable: Mapping[str, bool], observed: Observed, strategy: str, *, routed: bool = False
+) -> ServingPlan:
     """Blue/green (or Recreate) step toward ``targets`` from what is observed (pure, one step per call).
 
     BlueGreen: the target variant is scaled up first; the Service moves only once that Deployment's
@@ -87,13 +95,21 @@ def plan_switch(targets: ServingTargets, deployable: Mapping[str, bool], observe
     new_dep = observed.deployments.get(target)
     if strategy == "Recreate":
         if old_dep and old_dep.total_replicas > 0 and old_dep.replicas > 0:
-            return ServingPlan(current, {**want, current: 0, target: 0}, True, f"scaling {current} down before {target} comes up")
+            return ServingPlan(
+                current, {**want, current: 0, target: 0}, True, f"scaling {current} down before {target} comes up"
+            )
         return ServingPlan(target, want, True, f"switched to {target} (Recreate)")
-    target_ready = bool(new_dep and new_dep.replicas == want.get(target) and new_dep.rolled_out
-                        and new_dep.ready_replicas >= max(1, want.get(target, 0)))
+    target_ready = bool(
+        new_dep
+        and new_dep.replicas == want.get(target)
+        and new_dep.rolled_out
+        and new_dep.ready_replicas >= max(1, want.get(target, 0))
+    )
     keep_old = max(want.get(current, 0), old_dep.replicas if old_dep else 0)
     if not target_ready:
-        return ServingPlan(current, {**want, current: keep_old}, True, f"bringing {target} up before moving the Service")
+        return ServingPlan(
+            current, {**want, current: keep_old}, True, f"bringing {target} up before moving the Service"
+        )
     # Target Ready: move the Service now; scale the old pool down on a later step, once the Service
     # is observed on the target (this step keeps it up).
     return ServingPlan(target, {**want, current: keep_old}, True, f"moving the Service to {target}")

@@ -40,8 +40,6 @@ import os
 from dataclasses import replace
 from typing import Any, Mapping
 
-from engine_jobs.contract import VARIANTS
-
 from ..api.spec import ReDrafterDeploymentSpec
 from ..evaluate.gate import ValidationStep, validation_step
 from ..render.common import Owner
@@ -71,8 +69,12 @@ def validation_fragment(old: Mapping[str, Any], step: ValidationStep, *, generat
         out["validation"] = {k: v for k, v in step.status.items() if v is not None}
     if step.condition is not None:
         c = step.condition
-        out["conditions"] = merge_conditions(old.get("conditions") or [], [Cond(c.type, c.status, c.reason, c.message)],  # type: ignore[arg-type]
-                                             generation=generation, now=now)
+        out["conditions"] = merge_conditions(
+            old.get("conditions") or [],
+            [Cond(c.type, c.status, c.reason, c.message)],  # type: ignore[arg-type]
+            generation=generation,
+            now=now,
+        )
     if "validation" in out:  # the last pair that passed outlives the record of newer pairs
         state = out["validation"]
         promoted = (old.get("validation") or {}).get("promoted")
@@ -105,8 +107,13 @@ def latest_pod(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The Job's most recent pod (its verdict is the current one)."""
     if not pods:
         return None
-    return max(pods, key=lambda p: ((p.get("metadata") or {}).get("creationTimestamp") or "",
-                                    (p.get("metadata") or {}).get("name") or ""))
+    return max(
+        pods,
+        key=lambda p: (
+            (p.get("metadata") or {}).get("creationTimestamp") or "",
+            (p.get("metadata") or {}).get("name") or "",
+        ),
+    )
 
 
 # ---- the promotion hub ---------------------------------------------------------------------------
@@ -123,13 +130,20 @@ class Promotion:
         gate = self.gates.get(key)
         return gate is None or gate.promote or gate.stable is not None
 
-    def set_policy(self, controller: Host, key: Key, targets: ServingTargets, spec: ReDrafterDeploymentSpec,
-                   status: Mapping[str, Any]) -> None:
+    def set_policy(
+        self,
+        controller: Host,
+        key: Key,
+        targets: ServingTargets,
+        spec: ReDrafterDeploymentSpec,
+        status: Mapping[str, Any],
+    ) -> None:
         self.policy[key] = targets
         self.publish(controller, key, spec, status)
 
-    def set_gate(self, controller: Host, key: Key, gate: Gate | None, spec: ReDrafterDeploymentSpec,
-                 status: Mapping[str, Any]) -> None:
+    def set_gate(
+        self, controller: Host, key: Key, gate: Gate | None, spec: ReDrafterDeploymentSpec, status: Mapping[str, Any]
+    ) -> None:
         self.gates[key] = gate
         self.publish(controller, key, spec, status)
 
@@ -165,8 +179,9 @@ class ValidationEvaluator:
 
     wakes_on_change = True
 
-    def __init__(self, promotion: Promotion, *, operator_image: str | None = None,
-                 interval_seconds: float = VALIDATION_INTERVAL) -> None:
+    def __init__(
+        self, promotion: Promotion, *, operator_image: str | None = None, interval_seconds: float = VALIDATION_INTERVAL
+    ) -> None:
         self.promotion = promotion
         self.operator_image = operator_image or os.environ.get(ENV_OPERATOR_IMAGE) or DEFAULT_OPERATOR_IMAGE
         self.interval_seconds = interval_seconds
@@ -201,19 +216,37 @@ class ValidationEvaluator:
         job_name = validation_job_name(name, pair[0], pair[1], attempt)
         job = await self._get(controller, f"/apis/batch/v1/namespaces/{ns}/jobs/{job_name}") if ready else None
         pod = None
-        if job is not None and any(c.get("status") == "True" and c.get("type") in ("Complete", "Failed")
-                                   for c in (job.get("status") or {}).get("conditions") or []):
-            found = await controller.client.request("GET", f"/api/v1/namespaces/{ns}/pods",
-                                                    query=[("labelSelector", f"{JOB_NAME_LABEL}={job_name}")])
+        if job is not None and any(
+            c.get("status") == "True" and c.get("type") in ("Complete", "Failed")
+            for c in (job.get("status") or {}).get("conditions") or []
+        ):
+            found = await controller.client.request(
+                "GET", f"/api/v1/namespaces/{ns}/pods", query=[("labelSelector", f"{JOB_NAME_LABEL}={job_name}")]
+            )
             pod = latest_pod(list(found.get("items") or []))
         now = now_rfc3339()
-        step = validation_step(enabled=True, redrafter_key=pair[0], base_key=pair[1], pods_ready=ready, previous=prev,
-                               job=job, pod=pod, job_name=job_name, now=now, retry_token=retry)
+        step = validation_step(
+            enabled=True,
+            redrafter_key=pair[0],
+            base_key=pair[1],
+            pods_ready=ready,
+            previous=prev,
+            job=job,
+            pod=pod,
+            job_name=job_name,
+            now=now,
+            retry_token=retry,
+        )
         if step.create_job:
             owner = Owner(name, ns, meta.get("uid") or "", spec, int(meta.get("generation") or 1))
-            manifest = validation_job(owner, redrafter_key=pair[0], base_key=pair[1],
-                                      operator_image=self.operator_image, attempt=step.attempt,
-                                      candidate=gate.stable is not None)
+            manifest = validation_job(
+                owner,
+                redrafter_key=pair[0],
+                base_key=pair[1],
+                operator_image=self.operator_image,
+                attempt=step.attempt,
+                candidate=gate.stable is not None,
+            )
             try:
                 created = await controller.client.request("POST", f"/apis/batch/v1/namespaces/{ns}/jobs", manifest)
             except ApiError as exc:
@@ -222,9 +255,18 @@ class ValidationEvaluator:
                 created = manifest
             # Step again with the Job observed, so status says "running" at once (one write, not two).
             events = step.events
-            step = validation_step(enabled=True, redrafter_key=pair[0], base_key=pair[1], pods_ready=ready,
-                                   previous={**prev, **(step.status or {})}, job=created, pod=None,
-                                   job_name=created["metadata"]["name"], now=now, retry_token=retry)
+            step = validation_step(
+                enabled=True,
+                redrafter_key=pair[0],
+                base_key=pair[1],
+                pods_ready=ready,
+                previous={**prev, **(step.status or {})},
+                job=created,
+                pod=None,
+                job_name=created["metadata"]["name"],
+                now=now,
+                retry_token=retry,
+            )
             step = replace(step, events=[*events, *step.events])
         fragment = validation_fragment(status, step, generation=int(meta.get("generation") or 1), now=now)
         patch = merge_patch({k: status.get(k) for k in fragment}, fragment)

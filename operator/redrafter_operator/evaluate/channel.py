@@ -25,8 +25,16 @@ PROTOCOLS: tuple[WireProtocol, ...] = get_args(WireProtocol)
 class Channel(Protocol):
     endpoint: str
 
-    async def send(self, text: str, opts: RequestOptions, counter: TokenCounter, *, prompt_index: int = 0,
-                   max_tokens: int | None = None, on_first_token=None) -> RequestResult: ...
+    async def send(
+        self,
+        text: str,
+        opts: RequestOptions,
+        counter: TokenCounter,
+        *,
+        prompt_index: int = 0,
+        max_tokens: int | None = None,
+        on_first_token=None,
+    ) -> RequestResult: ...
 
     async def not_ready(self) -> str | None: ...
 
@@ -63,8 +71,15 @@ class GrpcChannel:
         self.client = grpcaio.InferenceServerClient(self.endpoint)
 
     async def send(self, text, opts, counter, *, prompt_index=0, max_tokens=None, on_first_token=None):
-        return await stream_request(self.client, text, opts, counter, prompt_index=prompt_index,
-                                    max_tokens=max_tokens, on_first_token=on_first_token)
+        return await stream_request(
+            self.client,
+            text,
+            opts,
+            counter,
+            prompt_index=prompt_index,
+            max_tokens=max_tokens,
+            on_first_token=on_first_token,
+        )
 
     async def not_ready(self) -> str | None:
         try:
@@ -105,8 +120,14 @@ class OpenAIChannel:
         counted = 0
         try:
             stream = await self.client.completions.create(
-                model=await self.model(), prompt=text, max_tokens=n, stream=True,
-                stream_options={"include_usage": True}, timeout=opts.timeout_s, **kwargs)
+                model=await self.model(),
+                prompt=text,
+                max_tokens=n,
+                stream=True,
+                stream_options={"include_usage": True},
+                timeout=opts.timeout_s,
+                **kwargs,
+            )
             async for chunk in stream:
                 now = time.monotonic() - result.start
                 if chunk.choices and chunk.choices[0].text:

@@ -26,18 +26,21 @@ class Divergence:
     base: str
 
     def describe(self) -> str:
-        return (f"{self.key} prompt {_excerpt(self.prompt, 0, 40)!r}: outputs differ at character {self.char} "
-                f"(token {self.token}): redrafter {self.redrafter!r} vs base {self.base!r}")
+        return (
+            f"{self.key} prompt {_excerpt(self.prompt, 0, 40)!r}: outputs differ at character {self.char} "
+            f"(token {self.token}): redrafter {self.redrafter!r} vs base {self.base!r}"
+        )
 
 
 def _excerpt(text: str, at: int, width: int = CONTEXT_CHARS) -> str:
     start = max(at - width // 2, 0)
-    out = text[start:start + width]
+    out = text[start : start + width]
     return ("…" if start else "") + out + ("…" if start + width < len(text) else "")
 
 
-def first_divergence(key: str, prompt: str, redrafter: str, base: str,
-                     counter: TokenCounter | None = None) -> Divergence | None:
+def first_divergence(
+    key: str, prompt: str, redrafter: str, base: str, counter: TokenCounter | None = None
+) -> Divergence | None:
     """None when the outputs are identical, else where they first differ."""
     if redrafter == base:
         return None
@@ -47,14 +50,18 @@ def first_divergence(key: str, prompt: str, redrafter: str, base: str,
     token = counter.count(prefix)
     if prefix and not prefix[-1].isspace() and token and i < max(len(redrafter), len(base)):
         # the prefix ends inside the differing token: it was counted as a (partial) token
-        nxt_r, nxt_b = redrafter[i:i + 1], base[i:i + 1]
+        nxt_r, nxt_b = redrafter[i : i + 1], base[i : i + 1]
         if (nxt_r and not nxt_r.isspace()) or (nxt_b and not nxt_b.isspace()):
             token -= 1
     return Divergence(key, prompt, i, token, _excerpt(redrafter, i), _excerpt(base, i))
 
 
-def compare_outputs(prompts: Mapping[str, str], redrafter: Mapping[str, str], base: Mapping[str, str],
-                    counter: TokenCounter | None = None) -> list[Divergence]:
+def compare_outputs(
+    prompts: Mapping[str, str],
+    redrafter: Mapping[str, str],
+    base: Mapping[str, str],
+    counter: TokenCounter | None = None,
+) -> list[Divergence]:
     """Divergences over the keys both engines answered (keys in ``prompts`` order)."""
     out = []
     for key, prompt in prompts.items():

@@ -68,38 +68,90 @@ def validation_step(
     attempt = int(prev.get("attempt", 0)) if same_pair else 0
     base_status = {"redrafterKey": redrafter_key, "baseKey": base_key, "attempt": attempt}
     if same_pair and prev.get("state") == "Passed":
-        return ValidationStep(True, False, attempt, prev, GateCondition(
-            "Validated", "True", oc.PASSED, prev.get("message") or "engine pair validated"))
+        return ValidationStep(
+            True,
+            False,
+            attempt,
+            prev,
+            GateCondition("Validated", "True", oc.PASSED, prev.get("message") or "engine pair validated"),
+        )
     if same_pair and prev.get("state") == "Failed":
         if retry_token and retry_token != prev.get("retryToken"):
             attempt += 1
             status = {**base_status, "attempt": attempt, "state": "Pending", "retryToken": retry_token}
-            return ValidationStep(False, pods_ready, attempt, status, GateCondition(
-                "Validated", "Unknown", "Retrying", f"validation attempt {attempt} requested"))
-        return ValidationStep(False, False, attempt, prev, GateCondition(
-            "Validated", "False", prev.get("reason") or JOB_FAILED, prev.get("message") or "validation failed"))
+            return ValidationStep(
+                False,
+                pods_ready,
+                attempt,
+                status,
+                GateCondition("Validated", "Unknown", "Retrying", f"validation attempt {attempt} requested"),
+            )
+        return ValidationStep(
+            False,
+            False,
+            attempt,
+            prev,
+            GateCondition(
+                "Validated", "False", prev.get("reason") or JOB_FAILED, prev.get("message") or "validation failed"
+            ),
+        )
     if not pods_ready:
         status = {**base_status, "state": "Pending", "job": None}
-        return ValidationStep(False, False, attempt, status, GateCondition(
-            "Validated", "Unknown", "WaitingForPods", "waiting for Ready pods of both engines to validate"))
+        return ValidationStep(
+            False,
+            False,
+            attempt,
+            status,
+            GateCondition(
+                "Validated", "Unknown", "WaitingForPods", "waiting for Ready pods of both engines to validate"
+            ),
+        )
     if job is None:
         status = {**base_status, "state": "Running", "job": job_name}
-        return ValidationStep(False, True, attempt, status, GateCondition(
-            "Validated", "Unknown", "Validating", f"validation Job {job_name} created"),
-            events=[("Normal", "ValidationStarted", f"validating engines {redrafter_key[:12]}/{base_key[:12]} with Job {job_name}")])
+        return ValidationStep(
+            False,
+            True,
+            attempt,
+            status,
+            GateCondition("Validated", "Unknown", "Validating", f"validation Job {job_name} created"),
+            events=[
+                (
+                    "Normal",
+                    "ValidationStarted",
+                    f"validating engines {redrafter_key[:12]}/{base_key[:12]} with Job {job_name}",
+                )
+            ],
+        )
     result = oc.job_result(dict(job))
     if result is None:
         status = {**base_status, "state": "Running", "job": job_name}
-        return ValidationStep(False, False, attempt, status, GateCondition(
-            "Validated", "Unknown", "Validating", f"validation Job {job_name} running"))
+        return ValidationStep(
+            False,
+            False,
+            attempt,
+            status,
+            GateCondition("Validated", "Unknown", "Validating", f"validation Job {job_name} running"),
+        )
     verdict = oc.outcome_from_pod(dict(pod)) if pod else None
     kind, job_reason = result
     if kind == "Complete" and verdict is not None and verdict.passed:
-        status = {**base_status, "state": "Passed", "job": job_name, "reason": verdict.reason,
-                  "message": verdict.message, "completed": now}
-        return ValidationStep(True, False, attempt, status, GateCondition("Validated", "True", oc.PASSED, verdict.message),
-                              crossover=verdict.crossover_concurrency,
-                              events=[("Normal", "ValidationPassed", verdict.message)])
+        status = {
+            **base_status,
+            "state": "Passed",
+            "job": job_name,
+            "reason": verdict.reason,
+            "message": verdict.message,
+            "completed": now,
+        }
+        return ValidationStep(
+            True,
+            False,
+            attempt,
+            status,
+            GateCondition("Validated", "True", oc.PASSED, verdict.message),
+            crossover=verdict.crossover_concurrency,
+            events=[("Normal", "ValidationPassed", verdict.message)],
+        )
     if verdict is not None and not verdict.passed:
         reason, message = verdict.reason, verdict.message
     else:  # no verdict: deadline, evictions beyond the backoff limit, a crash without a message
@@ -107,5 +159,11 @@ def validation_step(
     status = {**base_status, "state": "Failed", "job": job_name, "reason": reason, "message": message, "completed": now}
     if retry_token is not None:
         status["retryToken"] = retry_token
-    return ValidationStep(False, False, attempt, status, GateCondition("Validated", "False", reason, message),
-                          events=[("Warning", "ValidationFailed", f"{reason}: {message}")])
+    return ValidationStep(
+        False,
+        False,
+        attempt,
+        status,
+        GateCondition("Validated", "False", reason, message),
+        events=[("Warning", "ValidationFailed", f"{reason}: {message}")],
+    )

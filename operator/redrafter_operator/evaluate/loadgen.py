@@ -136,8 +136,9 @@ class LoadGenerator:
     async def _send(self, index: int, prompt: Prompt) -> RequestResult:
         """One request (subclasses may route it elsewhere, e.g. the demo's per-request Service routing)."""
         assert self._client is not None
-        return await self._client.send(prompt.text, self.options, self.counter,
-                                       prompt_index=index, max_tokens=prompt.max_tokens)
+        return await self._client.send(
+            prompt.text, self.options, self.counter, prompt_index=index, max_tokens=prompt.max_tokens
+        )
 
     def _record(self, result: RequestResult) -> None:
         self.results.append(result)
@@ -168,13 +169,24 @@ class LoadGenerator:
             "started": self._issued,
             "finished": self._finished,
             "errors": self._errors,
-            **{f"recent_{k}": v for k, v in window_stats(
-                [to_sample(r) for r in self.results if r.end >= now - window], now, window).items()},
+            **{
+                f"recent_{k}": v
+                for k, v in window_stats(
+                    [to_sample(r) for r in self.results if r.end >= now - window], now, window
+                ).items()
+            },
         }
 
 
-async def run_level(endpoint: str, prompts: Sequence[Prompt], options: RequestOptions, concurrency: int,
-                    bounds: Bounds, counter: TokenCounter | None = None) -> list[RequestResult]:
+async def run_level(
+    endpoint: str,
+    prompts: Sequence[Prompt],
+    options: RequestOptions,
+    concurrency: int,
+    bounds: Bounds,
+    counter: TokenCounter | None = None,
+) -> list[RequestResult]:
     """One fixed-concurrency run (what a sweep point is)."""
-    return await LoadGenerator(endpoint, prompts, options, concurrency=concurrency, bounds=bounds,
-                               counter=counter).run()
+    return await LoadGenerator(
+        endpoint, prompts, options, concurrency=concurrency, bounds=bounds, counter=counter
+    ).run()

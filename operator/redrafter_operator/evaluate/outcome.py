@@ -25,7 +25,9 @@ INVALID_INPUT = "InvalidInput"
 EXIT_CODES = {PASSED: 0, DIVERGED: 1, REQUEST_FAILED: 1, INVALID_INPUT: 2, ENDPOINT_UNAVAILABLE: 3}
 MAX_MESSAGE_BYTES = 4096  # Kubernetes truncates termination messages beyond this
 _CROSSOVER = " | crossoverConcurrency="
-_LINE = re.compile(r"^(?P<reason>[A-Z][A-Za-z]*): (?P<message>.*?)(?: \| crossoverConcurrency=(?P<x>[0-9.eE+-]+|inf))?$")
+_LINE = re.compile(
+    r"^(?P<reason>[A-Z][A-Za-z]*): (?P<message>.*?)(?: \| crossoverConcurrency=(?P<x>[0-9.eE+-]+|inf))?$"
+)
 
 
 @dataclass(frozen=True)

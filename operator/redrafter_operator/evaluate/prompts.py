@@ -26,24 +26,27 @@ class Prompt:
     max_tokens: int | None = None  # None: the run's --max-tokens
 
 
-DEFAULT_PROMPTS: tuple[Prompt, ...] = tuple(Prompt(t) for t in (
-    "Explain speculative decoding to a new engineer in three sentences.",
-    "Write a Python function that returns the n-th Fibonacci number iteratively.",
-    "Summarise the causes of the French Revolution.",
-    "What is the difference between a process and a thread?",
-    "Translate to French: The weather is lovely today and we are going to the beach.",
-    "List five uses of a Kubernetes operator.",
-    "Describe how a transformer attention layer works.",
-    "Give a recipe for a simple tomato soup.",
-    "Why is the sky blue? Answer for a ten-year-old.",
-    "Write a haiku about GPUs waiting for memory.",
-    "Compare TCP and UDP in a short table.",
-    "What are the trade-offs of tensor parallelism versus pipeline parallelism?",
-    "Draft a polite email declining a meeting invitation.",
-    "Explain the birthday paradox with numbers.",
-    "How does a hash map handle collisions?",
-    "Tell a short story about a lighthouse keeper and a storm.",
-))
+DEFAULT_PROMPTS: tuple[Prompt, ...] = tuple(
+    Prompt(t)
+    for t in (
+        "Explain speculative decoding to a new engineer in three sentences.",
+        "Write a Python function that returns the n-th Fibonacci number iteratively.",
+        "Summarise the causes of the French Revolution.",
+        "What is the difference between a process and a thread?",
+        "Translate to French: The weather is lovely today and we are going to the beach.",
+        "List five uses of a Kubernetes operator.",
+        "Describe how a transformer attention layer works.",
+        "Give a recipe for a simple tomato soup.",
+        "Why is the sky blue? Answer for a ten-year-old.",
+        "Write a haiku about GPUs waiting for memory.",
+        "Compare TCP and UDP in a short table.",
+        "What are the trade-offs of tensor parallelism versus pipeline parallelism?",
+        "Draft a polite email declining a meeting invitation.",
+        "Explain the birthday paradox with numbers.",
+        "How does a hash map handle collisions?",
+        "Tell a short story about a lighthouse keeper and a storm.",
+    )
+)
 
 
 def parse_prompts(data: Any) -> list[Prompt]:

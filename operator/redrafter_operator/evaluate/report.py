@@ -24,14 +24,19 @@ FIGURES = ("speedup", "throughput", "latency", "acceptance")
 COLORS = {"redrafter": "#d62728", "base": "#1f77b4"}
 
 
-def build_report(levels: dict[str, list[LevelStats]], config: dict[str, Any], *, label: str | None = None,
-                 generated_at: float | None = None) -> dict[str, Any]:
+def build_report(
+    levels: dict[str, list[LevelStats]],
+    config: dict[str, Any],
+    *,
+    label: str | None = None,
+    generated_at: float | None = None,
+) -> dict[str, Any]:
     """The JSON document: config, per-level stats per variant, speedup, crossover, acceptance."""
     sp = speedups(levels.get("redrafter", []), levels.get("base", [])) if {"redrafter", "base"} <= set(levels) else []
     cross = crossover(sp) if sp else Crossover("no_data", None)
     hist: dict[tuple[float, float], int] = {}
     for lv in levels.get("redrafter", []):
-        for b in (lv.acceptance.histogram if lv.acceptance else []):
+        for b in lv.acceptance.histogram if lv.acceptance else []:
             hist[(b["lo"], b["hi"])] = hist.get((b["lo"], b["hi"]), 0) + b["count"]
     drafted = sum(lv.acceptance.draft_tokens for lv in levels.get("redrafter", []) if lv.acceptance)
     accepted = sum(lv.acceptance.accepted_draft_tokens for lv in levels.get("redrafter", []) if lv.acceptance)
@@ -92,12 +97,15 @@ def figures(report: dict[str, Any]) -> dict[str, bytes]:
     if report["speedup"]:
         fig, ax = plt.subplots(figsize=(6, 4))
         xs = [p["concurrency"] for p in report["speedup"]]
-        ax.plot(xs, [p["speedup"] for p in report["speedup"]], "o-", color=COLORS["redrafter"], label="ReDrafter / base")
+        ax.plot(
+            xs, [p["speedup"] for p in report["speedup"]], "o-", color=COLORS["redrafter"], label="ReDrafter / base"
+        )
         ax.axhline(1.0, color="grey", ls="--", lw=1)
         cross = report["crossover"]
         if cross["status"] == "crossed":
-            ax.axvline(cross["concurrency"], color="black", ls=":", lw=1,
-                       label=f"crossover ≈ {cross['concurrency']:.1f}")
+            ax.axvline(
+                cross["concurrency"], color="black", ls=":", lw=1, label=f"crossover ≈ {cross['concurrency']:.1f}"
+            )
         _log2_axis(ax, conc)
         ax.set_ylabel("output tokens/s speedup")
         ax.set_title(_title(report, "ReDrafter speedup over base vs concurrency"))
@@ -116,14 +124,34 @@ def figures(report: dict[str, Any]) -> dict[str, bytes]:
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
         for v, lvs in levels.items():
             c = COLORS.get(v)
-            a1.plot([lv.concurrency for lv in lvs], [lv.ttft.p50 * 1e3 if lv.ttft else float("nan") for lv in lvs],
-                    "o-", color=c, label=f"{v} TTFT p50")
-            a1.plot([lv.concurrency for lv in lvs], [lv.itl.p50 * 1e3 if lv.itl else float("nan") for lv in lvs],
-                    "s--", color=c, label=f"{v} inter-token p50")
-            a2.plot([lv.concurrency for lv in lvs], [lv.e2e.p50 if lv.e2e else float("nan") for lv in lvs],
-                    "o-", color=c, label=f"{v} p50")
-            a2.plot([lv.concurrency for lv in lvs], [lv.e2e.p99 if lv.e2e else float("nan") for lv in lvs],
-                    "^:", color=c, label=f"{v} p99")
+            a1.plot(
+                [lv.concurrency for lv in lvs],
+                [lv.ttft.p50 * 1e3 if lv.ttft else float("nan") for lv in lvs],
+                "o-",
+                color=c,
+                label=f"{v} TTFT p50",
+            )
+            a1.plot(
+                [lv.concurrency for lv in lvs],
+                [lv.itl.p50 * 1e3 if lv.itl else float("nan") for lv in lvs],
+                "s--",
+                color=c,
+                label=f"{v} inter-token p50",
+            )
+            a2.plot(
+                [lv.concurrency for lv in lvs],
+                [lv.e2e.p50 if lv.e2e else float("nan") for lv in lvs],
+                "o-",
+                color=c,
+                label=f"{v} p50",
+            )
+            a2.plot(
+                [lv.concurrency for lv in lvs],
+                [lv.e2e.p99 if lv.e2e else float("nan") for lv in lvs],
+                "^:",
+                color=c,
+                label=f"{v} p99",
+            )
         for ax in (a1, a2):
             _log2_axis(ax, conc)
             ax.legend(fontsize=8)
@@ -135,11 +163,21 @@ def figures(report: dict[str, Any]) -> dict[str, bytes]:
     hist = report["acceptance"]["histogram"]
     if hist and any(b["count"] for b in hist):
         fig, ax = plt.subplots(figsize=(6, 4))
-        ax.bar([b["lo"] for b in hist], [b["count"] for b in hist], width=[b["hi"] - b["lo"] for b in hist],
-               align="edge", color=COLORS["redrafter"], edgecolor="white")
+        ax.bar(
+            [b["lo"] for b in hist],
+            [b["count"] for b in hist],
+            width=[b["hi"] - b["lo"] for b in hist],
+            align="edge",
+            color=COLORS["redrafter"],
+            edgecolor="white",
+        )
         if report["acceptance"]["pooled"] is not None:
-            ax.axvline(report["acceptance"]["pooled"], color="black", ls=":",
-                       label=f"pooled {report['acceptance']['pooled']:.2f}")
+            ax.axvline(
+                report["acceptance"]["pooled"],
+                color="black",
+                ls=":",
+                label=f"pooled {report['acceptance']['pooled']:.2f}",
+            )
             ax.legend()
         ax.set_xlabel("per-request acceptance rate (accepted / drafted)")
         ax.set_ylabel("requests")
@@ -164,9 +202,11 @@ def _crossover_text(cross: dict[str, Any]) -> str:
 
 
 def _table(report: dict[str, Any]) -> list[str]:
-    rows = ["| variant | concurrency | requests | errors | tokens/s | TTFT p50 (ms) | ITL p50 (ms) | "
-            "e2e p50 / p99 (s) | acceptance | GPU util (%) |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = [
+        "| variant | concurrency | requests | errors | tokens/s | TTFT p50 (ms) | ITL p50 (ms) | "
+        "e2e p50 / p99 (s) | acceptance | GPU util (%) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for v, lvs in load_levels(report).items():
         for lv in lvs:
             rows.append(
@@ -186,28 +226,39 @@ def markdown(report: dict[str, Any], figure_files: dict[str, str] | None = None)
     if report.get("label"):
         lines += [f"> **{report['label']}** — every figure below comes from this source.", ""]
     lines += [
-        "## Result", "", _crossover_text(report["crossover"]), "",
-        "| concurrency | speedup (ReDrafter / base tokens/s) |", "|---:|---:|",
-        *[f"| {p['concurrency']} | {p['speedup']:.2f}× |" for p in report["speedup"]], "",
+        "## Result",
+        "",
+        _crossover_text(report["crossover"]),
+        "",
+        "| concurrency | speedup (ReDrafter / base tokens/s) |",
+        "|---:|---:|",
+        *[f"| {p['concurrency']} | {p['speedup']:.2f}× |" for p in report["speedup"]],
+        "",
     ]
     acc = report["acceptance"]
     if acc["pooled"] is not None:
-        lines += [f"Acceptance (pooled over all ReDrafter requests): **{acc['pooled']:.3f}** "
-                  f"({acc['accepted_draft_tokens']} of {acc['draft_tokens']} draft tokens).", ""]
+        lines += [
+            f"Acceptance (pooled over all ReDrafter requests): **{acc['pooled']:.3f}** "
+            f"({acc['accepted_draft_tokens']} of {acc['draft_tokens']} draft tokens).",
+            "",
+        ]
     lines += ["## Per level", "", *_table(report), ""]
     for name in FIGURES:
         if figure_files and name in figure_files:
             lines += [f"![{name}]({figure_files[name]})", ""]
     lines += [
-        "## Method", "",
+        "## Method",
+        "",
         f"Closed-loop streaming load over gRPC against the `{cfg.get('model', 'ensemble')}` model; "
         f"{cfg.get('requests_per_worker')} requests per concurrent worker per level, "
         f"{cfg.get('max_tokens')} output tokens per request (fixed length: {cfg.get('fixed_length')}), "
         f"greedy: {cfg.get('greedy')}, {cfg.get('prompts')} prompts. Tokens counted by: "
         f"{cfg.get('token_counting')}. Inter-token latency spreads each chunk's gap over the tokens it "
         "carries. Speedup = output tokens/s of ReDrafter ÷ base at equal concurrency; the crossover is "
-        "interpolated linearly between the last faster and the first slower level.", "",
-        "Endpoints: " + ", ".join(f"{v} `{u}`" for v, u in cfg.get("endpoints", {}).items()), "",
+        "interpolated linearly between the last faster and the first slower level.",
+        "",
+        "Endpoints: " + ", ".join(f"{v} `{u}`" for v, u in cfg.get("endpoints", {}).items()),
+        "",
     ]
     return "\n".join(lines)
 
@@ -216,10 +267,14 @@ def html(report: dict[str, Any], pngs: dict[str, bytes]) -> str:
     """A self-contained HTML page: the markdown's content with the PNGs embedded as data URIs."""
     e = htmllib.escape
     title = "ReDrafter evaluation" + (f" — {report['label']}" if report.get("label") else "")
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title>",
-             "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse}"
-             "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}.label{background:#fff3cd;padding:8px}"
-             "</style></head><body>", f"<h1>{e(title)}</h1>", f"<p>Generated {e(report['generated_at'])}.</p>"]
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title>",
+        "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}.label{background:#fff3cd;padding:8px}"
+        "</style></head><body>",
+        f"<h1>{e(title)}</h1>",
+        f"<p>Generated {e(report['generated_at'])}.</p>",
+    ]
     if report.get("label"):
         parts.append(f"<p class='label'><b>{e(report['label'])}</b> — every figure below comes from this source.</p>")
     cross = _crossover_text(report["crossover"]).replace("**", "")

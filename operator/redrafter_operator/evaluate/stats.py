@@ -78,7 +78,9 @@ def summarize(values: Iterable[float]) -> Dist | None:
     xs = [float(v) for v in values]
     if not xs:
         return None
-    return Dist(len(xs), sum(xs) / len(xs), percentile(xs, 50), percentile(xs, 90), percentile(xs, 99), min(xs), max(xs))
+    return Dist(
+        len(xs), sum(xs) / len(xs), percentile(xs, 50), percentile(xs, 90), percentile(xs, 99), min(xs), max(xs)
+    )
 
 
 def inter_token_latencies(chunk_times: Sequence[float], chunk_tokens: Sequence[int]) -> list[float]:
@@ -128,11 +130,15 @@ def acceptance(samples: Iterable[Sample]) -> Acceptance | None:
     drafted = [s for s in samples if s.ok and s.draft_tokens]
     if not drafted:
         return None
-    rates = [s.acceptance_rate if s.acceptance_rate is not None else (s.accepted_draft_tokens or 0) / s.draft_tokens
-             for s in drafted]
+    rates = [
+        s.acceptance_rate if s.acceptance_rate is not None else (s.accepted_draft_tokens or 0) / s.draft_tokens
+        for s in drafted
+    ]
     total = sum(s.draft_tokens or 0 for s in drafted)
     accepted = sum(s.accepted_draft_tokens or 0 for s in drafted)
-    return Acceptance(len(drafted), sum(rates) / len(rates), accepted / total, total, accepted, acceptance_histogram(rates))
+    return Acceptance(
+        len(drafted), sum(rates) / len(rates), accepted / total, total, accepted, acceptance_histogram(rates)
+    )
 
 
 @dataclass(frozen=True)
@@ -169,8 +175,9 @@ class LevelStats:
         return cls(**plain, **{k: dist(k) for k in keys[:-1]}, acceptance=acc)
 
 
-def level_stats(concurrency: int, samples: Sequence[Sample], gpu_utilization: float | None = None,
-                first_error: str | None = None) -> LevelStats:
+def level_stats(
+    concurrency: int, samples: Sequence[Sample], gpu_utilization: float | None = None, first_error: str | None = None
+) -> LevelStats:
     ok = [s for s in samples if s.ok]
     duration = (max(s.end for s in samples) - min(s.start for s in samples)) if samples else 0.0
     tokens = sum(s.output_tokens for s in ok)
@@ -200,8 +207,11 @@ def level_stats(concurrency: int, samples: Sequence[Sample], gpu_utilization: fl
 def speedups(redrafter: Sequence[LevelStats], base: Sequence[LevelStats]) -> list[tuple[int, float]]:
     """(concurrency, ReDrafter tokens/s ÷ base tokens/s) at every concurrency both measured."""
     by_c = {lv.concurrency: lv for lv in base if lv.tokens_per_s > 0}
-    return sorted((lv.concurrency, lv.tokens_per_s / by_c[lv.concurrency].tokens_per_s)
-                  for lv in redrafter if lv.concurrency in by_c)
+    return sorted(
+        (lv.concurrency, lv.tokens_per_s / by_c[lv.concurrency].tokens_per_s)
+        for lv in redrafter
+        if lv.concurrency in by_c
+    )
 
 
 @dataclass(frozen=True)

@@ -142,8 +142,9 @@ async def stream_request(
     return result
 
 
-def add_text(result: RequestResult, piece: str, counter: TokenCounter, counted: int, now: float,
-             on_first_token=None) -> int:
+def add_text(
+    result: RequestResult, piece: str, counter: TokenCounter, counted: int, now: float, on_first_token=None
+) -> int:
     """Append one chunk's text and time the tokens it completed; the new token count.
 
     Tokens are counted on the cumulative text (a chunk may end inside a multi-token word); a chunk
@@ -178,8 +179,13 @@ def to_sample(r: RequestResult):
     from .stats import Sample
 
     return Sample(
-        start=r.start, end=r.end, ok=r.ok, output_tokens=r.output_tokens,
-        chunk_times=tuple(r.chunk_times), chunk_tokens=tuple(r.chunk_tokens),
-        acceptance_rate=r.acceptance_rate, accepted_draft_tokens=r.accepted_draft_tokens,
+        start=r.start,
+        end=r.end,
+        ok=r.ok,
+        output_tokens=r.output_tokens,
+        chunk_times=tuple(r.chunk_times),
+        chunk_tokens=tuple(r.chunk_tokens),
+        acceptance_rate=r.acceptance_rate,
+        accepted_draft_tokens=r.accepted_draft_tokens,
         draft_tokens=r.draft_tokens,
     )

@@ -39,8 +39,12 @@ class SweepResult:
     duration_s: float
 
 
-async def run_sweep(config: SweepConfig, prompts: Sequence[Prompt], counter: TokenCounter | None = None,
-                    progress: Callable[[str, LevelStats], None] | None = None) -> SweepResult:
+async def run_sweep(
+    config: SweepConfig,
+    prompts: Sequence[Prompt],
+    counter: TokenCounter | None = None,
+    progress: Callable[[str, LevelStats], None] | None = None,
+) -> SweepResult:
     counter = counter or WordCounter()
     started = time.time()
     t0 = time.monotonic()
@@ -53,9 +57,14 @@ async def run_sweep(config: SweepConfig, prompts: Sequence[Prompt], counter: Tok
             sampler = GpuSampler(config.metrics_urls[variant]) if variant in config.metrics_urls else None
             if sampler:
                 sampler.start()
-            results = await run_level(endpoint, prompts, config.options, c,
-                                      Bounds(max_requests=c * config.requests_per_worker, duration_s=config.max_level_s),
-                                      counter)
+            results = await run_level(
+                endpoint,
+                prompts,
+                config.options,
+                c,
+                Bounds(max_requests=c * config.requests_per_worker, duration_s=config.max_level_s),
+                counter,
+            )
             gpu = await sampler.stop() if sampler else None
             first_error = next((r.error for r in results if r.error), None)
             stats = level_stats(c, [to_sample(r) for r in results], gpu, first_error)

@@ -69,10 +69,14 @@ class ValidationReport:
 
     def to_dict(self) -> dict:
         return {
-            "reason": self.outcome.reason, "message": self.outcome.message,
-            "crossover_concurrency": self.outcome.crossover_concurrency, "requests": self.requests,
-            "scenarios": self.scenarios, "failures": self.failures,
-            "divergences": [d.__dict__ for d in self.divergences], "duration_s": round(self.duration_s, 3),
+            "reason": self.outcome.reason,
+            "message": self.outcome.message,
+            "crossover_concurrency": self.outcome.crossover_concurrency,
+            "requests": self.requests,
+            "scenarios": self.scenarios,
+            "failures": self.failures,
+            "divergences": [d.__dict__ for d in self.divergences],
+            "duration_s": round(self.duration_s, 3),
         }
 
 
@@ -81,12 +85,23 @@ class _Runner:
 
     def __init__(self, client: Channel, cfg: ValidationConfig, counter: TokenCounter):
         self.client, self.cfg, self.counter = client, cfg, counter
-        self.opts = RequestOptions(max_tokens=cfg.max_tokens, greedy=True, fixed_length=True, want_perf=True,
-                                   timeout_s=cfg.request_timeout_s, protocol=cfg.protocol)
+        self.opts = RequestOptions(
+            max_tokens=cfg.max_tokens,
+            greedy=True,
+            fixed_length=True,
+            want_perf=True,
+            timeout_s=cfg.request_timeout_s,
+            protocol=cfg.protocol,
+        )
 
     async def one(self, key: str, prompt: Prompt, max_tokens: int | None = None, on_first_token=None) -> Item:
-        r = await self.client.send(prompt.text, self.opts, self.counter,
-                                   max_tokens=max_tokens or prompt.max_tokens, on_first_token=on_first_token)
+        r = await self.client.send(
+            prompt.text,
+            self.opts,
+            self.counter,
+            max_tokens=max_tokens or prompt.max_tokens,
+            on_first_token=on_first_token,
+        )
         return Item(key, prompt.text, r)
 
     def prompt(self, i: int) -> Prompt:
@@ -96,21 +111,29 @@ class _Runner:
         return [await self.one(f"single#{i}", self.prompt(i)) for i in range(self.cfg.single_requests)]
 
     async def context_only(self) -> list[Item]:
-        return list(await asyncio.gather(*(self.one(f"context_only#{i}", self.prompt(i))
-                                           for i in range(self.cfg.batch_size))))
+        return list(
+            await asyncio.gather(*(self.one(f"context_only#{i}", self.prompt(i)) for i in range(self.cfg.batch_size)))
+        )
 
     async def generation_only(self) -> list[Item]:
         n = self.cfg.long_max_tokens
-        return list(await asyncio.gather(*(self.one(f"generation_only#{i}", self.prompt(i), n)
-                                           for i in range(self.cfg.batch_size))))
+        return list(
+            await asyncio.gather(
+                *(self.one(f"generation_only#{i}", self.prompt(i), n) for i in range(self.cfg.batch_size))
+            )
+        )
 
     async def mixed(self) -> list[Item]:
         """Long requests first; once each is generating, a wave of new prompts joins the batch."""
         n_long = max(self.cfg.batch_size // 2, 1)
         n_short = max(self.cfg.batch_size - n_long, 1)
         generating = asyncio.Semaphore(0)
-        longs = [asyncio.ensure_future(self.one(f"mixed#long-{i}", self.prompt(i), self.cfg.long_max_tokens,
-                                                on_first_token=generating.release)) for i in range(n_long)]
+        longs = [
+            asyncio.ensure_future(
+                self.one(f"mixed#long-{i}", self.prompt(i), self.cfg.long_max_tokens, on_first_token=generating.release)
+            )
+            for i in range(n_long)
+        ]
 
         async def all_generating() -> None:
             for _ in range(n_long):
@@ -132,19 +155,24 @@ class _Runner:
         if cfg.max_seq_len is not None:
             n = max(min(n, cfg.max_seq_len - cfg.max_input_len), 1)
         alone = await self.one("max_length#0", long_prompt, n)
-        together = await asyncio.gather(self.one("max_length#1", long_prompt, n), self.one("max_length#2", self.prompt(0)))
+        together = await asyncio.gather(
+            self.one("max_length#1", long_prompt, n), self.one("max_length#2", self.prompt(0))
+        )
         return [alone, *together]
 
     def scenarios(self) -> list[tuple[str, Callable[[], Awaitable[list[Item]]]]]:
-        out = [("single", self.single), ("context_only", self.context_only),
-               ("generation_only", self.generation_only), ("mixed", self.mixed)]
+        out = [
+            ("single", self.single),
+            ("context_only", self.context_only),
+            ("generation_only", self.generation_only),
+            ("mixed", self.mixed),
+        ]
         if self.cfg.max_input_len is not None:
             out.append(("max_length", self.max_length))
         return out
 
 
-async def wait_ready(target: str, timeout_s: float, poll_s: float = 2.0,
-                     protocol: WireProtocol = "grpc") -> str | None:
+async def wait_ready(target: str, timeout_s: float, poll_s: float = 2.0, protocol: WireProtocol = "grpc") -> str | None:
     """None once ``target`` serves (its entry model, or its OpenAI API, is ready); else the last error
     after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
@@ -161,12 +189,15 @@ async def wait_ready(target: str, timeout_s: float, poll_s: float = 2.0,
         await asyncio.sleep(poll_s)
 
 
-def judge(items: dict[str, list[Item]], cfg: ValidationConfig,
-          counter: TokenCounter | None = None) -> tuple[oc.ValidationOutcome, list[dict], list[Divergence]]:
+def judge(
+    items: dict[str, list[Item]], cfg: ValidationConfig, counter: TokenCounter | None = None
+) -> tuple[oc.ValidationOutcome, list[dict], list[Divergence]]:
     """The verdict from every request's result on both engines (pure)."""
     failures = [
         {"variant": v, "key": it.key, "prompt": it.prompt[:80], "error": it.result.error}
-        for v in VARIANTS for it in items.get(v, []) if not it.result.ok
+        for v in VARIANTS
+        for it in items.get(v, [])
+        if not it.result.ok
     ]
     prompts = {it.key: it.prompt for it in items.get("redrafter", [])}
     outputs = {v: {it.key: it.result.text for it in items.get(v, []) if it.result.ok} for v in VARIANTS}
@@ -175,22 +206,34 @@ def judge(items: dict[str, list[Item]], cfg: ValidationConfig,
     if failures:
         f = failures[0]
         more = f" (and {len(failures) - 1} more failed requests)" if len(failures) > 1 else ""
-        return oc.ValidationOutcome(
-            oc.REQUEST_FAILED,
-            f"{f['variant']} engine failed request {f['key']} (prompt {f['prompt'][:40]!r}): {f['error']}{more}",
-        ), failures, divergences
+        return (
+            oc.ValidationOutcome(
+                oc.REQUEST_FAILED,
+                f"{f['variant']} engine failed request {f['key']} (prompt {f['prompt'][:40]!r}): {f['error']}{more}",
+            ),
+            failures,
+            divergences,
+        )
     if len(divergences) > cfg.max_divergences:
-        return oc.ValidationOutcome(
-            oc.DIVERGED,
-            f"{len(divergences)} of {total} greedy outputs differ between redrafter and base "
-            f"(allowed {cfg.max_divergences}); first: {divergences[0].describe()}",
-        ), failures, divergences
+        return (
+            oc.ValidationOutcome(
+                oc.DIVERGED,
+                f"{len(divergences)} of {total} greedy outputs differ between redrafter and base "
+                f"(allowed {cfg.max_divergences}); first: {divergences[0].describe()}",
+            ),
+            failures,
+            divergences,
+        )
     scen = sorted({it.key.split("#")[0] for it in items.get("redrafter", [])})
     same = total - len(divergences)
-    return oc.ValidationOutcome(
-        oc.PASSED,
-        f"{total} requests per engine ({', '.join(scen)}): {same} greedy outputs identical, no errors",
-    ), failures, divergences
+    return (
+        oc.ValidationOutcome(
+            oc.PASSED,
+            f"{total} requests per engine ({', '.join(scen)}): {same} greedy outputs identical, no errors",
+        ),
+        failures,
+        divergences,
+    )
 
 
 async def validate(cfg: ValidationConfig, counter: TokenCounter | None = None) -> ValidationReport:
@@ -200,8 +243,11 @@ async def validate(cfg: ValidationConfig, counter: TokenCounter | None = None) -
     for v, target in targets.items():
         err = await wait_ready(target, cfg.ready_timeout_s, protocol=cfg.protocol)
         if err is not None:
-            return ValidationReport(oc.ValidationOutcome(
-                oc.ENDPOINT_UNAVAILABLE, f"{v} endpoint {target} not ready after {cfg.ready_timeout_s:g}s: {err}"))
+            return ValidationReport(
+                oc.ValidationOutcome(
+                    oc.ENDPOINT_UNAVAILABLE, f"{v} endpoint {target} not ready after {cfg.ready_timeout_s:g}s: {err}"
+                )
+            )
     items: dict[str, list[Item]] = {}
     names: list[str] = []
     for v, target in targets.items():
@@ -216,5 +262,6 @@ async def validate(cfg: ValidationConfig, counter: TokenCounter | None = None) -
         finally:
             await client.close()
     outcome, failures, divergences = judge(items, cfg, counter)
-    return ValidationReport(outcome, {v: len(x) for v, x in items.items()}, failures, divergences, names,
-                            time.monotonic() - t0)
+    return ValidationReport(
+        outcome, {v: len(x) for v, x in items.items()}, failures, divergences, names, time.monotonic() - t0
+    )

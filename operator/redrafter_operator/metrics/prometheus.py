@@ -15,8 +15,9 @@ from typing import Callable, Sequence
 
 import aiohttp
 
-from .samples import COUNTER_METRICS, PodError, PodSample, PodTarget, Reading, collect
 from engine_jobs import contract as c
+
+from .samples import COUNTER_METRICS, PodError, PodSample, PodTarget, Reading, collect
 
 _NAMES = sorted({*COUNTER_METRICS.values(), c.METRIC_TRTLLM_REQUESTS, "up"})
 #: target labels the scrape config must attach to every serving pod's series
@@ -32,7 +33,7 @@ def build_query(namespace: str, pods: Sequence[str]) -> str:
     names = "|".join(re.escape(n) for n in _NAMES)
     pod_re = "|".join(re.escape(p) for p in pods)
     ns_label, pod_label = TARGET_LABELS
-    return f'{{__name__=~{_quote(names)},{ns_label}={_quote(namespace)},{pod_label}=~{_quote(pod_re)}}}'
+    return f"{{__name__=~{_quote(names)},{ns_label}={_quote(namespace)},{pod_label}=~{_quote(pod_re)}}}"
 
 
 class PrometheusError(RuntimeError):

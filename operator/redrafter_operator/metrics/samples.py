@@ -63,9 +63,14 @@ class PodTarget:
         restarts = sum(int(s.get("restartCount", 0)) for s in statuses)
         started = _container_start(statuses) or status.get("startTime")
         return cls(
-            name=meta["name"], uid=meta.get("uid", meta["name"]), variant=variant,
-            pool=pool if pool in c.VARIANTS else variant, ip=status.get("podIP"), port=port,
-            restarts=restarts, started_at=_epoch(started) if started else None,
+            name=meta["name"],
+            uid=meta.get("uid", meta["name"]),
+            variant=variant,
+            pool=pool if pool in c.VARIANTS else variant,
+            ip=status.get("podIP"),
+            port=port,
+            restarts=restarts,
+            started_at=_epoch(started) if started else None,
         )
 
 

@@ -78,6 +78,12 @@ class PodScraper:
             return fail(str(exc))
         counters, load = collect(series, self.deployment)
         return PodSample(
-            pod=target.name, identity=target.identity, variant=target.variant, pool=target.pool,
-            time=self._clock(), counters=counters, load=load, started_at=target.started_at,
+            pod=target.name,
+            identity=target.identity,
+            variant=target.variant,
+            pool=target.pool,
+            time=self._clock(),
+            counters=counters,
+            load=load,
+            started_at=target.started_at,
         )

@@ -30,16 +30,21 @@ def targets_from_pods(pods: Iterable[Mapping[str, Any]], port: int = METRICS_POR
 def statuses_from_pods(pods: Iterable[Mapping[str, Any]]) -> list[PodStatus]:
     """Every serving pod's readiness (Ready or not), for the autoscaler; sorted by name. A pod with an
     unknown variant belongs to no pool (the scrape reports it as an error)."""
-    return sorted((PodStatus.from_pod(p) for p in pods if _serving(p) and
-                   (p.get("metadata", {}).get("labels") or {}).get(LABEL_VARIANT) in VARIANTS),
-                  key=lambda s: s.name)
+    return sorted(
+        (
+            PodStatus.from_pod(p)
+            for p in pods
+            if _serving(p) and (p.get("metadata", {}).get("labels") or {}).get(LABEL_VARIANT) in VARIANTS
+        ),
+        key=lambda s: s.name,
+    )
 
 
-def source_for(spec, deployment: str, namespace: str,
-               session: aiohttp.ClientSession | None = None) -> MetricsSource:
+def source_for(spec, deployment: str, namespace: str, session: aiohttp.ClientSession | None = None) -> MetricsSource:
     """PodScraper or PrometheusSource per ``spec.metrics`` (timeouts from the spec)."""
     m = spec.metrics
     if m.source == "Prometheus":
-        return PrometheusSource(m.prometheus_url, deployment, namespace, timeout=m.scrape_timeout_seconds,
-                                session=session)
+        return PrometheusSource(
+            m.prometheus_url, deployment, namespace, timeout=m.scrape_timeout_seconds, session=session
+        )
     return PodScraper(deployment, timeout=m.scrape_timeout_seconds, session=session)

@@ -166,8 +166,11 @@ def advance(state: WindowState | None, reading: Reading) -> tuple[Windows, Windo
     def group(attr: str) -> dict[str, Aggregate]:
         keys = {getattr(d.sample, attr) for d in deltas} | {getattr(e, attr) for e in reading.errors}
         return {
-            k: _aggregate((d for d in deltas if getattr(d.sample, attr) == k),
-                          (e for e in reading.errors if getattr(e, attr) == k), seconds)
+            k: _aggregate(
+                (d for d in deltas if getattr(d.sample, attr) == k),
+                (e for e in reading.errors if getattr(e, attr) == k),
+                seconds,
+            )
             for k in sorted(keys)
         }
 

@@ -54,7 +54,8 @@ class AutoscalerState(BaseModel):
 
     recommendations: list[tuple[float, int]] = Field(default_factory=list)
     settle: tuple[float, int] | None = Field(
-        default=None, description="(until, replicas): no scale-down below replicas until then (Service just moved).")
+        default=None, description="(until, replicas): no scale-down below replicas until then (Service just moved)."
+    )
 
 
 @dataclass(frozen=True)
@@ -85,8 +86,11 @@ def pool_load(reading: Reading, pool: str, pods: Iterable[PodStatus] | None = No
     """The serving Deployment's pods (variant == pool: a canary in the pool is another Deployment) grouped
     as ``groupPods`` does; None when no ready pod reported load. Without ``pods`` (no pod list), the
     pods in the reading are the only ones known: those that failed to answer are missing."""
-    usage = {s.pod: s.load["active"] + s.load.get("waiting", 0.0) for s in reading.samples
-             if s.variant == pool and s.pool == pool and "active" in s.load}
+    usage = {
+        s.pod: s.load["active"] + s.load.get("waiting", 0.0)
+        for s in reading.samples
+        if s.variant == pool and s.pool == pool and "active" in s.load
+    }
     if pods is None:
         missing = sum(1 for e in reading.errors if e.variant == pool and e.pool == pool)
         unready = 0
@@ -141,13 +145,16 @@ def _direction(desired: int, current: int) -> str:
 def settled(spec, current: int, now: float) -> AutoscalerState:
     """State right after the Service moved to another pool: no scale-down below ``current`` for the
     scale-down window (at least SETTLE_INTERVALS evaluations), the old pool's history dropped."""
-    window = max(parse_duration(spec.autoscaling.scale_down_stabilization),
-                 SETTLE_INTERVALS * parse_duration(spec.speculation.interval))
+    window = max(
+        parse_duration(spec.autoscaling.scale_down_stabilization),
+        SETTLE_INTERVALS * parse_duration(spec.speculation.interval),
+    )
     return AutoscalerState(recommendations=[], settle=(now + window, current))
 
 
-def recommend(spec, state: AutoscalerState, current: int, load: PoolLoad | None,
-              now: float) -> tuple[ScaleDecision, AutoscalerState]:
+def recommend(
+    spec, state: AutoscalerState, current: int, load: PoolLoad | None, now: float
+) -> tuple[ScaleDecision, AutoscalerState]:
     """One autoscaler evaluation for the serving pool (``load``: see :func:`pool_load`). Pure."""
     a = spec.autoscaling
     if a.mode != "Operator":
@@ -178,9 +185,11 @@ def recommend(spec, state: AutoscalerState, current: int, load: PoolLoad | None,
 
     step = max(current - a.max_step, min(current + a.max_step, stabilized))
     final = max(a.min_replicas, min(a.max_replicas, step))
-    msg = (f"queue/replica {metric:.2f} over {load.ready} ready pods ({load.missing} missing, {load.unready} "
-           f"pending) vs target {a.target_queue_per_replica} (tolerance {a.tolerance}): "
-           f"recommendation {raw}, stabilized {stabilized}, limited {final}")
+    msg = (
+        f"queue/replica {metric:.2f} over {load.ready} ready pods ({load.missing} missing, {load.unready} "
+        f"pending) vs target {a.target_queue_per_replica} (tolerance {a.tolerance}): "
+        f"recommendation {raw}, stabilized {stabilized}, limited {final}"
+    )
     if final == current:
         if why in ("WithinTolerance", "MissingPodsConservative", "UnreadyPodsConservative"):
             reason = why

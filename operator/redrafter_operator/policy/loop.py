@@ -70,10 +70,19 @@ class Evaluation:
         return ServingPlan(active=active, replicas={active: replicas, other: standby}, canary=canary)
 
 
-def step(spec, state: PolicyState | None, reading: Reading | None, now: float, *, current_replicas: int,
-         error: str | None = None, available: frozenset[str] = BOTH,
-         measured_crossover: float | None = None, serving: str | None = None,
-         pods: Sequence[PodStatus] | None = None) -> tuple[Evaluation, PolicyState]:
+def step(
+    spec,
+    state: PolicyState | None,
+    reading: Reading | None,
+    now: float,
+    *,
+    current_replicas: int,
+    error: str | None = None,
+    available: frozenset[str] = BOTH,
+    measured_crossover: float | None = None,
+    serving: str | None = None,
+    pods: Sequence[PodStatus] | None = None,
+) -> tuple[Evaluation, PolicyState]:
     """Evaluate once. ``reading`` is None when the metrics source failed as a whole (``error`` says why).
 
     ``current_replicas``: spec replicas of the serving pool's Deployment (canary excluded). In
@@ -109,8 +118,9 @@ def step(spec, state: PolicyState | None, reading: Reading | None, now: float, *
     auto = settled(spec, current_replicas, now) if moved and spec.autoscaling.mode == "Operator" else state.autoscaler
     load = pool_load(reading, pool, pods) if reading is not None and not decision.switched and not moved else None
     scale, auto_state = recommend(spec, auto, current_replicas, load, now)
-    new = PolicyState(window=window_state, speculation=spec_state, autoscaler=auto_state, replicas=scale.replicas,
-                      serving=pool)
+    new = PolicyState(
+        window=window_state, speculation=spec_state, autoscaler=auto_state, replicas=scale.replicas, serving=pool
+    )
     return Evaluation(decision, scale, windows, current_replicas, canary_replicas(spec, spec_state)), new
 
 

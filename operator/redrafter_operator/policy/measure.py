@@ -77,8 +77,10 @@ def _pool_batch(windows: Windows, pool: str, previous: float | None = None) -> f
 def _row(agg: Aggregate) -> list[float]:
     """The counters of one window that acceptance is computed from (kept in state.recent)."""
     inc = agg.increases
-    return [round(inc.get(k, 0.0), 3) for k in ("requests", "draft_tokens", "accepted_draft_tokens",
-                                                "output_tokens", "steps")]
+    return [
+        round(inc.get(k, 0.0), 3)
+        for k in ("requests", "draft_tokens", "accepted_draft_tokens", "output_tokens", "steps")
+    ]
 
 
 def _pool(rows: list[list[float]], min_samples: int) -> tuple[list[float], int] | None:
@@ -101,8 +103,10 @@ def _acceptance_of(agg: Aggregate | None, rows: list[list[float]], min_samples: 
     pooled = _pool(rows, min_samples)
     if pooled is None:
         n = int(sum(r[0] for r in rows))
-        return ("TooFewSamples", f"{n} finished requests in the last {len(rows)} intervals < minSamples "
-                f"{min_samples}"), None
+        return (
+            "TooFewSamples",
+            f"{n} finished requests in the last {len(rows)} intervals < minSamples {min_samples}",
+        ), None
     if pooled[0][1] <= 0:
         return ("NoDraftTokens", "no draft tokens were proposed in the window"), None
     return None, pooled
@@ -135,23 +139,46 @@ def measure(spec, state: SpeculationState, obs: Observation) -> Measurement:
     tps = output / steps if steps > 0 else cost.tokens_per_step(acc, params.draft_len)
     params = cost.calibrated(params, obs.measured_crossover, tps)
     pred = cost.speedup(batch, tps, params) if batch is not None else None
-    common = dict(acceptance_rate=acc, tokens_per_step=tps, samples=int(round(requests)), batch=batch,
-                  predicted_speedup=pred, crossover=cost.crossover(tps, params), windows=windows)
+    common = dict(
+        acceptance_rate=acc,
+        tokens_per_step=tps,
+        samples=int(round(requests)),
+        batch=batch,
+        predicted_speedup=pred,
+        crossover=cost.crossover(tps, params),
+        windows=windows,
+    )
     if state.engine == "redrafter":
         if acc < sp.min_acceptance_rate:
-            return Measurement("Failed", "LowAcceptance",
-                               f"acceptance {acc:.3f} < minAcceptanceRate {sp.min_acceptance_rate}", **common)
+            return Measurement(
+                "Failed",
+                "LowAcceptance",
+                f"acceptance {acc:.3f} < minAcceptanceRate {sp.min_acceptance_rate}",
+                **common,
+            )
         if sp.load_aware and pred is not None and pred < 1 - sp.margin:
-            return Measurement("Failed", "NoSpeedupAtLoad",
-                               f"predicted speedup {pred:.2f} < {1 - sp.margin:.2f} at batch {batch:.1f}", **common)
+            return Measurement(
+                "Failed",
+                "NoSpeedupAtLoad",
+                f"predicted speedup {pred:.2f} < {1 - sp.margin:.2f} at batch {batch:.1f}",
+                **common,
+            )
         return Measurement("Successful", "SpeculationPays", _pays(acc, pred), **common)
     need = sp.min_acceptance_rate + sp.acceptance_hysteresis
     if acc < need:
-        return Measurement("Failed", "CanaryLowAcceptance",
-                           f"canary acceptance {acc:.3f} < {need:.3f} (minAcceptanceRate + hysteresis)", **common)
+        return Measurement(
+            "Failed",
+            "CanaryLowAcceptance",
+            f"canary acceptance {acc:.3f} < {need:.3f} (minAcceptanceRate + hysteresis)",
+            **common,
+        )
     if sp.load_aware and pred is not None and pred <= 1 + sp.margin:
-        return Measurement("Failed", "NoSpeedupAtLoad",
-                           f"predicted speedup {pred:.2f} <= {1 + sp.margin:.2f} at batch {batch:.1f}", **common)
+        return Measurement(
+            "Failed",
+            "NoSpeedupAtLoad",
+            f"predicted speedup {pred:.2f} <= {1 + sp.margin:.2f} at batch {batch:.1f}",
+            **common,
+        )
     return Measurement("Successful", "CanaryRecovered", "canary " + _pays(acc, pred), **common)
 
 
@@ -167,10 +194,15 @@ def canary_replicas(spec, state: SpeculationState) -> int:
     sp = spec.speculation
     if state.engine != "base" or sp.mode != "Auto":
         return 0
-    healthy = state.last_acceptance is not None and \
-        state.last_acceptance >= sp.min_acceptance_rate + sp.acceptance_hysteresis
-    if sp.load_aware and state.fallback_reason == "NoSpeedupAtLoad" and healthy and \
-            state.last_tokens_per_step is not None:
+    healthy = (
+        state.last_acceptance is not None and state.last_acceptance >= sp.min_acceptance_rate + sp.acceptance_hysteresis
+    )
+    if (
+        sp.load_aware
+        and state.fallback_reason == "NoSpeedupAtLoad"
+        and healthy
+        and state.last_tokens_per_step is not None
+    ):
         return 0
     return sp.canary_replicas
 
@@ -179,21 +211,32 @@ def _pays(acc: float, pred: float | None) -> str:
     return f"acceptance {acc:.3f}" + (f", predicted speedup {pred:.2f}" if pred is not None else "")
 
 
-def _recover_without_canary(spec, state: SpeculationState, batch: float | None, params,
-                            measured_crossover: float | None = None) -> Measurement:
+def _recover_without_canary(
+    spec, state: SpeculationState, batch: float | None, params, measured_crossover: float | None = None
+) -> Measurement:
     """No canary: only a load-caused fallback can be undone, from the last ReDrafter measurement."""
     sp = spec.speculation
     if state.fallback_reason != "NoSpeedupAtLoad" or state.last_tokens_per_step is None:
-        return Measurement("Inconclusive", "RecoveryUnobservable",
-                           "on base without canary replicas: acceptance cannot be measured")
+        return Measurement(
+            "Inconclusive", "RecoveryUnobservable", "on base without canary replicas: acceptance cannot be measured"
+        )
     if batch is None:
         return Measurement("Inconclusive", "NoData", "no base pod reported load")
     tps = state.last_tokens_per_step
     params = cost.calibrated(params, measured_crossover, tps)
     pred = cost.speedup(batch, tps, params)
-    common = dict(acceptance_rate=state.last_acceptance, tokens_per_step=tps, batch=batch,
-                  predicted_speedup=pred, crossover=cost.crossover(tps, params))
+    common = dict(
+        acceptance_rate=state.last_acceptance,
+        tokens_per_step=tps,
+        batch=batch,
+        predicted_speedup=pred,
+        crossover=cost.crossover(tps, params),
+    )
     if pred > 1 + sp.margin:
-        return Measurement("Successful", "LoadDropped",
-                           f"predicted speedup {pred:.2f} at batch {batch:.1f} (last measured acceptance)", **common)
+        return Measurement(
+            "Successful",
+            "LoadDropped",
+            f"predicted speedup {pred:.2f} at batch {batch:.1f} (last measured acceptance)",
+            **common,
+        )
     return Measurement("Failed", "NoSpeedupAtLoad", f"predicted speedup {pred:.2f} at batch {batch:.1f}", **common)

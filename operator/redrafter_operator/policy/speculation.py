@@ -46,8 +46,7 @@ from ..api.types import parse_duration
 from .measure import Measurement, Observation, measure, recent_rows
 from .state import Engine, SpeculationState
 
-__all__ = ["Decision", "Measurement", "Observation", "SpeculationState", "due", "evaluate", "initial_state",
-           "measure"]
+__all__ = ["Decision", "Measurement", "Observation", "SpeculationState", "due", "evaluate", "initial_state", "measure"]
 
 Action = Literal["Stay", "Hold", "SwitchToBase", "SwitchToRedrafter"]
 
@@ -78,9 +77,12 @@ class Decision:
         """Fields of status.speculation (camelCase wire names)."""
         m = self.measurement
         out = {
-            "samples": m.samples, "lastEvaluated": now_rfc3339, "decision": self.action,
+            "samples": m.samples,
+            "lastEvaluated": now_rfc3339,
+            "decision": self.action,
             "reason": f"{self.reason}: {self.message}",
-            "acceptanceRate": _round(m.acceptance_rate), "tokensPerStep": _round(m.tokens_per_step),
+            "acceptanceRate": _round(m.acceptance_rate),
+            "tokensPerStep": _round(m.tokens_per_step),
             "predictedSpeedup": _round(m.predicted_speedup),
             "crossoverConcurrency": None if m.crossover in (None, float("inf")) else _round(m.crossover),
         }
@@ -213,13 +215,15 @@ def _flap_target(sp, s: SpeculationState) -> Engine | None:
 def _flap_message(sp, s: SpeculationState) -> str:
     mean = sum(s.speedups) / len(s.speedups) if s.speedups else None
     shown = f"{mean:.2f}" if mean is not None else "unknown"
-    return (f"flapping: {_changes(s.outcomes)} changes in the last {len(s.outcomes)} outcomes; mean "
-            f"predicted speedup while flapping {shown} over {len(s.speedups)} measurements "
-            f"(moves only beyond 1 +/- {FLAP_MARGIN_FACTOR * sp.margin:.2f})")
+    return (
+        f"flapping: {_changes(s.outcomes)} changes in the last {len(s.outcomes)} outcomes; mean "
+        f"predicted speedup while flapping {shown} over {len(s.speedups)} measurements "
+        f"(moves only beyond 1 +/- {FLAP_MARGIN_FACTOR * sp.margin:.2f})"
+    )
 
 
 def _stay_message(sp, s: SpeculationState, m: Measurement) -> str:
-    limit, count = ((sp.failure_limit, s.failures) if s.engine == "redrafter" else (sp.success_limit, s.successes))
+    limit, count = (sp.failure_limit, s.failures) if s.engine == "redrafter" else (sp.success_limit, s.successes)
     kind = "failures" if s.engine == "redrafter" else "successes"
     return f"{m.outcome}: {m.message} ({count}/{limit} consecutive {kind})"
 
@@ -237,12 +241,20 @@ def _gate(spec, s: SpeculationState, target: Engine, obs: Observation, now: floa
     return None
 
 
-def _switch(s: SpeculationState, target: Engine, reason: str, msg: str, m: Measurement,
-            healthy, now: float) -> tuple[Decision, SpeculationState]:
-    new = s.model_copy(update={
-        "engine": target, "since": now, "last_switch": now, "failures": 0, "successes": 0, "recent": [],
-        "fallback_reason": reason if target == "base" else None,
-    })
+def _switch(
+    s: SpeculationState, target: Engine, reason: str, msg: str, m: Measurement, healthy, now: float
+) -> tuple[Decision, SpeculationState]:
+    new = s.model_copy(
+        update={
+            "engine": target,
+            "since": now,
+            "last_switch": now,
+            "failures": 0,
+            "successes": 0,
+            "recent": [],
+            "fallback_reason": reason if target == "base" else None,
+        }
+    )
     action: Action = "SwitchToBase" if target == "base" else "SwitchToRedrafter"
     return Decision(action, target, reason, msg, m, healthy), new
 

@@ -10,11 +10,13 @@ from ..api.engine_key import engine_key
 from . import inference_pool as _inference_pool
 from .build import build_configmap, build_job
 from .common import Owner
-from .serving import network_policies, serving_configmap, serving_deployment, services
+from .serving import network_policies, services, serving_configmap, serving_deployment
 from .validation import DEFAULT_OPERATOR_IMAGE, validation_job
 
 
-def render_all(owner: Owner, active: Variant = "redrafter", operator_namespace: str | None = None) -> list[dict[str, Any]]:
+def render_all(
+    owner: Owner, active: Variant = "redrafter", operator_namespace: str | None = None
+) -> list[dict[str, Any]]:
     """Every child of one resource once its engines are built and ``active`` serves traffic.
 
     The validation Job of the engine pair is included (the operator runs it once both are Ready);
@@ -32,8 +34,14 @@ def render_all(owner: Owner, active: Variant = "redrafter", operator_namespace: 
         replicas = spec.serving.replicas if variant == active else standby
         out += [serving_configmap(owner, variant, key), serving_deployment(owner, variant, key, replicas)]
     if spec.validation.enabled:
-        out.append(validation_job(owner, redrafter_key=engine_key(spec, "redrafter"), base_key=engine_key(spec, "base"),
-                                  operator_image=DEFAULT_OPERATOR_IMAGE))
+        out.append(
+            validation_job(
+                owner,
+                redrafter_key=engine_key(spec, "redrafter"),
+                base_key=engine_key(spec, "base"),
+                operator_image=DEFAULT_OPERATOR_IMAGE,
+            )
+        )
     out += services(owner, active)
     if spec.routing.inference_pool.enabled:
         out.append(_inference_pool.inference_pool(owner, active))

@@ -78,7 +78,9 @@ def build_configmap(owner: Owner, variant: Variant) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": metadata(owner, names.build_config_name(owner.name, variant, bs.key), build_labels(owner, variant, bs.key)),
+        "metadata": metadata(
+            owner, names.build_config_name(owner.name, variant, bs.key), build_labels(owner, variant, bs.key)
+        ),
         "data": {contract.BUILD_SPEC_FILE: bs.model_dump_json(indent=2)},
     }
 
@@ -92,15 +94,23 @@ def _model_sources(spec: ReDrafterDeploymentSpec, variant: Variant) -> list[Mode
 
 def _source_volumes(spec: ReDrafterDeploymentSpec, variant: Variant) -> tuple[list[dict], list[dict]]:
     """Read-only mounts for pvc:// sources and credentials Secrets (deduplicated, deterministic order)."""
-    claims = sorted({parse_source(s.source).authority for s in _model_sources(spec, variant) if s.source.startswith("pvc://")})
+    claims = sorted(
+        {parse_source(s.source).authority for s in _model_sources(spec, variant) if s.source.startswith("pvc://")}
+    )
     secrets = sorted({s.credentials_secret for s in _model_sources(spec, variant) if s.credentials_secret})
     volumes, mounts = [], []
     for i, claim in enumerate(claims):
         volumes.append({"name": f"source-{i}", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
-        mounts.append({"name": f"source-{i}", "mountPath": posixpath.join(contract.SOURCES_MOUNT, claim), "readOnly": True})
+        mounts.append(
+            {"name": f"source-{i}", "mountPath": posixpath.join(contract.SOURCES_MOUNT, claim), "readOnly": True}
+        )
     for i, secret in enumerate(secrets):
-        volumes.append({"name": f"credentials-{i}", "secret": {"secretName": secret, "defaultMode": security.SECRET_MODE}})
-        mounts.append({"name": f"credentials-{i}", "mountPath": posixpath.join(contract.SECRETS_MOUNT, secret), "readOnly": True})
+        volumes.append(
+            {"name": f"credentials-{i}", "secret": {"secretName": secret, "defaultMode": security.SECRET_MODE}}
+        )
+        mounts.append(
+            {"name": f"credentials-{i}", "mountPath": posixpath.join(contract.SECRETS_MOUNT, secret), "readOnly": True}
+        )
     return volumes, mounts
 
 
@@ -127,8 +137,11 @@ def pod_failure_policy() -> dict[str, Any]:
     """batch/v1 podFailurePolicy: an exit code no retry can fix (engine_jobs NON_RETRYABLE) fails the Job
     at once (FailJob: no further pod, Job condition reason PodFailurePolicy). Needs restartPolicy Never."""
     codes = sorted(int(c) for c in NON_RETRYABLE)  # the API requires the values ordered
-    return {"rules": [{"action": "FailJob",
-                       "onExitCodes": {"containerName": BUILD_CONTAINER, "operator": "In", "values": codes}}]}
+    return {
+        "rules": [
+            {"action": "FailJob", "onExitCodes": {"containerName": BUILD_CONTAINER, "operator": "In", "values": codes}}
+        ]
+    }
 
 
 def build_job(owner: Owner, variant: Variant, attempt: int = 0) -> dict[str, Any]:
@@ -143,8 +156,14 @@ def build_job(owner: Owner, variant: Variant, attempt: int = 0) -> dict[str, Any
         "name": BUILD_CONTAINER,
         "image": spec.engine.builder_image,
         "imagePullPolicy": "IfNotPresent",
-        "command": ["python", "-m", "engine_jobs", "build", "--spec",
-                    posixpath.join(contract.CONFIG_MOUNT, contract.BUILD_SPEC_FILE)],
+        "command": [
+            "python",
+            "-m",
+            "engine_jobs",
+            "build",
+            "--spec",
+            posixpath.join(contract.CONFIG_MOUNT, contract.BUILD_SPEC_FILE),
+        ],
         "env": [
             {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"},
             {"name": "HF_HOME", "value": posixpath.join(contract.CACHE_MOUNT, ".hf-home")},

@@ -60,13 +60,27 @@ def restricted_pod(container: dict[str, Any], volumes: list[dict[str, Any]]) -> 
         "volumes": volumes,
         "automountServiceAccountToken": False,  # it reads files only, never the API
         "enableServiceLinks": False,
-        "securityContext": {"runAsNonRoot": True, "runAsUser": CACHE_UID, "runAsGroup": CACHE_UID,
-                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": CACHE_UID,
+            "runAsGroup": CACHE_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
     }
 
 
-def cache_job(*, name: str, namespace: str, claim: str, sub_path: str, references_config_map: str,
-              image: str, args: list[str], verb: str, read_only: bool) -> dict[str, Any]:
+def cache_job(
+    *,
+    name: str,
+    namespace: str,
+    claim: str,
+    sub_path: str,
+    references_config_map: str,
+    image: str,
+    args: list[str],
+    verb: str,
+    read_only: bool,
+) -> dict[str, Any]:
     """One pod running ``python -m engine_jobs cache <args>`` on ``<claim>/<sub_path>``, no retries."""
     container: dict[str, Any] = {
         "name": CONTAINER,
@@ -104,8 +118,17 @@ def references_path() -> str:
 
 
 def list_args() -> list[str]:
-    return ["ls", "--local", CACHE_MOUNT, "--references", references_path(), "-o", "json",
-            "--termination-log", TERMINATION_LOG]
+    return [
+        "ls",
+        "--local",
+        CACHE_MOUNT,
+        "--references",
+        references_path(),
+        "-o",
+        "json",
+        "--termination-log",
+        TERMINATION_LOG,
+    ]
 
 
 def gc_args(*, keep: int | None, max_age: str | None, dry_run: bool) -> list[str]:
@@ -119,8 +142,9 @@ def gc_args(*, keep: int | None, max_age: str | None, dry_run: bool) -> list[str
     return args
 
 
-def references_config_map(*, name: str, namespace: str, claim: str, document: str,
-                          owners: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def references_config_map(
+    *, name: str, namespace: str, claim: str, document: str, owners: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": cache_labels(claim, "references")}
     if owners:
         meta["ownerReferences"] = owners
@@ -136,8 +160,17 @@ def collection_name(claim: str) -> str:
     return names.safe_name("engine-cache-gc", claim, limit=CRONJOB_NAME_MAX)
 
 
-def collection_cronjob(*, namespace: str, claim: str, sub_path: str, image: str, schedule: str, keep: int | None,
-                       max_age: str | None, owners: list[dict[str, Any]]) -> dict[str, Any]:
+def collection_cronjob(
+    *,
+    namespace: str,
+    claim: str,
+    sub_path: str,
+    image: str,
+    schedule: str,
+    keep: int | None,
+    max_age: str | None,
+    owners: list[dict[str, Any]],
+) -> dict[str, Any]:
     """The scheduled collection: a CronJob whose Jobs run ``cache gc`` with the claim's references.
 
     ``owners``: owner references to every ReDrafterDeployment using the claim (none of them the controller),
@@ -145,14 +178,26 @@ def collection_cronjob(*, namespace: str, claim: str, sub_path: str, image: str,
     never run at once.
     """
     name = collection_name(claim)
-    job = cache_job(name=name, namespace=namespace, claim=claim, sub_path=sub_path, references_config_map=name,
-                    image=image, args=gc_args(keep=keep, max_age=max_age, dry_run=False), verb="gc",
-                    read_only=False)
+    job = cache_job(
+        name=name,
+        namespace=namespace,
+        claim=claim,
+        sub_path=sub_path,
+        references_config_map=name,
+        image=image,
+        args=gc_args(keep=keep, max_age=max_age, dry_run=False),
+        verb="gc",
+        read_only=False,
+    )
     return {
         "apiVersion": "batch/v1",
         "kind": "CronJob",
-        "metadata": {"name": name, "namespace": namespace, "labels": cache_labels(claim, "gc"),
-                     "ownerReferences": owners},
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": cache_labels(claim, "gc"),
+            "ownerReferences": owners,
+        },
         "spec": {
             "schedule": schedule,
             "concurrencyPolicy": "Forbid",
@@ -175,18 +220,26 @@ def collect_before_build(job: dict[str, Any], *, claim: str, keep: int | None, m
     build = pod["containers"][0]
     cache_mount = next(m for m in build["volumeMounts"] if m["name"] == "cache")
     pod["volumes"] = [*pod["volumes"], {"name": "references", "configMap": {"name": collection_name(claim)}}]
-    pod["initContainers"] = [{
-        "name": COLLECT_CONTAINER,
-        "image": build["image"],
-        "imagePullPolicy": build.get("imagePullPolicy", "IfNotPresent"),
-        "command": ["python", "-m", "engine_jobs", "cache", *gc_args(keep=keep, max_age=max_age, dry_run=False)],
-        "resources": RESOURCES,
-        "terminationMessagePath": TERMINATION_LOG,
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-        "volumeMounts": [dict(cache_mount), {"name": "references", "mountPath": REFERENCES_MOUNT, "readOnly": True}],
-        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                            "capabilities": {"drop": ["ALL"]}},
-    }]
+    pod["initContainers"] = [
+        {
+            "name": COLLECT_CONTAINER,
+            "image": build["image"],
+            "imagePullPolicy": build.get("imagePullPolicy", "IfNotPresent"),
+            "command": ["python", "-m", "engine_jobs", "cache", *gc_args(keep=keep, max_age=max_age, dry_run=False)],
+            "resources": RESOURCES,
+            "terminationMessagePath": TERMINATION_LOG,
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+            "volumeMounts": [
+                dict(cache_mount),
+                {"name": "references", "mountPath": REFERENCES_MOUNT, "readOnly": True},
+            ],
+            "securityContext": {
+                "allowPrivilegeEscalation": False,
+                "readOnlyRootFilesystem": True,
+                "capabilities": {"drop": ["ALL"]},
+            },
+        }
+    ]
     for labels in (job["metadata"]["labels"], job["spec"]["template"]["metadata"]["labels"]):
         labels.update({LABEL_CLAIM: names.label_value(claim), LABEL_VERB: VERB_BEFORE_BUILD})
     return job

@@ -61,8 +61,12 @@ def serving_references(deployments: Iterable[Mapping[str, Any]]) -> list[dict[st
     for dep in deployments:
         meta = dep.get("metadata") or {}
         labels = meta.get("labels") or {}
-        ref = _ref(labels.get(LABEL_ENGINE_KEY), meta.get("namespace") or "default",
-                   labels.get(LABEL_DEPLOYMENT) or meta.get("name") or "?", f"serving:{meta.get('name', '?')}")
+        ref = _ref(
+            labels.get(LABEL_ENGINE_KEY),
+            meta.get("namespace") or "default",
+            labels.get(LABEL_DEPLOYMENT) or meta.get("name") or "?",
+            f"serving:{meta.get('name', '?')}",
+        )
         if ref is not None:
             out.append(ref)
     return out

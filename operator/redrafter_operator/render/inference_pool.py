@@ -33,8 +33,11 @@ def inference_pool(owner: Owner, pool: Variant) -> dict[str, Any]:
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
-        "metadata": metadata(owner, names.service_name(owner.name),
-                             {**names.common_labels(owner.name, "serving"), names.LABEL_TRAFFIC: pool}),
+        "metadata": metadata(
+            owner,
+            names.service_name(owner.name),
+            {**names.common_labels(owner.name, "serving"), names.LABEL_TRAFFIC: pool},
+        ),
         "spec": {
             "selector": {"matchLabels": names.traffic_selector(owner.name, pool)},
             "targetPorts": [{"number": contract.OPENAI_PORT}],

@@ -29,8 +29,12 @@ PRESTOP_SLEEP_SECONDS = 10  # endpoints drop the pod before Triton stops accepti
 EXIT_TIMEOUT_SECONDS = 60  # Triton's --exit-timeout-secs: in-flight requests may finish this long
 STARTUP_PERIOD_SECONDS = 10
 LIVE_PATH = "/v2/health/live"
-PORTS = (("http", contract.HTTP_PORT), ("grpc", contract.GRPC_PORT), ("metrics", contract.METRICS_PORT),
-         ("openai", contract.OPENAI_PORT))
+PORTS = (
+    ("http", contract.HTTP_PORT),
+    ("grpc", contract.GRPC_PORT),
+    ("metrics", contract.METRICS_PORT),
+    ("openai", contract.OPENAI_PORT),
+)
 
 
 def artifact_dir(key: str) -> str:
@@ -107,8 +111,14 @@ def _container(owner: Owner, key: str) -> dict[str, Any]:
         "name": "triton",
         "image": spec.serving.image,
         "imagePullPolicy": "IfNotPresent",
-        "command": ["python3", "-m", "engine_jobs", "serve", "--config",
-                    posixpath.join(contract.CONFIG_MOUNT, contract.SERVING_CONFIG_FILE)],
+        "command": [
+            "python3",
+            "-m",
+            "engine_jobs",
+            "serve",
+            "--config",
+            posixpath.join(contract.CONFIG_MOUNT, contract.SERVING_CONFIG_FILE),
+        ],
         "env": [
             {"name": "REDRAFTER_MODEL_REPO_DIR", "value": REPO_DIR},
             {"name": "REDRAFTER_EXIT_TIMEOUT_SECS", "value": str(EXIT_TIMEOUT_SECONDS)},
@@ -124,8 +134,12 @@ def _container(owner: Owner, key: str) -> dict[str, Any]:
         "livenessProbe": _probe(LIVE_PATH, "http", 10, 6, timeout=5),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_SECONDS)]}}},
         "volumeMounts": [
-            {"name": "engine", "mountPath": artifact_dir(key), "readOnly": True,
-             "subPath": posixpath.join(spec.engine.cache.sub_path, key)},
+            {
+                "name": "engine",
+                "mountPath": artifact_dir(key),
+                "readOnly": True,
+                "subPath": posixpath.join(spec.engine.cache.sub_path, key),
+            },
             {"name": "serving-config", "mountPath": contract.CONFIG_MOUNT, "readOnly": True},
             {"name": "dshm", "mountPath": "/dev/shm"},
             security.tmp_volume()[1],
@@ -136,8 +150,16 @@ def _container(owner: Owner, key: str) -> dict[str, Any]:
     }
 
 
-def _deployment(owner: Owner, name: str, variant: Variant, key: str, replicas: int, pool: str, role: str,
-                config_name: str | None = None) -> dict:
+def _deployment(
+    owner: Owner,
+    name: str,
+    variant: Variant,
+    key: str,
+    replicas: int,
+    pool: str,
+    role: str,
+    config_name: str | None = None,
+) -> dict:
     if replicas < 0:
         raise ValueError("replicas must be >= 0")
     spec = owner.spec
@@ -162,7 +184,10 @@ def _deployment(owner: Owner, name: str, variant: Variant, key: str, replicas: i
         "securityContext": security.pod_security_context(security.IMAGE_USER),
         "volumes": [
             {"name": "engine", "persistentVolumeClaim": {"claimName": spec.engine.cache.claim_name, "readOnly": True}},
-            {"name": "serving-config", "configMap": {"name": config_name or names.serving_config_name(owner.name, variant)}},
+            {
+                "name": "serving-config",
+                "configMap": {"name": config_name or names.serving_config_name(owner.name, variant)},
+            },
             {"name": "dshm", "emptyDir": {"medium": "Memory"}},
             security.tmp_volume()[0],
         ],
@@ -190,8 +215,9 @@ def _deployment(owner: Owner, name: str, variant: Variant, key: str, replicas: i
 
 def serving_deployment(owner: Owner, variant: Variant, key: str, replicas: int, pool: Variant | None = None) -> dict:
     """The Deployment of one variant; its pods join ``pool`` (default: their own variant)."""
-    return _deployment(owner, names.serving_deployment_name(owner.name, variant), variant, key, replicas,
-                       pool or variant, "primary")
+    return _deployment(
+        owner, names.serving_deployment_name(owner.name, variant), variant, key, replicas, pool or variant, "primary"
+    )
 
 
 def canary_deployment(owner: Owner, key: str, replicas: int) -> dict:
@@ -202,15 +228,27 @@ def canary_deployment(owner: Owner, key: str, replicas: int) -> dict:
 def candidate_deployment(owner: Owner, key: str, replicas: int) -> dict:
     """A new ReDrafter engine's pods while it is validated: in no traffic pool, so the promoted engine
     keeps serving until the validation passes (then the primary Deployment rolls to ``key``)."""
-    return _deployment(owner, names.candidate_name(owner.name), "redrafter", key, replicas, names.NO_POOL,
-                       names.ROLE_CANDIDATE, names.candidate_config_name(owner.name))
+    return _deployment(
+        owner,
+        names.candidate_name(owner.name),
+        "redrafter",
+        key,
+        replicas,
+        names.NO_POOL,
+        names.ROLE_CANDIDATE,
+        names.candidate_config_name(owner.name),
+    )
 
 
 def candidate_service(owner: Owner) -> dict:
     """``<name>-redrafter-candidate``: the validation Job's ReDrafter endpoint while a candidate runs."""
     selector = {**names.serving_selector(owner.name, "redrafter"), names.LABEL_ROLE: names.ROLE_CANDIDATE}
-    return _service(owner, names.candidate_name(owner.name), selector,
-                    {names.LABEL_VARIANT: "redrafter", names.LABEL_ROLE: names.ROLE_CANDIDATE})
+    return _service(
+        owner,
+        names.candidate_name(owner.name),
+        selector,
+        {names.LABEL_VARIANT: "redrafter", names.LABEL_ROLE: names.ROLE_CANDIDATE},
+    )
 
 
 def _service(owner: Owner, name: str, selector: dict[str, str], extra_labels: dict[str, str]) -> dict:
@@ -228,14 +266,19 @@ def _service(owner: Owner, name: str, selector: dict[str, str], extra_labels: di
 
 def stable_service(owner: Owner, pool: Variant) -> dict:
     """``<name>``: what clients call; selects every pod of the active traffic pool."""
-    return _service(owner, names.service_name(owner.name), names.traffic_selector(owner.name, pool),
-                    {names.LABEL_TRAFFIC: pool})
+    return _service(
+        owner, names.service_name(owner.name), names.traffic_selector(owner.name, pool), {names.LABEL_TRAFFIC: pool}
+    )
 
 
 def variant_service(owner: Owner, variant: Variant) -> dict:
     """``<name>-redrafter`` / ``<name>-base``: one variant's pods (canary included), for tests and metrics."""
-    return _service(owner, names.service_name(owner.name, variant), names.serving_selector(owner.name, variant),
-                    {names.LABEL_VARIANT: variant})
+    return _service(
+        owner,
+        names.service_name(owner.name, variant),
+        names.serving_selector(owner.name, variant),
+        {names.LABEL_VARIANT: variant},
+    )
 
 
 def services(owner: Owner, pool: Variant) -> list[dict]:
@@ -247,8 +290,10 @@ JOB_COMPONENTS = ("engine-build", "validation")  # the operator's Job pods: noth
 
 
 def _deployment_pods(owner: Owner, components: list[str]) -> dict[str, Any]:
-    return {"matchLabels": {names.LABEL_DEPLOYMENT: names.label_value(owner.name)},
-            "matchExpressions": [{"key": names.LABEL_COMPONENT, "operator": "In", "values": components}]}
+    return {
+        "matchLabels": {names.LABEL_DEPLOYMENT: names.label_value(owner.name)},
+        "matchExpressions": [{"key": names.LABEL_COMPONENT, "operator": "In", "values": components}],
+    }
 
 
 def _ports(*ports: int) -> list[dict[str, Any]]:
@@ -282,8 +327,11 @@ def network_policies(owner: Owner, operator_namespace: str | None = None) -> lis
             "apiVersion": "networking.k8s.io/v1",
             "kind": "NetworkPolicy",
             "metadata": metadata(owner, names.safe_name(owner.name, "serving"), serving_labels),
-            "spec": {"podSelector": _deployment_pods(owner, ["serving"]), "policyTypes": ["Ingress"],
-                     "ingress": ingress},
+            "spec": {
+                "podSelector": _deployment_pods(owner, ["serving"]),
+                "policyTypes": ["Ingress"],
+                "ingress": ingress,
+            },
         },
         {
             "apiVersion": "networking.k8s.io/v1",

@@ -40,8 +40,14 @@ ANNOTATION_BASE_KEY = f"{names.DOMAIN}/base-engine-key"
 
 
 def validation_job_name(deployment: str, redrafter_key: str, base_key: str, attempt: int = 0) -> str:
-    return names.safe_name(deployment, "validate", redrafter_key[:8], base_key[:8], str(attempt) if attempt else "",
-                           limit=names.JOB_NAME_MAX)
+    return names.safe_name(
+        deployment,
+        "validate",
+        redrafter_key[:8],
+        base_key[:8],
+        str(attempt) if attempt else "",
+        limit=names.JOB_NAME_MAX,
+    )
 
 
 def service_endpoint(owner: Owner, service: str) -> str:
@@ -56,16 +62,30 @@ def validate_args(spec: ReDrafterDeploymentSpec, redrafter: str, base: str) -> l
     v, e = spec.validation, spec.engine
     room = max(e.max_seq_len - e.max_input_len, 1)  # output room left by the longest allowed input
     args = [
-        "--redrafter", redrafter, "--base", base, "--protocol", v.protocol,
-        "--max-tokens", str(min(v.max_tokens, room)),
-        "--long-max-tokens", str(min(v.long_max_tokens, room)),
-        "--batch-size", str(e.max_batch_size),
-        "--single-requests", str(v.single_requests),
-        "--max-input-len", str(e.max_input_len),
-        "--max-seq-len", str(e.max_seq_len),
-        "--max-divergences", str(v.max_divergences),
-        "--ready-timeout", str(READY_TIMEOUT_SECONDS),
-        "--termination-log", TERMINATION_LOG,
+        "--redrafter",
+        redrafter,
+        "--base",
+        base,
+        "--protocol",
+        v.protocol,
+        "--max-tokens",
+        str(min(v.max_tokens, room)),
+        "--long-max-tokens",
+        str(min(v.long_max_tokens, room)),
+        "--batch-size",
+        str(e.max_batch_size),
+        "--single-requests",
+        str(v.single_requests),
+        "--max-input-len",
+        str(e.max_input_len),
+        "--max-seq-len",
+        str(e.max_seq_len),
+        "--max-divergences",
+        str(v.max_divergences),
+        "--ready-timeout",
+        str(READY_TIMEOUT_SECONDS),
+        "--termination-log",
+        TERMINATION_LOG,
     ]
     if v.prompts_config_map:
         args += ["--prompts", posixpath.join(PROMPTS_MOUNT, v.prompts_key)]
@@ -77,14 +97,20 @@ def validate_args(spec: ReDrafterDeploymentSpec, redrafter: str, base: str) -> l
 def pod_failure_policy() -> dict[str, Any]:
     """Verdicts about the engines (or the arguments) fail the Job at once; a retry would repeat them."""
     deterministic = sorted({EXIT_CODES[r] for r in (DIVERGED, REQUEST_FAILED, INVALID_INPUT)})
-    return {"rules": [
-        {"action": "FailJob", "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": deterministic}},
-        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-    ]}
+    return {
+        "rules": [
+            {
+                "action": "FailJob",
+                "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": deterministic},
+            },
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        ]
+    }
 
 
-def validation_job(owner: Owner, *, redrafter_key: str, base_key: str, operator_image: str, attempt: int = 0,
-                   candidate: bool = False) -> dict[str, Any]:
+def validation_job(
+    owner: Owner, *, redrafter_key: str, base_key: str, operator_image: str, attempt: int = 0, candidate: bool = False
+) -> dict[str, Any]:
     """The Job validating the engine pair (``redrafter_key``, ``base_key``) behind the variant Services.
 
     ``candidate``: the new ReDrafter engine runs on the candidate Deployment (a promoted one keeps
@@ -94,7 +120,9 @@ def validation_job(owner: Owner, *, redrafter_key: str, base_key: str, operator_
     v = spec.validation
     labels = names.common_labels(owner.name, COMPONENT)
     redrafter = names.candidate_name(owner.name) if candidate else names.service_name(owner.name, "redrafter")
-    args = validate_args(spec, service_endpoint(owner, redrafter), service_endpoint(owner, names.service_name(owner.name, "base")))
+    args = validate_args(
+        spec, service_endpoint(owner, redrafter), service_endpoint(owner, names.service_name(owner.name, "base"))
+    )
     tmp_volume, tmp_mount = security.tmp_volume()
     container: dict[str, Any] = {
         "name": CONTAINER,
@@ -122,9 +150,14 @@ def validation_job(owner: Owner, *, redrafter_key: str, base_key: str, operator_
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": metadata(
-            owner, validation_job_name(owner.name, redrafter_key, base_key, attempt), labels,
-            {ANNOTATION_REDRAFTER_KEY: redrafter_key, ANNOTATION_BASE_KEY: base_key,
-             f"{names.DOMAIN}/attempt": str(attempt)},
+            owner,
+            validation_job_name(owner.name, redrafter_key, base_key, attempt),
+            labels,
+            {
+                ANNOTATION_REDRAFTER_KEY: redrafter_key,
+                ANNOTATION_BASE_KEY: base_key,
+                f"{names.DOMAIN}/attempt": str(attempt),
+            },
         ),
         "spec": {
             "backoffLimit": BACKOFF_LIMIT,

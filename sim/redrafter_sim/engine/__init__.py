@@ -24,8 +24,17 @@ from .control import ENV_CONTROL, SimControl, read_control, write_control
 from .load import add_load_gauges
 
 __all__ = [
-    "ENV_CONTROL", "SIM_PARAMETER_PREFIX", "BackendLoadError", "SimControl", "SimEngineSettings", "add_load_gauges", "check_parameters",
-    "install_sim_engine", "read_control", "sim_engine_config", "write_control",
+    "ENV_CONTROL",
+    "SIM_PARAMETER_PREFIX",
+    "BackendLoadError",
+    "SimControl",
+    "SimEngineSettings",
+    "add_load_gauges",
+    "check_parameters",
+    "install_sim_engine",
+    "read_control",
+    "sim_engine_config",
+    "write_control",
 ]
 
 

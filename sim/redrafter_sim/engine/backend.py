@@ -51,8 +51,10 @@ def check_parameters(params: Mapping[str, str] | None, facts) -> None:
         if not os.path.exists(info_path):
             raise fail(f"Xgrammar's tokenizer info path at {info_path} does not exist.")
         if backend not in facts.GUIDED_DECODING_BACKENDS:
-            raise fail("Guided decoding is currently supported with 'xgrammar' backend. "
-                       "Invalid guided_decoding_backend parameter provided.")
+            raise fail(
+                "Guided decoding is currently supported with 'xgrammar' backend. "
+                "Invalid guided_decoding_backend parameter provided."
+            )
     # Upstream also treats a path that does not exist as unset; the simulator has no engine files, so
     # only presence is checked here.
     if not params.get("gpt_model_path") and not params.get("encoder_model_path"):

@@ -27,10 +27,9 @@ import time
 import zlib
 from dataclasses import dataclass, field
 
+import _trtllm_backend
 import numpy as np
 import triton_python_backend_utils as pb_utils  # type: ignore[import-not-found]
-
-import _trtllm_backend
 from _sim_backend import check_parameters
 from _sim_control import ENV_CONTROL, ControlWatcher, SimControl
 
@@ -96,7 +95,7 @@ class TritonPythonModel:
         real = {k: v for k, v in given.items() if not k.startswith(SIM_PREFIX)}
         # what TensorRT-LLM's backend would refuse must not load here either
         check_parameters(real or None, _trtllm_backend)
-        p = {k[len(SIM_PREFIX):]: v for k, v in given.items() if k.startswith(SIM_PREFIX)}
+        p = {k[len(SIM_PREFIX) :]: v for k, v in given.items() if k.startswith(SIM_PREFIX)}
         self.variant = p.get("variant", "redrafter")
         self.draft_len = int(p.get("draft_len_per_beam", "0")) if self.variant == "redrafter" else 0
         self.num_beams = int(p.get("num_beams", "1"))
@@ -125,20 +124,24 @@ class TritonPythonModel:
                 if max_tokens < 1:
                     raise ValueError("request_output_len must be >= 1")
                 seed = _scalar(request, "random_seed")
-                self.incoming.put(SimRequest(
-                    request=request,
-                    sender=sender,
-                    prompt_crc=zlib.crc32(ids.astype(np.int32).tobytes()),
-                    max_tokens=max_tokens,
-                    end_id=int(_scalar(request, "end_id", -1)),
-                    stop=_stop_sequences(request),
-                    streaming=bool(_scalar(request, "streaming", False)),
-                    want_perf=bool(_scalar(request, "return_perf_metrics", False)),
-                    rng=random.Random(seed),
-                    arrival_ns=time.time_ns(),
-                ))
+                self.incoming.put(
+                    SimRequest(
+                        request=request,
+                        sender=sender,
+                        prompt_crc=zlib.crc32(ids.astype(np.int32).tobytes()),
+                        max_tokens=max_tokens,
+                        end_id=int(_scalar(request, "end_id", -1)),
+                        stop=_stop_sequences(request),
+                        streaming=bool(_scalar(request, "streaming", False)),
+                        want_perf=bool(_scalar(request, "return_perf_metrics", False)),
+                        rng=random.Random(seed),
+                        arrival_ns=time.time_ns(),
+                    )
+                )
             except Exception as exc:
-                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"tensorrt_llm: {exc}")), flags=_FINAL)
+                sender.send(
+                    pb_utils.InferenceResponse(error=pb_utils.TritonError(f"tensorrt_llm: {exc}")), flags=_FINAL
+                )
         return None
 
     def finalize(self):
@@ -202,7 +205,7 @@ class TritonPythonModel:
                 break
             new.append(tok)
             seq = r.tokens + new
-            if any(seq[-len(s):] == s for s in r.stop):
+            if any(seq[-len(s) :] == s for s in r.stop):
                 finished = True
                 break
         r.accepted += max(len(new) - 1, 0)
@@ -249,10 +252,17 @@ class TritonPythonModel:
     def _ledger(self, r: SimRequest, cancelled: bool = False, error: str | None = None) -> None:
         if not self.ledger_path:
             return
-        line = json.dumps({
-            "variant": self.variant, "output_tokens": len(r.tokens), "draft_tokens": r.drafted,
-            "accepted_draft_tokens": r.accepted, "steps": r.steps,
-            "emitting_steps": r.emitting_steps, "cancelled": cancelled, "error": error,
-        })
+        line = json.dumps(
+            {
+                "variant": self.variant,
+                "output_tokens": len(r.tokens),
+                "draft_tokens": r.drafted,
+                "accepted_draft_tokens": r.accepted,
+                "steps": r.steps,
+                "emitting_steps": r.emitting_steps,
+                "cancelled": cancelled,
+                "error": error,
+            }
+        )
         with self.ledger_lock, open(self.ledger_path, "a", encoding="utf-8") as f:
             f.write(line + "\n")

@@ -5,7 +5,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import fakelib  # noqa: E402
 
-
 TOOL = "redrafter/convert_checkpoint.py"
 args = fakelib.parse(TOOL, fakelib.REDRAFTER, required=("base_model_checkpoint_dir", "drafter_model_dir"))
 base = fakelib.read_json(Path(args.base_model_checkpoint_dir, "config.json"), TOOL)
@@ -21,11 +20,16 @@ tp = args.tp_size or 1
 for rank in range(tp):  # the real converter opens rank<r>.safetensors of the base checkpoint per rank
     if not Path(args.base_model_checkpoint_dir, f"rank{rank}.safetensors").is_file():
         fakelib.fail(TOOL, f"FileNotFoundError: No such file: rank{rank}.safetensors")
-config = dict(base, base_model_architecture=base["architecture"],
-              architecture=fakelib.REDRAFTER_MAP[base["architecture"]],
-              redrafter_num_layers=drafter["num_draft_layers"], redrafter_hidden_size=drafter["hidden_size"],
-              redrafter_exit_dim=drafter["exit_dim"], redrafter_is_rnn=drafter["rnn"],
-              redrafter_num_beams=args.redrafter_num_beams or 5,
-              redrafter_draft_len_per_beam=args.redrafter_draft_len_per_beam or 5,
-              redrafter_greedy_search=args.redrafter_greedy_search)
+config = dict(
+    base,
+    base_model_architecture=base["architecture"],
+    architecture=fakelib.REDRAFTER_MAP[base["architecture"]],
+    redrafter_num_layers=drafter["num_draft_layers"],
+    redrafter_hidden_size=drafter["hidden_size"],
+    redrafter_exit_dim=drafter["exit_dim"],
+    redrafter_is_rnn=drafter["rnn"],
+    redrafter_num_beams=args.redrafter_num_beams or 5,
+    redrafter_draft_len_per_beam=args.redrafter_draft_len_per_beam or 5,
+    redrafter_greedy_search=args.redrafter_greedy_search,
+)
 fakelib.write_checkpoint(args.output_dir or "tllm_checkpoint", config, tp)

@@ -12,5 +12,6 @@ arch = fakelib.hf_architecture(args.model_dir, "llama/convert_checkpoint.py")
 if arch != "LlamaForCausalLM":
     fakelib.fail("llama/convert_checkpoint.py", f"ValueError: {arch} is not a Llama checkpoint")
 tp = args.tp_size or 1
-fakelib.write_checkpoint(args.output_dir or "tllm_checkpoint",
-                         fakelib.checkpoint_config(arch, args.dtype or "auto", tp, None), tp)
+fakelib.write_checkpoint(
+    args.output_dir or "tllm_checkpoint", fakelib.checkpoint_config(arch, args.dtype or "auto", tp, None), tp
+)

@@ -10,5 +10,6 @@ arch = fakelib.hf_architecture(args.model_dir, "qwen/convert_checkpoint.py")
 if arch not in ("QWenForCausalLM", "Qwen2ForCausalLM"):
     fakelib.fail("qwen/convert_checkpoint.py", f"ValueError: {arch} is not a Qwen checkpoint")
 tp = args.tp_size or 1
-fakelib.write_checkpoint(args.output_dir or "tllm_checkpoint",
-                         fakelib.checkpoint_config(arch, args.dtype or "auto", tp, None), tp)
+fakelib.write_checkpoint(
+    args.output_dir or "tllm_checkpoint", fakelib.checkpoint_config(arch, args.dtype or "auto", tp, None), tp
+)

@@ -81,6 +81,7 @@ def container_argv(container: Mapping[str, Any], root: PodRoot, termination_log:
     Only the container's own strings name container paths, so only they are mapped into the pod's root;
     the host program that stands in for the image's entrypoint is put in afterwards and never mapped,
     or a checkout under a mount path (``/tmp``, an emptyDir in every pod) would lose its interpreter.
+    The node's mapping itself also leaves the stand-ins' host paths alone (:meth:`PodRoot.translate`).
     """
     command = [*(container.get("command") or []), *(container.get("args") or [])]
     if not command:

@@ -5,14 +5,21 @@ pod gets ``<node>/pods/<ns>_<pod>/rootfs`` where every volume mount is a symlink
 directory (a claim under ``<node>/pvc/<claim>[/<subPath>]``, a ConfigMap materialised as files, an
 emptyDir), so a container path ``P`` is the host path ``rootfs + P``. Claims outlive pods (the engine
 cache is shared by build Jobs and serving pods); everything lives under one temp directory.
+
+The node runs host programs in place of the image's (this interpreter, its environment, this checkout's
+packages and stand-in toolchain): their paths are host paths, not container paths, and the node never maps
+them, wherever the checkout is — also under a path the pods mount (``/tmp`` is an emptyDir in every
+rendered pod; ``/cache`` a claim). See :func:`stand_in_paths` and :meth:`PodRoot.translate`.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import posixpath
 import re
 import shutil
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +34,42 @@ def _safe(part: str) -> str:
     return _UNSAFE.sub("_", part) or "_"
 
 
+#: the packages whose programs a pod's containers run on this node in place of the image's
+STAND_IN_PACKAGES = ("engine_jobs", "redrafter_operator", "redrafter_sim")
+
+
+def _under(value: str, prefix: str) -> bool:
+    return value == prefix or value.startswith(prefix.rstrip("/") + "/")
+
+
+def stand_in_paths() -> tuple[str, ...]:
+    """The host directories whose files stand in for the image's: never container paths.
+
+    The interpreter's directory (as run and resolved), its environment (the venv: ``sys.prefix``) and
+    installation, the packages the containers' commands run (:data:`STAND_IN_PACKAGES`, the toolchain
+    inside ``redrafter_sim``) and, for a source checkout, the checkout itself.
+    """
+    paths: set[str] = set()
+
+    def add(path: str | os.PathLike[str] | None) -> None:
+        if path:
+            paths.add(os.path.normpath(os.path.abspath(path)))
+            paths.add(os.path.realpath(path))
+
+    add(os.path.dirname(sys.executable) if sys.executable else None)
+    add(os.path.dirname(os.path.realpath(sys.executable)) if sys.executable else None)
+    for prefix in (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix):
+        add(prefix)
+    for name in STAND_IN_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        for location in (spec.submodule_search_locations or []) if spec is not None else []:
+            add(location)
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "pyproject.toml").is_file() and (checkout / "sim" / "redrafter_sim").is_dir():
+        add(checkout)
+    return tuple(sorted(p for p in paths if p != "/"))
+
+
 @dataclass(frozen=True)
 class Mount:
     path: str  # inside the container
@@ -39,6 +82,8 @@ class PodRoot:
 
     root: Path  # <node>/pods/<ns>_<pod>
     mounts: list[Mount] = field(default_factory=list)
+    #: host directories of the programs that stand in for the image's (:func:`stand_in_paths`)
+    host_paths: tuple[str, ...] = field(default_factory=stand_in_paths)
 
     @property
     def rootfs(self) -> Path:
@@ -51,18 +96,29 @@ class PodRoot:
         return str(self.rootfs) + posixpath.normpath(path)
 
     def translate(self, value: str) -> str:
-        """``value`` with a container path under one of the mounts rewritten; other strings unchanged."""
-        for mount in sorted(self.mounts, key=lambda m: len(m.path), reverse=True):
-            if value == mount.path or value.startswith(mount.path.rstrip("/") + "/"):
-                return self.to_host(value)
-        return value
+        """``value`` with a container path under one of the mounts rewritten; other strings unchanged.
+
+        A path under one of :attr:`host_paths` names a host program standing in for the image's, not a
+        container path, and is kept — where that host directory is more specific than the mount (a checkout
+        at ``/tmp/x`` under the ``/tmp`` emptyDir: ``/tmp/x/.venv/bin/python`` is kept, ``/tmp/w`` maps).
+        The most specific prefix wins, as in a mount table; on a tie (a checkout exactly at ``/cache``) the
+        mount wins, since ``/cache/...`` is then the container's.
+        """
+        mount = max((m.path for m in self.mounts if _under(value, m.path)), key=len, default=None)
+        if mount is None:
+            return value
+        if any(_under(value, host) and len(host.rstrip("/")) > len(mount.rstrip("/")) for host in self.host_paths):
+            return value
+        return self.to_host(value)
 
 
 class HostFS:
     """The node's directories (``node_dir``) and the claim provisioner."""
 
-    def __init__(self, node_dir: Path) -> None:
+    def __init__(self, node_dir: Path, host_paths: tuple[str, ...] | None = None) -> None:
         self.node_dir = Path(node_dir)
+        #: host directories of the programs standing in for the image's; never mapped into a pod's root
+        self.host_paths = stand_in_paths() if host_paths is None else tuple(host_paths)
         (self.node_dir / "pvc").mkdir(parents=True, exist_ok=True)
         (self.node_dir / "pods").mkdir(parents=True, exist_ok=True)
         #: how each claim's root was provisioned (owner, group, mode) where not root:root 0755
@@ -78,7 +134,7 @@ class HostFS:
     def pod_root(self, namespace: str, name: str) -> PodRoot:
         root = self.node_dir / "pods" / f"{_safe(namespace)}_{_safe(name)}"
         (root / "rootfs").mkdir(parents=True, exist_ok=True)
-        return PodRoot(root)
+        return PodRoot(root, host_paths=self.host_paths)
 
     def remove_pod(self, namespace: str, name: str) -> None:
         shutil.rmtree(self.node_dir / "pods" / f"{_safe(namespace)}_{_safe(name)}", ignore_errors=True)

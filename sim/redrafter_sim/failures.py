@@ -101,7 +101,7 @@ def _pod_conditions(scheduled: bool, t: str, container_names: list[str]) -> list
 
 
 def pod_status(
-    pod: Mapping[str, Any], fault: Fault, *, host_ip: str = "192.168.0.10", pod_ip: str = "10.244.0.2"
+    pod: Mapping[str, Any], fault: Fault, *, host_ip: str = "192.168.0.10", pod_ip: str = "127.244.0.2"
 ) -> dict[str, Any]:
     """The whole ``status`` of ``pod`` failing with ``fault.cause`` (a pod cause)."""
     meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}

@@ -206,7 +206,7 @@ class ServingController:
     # ------------------------------------------------------------------ Deployment controller
     async def _reconcile(self, dep: dict[str, Any]) -> None:
         meta, spec = dep["metadata"], dep.get("spec") or {}
-        uid, ns = meta["uid"], meta["namespace"]
+        uid = meta["uid"]
         desired = int(spec.get("replicas", 1) if spec.get("replicas") is not None else 1)
         template = spec.get("template") or {}
         thash = objects.template_hash(template)

@@ -22,7 +22,7 @@ from test_lifecycle import NS, Cluster, Operator, apply, cluster, example, to_se
 
 from engine_jobs.cache_gc import Report
 from redrafter_operator.api.cron import parse_standard
-from redrafter_operator.controller.cache_retention import ANNOTATION_REPORTED, CacheRetention
+from redrafter_operator.controller.retention import ANNOTATION_REPORTED, RetentionMonitor
 from redrafter_operator.render import cache_jobs, names
 from redrafter_sim import controllers
 from redrafter_sim.cronjobs import SCHEDULED_TIMESTAMP, job_name
@@ -35,7 +35,7 @@ async def operator(cluster: Cluster, kubeconfig: Path):  # noqa: F811
     op = Operator(kubeconfig, resync=1.0)
     await op.start()
     assert op.controller is not None
-    retention = next(e for e in op.controller.evaluators if isinstance(e, CacheRetention))
+    retention = next(m for m in op.controller.monitors if isinstance(m, RetentionMonitor))
     retention.interval_seconds = 0.5  # the production interval is a minute
     try:
         yield op

@@ -466,7 +466,7 @@ async def test_standby_writes_nothing_and_takes_over_after_sigkill(
     # a change only a live leader acts on: the serving config (ConfigMap) and a rolled Deployment
     config_before = cluster.emu.get_object("v1", "ConfigMap", names.serving_config_name(NAME, "base"), NS)
     cluster.emu.patch_object(
-        API := "redrafter.dev/v1alpha1",
+        "redrafter.dev/v1alpha1",
         "ReDrafterDeployment",
         NAME,
         NS,

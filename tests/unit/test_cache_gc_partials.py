@@ -20,7 +20,7 @@ from engine_jobs.cache import CachePaths, publish, tmp_key_candidates, write_jso
 from engine_jobs.cache_index import TRASH_DIR, find_partials, iso
 from engine_jobs.contract import MANIFEST_FILE
 from engine_jobs.progress import Log, tree_size
-from redrafter_operator.controller.cache_retention import report_event
+from redrafter_operator.controller.retention import report_event
 
 STALE = 180.0
 KEY = "0123456789abcdef0123"  # the operator's key shape
@@ -140,7 +140,8 @@ def test_a_dead_builders_partial_build_is_removed_and_reported(tmp_path: Path, r
     assert "removed abandoned partial build" in out and "1 abandoned partial build" not in out
     assert "2 abandoned partial build(s)" in out
     # the operator's Event tells them apart from engines
-    _, reason, message = report_event(json.loads(report.termination_message()), "engine-cache")
+    event = report_event(json.loads(report.termination_message()), "engine-cache")
+    reason, message = event.reason, event.message
     assert reason == "EngineCacheCollected"
     assert "removed 0 engine(s) and 2 abandoned partial build(s)" in message and f"{KEY} (partial)" in message
 

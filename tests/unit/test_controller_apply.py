@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any, Mapping
 
 import pytest
+import yaml
 
 from redrafter_operator.controller.apply import APPLY_PATCH, JSON_PATCH, ApiError, Applier, ChildState, merge_patch
 from redrafter_operator.controller.facts import (
@@ -20,6 +22,8 @@ from redrafter_operator.controller.main import _instance
 from redrafter_operator.controller.workqueue import WorkQueue
 from redrafter_sim.apiserver import ApiError as EmulatorError
 from redrafter_sim.apiserver import ApiServerEmulator
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class EmulatorClient:
@@ -352,41 +356,53 @@ def test_events_report_the_pod_name_else_the_host_name(monkeypatch: pytest.Monke
     assert _instance() == socket.gethostname()
 
 
-async def test_evaluator_slot_runs_per_resource_and_targets_enqueue() -> None:
-    """The policy seam: an evaluator is called per resource on its interval and may set serving targets."""
+async def test_monitor_slots_run_per_resource_on_the_fake_clock_and_reports_enqueue() -> None:
+    """A per-resource monitor runs on its own interval (moved by the fake clock, no sleep); a report it hands
+    over wakes the resource once, and the same report again wakes nothing."""
     from redrafter_operator.controller.plan_types import ServingTargets
     from redrafter_operator.controller.reconciler import Controller
     from redrafter_operator.controller.renderers import default_renderers
     from redrafter_operator.controller.resource_io import interval_of
+    from redrafter_operator.controller.speculation import SpeculationReport
+    from redrafter_sim.clock import FakeClock
 
     class Client(EmulatorClient):
         async def close(self) -> None:
             pass
 
     calls: list[str] = []
+    targets = ServingTargets(active="base", replicas={"base": 1, "redrafter": 0})
 
-    class Evaluator:
-        def interval(self, body: Any) -> float:
-            return interval_of(body)
+    class Monitor:
+        per_resource = True
 
-        async def evaluate(self, controller: Controller, body: Any) -> None:
-            calls.append(body["metadata"]["name"])
-            controller.set_targets(
-                "ns", body["metadata"]["name"], ServingTargets(active="base", replicas={"base": 1, "redrafter": 0})
-            )
+        def interval(self, host: Any, key: Any) -> float:
+            return interval_of(host.spec_of(key))
 
-    controller = Controller(client=Client(), renderers=default_renderers())  # type: ignore[arg-type]
-    controller.add_evaluator(Evaluator())
-    controller.bodies[("ns", "a")] = {"metadata": {"name": "a"}, "spec": {"speculation": {"interval": "30s"}}}
-    controller.bodies[("ns", "b")] = {"metadata": {"name": "b"}, "spec": {"speculation": {"interval": "1s"}}}
+        def forget(self, key: Any) -> None:
+            pass
+
+        async def run(self, host: Any, key: Any) -> None:
+            calls.append(key[1])
+            host.hand_over(key, SpeculationReport(uid="", fields={}, condition=None, targets=targets))
+
+    clock = FakeClock()
+    controller = Controller(client=Client(), renderers=default_renderers(), clock=clock)  # type: ignore[arg-type]
+    controller.add_monitor(Monitor())
+    spec = yaml.safe_load((ROOT / "examples" / "llama3-8b.yaml").read_text())["spec"]
+    controller.bodies[("ns", "a")] = {"metadata": {"name": "a"}, "spec": {**spec, "speculation": {"interval": "30s"}}}
+    controller.bodies[("ns", "b")] = {"metadata": {"name": "b"}, "spec": {**spec, "speculation": {"interval": "1s"}}}
     ticker = asyncio.create_task(controller._ticker())
+    await asyncio.sleep(0)  # the ticker takes its first sleep on the fake clock
     try:
-        await asyncio.sleep(3.3)
+        for _ in range(4):
+            await clock.advance(1.0)
     finally:
         ticker.cancel()
         await asyncio.gather(ticker, return_exceptions=True)
-    assert calls.count("a") == 1 and calls.count("b") >= 2  # each on its own interval
-    assert controller.targets[("ns", "a")].active == "base" and len(controller.queue) == 2  # enqueued once each
+    assert calls.count("a") == 1 and calls.count("b") == 4  # each on its own interval
+    assert controller.inputs[("ns", "a")].speculation.targets == targets
+    assert len(controller.queue) == 2  # enqueued once each: the same report again changes nothing
 
 
 def test_the_operator_registers_nothing_that_reads_kopfs_diff_base() -> None:
@@ -407,64 +423,3 @@ def test_the_operator_registers_nothing_that_reads_kopfs_diff_base() -> None:
     storage = NoEssenceStorage()
     assert storage.build(body=kopf.Body({"metadata": {"name": "x"}, "spec": {"a": 1}})) is None
     assert storage.fetch(body=kopf.Body({"metadata": {"name": "x"}})) is None
-
-
-def test_validation_is_polled_only_while_it_may_be_under_way() -> None:
-    """The validation evaluator's interval: a second while a validation may run, else long (any change of the
-    resource wakes it: see the next test)."""
-    from redrafter_operator.controller.gate import ANNOTATION_RETRY_VALIDATION
-    from redrafter_operator.controller.validation import (
-        SETTLED_INTERVAL,
-        Promotion,
-        ValidationEvaluator,
-        may_be_validating,
-    )
-
-    engines = {"redrafter": {"state": "Ready", "key": "r1"}, "base": {"state": "Cached", "key": "b1"}}
-
-    def body(
-        validation: dict[str, Any] | None = None,
-        enabled: bool | None = None,
-        retry: str | None = None,
-        built: bool = True,
-    ) -> dict[str, Any]:
-        return {
-            "metadata": {"annotations": {ANNOTATION_RETRY_VALIDATION: retry} if retry else {}},
-            "spec": {"validation": {"enabled": enabled}} if enabled is not None else {},
-            "status": {"engines": engines if built else {}, **({"validation": validation} if validation else {})},
-        }
-
-    assert may_be_validating(body()) and may_be_validating(
-        body({"redrafterKey": "r1", "baseKey": "b1", "state": "Running"})
-    )
-    assert may_be_validating(body({"redrafterKey": "r0", "baseKey": "b1", "state": "Passed"}))  # a new pair
-    assert not may_be_validating(body(enabled=False)) and not may_be_validating(body(built=False))
-    assert not may_be_validating(body({"redrafterKey": "r1", "baseKey": "b1", "state": "Passed"}))
-    failed = {"redrafterKey": "r1", "baseKey": "b1", "state": "Failed", "retryToken": "1"}
-    assert not may_be_validating(body(failed)) and not may_be_validating(body(failed, retry="1"))
-    assert may_be_validating(body(failed, retry="2"))
-    ev = ValidationEvaluator(Promotion())
-    assert ev.interval(body()) == 1.0 and ev.interval(body(built=False)) == SETTLED_INTERVAL
-
-
-def test_a_change_of_the_resource_wakes_the_evaluators_that_ask_for_it() -> None:
-    from redrafter_operator.controller.reconciler import Controller
-    from redrafter_operator.controller.renderers import default_renderers
-
-    class Evaluator:
-        def __init__(self, wakes: bool) -> None:
-            self.wakes_on_change = wakes
-
-        def interval(self, body: Any) -> float:
-            return 30.0
-
-        async def evaluate(self, controller: Any, body: Any) -> None:
-            pass
-
-    controller = Controller(client=EmulatorClient(), renderers=default_renderers())  # type: ignore[arg-type]
-    controller.add_evaluator(Evaluator(wakes=False))
-    controller.add_evaluator(Evaluator(wakes=True))
-    key = ("ns", "a")
-    controller._next_eval.update({(key, 0): 1e9, (key, 1): 1e9})
-    controller.on_resource_event("MODIFIED", {"metadata": {"namespace": "ns", "name": "a"}, "status": {"x": 1}})
-    assert controller._next_eval == {(key, 0): 1e9}  # the waking one is due at the next tick

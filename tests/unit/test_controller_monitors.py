@@ -1,8 +1,9 @@
-"""The speculation evaluator's shell around the pure policy: against a fake controller and a real metrics endpoint.
+"""The speculation monitor's shell around the pure policy: against a fake host and a real metrics endpoint.
 
-No API server: the controller's client is a fake that lists pods and applies status merge patches the way
-the API server does (null deletes). The pod's metrics come from a local aiohttp server; the policy clock is
-injected, so dwell, cooldown and interval gates are exact.
+No API server: the host holds the resource, the serving-pod index and a fake clock, and applies each report
+it is handed the way the reconciler folds it into status (the report's fields, its condition), so dwell,
+cooldown and interval gates are exact. The monitor writes nothing: a report handed over is what would be
+worth a status write.
 """
 
 from __future__ import annotations
@@ -14,35 +15,18 @@ import pytest
 from aiohttp import web
 
 from engine_jobs import contract as c
-from redrafter_operator.controller import resource_io
+from redrafter_operator.api.spec import parse_spec
 from redrafter_operator.controller import speculation as sp
-from redrafter_operator.controller.apply import ApiError
+from redrafter_operator.controller.conditions import merge_conditions
+from redrafter_operator.controller.facts import ServingPodFact
 from redrafter_operator.controller.metrics import OperatorMetrics
 from redrafter_operator.controller.plan_types import ServingTargets
-from redrafter_operator.controller.speculation import (
-    SpeculationEvaluator,
-    newer_state,
-    status_fragment,
-    status_patch,
-    stored_state,
-)
-from redrafter_operator.policy import PolicyState
+from redrafter_operator.controller.speculation import SpeculationMonitor, SpeculationReport, changed, stored_state
 from redrafter_operator.render import names
+from redrafter_sim.clock import FakeClock
 
 NS, NAME = "default", "chat"
 T0 = 1_800_000_000.0
-
-
-def merge(target: Any, patch: Any) -> Any:
-    if not isinstance(patch, dict):
-        return patch
-    out = dict(target) if isinstance(target, dict) else {}
-    for k, v in patch.items():
-        if v is None:
-            out.pop(k, None)
-        else:
-            out[k] = merge(out.get(k), v)
-    return out
 
 
 def body(**speculation: Any) -> dict[str, Any]:
@@ -70,6 +54,7 @@ def body(**speculation: Any) -> dict[str, Any]:
             "activeEngine": "redrafter",
             "phase": "Serving",
             "engines": {"redrafter": {"key": "r", "state": "Ready"}, "base": {"key": "b", "state": "Ready"}},
+            "validation": {"redrafterKey": "r", "baseKey": "b", "state": "Passed"},
             "conditions": [
                 {
                     "type": "SpecValid",
@@ -89,47 +74,64 @@ def pod(name: str, variant: str = "redrafter", pool: str | None = None, ready: b
         "metadata": {
             "name": name,
             "uid": f"uid-{name}",
-            "labels": {names.LABEL_VARIANT: variant, names.LABEL_TRAFFIC: pool or variant},
+            "labels": {
+                names.LABEL_VARIANT: variant,
+                names.LABEL_TRAFFIC: pool or variant,
+                names.LABEL_DEPLOYMENT: names.label_value(NAME),
+                names.LABEL_COMPONENT: "serving",
+            },
         },
         "status": {"podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
     }
 
 
-class FakeClient:
-    def __init__(self, ctl: "FakeController") -> None:
-        self.ctl, self.requests, self.fail_list = ctl, [], False
+class FakeHost:
+    """What a monitor sees of the controller (``resource_io.Host``); reports fold into status as the planner
+    folds them, and every report handed over is kept."""
 
-    async def request(self, method: str, path: str, body: Any = None, **kw: Any) -> dict[str, Any]:
-        self.requests.append((method, path, copy.deepcopy(body), kw))
-        if method == "GET":
-            if self.fail_list:
-                raise ApiError(403, "Forbidden", "pods is forbidden")
-            return {"items": copy.deepcopy(self.ctl.pods)}
-        obj = self.ctl.bodies[(NS, NAME)]
-        obj["status"] = merge(obj.get("status") or {}, body["status"])
-        return copy.deepcopy(obj)
-
-    def patches(self) -> list[dict[str, Any]]:
-        return [b["status"] for m, _, b, _ in self.requests if m == "PATCH"]
-
-
-class FakeController:
     def __init__(self, obj: dict[str, Any]) -> None:
         self.bodies = {(NS, NAME): obj}
         self.written: dict[Any, Any] = {}
-        self.indexes: dict[str, Any] = {}
-        self.posting_vars: list[Any] = []
-        self.metrics = OperatorMetrics()
+        self.clock = FakeClock(epoch=T0)
+        self.reports: list[SpeculationReport] = []
         self.pods = [pod("chat-redrafter-0")]
-        self.client = FakeClient(self)
-        self.targets: list[ServingTargets] = []
 
-    def set_targets(self, ns: str, name: str, targets: ServingTargets) -> None:
-        self.targets.append(targets)
+    @property
+    def indexes(self) -> dict[str, Any]:
+        return {
+            "rdd_serving_pods": {
+                ("owner", NS, names.label_value(NAME)): [ServingPodFact.from_body(p) for p in self.pods]
+            }
+        }
+
+    def spec_of(self, key: Any) -> Any:
+        return parse_spec(copy.deepcopy(self.bodies[key]["spec"]))[0]
+
+    def hand_over(self, key: Any, report: SpeculationReport) -> None:
+        self.reports.append(report)
+        status = self.bodies[key]["status"]
+        status.update(copy.deepcopy(dict(report.fields)))
+        if report.condition is not None:
+            status["conditions"] = merge_conditions(
+                status["conditions"], [report.condition], generation=1, now=sp.rfc3339(self.clock.time())
+            )
 
     @property
     def status(self) -> dict[str, Any]:
         return self.bodies[(NS, NAME)]["status"]
+
+    @property
+    def targets(self) -> list[ServingTargets]:
+        return [r.targets for r in self.reports]
+
+    @property
+    def events(self) -> list[tuple[str, str, str]]:
+        return [(e.type, e.reason, e.message) for r in self.reports for e in r.events]
+
+    async def run(self, monitor: SpeculationMonitor, seconds: float = 0.0) -> None:
+        """Move the clock, then one run of the monitor (what the ticker does when the slot is due)."""
+        await self.clock.advance(seconds, turns=0)
+        await monitor.run(self, (NS, NAME))
 
 
 class Metrics:
@@ -139,6 +141,7 @@ class Metrics:
         self.n = {"requests": 0.0, "draft": 0.0, "accepted": 0.0}
         self.down = False
         self.active: float | None = None  # in-flight requests gauge (exported when set)
+        self.scrapes = 0
 
     def serve(self, requests: int, acceptance: float) -> None:
         self.n["requests"] += requests
@@ -146,6 +149,7 @@ class Metrics:
         self.n["accepted"] += round(10 * requests * acceptance)
 
     async def handle(self, _: web.Request) -> web.Response:
+        self.scrapes += 1
         if self.down:
             return web.Response(status=503)
         labels = f'model="{NAME}",variant="redrafter"'
@@ -182,175 +186,168 @@ async def endpoint():
     await runner.cleanup()
 
 
-@pytest.fixture
-def events(monkeypatch):
-    posted: list[tuple[str, str, str]] = []
-    monkeypatch.setattr(resource_io, "post_event", lambda b, t, r, msg: posted.append((t, r, msg)))
-    return posted
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = T0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def evaluator(endpoint: Metrics, clock: Clock) -> SpeculationEvaluator:
-    return SpeculationEvaluator(metrics_port=endpoint.port, clock=clock)
+def monitor(endpoint: Metrics | None = None) -> SpeculationMonitor:
+    kw = {"metrics_port": endpoint.port} if endpoint is not None else {}
+    return SpeculationMonitor(metrics=OperatorMetrics(), **kw)
 
 
 # ---------------------------------------------------------------------------------------------------------
-async def test_collapse_switches_with_status_history_event_counter_and_targets(endpoint, events) -> None:
-    ctl, clock = FakeController(body()), Clock()
-    ev = evaluator(endpoint, clock)
+async def test_collapse_switches_with_status_history_event_counter_and_targets(endpoint) -> None:
+    host = FakeHost(body())
+    ev = monitor(endpoint)
     endpoint.serve(20, 0.8)
-    await ev.evaluate(ctl, ctl.bodies[(NS, NAME)])  # first reading: baseline only
-    st = ctl.status
+    await host.run(ev)  # first reading: baseline only
+    st = host.status
     assert st["speculation"]["reason"].startswith("NoData") and st["policy"]["speculation"]["engine"] == "redrafter"
     assert next(x for x in st["conditions"] if x["type"] == "SpeculationHealthy")["status"] == "Unknown"
-    assert ctl.targets[-1] == ServingTargets(active="redrafter", replicas={"redrafter": 1, "base": 0}, canary=0)
-    assert ctl.written[(NS, NAME)] == st  # the reconciler plans from the status just written
+    assert host.targets[-1] == ServingTargets(active="redrafter", replicas={"redrafter": 1, "base": 0}, canary=0)
 
     endpoint.serve(20, 0.1)
-    clock.t += 2
-    await ev.evaluate(ctl, ctl.bodies[(NS, NAME)])
-    st = ctl.status
+    await host.run(ev, 2)
+    st = host.status
     assert st["speculation"]["decision"] == "SwitchToBase" and st["speculation"]["acceptanceRate"] == pytest.approx(0.1)
     assert st["speculation"]["samples"] == 20
     assert st["history"] == [
-        {"time": sp.rfc3339(clock.t), "from": "redrafter", "to": "base", "reason": st["history"][0]["reason"]}
+        {"time": sp.rfc3339(host.clock.time()), "from": "redrafter", "to": "base", "reason": st["history"][0]["reason"]}
     ]
     assert st["history"][0]["reason"].startswith("LowAcceptance: 1 consecutive failed measurements")
     cond = next(x for x in st["conditions"] if x["type"] == "SpeculationHealthy")
     assert (cond["status"], cond["reason"]) == ("False", "LowAcceptance")
-    assert ctl.targets[-1] == ServingTargets(active="base", replicas={"base": 1, "redrafter": 0}, canary=1)
-    assert events == [("Warning", "SwitchToBase", events[0][2])] and "LowAcceptance" in events[0][2]
-    assert ctl.metrics.speculation_switches.labels("base", "LowAcceptance")._value.get() == 1
-    assert ctl.metrics.speculation_evaluations.labels("Failed")._value.get() == 1
+    assert host.targets[-1] == ServingTargets(active="base", replicas={"base": 1, "redrafter": 0}, canary=1)
+    assert host.events == [("Warning", "SwitchToBase", host.events[0][2])] and "LowAcceptance" in host.events[0][2]
+    assert ev.metrics.speculation_switches.labels("base", "LowAcceptance")._value.get() == 1
+    assert ev.metrics.speculation_evaluations.labels("Failed")._value.get() == 1
 
 
-async def test_an_evaluation_that_changes_nothing_writes_nothing(endpoint, events) -> None:
-    ctl, clock = FakeController(body()), Clock()
-    ev = evaluator(endpoint, clock)
+async def test_an_evaluation_that_changes_nothing_hands_over_nothing(endpoint) -> None:
+    host = FakeHost(body())
+    ev = monitor(endpoint)
     endpoint.serve(20, 0.8)
-    await ev.evaluate(ctl, ctl.bodies[(NS, NAME)])
+    await host.run(ev)
     endpoint.serve(20, 0.8)
-    clock.t += 1
-    await ev.evaluate(ctl, ctl.bodies[(NS, NAME)])
-    assert len(ctl.client.patches()) == 2
+    await host.run(ev, 1)
+    assert len(host.reports) == 2
     for _ in range(12):  # no traffic: empty windows pool up (the message counts them) until ACCUMULATE_MAX
-        clock.t += 1
-        await ev.evaluate(ctl, ctl.bodies[(NS, NAME)])
-    n = len(ctl.client.patches())
+        await host.run(ev, 1)
+    n = len(host.reports)
     for _ in range(3):  # then only timestamps change
-        clock.t += 1
-        await ev.evaluate(ctl, ctl.bodies[(NS, NAME)])
-    assert len(ctl.client.patches()) == n
-    stamped = ctl.status["speculation"]["lastEvaluated"]
-    clock.t += 3600  # an hour at rest: still nothing but timestamps, so still no write
-    await ev.evaluate(ctl, ctl.bodies[(NS, NAME)])
-    assert len(ctl.client.patches()) == n and ctl.status["speculation"]["lastEvaluated"] == stamped
+        await host.run(ev, 1)
+    assert len(host.reports) == n
+    stamped = host.status["speculation"]["lastEvaluated"]
+    await host.run(ev, 3600)  # an hour at rest: still nothing but timestamps, so still nothing handed over
+    assert len(host.reports) == n and host.status["speculation"]["lastEvaluated"] == stamped
     endpoint.serve(20, 0.8)  # traffic again: a measurement to record, with its time
-    clock.t += 1
-    await ev.evaluate(ctl, ctl.bodies[(NS, NAME)])
-    assert len(ctl.client.patches()) == n + 1
-    assert ctl.status["speculation"]["lastEvaluated"] == sp.rfc3339(clock.t)
-    assert events == []
+    await host.run(ev, 1)
+    assert len(host.reports) == n + 1
+    assert host.status["speculation"]["lastEvaluated"] == sp.rfc3339(host.clock.time())
+    assert host.events == []
+    runs = sum(
+        s.value for m in ev.metrics.speculation_evaluations.collect() for s in m.samples if s.name.endswith("_total")
+    )
+    assert runs == 2 + 12 + 3 + 1 + 1  # every evaluation still counts
 
 
-async def test_not_due_and_not_serving_and_invalid_do_nothing(endpoint, events) -> None:
-    ctl, clock = FakeController(body()), Clock()
-    ev = evaluator(endpoint, clock)
-    await ev.evaluate(ctl, ctl.bodies[(NS, NAME)])
-    n = len(ctl.client.requests)
-    clock.t += 0.5  # < 0.9 x interval
-    await ev.evaluate(ctl, ctl.bodies[(NS, NAME)])
-    assert len(ctl.client.requests) == n
+async def test_not_due_and_not_serving_and_invalid_do_nothing(endpoint) -> None:
+    host = FakeHost(body())
+    ev = monitor(endpoint)
+    await host.run(ev)
+    scrapes, reports = endpoint.scrapes, len(host.reports)
+    await host.run(ev, 0.5)  # < 0.9 x interval
+    assert (endpoint.scrapes, len(host.reports)) == (scrapes, reports)
 
-    fresh = FakeController(body())
+    fresh = FakeHost(body())
     del fresh.status["activeEngine"]  # nothing serves yet
-    await evaluator(endpoint, clock).evaluate(fresh, fresh.bodies[(NS, NAME)])
-    invalid = FakeController(body(failureLimit=0))
-    await evaluator(endpoint, clock).evaluate(invalid, invalid.bodies[(NS, NAME)])
-    assert fresh.client.requests == [] and invalid.client.requests == []
-    assert fresh.targets == [] and invalid.targets == []
+    await fresh.run(monitor(endpoint))
+    invalid = FakeHost(body(failureLimit=0))
+    await invalid.run(monitor(endpoint))
+    assert endpoint.scrapes == scrapes and fresh.reports == [] and invalid.reports == []
 
 
-async def test_prometheus_failure_is_an_error_input_never_a_crash_or_switch(events) -> None:
+async def test_prometheus_failure_is_an_error_input_never_a_crash_or_switch() -> None:
     obj = body(failureLimit=1)
     obj["spec"]["metrics"] = {"source": "Prometheus", "prometheusUrl": "http://127.0.0.1:9", "scrapeTimeoutSeconds": 1}
-    ctl, clock = FakeController(obj), Clock()
-    ev = SpeculationEvaluator(clock=clock)
+    host = FakeHost(obj)
+    ev = monitor()
     for i in range(3):
-        await ev.evaluate(ctl, ctl.bodies[(NS, NAME)])
-        clock.t += 1
-    st = ctl.status
+        await host.run(ev, 1 if i else 0)
+    st = host.status
     assert st["speculation"]["reason"].startswith("MetricsUnavailable: ")
     assert "POST http://127.0.0.1:9/api/v1/query" in st["speculation"]["reason"]
     assert st["policy"]["speculation"]["errors"] == 3 and not st.get("history")
     cond = next(x for x in st["conditions"] if x["type"] == "SpeculationHealthy")
     assert (cond["status"], cond["reason"]) == ("Unknown", "MetricsUnavailable")  # consecutiveErrorLimit 2
-    assert all(t.active == "redrafter" for t in ctl.targets) and events == []
-    assert ctl.metrics.speculation_evaluations.labels("Error")._value.get() == 3
+    assert all(t.active == "redrafter" for t in host.targets) and host.events == []
+    assert ev.metrics.speculation_evaluations.labels("Error")._value.get() == 3
 
 
-async def test_pod_list_failure_skips_the_evaluation(endpoint, events) -> None:
-    ctl, clock = FakeController(body()), Clock()
-    ctl.client.fail_list = True
-    await evaluator(endpoint, clock).evaluate(ctl, ctl.bodies[(NS, NAME)])
-    assert ctl.client.patches() == [] and ctl.targets == []
+async def test_no_serving_pod_in_the_index_is_no_data_and_costs_no_request(endpoint) -> None:
+    host = FakeHost(body())
+    host.pods = []
+    await host.run(monitor(endpoint))
+    assert endpoint.scrapes == 0
+    assert host.status["speculation"]["reason"].startswith("NoData")
+    assert host.targets[-1].active == "redrafter"
 
 
-async def test_a_restarted_operator_resumes_from_status_policy(endpoint, events) -> None:
-    ctl, clock = FakeController(body(cooldown="1h")), Clock()
-    ev = evaluator(endpoint, clock)
+async def test_a_restarted_operator_resumes_from_status_policy(endpoint) -> None:
+    host = FakeHost(body(cooldown="1h"))
+    ev = monitor(endpoint)
     endpoint.serve(20, 0.8)
-    await ev.evaluate(ctl, ctl.bodies[(NS, NAME)])
+    await host.run(ev)
     endpoint.serve(20, 0.1)
-    clock.t += 2
-    await ev.evaluate(ctl, ctl.bodies[(NS, NAME)])
-    assert ctl.status["policy"]["speculation"]["engine"] == "base"
-    ctl.status["activeEngine"] = "base"
-    ctl.pods = [pod("chat-redrafter-canary-0", "redrafter", "base"), pod("chat-base-0", "base", ready=False)]
+    await host.run(ev, 2)
+    assert host.status["policy"]["speculation"]["engine"] == "base"
+    host.status["activeEngine"] = "base"
+    host.pods = [pod("chat-redrafter-canary-0", "redrafter", "base"), pod("chat-base-0", "base", ready=False)]
 
-    restarted = evaluator(endpoint, clock)  # no memory: the state comes from status.policy
+    restarted = monitor(endpoint)  # no memory: the state comes from status.policy
     for _ in range(3):
         endpoint.serve(20, 0.9)
-        clock.t += 1
-        await restarted.evaluate(ctl, ctl.bodies[(NS, NAME)])
-    st = ctl.status
+        await host.run(restarted, 1)
+    st = host.status
     assert st["policy"]["speculation"]["engine"] == "base"  # cooldown 1h still holds the recovery
     assert st["speculation"]["decision"] == "Hold" and st["speculation"]["reason"].startswith("Cooldown")
-    assert ctl.targets[-1] == ServingTargets(active="base", replicas={"base": 1, "redrafter": 0}, canary=1)
+    assert host.targets[-1] == ServingTargets(active="base", replicas={"base": 1, "redrafter": 0}, canary=1)
     assert [h["to"] for h in st["history"]] == ["base"]
 
 
-async def test_mode_never_leaves_the_condition_to_the_reconciler(endpoint, events) -> None:
-    ctl, clock = FakeController(body(mode="Never")), Clock()
-    await evaluator(endpoint, clock).evaluate(ctl, ctl.bodies[(NS, NAME)])
-    assert "conditions" not in ctl.client.patches()[0]
-    assert ctl.targets[-1].active == "base" and ctl.status["policy"]["speculation"]["engine"] == "base"
-    assert events == []  # a new resource pinned to base starts there: no switch
+async def test_mode_never_leaves_the_condition_to_the_planner(endpoint) -> None:
+    host = FakeHost(body(mode="Never"))
+    await host.run(monitor(endpoint))
+    assert host.reports[0].condition is None
+    assert host.targets[-1].active == "base" and host.status["policy"]["speculation"]["engine"] == "base"
+    assert host.events == []  # a new resource pinned to base starts there: no switch
+
+
+async def test_a_report_for_a_replaced_resource_is_not_mixed_with_the_new_one(endpoint) -> None:
+    """Deleted and created again under the same name: the new uid starts from its own status."""
+    host = FakeHost(body(cooldown="1h"))
+    ev = monitor(endpoint)
+    endpoint.serve(20, 0.8)
+    await host.run(ev)
+    endpoint.serve(20, 0.1)
+    await host.run(ev, 2)
+    assert host.reports[-1].uid == "uid-1" and host.status["policy"]["speculation"]["engine"] == "base"
+    replaced = body(cooldown="1h")
+    replaced["metadata"]["uid"] = "uid-2"
+    host.bodies[(NS, NAME)] = replaced
+    endpoint.serve(20, 0.8)
+    await host.run(ev, 2)
+    assert host.reports[-1].uid == "uid-2" and host.status["policy"]["speculation"]["engine"] == "redrafter"
 
 
 def test_pure_helpers() -> None:
-    spec_state = PolicyState.model_validate({"speculation": {"since": 5.0, "last_evaluated": 10.0}})
-    later = PolicyState.model_validate({"speculation": {"since": 5.0, "last_evaluated": 20.0}})
-    assert newer_state(spec_state, later) is later and newer_state(later, spec_state) is later
-    assert newer_state(None, later) is later and newer_state(later, None) is later
     assert stored_state({"policy": {"speculation": {"engine": "nope"}}}) is None
     assert stored_state({}) is None
+    assert stored_state({"policy": {"speculation": {"engine": "base", "since": 5.0}}}).speculation.engine == "base"
     old = {"speculation": {"lastEvaluated": sp.rfc3339(100.0), "samples": 0}, "policy": {"window": {"t": 1.0}}}
     same_but_later = {
         "speculation": {"lastEvaluated": sp.rfc3339(101.0), "samples": 0},
         "policy": {"window": {"t": 2.0}},
     }
-    assert status_patch(old, same_but_later, now=101.0) is None
-    assert status_patch(old, same_but_later, now=100_000.0) is None  # no timestamp heartbeat, however long at rest
-    assert status_patch(old, {**same_but_later, "speculation": {"samples": 3}}, now=101.0)
-    assert status_fragment  # exercised through the evaluator above
+    assert not changed(old, same_but_later, now=101.0)
+    assert not changed(old, same_but_later, now=100_000.0)  # no timestamp heartbeat, however long at rest
+    assert changed(old, {**same_but_later, "speculation": {"samples": 3}}, now=101.0)
 
 
 def test_an_expired_settle_window_is_not_worth_a_write_alone() -> None:
@@ -365,10 +362,10 @@ def test_an_expired_settle_window_is_not_worth_a_write_alone() -> None:
         }
 
     old = status([150.0, 2], 100.0)
-    assert status_patch(old, status(None, 200.0), now=200.0) is None  # expired at 150
-    assert status_patch(old, status(None, 120.0), now=120.0) is not None  # still running
-    assert status_patch(old, status([300.0, 3], 200.0), now=200.0) is not None  # a new one
-    assert status_patch(old, status(None, 5000.0), now=5000.0) is None  # long after: still nothing to say
+    assert not changed(old, status(None, 200.0), now=200.0)  # expired at 150
+    assert changed(old, status(None, 120.0), now=120.0)  # still running
+    assert changed(old, status([300.0, 3], 200.0), now=200.0)  # a new one
+    assert not changed(old, status(None, 5000.0), now=5000.0)  # long after: still nothing to say
 
 
 # ---- the validation gate's pure parts -------------------------------------------------------------------
@@ -379,9 +376,9 @@ from redrafter_operator.controller.gate import (  # noqa: E402
     gate_from_status,
     gate_of,
     gated_targets,
+    validated_engines,
 )
 from redrafter_operator.controller.targets import default_targets  # noqa: E402
-from redrafter_operator.controller.validation import Promotion  # noqa: E402
 
 PAIR_STATUS = {"engines": {"redrafter": {"key": "r1", "state": "Ready"}, "base": {"key": "b1", "state": "Cached"}}}
 POLICY = ServingTargets(active="redrafter", replicas={"redrafter": 3, "base": 0}, canary=0)
@@ -457,25 +454,28 @@ def test_planner_defaults_keep_the_canary_and_the_gate_from_status() -> None:
     assert gate_from_status(POLICY, off, failed) is POLICY
 
 
-def test_promotion_hub_never_clears_targets_it_did_not_gate() -> None:
-    ctl = FakeController(body())
+def test_the_planner_gates_the_policys_targets_from_status() -> None:
+    """No gate state outside status: a restarted operator gates the policy's first targets at once."""
     spec = ReDrafterDeploymentSpec.model_validate(body()["spec"])
-    hub = Promotion()
-    hub.set_gate(ctl, (NS, NAME), None, spec, {})
-    assert ctl.targets == []  # nothing from the policy, nothing gated: the reconciler's defaults stand
-    hub.set_gate(ctl, (NS, NAME), Gate(False, "Failed"), spec, {"activeEngine": "redrafter"})
-    assert ctl.targets[-1].active == "base"
-    hub.set_policy(ctl, (NS, NAME), POLICY, spec, {"activeEngine": "base"})
-    assert ctl.targets[-1].active == "base"  # still gated
-    hub.set_gate(ctl, (NS, NAME), Gate(True, "Passed"), spec, {"activeEngine": "base"})
-    assert ctl.targets[-1] == POLICY
+    pending = {**PAIR_STATUS, "activeEngine": "redrafter"}
+    assert gate_from_status(POLICY, spec, pending) == ServingTargets("redrafter", {"redrafter": 3, "base": 1}, 0)
+    failed = {**pending, "validation": {"redrafterKey": "r1", "baseKey": "b1", "state": "Failed"}}
+    assert gate_from_status(POLICY, spec, failed) == ServingTargets("base", {"base": 3, "redrafter": 0}, 0)
+    passed = {**pending, "validation": {"redrafterKey": "r1", "baseKey": "b1", "state": "Passed"}}
+    assert gate_from_status(POLICY, spec, passed) is POLICY
 
 
-def test_promotion_hub_applies_the_status_gate_before_the_gate_has_run() -> None:
-    ctl = FakeController(body())
+def test_the_policy_may_switch_to_redrafter_only_once_validated() -> None:
     spec = ReDrafterDeploymentSpec.model_validate(body()["spec"])
-    Promotion().set_policy(ctl, (NS, NAME), POLICY, spec, {**PAIR_STATUS, "activeEngine": "redrafter"})
-    assert ctl.targets[-1] == ServingTargets("redrafter", {"redrafter": 3, "base": 1}, 0)  # base kept for validation
+    both = frozenset({"redrafter", "base"})
+    assert validated_engines(spec, {}) == both  # nothing built: nothing to validate yet
+    assert validated_engines(spec, PAIR_STATUS) == {"base"}  # pending
+    running = {**PAIR_STATUS, "validation": {"redrafterKey": "r1", "baseKey": "b1", "state": "Running"}}
+    assert validated_engines(spec, running) == {"base"}
+    passed = {**PAIR_STATUS, "validation": {"redrafterKey": "r1", "baseKey": "b1", "state": "Passed"}}
+    assert validated_engines(spec, passed) == both
+    off = ReDrafterDeploymentSpec.model_validate({**body()["spec"], "validation": {"enabled": False}})
+    assert validated_engines(off, running) == both
 
 
 # ---- a promoted ReDrafter engine keeps serving while a newer one is validated ---------------------------
@@ -517,18 +517,21 @@ def test_a_promoted_engine_is_stable_until_the_new_pair_passes() -> None:
 
 
 def test_the_policy_may_choose_a_promoted_engine_while_a_newer_one_is_validated() -> None:
-    ctl = FakeController(body())
     spec = ReDrafterDeploymentSpec.model_validate(body()["spec"])
-    hub = Promotion()
-    key = (NS, NAME)
-    hub.set_gate(ctl, key, Gate(False, "Running"), spec, {"activeEngine": "base"})
-    assert not hub.allows_redrafter(key)
-    hub.set_gate(ctl, key, Gate(False, "Failed", "r0"), spec, {"activeEngine": "redrafter"})
-    assert hub.allows_redrafter(key)
+    running = {
+        **PAIR_STATUS,
+        "validation": {"redrafterKey": "r1", "baseKey": "b1", "state": "Running", "promoted": PROMOTED},
+    }
+    assert validated_engines(spec, running) == {"redrafter", "base"}
+    failed = {
+        **PAIR_STATUS,
+        "validation": {"redrafterKey": "r1", "baseKey": "b1", "state": "Failed", "promoted": PROMOTED},
+    }
+    assert validated_engines(spec, failed) == {"redrafter", "base"}
 
 
 def test_gating_twice_changes_nothing() -> None:
-    """The planner gates whatever targets it gets (some arrive already gated by the promotion hub)."""
+    """The planner gates whatever targets it gets: gating is idempotent."""
     on_base = ServingTargets(active="base", replicas={"base": 2, "redrafter": 0}, canary=1)
     for gate in (
         Gate(False, "Pending"),
@@ -544,7 +547,7 @@ def test_gating_twice_changes_nothing() -> None:
                 assert gated_targets(once, gate, pool) == once, (gate, pool, targets)
 
 
-async def test_the_autoscaler_counts_the_pods_still_starting(endpoint, events) -> None:
+async def test_the_autoscaler_counts_the_pods_still_starting(endpoint) -> None:
     """The evaluator passes every serving pod's readiness to the autoscaler. Two Ready pods with 1 request in
     flight each, target 4, two pods still loading their engine (not Ready, not scraped): on a scale-down
     those count at the target, (2 + 2 x 4) / 4 pods / 4 -> ceil(0.625 x 4) = 3, where the Ready pods alone
@@ -558,17 +561,27 @@ async def test_the_autoscaler_counts_the_pods_still_starting(endpoint, events) -
         "scaleDownStabilization": "0s",
     }
     obj["spec"]["serving"] = {"replicas": 4}
-    ctl, clock = FakeController(obj), Clock()
-    ctl.pods = [pod(f"chat-redrafter-{i}", ready=i < 2) for i in range(4)]
+    host = FakeHost(obj)
+    host.pods = [pod(f"chat-redrafter-{i}", ready=i < 2) for i in range(4)]
     endpoint.active = 1.0
-    ev = evaluator(endpoint, clock)
-    await ev.evaluate(ctl, ctl.bodies[(NS, NAME)])
-    assert ctl.targets[-1].replicas["redrafter"] == 3
-    assert [e for e in events if e[1] == "Scaling"] and "2 missing" in events[-1][2]
+    ev = monitor(endpoint)
+    await host.run(ev)
+    assert host.targets[-1].replicas["redrafter"] == 3
+    assert [e for e in host.events if e[1] == "Scaling"] and "2 missing" in host.events[-1][2]
     # the load rises to 16 in flight on the 2 Ready pods while the third replica still loads: the starting
     # pod counts as idle, 16 / 3 pods / 4 -> ceil(1.33 x 3) = 4 = what the load needs (not 3 x 8/4 = 6)
-    ctl.pods = [pod(f"chat-redrafter-{i}", ready=i < 2) for i in range(3)]
+    host.pods = [pod(f"chat-redrafter-{i}", ready=i < 2) for i in range(3)]
     endpoint.active = 8.0
-    clock.t += 1
-    await ev.evaluate(ctl, ctl.bodies[(NS, NAME)])
-    assert ctl.targets[-1].replicas["redrafter"] == 4
+    await host.run(ev, 1)
+    assert host.targets[-1].replicas["redrafter"] == 4
+
+
+def test_a_serving_pods_new_address_is_a_new_index_value() -> None:
+    """kopf keeps an index value only when it differs from the stored one: a Pod that got its IP (or restarted)
+    must give a different fact, or the monitor would scrape the address the Pod had when first indexed."""
+    first = pod("chat-redrafter-0")
+    moved = copy.deepcopy(first)
+    moved["status"]["podIP"] = "127.0.0.2"
+    assert ServingPodFact.from_body(first) != ServingPodFact.from_body(moved)
+    assert ServingPodFact.from_body(first) == ServingPodFact.from_body(copy.deepcopy(first))
+    assert len({ServingPodFact.from_body(first), ServingPodFact.from_body(moved)}) >= 1  # still hashable

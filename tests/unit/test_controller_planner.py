@@ -22,7 +22,7 @@ from redrafter_operator.controller.facts import (
     manifest_hash,
 )
 from redrafter_operator.controller.plan_types import Renderers, Resource, ServingTargets
-from redrafter_operator.controller.planner import plan
+from redrafter_operator.controller.planner import Inputs, plan
 from redrafter_operator.controller.targets import plan_switch
 from redrafter_operator.render import names
 
@@ -443,7 +443,7 @@ def test_policy_targets_render_the_canary_and_real_serving_children():
         service_pool="redrafter",
     )
     targets = ServingTargets(active="base", replicas={"base": 2, "redrafter": 0}, canary=1)
-    p = plan(res_of(doc), obs, now=NOW, renderers=default_renderers(), targets=lambda spec, status: targets)
+    p = plan(res_of(doc), obs, now=NOW, renderers=default_renderers(), inputs=Inputs(targets=targets))
     by_name = {(m["kind"], m["metadata"]["name"]): m for m in p.apply}
     canary = by_name[("Deployment", names.canary_deployment_name("llama3-8b"))]
     assert canary["spec"]["replicas"] == 1

@@ -23,7 +23,7 @@ import lupa.lua51 as lua51
 
 from redrafter_operator.controller.facts import DeploymentFact, Observed, PodFact, ServingPodFact, manifest_hash
 from redrafter_operator.controller.plan_types import ServingTargets
-from redrafter_operator.controller.planner import plan
+from redrafter_operator.controller.planner import Inputs, plan
 from redrafter_operator.controller.renderers import default_renderers
 from redrafter_operator.render import names
 from redrafter_sim.failures import Fault, pod_status
@@ -213,8 +213,8 @@ def test_a_fallback_to_base_is_healthy_degraded_performance_not_an_outage() -> N
         },
     )
     targets = ServingTargets(active="base", replicas={"base": 1, "redrafter": 0})
-    st = plan(res_of(doc, served), on_base, now=LATER, renderers=RENDER, targets=lambda s, o: targets).status
-    st = plan(res_of(doc, st), on_base, now=LATER, renderers=RENDER, targets=lambda s, o: targets).status
+    st = plan(res_of(doc, served), on_base, now=LATER, renderers=RENDER, inputs=Inputs(targets=targets)).status
+    st = plan(res_of(doc, st), on_base, now=LATER, renderers=RENDER, inputs=Inputs(targets=targets)).status
     assert st["activeEngine"] == "base" and cond(st, "SpeculationHealthy")["status"] == "False"
     assert verdicts(resource(doc, st)) == ("Current", "Healthy")
     assert (cond(st, "Ready")["status"], cond(st, "Stalled")["status"]) == ("True", "False")

@@ -32,17 +32,17 @@ CONTROLLER_LAYERS: list[str | set[str]] = [
     "main",  # `redrafter-operator run`: wires everything
     "leader",  # Lease leader election: gates the loops main starts
     "handlers",  # the kopf shell: indexes, event handlers, startup
-    "reconciler",  # the controller's state, workers and the reconcile of one resource
-    "cache_retention",  # per cache claim: references ConfigMap, collection CronJob, their results
-    {"speculation", "validation", "observe"},  # evaluators and index reading, each on its own
-    "planner",  # one plan step
-    {"engines", "status", "routing"},  # routing: the InferencePool beside the Service
+    "reconciler",  # the controller's state, workers and the reconcile of one resource: the only writer
+    "preview",  # what `redrafter-operator render` plans, from stated facts
+    "planner",  # one plan step, folding in the monitors' reports
+    {"speculation", "retention", "observe"},  # the monitors, and index reading, each on its own
+    {"engines", "status", "routing", "validation"},  # routing: the InferencePool beside the Service
     "targets",  # serving targets and the blue/green step
     "renderers",
-    {"gate", "serving_health", "gitops"},  # pure rules: the validation gate, serving failures, GitOps health
-    "resource_io",  # what the reconciler and the evaluators share
+    {"gate", "serving_health", "gitops"},  # pure rules: the promotion gate, serving failures, GitOps health
+    "resource_io",  # what the reconciler and the monitors share
     "workqueue",
-    {"apply", "metrics"},
+    {"apply", "metrics", "clock"},
     "plan_types",
     {"facts", "conditions", "build_failure"},
 ]

@@ -97,7 +97,11 @@ the operator from this chart against the emulated API server and compares its re
   PATCH, authorized as create too when it creates the object); build Jobs and their ConfigMaps are only
   ever created (a retry is a new Job); none is deleted by the operator (owner references let the garbage
   collector remove them with their ReDrafterDeployment), except an InferencePool when the feature is turned off.
-- Pods: watched (build Pods, for termination messages). Events: created. Secrets: never read.
+- Jobs, CronJobs and Pods: watched and indexed, so a change enqueues the owning resource (nothing is polled).
+  Build and validation Jobs are only ever created; a finished collection Job is patched once (an annotation
+  that its report was posted). Pods: build, validation and collection Pods for their termination messages
+  (a LIST by label only when a finished Job's Pod has not reached the watch yet), serving Pods for the
+  metrics scrape. Events: created. Secrets: never read.
 - InferencePools (Gateway API Inference Extension, spec.routing.inferencePool) and NetworkPolicies
   (spec.serving.networkPolicy.enabled): watched and applied like the other children. InferencePools are
   granted whether or not the CRD is installed (the operator reports a missing CRD in status).
@@ -111,10 +115,10 @@ the operator from this chart against the emulated API server and compares its re
   verbs: ["patch"]
 - apiGroups: ["batch"]
   resources: ["jobs"]
-  verbs: ["list", "watch", "create", "get", "patch"]
+  verbs: ["list", "watch", "create", "patch"]
 - apiGroups: ["batch"]
   resources: ["cronjobs"]
-  verbs: ["create", "get", "patch", "delete"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["list", "watch", "create", "patch"]

@@ -7,9 +7,10 @@ the operator, for specs that got past an older CRD), with the same wording.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
+from pydantic.config import JsonDict
 
 from . import defaults
 from .cron import check_schedule
@@ -35,8 +36,8 @@ _MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$"
 MAX_DRAFT_TOKENS = 64  # numBeams x draftLenPerBeam; larger trees cost more than they accept
 
 
-def _cel(rule: str, message: str, field_path: str | None = None) -> dict:
-    out = {"rule": rule, "message": message}
+def _cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
+    out: JsonDict = {"rule": rule, "message": message}
     if field_path:
         out["fieldPath"] = field_path
     return out
@@ -90,7 +91,7 @@ class ModelSource(ApiModel):
         return v
 
     @model_validator(mode="after")
-    def _revision_only_for_hf(self):
+    def _revision_only_for_hf(self) -> ModelSource:
         if self.revision and not self.source.startswith("hf://"):
             raise ValueError("revision is only meaningful for hf:// sources")
         return self
@@ -148,7 +149,7 @@ class Redrafter(ApiModel):
     )
 
     @model_validator(mode="after")
-    def _bounded_tree(self):
+    def _bounded_tree(self) -> Redrafter:
         if self.num_beams * self.draft_len_per_beam > MAX_DRAFT_TOKENS:
             raise ValueError(f"numBeams x draftLenPerBeam must be at most {MAX_DRAFT_TOKENS}")
         return self
@@ -311,7 +312,7 @@ class Engine(ApiModel):
     build: BuildJob = Field(default_factory=BuildJob, description="Build Job scheduling and limits.")
 
     @model_validator(mode="after")
-    def _limits(self):
+    def _limits(self) -> Engine:
         if self.max_input_len >= self.max_seq_len:
             raise ValueError("maxInputLen must be less than maxSeqLen")
         if self.max_num_tokens < self.max_batch_size:
@@ -340,7 +341,7 @@ class Triton(ApiModel):
 
     @field_validator("batching_strategy", mode="before")
     @classmethod
-    def _no_static_batching(cls, v):
+    def _no_static_batching(cls, v: object) -> object:
         # Say why, not only "should be 'inflight_fused_batching'": v1 was accepted before.
         if isinstance(v, str) and v.lower() == "v1":
             raise ValueError(
@@ -503,7 +504,7 @@ class Autoscaling(ApiModel):
     max_step: int = Field(default=4, ge=1, le=1000, description="At most this many replicas added or removed at once.")
 
     @model_validator(mode="after")
-    def _bounds(self):
+    def _bounds(self) -> Autoscaling:
         if self.min_replicas > self.max_replicas:
             raise ValueError("minReplicas must be at most maxReplicas")
         return self
@@ -603,7 +604,7 @@ class Speculation(ApiModel):
         return v
 
     @model_validator(mode="after")
-    def _recoverable(self):
+    def _recoverable(self) -> Speculation:
         if self.min_acceptance_rate + self.acceptance_hysteresis > 1.0:
             raise ValueError("minAcceptanceRate + acceptanceHysteresis must be at most 1 (else recovery is impossible)")
         return self
@@ -624,7 +625,7 @@ class Metrics(ApiModel):
     scrape_timeout_seconds: float = Field(default=2.0, gt=0, le=60, description="Per-pod scrape timeout.")
 
     @model_validator(mode="after")
-    def _url_for_prometheus(self):
+    def _url_for_prometheus(self) -> Metrics:
         if self.source == "Prometheus" and not self.prometheus_url:
             raise ValueError("prometheusUrl is required when source is Prometheus")
         return self
@@ -710,17 +711,22 @@ class ReDrafterDeploymentSpec(ApiModel):
     routing: Routing = Field(default_factory=Routing, description="Gateway routing (InferencePool).")
 
 
-def spec_errors(raw: dict) -> list[str]:
-    """Validation errors of a raw spec, each naming its field path (``spec.engine.maxSeqLen: ...``)."""
+def parse_spec(raw: dict[str, Any]) -> tuple["ReDrafterDeploymentSpec | None", list[str]]:
+    """The parsed spec, or None and its validation errors, each naming its field path
+    (``spec.engine.maxSeqLen: ...``): one parse gives both."""
     from pydantic import ValidationError
 
     try:
-        ReDrafterDeploymentSpec.model_validate(raw)
+        return ReDrafterDeploymentSpec.model_validate(raw), []
     except ValidationError as exc:
         out = []
         for err in exc.errors():
             path = ".".join(["spec", *(str(p) for p in err["loc"])])
             msg = err["msg"].removeprefix("Value error, ")
             out.append(f"{path}: {msg}")
-        return out
-    return []
+        return None, out
+
+
+def spec_errors(raw: dict[str, Any]) -> list[str]:
+    """Validation errors of a raw spec, each naming its field path (``spec.engine.maxSeqLen: ...``)."""
+    return parse_spec(raw)[1]

@@ -145,6 +145,9 @@ class ValidationStatus(ApiModel):
     message: str | None = Field(default=None, description="The Job's one-line verdict (termination message).")
     completed: str | None = Field(default=None, description="When the Job finished (RFC 3339).")
     promoted: PromotedEngines | None = Field(default=None, description="The last engine pair that passed validation.")
+    crossover_concurrency: float | None = Field(
+        default=None, description="Concurrency above which ReDrafter stops beating base, as the Job measured it."
+    )
 
 
 class HistoryEntry(ApiModel):

@@ -200,8 +200,10 @@ class Applier:
         client: KubeClient,
         observed: Callable[[Mapping[str, Any]], ChildState | None],
         memory_seconds: float = 60.0,
+        monotonic: Callable[[], float] = time.monotonic,
     ):
         self.client = client
+        self._monotonic = monotonic
         self._observed = observed
         self._applied: dict[tuple[str, str, str], _Applied] = {}
         self._memory = memory_seconds
@@ -220,7 +222,7 @@ class Applier:
             return False
         seen = self._observed(manifest)
         if seen is None:  # not echoed yet (a deletion would have forgotten the memory)
-            return time.monotonic() - mem.at < self._memory
+            return self._monotonic() - mem.at < self._memory
         if seen.resource_version in (mem.resource_version, mem.before):
             return True
         return seen.owned_fields == mem.owned_fields
@@ -239,7 +241,7 @@ class Applier:
             meta.get("resourceVersion", ""),
             owned_fields(applied),
             seen.resource_version if seen else None,
-            time.monotonic(),
+            self._monotonic(),
             int(meta.get("generation") or 0),
         )
         return True
@@ -332,7 +334,7 @@ class Applier:
         """
         ref = self._ref(manifest)
         mem = self._applied.get(ref)
-        if self._observed(manifest) is not None or (mem and time.monotonic() - mem.at < self._memory):
+        if self._observed(manifest) is not None or (mem and self._monotonic() - mem.at < self._memory):
             return False
         created = True
         try:
@@ -341,7 +343,7 @@ class Applier:
             if exc.status != 409:
                 raise
             created = False
-        self._applied[ref] = _Applied("", "", "", None, time.monotonic())
+        self._applied[ref] = _Applied("", "", "", None, self._monotonic())
         return created
 
 

@@ -75,10 +75,13 @@ def _collect_and_retry(owner: Owner, failed: list[JobFact], epoch: list[JobFact]
     return f"Job {failed[-1].name} ran out of disk ({' '.join(text.split())[:300]})"
 
 
-def plan_engine(res: Resource, owner: Owner, variant: Variant, observed: Observed, plan: Plan) -> dict[str, Any]:
-    """One variant's engine status; appends the build ConfigMap + Job to ``plan.create`` when needed."""
+def plan_engine(
+    res: Resource, owner: Owner, variant: Variant, observed: Observed, plan: Plan, key: str | None = None
+) -> dict[str, Any]:
+    """One variant's engine status; appends the build ConfigMap + Job to ``plan.create`` when needed.
+    ``key``: the variant's engine key when the caller already computed it."""
     spec = owner.spec
-    key = engine_key(spec, variant)
+    key = key or engine_key(spec, variant)
     path = artifact_path(spec, key)
     claim = spec.engine.cache.claim_name
     retries = spec.engine.build.retries

@@ -21,6 +21,7 @@ ANNOTATION_ATTEMPT = f"{names.DOMAIN}/attempt"
 ANNOTATION_ARTIFACT = f"{names.DOMAIN}/artifact"
 ANNOTATION_RETRY_TOKEN = f"{names.DOMAIN}/retry-token"  # retry-build annotation value a Job was created under
 ANNOTATION_CACHE_CLAIM = f"{names.DOMAIN}/cache-claim"
+ANNOTATION_REPORTED = f"{names.DOMAIN}/reported"  # a collection Job whose outcome was posted as an Event
 JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")
 #: Job condition reason when a podFailurePolicy FailJob rule ended the Job, and the Job controller's
 #: message ("Container build for pod ns/p failed with exit code 2 matching FailJob rule at index 0")
@@ -207,6 +208,10 @@ class ServingPodFact:
     ready: bool
     reason: str = ""
     message: str = ""
+    #: the Pod as the metrics readers need it (name, uid, labels, IP, phase, conditions, container starts):
+    #: the speculation monitor scrapes from the index instead of listing Pods. Compared (kopf keeps an index
+    #: value only when it differs from the stored one, so a new podIP must make the fact differ).
+    pod: Mapping[str, Any] = field(default_factory=dict, hash=False, repr=False)
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> "ServingPodFact":
@@ -215,14 +220,22 @@ class ServingPodFact:
         conditions = {c.get("type"): c for c in status.get("conditions") or []}
         ready = (conditions.get("Ready") or {}).get("status") == "True"
         reason, message = ("", "") if ready else _pod_failure(status, conditions)
+        meta = body.get("metadata", {})
+        pod = {
+            "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "labels", "deletionTimestamp") if k in meta},
+            "status": {
+                k: status[k] for k in ("phase", "podIP", "startTime", "conditions", "containerStatuses") if k in status
+            },
+        }
         return cls(
-            name=body.get("metadata", {}).get("name", ""),
+            name=meta.get("name", ""),
             owner=labels.get(names.LABEL_DEPLOYMENT, ""),
             variant=labels.get(names.LABEL_VARIANT, ""),
             role=labels.get(names.LABEL_ROLE, ""),
             ready=ready,
             reason=reason,
             message=message,
+            pod=pod,
         )
 
 
@@ -356,6 +369,75 @@ class ObjectFact:
 
 
 @dataclass(frozen=True)
+class RunJobFact:
+    """A validation or cache-collection Job: whether and how it finished (``job_result``'s form), and whether
+    the operator already reported its outcome (the ``redrafter.dev/reported`` annotation)."""
+
+    name: str
+    namespace: str
+    owner: str  # LABEL_DEPLOYMENT value (validation Jobs)
+    claim: str  # the cache-claim label value (collection Jobs)
+    verb: str  # the cache-verb label value (collection Jobs)
+    result: tuple[str, str] | None  # ("Complete" | "Failed", reason) once finished
+    reported: bool = False
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> "RunJobFact":
+        labels, meta = _labels(body), body.get("metadata", {})
+        result = None
+        for cond in (body.get("status") or {}).get("conditions") or []:
+            if cond.get("type") in ("Complete", "Failed") and cond.get("status") == "True":
+                result = (str(cond["type"]), str(cond.get("reason") or cond["type"]))
+                break
+        return cls(
+            name=meta.get("name", ""),
+            namespace=meta.get("namespace", ""),
+            owner=labels.get(names.LABEL_DEPLOYMENT, ""),
+            claim=labels.get(cache_jobs.LABEL_CLAIM, ""),
+            verb=labels.get(cache_jobs.LABEL_VERB, ""),
+            result=result,
+            reported=bool(_annotations(body).get(ANNOTATION_REPORTED)),
+        )
+
+    def as_job(self) -> dict[str, Any]:
+        """The Job in the API's shape, as far as ``evaluate.outcome.job_result`` reads it."""
+        conditions = [{"type": self.result[0], "status": "True", "reason": self.result[1]}] if self.result else []
+        return {"metadata": {"name": self.name, "namespace": self.namespace}, "status": {"conditions": conditions}}
+
+
+@dataclass(frozen=True)
+class RunPodFact:
+    """A validation or collection Job's Pod: the termination message of each container (its verdict or report)."""
+
+    job: str
+    name: str
+    created: str
+    messages: Mapping[str, str]  # container name -> terminated.message (init containers included)
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> "RunPodFact":
+        meta, status, labels = body.get("metadata", {}), body.get("status") or {}, _labels(body)
+        job = next((labels[k] for k in JOB_NAME_LABELS if labels.get(k)), "")
+        messages = {}
+        for cs in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+            term = (cs.get("state") or {}).get("terminated") or {}
+            if term.get("message"):
+                messages[str(cs.get("name", ""))] = str(term["message"])
+        return cls(job=job, name=meta.get("name", ""), created=meta.get("creationTimestamp", ""), messages=messages)
+
+    def as_pod(self) -> dict[str, Any]:
+        """The Pod in the API's shape, as far as ``evaluate.outcome.outcome_from_pod`` reads it."""
+        return {
+            "metadata": {"name": self.name, "creationTimestamp": self.created},
+            "status": {
+                "containerStatuses": [
+                    {"name": c, "state": {"terminated": {"message": m}}} for c, m in self.messages.items()
+                ]
+            },
+        }
+
+
+@dataclass(frozen=True)
 class SharedArtifact:
     """What the namespace knows about one artifact (claim + path), from any resource's Jobs or status."""
 
@@ -379,3 +461,6 @@ class Observed:
     #: server-side apply, once the watch shows its result and nobody changed the operator's fields since);
     #: "" = not known to carry one. A name left out is not tracked and taken as current.
     applied: dict[str, str] = field(default_factory=dict)
+    #: validation Jobs of this resource by name, and the newest Pod of each (its verdict)
+    validation_jobs: dict[str, RunJobFact] = field(default_factory=dict)
+    validation_pods: dict[str, RunPodFact] = field(default_factory=dict)

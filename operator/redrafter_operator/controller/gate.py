@@ -1,8 +1,8 @@
 """The validation gate's pure logic: may the ReDrafter engine be promoted, and what it does to targets.
 
-The planner (every reconcile, from status) and the validation evaluator (from the Job it runs) both
-decide with these functions, so a restarted operator's first reconciles gate exactly as the evaluator
-will. The evaluator's I/O lives in :mod:`.validation`; the rules are described there too.
+The planner (every reconcile, from status) and the speculation monitor (which engines the policy may switch
+to) decide with these functions, from status alone, so a restarted operator gates from its first reconcile.
+The validation step itself is planned in :mod:`.validation`; the rules are described there too.
 """
 
 from __future__ import annotations
@@ -83,6 +83,15 @@ def gate_from_status(
     if pair is None:
         return targets
     return gated_targets(targets, gate_of(status, pair), status.get("activeEngine"))
+
+
+def validated_engines(spec: ReDrafterDeploymentSpec, status: Mapping[str, Any]) -> frozenset[str]:
+    """The variants the policy may switch to: ReDrafter only once validated (the new engine, or the promoted one)."""
+    pair = engine_pair(status) if spec.validation.enabled else None
+    if pair is None:
+        return frozenset(VARIANTS)
+    gate = gate_of(status, pair)
+    return frozenset(VARIANTS) if gate.promote or gate.stable is not None else frozenset({"base"})
 
 
 def pods_ready(deployments: Mapping[str, Any], pair: tuple[str, str], candidate: bool = False) -> bool:

@@ -8,7 +8,7 @@
   owning resource; every kind the operator applies has one, so drift or a deletion is repaired at once.
   No change-detection handlers, no daemons: kopf itself writes nothing to the resources (no finalizer,
   no annotations), so deletion is never blocked.
-* Everything else (the queue's workers, the reconcile, the evaluators) is :mod:`.reconciler`.
+* Everything else (the queue's workers, the reconcile, the monitors) is :mod:`.reconciler`.
 """
 
 from __future__ import annotations
@@ -19,13 +19,24 @@ from typing import Any, Awaitable, Callable, Mapping
 import kopf
 
 from ..api import GROUP, PLURAL, VERSION
-from ..render import inference_pool, names
-from .facts import DeploymentFact, JobFact, ObjectFact, PodFact, ServingPodFact
+from ..render import cache_jobs, inference_pool, names, validation
+from .facts import DeploymentFact, JobFact, ObjectFact, PodFact, RunJobFact, RunPodFact, ServingPodFact
 from .reconciler import Controller
 
 MANAGED = {"app.kubernetes.io/managed-by": names.MANAGED_BY}
 BUILD = {**MANAGED, names.LABEL_COMPONENT: "engine-build"}
 SERVING = {**MANAGED, names.LABEL_COMPONENT: "serving"}
+VALIDATION = {**MANAGED, names.LABEL_COMPONENT: validation.COMPONENT}
+COLLECTION = {**MANAGED, names.LABEL_COMPONENT: cache_jobs.COMPONENT}
+COLLECTION_JOBS = {**MANAGED, cache_jobs.LABEL_VERB: kopf.PRESENT}  # the CronJob's, and builds that collect first
+#: Pods whose termination message the operator reads: validation verdicts, collection reports (the collection
+#: CronJob's Jobs, and a build Job that collects before it builds: its init container's report)
+RUN_PODS = {
+    **MANAGED,
+    names.LABEL_COMPONENT: lambda value, **_: value in (validation.COMPONENT, cache_jobs.COMPONENT),
+    "batch.kubernetes.io/job-name": kopf.PRESENT,
+}
+BEFORE_BUILD_PODS = {**BUILD, cache_jobs.LABEL_VERB: cache_jobs.VERB_BEFORE_BUILD}
 
 
 _UNRESOLVED = "Unresolved resources cannot be served"  # kopf 1.45, _core/reactor/observation.py
@@ -118,6 +129,30 @@ def register(
         pod = PodFact.from_body(body)
         return {(namespace, pod.job): pod} if pod.job else {}
 
+    @kopf.index("batch", "v1", "jobs", labels=VALIDATION, registry=registry, id="rdd_validation_jobs")
+    def rdd_validation_jobs(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[Any, RunJobFact]:
+        job = RunJobFact.from_body(body)
+        return {("owner", namespace, job.owner): job, ("name", namespace, name): job}
+
+    @kopf.index("batch", "v1", "jobs", labels=COLLECTION_JOBS, registry=registry, id="rdd_collection_jobs")
+    def rdd_collection_jobs(body: kopf.Body, namespace: str, **_: Any) -> dict[Any, RunJobFact]:
+        job = RunJobFact.from_body(body)
+        return {(namespace, job.claim): job}
+
+    @kopf.index("", "v1", "pods", labels=RUN_PODS, registry=registry, id="rdd_run_pods")
+    def rdd_run_pods(body: kopf.Body, namespace: str, **_: Any) -> dict[Any, RunPodFact]:
+        pod = RunPodFact.from_body(body)
+        return {(namespace, pod.job): pod}
+
+    @kopf.index("", "v1", "pods", labels=BEFORE_BUILD_PODS, registry=registry, id="rdd_before_build_pods")
+    def rdd_before_build_pods(body: kopf.Body, namespace: str, **_: Any) -> dict[Any, RunPodFact]:
+        pod = RunPodFact.from_body(body)
+        return {(namespace, pod.job): pod}
+
+    @kopf.index("batch", "v1", "cronjobs", labels=COLLECTION, registry=registry, id="rdd_cronjobs")
+    def rdd_cronjobs(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[Any, ObjectFact]:
+        return {("name", namespace, name): ObjectFact.from_body(body)}
+
     @kopf.index("", "v1", "pods", labels=SERVING, registry=registry, id="rdd_serving_pods")
     def rdd_serving_pods(body: kopf.Body, namespace: str, **_: Any) -> dict[Any, ServingPodFact]:
         """Serving Pods: the scheduler's and the kubelet's word on why a rollout does not progress."""
@@ -179,6 +214,9 @@ def register(
     kopf.on.event("batch", "v1", "jobs", labels=BUILD, registry=registry, id="job_event")(child_event)
     kopf.on.event("", "v1", "pods", labels=BUILD, registry=registry, id="build_pod_event")(child_event)
     kopf.on.event("", "v1", "pods", labels=SERVING, registry=registry, id="serving_pod_event")(child_event)
+    kopf.on.event("batch", "v1", "jobs", labels=VALIDATION, registry=registry, id="validation_job_event")(child_event)
+    kopf.on.event("", "v1", "pods", labels=RUN_PODS, registry=registry, id="run_pod_event")(child_event)
+    kopf.on.event("batch", "v1", "cronjobs", labels=COLLECTION, registry=registry, id="cronjob_event")(child_event)
     kopf.on.event("apps", "v1", "deployments", labels=MANAGED, registry=registry, id="deployment_event")(child_event)
     kopf.on.event("", "v1", "services", labels=MANAGED, registry=registry, id="service_event")(child_event)
     kopf.on.event("", "v1", "configmaps", labels=MANAGED, registry=registry, id="configmap_event")(child_event)

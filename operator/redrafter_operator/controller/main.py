@@ -3,7 +3,7 @@
 Namespaced (``--namespace``, repeatable) or cluster-wide (``--all-namespaces``); standalone, or with
 ``--leader-elect`` so several replicas run with exactly one active: every replica runs kopf's watches
 (warm caches, no writes), only the holder of a ``coordination.k8s.io`` Lease runs the reconcile
-workers and evaluators (see leader.py). A leader that loses the Lease stops them and exits non-zero,
+workers and monitors (see leader.py). A leader that loses the Lease stops them and exits non-zero,
 as client-go based controllers do; Kubernetes restarts it as a standby.
 """
 
@@ -26,15 +26,15 @@ from aiohttp import web
 from ..api.types import parse_duration
 from ..render import names
 from .apply import KubeClient, load_configuration
-from .cache_retention import CacheRetention
+from .clock import Clock, SystemClock
 from .handlers import register
 from .leader import ElectionConfig, LeaderElector, default_identity
 from .metrics import OperatorMetrics
 from .plan_types import Renderers
 from .reconciler import Controller, ControllerSettings
 from .renderers import default_renderers
-from .speculation import SpeculationEvaluator
-from .validation import Promotion, ValidationEvaluator
+from .retention import RetentionMonitor
+from .speculation import SpeculationMonitor
 
 log = logging.getLogger("redrafter_operator.controller")
 
@@ -81,8 +81,11 @@ async def run_operator(
     on_controller: Callable[[Controller], None] | None = None,
     metrics: OperatorMetrics | None = None,
     renderers: Renderers | None = None,
+    clock: Clock | None = None,
 ) -> None:
-    """Run until cancelled or ``stop_flag`` is set. Tests run it as a task; ``run`` via asyncio.run."""
+    """Run until cancelled or ``stop_flag`` is set. Tests run it as a task; ``run`` via asyncio.run.
+
+    ``clock``: the controller's timers, monitors and policy (a test's fake clock; the Lease keeps real time)."""
     metrics = metrics or OperatorMetrics()
     configuration = await load_configuration(opts.kubeconfig, opts.context)
     registry = kopf.OperatorRegistry()
@@ -98,11 +101,10 @@ async def run_operator(
             renderers=renderers or default_renderers(),
             metrics=metrics,
             settings=ControllerSettings(workers=opts.workers, resync_seconds=opts.resync_seconds),
+            clock=clock or SystemClock(),
         )
-        promotion = Promotion()  # the validation gate applied to the speculation policy's targets
-        controller.add_evaluator(SpeculationEvaluator(promotion=promotion))
-        controller.add_evaluator(ValidationEvaluator(promotion))
-        controller.add_evaluator(CacheRetention(metrics))
+        controller.add_monitor(SpeculationMonitor(metrics=metrics))
+        controller.add_monitor(RetentionMonitor(metrics))
         if on_controller:
             on_controller(controller)
         return controller
@@ -150,10 +152,10 @@ async def run_operator(
 
     async def started_leading() -> None:
         await created.result().start()
-        log.info("leading: reconcile workers and evaluators started")
+        log.info("leading: reconcile workers and monitors started")
 
     async def stopped_leading() -> None:
-        """Stop every writer (workers, evaluators) first, then kopf; the process then exits non-zero."""
+        """Stop the writer (workers) and the monitors first, then kopf; the process then exits non-zero."""
         nonlocal lost
         lost = True
         controller = created.result()

@@ -17,7 +17,17 @@ from ..api.spec import ReDrafterDeploymentSpec
 from ..render import names
 from ..render.build import artifact_path
 from .apply import ChildState, KubeClient
-from .facts import DeploymentFact, JobFact, ObjectFact, Observed, PodFact, ServingPodFact, SharedArtifact
+from .facts import (
+    DeploymentFact,
+    JobFact,
+    ObjectFact,
+    Observed,
+    PodFact,
+    RunJobFact,
+    RunPodFact,
+    ServingPodFact,
+    SharedArtifact,
+)
 from .plan_types import Resource
 from .resource_io import index_entries
 
@@ -33,13 +43,16 @@ class BuildClaim:
     at: float  # time.monotonic() when claimed
 
 
-def cache_of(res: Resource) -> tuple[str, dict[str, str]]:
-    """The cache claim and the artifact path of each variant (from the valid spec; empty otherwise)."""
-    try:
-        spec = ReDrafterDeploymentSpec.model_validate(dict(res.spec))
-    except Exception:
+def cache_of(spec: ReDrafterDeploymentSpec | None, keys: Mapping[str, str]) -> tuple[str, dict[str, str]]:
+    """The cache claim and the artifact path of each variant (empty for an invalid spec)."""
+    if spec is None:
         return "", {}
-    return spec.engine.cache.claim_name, {v: artifact_path(spec, engine_key(spec, v)) for v in VARIANTS}
+    return spec.engine.cache.claim_name, {v: artifact_path(spec, keys[v]) for v in VARIANTS}
+
+
+def engine_keys(spec: ReDrafterDeploymentSpec | None) -> dict[str, str]:
+    """Each variant's engine key (computed once per parsed spec by the reconciler)."""
+    return {v: engine_key(spec, v) for v in VARIANTS} if spec is not None else {}
 
 
 def child_state(indexes: Mapping[str, Any], manifest: Mapping[str, Any]) -> ChildState | None:
@@ -47,13 +60,15 @@ def child_state(indexes: Mapping[str, Any], manifest: Mapping[str, Any]) -> Chil
     fingerprint of the fields the operator owns (a Job only needs to exist: it is created, never applied)."""
     ns, name, kind = manifest["metadata"]["namespace"], manifest["metadata"]["name"], manifest["kind"]
     if kind == "Job":
-        return ChildState("", "") if index_entries(indexes, "rdd_jobs", ("name", ns, name)) else None
+        found = any(index_entries(indexes, i, ("name", ns, name)) for i in ("rdd_jobs", "rdd_validation_jobs"))
+        return ChildState("", "") if found else None
     index = {
         "Deployment": "rdd_deployments",
         "Service": "rdd_services",
         "ConfigMap": "rdd_configmaps",
         "NetworkPolicy": "rdd_networkpolicies",
         "InferencePool": "rdd_inferencepools",
+        "CronJob": "rdd_cronjobs",
     }[kind]
     facts = index_entries(indexes, index, ("name", ns, name))
     return ChildState(facts[0].resource_version, facts[0].owned_fields) if facts else None
@@ -124,6 +139,14 @@ def observe(
         ):  # once seen, the Job itself tells
             building = c.job
         shared[variant] = SharedArtifact(ready_by=ready_by, building_job=building, built_message=built_message)
+    validation_jobs: dict[str, RunJobFact] = {
+        j.name: j for j in index_entries(indexes, "rdd_validation_jobs", ("owner", ns, owner))
+    }
+    validation_pods: dict[str, RunPodFact] = {}
+    for name in validation_jobs:
+        runs: list[RunPodFact] = index_entries(indexes, "rdd_run_pods", (ns, name))
+        if runs:  # the Job's most recent pod: its verdict is the current one
+            validation_pods[name] = max(runs, key=lambda p: (p.created, p.name))
     return Observed(
         jobs=jobs,
         pods=pods,
@@ -132,6 +155,8 @@ def observe(
         service_pool=services[0].pool if services else None,
         routing_pool=pools[0].pool if pools else None,
         shared=shared,
+        validation_jobs=validation_jobs,
+        validation_pods=validation_pods,
     )
 
 
@@ -145,6 +170,7 @@ class FailedPodMessages:
     def __init__(self, client: KubeClient) -> None:
         self.client = client
         self._cache: dict[tuple[str, str], PodFact] = {}
+        self._runs: dict[tuple[str, str], RunPodFact] = {}
 
     async def fill(self, namespace: str, observed: Observed) -> None:
         for job in observed.jobs:
@@ -164,7 +190,30 @@ class FailedPodMessages:
             if cached.message:
                 observed.pods[job.name] = cached
 
+    async def fill_validation(self, namespace: str, observed: Observed) -> None:
+        """The verdict of a finished validation Job whose Pod the watch has not delivered yet (one LIST per Job)."""
+        for job in observed.validation_jobs.values():
+            seen = observed.validation_pods.get(job.name)
+            if job.result is None or (seen is not None and seen.messages):
+                continue  # running, or its verdict is in the index (the Pod's event may trail the Job's)
+            cached = self._runs.get((namespace, job.name))
+            if cached is None:
+                found = await self.client.request(
+                    "GET",
+                    f"/api/v1/namespaces/{namespace}/pods",
+                    query=[("labelSelector", f"batch.kubernetes.io/job-name={job.name}")],
+                )
+                runs = [RunPodFact.from_body(p) for p in found.get("items") or []]
+                if not runs:
+                    continue
+                cached = max(runs, key=lambda p: (p.created, p.name))
+                if cached.messages:
+                    self._runs[(namespace, job.name)] = cached
+            observed.validation_pods[job.name] = cached
+
     def forget(self, namespace: str, name: str) -> None:
         """Drop the messages of a deleted resource's build Jobs."""
         for ref in [r for r in self._cache if r[0] == namespace and r[1].startswith(f"{name}-build-")]:
             del self._cache[ref]
+        for ref in [r for r in self._runs if r[0] == namespace and r[1].startswith(f"{name}-validate-")]:
+            del self._runs[ref]

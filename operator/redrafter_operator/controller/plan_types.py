@@ -102,3 +102,5 @@ class Plan:
     delete: list[dict[str, Any]] = field(default_factory=list)  # children no longer wanted (apiVersion, kind, metadata)
     events: list[EventSpec] = field(default_factory=list)
     claims: list[tuple[str, str, str]] = field(default_factory=list)  # (claim, artifact path, job) builds started
+    #: merge patches of metadata.annotations on children (a collection Job marked reported), in order
+    annotate: list[tuple[dict[str, Any], dict[str, str]]] = field(default_factory=list)

@@ -10,21 +10,33 @@ validation gate (:mod:`.gate`), the serving targets and the blue/green step towa
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
-
-from pydantic import ValidationError
+from dataclasses import dataclass
+from typing import Mapping
 
 from engine_jobs.contract import VARIANTS
 
-from ..api.spec import ReDrafterDeploymentSpec, spec_errors
+from ..api.spec import ReDrafterDeploymentSpec, parse_spec
 from ..render.common import Owner
 from . import routing
+from .conditions import merge_conditions
 from .engines import plan_engine
 from .facts import Observed, manifest_hash
 from .gate import gate_from_status, promotion_state
 from .plan_types import READY_STATES, Plan, Renderers, Resource, ServingTargets
+from .retention import RetentionReport
+from .speculation import SpeculationReport
 from .status import invalid_plan, resource_status, status_events
 from .targets import default_targets, deployable_key, plan_switch
+from .validation import operator_image, plan_validation
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What the monitors handed over for one resource since it was last planned (in memory, newest only)."""
+
+    speculation: SpeculationReport | None = None
+    retention: RetentionReport | None = None
+    targets: ServingTargets | None = None  # set by hand (tests, a manual override); else the policy's
 
 
 def plan(
@@ -33,31 +45,38 @@ def plan(
     *,
     now: str,
     renderers: Renderers,
-    targets: Callable[[ReDrafterDeploymentSpec, Mapping[str, Any]], ServingTargets | None] | None = None,
+    spec: ReDrafterDeploymentSpec | None = None,
+    errors: list[str] | None = None,
+    inputs: Inputs = Inputs(),
+    image: str | None = None,
+    engine_keys: Mapping[str, str] | None = None,
 ) -> Plan:
-    """The whole desired state of one resource."""
-    old_status = dict(res.status)
-    errors = spec_errors(dict(res.spec))
-    if errors:
-        return invalid_plan(res, errors, now)
-    try:
-        owner = Owner(
-            res.name, res.namespace, res.uid, ReDrafterDeploymentSpec.model_validate(dict(res.spec)), res.generation
-        )
-    except ValidationError as exc:  # pragma: no cover - spec_errors and model_validate agree
-        return invalid_plan(res, [str(exc)], now)
-    spec = owner.spec
-    result = Plan(status={})
-    engines = {v: plan_engine(res, owner, v, observed, result) for v in VARIANTS}
+    """The whole desired state of one resource: children, one status, Events.
 
-    # The gate sees this plan's engines: a pair built just now is gated at once, not one reconcile later
-    # (targets set before the evaluators saw it, e.g. the policy's, are gated here too; gating is idempotent).
+    ``spec`` is the resource's parsed spec (the reconciler parses it once per change); None with ``errors``
+    for an invalid one. Parsed here when neither is given (unit use). ``image``: what validation Jobs run in;
+    ``engine_keys``: each variant's key when the caller computed them already.
+    """
+    if spec is None and not errors:
+        spec, errors = parse_spec(dict(res.spec))
+    if errors or spec is None:
+        return invalid_plan(res, errors or ["spec is invalid"], now)
+    owner = Owner(res.name, res.namespace, res.uid, spec, res.generation)
+    old_status = dict(res.status)
+    result = Plan(status={})
+    engines = {v: plan_engine(res, owner, v, observed, result, (engine_keys or {}).get(v)) for v in VARIANTS}
+
+    # Validation sees this plan's engines: a pair built just now is validated (and gated) at once, not one
+    # reconcile later.
     current = {**old_status, "engines": engines}
-    tgt = gate_from_status(
-        (targets(spec, old_status) if targets else None) or default_targets(spec, current), spec, current
-    )
+    validation = plan_validation(owner, current, observed, res.annotations, image=image or operator_image(), now=now)
+    current.update(validation.status)
+    if validation.job is not None:
+        result.create.append(validation.job)
+    wanted = inputs.targets or (inputs.speculation.targets if inputs.speculation else None)
+    tgt = gate_from_status(wanted or default_targets(spec, current), spec, current)
     deploy = {v: deployable_key(v, engines[v], observed) for v in VARIANTS}
-    gate, stable = promotion_state(spec, old_status, engines)
+    gate, stable = promotion_state(spec, current, engines)
     if stable:  # the promoted ReDrafter engine keeps the primary Deployment until the new one passes
         deploy["redrafter"] = stable
     # A variant whose Deployment runs an old key keeps it only while its new engine is not built.
@@ -83,8 +102,14 @@ def plan(
     if not routing.enabled(spec) and observed.routing_pool is not None:
         result.delete.append(routing.stale_pool(res.name, res.namespace))
 
+    if inputs.retention is not None:
+        result.apply += inputs.retention.apply
+        result.delete += inputs.retention.delete
+        result.annotate += inputs.retention.annotate
+        result.events += inputs.retention.events
+    status_res = Resource(res.name, res.namespace, res.uid, res.generation, res.spec, res.annotations, current)
     result.status = resource_status(
-        res,
+        status_res,
         spec,
         observed,
         engines=engines,
@@ -101,5 +126,21 @@ def plan(
         result.status = routing.with_condition(
             result.status, routing.condition(spec, res.name, observed, step.pool), generation=res.generation, now=now
         )
+    if inputs.speculation is not None and inputs.speculation.uid in (res.uid, ""):
+        report = inputs.speculation
+        result.status.update(report.fields)
+        if report.condition is not None:
+            result.status["conditions"] = merge_conditions(
+                result.status["conditions"], [report.condition], generation=res.generation, now=now
+            )
+        result.events += report.events
+    measured = current.get("validation") or {}
+    if measured.get("state") == "Passed" and measured.get("crossoverConcurrency") is not None:
+        # the crossover the validation Job measured beats the cost model's
+        result.status["speculation"] = {
+            **(result.status.get("speculation") or {}),
+            "crossoverConcurrency": measured["crossoverConcurrency"],
+        }
+    result.events += validation.events
     status_events(old_status, result.status, result)
     return result

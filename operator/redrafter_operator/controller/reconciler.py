@@ -1,15 +1,16 @@
 """The reconciler: the controller's process-wide state, its workers and the one reconcile of a resource.
 
 Shape (controller-runtime style, on kopf; the kopf registration is :mod:`.handlers`):
-  * kopf's watch events only enqueue the owning resource (and resources waiting for the same shared
-    artifact); :class:`~.workqueue.WorkQueue` deduplicates them.
+  * kopf's watch events only enqueue the owning resource (every child kind is watched and indexed:
+    controller-runtime's ``Owns()``); :class:`~.workqueue.WorkQueue` deduplicates them.
   * N workers take resources from the queue (one at a time per resource), observe the children from
-    the indexes (:mod:`.observe`), call the pure planner, create-or-patch children, patch status only
-    when it changed, post Events. Errors requeue the resource with exponential backoff; a periodic
-    resync catches missed events.
-  * Policy seam: ``Controller.set_targets`` (desired active engine + replicas per variant, applied
-    blue/green by the planner) and ``Controller.add_evaluator`` (a per-resource timer slot); the
-    evaluators reach the controller only through :class:`~.resource_io.Host`.
+    the indexes (:mod:`.observe`), call the pure planner with the monitors' newest reports, apply the
+    children, patch status once and only when it changed, post the Events. This is the only code that
+    writes to the API (status, children, Events). Errors requeue the resource with exponential backoff;
+    a periodic resync catches missed events.
+  * Monitors (:mod:`.speculation`, :mod:`.retention`) run on the ticker's slots and hand typed reports
+    over (:meth:`Controller.hand_over`), which wakes the resource when a report changed.
+  * Time comes from one injectable :class:`~.clock.Clock`: tests move it instead of sleeping.
 """
 
 from __future__ import annotations
@@ -19,20 +20,24 @@ import contextvars
 import copy
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from ..api import KIND
+from ..api.spec import ReDrafterDeploymentSpec, parse_spec
 from ..render import names
-from .apply import ApiError, Applier, ChildState, KubeClient, merge_patch
+from .apply import ApiError, Applier, ChildState, KubeClient, merge_patch, object_path
+from .clock import Clock, SystemClock
 from .facts import DeploymentFact, JobFact, Observed
 from .metrics import OperatorMetrics
-from .observe import BuildClaim, ClaimRef, FailedPodMessages, cache_of, child_state, observe
+from .observe import BuildClaim, ClaimRef, FailedPodMessages, cache_of, child_state, engine_keys, observe
 from .plan_types import EventSpec, Plan, Renderers, Resource, ServingTargets
-from .planner import plan
-from .resource_io import Evaluator, Key, index_entries, now_rfc3339, post_event, status_path
+from .planner import Inputs, plan
+from .resource_io import Monitor, index_entries, now_rfc3339, post_event, status_path
+from .retention import RetentionReport
 from .routing import CRD_MISSING_MESSAGE, crd_missing
-from .workqueue import WorkQueue
+from .speculation import SpeculationReport
+from .workqueue import ResourceKey, WorkQueue
 
 log = logging.getLogger("redrafter_operator.controller")
 
@@ -44,7 +49,7 @@ class ControllerSettings:
     workers: int = 4
     resync_seconds: float = 300.0
     claim_seconds: float = 120.0  # how long an in-flight build claim is trusted before its Job is seen
-    evaluations: int = 32  # evaluations of one evaluator in flight at once (each for a different resource)
+    runs: int = 32  # runs of one monitor in flight at once (each for a different resource)
 
 
 @dataclass
@@ -55,27 +60,33 @@ class Controller:
     renderers: Renderers
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     settings: ControllerSettings = field(default_factory=ControllerSettings)
+    clock: Clock = field(default_factory=SystemClock)
 
     def __post_init__(self) -> None:
-        self.bodies: dict[Key, dict[str, Any]] = {}
-        self.queue = WorkQueue()
+        self.bodies: dict[ResourceKey, dict[str, Any]] = {}
+        #: per resource: (raw spec, parsed spec or None, its errors, engine keys), redone when the raw spec changes
+        self.specs: dict[ResourceKey, tuple[Any, ReDrafterDeploymentSpec | None, list[str], dict[str, str]]] = {}
+        self.queue = WorkQueue(self.clock)
         self.indexes: Mapping[str, Any] = {}
         self.claims: dict[ClaimRef, BuildClaim] = {}  # builds started here, until their Job is seen
-        self.written: dict[Key, dict[str, Any]] = {}  # last status written, until the watch echoes it
-        self.targets: dict[Key, ServingTargets] = {}
-        self.waiting: dict[Key, set[tuple[str, str]]] = {}  # resource -> {(claim, path)} it waits for
-        self._waiters: dict[tuple[str, str, str], set[Key]] = {}  # (namespace, claim, path) -> who waits
-        self._by_label: dict[tuple[str, str], set[Key]] = {}  # (namespace, owner label value) -> resources
-        self.failures: dict[Key, int] = {}
-        self.evaluators: list[Evaluator] = []
-        self._next_eval: dict[tuple[Key, int], float] = {}
-        self._evaluating: set[tuple[Key, int]] = set()  # (resource, evaluator) slots in flight
-        self._eval_slots: dict[int, asyncio.Semaphore] = {}
-        self._eval_tasks: set[asyncio.Task[None]] = set()
-        self.applier = Applier(self.client, lambda manifest: child_state(self.indexes, manifest))
+        self.written: dict[ResourceKey, dict[str, Any]] = {}  # last status written, until the watch echoes it
+        self.inputs: dict[ResourceKey, Inputs] = {}  # the monitors' newest reports (and targets set by hand)
+        self._pending_events: dict[ResourceKey, list[EventSpec]] = {}  # handed over, posted by the next reconcile
+        self._pending_annotations: dict[ResourceKey, list[tuple[dict[str, Any], dict[str, str]]]] = {}
+        self.waiting: dict[ResourceKey, set[tuple[str, str]]] = {}  # resource -> {(claim, path)} it waits for
+        self._waiters: dict[tuple[str, str, str], set[ResourceKey]] = {}  # (namespace, claim, path) -> who waits
+        self._by_label: dict[tuple[str, str], set[ResourceKey]] = {}  # (namespace, owner label value) -> resources
+        self.failures: dict[ResourceKey, int] = {}
+        self.monitors: list[Monitor] = []
+        self._next_run: dict[tuple[ResourceKey | None, int], float] = {}
+        self._running: set[tuple[ResourceKey | None, int]] = set()  # (resource or None, monitor) slots in flight
+        self._run_slots: dict[int, asyncio.Semaphore] = {}
+        self._run_tasks: set[asyncio.Task[None]] = set()
+        self.applier = Applier(
+            self.client, lambda manifest: child_state(self.indexes, manifest), monotonic=self.clock.monotonic
+        )
         self._tasks: list[asyncio.Task[None]] = []
         self.failed_pods = FailedPodMessages(self.client)
-        self._locks: dict[Key, asyncio.Lock] = {}
         self.posting_vars: list[tuple[contextvars.ContextVar[Any], Any]] = []
 
     def adopt_posting_context(self) -> None:
@@ -91,29 +102,61 @@ class Controller:
                 if var.name in ("event_queue_var", "event_queue_loop_var")
             ]
 
-    # ---- the policy seam --------------------------------------------------------------------
-    def set_targets(self, namespace: str, name: str, targets: ServingTargets | None) -> None:
-        """Ask for an active engine + replicas per variant; the next reconcile applies it blue/green."""
-        key = (namespace, name)
-        if targets is None:
-            self.targets.pop(key, None)
-        elif self.targets.get(key) != targets:
-            self.targets[key] = targets
-        else:
+    # ---- what the monitors see and hand over ------------------------------------------------------
+    def spec_of(self, key: ResourceKey) -> ReDrafterDeploymentSpec | None:
+        """The resource's spec, parsed once per change of the raw spec (None when invalid or unknown)."""
+        body = self.bodies.get(key)
+        if body is None:
+            return None
+        return self._parsed(key, body)[0]
+
+    def _parsed(
+        self, key: ResourceKey, body: Mapping[str, Any]
+    ) -> tuple[ReDrafterDeploymentSpec | None, list[str], dict[str, str]]:
+        raw = body.get("spec") or {}
+        cached = self.specs.get(key)
+        if cached is None or cached[0] != raw:
+            spec, errors = parse_spec(dict(raw))
+            cached = self.specs[key] = (copy.deepcopy(raw), spec, errors, engine_keys(spec))
+        return cached[1], cached[2], cached[3]
+
+    def hand_over(self, key: ResourceKey, report: Any) -> None:
+        """A monitor's newest report; its Events and annotations wait for the next reconcile, which is woken
+        when the report changes what that reconcile would plan."""
+        if key not in self.bodies:
             return
-        self.queue.add(key)
+        events = list(getattr(report, "events", ()) or ())
+        annotate = list(getattr(report, "annotate", ()) or ())
+        if events:
+            self._pending_events.setdefault(key, []).extend(events)
+        if annotate:
+            self._pending_annotations.setdefault(key, []).extend(annotate)
+        old = self.inputs.get(key, Inputs())
+        if isinstance(report, SpeculationReport):
+            new = replace(old, speculation=replace(report, events=()))
+        elif isinstance(report, RetentionReport):
+            new = replace(old, retention=replace(report, events=(), annotate=()))
+        else:
+            raise TypeError(f"unknown report {type(report).__name__}")
+        self.inputs[key] = new
+        if new != old or events or annotate:
+            self.queue.add(key)
 
-    def add_evaluator(self, evaluator: Evaluator) -> None:
-        self.evaluators.append(evaluator)
+    def set_targets(self, namespace: str, name: str, targets: ServingTargets | None) -> None:
+        """Ask for an active engine + replicas per variant by hand (over the policy's); the next reconcile
+        applies it blue/green through the validation gate."""
+        key = (namespace, name)
+        old = self.inputs.get(key, Inputs())
+        if old.targets != targets:
+            self.inputs[key] = replace(old, targets=targets)
+            self.queue.add(key)
 
-    def lock(self, key: Key) -> asyncio.Lock:
-        """One writer of a resource's status at a time: the reconciler and the evaluators both write
-        ``status.conditions`` (a list: a merge patch replaces it whole), so they take turns per resource
-        and each plans from the other's last write (``written``), never from a stale watch event."""
-        lock = self._locks.get(key)
-        if lock is None:
-            lock = self._locks[key] = asyncio.Lock()
-        return lock
+    def add_monitor(self, monitor: Monitor) -> None:
+        self.monitors.append(monitor)
+
+    def idle(self) -> bool:
+        """Nothing queued, reconciling or monitoring right now (what a test settles on, instead of sleeping)."""
+        return self.queue.idle() and not self._running
 
     # ---- queueing ---------------------------------------------------------------------------
     def on_resource_event(self, event_type: str | None, raw: Mapping[str, Any]) -> None:
@@ -122,13 +165,18 @@ class Controller:
         if event_type == "DELETED":
             if self.bodies.pop(key, None) is not None:
                 _discard(self._by_label, (key[0], names.label_value(key[1])), key)
-            self.written.pop(key, None)
-            self.targets.pop(key, None)
+            for memory in (
+                self.written,
+                self.specs,
+                self.inputs,
+                self._pending_events,
+                self._pending_annotations,
+                self.failures,
+            ):
+                memory.pop(key, None)  # type: ignore[attr-defined]
             self._set_waiting(key, set())
-            self.failures.pop(key, None)
-            lock = self._locks.get(key)
-            if lock is not None and not lock.locked():
-                del self._locks[key]
+            for monitor in self.monitors:
+                monitor.forget(key)
             self.metrics.forget_resource(*key)
             self.applier.forget(key[0])
             self.failed_pods.forget(key[0], key[1])
@@ -142,9 +190,6 @@ class Controller:
         self.bodies[key] = body
         if old is None:
             self._by_label.setdefault((key[0], names.label_value(key[1])), set()).add(key)
-        for i, ev in enumerate(self.evaluators):
-            if getattr(ev, "wakes_on_change", False):  # due at the next tick (it is not running twice at once)
-                self._next_eval.pop((key, i), None)
         self.metrics.resources.set(len(self.bodies))
         if old is None or _reconcile_relevant(old) != _reconcile_relevant(body):
             self.queue.add(key)
@@ -158,9 +203,10 @@ class Controller:
         for name in owners:
             if (ns, name) in self.bodies:
                 self.queue.add((ns, name))
-            else:  # a build Pod: its owner is a Job, whose owner is the resource
-                for job in index_entries(self.indexes, "rdd_jobs", ("name", ns, name)):
-                    self._enqueue_owner(ns, job.owner)
+            else:  # a build or validation Pod: its owner is a Job, whose owner is the resource
+                for index in ("rdd_jobs", "rdd_validation_jobs"):
+                    for job in index_entries(self.indexes, index, ("name", ns, name)):
+                        self._enqueue_owner(ns, job.owner)
         labels = meta.get("labels") or {}
         if raw.get("kind") == "Pod" and labels.get(names.LABEL_COMPONENT) == "serving":
             self._enqueue_owner(ns, labels.get(names.LABEL_DEPLOYMENT, ""))  # owned by a ReplicaSet, not by us
@@ -173,7 +219,7 @@ class Controller:
         for key in self._by_label.get((ns, owner_label), ()):
             self.queue.add(key)
 
-    def _set_waiting(self, key: Key, waits: set[tuple[str, str]]) -> None:
+    def _set_waiting(self, key: ResourceKey, waits: set[tuple[str, str]]) -> None:
         """Which artifacts (claim, path) ``key`` waits for, and the reverse map a Job event looks up."""
         for claim, path in self.waiting.pop(key, set()) - waits:
             _discard(self._waiters, (key[0], claim, path), key)
@@ -195,70 +241,65 @@ class Controller:
 
     async def stop(self) -> None:
         self.queue.close()
-        tasks = [*self._tasks, *self._eval_tasks]
+        tasks = [*self._tasks, *self._run_tasks]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks = []
-        self._eval_tasks.clear()
-        self._evaluating.clear()
+        self._run_tasks.clear()
+        self._running.clear()
         await self.client.close()
 
     async def _ticker(self) -> None:
-        """Periodic resync (missed events) and the per-resource evaluator slots.
+        """Periodic resync (missed events) and the monitors' slots, once a second on the controller's clock.
 
-        Each due (resource, evaluator) slot runs as its own task, at most ``settings.evaluations`` per
-        evaluator at once and never twice at once for the same slot: an evaluation that waits (a metrics
-        scrape up to its timeout, an API call) delays neither the other resources nor the other evaluators,
-        so the time for every resource to be evaluated does not grow with the number of resources."""
-        last_resync = time.monotonic()
+        Each due (resource, monitor) slot runs as its own task, at most ``settings.runs`` per monitor at once
+        and never twice at once for the same slot: a run that waits (a metrics scrape up to its timeout)
+        delays neither the other resources nor the other monitors."""
+        last_resync = self.clock.monotonic()
         while True:
-            await asyncio.sleep(1.0)
+            await self.clock.sleep(1.0)
             self.metrics.queue_depth.set(len(self.queue))
-            now = time.monotonic()
+            now = self.clock.monotonic()
             if now - last_resync >= self.settings.resync_seconds:
                 last_resync = now
                 for key in list(self.bodies):
                     self.queue.add(key)
                 for ref in [r for r, c in self.claims.items() if now - c.at > self.settings.claim_seconds]:
                     del self.claims[ref]
-                for ref in [r for r in self._next_eval if r[0] not in self.bodies]:
-                    del self._next_eval[ref]
-            for i, ev in enumerate(self.evaluators):
-                for key, body in list(self.bodies.items()):
+                for slot in [s for s in self._next_run if s[0] is not None and s[0] not in self.bodies]:
+                    del self._next_run[slot]
+            for i, monitor in enumerate(self.monitors):
+                for key in list(self.bodies) if monitor.per_resource else [None]:
                     slot = (key, i)
-                    if slot in self._evaluating or now < self._next_eval.get(slot, 0.0):
+                    if slot in self._running or now < self._next_run.get(slot, 0.0):
                         continue
                     try:
-                        self._next_eval[slot] = now + max(1.0, ev.interval(body))
-                    except Exception:  # an evaluator's bug must not stop serving reconciles
-                        log.exception("evaluator %s failed for %s/%s", type(ev).__name__, *key)
+                        self._next_run[slot] = now + max(1.0, monitor.interval(self, key))
+                    except Exception:  # a monitor's bug must not stop serving reconciles
+                        log.exception("monitor %s failed for %s", type(monitor).__name__, key)
                         continue
-                    self._evaluating.add(slot)
-                    task = asyncio.create_task(
-                        self._evaluate(ev, slot, body), name=f"redrafter-evaluate-{i}-{key[0]}/{key[1]}"
-                    )
-                    self._eval_tasks.add(task)
-                    task.add_done_callback(self._eval_tasks.discard)
+                    self._running.add(slot)
+                    task = asyncio.create_task(self._run(monitor, slot), name=f"redrafter-monitor-{i}-{key}")
+                    self._run_tasks.add(task)
+                    task.add_done_callback(self._run_tasks.discard)
 
-    async def _evaluate(self, ev: Evaluator, slot: tuple[Key, int], body: Mapping[str, Any]) -> None:
-        """One evaluation of one resource (holding the resource's lock: see :meth:`lock`)."""
+    async def _run(self, monitor: Monitor, slot: tuple[ResourceKey | None, int]) -> None:
         key, i = slot
-        slots = self._eval_slots.get(i)
+        slots = self._run_slots.get(i)
         if slots is None:
-            slots = self._eval_slots[i] = asyncio.Semaphore(max(1, self.settings.evaluations))
+            slots = self._run_slots[i] = asyncio.Semaphore(max(1, self.settings.runs))
         try:
             async with slots:
-                if key not in self.bodies:  # deleted while it waited for a slot
+                if key is not None and key not in self.bodies:  # deleted while it waited for a slot
                     return
-                async with self.lock(key):
-                    await ev.evaluate(self, body)
+                await monitor.run(self, key)
         except asyncio.CancelledError:
             raise
-        except Exception:  # an evaluator's bug must not stop serving reconciles
-            log.exception("evaluator %s failed for %s/%s", type(ev).__name__, *key)
+        except Exception:  # a monitor's bug must not stop serving reconciles
+            log.exception("monitor %s failed for %s", type(monitor).__name__, key)
         finally:
-            self._evaluating.discard(slot)
+            self._running.discard(slot)
 
     async def _worker(self, n: int) -> None:
         while True:
@@ -266,8 +307,7 @@ class Controller:
             for var, value in self.posting_vars:
                 var.set(value)
             try:
-                async with self.lock(key):
-                    await self.reconcile(key)
+                await self.reconcile(key)
                 self.failures.pop(key, None)
             except asyncio.CancelledError:
                 raise
@@ -286,7 +326,8 @@ class Controller:
             finally:
                 self.queue.done(key)
 
-    async def reconcile(self, key: Key) -> Plan | None:
+    async def reconcile(self, key: ResourceKey) -> Plan | None:
+        """Observe, plan, apply the children, patch status once if it changed, post the Events."""
         body = self.bodies.get(key)
         if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
             return None
@@ -296,7 +337,8 @@ class Controller:
             res = Resource(
                 res.name, res.namespace, res.uid, res.generation, res.spec, res.annotations, self.written[key]
             )
-        claim, paths = cache_of(res)
+        spec, errors, keys = self._parsed(key, body)
+        claim, paths = cache_of(spec, keys)
         observed = observe(
             self.indexes,
             res,
@@ -304,25 +346,31 @@ class Controller:
             paths,
             self.claims,
             claim_seconds=self.settings.claim_seconds,
-            now=time.monotonic(),
+            now=self.clock.monotonic(),
         )
         await self.failed_pods.fill(res.namespace, observed)
+        await self.failed_pods.fill_validation(res.namespace, observed)
         self._fill_applied(res.namespace, observed)
+        inputs = self.inputs.get(key, Inputs())
         result = plan(
             res,
             observed,
-            now=now_rfc3339(),
+            now=now_rfc3339(self.clock),
             renderers=self.renderers,
-            targets=lambda spec, status: self.targets.get(key),
+            spec=spec,
+            errors=errors,
+            inputs=inputs,
+            engine_keys=keys,
         )
         # Claim builds before the first await: a concurrent reconcile of another resource sharing the
         # cache sees the claim and waits for this Job instead of starting its own.
         for claim_name, path, job in result.claims:
-            self.claims[(res.namespace, claim_name, path)] = BuildClaim(job, res.name, time.monotonic())
+            self.claims[(res.namespace, claim_name, path)] = BuildClaim(job, res.name, self.clock.monotonic())
         for manifest in result.create:
             created = await self.applier.create(manifest)
-            if created and manifest["kind"] == "Job":
-                self.metrics.builds.labels(manifest["metadata"]["labels"][names.LABEL_VARIANT], "started").inc()
+            variant = (manifest["metadata"].get("labels") or {}).get(names.LABEL_VARIANT)
+            if created and manifest["kind"] == "Job" and variant:  # a build Job
+                self.metrics.builds.labels(variant, "started").inc()
         replan = pool_missing = False
         for manifest in result.apply:
             try:
@@ -343,17 +391,35 @@ class Controller:
             again = plan(
                 res,
                 observed,
-                now=now_rfc3339(),
+                now=now_rfc3339(self.clock),
                 renderers=self.renderers,
-                targets=lambda spec, status: self.targets.get(key),
+                spec=spec,
+                errors=errors,
+                inputs=inputs,
+                engine_keys=keys,
             )
             result.status, result.events = again.status, again.events
         if pool_missing:
-            result.status, news = crd_missing(res.status, result.status, generation=res.generation, now=now_rfc3339())
+            result.status, news = crd_missing(
+                res.status, result.status, generation=res.generation, now=now_rfc3339(self.clock)
+            )
             if news:
                 result.events.append(EventSpec("Warning", "InferencePoolCRDMissing", CRD_MISSING_MESSAGE))
         for manifest in result.delete:
             await self.applier.delete(manifest)
+        annotate = [*result.annotate, *self._pending_annotations.pop(key, [])]
+        for i, (ref, marks) in enumerate(annotate):
+            try:
+                await self.client.request(
+                    "PATCH",
+                    object_path(ref),
+                    {"metadata": {"annotations": marks}},
+                    content_type="application/merge-patch+json",
+                )
+            except ApiError as exc:
+                if exc.status != 404:  # gone already: nothing to mark
+                    self._pending_annotations.setdefault(key, []).extend(annotate[i:])
+                    raise
         self._set_waiting(
             key, {(claim, e["path"]) for e in result.status.get("engines", {}).values() if e.get("state") == "Building"}
         )
@@ -372,7 +438,7 @@ class Controller:
                     return result
                 raise
             self.written[key] = result.status
-        for ev in result.events:
+        for ev in [*result.events, *self._pending_events.pop(key, [])]:
             post_event(body, ev.type, ev.reason, ev.message)
             if ev.reason in ("EngineReady", "EngineCached", "BuildFailed"):
                 variant = ev.message.split(" ", 1)[0]
@@ -389,7 +455,7 @@ class Controller:
         return result
 
 
-def _discard(index: dict[Any, set[Key]], ref: Any, key: Key) -> None:
+def _discard(index: dict[Any, set[ResourceKey]], ref: Any, key: ResourceKey) -> None:
     keys = index.get(ref)
     if keys is not None:
         keys.discard(key)

@@ -9,7 +9,7 @@ from engine_jobs.contract import Variant
 
 from ..render import inference_pool, names, serving
 from ..render.common import Owner
-from .plan_types import Renderers
+from .plan_types import Renderers, ServiceRenderer
 
 
 def _variant(owner: Owner, variant: Variant, key: str, replicas: int) -> list[dict[str, Any]]:
@@ -30,16 +30,25 @@ def _candidate(owner: Owner, key: str, replicas: int) -> list[dict[str, Any]]:
     ]
 
 
-def _services(owner: Owner, pool: Variant) -> list[dict[str, Any]]:
-    """The Services, then the optional NetworkPolicies (admitting this operator's namespace to scrape)."""
-    return [*serving.services(owner, pool), *serving.network_policies(owner, os.environ.get("POD_NAMESPACE"))]
+def _services(operator_namespace: str | None) -> ServiceRenderer:
+    def render(owner: Owner, pool: Variant) -> list[dict[str, Any]]:
+        """The Services, then the optional NetworkPolicies (admitting the operator's namespace to scrape)."""
+        return [*serving.services(owner, pool), *serving.network_policies(owner, operator_namespace)]
+
+    return render
 
 
 def _inference_pool(owner: Owner, pool: Variant) -> list[dict[str, Any]]:
     return [inference_pool.inference_pool(owner, pool)]
 
 
-def default_renderers() -> Renderers:
+def default_renderers(operator_namespace: str | None = None) -> Renderers:
+    """``operator_namespace``: where the operator runs (default: its own pod's, $POD_NAMESPACE)."""
+    namespace = operator_namespace or os.environ.get("POD_NAMESPACE")
     return Renderers(
-        variant=_variant, services=_services, canary=_canary, candidate=_candidate, inference_pool=_inference_pool
+        variant=_variant,
+        services=_services(namespace),
+        canary=_canary,
+        candidate=_candidate,
+        inference_pool=_inference_pool,
     )

@@ -1,37 +1,30 @@
-"""The speculation policy in the controller: a thin shell around :func:`redrafter_operator.policy.step`.
+"""The speculation policy in the controller: a monitor around :func:`redrafter_operator.policy.step`.
 
-Every ``spec.speculation.interval``, per ReDrafterDeployment (an :class:`~.resource_io.Evaluator` in the
-controller's timer slot):
+Every ``spec.speculation.interval``, per ReDrafterDeployment (a :class:`~.resource_io.Monitor` slot):
 
-1. list the serving pods (``LABEL_DEPLOYMENT=<name>``, component serving) -> Ready scrape targets, and
-   every pod's readiness for the autoscaler (pods still starting count as the HPA counts them);
+1. the serving pods from the watch-fed pod index (no API request) -> Ready scrape targets, and every
+   pod's readiness for the autoscaler (pods still starting count as the HPA counts them);
 2. read them (pod scrape, or Prometheus per ``spec.metrics``); a source that fails as a whole is the
    policy's ``error`` input (an *Error* measurement: inconclusive, never a switch), never a crash;
-3. ``policy.step`` with the state persisted in ``status.policy`` (or this process's newer copy), the
-   spec replicas of the active Deployment and the engines that can serve;
-4. write status only when something changed: timestamps alone do not count, so ``lastEvaluated`` is the
-   evaluation that last changed status and a resource at rest costs no writes (a timestamp heartbeat would
-   cost N writes per period at scale; ``redrafter_operator_speculation_evaluations_total`` counts every
-   evaluation):
-   ``status.policy`` (everything the policy needs to resume after an operator restart),
-   ``status.speculation`` (measured values, decision, reason), the ``SpeculationHealthy`` condition,
-   and on a switch a bounded ``status.history`` entry;
-5. hand the plan to the reconciler (``Controller.set_targets``, through the validation gate of
-   :mod:`.validation` when one is configured), which applies it blue/green: the target pool comes up
-   and Ready before the Service moves, the old pool scales down after;
-6. on a switch: an Event (reason SwitchToBase / SwitchToRedrafter, message = why) and the
-   ``redrafter_operator_speculation_switches_total`` counter; the Service move itself is the
-   reconciler's ``Switched`` Event and ``redrafter_operator_engine_switches_total``.
+3. ``policy.step`` with the state persisted in ``status.policy`` (or this monitor's newer copy), the
+   spec replicas of the active Deployment and the engines that can serve (ReDrafter only once validated);
+4. hand the reconciler a :class:`SpeculationReport`: ``status.speculation`` (measured values, decision,
+   reason), ``status.policy`` (everything the policy needs to resume after an operator restart), the
+   ``SpeculationHealthy`` condition, on a switch a bounded ``status.history`` entry, the serving targets
+   and the Events (SwitchToBase / SwitchToRedrafter, Scaling). A report that differs from the last one only
+   in timestamps is not handed over: ``lastEvaluated`` is the evaluation that last changed status, and a
+   resource at rest costs no writes (``redrafter_operator_speculation_evaluations_total`` counts every
+   evaluation).
 
-Nothing is evaluated before something serves (``status.activeEngine``), for an invalid spec, or for a
-resource being deleted. With ``mode: Never`` the reconciler owns the SpeculationHealthy condition.
+The monitor writes nothing: the reconciler folds the report into its one status patch and applies the
+targets blue/green. Nothing is evaluated before something serves (``status.activeEngine``), for an invalid
+spec, or for a resource being deleted. With ``mode: Never`` the planner owns the SpeculationHealthy condition.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
-import time
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from pydantic import ValidationError
@@ -43,19 +36,18 @@ from ..api.status import HISTORY_LIMIT
 from ..metrics import PrometheusError, Reading, source_for, statuses_from_pods, targets_from_pods
 from ..policy import Evaluation, PolicyState, due, step
 from ..render import names
-from .apply import ApiError, merge_patch
-from .conditions import Cond, merge_conditions
-from .plan_types import READY_STATES, ServingTargets
-from .resource_io import Host, Key, current_resource, interval_of, post_events, variant_deployments, write_status
+from .apply import merge_patch
+from .clock import rfc3339
+from .conditions import Cond
+from .gate import validated_engines
+from .plan_types import READY_STATES, EventSpec, ServingTargets
+from .resource_io import Host, current_status, index_entries, interval_of, variant_deployments
+from .workqueue import ResourceKey
 
 log = logging.getLogger("redrafter_operator.controller.speculation")
 
 HISTORY_REASON_LIMIT = 512
 CONDITION = "SpeculationHealthy"
-
-
-def rfc3339(epoch: float) -> str:
-    return dt.datetime.fromtimestamp(epoch, dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 # ---- pure parts ----------------------------------------------------------------------------------
@@ -69,14 +61,6 @@ def stored_state(status: Mapping[str, Any]) -> PolicyState | None:
     except ValidationError as exc:
         log.warning("status.policy is unreadable (%s); the policy starts afresh", exc)
         return None
-
-
-def newer_state(memory: PolicyState | None, stored: PolicyState | None) -> PolicyState | None:
-    """This process's state unless status holds a later evaluation (e.g. written by a peer operator)."""
-    if memory is None or stored is None:
-        return memory or stored
-    mine, theirs = memory.speculation.last_evaluated or 0.0, stored.speculation.last_evaluated or 0.0
-    return stored if theirs > mine else memory
 
 
 def _volatile_free(fragment: Mapping[str, Any], now: float) -> Any:
@@ -109,13 +93,14 @@ def _volatile_free(fragment: Mapping[str, Any], now: float) -> Any:
 
 def measured_crossover(status: Mapping[str, Any]) -> float | None:
     """The validation Job's measured crossover, once the current pair passed (else the cost model's own)."""
-    if (status.get("validation") or {}).get("state") != "Passed":
+    validation = status.get("validation") or {}
+    if validation.get("state") != "Passed":
         return None
-    value = (status.get("speculation") or {}).get("crossoverConcurrency")
+    value = validation.get("crossoverConcurrency", (status.get("speculation") or {}).get("crossoverConcurrency"))
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def status_fragment(
+def report_fields(
     spec: ReDrafterDeploymentSpec,
     old: Mapping[str, Any],
     ev: Evaluation,
@@ -123,20 +108,16 @@ def status_fragment(
     *,
     previous_engine: str,
     now: str,
-    generation: int,
-) -> dict[str, Any]:
-    """status.speculation / policy / conditions (/ history on a switch) after one evaluation (pure)."""
+) -> tuple[dict[str, Any], Cond | None]:
+    """status.speculation / policy (/ history on a switch), and the SpeculationHealthy condition (pure)."""
     d = ev.speculation
     speculation = {**(old.get("speculation") or {}), **d.status(now)}
-    validation = old.get("validation") or {}
-    measured = (old.get("speculation") or {}).get("crossoverConcurrency")
-    if validation.get("state") == "Passed" and measured is not None:
+    measured = measured_crossover(old)
+    if measured is not None:
         speculation["crossoverConcurrency"] = measured  # measured by the validation Job beats the cost model
     # exclude_none: a merge patch deletes null fields, so stored state never has them (else it always differs)
     out: dict[str, Any] = {"speculation": speculation, "policy": state.model_dump(mode="json", exclude_none=True)}
-    if spec.speculation.mode != "Never":  # with Never the reconciler says SpeculationDisabled
-        cond = Cond(CONDITION, d.healthy, d.reason, d.message)
-        out["conditions"] = merge_conditions(old.get("conditions") or [], [cond], generation=generation, now=now)
+    cond = Cond(CONDITION, d.healthy, d.reason, d.message) if spec.speculation.mode != "Never" else None
     if d.switched:
         entry = {
             "time": now,
@@ -145,69 +126,81 @@ def status_fragment(
             "reason": f"{d.reason}: {d.message}"[:HISTORY_REASON_LIMIT],
         }
         out["history"] = (list(old.get("history") or []) + [entry])[-HISTORY_LIMIT:]
-    return out
+    return out, cond
 
 
-def status_patch(old: Mapping[str, Any], fragment: Mapping[str, Any], *, now: float) -> dict[str, Any] | None:
-    """The merge patch to write, or None when nothing but timestamps changed."""
-    current = {k: old.get(k) for k in fragment}
-    patch = merge_patch(current, dict(fragment))
-    if not patch or merge_patch(_volatile_free(current, now), _volatile_free(fragment, now)) is None:
-        return None
-    return patch
+def changed(old: Mapping[str, Any], fields: Mapping[str, Any], *, now: float) -> bool:
+    """Whether ``fields`` change ``old`` in more than timestamps (what is worth a status write)."""
+    current = {k: old.get(k) for k in fields}
+    return merge_patch(_volatile_free(current, now), _volatile_free(fields, now)) is not None
 
 
-# ---- the evaluator -------------------------------------------------------------------------------
-class SpeculationEvaluator:
+@dataclass(frozen=True)
+class SpeculationReport:
+    """One evaluation, for the reconciler to fold in: status fields, the condition, the targets, the Events."""
+
+    uid: str
+    fields: Mapping[str, Any]  # status.speculation, status.policy (, status.history)
+    condition: Cond | None
+    targets: ServingTargets
+    events: tuple[EventSpec, ...] = field(default=())
+
+
+# ---- the monitor ---------------------------------------------------------------------------------
+class SpeculationMonitor:
     """Evaluates the speculation policy and autoscaler of each resource (see the module docs)."""
 
-    def __init__(
-        self, *, metrics_port: int = METRICS_PORT, clock: Callable[[], float] = time.time, promotion: Any = None
-    ) -> None:
+    per_resource = True
+
+    def __init__(self, *, metrics_port: int = METRICS_PORT, metrics: Any = None) -> None:
         self.metrics_port = metrics_port
-        self.clock = clock
-        #: the validation gate's hub (controller/validation.Promotion); None: targets go straight to the reconciler
-        self.promotion = promotion
+        self.metrics = metrics
         #: called with ((namespace, name), evaluation) after every evaluation (tests, the demo's timeline)
-        self.observers: list[Callable[[Key, Evaluation], None]] = []
-        self._states: dict[Key, tuple[str, PolicyState]] = {}  # newest state per resource (uid, state)
-        self._scaled: dict[Key, tuple[str, int]] = {}  # last (engine, replicas) the autoscaler decided
+        self.observers: list[Callable[[ResourceKey, Evaluation], None]] = []
+        self._states: dict[ResourceKey, tuple[str, PolicyState]] = {}  # newest state per resource (uid, state)
+        self._reports: dict[ResourceKey, SpeculationReport] = {}  # last report handed over
+        self._scaled: dict[ResourceKey, tuple[str, int]] = {}  # last (engine, replicas) the autoscaler decided
 
-    def interval(self, body: Mapping[str, Any]) -> float:
-        return interval_of(body)
+    def interval(self, host: Host, key: ResourceKey | None) -> float:
+        return interval_of(host.spec_of(key) if key is not None else None)
 
-    async def evaluate(self, controller: Host, body: Mapping[str, Any]) -> None:
-        for k in [k for k in self._states if k not in controller.bodies]:
-            del self._states[k]
-            self._scaled.pop(k, None)
-        view = current_resource(controller, body)
-        if view is None:
+    def forget(self, key: ResourceKey) -> None:
+        for memory in (self._states, self._reports, self._scaled):
+            memory.pop(key, None)
+
+    async def run(self, host: Host, key: ResourceKey | None) -> None:
+        if key is None:
             return
-        key, body, meta, spec, status = view.key, view.body, view.meta, view.spec, view.status
+        body = host.bodies.get(key)
+        spec = host.spec_of(key)
+        if body is None or spec is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+            return
+        meta = body.get("metadata") or {}
         ns, name = key
         uid = meta.get("uid") or ""
+        status = current_status(host, key)
+        last = self._reports.get(key)
+        if last is not None and last.uid == uid:  # newer than status until the reconciler wrote it
+            status = {**status, **last.fields}
         if status.get("activeEngine") not in VARIANTS:
             return  # nothing serves yet: nothing to measure
         mem = self._states.get(key)
-        state = newer_state(mem[1] if mem and mem[0] == uid else None, stored_state(status))
-        now = self.clock()
+        state = mem[1] if mem and mem[0] == uid else stored_state(status)
+        now = host.clock.time()
         if state is not None and not due(spec, state.speculation, now):
             return
         previous = state.speculation.engine if state else str(status["activeEngine"])
 
-        pods = await self._pods(controller, ns, name)
-        if pods is None:
-            return
+        pods = [p.pod for p in index_entries(host.indexes, "rdd_serving_pods", ("owner", ns, names.label_value(name)))]
         reading, error = await self._read(spec, name, ns, pods)
-        deployments = variant_deployments(controller, ns, name)
+        deployments = variant_deployments(host.indexes, ns, name)
         available = frozenset(
             v
             for v in VARIANTS
             if ((status.get("engines") or {}).get(v) or {}).get("state") in READY_STATES
             or (deployments.get(v) is not None and getattr(deployments[v], "key", ""))
         )
-        if self.promotion is not None and not self.promotion.allows_redrafter(key):
-            available -= {"redrafter"}  # not validated: a switch to it is held (TargetNotReady)
+        available &= validated_engines(spec, status)  # not validated: a switch to it is held (TargetNotReady)
         serving = str(status["activeEngine"])  # the pool taking the traffic (the gate may hold it on base)
         dep = deployments.get(serving)
         observed = int(dep.replicas) if dep is not None else spec.serving.replicas
@@ -226,44 +219,21 @@ class SpeculationEvaluator:
         current = ev.current_replicas
         self._states[key] = (uid, new)
 
-        fragment = status_fragment(
-            spec,
-            status,
-            ev,
-            new,
-            previous_engine=previous,
-            now=rfc3339(now),
-            generation=int(meta.get("generation") or 1),
-        )
-        patch = status_patch(status, fragment, now=now)
-        if patch:
-            await self._write(controller, key, patch)
+        fields, cond = report_fields(spec, status, ev, new, previous_engine=previous, now=rfc3339(now))
         plan = ev.plan(spec, current)
         targets = ServingTargets(active=plan.active, replicas=dict(plan.replicas), canary=plan.canary)
-        if self.promotion is not None:
-            self.promotion.set_policy(controller, key, targets, spec, status)
-        else:
-            controller.set_targets(ns, name, targets)
-        self._account(
-            controller, key, body, spec, ev, previous, serving, current, plan.replicas.get(plan.active, current)
-        )
+        events = self._account(key, spec, ev, previous, serving, current, plan.replicas.get(plan.active, current))
+        fresh = last is None or last.uid != uid or changed(status, fields, now=now)
+        if fresh or last is None or last.condition != cond or last.targets != targets or events:
+            report = SpeculationReport(
+                uid, fields if fresh or last is None else last.fields, cond, targets, tuple(events)
+            )
+            self._reports[key] = report
+            host.hand_over(key, report)
         for observer in self.observers:
             observer(key, ev)
 
     # ---- I/O -------------------------------------------------------------------------------------
-    async def _pods(self, controller: Host, ns: str, name: str) -> list[dict[str, Any]] | None:
-        selector = names.selector_string(
-            {names.LABEL_DEPLOYMENT: names.label_value(name), names.LABEL_COMPONENT: "serving"}
-        )
-        try:
-            found = await controller.client.request(
-                "GET", f"/api/v1/namespaces/{ns}/pods", query=[("labelSelector", selector)]
-            )
-        except ApiError as exc:
-            log.warning("%s/%s: cannot list serving pods (%s); evaluation skipped", ns, name, exc)
-            return None
-        return list(found.get("items") or [])
-
     async def _read(
         self, spec: ReDrafterDeploymentSpec, name: str, ns: str, pods: list[dict[str, Any]]
     ) -> tuple[Reading | None, str | None]:
@@ -277,41 +247,31 @@ class SpeculationEvaluator:
             log.warning("%s/%s: metrics read failed: %s", ns, name, exc)
             return None, f"{type(exc).__name__}: {exc}"
 
-    async def _write(self, controller: Host, key: Key, patch: Mapping[str, Any]) -> None:
-        try:
-            await write_status(controller, key, patch)
-        except ApiError as exc:  # retried on the next evaluation: the fragment still differs from status
-            log.warning("%s/%s: status write failed (%s); retried next interval", key[0], key[1], exc)
-
     def _account(
         self,
-        controller: Host,
-        key: Key,
-        body: Mapping[str, Any],
+        key: ResourceKey,
         spec: ReDrafterDeploymentSpec,
         ev: Evaluation,
         previous: str,
         serving: str,
         current: int,
         replicas: int,
-    ) -> None:
+    ) -> list[EventSpec]:
+        """Count the evaluation; the Events a switch or an autoscaler decision means (once each)."""
         d = ev.speculation
-        m = getattr(controller, "metrics", None)
-        if m is not None and hasattr(m, "speculation_evaluations"):
+        m = self.metrics
+        events: list[EventSpec] = []
+        if m is not None:
             m.speculation_evaluations.labels(d.measurement.outcome).inc()
         if d.switched:
-            if m is not None and hasattr(m, "speculation_switches"):
+            if m is not None:
                 m.speculation_switches.labels(d.engine, d.reason).inc()
-            post_events(
-                controller,
-                body,
-                [
-                    (
-                        "Warning" if d.engine == "base" else "Normal",
-                        d.action,
-                        f"{previous} -> {d.engine}: {d.reason}: {d.message}",
-                    )
-                ],
+            events.append(
+                EventSpec(
+                    "Warning" if d.engine == "base" else "Normal",
+                    d.action,
+                    f"{previous} -> {d.engine}: {d.reason}: {d.message}",
+                )
             )
         # one Event per autoscaler decision (not per evaluation while the Deployment catches up)
         last = self._scaled.get(key)
@@ -323,11 +283,10 @@ class SpeculationEvaluator:
             and last != (serving, replicas)
         ):
             s = ev.scale
-            post_events(
-                controller,
-                body,
-                [("Normal", "Scaling", f"{serving} replicas {current} -> {replicas}: {s.reason}: {s.message}")],
+            events.append(
+                EventSpec("Normal", "Scaling", f"{serving} replicas {current} -> {replicas}: {s.reason}: {s.message}")
             )
+        return events
 
 
-__all__ = ["SpeculationEvaluator", "newer_state", "status_fragment", "status_patch", "stored_state"]
+__all__ = ["SpeculationMonitor", "SpeculationReport", "changed", "report_fields", "stored_state"]

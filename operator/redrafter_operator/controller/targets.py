@@ -32,7 +32,7 @@ def default_targets(spec: ReDrafterDeploymentSpec, status: Mapping[str, Any]) ->
         replicas = max(spec.autoscaling.min_replicas, min(spec.autoscaling.max_replicas, replicas))
     other: Variant = "base" if active == "redrafter" else "redrafter"
     # What the policy and the validation gate would keep, read from status, so that a restarted operator's
-    # first reconciles (before the evaluators run) neither drop the canary nor a pod under validation.
+    # first reconciles (before the monitors run) neither drop the canary nor a pod under validation.
     canary = canary_from_status(spec, status) if active == "base" else 0
     return gate_from_status(
         ServingTargets(

@@ -21,9 +21,8 @@ def _cmd_crd(args: argparse.Namespace) -> int:
 
 def _cmd_render(args: argparse.Namespace) -> int:
     from .api import KIND
-    from .api.spec import spec_errors
-    from .render import render_all
-    from .render.common import Owner
+    from .controller.preview import PreviewError, planned_children
+    from .controller.validation import operator_image
     from .yamlio import dump_all
 
     with open(args.file, encoding="utf-8") if args.file != "-" else sys.stdin as fh:
@@ -34,14 +33,29 @@ def _cmd_render(args: argparse.Namespace) -> int:
         return 2
     out = []
     for body in resources:
+        meta = body.setdefault("metadata", {})
         if args.namespace:
-            body.setdefault("metadata", {})["namespace"] = args.namespace
-        errors = spec_errors(body.get("spec") or {})
-        if errors:
-            name = body.get("metadata", {}).get("name", "?")
-            print(f"error: {KIND} {name} is invalid:", *(f"  {e}" for e in errors), sep="\n", file=sys.stderr)
+            meta["namespace"] = args.namespace
+        try:
+            out.extend(
+                planned_children(
+                    body,
+                    active=args.active,
+                    canary=args.canary,
+                    promoted_key=args.promoted_key,
+                    operator_namespace=args.operator_namespace,
+                    image=operator_image(),
+                )
+            )
+        except PreviewError as exc:
+            errors = str(exc).split("; ")
+            print(
+                f"error: {KIND} {meta.get('name', '?')} is invalid:",
+                *(f"  {e}" for e in errors),
+                sep="\n",
+                file=sys.stderr,
+            )
             return 2
-        out.extend(render_all(Owner.from_body(body), active=args.active, operator_namespace=args.operator_namespace))
     sys.stdout.write(dump_all(out))
     return 0
 
@@ -79,6 +93,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--operator-namespace",
         help="namespace the operator runs in (its metrics scrape is admitted by spec.serving.networkPolicy)",
+    )
+    p.add_argument(
+        "--canary",
+        action="store_true",
+        help="with --active base: the ReDrafter canary Deployment the policy runs in the base pool",
+    )
+    p.add_argument(
+        "--promoted-key",
+        metavar="KEY",
+        help="the ReDrafter engine key that passed validation and serves today "
+        "(status.validation.promoted.redrafterKey): a changed drafter is validated beside it in the "
+        "candidate Deployment",
     )
     p.set_defaults(func=_cmd_render)
 

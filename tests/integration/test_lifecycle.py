@@ -60,19 +60,19 @@ def example(name: str = NAME, **spec: Any) -> dict[str, Any]:
 class Operator:
     """Start/stop the operator as a task; ``controller`` is the live one (None while stopped)."""
 
-    def __init__(self, kubeconfig: Path, resync: float = 300.0, policy: bool = True) -> None:
-        self.kubeconfig, self.resync, self.policy = kubeconfig, resync, policy
+    def __init__(self, kubeconfig: Path, resync: float = 300.0, policy: bool = True, clock: Any = None) -> None:
+        self.kubeconfig, self.resync, self.policy, self.clock = kubeconfig, resync, policy, clock
         self.task: asyncio.Task[None] | None = None
         self.controller: Controller | None = None
 
     def _keep(self, c: Controller) -> None:
         if not self.policy:
-            c.evaluators.clear()  # drive ServingTargets from the test instead of the speculation policy
+            c.monitors.clear()  # drive ServingTargets from the test instead of the speculation policy
         self.controller = c
 
     async def start(self) -> None:
         opts = RunOptions(namespaces=[NS], kubeconfig=str(self.kubeconfig), workers=4, resync_seconds=self.resync)
-        self.task = asyncio.create_task(run_operator(opts, on_controller=self._keep))
+        self.task = asyncio.create_task(run_operator(opts, on_controller=self._keep, clock=self.clock))
         await until(lambda: self.controller is not None, what="operator startup")
 
     async def stop(self) -> None:
@@ -85,6 +85,46 @@ class Operator:
         except (asyncio.CancelledError, TimeoutError):
             pass
         self.task, self.controller = None, None
+
+
+def contained(rendered: Any, stored: Any) -> bool:
+    """Every field the render sets is set so on the stored object (the API server adds defaults and status)."""
+    if isinstance(rendered, dict):
+        return isinstance(stored, dict) and all(contained(v, stored.get(k)) for k, v in rendered.items())
+    if isinstance(rendered, list):
+        return isinstance(stored, list) and len(rendered) == len(stored) and all(map(contained, rendered, stored))
+    return rendered == stored
+
+
+def differing(cl: Cluster, rendered: list[dict[str, Any]], kinds: set[str]) -> list[str]:
+    """The rendered children of these kinds that the cluster does not hold as rendered (by kind/name)."""
+    out = []
+    for doc in rendered:
+        if doc["kind"] not in kinds:
+            continue
+        stored = cl.emu.find_object(doc["apiVersion"], doc["kind"], doc["metadata"]["name"], NS)
+        fields = {k: v for k, v in doc.items() if k not in ("apiVersion", "kind", "metadata")}
+        meta = {k: doc["metadata"][k] for k in ("labels", "annotations", "ownerReferences") if k in doc["metadata"]}
+        if stored is None or not contained({**fields, "metadata": meta}, stored):
+            out.append(f"{doc['kind']}/{doc['metadata']['name']}")
+    return out
+
+
+def rendered(cl: Cluster, doc: dict[str, Any], **kw: Any) -> list[dict[str, Any]]:
+    """What `render` prints for the applied resource (uid and generation as the cluster gave them)."""
+    from redrafter_operator.controller.preview import planned_children
+
+    live = cl.rdd()
+    body = {
+        **doc,
+        "metadata": {
+            **doc["metadata"],
+            "namespace": NS,
+            "uid": live["metadata"]["uid"],
+            "generation": live["metadata"]["generation"],
+        },
+    }
+    return planned_children(body, **kw)
 
 
 class Cluster:
@@ -842,23 +882,28 @@ async def test_network_policies_converge_like_every_child(cluster: Cluster, kube
         await op.stop()
 
 
-async def test_validated_resources_at_rest_cost_no_writes_over_resyncs_and_evaluations(
+async def test_validated_resources_at_rest_cost_only_watches_over_five_minutes(
     cluster: Cluster, kubeconfig: Path
 ) -> None:
     """Several resources built, validated (the validation Job's pod leaves the verdict a passing `evaluate
-    validate` writes) and serving ReDrafter: once the policy recorded the move, an operator resyncing every
-    0.5 s with every evaluator running (validation every second, the policy every second) writes nothing."""
+    validate` writes) and serving ReDrafter. At rest, five minutes on the operator's clock (a fake one: no
+    waiting) with a resync every 30 s and the policy evaluating each resource every second cost no request
+    but the watches: no status or child write, no Job GET, no Pod LIST."""
     from redrafter_operator.evaluate import outcome as oc
+    from redrafter_sim.clock import FakeClock
 
     passed = oc.format_termination_message(
         oc.ValidationOutcome(oc.PASSED, "12 requests per engine (chat): 12 greedy outputs identical, no errors")
     )
     names_ = [f"idle-{i}" for i in range(3)]
-    op = Operator(kubeconfig, resync=0.5)
+    clock = FakeClock(epoch=time.time())
+    op = Operator(kubeconfig, resync=30.0, clock=clock)
     await op.start()
+    ctl = op.controller
+    assert ctl is not None
     stop = asyncio.Event()
 
-    async def jobs_finish() -> None:  # the Job controller: every build and validation Job succeeds
+    async def background() -> None:  # the Job controller (every build and validation Job succeeds); time moves
         while not stop.is_set():
             for job in cluster.emu.list_objects("batch/v1", "Job", NS):
                 component = job["metadata"]["labels"].get(names.LABEL_COMPONENT)
@@ -869,9 +914,10 @@ async def test_validated_resources_at_rest_cost_no_writes_over_resyncs_and_evalu
                         NS,
                         message=(passed if component == "validation" else BUILT.message("OK: engine built")),
                     )
-            await asyncio.sleep(0.05)
+            await clock.advance(1.0)
+            await asyncio.sleep(0.02)
 
-    finisher = asyncio.create_task(jobs_finish())
+    helper = asyncio.create_task(background())
     try:
         for name in names_:
             cluster.emu.create_object(example(name, speculation__interval="1s"))
@@ -888,13 +934,34 @@ async def test_validated_resources_at_rest_cost_no_writes_over_resyncs_and_evalu
             )
 
         await until(lambda: all(at_rest(n) for n in names_), timeout=90, what="validated, serving ReDrafter")
+        stop.set()
+        await helper
+        await until(ctl.idle, what="the operator at rest")
         await settle(cluster)
         mark = len(cluster.emu.request_log)
-        await asyncio.sleep(3.0)  # 6 resyncs, 3 validation and >= 1 policy evaluations of each resource
-        assert cluster.operator_writes(mark) == [], "at rest: idle"
+        reconciles = ctl.metrics.reconciles.labels("ok")._value.get()
+        runs = sum(
+            s.value
+            for m in ctl.metrics.speculation_evaluations.collect()
+            for s in m.samples
+            if s.name.endswith("_total")
+        )
+        for _ in range(300):  # five minutes: 10 resyncs of each resource, 300 policy evaluations of each
+            await clock.advance(1.0)
+            await until(ctl.idle, what="the operator at rest")
+        requests = cluster.emu.requests(mark)
+        assert [(r.method, r.path) for r in requests if r.kind != "watch"] == [], "at rest: only watches"
+        assert cluster.emu.requests(0, method="PATCH", path=r"/status$"), "the log sees the operator's writes"
+        assert ctl.metrics.reconciles.labels("ok")._value.get() - reconciles >= 10 * len(names_)
+        assert sum(
+            s.value
+            for m in ctl.metrics.speculation_evaluations.collect()
+            for s in m.samples
+            if s.name.endswith("_total")
+        ) - runs >= 250 * len(names_)
     finally:
         stop.set()
-        await finisher
+        await helper
         await op.stop()
 
 

@@ -27,14 +27,16 @@ from test_lifecycle import (  # noqa: I001
     Cluster,
     Operator,
     apply,
+    differing,
     example,
+    rendered,
     routed,
     running,  # (same dir)
     until,
 )
 
 from engine_jobs import contract as c
-from redrafter_operator.controller.speculation import SpeculationEvaluator
+from redrafter_operator.controller.speculation import SpeculationMonitor
 from redrafter_operator.policy import Evaluation
 from redrafter_operator.render import names
 from redrafter_sim import controllers
@@ -217,8 +219,8 @@ class Watched(Operator):
 
     def _keep(self, ctl: Any) -> None:
         super()._keep(ctl)
-        for ev in ctl.evaluators:
-            if isinstance(ev, SpeculationEvaluator):
+        for ev in ctl.monitors:
+            if isinstance(ev, SpeculationMonitor):
                 ev.observers.append(lambda key, e: self.evaluations.append((time.monotonic(), e)))
 
 
@@ -321,6 +323,12 @@ async def test_collapse_falls_back_to_base_and_recovery_returns_across_a_restart
     )
     canary = cluster.emu.find_object("apps/v1", "Deployment", names.canary_deployment_name(NAME), NS)
     assert canary and canary["spec"]["replicas"] == 1  # recovery stays observable on base
+    # `render --active base --canary` prints the fallback's serving children as the operator applied them
+    assert not differing(
+        cluster,
+        rendered(cluster, doc, active="base", canary=True),
+        {"Deployment", "Service", "ConfigMap", "InferencePool"},
+    )
     await until(lambda: {"SwitchToBase", "Switched"} <= {r for r, _, _ in cluster.events()}, what="switch Events")
     event = next(e for e in cluster.events() if e[0] == "SwitchToBase")
     assert event[1] == "Warning" and "LowAcceptance" in event[2]

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 import pytest
-from test_lifecycle import NAME, NS, apply, until  # noqa: I001 (same dir)
+from test_lifecycle import NAME, NS, apply, differing, rendered, until  # noqa: I001 (same dir)
 from test_policy_loop import MeteredCluster, Watched, cluster, operator, policy_doc  # noqa: F401 (fixtures)
 
 from redrafter_operator.controller.gate import ANNOTATION_RETRY_VALIDATION
@@ -216,6 +216,18 @@ async def test_a_new_redrafter_engine_is_validated_beside_the_promoted_one_which
     await until(lambda: job in validation_jobs(cluster), timeout=60, what="the candidate's validation Job")
     argv = cluster.emu.find_object("batch/v1", "Job", job, NS)["spec"]["template"]["spec"]["containers"][0]["command"]
     assert argv[argv.index("--redrafter") + 1].startswith(f"{names.candidate_name(NAME)}.{NS}.svc:")
+    # `render --promoted-key` prints the candidate's children and its validation Job as the operator applied them
+    candidate_children = [
+        d
+        for d in rendered(cluster, doc, promoted_key=old)
+        if names.candidate_name(NAME) in d["metadata"]["name"] or d["metadata"]["name"] == job
+    ]
+    assert len(candidate_children) == 4
+    await until(
+        lambda: not differing(cluster, candidate_children, {"Deployment", "Service", "ConfigMap", "Job"}),
+        timeout=30,
+        what="the candidate's children as rendered",
+    )
     # while it is validated, the promoted engine serves: the primary Deployment was never rolled
     assert engine(cluster.deployment("redrafter")) == old and cluster.pool() == "redrafter"
     assert served_keys() == {old}
@@ -258,5 +270,40 @@ async def test_a_new_redrafter_engine_is_validated_beside_the_promoted_one_which
         timeout=30,
         what=f"the candidate scaled away again ({cluster.status().get('validation')})",
     )
-    assert cluster.status()["validation"]["promoted"] == {"redrafterKey": new, "baseKey": bkey}
+    # children are applied before the status patch of the same reconcile: the record follows at once
+    await until(
+        lambda: cluster.status()["validation"]["promoted"] == {"redrafterKey": new, "baseKey": bkey},
+        timeout=10,
+        what="the new pair recorded as promoted",
+    )
     never_without_ready_pods(cluster)
+
+
+# ---- `redrafter-operator render` prints what the operator applies ---------------------------------------
+async def test_render_prints_what_the_operator_applies_at_each_stage(
+    cluster: MeteredCluster, operator: Watched, kubectl: Any
+) -> None:
+    doc = validated_doc()
+    apply(kubectl, doc)
+    await until(lambda: len(cluster.running_jobs()) == 2 and cluster.status().get("engines"), what="build Jobs")
+    keys = [cluster.status()["engines"][v]["key"] for v in ("redrafter", "base")]
+    # the build Jobs exactly as rendered; the validation Job comes once both engines are built
+    assert differing(cluster, rendered(cluster, doc), {"Job"}) == [f"Job/{validation_job_name(NAME, *keys, 0)}"]
+    rkey, bkey = await built(cluster)
+    job = validation_job_name(NAME, rkey, bkey, 0)
+    await until(lambda: job in validation_jobs(cluster), timeout=60, what="the validation Job")
+    assert differing(cluster, rendered(cluster, doc), {"Job"}) == []  # build and validation Jobs exactly as rendered
+    controllers.complete_job(cluster.emu, job, NS, message="Passed: 12 prompts identical")
+    serving = {"Deployment", "Service", "ConfigMap", "NetworkPolicy"}
+    await until(
+        lambda: not differing(cluster, rendered(cluster, doc), serving),
+        timeout=60,
+        what="the serving children as rendered",
+    )
+    assert cluster.pool() == "redrafter"
+    # the comparison has teeth: a render for the other engine differs in the stable Service and the replicas
+    assert differing(cluster, rendered(cluster, doc, active="base"), serving) == [
+        f"Deployment/{NAME}-redrafter",
+        f"Deployment/{NAME}-base",
+        f"Service/{NAME}",
+    ]

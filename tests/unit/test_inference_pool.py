@@ -254,14 +254,14 @@ def test_only_the_optional_inference_pool_api_is_quiet_when_unresolved():
     assert f.filter(record([Selector("apps", "v1", "deployments")]))
 
 
-def test_render_all_shows_the_pool_only_when_enabled():
-    from redrafter_operator.render import render_all
+def test_render_shows_the_pool_only_when_enabled():
+    from redrafter_operator.controller.preview import planned_children
 
-    kinds = lambda doc: [m["kind"] for m in render_all(Owner.from_body(doc), "base")]  # noqa: E731
+    kinds = lambda doc: [m["kind"] for m in planned_children(doc, active="base")]  # noqa: E731
     assert "InferencePool" not in kinds(example())
     pools = [
         m
-        for m in render_all(Owner.from_body(example(enabled=True, endpointPickerRef=PICKER)), "base")
+        for m in planned_children(example(enabled=True, endpointPickerRef=PICKER), active="base")
         if m["kind"] == "InferencePool"
     ]
     assert len(pools) == 1 and pools[0]["spec"]["selector"]["matchLabels"][names.LABEL_TRAFFIC] == "base"

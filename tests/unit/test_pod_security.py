@@ -11,11 +11,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from redrafter_operator.api.engine_key import engine_key
-from redrafter_operator.render import render_all, resources, security
+from redrafter_operator.controller.preview import planned_children
+from redrafter_operator.render import resources, security
 from redrafter_operator.render.build import build_job
 from redrafter_operator.render.common import Owner
-from redrafter_operator.render.serving import canary_deployment, candidate_deployment, network_policies
+from redrafter_operator.render.serving import network_policies
 from redrafter_sim.admission_podsecurity import admit_pod, violations
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,10 +33,22 @@ def load(path: Path, **spec_changes: Any) -> Owner:
     return Owner.from_body(body)
 
 
+def children(owner: Owner, **kw: Any) -> list[dict[str, Any]]:
+    """What `render` prints for ``owner`` (its parsed spec, dumped back as the API would hold it)."""
+    body = {
+        "metadata": {"name": owner.name, "namespace": owner.namespace, "uid": owner.uid},
+        "spec": owner.spec.model_dump(mode="json", by_alias=True, exclude_none=True),
+    }
+    return planned_children(body, **kw)
+
+
 def pod_templates(owner: Owner) -> list[tuple[str, dict[str, Any]]]:
     """(name, pod spec) of every workload the operator creates for ``owner``, canary and candidate included."""
-    key = engine_key(owner.spec, "redrafter")
-    docs = [*render_all(owner), canary_deployment(owner, key, 1), candidate_deployment(owner, key, 1)]
+    docs = children(owner, active="base", canary=True, promoted_key="0" * 20)
+    assert {names_of for names_of in (d["metadata"]["name"] for d in docs)} >= {
+        f"{owner.name}-redrafter-canary",
+        f"{owner.name}-redrafter-candidate",
+    }
     return [(d["metadata"]["name"], d["spec"]["template"]["spec"]) for d in docs if d["kind"] in ("Job", "Deployment")]
 
 
@@ -143,7 +155,7 @@ def test_serving_policy_admits_the_namespace_the_validation_job_and_the_operator
     assert "ingress" not in jobs["spec"], "nothing connects to build or validation pods"
     assert jobs["spec"]["podSelector"]["matchExpressions"][0]["values"] == ["engine-build", "validation"]
     # every pod of the resource is selected by one of them (the scanners' "pod without a NetworkPolicy")
-    for name, pod_doc in [(d["metadata"]["name"], d) for d in render_all(owner) if d["kind"] in ("Job", "Deployment")]:
+    for name, pod_doc in [(d["metadata"]["name"], d) for d in children(owner) if d["kind"] in ("Job", "Deployment")]:
         component = pod_doc["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
         assert component in ["serving", "engine-build", "validation"], name
 

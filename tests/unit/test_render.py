@@ -11,7 +11,7 @@ import yaml
 
 from engine_jobs.contract import BuildSpec
 from redrafter_operator.cli import main
-from redrafter_operator.render import render_all
+from redrafter_operator.controller.preview import PreviewError, planned_children
 from redrafter_operator.render.build import build_job, build_spec
 from redrafter_operator.render.common import Owner
 
@@ -23,10 +23,24 @@ def owner_of(path: Path) -> Owner:
     return Owner.from_body(yaml.safe_load(path.read_text()))
 
 
+def body_of(path: Path) -> dict:
+    return yaml.safe_load(path.read_text())
+
+
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
-def test_rendered_manifests_are_valid(example):
-    docs = render_all(owner_of(example))
+@pytest.mark.parametrize(
+    "stage",
+    [{}, {"active": "base", "canary": True}, {"promoted_key": "0" * 20}],
+    ids=["serving", "canary", "candidate"],
+)
+def test_rendered_manifests_are_valid(example, stage):
+    docs = planned_children(body_of(example), **stage)
     assert {d["kind"] for d in docs} == {"Job", "ConfigMap", "Deployment", "Service", "NetworkPolicy"}
+    refs = [(d["kind"], d["metadata"]["name"]) for d in docs]
+    assert len(refs) == len(set(refs))  # each child once
+    name = body_of(example)["metadata"]["name"]
+    assert (("Deployment", f"{name}-redrafter-canary") in refs) == ("canary" in stage)
+    assert (("Deployment", f"{name}-redrafter-candidate") in refs) == ("promoted_key" in stage)
     for doc in docs:
         kubernetes_validate.validate(doc, "1.30", strict=True)
         assert doc["metadata"]["ownerReferences"][0]["controller"] is True
@@ -35,7 +49,7 @@ def test_rendered_manifests_are_valid(example):
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
 def test_build_spec_roundtrips_through_configmap(example):
     owner = owner_of(example)
-    for doc in render_all(owner):
+    for doc in planned_children(body_of(example)):
         if doc["kind"] == "ConfigMap" and "build.json" in doc["data"]:
             parsed = BuildSpec.model_validate_json(doc["data"]["build.json"])
             assert parsed == build_spec(owner.spec, parsed.variant)
@@ -66,7 +80,7 @@ def test_pvc_sources_are_mounted_read_only():
 def test_cli_render_prints_yaml(capsys):
     assert main(["render", "-f", str(ROOT / "examples" / "llama3-8b.yaml")]) == 0
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
-    assert len(docs) == len(render_all(owner_of(ROOT / "examples" / "llama3-8b.yaml")))
+    assert docs == planned_children(body_of(ROOT / "examples" / "llama3-8b.yaml"))
 
 
 def test_cli_render_rejects_invalid_with_field(tmp_path, capsys):
@@ -115,3 +129,28 @@ def test_cli_render_admits_the_operators_namespace_to_scrape(capsys):
     peers = [p for rule in serving["spec"]["ingress"] for p in rule["from"]]
     assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ops"}}} in peers
     assert any(d["kind"] == "Job" and d["metadata"]["name"].startswith("llama3-8b-validate-") for d in docs)
+
+
+def test_render_shows_the_retention_children_and_the_canary_and_candidate(capsys, tmp_path):
+    body = body_of(ROOT / "examples" / "llama3-8b.yaml")
+    body["spec"]["engine"] = {
+        **body["spec"].get("engine", {}),
+        "cache": {**body["spec"].get("engine", {}).get("cache", {}), "retention": {"keep": 2, "schedule": "0 3 * * *"}},
+    }
+    f = tmp_path / "retained.yaml"
+    f.write_text(yaml.safe_dump(body))
+    assert main(["render", "-f", str(f), "--active", "base", "--canary", "--promoted-key", "0" * 20]) == 0
+    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert docs == planned_children(body, active="base", canary=True, promoted_key="0" * 20)
+    refs = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert {("CronJob", "engine-cache-gc-engine-cache"), ("ConfigMap", "engine-cache-gc-engine-cache")} <= refs, refs
+    assert {("Deployment", "llama3-8b-redrafter-canary"), ("Deployment", "llama3-8b-redrafter-candidate")} <= refs
+    stable = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "llama3-8b")
+    assert stable["spec"]["selector"]["redrafter.dev/traffic"] == "base"
+
+
+def test_render_errors_are_a_preview_error_naming_the_field():
+    bad = body_of(ROOT / "examples" / "llama3-8b.yaml")
+    bad["spec"]["parallelism"]["tensor"] = 3
+    with pytest.raises(PreviewError, match="spec.parallelism.tensor"):
+        planned_children(bad)

@@ -1,0 +1,152 @@
+"""What the planner creates for a resource, for review (``redrafter-operator render``): the same :func:`plan`,
+fed facts that stand for each stage of the lifecycle instead of what the watch shows.
+
+The operator creates a resource's children step by step; a reviewer wants the whole picture. The stages:
+
+1. nothing built: the build ConfigMaps and Jobs;
+2. both engines built, validation under way (``spec.validation.enabled``): the validation Job, and with
+   ``promoted_key`` (the ReDrafter engine that passed before and still serves) the candidate Deployment,
+   its ConfigMap and Service;
+3. serving ``active`` (validated, rolled out), with the ReDrafter canary in the base pool when ``canary``; the
+   engine cache's references ConfigMap and collection CronJob when the spec enables a retention.
+
+Each child appears once, as the last stage plans it (so Deployments show the replicas they converge to).
+Nothing is rendered by a second code path: a test keeps this equal to what the running operator applies.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from engine_jobs.contract import VARIANTS, Variant
+
+from ..api.spec import parse_spec
+from ..render import names
+from ..render.build import artifact_path
+from ..render.cache_refs import references_document
+from ..render.validation import DEFAULT_OPERATOR_IMAGE
+from .facts import DeploymentFact, Observed
+from .observe import engine_keys
+from .plan_types import Plan, Resource, ServingTargets
+from .planner import Inputs, plan
+from .renderers import default_renderers
+from .retention import collection_children
+
+NOW = "1970-01-01T00:00:00Z"  # status timestamps are not rendered
+
+
+class PreviewError(ValueError):
+    """The resource cannot be planned (an invalid spec); the message names each field."""
+
+
+def _rolled_out(name: str, variant: str, key: str, replicas: int = 1) -> DeploymentFact:
+    return DeploymentFact(
+        name=name,
+        variant=variant,
+        key=key,
+        replicas=replicas,
+        ready_replicas=replicas,
+        updated_replicas=replicas,
+        total_replicas=replicas,
+        generation=1,
+        observed_generation=1,
+    )
+
+
+def planned_children(
+    body: Mapping[str, Any],
+    *,
+    active: Variant = "redrafter",
+    canary: bool = False,
+    promoted_key: str | None = None,
+    operator_namespace: str | None = None,
+    image: str = DEFAULT_OPERATOR_IMAGE,
+) -> list[dict[str, Any]]:
+    """Every child the planner creates or applies for ``body`` over its lifecycle (see the module docs)."""
+    res = Resource.from_body(body)
+    spec, errors = parse_spec(dict(res.spec))
+    if spec is None:
+        raise PreviewError("; ".join(errors))
+    renderers = default_renderers(operator_namespace)
+    keys = engine_keys(spec)
+    other: Variant = "base" if active == "redrafter" else "redrafter"
+    engines = {
+        v: {
+            "key": keys[v],
+            "path": artifact_path(spec, keys[v]),
+            "state": "Ready",
+            "attempts": 1,
+            "retryToken": res.retry_token,
+        }
+        for v in VARIANTS
+    }
+    pair = {"redrafterKey": keys["redrafter"], "baseKey": keys["base"]}
+
+    def stage(status: Mapping[str, Any], observed: Observed, inputs: Inputs = Inputs()) -> Plan:
+        staged = Resource(res.name, res.namespace, res.uid, res.generation, res.spec, res.annotations, status)
+        return plan(
+            staged,
+            observed,
+            now=NOW,
+            renderers=renderers,
+            spec=spec,
+            errors=[],
+            inputs=inputs,
+            image=image,
+            engine_keys=keys,
+        )
+
+    stages = [stage({}, Observed())]
+    serving_key = promoted_key or keys["redrafter"]
+    up = {
+        "redrafter": _rolled_out(names.serving_deployment_name(res.name, "redrafter"), "redrafter", serving_key),
+        "base": _rolled_out(names.serving_deployment_name(res.name, "base"), "base", keys["base"]),
+    }
+    if spec.validation.enabled:
+        validating: dict[str, Any] = {"engines": engines, "activeEngine": active}
+        deployments = dict(up)
+        if promoted_key and promoted_key != keys["redrafter"]:
+            validating["validation"] = {
+                "redrafterKey": promoted_key,
+                "baseKey": keys["base"],
+                "state": "Passed",
+                "promoted": {"redrafterKey": promoted_key, "baseKey": keys["base"]},
+            }
+            deployments["candidate"] = _rolled_out(names.candidate_name(res.name), "redrafter", keys["redrafter"])
+        stages.append(stage(validating, Observed(deployments=deployments, service_pool=active, routing_pool=active)))
+
+    serving: dict[str, Any] = {"engines": engines, "activeEngine": active}
+    if spec.validation.enabled:
+        serving["validation"] = {**pair, "state": "Passed", "promoted": pair}
+    standby = 1 if spec.serving.rollout.keep_standby else 0
+    targets = ServingTargets(
+        active=active,
+        replicas={active: spec.serving.replicas, other: standby},
+        canary=1 if canary and active == "base" else 0,
+    )
+    replicas = {active: spec.serving.replicas, other: standby}
+    up = {v: _rolled_out(d.name, v, keys[v], replicas[v]) for v, d in up.items()}
+    retention = collection_children(
+        res.namespace,
+        spec.engine.cache.claim_name,
+        [(res.name, res.uid, spec)],
+        references_document([{**body, "status": serving}], []),
+        image,
+    )
+    stages.append(
+        stage(
+            serving,
+            Observed(deployments=up, service_pool=active, routing_pool=active),
+            Inputs(targets=targets, retention=retention),
+        )
+    )
+
+    out: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for p in stages:
+        for manifest in [*p.create, *p.apply]:
+            ref = (manifest["apiVersion"], manifest["kind"], manifest["metadata"]["name"])
+            out[ref] = manifest  # first place, last stage's version
+    return list(out.values())
+
+
+__all__ = ["PreviewError", "planned_children"]

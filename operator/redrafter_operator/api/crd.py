@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel
+
 from ..yamlio import dump
 from . import CRD_NAME, GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
 from .spec import ReDrafterDeploymentSpec
@@ -39,7 +41,7 @@ _KEEP = {
 }
 
 
-def _resolve(node: dict, defs: dict) -> dict:
+def _resolve(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     if "$ref" in node:
         target = defs[node["$ref"].rsplit("/", 1)[-1]]
         merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
@@ -47,7 +49,7 @@ def _resolve(node: dict, defs: dict) -> dict:
     return node
 
 
-def _structural(node: dict, defs: dict) -> dict[str, Any]:
+def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     node = _resolve(node, defs)
     if "anyOf" in node:  # Optional[X] -> X (absence is how "unset" is expressed)
         options = [o for o in node["anyOf"] if o.get("type") != "null"]
@@ -106,7 +108,7 @@ def _without_defaults(node: Any) -> Any:
     return node
 
 
-def schema_of(model: type) -> dict[str, Any]:
+def schema_of(model: type[BaseModel]) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True, mode="validation")
     return _structural(raw, raw.get("$defs", {}))
 

@@ -81,7 +81,9 @@ class Schedule:
             return None
         zone = tz or (zoneinfo.ZoneInfo(self.location) if self.location else datetime.UTC)
         try:
-            when = croniter(self.croniter_expression(), after.astimezone(zone)).get_next(datetime.datetime)
+            when: datetime.datetime = croniter(self.croniter_expression(), after.astimezone(zone)).get_next(
+                datetime.datetime
+            )
         except CroniterBadDateError:
             return None
         return when.astimezone(after.tzinfo)
@@ -277,14 +279,17 @@ def parse_go_duration(text: str) -> int:
         if not (s[0] == "." or s[0].isascii() and s[0].isdigit()):
             raise invalid
         m = re.match(r"[0-9]*", s)
+        assert m is not None  # ``*``: matches, possibly empty, at any position
         whole, s = m.group(), s[m.end() :]
         frac = ""
         if s.startswith("."):
             f = re.match(r"[0-9]*", s[1:])
+            assert f is not None
             frac, s = f.group(), s[1 + f.end() :]
         if not whole and not frac:
             raise invalid
         u = re.match(r"[^0-9.]*", s)
+        assert u is not None
         unit, s = u.group(), s[u.end() :]
         if not unit:
             raise ValueError(f"time: missing unit in duration {go_quote(orig)}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 from .cron import schedule_errors
 from .types import DURATION_PATTERN
@@ -44,7 +44,7 @@ class OperatorDefaults:
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "OperatorDefaults":
         """Defaults from the environment; a malformed value is a startup error naming the variable."""
-        values = {}
+        values: dict[str, Any] = {}  # OperatorDefaults keyword arguments (str or int by field)
         for attr, var, pattern in (
             ("builder_image", ENV_BUILDER_IMAGE, IMAGE_PATTERN),
             ("serving_image", ENV_SERVING_IMAGE, IMAGE_PATTERN),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
 from engine_jobs.contract import CONTRACT_VERSION, Variant
 
@@ -16,7 +17,7 @@ from .spec import ModelSource, ReDrafterDeploymentSpec
 KEY_LENGTH = 20  # hex chars (80 bits): collision-free in any realistic cache, short enough for labels
 
 
-def _source(src: ModelSource | None) -> dict | None:
+def _source(src: ModelSource | None) -> dict[str, str | None] | None:
     if src is None:
         return None
     return {
@@ -25,10 +26,10 @@ def _source(src: ModelSource | None) -> dict | None:
     }
 
 
-def build_inputs(spec: ReDrafterDeploymentSpec, variant: Variant) -> dict:
+def build_inputs(spec: ReDrafterDeploymentSpec, variant: Variant) -> dict[str, Any]:
     """Every build input of one variant, as a JSON-able dict (recorded in the engine manifest)."""
     e = spec.engine
-    inputs = {
+    inputs: dict[str, Any] = {
         "contract": CONTRACT_VERSION,
         "variant": variant,
         "base": _source(spec.model.base),
@@ -56,7 +57,7 @@ def build_inputs(spec: ReDrafterDeploymentSpec, variant: Variant) -> dict:
     return inputs
 
 
-def key_of(inputs: dict) -> str:
+def key_of(inputs: dict[str, Any]) -> str:
     canonical = json.dumps(inputs, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(canonical.encode()).hexdigest()[:KEY_LENGTH]
 

@@ -58,7 +58,7 @@ def _cel_errors(schema: dict[str, Any], obj: Any, path: list[str]) -> list[str]:
     for rule in schema.get("x-kubernetes-validations", []):
         env = celpy.Environment()
         program = env.program(env.compile(rule["rule"]))
-        if not program.evaluate({"self": celpy.json_to_cel(obj)}):
+        if not program.evaluate({"self": celpy.adapter.json_to_cel(obj)}):
             errors.append(f"{_path(path)}: {rule.get('message', rule['rule'])}")
     if isinstance(obj, dict):
         for name, sub in schema.get("properties", {}).items():
@@ -73,7 +73,8 @@ def _cel_errors(schema: dict[str, Any], obj: Any, path: list[str]) -> list[str]:
 def crd_schema(crd: dict[str, Any], version: str | None = None) -> dict[str, Any]:
     for v in crd["spec"]["versions"]:
         if version is None and v.get("storage") or v["name"] == version:
-            return v["schema"]["openAPIV3Schema"]
+            schema: dict[str, Any] = v["schema"]["openAPIV3Schema"]
+            return schema
     raise KeyError(f"version {version} not in CRD {crd['metadata']['name']}")
 
 

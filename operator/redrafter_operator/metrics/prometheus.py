@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import aiohttp
 
@@ -70,7 +70,7 @@ class PrometheusSource:
         else:
             async with aiohttp.ClientSession() as session:
                 payload = await self._query(session, params)
-        by_pod: dict[str, list[tuple[str, dict, float]]] = {}
+        by_pod: dict[str, list[tuple[str, dict[str, str], float]]] = {}
         for item in payload:
             labels = dict(item.get("metric", {}))
             name, pod = labels.pop("__name__", ""), labels.get("pod", "")
@@ -92,7 +92,7 @@ class PrometheusSource:
                 samples.append(PodSample(t.name, t.identity, t.variant, t.pool, now, counters, load, t.started_at))
         return Reading(time=now, samples=tuple(samples), errors=tuple(errors))
 
-    async def _query(self, session: aiohttp.ClientSession, params: dict) -> list[dict]:
+    async def _query(self, session: aiohttp.ClientSession, params: dict[str, str]) -> list[dict[str, Any]]:
         url = f"{self.url}/api/v1/query"
         try:
             async with session.post(url, data=params, timeout=aiohttp.ClientTimeout(total=self.timeout)) as resp:

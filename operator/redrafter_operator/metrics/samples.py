@@ -117,7 +117,7 @@ class PodStatus:
         return cls(name=meta["name"], variant=variant, pool=pool if pool in c.VARIANTS else variant, phase=grouped)
 
 
-def _container_start(statuses: list[dict]) -> str | None:
+def _container_start(statuses: list[dict[str, Any]]) -> str | None:
     starts = [s.get("state", {}).get("running", {}).get("startedAt") for s in statuses]
     starts = [s for s in starts if s]
     return max(starts) if starts else None
@@ -166,7 +166,9 @@ class MetricsSource(Protocol):
     async def read(self, targets: Sequence[PodTarget]) -> Reading: ...
 
 
-def collect(series: Iterable[tuple[str, Mapping[str, str], float]], deployment: str) -> tuple[dict, dict]:
+def collect(
+    series: Iterable[tuple[str, Mapping[str, str], float]], deployment: str
+) -> tuple[dict[str, float], dict[str, float]]:
     """Fold raw ``(metric name, labels, value)`` series of one pod into (counters, load gauges).
 
     ReDrafter counters are kept when their ``model`` label names this deployment (summed over other

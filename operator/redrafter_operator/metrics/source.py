@@ -8,6 +8,7 @@ import aiohttp
 
 from engine_jobs.contract import METRICS_PORT, VARIANTS
 
+from ..api.spec import ReDrafterDeploymentSpec
 from ..render.names import LABEL_ROLE, LABEL_VARIANT, ROLE_CANDIDATE
 from .prometheus import PrometheusSource
 from .samples import MetricsSource, PodStatus, PodTarget, pod_is_ready
@@ -40,10 +41,13 @@ def statuses_from_pods(pods: Iterable[Mapping[str, Any]]) -> list[PodStatus]:
     )
 
 
-def source_for(spec, deployment: str, namespace: str, session: aiohttp.ClientSession | None = None) -> MetricsSource:
+def source_for(
+    spec: ReDrafterDeploymentSpec, deployment: str, namespace: str, session: aiohttp.ClientSession | None = None
+) -> MetricsSource:
     """PodScraper or PrometheusSource per ``spec.metrics`` (timeouts from the spec)."""
     m = spec.metrics
     if m.source == "Prometheus":
+        assert m.prometheus_url is not None  # Metrics._url_for_prometheus requires it with this source
         return PrometheusSource(
             m.prometheus_url, deployment, namespace, timeout=m.scrape_timeout_seconds, session=session
         )

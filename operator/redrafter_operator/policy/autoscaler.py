@@ -42,6 +42,7 @@ from typing import Iterable
 
 from pydantic import BaseModel, Field
 
+from ..api.spec import Autoscaling, ReDrafterDeploymentSpec
 from ..api.types import parse_duration
 from ..metrics.samples import PodStatus, Reading
 
@@ -109,7 +110,7 @@ def _within(ratio: float, tolerance: float) -> bool:
     return abs(ratio - 1.0) <= tolerance + _EPS
 
 
-def _raw_recommendation(a, current: int, load: PoolLoad) -> tuple[int, float, str]:
+def _raw_recommendation(a: Autoscaling, current: int, load: PoolLoad) -> tuple[int, float, str]:
     """``calcPlainMetricReplicas`` (replica_calculator.go): desired replicas before stabilization;
     returns (desired, mean queue per ready pod, why)."""
     target = a.target_queue_per_replica
@@ -142,7 +143,7 @@ def _direction(desired: int, current: int) -> str:
     return "ScaleUp" if desired > current else ("ScaleDown" if desired < current else "NoChange")
 
 
-def settled(spec, current: int, now: float) -> AutoscalerState:
+def settled(spec: ReDrafterDeploymentSpec, current: int, now: float) -> AutoscalerState:
     """State right after the Service moved to another pool: no scale-down below ``current`` for the
     scale-down window (at least SETTLE_INTERVALS evaluations), the old pool's history dropped."""
     window = max(
@@ -153,7 +154,7 @@ def settled(spec, current: int, now: float) -> AutoscalerState:
 
 
 def recommend(
-    spec, state: AutoscalerState, current: int, load: PoolLoad | None, now: float
+    spec: ReDrafterDeploymentSpec, state: AutoscalerState, current: int, load: PoolLoad | None, now: float
 ) -> tuple[ScaleDecision, AutoscalerState]:
     """One autoscaler evaluation for the serving pool (``load``: see :func:`pool_load`). Pure."""
     a = spec.autoscaling

@@ -33,6 +33,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from ..api.spec import ReDrafterDeploymentSpec
+
 DEFAULT_TOKEN_COST = 0.0072
 DEFAULT_DRAFTER_OVERHEAD = 0.10
 
@@ -47,7 +49,7 @@ class CostParams:
     draft_len: int = 5  # draftLenPerBeam: the most a step can accept beyond the first token
 
     @classmethod
-    def from_spec(cls, spec) -> "CostParams":
+    def from_spec(cls, spec: ReDrafterDeploymentSpec) -> "CostParams":
         """From a ReDrafterDeploymentSpec: spec.speculation.costModel over spec.redrafter."""
         cm, rd = spec.speculation.cost_model, spec.redrafter
         return cls(

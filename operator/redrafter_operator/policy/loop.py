@@ -12,6 +12,7 @@ from typing import Any, Mapping, Sequence
 
 from pydantic import BaseModel, Field, ValidationError
 
+from ..api.spec import ReDrafterDeploymentSpec
 from ..metrics.samples import PodStatus, Reading
 from ..metrics.window import Windows, WindowState, advance
 from .autoscaler import AutoscalerState, ScaleDecision, pool_load, recommend, settled
@@ -33,7 +34,7 @@ class PolicyState(BaseModel):
     serving: str | None = Field(default=None, description="The pool the Service selected at the last evaluation.")
 
     @classmethod
-    def new(cls, spec, now: float) -> "PolicyState":
+    def new(cls, spec: ReDrafterDeploymentSpec, now: float) -> "PolicyState":
         return cls(speculation=initial_state(spec, now))
 
 
@@ -56,7 +57,7 @@ class Evaluation:
     current_replicas: int = 0  # the serving pool's replicas this evaluation started from
     canary: int = 0  # ReDrafter canary replicas the base pool needs (measure.canary_replicas)
 
-    def plan(self, spec, current_replicas: int) -> ServingPlan:
+    def plan(self, spec: ReDrafterDeploymentSpec, current_replicas: int) -> ServingPlan:
         """Targets for the planner. Replicas come from the autoscaler in Operator mode, otherwise
         from spec.serving.replicas (which an external HPA/KEDA writes through the scale subresource)."""
         active = self.speculation.engine
@@ -71,7 +72,7 @@ class Evaluation:
 
 
 def step(
-    spec,
+    spec: ReDrafterDeploymentSpec,
     state: PolicyState | None,
     reading: Reading | None,
     now: float,
@@ -124,9 +125,9 @@ def step(
     return Evaluation(decision, scale, windows, current_replicas, canary_replicas(spec, spec_state)), new
 
 
-def canary_from_status(spec, status: Mapping[str, Any]) -> int:
+def canary_from_status(spec: ReDrafterDeploymentSpec, status: Mapping[str, Any]) -> int:
     """The canary replicas the policy last asked for, from ``status.policy``, for a restarted operator's
-    first reconciles (before the evaluator runs): the spec's ``canaryReplicas`` on base in Auto mode when
+    first reconciles (before the policy first runs): the spec's ``canaryReplicas`` on base in Auto mode when
     status holds no readable policy state (so no canary pod is dropped, nor started and dropped again)."""
     if status.get("activeEngine") != "base" or spec.speculation.mode != "Auto":
         return 0

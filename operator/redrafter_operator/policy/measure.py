@@ -21,8 +21,9 @@ What is measured:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
+from ..api.spec import ReDrafterDeploymentSpec
 from ..metrics.window import Aggregate, Windows
 from . import cost
 from .state import SpeculationState
@@ -93,7 +94,9 @@ def _pool(rows: list[list[float]], min_samples: int) -> tuple[list[float], int] 
     return None
 
 
-def _acceptance_of(agg: Aggregate | None, rows: list[list[float]], min_samples: int):
+def _acceptance_of(
+    agg: Aggregate | None, rows: list[list[float]], min_samples: int
+) -> tuple[tuple[str, str], None] | tuple[None, tuple[list[float], int]]:
     """(inconclusive reason, message) or (pooled counters, windows used)."""
     if agg is None or agg.pods_reporting == 0:
         failed = f" ({agg.pods_failed} pods unreadable)" if agg else ""
@@ -120,7 +123,7 @@ def recent_rows(state: SpeculationState, obs: Observation) -> list[list[float]]:
     return (list(state.recent) + [_row(red)])[-ACCUMULATE_MAX:]
 
 
-def measure(spec, state: SpeculationState, obs: Observation) -> Measurement:
+def measure(spec: ReDrafterDeploymentSpec, state: SpeculationState, obs: Observation) -> Measurement:
     """Classify this evaluation's observation for the engine currently desired."""
     sp = spec.speculation
     params = cost.CostParams.from_spec(spec)
@@ -134,12 +137,13 @@ def measure(spec, state: SpeculationState, obs: Observation) -> Measurement:
         if state.engine == "base" and canary_replicas(spec, state) == 0:
             return _recover_without_canary(spec, state, batch, params, obs.measured_crossover)
         return Measurement("Inconclusive", *inconclusive, samples=samples, batch=batch)
+    assert pooled is not None  # _acceptance_of gives a reason or the pooled counters
     (requests, draft, accepted, output, steps), windows = pooled
     acc = accepted / draft
     tps = output / steps if steps > 0 else cost.tokens_per_step(acc, params.draft_len)
     params = cost.calibrated(params, obs.measured_crossover, tps)
     pred = cost.speedup(batch, tps, params) if batch is not None else None
-    common = dict(
+    common: dict[str, Any] = dict(
         acceptance_rate=acc,
         tokens_per_step=tps,
         samples=int(round(requests)),
@@ -182,7 +186,7 @@ def measure(spec, state: SpeculationState, obs: Observation) -> Measurement:
     return Measurement("Successful", "CanaryRecovered", "canary " + _pays(acc, pred), **common)
 
 
-def canary_replicas(spec, state: SpeculationState) -> int:
+def canary_replicas(spec: ReDrafterDeploymentSpec, state: SpeculationState) -> int:
     """ReDrafter canary replicas the base pool runs now: ``canaryReplicas`` while on base in Auto mode,
     except after a fallback caused by load alone (``loadAware``; the acceptance last measured on
     ReDrafter already cleared the canary's own recovery bar, minAcceptanceRate + acceptanceHysteresis):
@@ -212,7 +216,11 @@ def _pays(acc: float, pred: float | None) -> str:
 
 
 def _recover_without_canary(
-    spec, state: SpeculationState, batch: float | None, params, measured_crossover: float | None = None
+    spec: ReDrafterDeploymentSpec,
+    state: SpeculationState,
+    batch: float | None,
+    params: cost.CostParams,
+    measured_crossover: float | None = None,
 ) -> Measurement:
     """No canary: only a load-caused fallback can be undone, from the last ReDrafter measurement."""
     sp = spec.speculation
@@ -225,7 +233,7 @@ def _recover_without_canary(
     tps = state.last_tokens_per_step
     params = cost.calibrated(params, measured_crossover, tps)
     pred = cost.speedup(batch, tps, params)
-    common = dict(
+    common: dict[str, Any] = dict(
         acceptance_rate=state.last_acceptance,
         tokens_per_step=tps,
         batch=batch,

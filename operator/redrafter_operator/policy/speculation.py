@@ -40,8 +40,9 @@ What is measured, and how recovery is observed, is documented in :mod:`.measure`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
+from ..api.spec import ReDrafterDeploymentSpec, Speculation
 from ..api.types import parse_duration
 from .measure import Measurement, Observation, measure, recent_rows
 from .state import Engine, SpeculationState
@@ -73,7 +74,7 @@ class Decision:
     def switched(self) -> bool:
         return self.action in ("SwitchToBase", "SwitchToRedrafter")
 
-    def status(self, now_rfc3339: str) -> dict:
+    def status(self, now_rfc3339: str) -> dict[str, Any]:
         """Fields of status.speculation (camelCase wire names)."""
         m = self.measurement
         out = {
@@ -93,19 +94,21 @@ def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 4)
 
 
-def initial_state(spec, now: float) -> SpeculationState:
+def initial_state(spec: ReDrafterDeploymentSpec, now: float) -> SpeculationState:
     """State of a new resource: ReDrafter unless the mode pins base."""
     engine: Engine = "base" if spec.speculation.mode == "Never" else "redrafter"
     return SpeculationState(engine=engine, since=now)
 
 
-def due(spec, state: SpeculationState, now: float) -> bool:
+def due(spec: ReDrafterDeploymentSpec, state: SpeculationState, now: float) -> bool:
     """True when an interval has passed since the last evaluation (guards against extra calls)."""
     interval = parse_duration(spec.speculation.interval)
     return state.last_evaluated is None or now - state.last_evaluated >= 0.9 * interval
 
 
-def evaluate(spec, state: SpeculationState, obs: Observation, now: float) -> tuple[Decision, SpeculationState]:
+def evaluate(
+    spec: ReDrafterDeploymentSpec, state: SpeculationState, obs: Observation, now: float
+) -> tuple[Decision, SpeculationState]:
     """One evaluation: measure, update the counts, decide. Returns the decision and the new state.
 
     The controller must persist the new state with the decision (status), move the Service to
@@ -199,7 +202,7 @@ def _flapping(outcomes: str, was: bool) -> bool:
     return n >= FLAP_ENTER
 
 
-def _flap_target(sp, s: SpeculationState) -> Engine | None:
+def _flap_target(sp: Speculation, s: SpeculationState) -> Engine | None:
     """While flapping: the engine the mean predicted speedup favours beyond the margin, if any."""
     if len(s.speedups) < FLAP_MIN or not sp.load_aware:
         return None  # too early, or no cost model: stay put (flap suppression)
@@ -212,7 +215,7 @@ def _flap_target(sp, s: SpeculationState) -> Engine | None:
     return None
 
 
-def _flap_message(sp, s: SpeculationState) -> str:
+def _flap_message(sp: Speculation, s: SpeculationState) -> str:
     mean = sum(s.speedups) / len(s.speedups) if s.speedups else None
     shown = f"{mean:.2f}" if mean is not None else "unknown"
     return (
@@ -222,13 +225,15 @@ def _flap_message(sp, s: SpeculationState) -> str:
     )
 
 
-def _stay_message(sp, s: SpeculationState, m: Measurement) -> str:
+def _stay_message(sp: Speculation, s: SpeculationState, m: Measurement) -> str:
     limit, count = (sp.failure_limit, s.failures) if s.engine == "redrafter" else (sp.success_limit, s.successes)
     kind = "failures" if s.engine == "redrafter" else "successes"
     return f"{m.outcome}: {m.message} ({count}/{limit} consecutive {kind})"
 
 
-def _gate(spec, s: SpeculationState, target: Engine, obs: Observation, now: float) -> tuple[str, str] | None:
+def _gate(
+    spec: ReDrafterDeploymentSpec, s: SpeculationState, target: Engine, obs: Observation, now: float
+) -> tuple[str, str] | None:
     sp = spec.speculation
     if target not in obs.available:
         return "TargetNotReady", f"the {target} engine is not ready to serve"
@@ -242,7 +247,13 @@ def _gate(spec, s: SpeculationState, target: Engine, obs: Observation, now: floa
 
 
 def _switch(
-    s: SpeculationState, target: Engine, reason: str, msg: str, m: Measurement, healthy, now: float
+    s: SpeculationState,
+    target: Engine,
+    reason: str,
+    msg: str,
+    m: Measurement,
+    healthy: Literal["True", "False", "Unknown"],
+    now: float,
 ) -> tuple[Decision, SpeculationState]:
     new = s.model_copy(
         update={
@@ -259,7 +270,7 @@ def _switch(
     return Decision(action, target, reason, msg, m, healthy), new
 
 
-def _health(sp, s: SpeculationState, m: Measurement) -> Literal["True", "False", "Unknown"]:
+def _health(sp: Speculation, s: SpeculationState, m: Measurement) -> Literal["True", "False", "Unknown"]:
     """SpeculationHealthy: True while ReDrafter pays, False when it does not, Unknown without data.
 
     An Error below ``consecutiveErrorLimit`` keeps the previous status; at the limit it is Unknown.

@@ -92,7 +92,9 @@ def _model_sources(spec: ReDrafterDeploymentSpec, variant: Variant) -> list[Mode
     return sources
 
 
-def _source_volumes(spec: ReDrafterDeploymentSpec, variant: Variant) -> tuple[list[dict], list[dict]]:
+def _source_volumes(
+    spec: ReDrafterDeploymentSpec, variant: Variant
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Read-only mounts for pvc:// sources and credentials Secrets (deduplicated, deterministic order)."""
     claims = sorted(
         {parse_source(s.source).authority for s in _model_sources(spec, variant) if s.source.startswith("pvc://")}

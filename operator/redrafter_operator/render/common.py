@@ -42,7 +42,9 @@ class Owner:
         }
 
 
-def metadata(owner: Owner, name: str, labels: dict[str, str], annotations: dict[str, str] | None = None) -> dict:
+def metadata(
+    owner: Owner, name: str, labels: dict[str, str], annotations: dict[str, str] | None = None
+) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "name": name,
         "namespace": owner.namespace,

@@ -159,7 +159,7 @@ def _deployment(
     pool: str,
     role: str,
     config_name: str | None = None,
-) -> dict:
+) -> dict[str, Any]:
     if replicas < 0:
         raise ValueError("replicas must be >= 0")
     spec = owner.spec
@@ -213,19 +213,21 @@ def _deployment(
     }
 
 
-def serving_deployment(owner: Owner, variant: Variant, key: str, replicas: int, pool: Variant | None = None) -> dict:
+def serving_deployment(
+    owner: Owner, variant: Variant, key: str, replicas: int, pool: Variant | None = None
+) -> dict[str, Any]:
     """The Deployment of one variant; its pods join ``pool`` (default: their own variant)."""
     return _deployment(
         owner, names.serving_deployment_name(owner.name, variant), variant, key, replicas, pool or variant, "primary"
     )
 
 
-def canary_deployment(owner: Owner, key: str, replicas: int) -> dict:
+def canary_deployment(owner: Owner, key: str, replicas: int) -> dict[str, Any]:
     """ReDrafter engine pods in the base traffic pool: they share base traffic and keep acceptance measured."""
     return _deployment(owner, names.canary_deployment_name(owner.name), "redrafter", key, replicas, "base", "canary")
 
 
-def candidate_deployment(owner: Owner, key: str, replicas: int) -> dict:
+def candidate_deployment(owner: Owner, key: str, replicas: int) -> dict[str, Any]:
     """A new ReDrafter engine's pods while it is validated: in no traffic pool, so the promoted engine
     keeps serving until the validation passes (then the primary Deployment rolls to ``key``)."""
     return _deployment(
@@ -240,7 +242,7 @@ def candidate_deployment(owner: Owner, key: str, replicas: int) -> dict:
     )
 
 
-def candidate_service(owner: Owner) -> dict:
+def candidate_service(owner: Owner) -> dict[str, Any]:
     """``<name>-redrafter-candidate``: the validation Job's ReDrafter endpoint while a candidate runs."""
     selector = {**names.serving_selector(owner.name, "redrafter"), names.LABEL_ROLE: names.ROLE_CANDIDATE}
     return _service(
@@ -251,7 +253,7 @@ def candidate_service(owner: Owner) -> dict:
     )
 
 
-def _service(owner: Owner, name: str, selector: dict[str, str], extra_labels: dict[str, str]) -> dict:
+def _service(owner: Owner, name: str, selector: dict[str, str], extra_labels: dict[str, str]) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -264,14 +266,14 @@ def _service(owner: Owner, name: str, selector: dict[str, str], extra_labels: di
     }
 
 
-def stable_service(owner: Owner, pool: Variant) -> dict:
+def stable_service(owner: Owner, pool: Variant) -> dict[str, Any]:
     """``<name>``: what clients call; selects every pod of the active traffic pool."""
     return _service(
         owner, names.service_name(owner.name), names.traffic_selector(owner.name, pool), {names.LABEL_TRAFFIC: pool}
     )
 
 
-def variant_service(owner: Owner, variant: Variant) -> dict:
+def variant_service(owner: Owner, variant: Variant) -> dict[str, Any]:
     """``<name>-redrafter`` / ``<name>-base``: one variant's pods (canary included), for tests and metrics."""
     return _service(
         owner,
@@ -281,7 +283,7 @@ def variant_service(owner: Owner, variant: Variant) -> dict:
     )
 
 
-def services(owner: Owner, pool: Variant) -> list[dict]:
+def services(owner: Owner, pool: Variant) -> list[dict[str, Any]]:
     return [stable_service(owner, pool), *(variant_service(owner, v) for v in contract.VARIANTS)]
 
 

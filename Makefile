@@ -10,7 +10,7 @@ CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: install test demo bench crd render lint images clean
+.PHONY: install test unit lint demo bench crd render images clean
 
 $(STAMP): requirements-dev.lock pyproject.toml sim/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,8 +27,18 @@ $(CHECKOV_STAMP): requirements-checkov.lock
 
 install: $(STAMP) $(CHECKOV_STAMP)
 
-test: install
+test: install lint
 	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
+
+# The inner loop: the pure tests, no servers (under a minute).
+unit: $(STAMP)
+	$(PY) -m pytest -q -rs tests/unit $(PYTEST_ARGS)
+
+# ruff (lint and format check) over the tree; mypy --strict over the packages named in pyproject.toml.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 demo: install
 	$(VENV)/bin/redrafter-sim demo $(DEMO_ARGS)
@@ -47,4 +57,4 @@ render: install
 	@for f in examples/*.yaml; do echo "# --- $$f"; $(VENV)/bin/redrafter-operator render -f $$f; done
 
 clean:
-	rm -rf $(VENV) $(CHECKOV_VENV) .pytest_cache
+	rm -rf $(VENV) $(CHECKOV_VENV) .pytest_cache .mypy_cache .ruff_cache

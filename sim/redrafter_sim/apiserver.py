@@ -1,7 +1,7 @@
 """An in-memory Kubernetes API server for tests and the demo: kmock's KubernetesEmulator made realistic.
 
 kmock 0.8 stores objects as plain JSON; kopf, kubectl, kubernetes-asyncio and Helm need more (see
-DESIGN.md "Test infrastructure"). This subclass replaces its request handling with a store that keeps
+docs/development.md "The API server"). This subclass replaces its request handling with a store that keeps
 uid/resourceVersion/generation, preconditions, status and scale subresources, selectors, watches that
 resume from a resourceVersion, owner-reference garbage collection, CRD installation (schema pruning,
 defaulting, validation, printer columns as Tables) and real Status error bodies. It also keeps a request

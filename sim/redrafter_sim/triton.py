@@ -1,7 +1,7 @@
 """A real tritonserver on the CPU (the binary inside nvidia-pytriton's wheel) for tests and the demo.
 
 It serves the generated repository with the simulated engine in place of tensorrt_llm, on loopback
-host/ports given by the caller (the demo runs several servers on 127.0.0.N). Set-up facts (DESIGN.md):
+host/ports given by the caller (the demo runs several servers on 127.0.0.N). Set-up facts (docs/development.md):
 the Python backend directory is assembled from the wheel (libtriton_python.so, its utils module and
 the stub of this interpreter's version); the stub needs the base interpreter's LIBDIR on
 LD_LIBRARY_PATH and this venv's bin first on PATH (its numpy<2 and tokenizers); each server gets its

@@ -11,14 +11,13 @@ A schedule the API server would refuse never reaches a CronJob: the operator rep
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_lifecycle import NS, Cluster, Operator, apply, cluster, example, to_serving, until  # noqa: F401
+from test_lifecycle import NS, Cluster, Operator, apply, cluster, example, quiesce, to_serving, until  # noqa: F401
 
 from engine_jobs.cache_gc import Report
 from redrafter_operator.api.cron import parse_standard
@@ -41,6 +40,11 @@ async def operator(cluster: Cluster, kubeconfig: Path):  # noqa: F811
         yield op
     finally:
         await op.stop()
+
+
+def retention_runs(op: Operator) -> float:
+    assert op.controller is not None
+    return op.controller.metrics.monitor_runs.labels("RetentionMonitor")._value.get()
 
 
 def cronjob(cluster: Cluster, claim: str) -> dict[str, Any] | None:
@@ -159,8 +163,10 @@ async def test_retention_cronjob_references_and_reported_collection(cluster: Clu
     metrics = operator.controller.metrics.render().decode()
     assert f'redrafter_engine_cache_bytes{{claim="{claim}"}} 4e+10' in metrics
     assert "redrafter_engine_cache_reclaimed_bytes_total 5e+09" in metrics
-    await asyncio.sleep(1.5)  # a few more evaluations: reported once only
-    assert [r for r, _, _ in cluster.events()].count("EngineCacheCollected") == 1
+    runs = retention_runs(operator)
+    await until(lambda: retention_runs(operator) >= runs + 2, what="two more runs of the retention monitor")
+    await quiesce(cluster, operator, doc["metadata"]["name"])
+    assert [r for r, _, _ in cluster.events()].count("EngineCacheCollected") == 1  # reported once only
 
     # the start time skipped under Forbid is within startingDeadlineSeconds: it starts once the first ended;
     # when that one succeeds too, successfulJobsHistoryLimit 1 keeps only it
@@ -203,7 +209,9 @@ async def test_no_retention_no_cronjob(cluster: Cluster, operator: Operator, kub
         lambda: cluster.emu.find_object("v1", "ConfigMap", cache_jobs.collection_name("engine-cache"), NS) is None,
         what="nothing",
     )
-    await asyncio.sleep(1.5)
+    runs = retention_runs(operator)
+    await until(lambda: retention_runs(operator) >= runs + 2, what="two more runs of the retention monitor")
+    await quiesce(cluster, operator)
     assert cronjob(cluster, "engine-cache") is None
 
 

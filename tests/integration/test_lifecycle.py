@@ -242,6 +242,31 @@ async def settle(cluster: Cluster, seconds: float = 1.0) -> None:
             mark, last = len(cluster.emu.request_log), time.monotonic()
 
 
+async def quiesce(cluster: Cluster, op: Operator, *names_: str) -> None:
+    """A deterministic settle instead of a sleep: the operator's watch caught up with each named resource
+    (default: the one), each reconciled once more from now, and the controller idle (nothing queued,
+    reconciling or monitoring)."""
+    ctl = op.controller
+    assert ctl is not None
+    keys = [(NS, n) for n in names_ or (NAME,)]
+
+    def caught_up(key: tuple[str, str]) -> bool:
+        seen = ctl.bodies.get(key)
+        return (
+            seen is not None
+            and seen["metadata"]["resourceVersion"] == cluster.rdd(key[1])["metadata"]["resourceVersion"]
+        )
+
+    await until(lambda: all(caught_up(k) for k in keys), what="the operator's watch caught up")
+    done = ctl.metrics.reconciles.labels("ok")._value.get()
+    for key in keys:
+        ctl.queue.add(key)
+    await until(
+        lambda: ctl.idle() and ctl.metrics.reconciles.labels("ok")._value.get() >= done + len(keys),
+        what="the operator at rest",
+    )
+
+
 async def running(apiserver: EmulatorHandle, make: Callable[[EmulatorHandle], Any]) -> AsyncIterator[Any]:
     """The CRD installed and ``make(apiserver)``'s cluster loop running until the test ends (shared by fixtures)."""
     apiserver.emulator.create_object(
@@ -318,6 +343,11 @@ async def test_apply_to_serving_with_conditions_events_and_printer_columns(
     # spec.validation is on by default and nothing here completes the validation Job: the rollout is not
     # complete until the (ReDrafter, base) pair is validated (test_validation_gate.py plays the Job)
     await until(lambda: cluster.condition("Progressing")["reason"] == "Validating", what="Progressing Validating")
+    # the build Pod's termination message (size, build time) may reach the watch after its Job's Complete
+    await until(
+        lambda: all("sizeBytes" in cluster.status()["engines"][v] for v in ("redrafter", "base")),
+        what="both engines' sizes from their build Pods",
+    )
 
     kubectl("wait", f"rdd/{NAME}", "--for=jsonpath={.status.phase}=Serving", "--timeout=20s", check=True)
     kubectl("wait", f"rdd/{NAME}", "--for=condition=Available", "--timeout=20s", check=True)
@@ -363,7 +393,7 @@ async def test_apply_to_serving_with_conditions_events_and_printer_columns(
     await settle(cluster)
     mark = len(cluster.emu.request_log)
     kubectl("apply", "-f", str(EXAMPLE), check=True)
-    await asyncio.sleep(3.5)  # resync every 1 s in this fixture
+    await quiesce(cluster, operator)
     assert cluster.operator_writes(mark) == []
     assert operator.controller is not None and operator.controller.metrics.reconciles.labels("ok")._value.get() > 3
 
@@ -395,7 +425,7 @@ async def test_restart_at_each_stage_resumes_without_duplicate_jobs(cluster: Clu
         # 1. killed while building: restart => same Jobs, nothing recreated
         await op.stop()
         await op.start()
-        await asyncio.sleep(1.0)
+        await quiesce(cluster, op)
         assert cluster.job_names() == jobs
         # 2. killed; Jobs finish while it is down => resumes to Serving
         await op.stop()
@@ -413,7 +443,7 @@ async def test_restart_at_each_stage_resumes_without_duplicate_jobs(cluster: Clu
         }
         mark = len(cluster.emu.request_log)
         await op.start()
-        await asyncio.sleep(1.5)
+        await quiesce(cluster, op)
         writes = cluster.operator_writes(mark)
         assert writes and {(r.method, r.content_type) for r in writes} == {("PATCH", "application/apply-patch+yaml")}
         assert len({r.path for r in writes}) == len(writes), "once per child"
@@ -423,7 +453,7 @@ async def test_restart_at_each_stage_resumes_without_duplicate_jobs(cluster: Clu
             if o["kind"] != "Event"
         } == versions
         mark = len(cluster.emu.request_log)
-        await asyncio.sleep(1.5)
+        await quiesce(cluster, op)
         assert cluster.operator_writes(mark) == []
         assert cluster.job_names() == jobs
         # 4. killed in the middle of a spec change (new build started) => continues it
@@ -432,7 +462,7 @@ async def test_restart_at_each_stage_resumes_without_duplicate_jobs(cluster: Clu
         await until(lambda: len(cluster.jobs()) == 3, what="the new redrafter Job")
         await op.stop()
         await op.start()
-        await asyncio.sleep(1.0)
+        await quiesce(cluster, op)
         assert len(cluster.jobs()) == 3
         cluster.complete_all()
         await until(
@@ -527,7 +557,7 @@ async def test_failed_job_reason_bounded_retries_then_retry_annotation(
     # no rebuild loop
     await settle(cluster)
     mark = len(cluster.emu.request_log)
-    await asyncio.sleep(2.5)
+    await quiesce(cluster, operator)
     assert cluster.operator_writes(mark) == [] and len(cluster.jobs()) == 3
     # the user retries with the annotation (any new value)
     kubectl("annotate", f"rdd/{NAME}", f"{names.ANNOTATION_RETRY_BUILD}=try-2", check=True)
@@ -562,7 +592,7 @@ async def test_bad_input_build_ends_after_one_job_and_status_says_how_to_retry(
     # one Job, one pod, and no retry however long we wait
     await settle(cluster)
     mark = len(cluster.emu.request_log)
-    await asyncio.sleep(2.5)
+    await quiesce(cluster, operator)
     assert cluster.operator_writes(mark) == []
     redrafter_jobs = [j for j in cluster.jobs() if "-redrafter-" in j["metadata"]["name"]]
     assert [j["metadata"]["name"] for j in redrafter_jobs] == [first]
@@ -721,7 +751,7 @@ async def test_two_resources_sharing_a_cache_build_once(cluster: Cluster, operat
     apply(kubectl, example("svc-a"))
     apply(kubectl, example("svc-b"))
     await until(lambda: len(cluster.jobs()) >= 2, what="Jobs")
-    await asyncio.sleep(1.0)
+    await quiesce(cluster, operator, "svc-a", "svc-b")
     assert len(cluster.jobs()) == 2, cluster.job_names()  # one per engine, not per resource
     cluster.complete_all()
     for name in ("svc-a", "svc-b"):
@@ -739,17 +769,18 @@ async def test_two_resources_sharing_a_cache_build_once(cluster: Cluster, operat
     # deleting the resource that owns the Jobs does not rebuild for the others (status keeps the facts)
     kubectl("delete", "rdd", "svc-a", "--wait=false", check=True)
     await until(lambda: cluster.emu.find_object(API_VERSION, KIND, "svc-a", NS) is None, what="svc-a gone")
-    await asyncio.sleep(1.0)
+    await until(lambda: (NS, "svc-a") not in operator.controller.bodies, what="svc-a's deletion watched")
+    await quiesce(cluster, operator, "svc-b", "svc-c")
     assert cluster.running_jobs() == []  # svc-a's Jobs went with it; nothing rebuilds for b and c
     for name in ("svc-b", "svc-c"):
         assert cluster.status(name)["phase"] == "Serving"
 
 
-async def idle_after_settling(cluster: Cluster) -> None:
-    """Children in sync again: once the cluster is at rest the operator writes nothing."""
+async def idle_after_settling(cluster: Cluster, op: Operator) -> None:
+    """Children in sync again: once the cluster is at rest, a reconcile writes nothing."""
     await settle(cluster)
     mark = len(cluster.emu.request_log)
-    await asyncio.sleep(2.0)
+    await quiesce(cluster, op)
     assert cluster.operator_writes(mark) == [], "in sync again: idle"
 
 
@@ -829,7 +860,7 @@ async def test_children_converge_deleted_edited_and_removed_fields(
         # 3. spec.serving.nodeSelector removed from the resource: gone from the Deployment
         apply(kubectl, example(validation__enabled=False))
         await until(lambda: "pool" not in selector(), timeout=10, what="the removed nodeSelector gone")
-        await idle_after_settling(cluster)
+        await idle_after_settling(cluster, op)
     finally:
         await op.stop()
 
@@ -877,7 +908,7 @@ async def test_network_policies_converge_like_every_child(cluster: Cluster, kube
             check=True,
         )  # allow everything: a hole, reverted
         await until(lambda: policy().get("spec") == wanted, timeout=10, what="the hand edit reverted")
-        await idle_after_settling(cluster)
+        await idle_after_settling(cluster, op)
     finally:
         await op.stop()
 

@@ -7,12 +7,11 @@ high so the policy always wants ReDrafter). The test plays the validation Job wi
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
 import pytest
-from test_lifecycle import NAME, NS, apply, differing, rendered, until  # noqa: I001 (same dir)
+from test_lifecycle import NAME, NS, apply, differing, quiesce, rendered, until  # noqa: I001 (same dir)
 from test_policy_loop import MeteredCluster, Watched, cluster, operator, policy_doc  # noqa: F401 (fixtures)
 
 from redrafter_operator.controller.gate import ANNOTATION_RETRY_VALIDATION
@@ -151,18 +150,16 @@ async def test_passed_validation_promotes_and_costs_no_further_api_calls(
         what="ReDrafter serving",
     )
     await until(lambda: cluster.deployment("base")["spec"]["replicas"] == 0, what="base back to zero")
-    await asyncio.sleep(1)  # an evaluation in flight may still read the finished Job once
-    mark = len(cluster.emu.request_log)
-    await asyncio.sleep(5)  # >= 2 validation intervals
+    mark, t0 = len(cluster.emu.request_log), time.monotonic()
+    # two policy evaluations and a reconcile of the resource later (counted, not waited for)
+    await until(lambda: len([1 for t, _ in operator.evaluations if t >= t0]) >= 2, what="policy evaluations")
+    await quiesce(cluster, operator)
     job_reads = [
-        r
+        (r.method, r.path)
         for r in cluster.emu.request_log[mark:]
-        if "/jobs" in r.path
-        and not r.user_agent.startswith("kubectl")
-        and r.method == "GET"
-        and "watch" not in str(r.query)
+        if ("/jobs" in r.path or "/pods" in r.path) and r.kind != "watch"
     ]
-    assert job_reads == []  # a Passed pair is settled from status alone
+    assert job_reads == []  # a Passed pair is settled from status alone; Jobs and Pods come from the watch
     assert validation_jobs(cluster) == [job]
     never_without_ready_pods(cluster)
 

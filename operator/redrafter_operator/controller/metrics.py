@@ -125,6 +125,12 @@ class OperatorMetrics:
             ["to_engine", "reason"],
             registry=r,
         )
+        self.monitor_runs = Counter(
+            "redrafter_operator_monitor_runs_total",
+            "Runs of the periodic monitors (SpeculationMonitor per resource, RetentionMonitor per operator).",
+            ["monitor"],
+            registry=r,
+        )
         self.api_requests = Counter(
             "redrafter_operator_api_requests_total",
             "Requests the reconciler sent to the API server (excl. kopf's watches).",

@@ -18,6 +18,7 @@ from ..render import names
 from ..render.build import artifact_path
 from .apply import ChildState, KubeClient
 from .facts import (
+    JOB_NAME_LABELS,
     DeploymentFact,
     JobFact,
     ObjectFact,
@@ -172,18 +173,20 @@ class FailedPodMessages:
         self._cache: dict[tuple[str, str], PodFact] = {}
         self._runs: dict[tuple[str, str], RunPodFact] = {}
 
+    async def _job_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        """The Job's Pods, by the label the Job controller sets (one LIST)."""
+        found = await self.client.request(
+            "GET", f"/api/v1/namespaces/{namespace}/pods", query=[("labelSelector", f"{JOB_NAME_LABELS[0]}={job}")]
+        )
+        return list(found.get("items") or [])
+
     async def fill(self, namespace: str, observed: Observed) -> None:
         for job in observed.jobs:
             if job.state != "Failed" or job.name in observed.pods:
                 continue
             cached = self._cache.get((namespace, job.name))
             if cached is None:
-                found = await self.client.request(
-                    "GET",
-                    f"/api/v1/namespaces/{namespace}/pods",
-                    query=[("labelSelector", f"batch.kubernetes.io/job-name={job.name}")],
-                )
-                pods = [PodFact.from_body(p) for p in found.get("items") or []]
+                pods = [PodFact.from_body(p) for p in await self._job_pods(namespace, job.name)]
                 with_msg = [p for p in pods if p.message]
                 cached = max(with_msg, key=lambda p: p.started) if with_msg else PodFact(job.name, "", "")
                 self._cache[(namespace, job.name)] = cached
@@ -198,12 +201,7 @@ class FailedPodMessages:
                 continue  # running, or its verdict is in the index (the Pod's event may trail the Job's)
             cached = self._runs.get((namespace, job.name))
             if cached is None:
-                found = await self.client.request(
-                    "GET",
-                    f"/api/v1/namespaces/{namespace}/pods",
-                    query=[("labelSelector", f"batch.kubernetes.io/job-name={job.name}")],
-                )
-                runs = [RunPodFact.from_body(p) for p in found.get("items") or []]
+                runs = [RunPodFact.from_body(p) for p in await self._job_pods(namespace, job.name)]
                 if not runs:
                     continue
                 cached = max(runs, key=lambda p: (p.created, p.name))

@@ -294,6 +294,7 @@ class Controller:
                 if key is not None and key not in self.bodies:  # deleted while it waited for a slot
                     return
                 await monitor.run(self, key)
+                self.metrics.monitor_runs.labels(type(monitor).__name__).inc()
         except asyncio.CancelledError:
             raise
         except Exception:  # a monitor's bug must not stop serving reconciles

@@ -21,10 +21,12 @@ import yaml
 
 from engine_jobs.contract import BuildResult
 from redrafter_operator.api import API_VERSION, KIND
+from redrafter_operator.api.spec import ReDrafterDeploymentSpec
+from redrafter_operator.controller import engines, observe
 from redrafter_operator.controller.main import RunOptions, run_operator
 from redrafter_operator.controller.plan_types import ServingTargets
 from redrafter_operator.controller.reconciler import Controller
-from redrafter_operator.render import names
+from redrafter_operator.render import cache_refs, names
 from redrafter_sim import controllers
 from redrafter_sim.cronjobs import CronJobController, ManualClock
 from redrafter_sim.failures import Fault
@@ -240,6 +242,19 @@ async def settle(cluster: Cluster, seconds: float = 1.0) -> None:
         now = len(cluster.emu.writes(mark))
         if now:
             mark, last = len(cluster.emu.request_log), time.monotonic()
+
+
+def count_calls(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str) -> Callable[[], int]:
+    """Wrap ``owner.name`` (a function or classmethod) to count its calls from now on."""
+    calls = [0]
+    original = getattr(owner, name)
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counting)
+    return lambda: calls[0]
 
 
 async def quiesce(cluster: Cluster, op: Operator, *names_: str) -> None:
@@ -914,7 +929,7 @@ async def test_network_policies_converge_like_every_child(cluster: Cluster, kube
 
 
 async def test_validated_resources_at_rest_cost_only_watches_over_five_minutes(
-    cluster: Cluster, kubeconfig: Path
+    cluster: Cluster, kubeconfig: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Several resources built, validated (the validation Job's pod leaves the verdict a passing `evaluate
     validate` writes) and serving ReDrafter. At rest, five minutes on the operator's clock (a fake one: no
@@ -977,9 +992,15 @@ async def test_validated_resources_at_rest_cost_only_watches_over_five_minutes(
             for s in m.samples
             if s.name.endswith("_total")
         )
+        parses = count_calls(monkeypatch, ReDrafterDeploymentSpec, "model_validate")
+        keys = [count_calls(monkeypatch, m, "engine_key") for m in (observe, engines, cache_refs)]
         for _ in range(300):  # five minutes: 10 resyncs of each resource, 300 policy evaluations of each
             await clock.advance(1.0)
             await until(ctl.idle, what="the operator at rest")
+        # work done once: an unchanged spec is parsed and keyed once, not per reconcile or monitor run
+        assert (parses(), [k() for k in keys]) == (0, [0, 0, 0])
+        retention = ctl.metrics.monitor_runs.labels("RetentionMonitor")._value.get()
+        assert retention >= 5  # every minute, over every resource
         requests = cluster.emu.requests(mark)
         assert [(r.method, r.path) for r in requests if r.kind != "watch"] == [], "at rest: only watches"
         assert cluster.emu.requests(0, method="PATCH", path=r"/status$"), "the log sees the operator's writes"

@@ -110,6 +110,11 @@ class Controller:
             return None
         return self._parsed(key, body)[0]
 
+    def engine_keys_of(self, key: ResourceKey) -> dict[str, str]:
+        """Each variant's engine key, computed once per change of the spec ({} when invalid or unknown)."""
+        body = self.bodies.get(key)
+        return self._parsed(key, body)[2] if body is not None else {}
+
     def _parsed(
         self, key: ResourceKey, body: Mapping[str, Any]
     ) -> tuple[ReDrafterDeploymentSpec | None, list[str], dict[str, str]]:

@@ -38,6 +38,9 @@ class Host(Protocol):
     def spec_of(self, key: ResourceKey) -> ReDrafterDeploymentSpec | None:
         """The resource's parsed spec (parsed once per change of the spec), None when invalid or absent."""
 
+    def engine_keys_of(self, key: ResourceKey) -> Mapping[str, str]:
+        """Each variant's engine key, computed once per change of the spec ({} when invalid or absent)."""
+
     def hand_over(self, key: ResourceKey, report: Any) -> None:
         """A monitor's newest report for ``key`` (one per report type); the reconciler folds it into its
         next plan, and is woken when the report differs from the last one."""

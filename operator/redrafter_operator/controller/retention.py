@@ -189,7 +189,7 @@ class RetentionMonitor:
             for fact in index_entries(host.indexes, "rdd_deployments", k)
             if fact.key
         ]
-        return references_document(bodies, deployments)
+        return references_document(bodies, deployments, {key: host.engine_keys_of(key) for key in host.bodies})
 
     def _collections(
         self, host: Host, ns: str, claim: str

@@ -35,16 +35,20 @@ def spec_cache(body: Mapping[str, Any]) -> tuple[str, str] | None:
     return spec.engine.cache.claim_name, spec.engine.cache.sub_path
 
 
-def resource_references(body: Mapping[str, Any]) -> list[dict[str, str]]:
-    """Every key one ReDrafterDeployment names in its spec or status."""
+def resource_references(body: Mapping[str, Any], keys: Mapping[str, str] | None = None) -> list[dict[str, str]]:
+    """Every key one ReDrafterDeployment names in its spec or status. ``keys``: the spec's engine key per
+    variant when the caller has them (the controller computes them once per change of the spec; empty for an
+    invalid spec), else computed here."""
     meta = body.get("metadata") or {}
     ns, name = meta.get("namespace") or "default", meta.get("name") or "?"
     out: list[dict[str, str] | None] = []
-    try:
-        spec = ReDrafterDeploymentSpec.model_validate(body.get("spec") or {})
-        out += [_ref(engine_key(spec, v), ns, name, f"spec.{v}") for v in VARIANTS]
-    except ValidationError:
-        pass  # an invalid spec builds nothing; its status still counts
+    if keys is None:
+        try:
+            spec = ReDrafterDeploymentSpec.model_validate(body.get("spec") or {})
+            keys = {v: engine_key(spec, v) for v in VARIANTS}
+        except ValidationError:
+            keys = {}  # an invalid spec builds nothing; its status still counts
+    out += [_ref(keys.get(v), ns, name, f"spec.{v}") for v in VARIANTS]
     status = body.get("status") or {}
     engines = status.get("engines") or {}
     out += [_ref((engines.get(v) or {}).get("key"), ns, name, f"status.engines.{v}") for v in VARIANTS]
@@ -72,8 +76,18 @@ def serving_references(deployments: Iterable[Mapping[str, Any]]) -> list[dict[st
     return out
 
 
-def references_document(resources: Iterable[Mapping[str, Any]], deployments: Iterable[Mapping[str, Any]]) -> str:
-    """The JSON the collection reads (sorted, so an unchanged cluster writes an unchanged ConfigMap)."""
-    refs = [r for body in resources for r in resource_references(body)] + serving_references(deployments)
+def references_document(
+    resources: Iterable[Mapping[str, Any]],
+    deployments: Iterable[Mapping[str, Any]],
+    keys: Mapping[tuple[str, str], Mapping[str, str]] | None = None,
+) -> str:
+    """The JSON the collection reads (sorted, so an unchanged cluster writes an unchanged ConfigMap).
+    ``keys``: each resource's engine keys by (namespace, name), when the caller has them."""
+
+    def known(body: Mapping[str, Any]) -> Mapping[str, str] | None:
+        meta = body.get("metadata") or {}
+        return None if keys is None else keys.get((meta.get("namespace") or "default", meta.get("name") or "?"))
+
+    refs = [r for body in resources for r in resource_references(body, known(body))] + serving_references(deployments)
     unique = sorted({tuple(sorted(r.items())) for r in refs})
     return json.dumps({"references": [dict(r) for r in unique]}, indent=1, sort_keys=True)

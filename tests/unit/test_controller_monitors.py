@@ -289,13 +289,18 @@ async def test_no_serving_pod_in_the_index_is_no_data_and_costs_no_request(endpo
     assert host.targets[-1].active == "redrafter"
 
 
-async def test_a_restarted_operator_resumes_from_status_policy(endpoint) -> None:
-    host = FakeHost(body(cooldown="1h"))
-    ev = monitor(endpoint)
+async def collapsed(host: FakeHost, ev: SpeculationMonitor, endpoint: Metrics) -> None:
+    """A baseline at high acceptance, then a collapse: the policy switches to base (failureLimit 1)."""
     endpoint.serve(20, 0.8)
     await host.run(ev)
     endpoint.serve(20, 0.1)
     await host.run(ev, 2)
+
+
+async def test_a_restarted_operator_resumes_from_status_policy(endpoint) -> None:
+    host = FakeHost(body(cooldown="1h"))
+    ev = monitor(endpoint)
+    await collapsed(host, ev, endpoint)
     assert host.status["policy"]["speculation"]["engine"] == "base"
     host.status["activeEngine"] = "base"
     host.pods = [pod("chat-redrafter-canary-0", "redrafter", "base"), pod("chat-base-0", "base", ready=False)]
@@ -323,10 +328,7 @@ async def test_a_report_for_a_replaced_resource_is_not_mixed_with_the_new_one(en
     """Deleted and created again under the same name: the new uid starts from its own status."""
     host = FakeHost(body(cooldown="1h"))
     ev = monitor(endpoint)
-    endpoint.serve(20, 0.8)
-    await host.run(ev)
-    endpoint.serve(20, 0.1)
-    await host.run(ev, 2)
+    await collapsed(host, ev, endpoint)
     assert host.reports[-1].uid == "uid-1" and host.status["policy"]["speculation"]["engine"] == "base"
     replaced = body(cooldown="1h")
     replaced["metadata"]["uid"] = "uid-2"

@@ -358,16 +358,20 @@ class Controller:
         await self.failed_pods.fill_validation(res.namespace, observed)
         self._fill_applied(res.namespace, observed)
         inputs = self.inputs.get(key, Inputs())
-        result = plan(
-            res,
-            observed,
-            now=now_rfc3339(self.clock),
-            renderers=self.renderers,
-            spec=spec,
-            errors=errors,
-            inputs=inputs,
-            engine_keys=keys,
-        )
+
+        def planned() -> Plan:
+            return plan(
+                res,
+                observed,
+                now=now_rfc3339(self.clock),
+                renderers=self.renderers,
+                spec=spec,
+                errors=errors,
+                inputs=inputs,
+                engine_keys=keys,
+            )
+
+        result = planned()
         # Claim builds before the first await: a concurrent reconcile of another resource sharing the
         # cache sees the claim and waits for this Job instead of starting its own.
         for claim_name, path, job in result.claims:
@@ -394,16 +398,7 @@ class Controller:
             # carried its manifest (an apply that changed nothing, e.g. the first one after a restart) or
             # now rolls out a new template. Plan again (pure; the children are the same) for the status.
             self._fill_applied(res.namespace, observed)
-            again = plan(
-                res,
-                observed,
-                now=now_rfc3339(self.clock),
-                renderers=self.renderers,
-                spec=spec,
-                errors=errors,
-                inputs=inputs,
-                engine_keys=keys,
-            )
+            again = planned()
             result.status, result.events = again.status, again.events
         if pool_missing:
             result.status, news = crd_missing(

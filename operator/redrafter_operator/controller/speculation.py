@@ -223,11 +223,15 @@ class SpeculationMonitor:
         plan = ev.plan(spec, current)
         targets = ServingTargets(active=plan.active, replicas=dict(plan.replicas), canary=plan.canary)
         events = self._account(key, spec, ev, previous, serving, current, plan.replicas.get(plan.active, current))
-        fresh = last is None or last.uid != uid or changed(status, fields, now=now)
-        if fresh or last is None or last.condition != cond or last.targets != targets or events:
-            report = SpeculationReport(
-                uid, fields if fresh or last is None else last.fields, cond, targets, tuple(events)
-            )
+        # fields that changed only in timestamps keep the last report's (lastEvaluated: the last real change)
+        if last is not None and last.uid == uid and not changed(status, fields, now=now):
+            fields = last.fields
+        if (
+            last is None
+            or (uid, fields, cond, targets) != (last.uid, last.fields, last.condition, last.targets)
+            or events
+        ):
+            report = SpeculationReport(uid, fields, cond, targets, tuple(events))
             self._reports[key] = report
             host.hand_over(key, report)
         for observer in self.observers:

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from .cache_cmd import add_cache_parser
-from .commands import add_build_parser, add_plan_parser
+from .commands import add_build_parser, add_plan_parser, add_train_parser
 from .serve import add_openai_parser, add_serve_parser
 
 
@@ -15,6 +15,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_plan_parser(sub)
     add_build_parser(sub)
+    add_train_parser(sub)
     add_serve_parser(sub)
     add_openai_parser(sub)
     add_cache_parser(sub)

@@ -12,7 +12,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from . import manifest as facts
 from .cache import (
@@ -236,7 +236,27 @@ def assemble(spec: BuildSpec, settings: Settings, paths: CachePaths, tmp: Path, 
 def build(spec: BuildSpec, settings: Settings, log: Log) -> dict[str, Any]:
     """Publish ``<cache>/<key>/`` (or find it there); returns its manifest."""
     validate_spec(spec)  # before the key becomes a path
-    root = Path(spec.cache_dir)
+    return produce(
+        Path(spec.cache_dir),
+        spec.key,
+        f"engine {spec.key} ({spec.variant})",
+        settings,
+        log,
+        lambda paths, tmp, lock: assemble(spec, settings, paths, tmp, lock, log),
+    )
+
+
+def produce(
+    root: Path,
+    key: str,
+    what: str,
+    settings: Settings,
+    log: Log,
+    assemble: Callable[[CachePaths, Path, KeyLock], dict[str, Any]],
+) -> dict[str, Any]:
+    """The cache's one way to make an artifact (an engine, a trained drafter): find ``<root>/<key>/`` complete,
+    or take the key's lock (waiting for a live owner), ``assemble`` it into a temp directory with the manifest
+    written last, and publish it atomically. Returns its manifest."""
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -244,13 +264,12 @@ def build(spec: BuildSpec, settings: Settings, log: Log) -> dict[str, Any]:
             ExitCode.OUT_OF_DISK if exc.errno == errno.ENOSPC else ExitCode.SOURCE_UNAVAILABLE,
             f"cache directory {root} is not usable: {exc.strerror}",
         ) from None
-    paths = CachePaths(root, spec.key)
-    log(f"engine {spec.key} ({spec.variant}) -> {paths.final}")
+    paths = CachePaths(root, key)
+    log(f"{what} -> {paths.final}")
     hit = read_manifest(paths)
     if hit is not None:
-        log(
-            f"cache hit: {paths.final} is complete (built {hit.get('builder', {}).get('built_at', '?')}); nothing to do"
-        )
+        built = hit.get("builder", {}).get("built_at", "?")
+        log(f"cache hit: {paths.final} is complete (built {built}); nothing to do")
         return hit
     lock = KeyLock(
         paths.lock,
@@ -277,7 +296,7 @@ def build(spec: BuildSpec, settings: Settings, log: Log) -> dict[str, Any]:
         remove_partials(paths, log)
         tmp.mkdir()
         try:
-            manifest = assemble(spec, settings, paths, tmp, lock, log)
+            manifest = assemble(paths, tmp, lock)
         except OSError as exc:
             if exc.errno != errno.ENOSPC:
                 raise
@@ -285,12 +304,10 @@ def build(spec: BuildSpec, settings: Settings, log: Log) -> dict[str, Any]:
                 ExitCode.OUT_OF_DISK, f"the cache volume filled up while assembling {tmp.name}: {exc.strerror}"
             ) from None
         if lock.lost.is_set():
-            raise BuildError(ExitCode.LOCK_TIMEOUT, "another builder took over this engine's lock; not publishing")
+            raise BuildError(ExitCode.LOCK_TIMEOUT, f"another builder took over the lock of {key}; not publishing")
         publish(tmp, paths.final)
-        log(
-            f"published {paths.final} ({human_bytes(manifest['sizes']['artifact_bytes'])}) "
-            f"in {format_seconds(log.elapsed())}"
-        )
+        size = (manifest.get("sizes") or {}).get("artifact_bytes") or tree_size(paths.final)
+        log(f"published {paths.final} ({human_bytes(size)}) in {format_seconds(log.elapsed())}")
         return manifest
     finally:
         if tmp.exists():

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .cache_gc import Retention, collect, parse_duration
-from .cache_index import Engine, Partial, find_partials, load_references, scan
+from .cache_index import Engine, Partial, cache_roots, find_partials, load_references, scan
 from .contract import CACHE_MOUNT
 from .errors import (
     TERMINATION_MESSAGE_LIMIT,
@@ -190,8 +190,12 @@ def cmd_ls(args: argparse.Namespace) -> int:
         if not root.is_dir():
             raise BuildError(ExitCode.SOURCE_UNAVAILABLE, f"cache directory {root} does not exist")
         refs = load_references(args.references) if args.references else []
-        engines = scan(root, refs, stale_seconds=settings.lock_stale_seconds)
-        partials = find_partials(root, stale_seconds=settings.lock_stale_seconds, log=Log(stream=sys.stderr))
+        engines, partials = [], []
+        for where in cache_roots(root):  # the engines, then the trained drafters (variant "drafter")
+            engines += scan(where, refs, stale_seconds=settings.lock_stale_seconds)
+            for p in find_partials(where, stale_seconds=settings.lock_stale_seconds, log=Log(stream=sys.stderr)):
+                p.entry = str(where.relative_to(root) / p.entry) if where != root else p.entry
+                partials.append(p)
     except BuildError as exc:
         return _fail(exc)
     except ValueError as exc:  # a malformed setting

@@ -31,6 +31,7 @@ from .cache_index import (
     Engine,
     Partial,
     Reference,
+    cache_roots,
     find_partials,
     iso,
     load_references,
@@ -324,11 +325,35 @@ def collect(
     log: Log,
     now: float | None = None,
 ) -> Report:
-    """Plan by retention over the live cache, then remove each candidate under the rules above."""
+    """Plan by retention over the live cache (engines, then trained drafters), then remove each candidate under
+    the rules above. Drafters follow the same rules: the operator lists the drafter keys its resources name."""
     now = time.time() if now is None else now
-    report = Report(dry_run=dry_run)
     if not root.is_dir():
         raise bad_input(f"cache directory {root} does not exist")
+    report = Report(dry_run=dry_run)
+    for where in cache_roots(root):
+        one = collect_root(
+            where, references_path, retention, stale_seconds=stale_seconds, dry_run=dry_run, log=log, now=now
+        )
+        report.removed += one.removed
+        report.skipped += one.skipped
+        report.kept += one.kept
+        report.cache_bytes += one.cache_bytes
+    return report
+
+
+def collect_root(
+    root: Path,
+    references_path: str,
+    retention: Retention,
+    *,
+    stale_seconds: float,
+    dry_run: bool,
+    log: Log,
+    now: float,
+) -> Report:
+    """One directory of artifacts: its trash, its partial builds, its complete artifacts by retention."""
+    report = Report(dry_run=dry_run)
     if not dry_run:
         finish_trash(root, report, log)
     collect_partials(root, report, stale_seconds=stale_seconds, dry_run=dry_run, log=log)

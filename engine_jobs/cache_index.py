@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .cache import TMP_PREFIX, CachePaths, KeyLock, read_manifest, tmp_key_candidates, write_json_atomic
-from .contract import LOCK_FILE, MANIFEST_FILE
+from .contract import DRAFTERS_DIR, LOCK_FILE, MANIFEST_FILE
 from .errors import bad_input
 from .manifest import UNKNOWN
 from .plan import KEY_PATTERN
@@ -192,6 +192,18 @@ def _describe_manifest(engine: Engine, manifest: dict[str, Any]) -> None:
     engine.built_at = builder.get("built_at") if isinstance(builder.get("built_at"), str) else None
 
 
+def cache_roots(root: Path) -> list[Path]:
+    """The directories holding content-addressed artifacts: the engines at the root, trained drafters under
+    ``drafters/`` (the same layout, locks and partials, one level down)."""
+    drafters = root / DRAFTERS_DIR
+    return [root, drafters] if drafters.is_dir() and not drafters.is_symlink() else [root]
+
+
+def _reserved(root: Path, entry: Path) -> bool:
+    """The drafters' directory at the cache root: no engine and no partial build."""
+    return entry.name == DRAFTERS_DIR and entry.parent == root and not (entry / MANIFEST_FILE).exists()
+
+
 def scan(
     root: Path, references: list[Reference], *, stale_seconds: float, first_seen: str | None = None
 ) -> list[Engine]:
@@ -251,6 +263,7 @@ def find_partials(root: Path, *, stale_seconds: float, log: Log | None = None) -
         elif (
             entry.is_dir()
             and not entry.is_symlink()
+            and not _reserved(root, entry)
             and KEY_PATTERN.fullmatch(entry.name)
             and not entry.name.endswith(LOCK_FILE)
             and not (entry / MANIFEST_FILE).is_file()

@@ -15,12 +15,13 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from .contract import BUILD_SPEC_FILE, CONFIG_MOUNT, ENGINE_DIR, BuildResult
+from .contract import BUILD_SPEC_FILE, CONFIG_MOUNT, ENGINE_DIR, TRAIN_SPEC_FILE, BuildResult, TrainingResult
 from .errors import BuildError, ExitCode, bad_input, format_termination_message, write_termination_message
 from .progress import Log
 from .settings import Settings, describe
 
 DEFAULT_SPEC = f"{CONFIG_MOUNT}/{BUILD_SPEC_FILE}"
+DEFAULT_TRAIN_SPEC = f"{CONFIG_MOUNT}/{TRAIN_SPEC_FILE}"
 
 
 def _spec_arguments(p: argparse.ArgumentParser) -> None:
@@ -47,6 +48,19 @@ def add_plan_parser(sub: Any) -> None:
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_plan)
+
+
+def add_train_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "train",
+        help="train (or find in the cache) the ReDrafter drafter of a training spec",
+        description="Run the drafter training Job.\n\nSettings:\n" + describe(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("spec_path", nargs="?", metavar="SPEC", help=f"training spec JSON (default {DEFAULT_TRAIN_SPEC})")
+    p.add_argument("--spec", dest="spec_flag", metavar="SPEC", help="same as the positional SPEC")
+    p.add_argument("--termination-log", help="termination-message file (default REDRAFTER_TERMINATION_LOG)")
+    p.set_defaults(func=cmd_train)
 
 
 def add_build_parser(sub: Any) -> None:
@@ -160,26 +174,54 @@ def _terminate(signum: int, _frame: Any) -> None:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from .build import build, load_spec
+    def run(settings: Settings, log: Log) -> str:
+        from .build import build, load_spec
 
-    log = Log()
-    termination_log = args.termination_log
-    signal.signal(signal.SIGTERM, _terminate)
-    try:
-        settings = Settings.from_env()
-        termination_log = termination_log or settings.termination_log
         spec = load_spec(_spec_path(args))
         manifest = build(spec, settings, log)
         result = BuildResult(
             size_bytes=int((manifest.get("sizes") or {}).get("artifact_bytes") or 0),
             built_at=(manifest.get("builder") or {}).get("built_at"),
         )
-        write_termination_message(
-            termination_log,
-            result.message(
-                f"OK: engine {manifest['key']} ({manifest['variant']}) is complete at {spec.cache_dir}/{manifest['key']}"
-            ),
+        return result.message(
+            f"OK: engine {manifest['key']} ({manifest['variant']}) is complete at {spec.cache_dir}/{manifest['key']}"
         )
+
+    return _run_job(args, run)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    def run(settings: Settings, log: Log) -> str:
+        from .train import load_train_spec, train
+
+        spec = load_train_spec(args.spec_flag or args.spec_path or DEFAULT_TRAIN_SPEC)
+        manifest = train(spec, settings, log)
+        evaluation = manifest.get("evaluation") or {}
+        result = TrainingResult.model_validate(
+            {
+                **{k: evaluation.get(k) for k in ("heldOutAcceptance", "untrainedAcceptance", "tokensPerStep", "loss")},
+                "steps": int(evaluation.get("steps") or 0),
+                "sizeBytes": int((manifest.get("sizes") or {}).get("artifact_bytes") or 0),
+                "trainedAt": (manifest.get("builder") or {}).get("built_at"),
+            }
+        )
+        return result.message(
+            f"OK: drafter {manifest['key']} is complete at {spec.cache_dir}/drafters/{manifest['key']}"
+        )
+
+    return _run_job(args, run)
+
+
+def _run_job(args: argparse.Namespace, run: Any) -> int:
+    """A Job's common ending: the termination message (``OK: ...`` and its result, or the failure's code and
+    reason with the output tail) and the exit code."""
+    log = Log()
+    termination_log = args.termination_log
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        settings = Settings.from_env()
+        termination_log = termination_log or settings.termination_log
+        write_termination_message(termination_log, run(settings, log))
         return 0
     except BuildError as exc:
         code, reason, detail = exc.code, exc.reason, exc.detail

@@ -130,6 +130,91 @@ class BuildSpec(_Strict):
     cache_dir: str = CACHE_MOUNT
 
 
+# ---- drafter training (the drafter for the ``redrafter`` variant, trained from the base model) ----
+#: where trained drafters live inside the cache claim's sub-path: <cache>/drafters/<drafter-key>/
+DRAFTERS_DIR = "drafters"
+TRAIN_SPEC_FILE = "train.json"
+#: what a trained drafter directory holds, besides MANIFEST_FILE (written last)
+DRAFTER_CONFIG_FILE = "config.json"  # what convert_checkpoint.py --drafter_model_dir reads
+DRAFTER_WEIGHTS_FILE = "model.safetensors"
+DRAFTER_CURVES_FILE = "curves.json"  # the training curve: loss per step
+DRAFTER_EVALUATION_FILE = "evaluation.json"  # held-out acceptance of the trained and the untrained head
+#: the training pod serves its progress (TrainingProgress as JSON) here; the operator reads it
+TRAINING_PROGRESS_PORT = 8080
+TRAINING_PROGRESS_PATH = "/progress"
+
+
+class DrafterRecipe(_Strict):
+    """The ReDrafter training recipe (arXiv 2403.09919, self-distillation); every field changes the result."""
+
+    draft_len: int = Field(default=5, ge=1, le=16, description="tokens drafted after the guaranteed one")
+    rnn: bool = True
+    layers: int = Field(default=2, ge=1, le=8, description="residual blocks of the head (num_draft_layers)")
+    exit_dim: int | None = Field(default=None, ge=8, description="None: 2 x the base's hidden_size")
+    epochs: int = Field(default=2, ge=1, le=100)
+    learning_rate: float = Field(default=1e-3, gt=0, le=1)
+    batch_size: int = Field(default=8, ge=1, le=4096)
+    max_steps: int | None = Field(default=None, ge=1, description="stop after this many optimizer steps")
+    response_len: int = Field(default=256, ge=8, le=8192, description="tokens the base generates per prompt")
+    held_out_fraction: float = Field(default=0.05, ge=0, lt=1)
+    eval_beams: int = Field(default=5, ge=1, le=16)
+    seed: int = 0
+
+
+class TrainSpec(_Strict):
+    """Everything one training Job needs to produce ``<cache>/drafters/<key>/``."""
+
+    contract_version: int = CONTRACT_VERSION
+    key: str = Field(description="content hash of every training input (the drafter directory name)")
+    inputs: dict = Field(description="the exact inputs that were hashed into key (recorded in the manifest)")
+    base: SourceRef
+    dataset: SourceRef
+    column: str = Field(default="text", description="the prompt field of each JSONL record or dataset row")
+    samples: int = Field(ge=1, description="prompts used (the first N of the dataset)")
+    recipe: DrafterRecipe = DrafterRecipe()
+    gpus: int = Field(default=1, ge=0, description="data-parallel ranks (torchrun) when more than 1")
+    cache_dir: str = CACHE_MOUNT
+
+
+class TrainingProgress(BaseModel):
+    """What a running training pod serves at TRAINING_PROGRESS_PATH (the operator copies it into
+    ``status.drafter``)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, alias_generator=to_camel, populate_by_name=True)
+
+    phase: Literal["fetching", "distilling", "training", "evaluating", "publishing"] = "fetching"
+    step: int = Field(default=0, ge=0)
+    total_steps: int = Field(default=0, ge=0)
+    loss: float | None = None
+
+
+class TrainingResult(BaseModel):
+    """What a successful training reports on the second line of its termination message, from its manifest."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, alias_generator=to_camel, populate_by_name=True)
+
+    steps: int = Field(ge=0)
+    loss: float | None = None
+    held_out_acceptance: float | None = Field(default=None, description="accepted / drafted tokens, held out")
+    untrained_acceptance: float | None = Field(default=None, description="the same, for an untrained head")
+    tokens_per_step: float | None = None
+    size_bytes: int = Field(default=0, ge=0)
+    trained_at: str | None = None
+
+    def message(self, first_line: str) -> str:
+        return f"{first_line}\n{self.model_dump_json(by_alias=True)}"
+
+    @classmethod
+    def from_message(cls, message: str) -> TrainingResult | None:
+        lines = message.strip().splitlines()
+        if len(lines) < 2 or not lines[0].startswith("OK:"):
+            return None
+        try:
+            return cls.model_validate_json(lines[1])
+        except ValueError:
+            return None
+
+
 class TritonParams(_Strict):
     #: in-flight batching only: the TensorRT-LLM 1.0 executor does not run static batching ("v1")
     batching_strategy: Literal["inflight_fused_batching"] = "inflight_fused_batching"

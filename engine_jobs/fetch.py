@@ -30,6 +30,7 @@ SCHEMES = ("hf", "pvc", "s3")
 HF_IGNORE = ["original/*", "*.pth", "*.gguf", "*.h5", "*.msgpack", "*.onnx", "*.ot", "*.tflite"]
 #: what pre/post-processing needs from a tokenizer repository
 TOKENIZER_PATTERNS = ["*.json", "*.model", "*.txt", "*.tiktoken"]
+DATASET_PATTERNS = ["*.jsonl", "*.json", "*.parquet", "**/*.jsonl", "**/*.json", "**/*.parquet"]
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ def fetch_pvc(role: str, ref: SourceRef, uri: ParsedUri, sources_mount: str, log
         raise BuildError(
             ExitCode.SOURCE_UNAVAILABLE, f"{role} source {ref.uri}: claim {uri.authority} is not mounted at {mount}"
         )
-    if not local.is_dir():
+    if not (local.is_dir() or (role == "dataset" and local.is_file())):  # a dataset may be one JSONL file
         raise BuildError(
             ExitCode.SOURCE_UNAVAILABLE,
             f"{role} source {ref.uri}: path {uri.path or '/'} does not exist in claim {uri.authority}",
@@ -116,6 +117,8 @@ def fetch_hf(role: str, ref: SourceRef, uri: ParsedUri, download_dir: str | None
     patterns: dict[str, Any] = {"ignore_patterns": HF_IGNORE}
     if role == "tokenizer":
         patterns = {"allow_patterns": TOKENIZER_PATTERNS}
+    elif role == "dataset":  # a dataset repository on the Hub, not a model
+        patterns = {"allow_patterns": DATASET_PATTERNS, "repo_type": "dataset"}
     log(f"fetch {role}: downloading {repo_id}@{revision} from the Hugging Face Hub{' (with token)' if token else ''}")
     try:
         path = snapshot_download(repo_id, revision=revision, cache_dir=download_dir, token=token or False, **patterns)

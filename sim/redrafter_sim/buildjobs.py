@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from engine_jobs import contract
-from engine_jobs.contract import BuildSpec, SourceRef
+from engine_jobs.contract import BuildSpec, SourceRef, TrainSpec
 
 from . import objects, podfailurepolicy
 from .checkpoint import write_base, write_drafter, write_tokenizer
@@ -45,12 +45,13 @@ log = logging.getLogger("redrafter.sim.jobs")
 TOOLCHAIN_DIR = Path(__file__).resolve().parent / "toolchain"
 
 COMPONENT_LABEL = "app.kubernetes.io/component"
-JOB_COMPONENTS = ("engine-build", "validation", "engine-cache")
+JOB_COMPONENTS = ("engine-build", "drafter-training", "validation", "engine-cache")
 SERVICE_ADDRESS = re.compile(
     r"\b([a-z0-9]([-a-z0-9]*[a-z0-9])?)\.([a-z0-9]([-a-z0-9]*[a-z0-9])?)\.svc(\.cluster\.local)?:(\d+)\b"
 )
 TERMINATION_MESSAGE_LIMIT = 4096
 LOG_TAIL_LINES = 80
+DATASET_PROMPTS = 64  # prompts a provisioned dataset holds
 POD_CREATE_RETRY_SECONDS = 1.0
 
 
@@ -104,10 +105,31 @@ def provision_source(fs: HostFS, ref: SourceRef | None, role: str) -> None:
     target = fs.claim_dir(claim) / sub if sub else fs.claim_dir(claim)
     if role == "base" and not (target / "config.json").exists():
         write_base(target)
+    elif role == "trainable-base" and not (target / "config.json").exists():  # training loads the weights
+        from .tiny_llama import write_tiny_llama
+
+        write_tiny_llama(target)
+    elif role == "dataset" and not target.exists():
+        from .tiny_llama import write_prompts_jsonl
+
+        write_prompts_jsonl(target if target.suffix == ".jsonl" else target / "prompts.jsonl", DATASET_PROMPTS)
     elif role == "drafter" and not (target / "config.json").exists():
         write_drafter(target)
     elif role == "tokenizer" and not (target / "tokenizer.json").exists():
         write_tokenizer(target)
+
+
+def localize_train_spec(text: str, pod: PodRoot) -> str:
+    """train.json with this machine's paths (as :func:`localize_build_spec`)."""
+    spec = TrainSpec.model_validate_json(text)
+
+    def ref(r: SourceRef) -> SourceRef:
+        return r.model_copy(update={"credentials_dir": pod.to_host(r.credentials_dir)}) if r.credentials_dir else r
+
+    local = spec.model_copy(
+        update={"cache_dir": pod.to_host(spec.cache_dir), "base": ref(spec.base), "dataset": ref(spec.dataset)}
+    )
+    return local.model_dump_json(indent=2)
 
 
 def localize_build_spec(text: str, pod: PodRoot) -> str:
@@ -279,34 +301,35 @@ class JobRunner:
         container = manifest["spec"]["containers"][0]
         image = container.get("image", "")
         started = objects.now()
+        ip = objects.pod_ip(f"{ns}/{pod_name}")  # on loopback: a training pod serves its progress there
         root = self.fs.pod_root(ns, pod_name)
         inits: list[dict[str, Any]] = []  # initContainerStatuses: each runs to completion first, in order
         try:
             async with self._slots:
                 for init in manifest["spec"].get("initContainers") or []:
-                    argv, env, identity = await self._prepare(ns, manifest, init, root)
+                    argv, env, identity = await self._prepare(ns, manifest, init, root, ip)
                     code, message = await self._execute(argv, env, root, identity)
                     inits.append(
-                        objects.terminated_status(
-                            init["name"], objects.HOST_IP, started, code, message, init.get("image", "")
-                        )["containerStatuses"][0]
+                        objects.terminated_status(init["name"], ip, started, code, message, init.get("image", ""))[
+                            "containerStatuses"
+                        ][0]
                     )
                     if code != 0:  # the pod fails with its init container; the main container never starts
                         break
                 else:
-                    argv, env, identity = await self._prepare(ns, manifest, container, root)
+                    argv, env, identity = await self._prepare(ns, manifest, container, root, ip)
                     await self._pod_status(
                         ns,
                         pod_name,
                         {
-                            **objects.running_status(container["name"], objects.HOST_IP, started, True, 0, image),
+                            **objects.running_status(container["name"], ip, started, True, 0, image),
                             **({"initContainerStatuses": inits} if inits else {}),
                         },
                     )
                     code, message = await self._execute(argv, env, root, identity)
         except (OSError, ValueError) as exc:  # a volume or ConfigMap the pod cannot start with
             code, message = 128, f"CreateContainerConfigError: {exc}"
-        status = objects.terminated_status(container["name"], objects.HOST_IP, started, code, message, image)
+        status = objects.terminated_status(container["name"], ip, started, code, message, image)
         if inits:
             status["initContainerStatuses"] = inits
             if inits[-1]["state"]["terminated"]["exitCode"] != 0:  # the main container never ran
@@ -336,7 +359,7 @@ class JobRunner:
             await asyncio.sleep(POD_CREATE_RETRY_SECONDS)
 
     async def _prepare(
-        self, ns: str, manifest: dict[str, Any], container: dict[str, Any], root: PodRoot
+        self, ns: str, manifest: dict[str, Any], container: dict[str, Any], root: PodRoot, ip: str
     ) -> tuple[list[str], dict[str, str], Identity]:
         pod_spec = manifest["spec"]
         configmaps: dict[str, dict[str, str]] = {}
@@ -351,6 +374,11 @@ class JobRunner:
                 provision_source(self.fs, spec.drafter, "drafter")
                 provision_source(self.fs, spec.tokenizer, "tokenizer")
                 data[contract.BUILD_SPEC_FILE] = localize_build_spec(data[contract.BUILD_SPEC_FILE], root)
+            if contract.TRAIN_SPEC_FILE in data:
+                train = TrainSpec.model_validate_json(data[contract.TRAIN_SPEC_FILE])
+                provision_source(self.fs, train.base, "trainable-base")
+                provision_source(self.fs, train.dataset, "dataset")
+                data[contract.TRAIN_SPEC_FILE] = localize_train_spec(data[contract.TRAIN_SPEC_FILE], root)
             configmaps[cm_name] = data
         secrets: dict[str, dict[str, bytes]] = {}
         for secret_name in secret_names(pod_spec):
@@ -366,6 +394,8 @@ class JobRunner:
                 env[item["name"]] = root.translate(item["value"])
             elif (item.get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath") == "metadata.name":
                 env[item["name"]] = manifest["metadata"]["name"]
+            elif (item.get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath") == "status.podIP":
+                env[item["name"]] = ip
         env.update(toolchain_env(self.toolchain))
         env["REDRAFTER_SOURCES_MOUNT"] = root.to_host(contract.SOURCES_MOUNT)
         # each container has its own termination-message file, as each has its own /dev/termination-log

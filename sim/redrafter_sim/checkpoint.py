@@ -86,12 +86,35 @@ def write_base(directory: Path, vocab_size: int = VOCAB_SIZE) -> Path:
     return directory
 
 
-def write_drafter(directory: Path) -> Path:
+def write_drafter(directory: Path, vocab_size: int = VOCAB_SIZE) -> Path:
+    """A drafter head for the 64-wide base, with the tensor names and shapes TensorRT-LLM's converter reads
+    (zeros: the simulated engine never runs it)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    hidden, exit_dim, layers = 64, 128, 2
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(
-        json.dumps({"hidden_size": 64, "exit_dim": 128, "num_draft_layers": 2, "rnn": True}, indent=2)
+        json.dumps(
+            {
+                "hidden_size": hidden,
+                "exit_dim": exit_dim,
+                "num_draft_layers": layers,
+                "rnn": True,
+                "vocab_size": vocab_size,
+            },
+            indent=2,
+        )
     )
-    (directory / "model.safetensors").write_bytes(b"\0" * 2048)
+    tensors = {
+        **{f"lm_head.{i}.linear.weight": np.zeros((exit_dim, exit_dim), np.float32) for i in range(layers)},
+        **{f"lm_head.{i}.linear.bias": np.zeros((exit_dim,), np.float32) for i in range(layers)},
+        f"lm_head.{layers}.weight": np.zeros((vocab_size, exit_dim), np.float32),
+        "rnn_u.weight": np.zeros((hidden, hidden), np.float32),
+        "rnn_u.bias": np.zeros((hidden,), np.float32),
+        "rnn_w.weight": np.zeros((hidden, hidden), np.float32),
+    }
+    save_file(tensors, str(directory / "model.safetensors"))
     return directory
 
 

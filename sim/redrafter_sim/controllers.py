@@ -22,7 +22,7 @@ from .apiserver import ApiError, ApiServerEmulator
 from .cronjobs import CronJobController
 from .endpoints import endpoints_for
 from .failures import POD_CAUSES, Fault, pod_status, progress_deadline_exceeded, replica_failure
-from .objects import condition_true, failed_create_event, replica_failure_condition
+from .objects import condition_true, failed_create_event, pod_ip, replica_failure_condition
 
 JOB_NAME_LABELS = ("job-name", "batch.kubernetes.io/job-name")
 JOB_UID_LABELS = ("controller-uid", "batch.kubernetes.io/controller-uid")
@@ -75,13 +75,6 @@ def _keep_transitions(old: list[dict[str, Any]] | None, new: list[dict[str, Any]
 def template_hash(template: dict[str, Any]) -> str:
     """A stable short hash of a pod template (what the Deployment controller puts on its Pods)."""
     return hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
-
-
-def pod_ip(uid: str) -> str:
-    """A deterministic address in 127.244.0.0/16 for a Pod uid: on loopback, so an operator that scrapes a Pod
-    nobody serves is refused at once on this machine (a cluster's 10.244.0.0/16 could reach a real network)."""
-    digest = hashlib.sha256(uid.encode()).digest()
-    return f"127.244.{digest[0]}.{max(digest[1], 1)}"
 
 
 # ----------------------------------------------------------------------------- Jobs

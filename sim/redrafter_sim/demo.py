@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import copy
 import json
 import logging
 import os
@@ -32,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from engine_jobs.contract import ACCEPTANCE_HEADER, METRICS_PORT, OPENAI_PORT
+from engine_jobs.contract import ACCEPTANCE_HEADER, METRICS_PORT, OPENAI_PORT, SourceRef
 from redrafter_operator.api import API_VERSION, KIND, PLURAL
 from redrafter_operator.api.crd import crd_yaml
 from redrafter_operator.evaluate.prompts import Prompt
@@ -40,6 +41,7 @@ from redrafter_operator.evaluate.stream import RequestOptions
 from redrafter_operator.render import names
 
 from . import admission_podsecurity as podsecurity
+from .buildjobs import provision_source
 from .cronjobs import CronJobController, run_cronjob_controller
 from .engine import SimEngineSettings
 from .kubeapi import EVENTS, PODS, Kind, KubeApi
@@ -57,6 +59,7 @@ from .scenarios import (
     describe,
     load_scenario,
     lookup,
+    with_training,
 )
 from .server import EmulatorThread, write_kubeconfig
 from .traffic import RoutedLoadGenerator, TrafficStats
@@ -92,6 +95,23 @@ class DemoOptions:
     summary_json: Path | None = None
     keep_temp: bool = False
     prometheus: bool = False
+    train: bool = False
+
+
+#: what ``demo --train`` trains the drafter on: prompts the node writes in the tiny model's words, and a recipe
+#: sized for this CPU (the API's defaults are the paper's, for GPUs)
+DEMO_TRAINING: dict[str, Any] = {
+    "dataset": {"source": "pvc://datasets/prompts.jsonl"},
+    "samples": 48,
+    "recipe": {"responseLen": 32, "epochs": 1, "maxSteps": 60, "batchSize": 8},
+}
+
+
+def with_drafter_training(resource: dict[str, Any]) -> dict[str, Any]:
+    """The resource with only its base model: the operator trains the drafter (``demo --train``)."""
+    out = copy.deepcopy(resource)
+    out["spec"]["model"]["drafter"] = {"train": copy.deepcopy(DEMO_TRAINING)}
+    return out
 
 
 # ---------------------------------------------------------------------------- processes
@@ -213,6 +233,8 @@ class DemoRun:
         self.operator: OperatorProcess | None = None
         self.prometheus: PrometheusServer | None = None
         self.events: list[dict[str, Any]] = []
+        #: status.drafter as it changed while the demo watched (``--train``): its progress, then its result
+        self.drafter_seen: list[dict[str, Any]] = []
         self.chat: dict[str, Any] = {"error": "not attempted"}
 
     def elapsed(self) -> float:
@@ -259,6 +281,9 @@ class DemoRun:
                 self.api, self.node = api, node
                 if metrics_port is not None:
                     prometheus_task = asyncio.create_task(self._prometheus(api, metrics_port), name="prometheus")
+                if self.opts.train:  # training loads the base's weights: a real (tiny, random) Llama
+                    base = SourceRef(uri=self.resource["spec"]["model"]["base"]["source"])
+                    await asyncio.to_thread(provision_source, node.fs, base, "trainable-base")
                 first = self.scenario.stages[0]
                 if first.acceptance is not None:
                     node.set_engine(self.namespace, self.name, "redrafter", acceptance_rate=first.acceptance)
@@ -393,6 +418,11 @@ class DemoRun:
         assert self.api is not None
         with contextlib.suppress(Exception):
             self.obj = await self.api.get(RDD, self.name, self.namespace)
+        drafter = ((self.obj or {}).get("status") or {}).get("drafter")
+        if drafter:
+            seen = {k: drafter.get(k) for k in ("state", "phase", "step", "totalSteps", "loss", "heldOutAcceptance")}
+            if not self.drafter_seen or self.drafter_seen[-1] != seen:
+                self.drafter_seen.append(seen)
         self.view.update()
 
     async def _events(self) -> list[dict[str, Any]]:
@@ -468,8 +498,18 @@ class DemoRun:
             "events": self.events,
             "final_status": {
                 k: status.get(k)
-                for k in ("phase", "activeEngine", "serving", "speculation", "engines", "validation", "conditions")
+                for k in (
+                    "phase",
+                    "activeEngine",
+                    "serving",
+                    "speculation",
+                    "engines",
+                    "drafter",
+                    "validation",
+                    "conditions",
+                )
             },
+            "drafter_progress": self.drafter_seen,
             "openai_chat": self.chat,
             "traffic": {
                 "requests": self.stats.total_requests,
@@ -498,6 +538,8 @@ async def run_demo(opts: DemoOptions) -> int:
     if opts.fast:
         scenario = scenario.scaled(FAST_FACTOR)
     resource = load_resource(opts.manifest)
+    if opts.train:
+        scenario, resource = with_training(scenario), with_drafter_training(resource)
     tmp = Path(tempfile.mkdtemp(prefix="redrafter-demo-"))
     logging.basicConfig(
         filename=tmp / "demo.log",
@@ -541,6 +583,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         summary_json=Path(args.summary_json) if args.summary_json else None,
         keep_temp=args.keep_temp,
         prometheus=args.prometheus,
+        train=args.train,
     )
     try:
         load_scenario(opts.scenario)
@@ -571,6 +614,12 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
         + "; or a YAML file of stages (see sim/redrafter_sim/scenarios.py)",
     )
     p.add_argument("--fast", action="store_true", help=f"shorten every stage's minimum duration x{FAST_FACTOR}")
+    p.add_argument(
+        "--train",
+        action="store_true",
+        help="start from the base model only: the operator trains the drafter first (a real tiny Llama, "
+        "trained on this CPU; see docs/drafter.md)",
+    )
     p.add_argument("--summary-json", metavar="PATH", help="also write the summary as JSON")
     p.add_argument("--keep-temp", action="store_true", help="keep the temp dir (logs, engine cache) for debugging")
     p.add_argument(

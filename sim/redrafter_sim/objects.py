@@ -191,3 +191,10 @@ def replica_failure_condition(message: str) -> dict[str, Any]:
         "lastUpdateTime": t,
         "lastTransitionTime": t,
     }
+
+
+def pod_ip(uid: str) -> str:
+    """A deterministic address in 127.244.0.0/16 for a Pod uid: on loopback, so an operator that scrapes a Pod
+    nobody serves is refused at once on this machine (a cluster's 10.244.0.0/16 could reach a real network)."""
+    digest = hashlib.sha256(uid.encode()).digest()
+    return f"127.244.{digest[0]}.{max(digest[1], 1)}"

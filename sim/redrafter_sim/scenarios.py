@@ -217,6 +217,22 @@ LOAD_FALL = Stage(
     expect="scaled down after the scale-down stabilization window",
 )
 
+TRAIN = Stage(
+    "train",
+    "only a base model: the operator trains the drafter (the real recipe, on this CPU)",
+    concurrency=0,
+    until=(Condition("status.drafter.state", "==", "Ready"), Condition("status.drafter.heldOutAcceptance", ">", 0)),
+    timeout_s=300,
+    expect="a training Job self-distils the base model while the base engine builds; status.drafter shows its "
+    "steps and loss, then the held-out acceptance of the trained head",
+)
+
+
+def with_training(scenario: Scenario) -> Scenario:
+    """``demo --train``: the scenario, after a stage in which the operator trains the drafter."""
+    return replace(scenario, name=f"{scenario.name}+train", stages=(TRAIN, *scenario.stages))
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (

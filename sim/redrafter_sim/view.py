@@ -101,6 +101,7 @@ class DemoView:
             "concurrency": str(gen.concurrency if gen else 0),
             "decision": f"{spec.get('decision') or '-'}: {spec.get('reason') or ''}".strip(),
             "pods": ", ".join(f"{p.split('-')[-1]}={n}" for p, n in sorted(window["by_pod"].items())) or "-",
+            "drafter": drafter_line(lookup(obj, "status.drafter")),
         }
 
     def plain_line(self) -> str:
@@ -110,6 +111,7 @@ class DemoView:
             f"[{self.run.elapsed():6.1f}s] {stage:<10} phase={f['phase']} engine={f['engine']} "
             f"replicas={f['replicas']} acceptance={f['acceptance']} tok/s={f['tokens_s']} "
             f"conc={f['concurrency']} decision={f['decision'][:90]}"
+            + (f" drafter={f['drafter']}" if f["drafter"] else "")
         )
 
     def render(self) -> Group:
@@ -155,8 +157,28 @@ class DemoView:
             stages,
             live,
             Text(f"requests by pod (last 4 s): {f['pods']}", style="dim"),
+            *([Text(f"drafter: {f['drafter']}")] if f["drafter"] else []),
             Text("\n".join(self._notes), style="dim"),
         )
+
+
+def drafter_line(drafter: Any) -> str:
+    """status.drafter in one line: its state, the training's progress, then what the trained head accepts."""
+    if not isinstance(drafter, dict):
+        return ""
+    parts = [str(drafter.get("state", "-"))]
+    if drafter.get("phase") and drafter.get("state") == "Training":
+        parts.append(str(drafter["phase"]))
+    if drafter.get("step") is not None:
+        parts.append(f"step {drafter['step']}/{drafter.get('totalSteps', '?')}")
+    if drafter.get("loss") is not None:
+        parts.append(f"loss {_num(drafter['loss'])}")
+    if drafter.get("heldOutAcceptance") is not None:
+        parts.append(
+            f"held-out acceptance {_num(drafter['heldOutAcceptance'])} "
+            f"(untrained {_num(drafter.get('untrainedAcceptance'))})"
+        )
+    return ", ".join(parts)
 
 
 def describe_chat(chat: dict[str, Any]) -> str:

@@ -105,6 +105,7 @@ def test_crd_is_a_valid_crd(committed_crd):
     assert [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")] == [
         "Phase",
         "Engine",
+        "Drafter",
         "Ready",
         "Reason",
         "Acceptance",

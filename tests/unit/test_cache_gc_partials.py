@@ -223,3 +223,56 @@ def test_ls_shows_partial_builds_apart_from_engines(tmp_path: Path, root: Path, 
     assert "2 partial build(s), 3.0 MiB; 1 abandoned (3.0 MiB): the collection removes those" in text
     assert f".tmp-{KEY}-build-pod-1  key {KEY}  3.0 MiB  abandoned (no live build lock)" in text
     assert "being built by build-live pid 7" in text
+
+
+# ---- trained drafters: <cache>/drafters/<key>/, the same rules one level down --------------------------
+def drafter(root: Path, key: str, base: str = "hf://org/m", size: int = 100) -> Path:
+    path = root / "drafters" / key
+    path.mkdir(parents=True)
+    (path / "model.safetensors").write_bytes(b"\0" * size)
+    write_json_atomic(
+        path / MANIFEST_FILE,
+        {"key": key, "variant": "drafter", "inputs": {"base": {"source": base}}, "builder": {"built_at": iso(0)}},
+    )
+    return path
+
+
+def test_the_drafters_directory_is_no_partial_build_and_its_own_partials_are_collected(root: Path, tmp_path: Path):
+    kept = drafter(root, KEY)
+    abandoned = partial(root / "drafters", f".tmp-{KEY[:-1]}9-host-7")
+    assert [p.entry for p in find_partials(root, stale_seconds=STALE)] == []  # drafters/ itself is not one
+    report = cache_gc.collect(
+        root,
+        refs_file(tmp_path, [KEY]),
+        cache_gc.Retention(keep=0, max_age_seconds=None),
+        stale_seconds=STALE,
+        dry_run=False,
+        log=Log(io.StringIO()),
+    )
+    assert kept.is_dir() and not abandoned.exists()
+    assert [r["variant"] for r in report.removed] == [cache_gc.PARTIAL]
+
+
+def test_unreferenced_drafters_are_collected_by_retention_and_referenced_ones_kept(root: Path, tmp_path: Path):
+    used, unused = "a" * 20, "b" * 20
+    drafter(root, used)
+    drafter(root, unused)
+    report = cache_gc.collect(
+        root,
+        refs_file(tmp_path, [used]),
+        cache_gc.Retention(keep=0, max_age_seconds=None),
+        stale_seconds=STALE,
+        dry_run=False,
+        log=Log(io.StringIO()),
+    )
+    assert (root / "drafters" / used).is_dir() and not (root / "drafters" / unused).exists()
+    assert [(r["key"], r["variant"]) for r in report.removed] == [(unused, "drafter")]
+
+
+def test_ls_lists_drafters_beside_engines(root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    drafter(root, KEY)
+    partial(root / "drafters", f".tmp-{KEY}-host-7")
+    assert main(["cache", "ls", "--cache", str(root), "-o", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [(e["key"], e["variant"]) for e in doc["engines"]] == [(KEY, "drafter")]
+    assert [p["entry"] for p in doc["partials"]] == [f"drafters/.tmp-{KEY}-host-7"]

@@ -35,7 +35,8 @@ CONTROLLER_LAYERS: list[str | set[str]] = [
     "reconciler",  # the controller's state, workers and the reconcile of one resource: the only writer
     "preview",  # what `redrafter-operator render` plans, from stated facts
     "planner",  # one plan step, folding in the monitors' reports
-    {"speculation", "retention", "observe"},  # the monitors, and index reading, each on its own
+    {"speculation", "retention", "training", "observe"},  # the monitors, and index reading, each on its own
+    "drafter",  # the trained drafter: a stage before the ReDrafter engine
     {"engines", "status", "routing", "validation"},  # routing: the InferencePool beside the Service
     "targets",  # serving targets and the blue/green step
     "renderers",

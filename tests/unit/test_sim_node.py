@@ -152,7 +152,7 @@ async def test_a_checkout_under_a_mount_path_keeps_its_programs_and_maps_only_co
     }
     manifest = {"metadata": {"name": "build-x"}, "spec": {"volumes": [volume], "containers": [container]}}
 
-    argv, env, _ = await JobRunner(api=None, fs=fs)._prepare("default", manifest, container, root)  # type: ignore[arg-type]
+    argv, env, _ = await JobRunner(api=None, fs=fs)._prepare("default", manifest, container, root, "127.244.0.9")  # type: ignore[arg-type]
 
     assert argv == [f"{bin_dir}/{entrypoint}", "run", "--workdir", root.to_host("/tmp/w")]
     assert env["TMPDIR"] == root.to_host("/tmp")

@@ -134,6 +134,8 @@ def openapi_schema() -> dict[str, Any]:
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {"name": "Engine", "type": "string", "jsonPath": ".status.activeEngine"},
+    {"name": "Drafter", "type": "string", "jsonPath": ".status.drafter.state"},
+    {"name": "Step", "type": "integer", "jsonPath": ".status.drafter.step", "priority": 1},
     {"name": "Ready", "type": "integer", "jsonPath": ".status.serving.readyReplicas"},
     {"name": "Replicas", "type": "integer", "jsonPath": ".status.serving.replicas", "priority": 1},
     {"name": "Reason", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].reason'},

@@ -12,7 +12,7 @@ from typing import Any
 
 from engine_jobs.contract import CONTRACT_VERSION, Variant
 
-from .spec import ModelSource, ReDrafterDeploymentSpec
+from .spec import DrafterTraining, ModelSource, ReDrafterDeploymentSpec
 
 KEY_LENGTH = 20  # hex chars (80 bits): collision-free in any realistic cache, short enough for labels
 
@@ -48,13 +48,39 @@ def build_inputs(spec: ReDrafterDeploymentSpec, variant: Variant) -> dict[str, A
         "gpuProduct": e.build.gpu_product or "",
     }
     if variant == "redrafter":
-        inputs["drafter"] = _source(spec.model.drafter)
+        key = drafter_key(spec)
+        # a trained drafter is named by its key, which covers everything that changes it
+        inputs["drafter"] = {"trained": key} if key else _source(spec.model.drafter.as_source())
         inputs["redrafter"] = {
             "numBeams": spec.redrafter.num_beams,
             "draftLenPerBeam": spec.redrafter.draft_len_per_beam,
             "greedySearch": spec.redrafter.greedy_search,
         }
     return inputs
+
+
+def training_inputs(spec: ReDrafterDeploymentSpec, train: DrafterTraining) -> dict[str, Any]:
+    """Every input of the drafter's training, as a JSON-able dict (recorded in the drafter's manifest).
+
+    Revisions are the declared ones (a branch defaults to main); the Job records the commit it resolved to.
+    Pin a commit for an exact key.
+    """
+    return {
+        "contract": CONTRACT_VERSION,
+        "base": _source(spec.model.base),
+        "dataset": {**(_source(train.dataset) or {}), "column": train.dataset.column},
+        "samples": train.samples,
+        "recipe": train.recipe.model_dump(by_alias=True),
+        "gpus": train.gpus,
+        "trainerImage": train.image or spec.engine.builder_image,
+        "gpuProduct": train.gpu_product or spec.engine.build.gpu_product or "",
+    }
+
+
+def drafter_key(spec: ReDrafterDeploymentSpec) -> str | None:
+    """The key of the drafter the operator trains for ``spec`` (None when the spec brings a trained one)."""
+    train = spec.model.drafter.train
+    return key_of(training_inputs(spec, train)) if train is not None else None
 
 
 def key_of(inputs: dict[str, Any]) -> str:

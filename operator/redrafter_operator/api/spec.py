@@ -97,6 +97,135 @@ class ModelSource(ApiModel):
         return self
 
 
+class DatasetSource(ModelSource):
+    """Prompts to self-distil the drafter on: a JSONL file, or a Hugging Face dataset (JSONL, JSON or Parquet files)."""
+
+    column: str = Field(
+        default="text",
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        max_length=128,
+        description="The field of each record (JSONL line or dataset row) that holds the prompt.",
+    )
+
+
+class DrafterRecipe(ApiModel):
+    """The training recipe of arXiv 2403.09919 (self-distillation); the defaults are the paper's."""
+
+    draft_len: int = Field(
+        default=5,
+        ge=1,
+        le=16,
+        description="Tokens the head learns to draft after the guaranteed one; redrafter.draftLenPerBeam must not "
+        "exceed it.",
+    )
+    rnn: bool = Field(default=True, description="The recurrent state over drafted tokens (off: a Medusa-like head).")
+    layers: int = Field(default=2, ge=1, le=8, description="Residual blocks of the head (num_draft_layers).")
+    exit_dim: int | None = Field(default=None, ge=8, le=65536, description="Width of the head; unset: 2x hidden.")
+    epochs: int = Field(default=2, ge=1, le=100, description="Passes over the distilled data.")
+    learning_rate: float = Field(default=1e-3, gt=0, le=1, description="AdamW learning rate.")
+    batch_size: int = Field(default=8, ge=1, le=4096, description="Sequences per optimizer step (all ranks).")
+    max_steps: int | None = Field(default=None, ge=1, le=10_000_000, description="Stop after this many steps.")
+    response_len: int = Field(
+        default=256, ge=8, le=8192, description="Tokens the base model generates per prompt (distillation)."
+    )
+    held_out_fraction: float = Field(
+        default=0.05, ge=0, lt=1, description="Prompts kept out of training to measure acceptance."
+    )
+    eval_beams: int = Field(default=5, ge=1, le=16, description="Beams of the held-out acceptance measurement.")
+    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of the split, the init and the order.")
+
+
+class DrafterTraining(ApiModel):
+    """Train the drafter from the base model in a GPU Job (content-addressed: never trained twice)."""
+
+    dataset: DatasetSource = Field(description="The prompts to self-distil on.")
+    samples: int = Field(default=20000, ge=1, le=10_000_000, description="Prompts used: the first N of the dataset.")
+    recipe: DrafterRecipe = Field(default_factory=DrafterRecipe, description="Hyperparameters.")
+    gpus: int = Field(default=1, ge=1, le=64, description="GPUs of the Job; more than 1 trains data-parallel.")
+    gpu_product: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9._-]+$",
+        max_length=63,
+        description="GPU product to train on (the nvidia.com/gpu.product node label); part of the drafter key. "
+        "Unset: engine.build.gpuProduct.",
+    )
+    image: str | None = Field(
+        default=None,
+        pattern=_IMAGE,
+        max_length=512,
+        description="Trainer image (torch, transformers and engine_jobs); part of the drafter key. Unset: "
+        "engine.builderImage.",
+    )
+    resources: ResourceRequirements = Field(
+        default_factory=dict,
+        description="CPU/memory requests and limits over the default requests of 2 CPUs and 16Gi per GPU.",
+    )
+    active_deadline_seconds: int = Field(
+        default=86400, ge=60, le=1209600, description="Upper bound of one training Job's run time."
+    )
+
+
+class Drafter(ApiModel):
+    """The ReDrafter draft head: a trained one (``source``) or one the operator trains (``train``)."""
+
+    model_config = {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                _cel(
+                    "has(self.source) != has(self.train)",
+                    "give exactly one of drafter.source (a trained head) or drafter.train (train one from the base)",
+                ),
+                _cel(
+                    r"!has(self.source) || !self.source.matches('^[a-z0-9]+://(.*/)?\\.\\.?(/.*)?$')",
+                    "source must not contain '.' or '..' path segments",
+                    ".source",
+                ),
+                _cel(
+                    "!has(self.revision) || (has(self.source) && self.source.startsWith('hf://'))",
+                    "revision is only meaningful for hf:// sources",
+                    ".revision",
+                ),
+            ]
+        }
+    }
+
+    source: str | None = Field(
+        default=None,
+        pattern=SOURCE_PATTERN,
+        max_length=512,
+        description="A trained head (config.json with hidden_size, exit_dim, num_draft_layers, rnn; "
+        "model.safetensors): hf://org/name, pvc://claim/sub/path or s3://bucket/prefix.",
+    )
+    revision: str | None = Field(default=None, pattern=_REVISION, max_length=128, description="hf:// only.")
+    credentials_secret: str | None = Field(
+        default=None, pattern=_DNS1123_LABEL, max_length=253, description="As for the base model."
+    )
+    train: DrafterTraining | None = Field(default=None, description="Train the head from the base model instead.")
+
+    @field_validator("source")
+    @classmethod
+    def _strict_source(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_source(v)
+        return v
+
+    @model_validator(mode="after")
+    def _one_of(self) -> Drafter:
+        if (self.source is None) == (self.train is None):
+            raise ValueError(
+                "give exactly one of drafter.source (a trained head) or drafter.train (train one from the base)"
+            )
+        if self.revision and not (self.source or "").startswith("hf://"):
+            raise ValueError("revision is only meaningful for hf:// sources")
+        return self
+
+    def as_source(self) -> ModelSource | None:
+        """The head as a source (None while the operator trains it)."""
+        if self.source is None:
+            return None
+        return ModelSource(source=self.source, revision=self.revision, credentials_secret=self.credentials_secret)
+
+
 class Model(ApiModel):
     """The checkpoints that make up the service."""
 
@@ -104,9 +233,9 @@ class Model(ApiModel):
         description="The base (verifier) model: a Llama or Qwen2/Qwen2.5 checkpoint. Qwen v1 (QWenLMHeadModel) "
         "is refused: its tokenizer is remote code (trust_remote_code), which the operator does not run."
     )
-    drafter: ModelSource = Field(
-        description="The ReDrafter drafter head trained for this base model (config.json with "
-        "hidden_size, exit_dim, num_draft_layers, rnn)."
+    drafter: Drafter = Field(
+        description="The ReDrafter drafter head for this base model: source (a trained head) or train (the "
+        "operator trains one from the base model; see docs/drafter.md)."
     )
     tokenizer: ModelSource | None = Field(
         default=None, description="Tokenizer for pre/post-processing. Defaults to the base model's."
@@ -696,6 +825,22 @@ class Validation(ApiModel):
 class ReDrafterDeploymentSpec(ApiModel):
     """A speculative-decoding LLM service: engines, serving, autoscaling and speculation policy."""
 
+    model_config = {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                _cel(
+                    "!has(self.model.drafter.train) || !has(self.redrafter) || "
+                    "!has(self.redrafter.draftLenPerBeam) || self.redrafter.draftLenPerBeam <= "
+                    "(has(self.model.drafter.train.recipe) && has(self.model.drafter.train.recipe.draftLen) "
+                    "? self.model.drafter.train.recipe.draftLen : 5)",
+                    "redrafter.draftLenPerBeam must not exceed model.drafter.train.recipe.draftLen (the trained "
+                    "draft length)",
+                    ".redrafter.draftLenPerBeam",
+                ),
+            ]
+        }
+    }
+
     model: Model = Field(description="Checkpoints: base, drafter, tokenizer.")
     precision: Precision = Field(default_factory=Precision, description="Engine precision.")
     redrafter: Redrafter = Field(default_factory=Redrafter, description="ReDrafter drafting parameters.")
@@ -709,6 +854,16 @@ class ReDrafterDeploymentSpec(ApiModel):
         default_factory=Validation, description="Validation of new engines before promotion."
     )
     routing: Routing = Field(default_factory=Routing, description="Gateway routing (InferencePool).")
+
+    @model_validator(mode="after")
+    def _draft_len_trained(self) -> ReDrafterDeploymentSpec:
+        train = self.model.drafter.train
+        if train is not None and self.redrafter.draft_len_per_beam > train.recipe.draft_len:
+            raise ValueError(
+                "redrafter.draftLenPerBeam must not exceed model.drafter.train.recipe.draftLen (the trained "
+                f"draft length): {self.redrafter.draft_len_per_beam} > {train.recipe.draft_len}"
+            )
+        return self
 
 
 def parse_spec(raw: dict[str, Any]) -> tuple["ReDrafterDeploymentSpec | None", list[str]]:

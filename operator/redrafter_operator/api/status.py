@@ -80,6 +80,43 @@ class EnginesStatus(ApiModel):
     base: EngineStatus | None = Field(default=None, description="The base (fallback) engine.")
 
 
+class DrafterStatus(ApiModel):
+    """The drafter the operator trains (model.drafter.train): the training Job's progress and its result."""
+
+    key: str = Field(description="Content hash of the training inputs (directory under <cache>/drafters/).")
+    state: Literal["Pending", "Training", "Cached", "Ready", "Failed"] = Field(
+        default="Pending",
+        description="Pending, Training, Ready, Cached (trained before, found in the cache) or Failed.",
+    )
+    job: str | None = Field(default=None, description="Name of the current/last training Job.")
+    path: str | None = Field(default=None, description="Drafter directory inside the cache volume.")
+    phase: str | None = Field(
+        default=None, description="While training: fetching, distilling, training, evaluating or publishing."
+    )
+    step: int | None = Field(default=None, ge=0, description="Optimizer steps done (while training), or in total.")
+    total_steps: int | None = Field(default=None, ge=0, description="Optimizer steps planned.")
+    steps: int | None = Field(default=None, ge=0, description="Optimizer steps of the finished training.")
+    loss: float | None = Field(default=None, description="Latest training loss.")
+    progress_at: str | None = Field(default=None, description="When the progress was last read (RFC 3339).")
+    held_out_acceptance: float | None = Field(
+        default=None, description="Accepted / drafted tokens of the trained head on held-out prompts (greedy)."
+    )
+    untrained_acceptance: float | None = Field(
+        default=None, description="The same measurement for an untrained head: what training bought."
+    )
+    tokens_per_step: float | None = Field(default=None, description="Tokens per base-model step on held-out prompts.")
+    size_bytes: int | None = Field(default=None, ge=0, description="Size of the drafter directory in bytes.")
+    built_at: str | None = Field(default=None, description="When the drafter was published (RFC 3339).")
+    trained_at: str | None = Field(default=None, description="When training finished (RFC 3339, from its manifest).")
+    message: str | None = Field(default=None, description="Why training failed, or what it waits for.")
+    attempts: int = Field(default=0, description="Training Jobs created for this key since the last retry request.")
+    exit_code: int | None = Field(
+        default=None,
+        description="Exit code of a training no retry can fix (2 bad input or dataset, 6 source unavailable).",
+    )
+    retry_token: str | None = Field(default=None, description="As for the engines (redrafter.dev/retry-build).")
+
+
 class ServingFailure(ApiModel):
     """Why serving replicas do not come up, as the scheduler, the kubelet or the Deployment controller said."""
 
@@ -167,6 +204,9 @@ class ReDrafterDeploymentStatus(ApiModel):
     observed_generation: int | None = Field(default=None, description="Last generation acted on.")
     conditions: list[Condition] = Field(default_factory=list, description="Standard conditions.")
     engines: EnginesStatus = Field(default_factory=EnginesStatus, description="Engine build states.")
+    drafter: DrafterStatus | None = Field(
+        default=None, description="The drafter the operator trains (absent when the spec brings one)."
+    )
     serving: ServingStatus = Field(default_factory=ServingStatus, description="Serving replicas.")
     speculation: SpeculationStatus = Field(default_factory=SpeculationStatus, description="Last evaluation.")
     validation: ValidationStatus | None = Field(

@@ -12,7 +12,8 @@ How the operator knows an engine artifact is complete (documented choice):
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
 
 from engine_jobs.contract import BuildResult, Variant
 from engine_jobs.errors import ExitCode
@@ -47,16 +48,63 @@ def _built(message: str, old: Mapping[str, Any]) -> dict[str, Any]:
     return {"sizeBytes": old.get("sizeBytes"), "builtAt": old.get("builtAt")}
 
 
-def _new_build(
-    owner: Owner, variant: Variant, attempt: int, token: str, claim: str, plan: Plan, path: str
-) -> dict[str, Any]:
-    """A build Job (and its ConfigMap) added to the plan and claimed; returned for last touches."""
-    job = build_job(owner, variant, attempt)
+@dataclass(frozen=True)
+class Stage:
+    """One content-addressed artifact of the pipeline and the Jobs that produce it: an engine (variant
+    ``redrafter``/``base``) or the trained drafter (``drafter``). Same cache, same Job bookkeeping."""
+
+    name: str  # the Jobs' variant label
+    what: str  # in messages and Events: "redrafter engine", "drafter"
+    key: str
+    path: str
+    retries: int
+    children: Callable[[int], list[dict[str, Any]]]  # attempt -> [ConfigMap, Job]
+    old: Mapping[str, Any]  # its status before this plan
+    collects: bool = True  # after running out of disk, collect unreferenced engines before one more try
+    reasons: Mapping[str, str] = field(default_factory=dict)  # Event reasons over the builds' defaults
+
+
+BUILD_REASONS = {
+    "started": "BuildStarted",
+    "waiting": "BuildWaiting",
+    "ready": "EngineReady",
+    "cached": "EngineCached",
+    "failed": "BuildFailed",
+    "not_retried": "BuildNotRetried",
+}
+TRAINING_REASONS = {
+    "started": "TrainingStarted",
+    "waiting": "TrainingWaiting",
+    "ready": "DrafterTrained",
+    "cached": "DrafterCached",
+    "failed": "TrainingFailed",
+    "not_retried": "TrainingNotRetried",
+}
+
+
+def engine_stage(res: Resource, owner: Owner, variant: Variant, key: str | None = None) -> Stage:
+    spec = owner.spec
+    key = key or engine_key(spec, variant)
+    return Stage(
+        name=variant,
+        what=f"{variant} engine",
+        key=key,
+        path=artifact_path(spec, key),
+        retries=spec.engine.build.retries,
+        children=lambda attempt: [build_configmap(owner, variant), build_job(owner, variant, attempt)],
+        old=(res.status.get("engines") or {}).get(variant) or {},
+    )
+
+
+def _new_job(stage: Stage, attempt: int, token: str, claim: str, plan: Plan) -> dict[str, Any]:
+    """The stage's Job (and its ConfigMap) added to the plan and claimed; returned for last touches."""
+    children = stage.children(attempt)
+    job = children[-1]
     ann = job["metadata"].setdefault("annotations", {})
     ann[ANNOTATION_RETRY_TOKEN] = token
     ann[ANNOTATION_CACHE_CLAIM] = claim
-    plan.create += [build_configmap(owner, variant), job]
-    plan.claims.append((claim, path, job["metadata"]["name"]))
+    plan.create += children
+    plan.claims.append((claim, stage.path, job["metadata"]["name"]))
     return job
 
 
@@ -80,14 +128,16 @@ def plan_engine(
 ) -> dict[str, Any]:
     """One variant's engine status; appends the build ConfigMap + Job to ``plan.create`` when needed.
     ``key``: the variant's engine key when the caller already computed it."""
+    return plan_stage(res, owner, engine_stage(res, owner, variant, key), observed, plan)
+
+
+def plan_stage(res: Resource, owner: Owner, stage: Stage, observed: Observed, plan: Plan) -> dict[str, Any]:
+    """One artifact's status (engine or drafter); appends its ConfigMap + Job to ``plan.create`` when needed."""
     spec = owner.spec
-    key = key or engine_key(spec, variant)
-    path = artifact_path(spec, key)
+    variant, key, path, retries = stage.name, stage.key, stage.path, stage.retries
     claim = spec.engine.cache.claim_name
-    retries = spec.engine.build.retries
     token = res.retry_token
-    old = (res.status.get("engines") or {}).get(variant) or {}
-    old = old if old.get("key") == key and old.get("path") == path else {}
+    old = stage.old if stage.old.get("key") == key and stage.old.get("path") == path else {}
     jobs = sorted(
         (
             j
@@ -110,7 +160,7 @@ def plan_engine(
     elif shared and shared.ready_by:
         out.update(
             state="Cached",
-            message=f"engine already in the cache (built for {shared.ready_by})",
+            message=f"{stage.what} already in the cache (built for {shared.ready_by})",
             **_built(shared.built_message, old),
         )
     elif running:
@@ -126,7 +176,7 @@ def plan_engine(
         out.update(
             state="Building",
             job=shared.building_job,
-            message=f"waiting for Job {shared.building_job}, which builds the same engine into the shared cache",
+            message=f"waiting for Job {shared.building_job}, which makes the same {stage.what} in the shared cache",
         )
     else:
         n_failed = len(failed)
@@ -134,10 +184,10 @@ def plan_engine(
         if not jobs and old.get("state") == "Failed" and old.get("retryToken", "") == token:
             n_failed = int(old.get("attempts") or 0)  # the failed Jobs expired; status remembers
             final_code = old.get("exitCode")
-        disk = _collect_and_retry(owner, failed, epoch, observed)
+        disk = _collect_and_retry(owner, failed, epoch, observed) if stage.collects else None
         if disk is not None:
             attempt = max((j.attempt for j in jobs), default=-1) + 1
-            job = _new_build(owner, variant, attempt, token, claim, plan, path)
+            job = _new_job(stage, attempt, token, claim, plan)
             r = spec.engine.cache.retention
             max_age = f"{int(parse_duration(r.max_age))}s" if r.max_age else None
             cache_jobs.collect_before_build(job, claim=claim, keep=r.keep, max_age=max_age)
@@ -156,7 +206,7 @@ def plan_engine(
                 state="Failed", job=failed[-1].name, attempts=n_failed, exitCode=final_code, message=_bounded(msg)
             )
         elif final_code is not None or n_failed > retries:
-            msg = _failure_text(failed[-1], observed) if failed else old.get("message") or "build failed"
+            msg = _failure_text(failed[-1], observed) if failed else old.get("message") or f"{stage.what} failed"
             out.update(
                 state="Failed",
                 job=failed[-1].name if failed else old.get("job"),
@@ -166,67 +216,58 @@ def plan_engine(
             )
         else:
             attempt = max((j.attempt for j in jobs), default=-1) + 1
-            job = _new_build(owner, variant, attempt, token, claim, plan, path)
+            job = _new_job(stage, attempt, token, claim, plan)
             out.update(state="Building", job=job["metadata"]["name"], attempts=n_failed + 1)
             if failed:
                 out["message"] = _failure_text(failed[-1], observed)
-    _engine_events(variant, old, out, observed, retries, plan, owner.name)
+    _engine_events(stage, old, out, observed, plan, owner.name)
     return {k: v for k, v in out.items() if v is not None}
 
 
 def _engine_events(
-    variant: str,
-    old: Mapping[str, Any],
-    new: Mapping[str, Any],
-    observed: Observed,
-    retries: int,
-    plan: Plan,
-    resource: str,
+    stage: Stage, old: Mapping[str, Any], new: Mapping[str, Any], observed: Observed, plan: Plan, resource: str
 ) -> None:
+    what, retries, reason = stage.what, stage.retries, {**BUILD_REASONS, **stage.reasons}
     state, job = new["state"], new.get("job")
     if old.get("state") == state and old.get("job") == job:
         return
     prev_job = next((j for j in observed.jobs if j.name == old.get("job")), None)
     if prev_job and prev_job.state == "Failed" and (state == "Failed" or job != prev_job.name):
-        plan.events.append(
-            EventSpec("Warning", "BuildFailed", f"{variant} engine: {_failure_text(prev_job, observed)}")
-        )
+        plan.events.append(EventSpec("Warning", reason["failed"], f"{what}: {_failure_text(prev_job, observed)}"))
     if state == "Building" and job != old.get("job"):
         if job and any(c[2] == job for c in plan.claims):
             plan.events.append(
                 EventSpec(
                     "Normal",
-                    "BuildStarted",
-                    f"Job {job} builds the {variant} engine {new['key']} (attempt {new['attempts']} of {retries + 1})",
+                    reason["started"],
+                    f"Job {job} makes the {what} {new['key']} (attempt {new['attempts']} of {retries + 1})",
                 )
             )
         else:
             plan.events.append(
                 EventSpec(
                     "Normal",
-                    "BuildWaiting",
-                    f"{variant} engine {new['key']}: {new.get('message') or f'Job {job} is building it'}",
+                    reason["waiting"],
+                    f"{what} {new['key']}: {new.get('message') or f'Job {job} is making it'}",
                 )
             )
     elif state == "Ready":
-        plan.events.append(
-            EventSpec("Normal", "EngineReady", f"{variant} engine {new['key']} is built ({new['path']})")
-        )
+        plan.events.append(EventSpec("Normal", reason["ready"], f"{what} {new['key']} is ready ({new['path']})"))
     elif state == "Cached":
         plan.events.append(
             EventSpec(
-                "Normal", "EngineCached", f"{variant} engine {new['key']} found in the cache ({new['path']}); no build"
+                "Normal", reason["cached"], f"{what} {new['key']} found in the cache ({new['path']}); nothing to run"
             )
         )
     elif state == "Failed":
         if not prev_job or prev_job.state != "Failed":
-            plan.events.append(EventSpec("Warning", "BuildFailed", f"{variant} engine: {new.get('message', '')}"))
+            plan.events.append(EventSpec("Warning", reason["failed"], f"{what}: {new.get('message', '')}"))
         if new.get("exitCode") is not None:
             plan.events.append(
                 EventSpec(
                     "Warning",
-                    "BuildNotRetried",
-                    f"{variant} engine {new['key']}: {not_retried_message(resource, new['exitCode'])}",
+                    reason["not_retried"],
+                    f"{what} {new['key']}: {not_retried_message(resource, new['exitCode'])}",
                 )
             )
             return
@@ -234,7 +275,7 @@ def _engine_events(
             EventSpec(
                 "Warning",
                 "RetriesExhausted",
-                f"{variant} engine {new['key']}: {new['attempts']} build Jobs failed; "
+                f"{what} {new['key']}: {new['attempts']} Jobs failed; "
                 f"change the spec or set annotation {names.ANNOTATION_RETRY_BUILD} to retry",
             )
         )

@@ -147,6 +147,7 @@ class PodFact:
     phase: str
     message: str
     started: str = ""
+    ip: str = ""  # where a running training pod serves its progress
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> "PodFact":
@@ -174,6 +175,7 @@ class PodFact:
             phase=status.get("phase", ""),
             message=message,
             started=body.get("metadata", {}).get("creationTimestamp", ""),
+            ip=status.get("podIP", ""),
         )
 
 

@@ -19,12 +19,13 @@ from typing import Any, Awaitable, Callable, Mapping
 import kopf
 
 from ..api import GROUP, PLURAL, VERSION
-from ..render import cache_jobs, inference_pool, names, validation
+from ..render import cache_jobs, inference_pool, names, training, validation
 from .facts import DeploymentFact, JobFact, ObjectFact, PodFact, RunJobFact, RunPodFact, ServingPodFact
 from .reconciler import Controller
 
 MANAGED = {"app.kubernetes.io/managed-by": names.MANAGED_BY}
-BUILD = {**MANAGED, names.LABEL_COMPONENT: "engine-build"}
+#: the Jobs that make the cache's artifacts, and their Pods: engine builds and drafter training
+BUILD = {**MANAGED, names.LABEL_COMPONENT: lambda value, **_: value in ("engine-build", training.COMPONENT)}
 SERVING = {**MANAGED, names.LABEL_COMPONENT: "serving"}
 VALIDATION = {**MANAGED, names.LABEL_COMPONENT: validation.COMPONENT}
 COLLECTION = {**MANAGED, names.LABEL_COMPONENT: cache_jobs.COMPONENT}
@@ -196,10 +197,11 @@ def register(
     def rdd_ready(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[Any, str]:
         """Artifacts a resource's status shows Ready: they outlive the Jobs that built them."""
         claim = ((body.get("spec") or {}).get("engine") or {}).get("cache", {}).get("claimName", "engine-cache")
-        engines = (body.get("status") or {}).get("engines") or {}
+        status = body.get("status") or {}
+        artifacts = [*((status.get("engines") or {}).values()), status.get("drafter")]
         return {
             (namespace, claim, e["path"]): name
-            for e in engines.values()
+            for e in artifacts
             if isinstance(e, dict) and e.get("state") in ("Ready", "Cached") and e.get("path")
         }
 

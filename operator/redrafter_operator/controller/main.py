@@ -35,6 +35,7 @@ from .reconciler import Controller, ControllerSettings
 from .renderers import default_renderers
 from .retention import RetentionMonitor
 from .speculation import SpeculationMonitor
+from .training import TrainingMonitor
 
 log = logging.getLogger("redrafter_operator.controller")
 
@@ -105,6 +106,7 @@ async def run_operator(
         )
         controller.add_monitor(SpeculationMonitor(metrics=metrics))
         controller.add_monitor(RetentionMonitor(metrics))
+        controller.add_monitor(TrainingMonitor())
         if on_controller:
             on_controller(controller)
         return controller

@@ -12,11 +12,19 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ..api.spec import Speculation
-from ..api.status import EngineState, Phase, ValidationState
+from ..api.status import DrafterStatus, EngineState, Phase, ValidationState
 
 PHASES: tuple[str, ...] = Phase.__args__  # type: ignore[attr-defined]
 ENGINE_STATES: tuple[str, ...] = EngineState.__args__  # type: ignore[attr-defined]
 VALIDATION_STATES: tuple[str, ...] = ValidationState.__args__  # type: ignore[attr-defined]
+DRAFTER_STATES: tuple[str, ...] = DrafterStatus.model_fields["state"].annotation.__args__  # type: ignore[union-attr]
+#: status.drafter's numbers exported as gauges (the dashboard's training panel)
+DRAFTER_GAUGES = {
+    "step": "Optimizer steps the training Job reported.",
+    "totalSteps": "Optimizer steps the training Job plans.",
+    "loss": "Latest training loss of the drafter.",
+    "heldOutAcceptance": "Held-out acceptance of the trained drafter (greedy, accepted / drafted tokens).",
+}
 ENGINES: tuple[str, ...] = ("redrafter", "base")
 #: per-resource gauges: the facts the dashboard and the alert rules ask about each ReDrafterDeployment
 RESOURCE_LABELS = ["namespace", "name"]
@@ -80,6 +88,33 @@ class OperatorMetrics:
             [*RESOURCE_LABELS, "variant", "state"],
             registry=r,
         )
+        self.drafter_state = Gauge(
+            "redrafter_operator_drafter_state",
+            "1 for the state of the drafter the operator trains (model.drafter.train).",
+            [*RESOURCE_LABELS, "state"],
+            registry=r,
+        )
+        self.drafter_step = Gauge(
+            "redrafter_operator_drafter_step", DRAFTER_GAUGES["step"], RESOURCE_LABELS, registry=r
+        )
+        self.drafter_total_steps = Gauge(
+            "redrafter_operator_drafter_total_steps", DRAFTER_GAUGES["totalSteps"], RESOURCE_LABELS, registry=r
+        )
+        self.drafter_loss = Gauge(
+            "redrafter_operator_drafter_loss", DRAFTER_GAUGES["loss"], RESOURCE_LABELS, registry=r
+        )
+        self.drafter_held_out_acceptance = Gauge(
+            "redrafter_operator_drafter_held_out_acceptance",
+            DRAFTER_GAUGES["heldOutAcceptance"],
+            RESOURCE_LABELS,
+            registry=r,
+        )
+        self._drafter = {
+            "step": self.drafter_step,
+            "totalSteps": self.drafter_total_steps,
+            "loss": self.drafter_loss,
+            "heldOutAcceptance": self.drafter_held_out_acceptance,
+        }
         self.validation_state = Gauge(
             "redrafter_operator_validation_state",
             "1 for the state of the newest engine pair's validation.",
@@ -166,6 +201,14 @@ class OperatorMetrics:
         for variant in ENGINES:
             _one_of(self.engine_state, (*key, variant), ENGINE_STATES, (engines.get(variant) or {}).get("state"))
         _one_of(self.validation_state, key, VALIDATION_STATES, (status.get("validation") or {}).get("state"))
+        drafter = status.get("drafter") or {}
+        _one_of(self.drafter_state, key, DRAFTER_STATES, drafter.get("state"))
+        for field, gauge in self._drafter.items():
+            value = drafter.get(field)
+            if isinstance(value, (int, float)):
+                gauge.labels(*key).set(float(value))
+            else:
+                _remove(gauge, key)
         serving = status.get("serving") or {}
         for gauge, field in ((self.replicas, "replicas"), (self.ready_replicas, "readyReplicas")):
             _one_of(gauge, key, ENGINES, active, float(serving.get(field, 0)))
@@ -178,6 +221,9 @@ class OperatorMetrics:
         key = (namespace, name)
         _one_of(self.active_engine, key, ENGINES, None)
         _one_of(self.validation_state, key, VALIDATION_STATES, None)
+        _one_of(self.drafter_state, key, DRAFTER_STATES, None)
+        for gauge in self._drafter.values():
+            _remove(gauge, key)
         for variant in ENGINES:
             _one_of(self.engine_state, (*key, variant), ENGINE_STATES, None)
         for gauge in (self.replicas, self.ready_replicas):

@@ -12,10 +12,10 @@ from typing import Any, Mapping
 
 from engine_jobs.contract import VARIANTS
 
-from ..api.engine_key import engine_key
+from ..api.engine_key import drafter_key, engine_key
 from ..api.spec import ReDrafterDeploymentSpec
 from ..render import names
-from ..render.build import artifact_path
+from ..render.build import artifact_path, drafter_path
 from .apply import ChildState, KubeClient
 from .facts import (
     JOB_NAME_LABELS,
@@ -45,15 +45,25 @@ class BuildClaim:
 
 
 def cache_of(spec: ReDrafterDeploymentSpec | None, keys: Mapping[str, str]) -> tuple[str, dict[str, str]]:
-    """The cache claim and the artifact path of each variant (empty for an invalid spec)."""
+    """The cache claim and the artifact path of each variant, and of the drafter the operator trains (empty for
+    an invalid spec)."""
     if spec is None:
         return "", {}
-    return spec.engine.cache.claim_name, {v: artifact_path(spec, keys[v]) for v in VARIANTS}
+    paths = {v: artifact_path(spec, keys[v]) for v in VARIANTS}
+    if "drafter" in keys:
+        paths["drafter"] = drafter_path(spec, keys["drafter"])
+    return spec.engine.cache.claim_name, paths
 
 
 def engine_keys(spec: ReDrafterDeploymentSpec | None) -> dict[str, str]:
-    """Each variant's engine key (computed once per parsed spec by the reconciler)."""
-    return {v: engine_key(spec, v) for v in VARIANTS} if spec is not None else {}
+    """Each variant's engine key, and ``drafter``: the key of the drafter the operator trains, if it does
+    (computed once per parsed spec by the reconciler)."""
+    if spec is None:
+        return {}
+    keys = {v: engine_key(spec, v) for v in VARIANTS}
+    if (trained := drafter_key(spec)) is not None:
+        keys["drafter"] = trained
+    return keys
 
 
 def child_state(indexes: Mapping[str, Any], manifest: Mapping[str, Any]) -> ChildState | None:

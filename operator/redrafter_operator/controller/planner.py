@@ -19,9 +19,11 @@ from ..api.spec import ReDrafterDeploymentSpec, parse_spec
 from ..render.common import Owner
 from . import routing
 from .conditions import merge_conditions
-from .engines import plan_engine
+from .drafter import TrainingReport, plan_drafter, waiting_engine
+from .engines import engine_stage, plan_engine
 from .facts import Observed, manifest_hash
 from .gate import gate_from_status, promotion_state
+from .observe import engine_keys as engine_keys_of
 from .plan_types import READY_STATES, Plan, Renderers, Resource, ServingTargets
 from .retention import RetentionReport
 from .speculation import SpeculationReport
@@ -37,6 +39,7 @@ class Inputs:
     speculation: SpeculationReport | None = None
     retention: RetentionReport | None = None
     targets: ServingTargets | None = None  # set by hand (tests, a manual override); else the policy's
+    training: TrainingReport | None = None
 
 
 def plan(
@@ -64,7 +67,17 @@ def plan(
     owner = Owner(res.name, res.namespace, res.uid, spec, res.generation)
     old_status = dict(res.status)
     result = Plan(status={})
-    engines = {v: plan_engine(res, owner, v, observed, result, (engine_keys or {}).get(v)) for v in VARIANTS}
+    keys = dict(engine_keys) if engine_keys else engine_keys_of(spec)
+    drafter = (
+        plan_drafter(res, owner, observed, result, keys["drafter"], inputs.training) if "drafter" in keys else None
+    )
+    engines = {}
+    for v in VARIANTS:
+        if v == "redrafter" and drafter is not None and drafter["state"] not in READY_STATES:
+            stage = engine_stage(res, owner, v, keys[v])
+            engines[v] = waiting_engine({"key": stage.key, "path": stage.path}, drafter)
+        else:
+            engines[v] = plan_engine(res, owner, v, observed, result, keys[v])
 
     # Validation sees this plan's engines: a pair built just now is validated (and gated) at once, not one
     # reconcile later.
@@ -122,6 +135,8 @@ def plan(
         now=now,
         applied={m["metadata"]["name"]: manifest_hash(m) for m in result.apply if m.get("kind") == "Deployment"},
     )
+    if drafter is not None:
+        result.status["drafter"] = drafter
     if renderers.inference_pool:
         result.status = routing.with_condition(
             result.status, routing.condition(spec, res.name, observed, step.pool), generation=res.generation, now=now

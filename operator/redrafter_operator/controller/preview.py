@@ -22,7 +22,7 @@ from engine_jobs.contract import VARIANTS, Variant
 
 from ..api.spec import parse_spec
 from ..render import names
-from ..render.build import artifact_path
+from ..render.build import artifact_path, drafter_path
 from ..render.cache_refs import references_document
 from ..render.validation import DEFAULT_OPERATOR_IMAGE
 from .facts import DeploymentFact, Observed
@@ -97,13 +97,18 @@ def planned_children(
         )
 
     stages = [stage({}, Observed())]
+    # a drafter the operator trains: once trained, the ReDrafter engine's build Job
+    trained: dict[str, Any] = {}
+    if "drafter" in keys:
+        trained["drafter"] = {"key": keys["drafter"], "path": drafter_path(spec, keys["drafter"]), "state": "Ready"}
+        stages.append(stage(trained, Observed()))
     serving_key = promoted_key or keys["redrafter"]
     up = {
         "redrafter": _rolled_out(names.serving_deployment_name(res.name, "redrafter"), "redrafter", serving_key),
         "base": _rolled_out(names.serving_deployment_name(res.name, "base"), "base", keys["base"]),
     }
     if spec.validation.enabled:
-        validating: dict[str, Any] = {"engines": engines, "activeEngine": active}
+        validating: dict[str, Any] = {**trained, "engines": engines, "activeEngine": active}
         deployments = dict(up)
         if promoted_key and promoted_key != keys["redrafter"]:
             validating["validation"] = {
@@ -115,7 +120,7 @@ def planned_children(
             deployments["candidate"] = _rolled_out(names.candidate_name(res.name), "redrafter", keys["redrafter"])
         stages.append(stage(validating, Observed(deployments=deployments, service_pool=active, routing_pool=active)))
 
-    serving: dict[str, Any] = {"engines": engines, "activeEngine": active}
+    serving: dict[str, Any] = {**trained, "engines": engines, "activeEngine": active}
     if spec.validation.enabled:
         serving["validation"] = {**pair, "state": "Passed", "promoted": pair}
     standby = 1 if spec.serving.rollout.keep_standby else 0

@@ -28,6 +28,7 @@ from ..api.spec import ReDrafterDeploymentSpec, parse_spec
 from ..render import names
 from .apply import ApiError, Applier, ChildState, KubeClient, merge_patch, object_path
 from .clock import Clock, SystemClock
+from .drafter import TrainingReport
 from .facts import DeploymentFact, JobFact, Observed
 from .metrics import OperatorMetrics
 from .observe import BuildClaim, ClaimRef, FailedPodMessages, cache_of, child_state, engine_keys, observe
@@ -141,6 +142,8 @@ class Controller:
             new = replace(old, speculation=replace(report, events=()))
         elif isinstance(report, RetentionReport):
             new = replace(old, retention=replace(report, events=(), annotate=()))
+        elif isinstance(report, TrainingReport):
+            new = replace(old, training=report)
         else:
             raise TypeError(f"unknown report {type(report).__name__}")
         self.inputs[key] = new

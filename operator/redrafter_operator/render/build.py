@@ -12,7 +12,7 @@ from engine_jobs import contract
 from engine_jobs.contract import BuildSpec, EngineLimits, RedrafterParams, SourceRef, Variant
 from engine_jobs.errors import NON_RETRYABLE
 
-from ..api.engine_key import build_inputs, key_of
+from ..api.engine_key import build_inputs, drafter_key, key_of
 from ..api.spec import ModelSource, ReDrafterDeploymentSpec
 from ..api.types import parse_source
 from . import names, resources, security
@@ -28,7 +28,22 @@ def artifact_path(spec: ReDrafterDeploymentSpec, key: str) -> str:
     return posixpath.join(spec.engine.cache.sub_path, key)
 
 
-def _source_ref(src: ModelSource) -> SourceRef:
+def drafter_path(spec: ReDrafterDeploymentSpec, key: str) -> str:
+    """Where a trained drafter lives inside the cache claim (what status.drafter.path shows)."""
+    return posixpath.join(spec.engine.cache.sub_path, contract.DRAFTERS_DIR, key)
+
+
+def drafter_source(spec: ReDrafterDeploymentSpec) -> ModelSource:
+    """The drafter as the ReDrafter build reads it: the given source, or the trained one in the cache claim."""
+    given = spec.model.drafter.as_source()
+    if given is not None:
+        return given
+    key = drafter_key(spec)
+    assert key is not None
+    return ModelSource(source=f"pvc://{spec.engine.cache.claim_name}/{drafter_path(spec, key)}")
+
+
+def source_ref(src: ModelSource) -> SourceRef:
     creds = posixpath.join(contract.SECRETS_MOUNT, src.credentials_secret) if src.credentials_secret else None
     revision = src.revision or ("main" if src.source.startswith("hf://") else None)
     return SourceRef(uri=src.source, revision=revision, credentials_dir=creds)
@@ -41,9 +56,9 @@ def build_spec(spec: ReDrafterDeploymentSpec, variant: Variant) -> BuildSpec:
         variant=variant,
         key=key_of(inputs),
         inputs=inputs,
-        base=_source_ref(spec.model.base),
-        drafter=_source_ref(spec.model.drafter) if variant == "redrafter" else None,
-        tokenizer=_source_ref(spec.model.tokenizer or spec.model.base),
+        base=source_ref(spec.model.base),
+        drafter=source_ref(drafter_source(spec)) if variant == "redrafter" else None,
+        tokenizer=source_ref(spec.model.tokenizer or spec.model.base),
         architecture=spec.model.architecture,
         dtype=spec.precision.dtype,
         quantization=spec.precision.quantization,
@@ -88,18 +103,14 @@ def build_configmap(owner: Owner, variant: Variant) -> dict[str, Any]:
 def _model_sources(spec: ReDrafterDeploymentSpec, variant: Variant) -> list[ModelSource]:
     sources = [spec.model.base, spec.model.tokenizer or spec.model.base]
     if variant == "redrafter":
-        sources.append(spec.model.drafter)
+        sources.append(drafter_source(spec))
     return sources
 
 
-def _source_volumes(
-    spec: ReDrafterDeploymentSpec, variant: Variant
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def source_volumes(sources: list[ModelSource]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Read-only mounts for pvc:// sources and credentials Secrets (deduplicated, deterministic order)."""
-    claims = sorted(
-        {parse_source(s.source).authority for s in _model_sources(spec, variant) if s.source.startswith("pvc://")}
-    )
-    secrets = sorted({s.credentials_secret for s in _model_sources(spec, variant) if s.credentials_secret})
+    claims = sorted({parse_source(s.source).authority for s in sources if s.source.startswith("pvc://")})
+    secrets = sorted({s.credentials_secret for s in sources if s.credentials_secret})
     volumes, mounts = [], []
     for i, claim in enumerate(claims):
         volumes.append({"name": f"source-{i}", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
@@ -116,33 +127,36 @@ def _source_volumes(
     return volumes, mounts
 
 
-def gpu_resources(spec: ReDrafterDeploymentSpec, user: dict[str, Any], per_rank: dict[str, int]) -> dict[str, Any]:
-    """Default CPU/memory requests per rank (:mod:`.resources`) under the user's, plus ``tensor`` GPUs
-    as both request and limit (extended resources need them equal)."""
-    gpus = str(spec.parallelism.tensor)
+def gpu_resources(
+    spec: ReDrafterDeploymentSpec, user: dict[str, Any], per_rank: dict[str, int], ranks: int | None = None
+) -> dict[str, Any]:
+    """Default CPU/memory requests per rank (:mod:`.resources`) under the user's, plus one GPU per rank
+    (``tensor`` unless given) as both request and limit (extended resources need them equal)."""
+    ranks = ranks or spec.parallelism.tensor
+    gpus = str(ranks)
     gpu = spec.engine.build.gpu_resource
-    cpu_memory = resources.merged(resources.per_rank(per_rank, spec.parallelism.tensor), user)
+    cpu_memory = resources.merged(resources.per_rank(per_rank, ranks), user)
     return {
         "requests": {**cpu_memory.get("requests", {}), gpu: gpus},
         "limits": {**cpu_memory.get("limits", {}), gpu: gpus},
     }
 
 
-def node_selector(spec: ReDrafterDeploymentSpec, user: dict[str, str]) -> dict[str, str]:
+def node_selector(
+    spec: ReDrafterDeploymentSpec, user: dict[str, str], gpu_product: str | None = None
+) -> dict[str, str]:
     out = dict(user)
-    if spec.engine.build.gpu_product:
-        out[GPU_PRODUCT_LABEL] = spec.engine.build.gpu_product
+    if product := gpu_product or spec.engine.build.gpu_product:
+        out[GPU_PRODUCT_LABEL] = product
     return out
 
 
-def pod_failure_policy() -> dict[str, Any]:
+def pod_failure_policy(container: str = BUILD_CONTAINER) -> dict[str, Any]:
     """batch/v1 podFailurePolicy: an exit code no retry can fix (engine_jobs NON_RETRYABLE) fails the Job
     at once (FailJob: no further pod, Job condition reason PodFailurePolicy). Needs restartPolicy Never."""
     codes = sorted(int(c) for c in NON_RETRYABLE)  # the API requires the values ordered
     return {
-        "rules": [
-            {"action": "FailJob", "onExitCodes": {"containerName": BUILD_CONTAINER, "operator": "In", "values": codes}}
-        ]
+        "rules": [{"action": "FailJob", "onExitCodes": {"containerName": container, "operator": "In", "values": codes}}]
     }
 
 
@@ -152,7 +166,7 @@ def build_job(owner: Owner, variant: Variant, attempt: int = 0) -> dict[str, Any
     b = spec.engine.build
     labels = build_labels(owner, variant, bs.key)
     config_name = names.build_config_name(owner.name, variant, bs.key)
-    src_volumes, src_mounts = _source_volumes(spec, variant)
+    src_volumes, src_mounts = source_volumes(_model_sources(spec, variant))
     tmp_volume, tmp_mount = security.tmp_volume()
     container = {
         "name": BUILD_CONTAINER,

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from engine_jobs.contract import VARIANTS
 
-from ..api.engine_key import engine_key
+from ..api.engine_key import drafter_key, engine_key
 from ..api.spec import ReDrafterDeploymentSpec
 from .names import LABEL_DEPLOYMENT, LABEL_ENGINE_KEY
 
@@ -46,10 +46,14 @@ def resource_references(body: Mapping[str, Any], keys: Mapping[str, str] | None 
         try:
             spec = ReDrafterDeploymentSpec.model_validate(body.get("spec") or {})
             keys = {v: engine_key(spec, v) for v in VARIANTS}
+            if (trained := drafter_key(spec)) is not None:
+                keys["drafter"] = trained
         except ValidationError:
             keys = {}  # an invalid spec builds nothing; its status still counts
     out += [_ref(keys.get(v), ns, name, f"spec.{v}") for v in VARIANTS]
+    out.append(_ref(keys.get("drafter"), ns, name, "spec.drafter"))  # a trained drafter (model.drafter.train)
     status = body.get("status") or {}
+    out.append(_ref((status.get("drafter") or {}).get("key"), ns, name, "status.drafter"))
     engines = status.get("engines") or {}
     out += [_ref((engines.get(v) or {}).get("key"), ns, name, f"status.engines.{v}") for v in VARIANTS]
     validation = status.get("validation") or {}

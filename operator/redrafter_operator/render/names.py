@@ -24,7 +24,7 @@ LABEL_ENGINE_KEY = f"{DOMAIN}/engine-key"
 LABEL_ROLE = f"{DOMAIN}/role"  # primary | canary | candidate: keeps the redrafter Deployments' selectors apart
 ROLE_CANDIDATE = "candidate"  # a new ReDrafter engine under validation: in no traffic pool, never scraped by the policy
 NO_POOL = "none"  # LABEL_TRAFFIC of candidate pods: no Service selecting a pool selects them
-LABEL_COMPONENT = "app.kubernetes.io/component"  # engine-build | serving
+LABEL_COMPONENT = "app.kubernetes.io/component"  # engine-build | drafter-training | serving | ...
 ANNOTATION_RETRY_BUILD = f"{DOMAIN}/retry-build"
 MANAGED_BY = "redrafter-operator"
 
@@ -83,6 +83,15 @@ def build_job_name(deployment: str, variant: Variant, key: str, attempt: int = 0
 
 def build_config_name(deployment: str, variant: Variant, key: str) -> str:
     return safe_name(deployment, "build", variant, key[:10])
+
+
+def training_job_name(deployment: str, key: str, attempt: int = 0) -> str:
+    """One Job per (resource, drafter key, attempt), like the builds."""
+    return safe_name(deployment, "train", key[:10], str(attempt) if attempt else "", limit=JOB_NAME_MAX)
+
+
+def training_config_name(deployment: str, key: str) -> str:
+    return safe_name(deployment, "train", key[:10])
 
 
 def common_labels(deployment: str, component: str) -> dict[str, str]:

@@ -1,0 +1,108 @@
+"""The trained drafter (pure): ``status.drafter`` and the training Job when one is needed.
+
+A spec with ``model.drafter.train`` adds one stage before the ReDrafter engine: the drafter, content-addressed
+by its training inputs and produced by a training Job on the same cache claim as the engines, with the same
+bookkeeping (:func:`.engines.plan_stage`: never run twice, retries, non-retryable exit codes, shared across
+resources). The ReDrafter engine waits for it (its key includes the drafter's); the base engine does not, so
+the base engine builds and serves while the drafter trains.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from engine_jobs.contract import TrainingProgress, TrainingResult
+
+from ..render.build import drafter_path
+from ..render.common import Owner
+from ..render.training import STAGE, training_configmap, training_job
+from .engines import TRAINING_REASONS, Stage, plan_stage
+from .facts import Observed
+from .plan_types import READY_STATES, Plan, Resource
+
+#: status.drafter fields a running training reports (copied from the pod's progress)
+PROGRESS_FIELDS = ("phase", "step", "totalSteps", "loss")
+#: status.drafter fields of a finished training (from its termination message)
+RESULT_FIELDS = ("heldOutAcceptance", "untrainedAcceptance", "tokensPerStep", "steps", "loss")
+
+
+@dataclass(frozen=True)
+class TrainingReport:
+    """What the training monitor read from a running training pod (its progress, or why it could not)."""
+
+    key: str  # the drafter key the Job trains
+    job: str
+    progress: TrainingProgress | None = None
+    error: str = ""
+    at: str = ""  # when it was read (RFC 3339)
+
+
+def drafter_stage(res: Resource, owner: Owner, key: str) -> Stage:
+    spec = owner.spec
+    return Stage(
+        name=STAGE,
+        what="drafter",
+        key=key,
+        path=drafter_path(spec, key),
+        retries=spec.engine.build.retries,
+        children=lambda attempt: [training_configmap(owner), training_job(owner, attempt)],
+        old=res.status.get("drafter") or {},
+        collects=False,
+        reasons=TRAINING_REASONS,
+    )
+
+
+def _result(out: Mapping[str, Any], observed: Observed) -> TrainingResult | None:
+    pod = observed.pods.get(str(out.get("job") or ""))
+    shared = observed.shared.get(STAGE)
+    for message in (pod.message if pod else "", shared.built_message if shared else ""):
+        result = TrainingResult.from_message(message)
+        if result is not None:
+            return result
+    return None
+
+
+def plan_drafter(
+    res: Resource, owner: Owner, observed: Observed, plan: Plan, key: str, report: TrainingReport | None
+) -> dict[str, Any]:
+    """``status.drafter``: Pending, Training (with its progress), Ready/Cached (with held-out acceptance) or Failed."""
+    stage = drafter_stage(res, owner, key)
+    out = dict(plan_stage(res, owner, stage, observed, plan))
+    old = stage.old if stage.old.get("key") == key else {}
+    if out["state"] == "Building":
+        out["state"] = "Training"
+        if report is not None and report.key == key and report.job == out.get("job") and report.progress:
+            out.update(report.progress.model_dump(by_alias=True, exclude_none=True), progressAt=report.at)
+        elif old.get("job") == out.get("job"):
+            out.update({f: old[f] for f in (*PROGRESS_FIELDS, "progressAt") if f in old})
+        if report is not None and report.key == key and report.error and "step" not in out:
+            out.setdefault("message", f"progress not readable yet: {report.error}")
+    elif out["state"] in READY_STATES:
+        result = _result(out, observed)
+        if result is not None:
+            out.update(
+                result.model_dump(
+                    by_alias=True,
+                    include={"held_out_acceptance", "untrained_acceptance", "tokens_per_step", "steps", "loss"},
+                    exclude_none=True,
+                )
+            )
+            if result.trained_at:
+                out["trainedAt"] = result.trained_at
+        else:
+            out.update({f: old[f] for f in (*RESULT_FIELDS, "trainedAt") if f in old})
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def waiting_engine(engine: Mapping[str, Any], drafter: Mapping[str, Any]) -> dict[str, Any]:
+    """The ReDrafter engine's status while its drafter is not trained: Pending, or Failed with the drafter."""
+    base = {"key": engine["key"], "path": engine["path"]}
+    if drafter.get("state") == "Failed":
+        return {**base, "state": "Failed", "message": f"the drafter failed: {drafter.get('message', '')}"}
+    progress = f" (step {drafter['step']}/{drafter.get('totalSteps', '?')})" if "step" in drafter else ""
+    return {
+        **base,
+        "state": "Pending",
+        "message": f"waiting for the drafter {drafter['key']}: {drafter.get('state', 'Pending')}{progress}",
+    }

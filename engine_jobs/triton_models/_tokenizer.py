@@ -29,8 +29,12 @@ class Tokenizer:
             self._hf = AutoTokenizer.from_pretrained(
                 str(path), legacy=False, padding_side="left", trust_remote_code=False
             )
+            # a directory with tokenizer.json alone names no special tokens: look them up as below
             self.eos_id = self._hf.eos_token_id
-            self.pad_id = self._hf.pad_token_id if self._hf.pad_token_id is not None else self.eos_id
+            if self.eos_id is None:
+                self.eos_id = self._first_id(_EOS_CANDIDATES)
+            pad = self._hf.pad_token_id if self._hf.pad_token_id is not None else self._first_id(_PAD_CANDIDATES)
+            self.pad_id = pad if pad is not None else self.eos_id
         else:
             from tokenizers import Tokenizer as FastTokenizer
 
@@ -50,11 +54,8 @@ class Tokenizer:
         return self._hf
 
     def _first_id(self, names: tuple[str, ...]) -> int | None:
-        for name in names:
-            tid = self._fast.token_to_id(name)
-            if tid is not None:
-                return tid
-        return None
+        vocab = self._hf.get_vocab() if self._hf is not None else self._fast.get_vocab(with_added_tokens=True)
+        return next((vocab[name] for name in names if name in vocab), None)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if self._hf is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -31,6 +32,16 @@ from redrafter_sim import controllers
 from redrafter_sim.cronjobs import CronJobController, ManualClock
 from redrafter_sim.failures import Fault
 from redrafter_sim.server import EmulatorHandle
+
+
+def table_rows(text: str) -> list[dict[str, str]]:
+    """``kubectl get``'s table as one dict per row, cut at the header's column offsets (a column a row has
+    no value for prints blank, so splitting on whitespace would shift the cells after it)."""
+    header, *lines = text.splitlines()
+    starts = [(m.start(), m.group()) for m in re.finditer(r"\S+", header)]
+    bounds = [*(start for start, _ in starts[1:]), None]
+    return [{name: line[start:end].strip() for (start, name), end in zip(starts, bounds)} for line in lines]
+
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "llama3-8b.yaml"
@@ -400,9 +411,10 @@ async def test_apply_to_serving_with_conditions_events_and_printer_columns(
     pods = cluster.emu.list_objects("v1", "Pod", NS, label_selector=st["serving"]["selector"])
     assert len(pods) == 1
 
-    table = kubectl("get", "rdd", check=True).stdout.splitlines()
-    assert table[0].split()[:4] == ["NAME", "PHASE", "ENGINE", "READY"]
-    assert table[1].split()[:4] == [NAME, "Serving", "redrafter", "1"]
+    (row,) = table_rows(kubectl("get", "rdd", check=True).stdout)
+    assert list(row)[:5] == ["NAME", "PHASE", "ENGINE", "DRAFTER", "READY"]
+    assert row["DRAFTER"] == ""  # a drafter from a source: nothing trains
+    assert [row[c] for c in ("NAME", "PHASE", "ENGINE", "READY")] == [NAME, "Serving", "redrafter", "1"]
 
     # re-applying the same spec, and idling through several resync intervals => zero writes
     await settle(cluster)

@@ -10,7 +10,17 @@ import time
 from typing import Any
 
 import pytest
-from test_lifecycle import NAME, Cluster, Operator, apply, cluster, example, operator, until  # noqa: F401
+from test_lifecycle import (  # noqa: F401
+    NAME,
+    Cluster,
+    Operator,
+    apply,
+    cluster,
+    example,
+    operator,
+    table_rows,
+    until,
+)
 
 from redrafter_operator.controller.facts import ServingPodFact
 from redrafter_operator.render import names
@@ -79,9 +89,8 @@ async def test_a_serving_failure_shows_in_status_columns_and_one_event_then_clea
     assert cluster.condition("Stalled")["status"] == "True" and cluster.condition("Ready")["status"] == "False"
     assert cluster.condition("Progressing")["status"] == ("False" if cause == "ProgressDeadlineExceeded" else "True")
 
-    table = kubectl("get", "rdd", NAME, check=True).stdout.splitlines()
-    header = table[0].split()
-    assert table[1].split()[header.index("REASON")] == cause
+    (row,) = table_rows(kubectl("get", "rdd", NAME, check=True).stdout)
+    assert row["REASON"] == cause
     assert failure["message"][:40] in kubectl("get", "rdd", NAME, "-o", "wide", check=True).stdout
 
     # several resyncs (every 1 s here) and Pod/Deployment status writes later: still one Event

@@ -397,6 +397,7 @@ class JobRunner:
             elif (item.get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath") == "status.podIP":
                 env[item["name"]] = ip
         env.update(toolchain_env(self.toolchain))
+        env.update(root.tmp_env())
         env["REDRAFTER_SOURCES_MOUNT"] = root.to_host(contract.SOURCES_MOUNT)
         # each container has its own termination-message file, as each has its own /dev/termination-log
         env["REDRAFTER_TERMINATION_LOG"] = str(root.root / "termination" / container["name"])

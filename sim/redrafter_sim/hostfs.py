@@ -95,6 +95,13 @@ class PodRoot:
             return path
         return str(self.rootfs) + posixpath.normpath(path)
 
+    def tmp_env(self) -> dict[str, str]:
+        """TMPDIR for the pod's processes: its own ``/tmp``, as a container has (what a library leaves there,
+        torch's compile cache for one, goes with the pod)."""
+        tmp = Path(self.to_host("/tmp"))
+        tmp.mkdir(parents=True, exist_ok=True)
+        return {"TMPDIR": str(tmp)}
+
     def translate(self, value: str) -> str:
         """``value`` with a container path under one of the mounts rewritten; other strings unchanged.
 

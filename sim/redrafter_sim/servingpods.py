@@ -58,6 +58,9 @@ from .hostfs import HostFS, PodRoot, configmap_names
 from .kubeapi import CONFIGMAPS, DEPLOYMENTS, EVENTS, PODS, SECRETS, ApiStatusError, KubeApi
 from .triton import STUB_TIMEOUT_SECONDS, TritonServer, port_is_free
 
+#: packages the emulated serving image lacks, first on every serving process's sys.path (:func:`serving_workdir`)
+SERVING_IMAGE = Path(__file__).resolve().parent / "serving_image"
+
 log = logging.getLogger("redrafter.sim.serving")
 
 SERVING_SELECTOR = f"{names.LABEL_COMPONENT}=serving"
@@ -398,10 +401,11 @@ class ServingController:
                 http_port=contract.HTTP_PORT,
                 grpc_port=contract.GRPC_PORT,
                 metrics_port=contract.METRICS_PORT,
-                workdir=pod.root.root / "triton",
+                workdir=serving_workdir(pod.root),
                 exit_timeout_secs=self.exit_timeout_secs,
                 stub_timeout_secs=STUB_TIMEOUT_SECONDS,
                 shm_prefix=f"rdsim{os.getpid()}x{pod.ip.rsplit('.', 1)[-1]}n{pod.restarts}r",
+                env=pod.root.tmp_env(),
             )
             pod.server = server
             pod.started = objects.now()
@@ -431,7 +435,15 @@ class ServingController:
         settings = LaunchSettings(host=pod.ip, exit_timeout_secs=self.exit_timeout_secs)
         argv = front_argv(settings, str(config_path)) + ["--tokenizer-dir", str(tokenizer_dir)]
         with open(pod.root.root / "openai-front.log", "ab") as out:
-            return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            env = {**os.environ, **pod.root.tmp_env()}
+            return subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=env,
+                cwd=serving_workdir(pod.root),
+            )
 
     async def _prepare(self, pod: ServingPod, manifest: dict[str, Any]) -> tuple[Path, Path, Path]:
         """The pod's volumes and the repository the launcher would write, with the simulated engine;
@@ -625,6 +637,19 @@ def _gpu_limit(container: Mapping[str, Any]) -> int:
     resources = container.get("resources") or {}
     value = (resources.get("limits") or {}).get(GPU_RESOURCE) or (resources.get("requests") or {}).get(GPU_RESOURCE)
     return int(value or 0)
+
+
+def serving_workdir(root: PodRoot) -> Path:
+    """The working directory of a pod's serving processes (Triton, its Python backend stubs, the front),
+    holding the emulated serving image's absent packages (serving_image/: torch, transformers). The stubs'
+    embedded Python ignores PYTHONPATH but puts the working directory first on sys.path, as ``python -m``
+    does for the front."""
+    workdir = root.root / "triton"
+    workdir.mkdir(parents=True, exist_ok=True)
+    for package in SERVING_IMAGE.iterdir():
+        if package.is_dir() and not (workdir / package.name).exists():
+            (workdir / package.name).symlink_to(package, target_is_directory=True)
+    return workdir
 
 
 def _env_source_names(container: Mapping[str, Any], kind: str) -> list[str]:

@@ -45,9 +45,6 @@ CONVERTERS: dict[Architecture, str] = {
 QUANTIZE_SCRIPT = "quantization/quantize.py"
 REDRAFTER_CONVERTER = "redrafter/convert_checkpoint.py"
 
-#: drafter config.json keys the ReDrafter converter reads
-DRAFTER_CONFIG_KEYS = ("hidden_size", "exit_dim", "num_draft_layers", "rnn")
-
 #: an engine key names a directory on the shared volume: no separators, no dot-files
 KEY_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
 

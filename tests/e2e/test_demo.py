@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from redrafter_sim.scenarios import DEFAULT_SCENARIO, SCENARIOS
+from redrafter_sim.scenarios import DEFAULT_SCENARIO, SCENARIOS, with_training
 from redrafter_sim.triton import TritonInstall, TritonUnavailable
 
 pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(400)]
@@ -67,12 +67,14 @@ def assert_nothing_left(tmpdir: Path, pid: int) -> None:
     assert list(Path("/dev/shm").glob(f"rdsim{pid}x*")) == []
 
 
-def test_demo_fast_every_stage_happens_and_nothing_is_left(tmp_path: Path):
+def test_demo_fast_train_every_stage_happens_and_nothing_is_left(tmp_path: Path):
+    """`demo --fast --train`: from the base model only (the training Job trains a real head on this CPU while
+    the base engine builds), through the whole lifecycle on the trained drafter's ReDrafter engine."""
     tmpdir = tmp_path / "tmp"
     summary_path = tmp_path / "summary.json"
     started = time.monotonic()
     proc = subprocess.Popen(
-        [str(CLI), "demo", "--fast", "--summary-json", str(summary_path)],
+        [str(CLI), "demo", "--fast", "--train", "--summary-json", str(summary_path)],
         env=demo_env(tmpdir),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -88,7 +90,7 @@ def test_demo_fast_every_stage_happens_and_nothing_is_left(tmp_path: Path):
     assert summary_path.exists(), output[-6000:]
     summary = json.loads(summary_path.read_text())
 
-    expected = [s.name for s in SCENARIOS[DEFAULT_SCENARIO].stages]
+    expected = [s.name for s in with_training(SCENARIOS[DEFAULT_SCENARIO]).stages]
     assert [s["name"] for s in summary["stages"]] == expected, output[-6000:]
     failed = [f"{s['name']}: {s['failure']}" for s in summary["stages"] if not s["happened"]]
     assert failed == [], f"stages that did not happen: {failed}\n{output[-6000:]}"
@@ -96,6 +98,12 @@ def test_demo_fast_every_stage_happens_and_nothing_is_left(tmp_path: Path):
 
     # what each stage shows comes from the operator: its history and Events
     by_name = {s["name"]: s for s in summary["stages"]}
+    # the drafter: trained by the Job, measured on held-out prompts, and the ReDrafter engine built from it
+    drafter = summary["final_status"]["drafter"]
+    assert drafter["state"] == "Ready" and drafter["heldOutAcceptance"] > drafter["untrainedAcceptance"], drafter
+    assert 0 < drafter["steps"] <= 100 and drafter["tokensPerStep"] > 1, drafter  # recipe maxSteps 100
+    assert summary["drafter_progress"][0]["state"] == "Training", summary["drafter_progress"]
+    assert summary["final_status"]["engines"]["redrafter"]["state"] in ("Ready", "Cached")
     assert by_name["deploy"]["observed"]["status.phase"] == "Serving"
     assert by_name["load-rise"]["observed"]["status.serving.readyReplicas"] >= 2
     assert by_name["collapse"]["observed"]["status.activeEngine"] == "base"
@@ -108,6 +116,7 @@ def test_demo_fast_every_stage_happens_and_nothing_is_left(tmp_path: Path):
     assert ("redrafter", "base") in switches and ("base", "redrafter") in switches
     reasons = {e["reason"] for e in summary["events"]}
     assert any(r.startswith("EngineReady") for r in reasons), reasons
+    assert {"TrainingStarted", "DrafterTrained"} <= reasons, reasons
     assert summary["traffic"]["requests"] > 0 and summary["traffic"]["tokens"] > 0
     assert "RESULT: every stage happened" in output
     # one chat completion through the Service with the official OpenAI client, on the ReDrafter engine
@@ -117,7 +126,8 @@ def test_demo_fast_every_stage_happens_and_nothing_is_left(tmp_path: Path):
     assert 0 < chat["acceptance_rate"] <= 1
     assert "POST /v1/chat/completions via Service demo-tiny:9000" in output
     print(next(line for line in output.splitlines() if "POST /v1/chat/completions" in line))
-    print(f"demo --fast wall time: {wall:.1f}s (summary says {summary['wall_s']}s)")
+    print(f"drafter: {drafter}")
+    print(f"demo --fast --train wall time: {wall:.1f}s (summary says {summary['wall_s']}s)")
 
     assert_nothing_left(tmpdir, proc.pid)
 

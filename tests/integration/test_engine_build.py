@@ -21,6 +21,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from engine_jobs.contract import MANIFEST_FILE, MODEL_REPO_DIR, BuildResult
+from redrafter_sim.checkpoint import write_drafter
 
 REPO = Path(__file__).resolve().parents[2]
 FAKES = REPO / "sim" / "redrafter_sim" / "toolchain"
@@ -125,7 +126,7 @@ def env(tmp_path: Path) -> Env:
     e = Env(tmp_path)
     write_model(e.sources / "models" / "llama3-8b", LLAMA)
     write_model(e.sources / "models" / "qwen25-7b", QWEN2)
-    write_model(e.sources / "drafters" / "llama3-8b-redrafter", DRAFTER, tokenizer=False)
+    write_drafter(e.sources / "drafters" / "llama3-8b-redrafter")  # the converter's tensor names and shapes
     write_model(e.sources / "drafters" / "qwen-redrafter", DRAFTER, weights="model.pt", tokenizer=False)
     return e
 
@@ -335,6 +336,16 @@ def _missing_drafter_config(env: Env) -> dict:
     return llama_pvc()
 
 
+def _drafter_with_other_names(env: Env) -> dict:
+    from safetensors.numpy import load_file, save_file
+
+    weights = env.sources / "drafters" / "llama3-8b-redrafter" / "model.safetensors"
+    tensors = load_file(str(weights))
+    tensors["lm_heads.2.weight"] = tensors.pop("lm_head.2.weight")  # a name the converter does not read
+    save_file(tensors, str(weights))
+    return llama_pvc()
+
+
 def _unsupported_architecture(env: Env) -> dict:
     write_model(env.sources / "models" / "gpt2", {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"})
     return llama_pvc(base=pvc("models/gpt2"), architecture="auto")
@@ -361,6 +372,11 @@ def _no_tokenizer(env: Env) -> dict:
 
 BAD_INPUTS = {
     "missing-drafter-config": (_missing_drafter_config, 2, "BAD_INPUT: drafter model has no config.json"),
+    "drafter-tensor-names": (
+        _drafter_with_other_names,
+        2,
+        "BAD_INPUT: drafter model.safetensors lacks lm_head.2.weight (convert_checkpoint.py reads it)",
+    ),
     "unsupported-architecture": (
         _unsupported_architecture,
         2,

@@ -30,8 +30,9 @@ class TrainingMonitor:
 
     per_resource = True
 
-    def __init__(self, *, timeout: float = TIMEOUT_SECONDS) -> None:
+    def __init__(self, *, timeout: float = TIMEOUT_SECONDS, port: int = TRAINING_PROGRESS_PORT) -> None:
         self.timeout = timeout
+        self.port = port
 
     def interval(self, host: Host, key: ResourceKey | None) -> float:
         if key is None or "drafter" not in host.engine_keys_of(key):
@@ -66,7 +67,7 @@ class TrainingMonitor:
         host.hand_over(key, TrainingReport(drafter_key, job.name, progress=progress, error=error, at=at))
 
     async def _read(self, ip: str) -> tuple[TrainingProgress | None, str]:
-        url = f"http://{ip}:{TRAINING_PROGRESS_PORT}{TRAINING_PROGRESS_PATH}"
+        url = f"http://{ip}:{self.port}{TRAINING_PROGRESS_PATH}"
         try:
             async with aiohttp.ClientSession() as session:
                 async with session.get(url, timeout=aiohttp.ClientTimeout(total=self.timeout)) as resp:

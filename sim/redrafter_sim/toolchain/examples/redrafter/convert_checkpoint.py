@@ -14,7 +14,15 @@ drafter = fakelib.read_json(Path(args.drafter_model_dir, "config.json"), TOOL)
 for key in ("hidden_size", "exit_dim", "num_draft_layers", "rnn"):
     if key not in drafter:
         fakelib.fail(TOOL, f"AttributeError: 'Namespace' object has no attribute '{key}'")
-if not any(Path(args.drafter_model_dir, f).is_file() for f in ("model.safetensors", "model.pt")):
+if Path(args.drafter_model_dir, "model.safetensors").is_file():
+    # hf_drafter reads each tensor by name and splits it by shape: a head with other names or shapes fails there
+    from engine_jobs.drafter.export import check_drafter_dir
+
+    try:
+        check_drafter_dir(args.drafter_model_dir)
+    except ValueError as exc:
+        fakelib.fail(TOOL, f"KeyError: {exc}")
+elif not Path(args.drafter_model_dir, "model.pt").is_file():
     fakelib.fail(TOOL, f"FileNotFoundError: {args.drafter_model_dir}/model.pt")
 tp = args.tp_size or 1
 for rank in range(tp):  # the real converter opens rank<r>.safetensors of the base checkpoint per rank

@@ -100,6 +100,7 @@ def test_trained_head_beats_the_untrained_one_on_held_out_prompts(trained) -> No
     figures = (
         f"held-out acceptance {trained_} (untrained head {untrained}), tokens per step {evaluation['tokensPerStep']}"
     )
+    print(figures)  # shown with pytest -rP
     assert trained_ >= 0.3, figures
     assert trained_ >= 5 * untrained and untrained < 0.05, figures
     assert evaluation["tokensPerStep"] >= 2.0, figures

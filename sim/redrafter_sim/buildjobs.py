@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import signal
+import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -106,9 +107,13 @@ def provision_source(fs: HostFS, ref: SourceRef | None, role: str) -> None:
     if role == "base" and not (target / "config.json").exists():
         write_base(target)
     elif role == "trainable-base" and not (target / "config.json").exists():  # training loads the weights
-        from .tiny_llama import write_tiny_llama
-
-        write_tiny_llama(target)
+        # in a child process with the node's scratch TMPDIR: torch stays out of this process and its temp files
+        scratch = fs.node_dir / "tmp"
+        scratch.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-m", "redrafter_sim.tiny_llama", str(target)]
+        done = subprocess.run(argv, env={**os.environ, "TMPDIR": str(scratch)}, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"cannot write the tiny Llama into {target}:\n{done.stderr[-2000:]}")
     elif role == "dataset" and not target.exists():
         from .tiny_llama import write_prompts_jsonl
 

@@ -72,3 +72,9 @@ def write_prompts_jsonl(path: Path, n: int, seed: int = 0, vocab_size: int = 100
             words = [f"w{rng.randrange(first, vocab_size)}" for _ in range(rng.randint(4, 12))]
             fh.write(json.dumps({"text": " ".join(words)}) + "\n")
     return path
+
+
+if __name__ == "__main__":  # the node writes a claim's model in a process of its own: torch stays out of the demo's
+    import sys
+
+    write_tiny_llama(Path(sys.argv[1]))

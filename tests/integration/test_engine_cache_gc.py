@@ -10,12 +10,13 @@ import time
 from pathlib import Path
 
 import pytest
-from test_engine_build import DRAFTER, LLAMA, REPO, Env, llama_pvc, write_model  # same dir
+from test_engine_build import LLAMA, REPO, Env, llama_pvc, write_model  # same dir
 
 from engine_jobs.cache import CachePaths, KeyLock
 from engine_jobs.cache_index import STATE_FILE, TRASH_DIR, iso
 from engine_jobs.contract import MANIFEST_FILE
 from engine_jobs.progress import Log, tree_size
+from redrafter_sim.checkpoint import write_drafter
 
 # key -> (fixture, pvc sources)
 ENGINES = {
@@ -31,7 +32,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Four engines built once by ``engine_jobs build``; each test copies the cache."""
     e = Env(tmp_path_factory.mktemp("built"))
     write_model(e.sources / "models" / "llama3-8b", LLAMA)
-    write_model(e.sources / "drafters" / "llama3-8b-redrafter", DRAFTER, tokenizer=False)
+    write_drafter(e.sources / "drafters" / "llama3-8b-redrafter")
     for key, (fixture, sources) in ENGINES.items():
         result = e.run(e.spec(fixture, key=key, **sources))
         assert result.returncode == 0, result.stdout + result.stderr
@@ -266,7 +267,7 @@ def test_a_removed_engine_is_rebuilt_not_found_half(tmp_path: Path, cache: Cache
     assert cache.complete() == set()
     e = Env(tmp_path / "rebuild")
     write_model(e.sources / "models" / "llama3-8b", LLAMA)
-    write_model(e.sources / "drafters" / "llama3-8b-redrafter", DRAFTER, tokenizer=False)
+    write_drafter(e.sources / "drafters" / "llama3-8b-redrafter")
     e.cache = cache.dir
     fixture, sources = ENGINES["llama-rd-old"]
     result = e.run(e.spec(fixture, key="llama-rd-old", **sources))

@@ -51,6 +51,15 @@ def status(active: str, ready: int = 1) -> dict:
         "serving": {"replicas": 1, "readyReplicas": ready},
         "engines": {"redrafter": {"key": "r", "state": "Ready"}, "base": {"key": "b", "state": "Ready"}},
         "validation": {"state": "Passed"},
+        # a drafter the operator trained (the dashboard's training row reads these)
+        "drafter": {
+            "key": "d",
+            "state": "Ready",
+            "step": 100,
+            "totalSteps": 100,
+            "loss": 1.7,
+            "heldOutAcceptance": 0.6,
+        },
     }
 
 

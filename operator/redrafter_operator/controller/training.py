@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from engine_jobs.contract import TRAINING_PROGRESS_PATH, TRAINING_PROGRESS_PORT, TrainingProgress
 
+from ..metrics.scraper import read_body
 from ..render import names
 from ..render.training import STAGE
 from .drafter import TrainingReport
@@ -73,12 +74,12 @@ class TrainingMonitor:
                 async with session.get(url, timeout=aiohttp.ClientTimeout(total=self.timeout)) as resp:
                     if resp.status != 200:
                         return None, f"GET {url}: HTTP {resp.status}"
-                    body = await resp.content.read(MAX_BODY_BYTES + 1)
+                    body = await read_body(resp, MAX_BODY_BYTES)
         except TimeoutError:
             return None, f"GET {url}: timed out after {self.timeout}s"
         except aiohttp.ClientError as exc:
             return None, f"GET {url}: {type(exc).__name__}: {exc}"
-        if len(body) > MAX_BODY_BYTES:
+        if body is None:
             return None, f"GET {url}: the answer exceeds {MAX_BODY_BYTES} bytes"
         try:
             return TrainingProgress.model_validate_json(body), ""

@@ -14,6 +14,17 @@ from .samples import PodError, PodSample, PodTarget, Reading, collect
 MAX_BODY = 8 * 1024 * 1024  # a Triton exposition is a few hundred KiB; refuse anything absurd
 
 
+async def read_body(resp: aiohttp.ClientResponse, limit: int) -> bytes | None:
+    """The whole body, or None once it passes ``limit`` bytes (read no further: a pod's answer is not trusted)."""
+    chunks, size = [], 0
+    async for chunk in resp.content.iter_chunked(64 * 1024):
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 class PodScraper:
     """Scrapes pods concurrently with a per-pod timeout; a pod that fails becomes a :class:`PodError`.
 
@@ -61,13 +72,9 @@ class PodScraper:
                 async with session.get(url, timeout=aiohttp.ClientTimeout(total=self.timeout)) as resp:
                     if resp.status != 200:
                         return fail(f"GET {url}: HTTP {resp.status}")
-                    chunks, size = [], 0
-                    async for chunk in resp.content.iter_chunked(64 * 1024):
-                        size += len(chunk)
-                        if size > MAX_BODY:
-                            return fail(f"GET {url}: body larger than {MAX_BODY} bytes")
-                        chunks.append(chunk)
-                    body = b"".join(chunks)
+                    body = await read_body(resp, MAX_BODY)
+                    if body is None:
+                        return fail(f"GET {url}: body larger than {MAX_BODY} bytes")
             except asyncio.TimeoutError:
                 return fail(f"GET {url}: timed out after {self.timeout}s")
             except aiohttp.ClientError as exc:

@@ -22,8 +22,18 @@ def _pump(stream: IO[str], prefix: str, log: Log, tail: collections.deque[str]) 
         log(f"  {prefix} | {line}")
 
 
-def run_step(step: Step, log: Log, tail_lines: int, env: dict[str, str] | None = None) -> float:
-    """Run ``step.argv`` (never through a shell); seconds taken, or BuildError(TOOL_FAILURE) with its tail."""
+def run_step(
+    step: Step,
+    log: Log,
+    tail_lines: int,
+    env: dict[str, str] | None = None,
+    passthrough: tuple[ExitCode, ...] = (),
+) -> float:
+    """Run ``step.argv`` (never through a shell); seconds taken, or BuildError(TOOL_FAILURE) with its tail.
+
+    A step of our own (the training worker) that exits with one of ``passthrough`` fails the Job with that
+    code and the reason of its ``<CODE>: <reason>`` line: a bad dataset is bad input, not a tool failure.
+    """
     start = time.monotonic()
     try:
         proc = subprocess.Popen(
@@ -61,6 +71,13 @@ def run_step(step: Step, log: Log, tail_lines: int, env: dict[str, str] | None =
         for t in pumps:
             t.join(timeout=5)
     seconds = time.monotonic() - start
+    if code in passthrough:
+        known = ExitCode(code)
+        reason = next(
+            (line[len(known.name) + 2 :] for line in reversed(err_tail) if line.startswith(f"{known.name}: ")),
+            f"step {step.name} failed with {known.name}",
+        )
+        raise BuildError(known, log.redact(reason), log.redact("\n".join(err_tail)))
     if code != 0:
         tail = err_tail or out_tail  # the error is usually on stderr; some tools only use stdout
         how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"

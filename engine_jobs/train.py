@@ -188,6 +188,7 @@ def assemble(spec: TrainSpec, settings: Settings, tmp: Path, lock: KeyLock, log:
             Step("train", tuple(argv), str(tmp), "self-distillation and training of the ReDrafter head"),
             log,
             settings.stderr_tail_lines,
+            passthrough=(ExitCode.BAD_INPUT, ExitCode.OUT_OF_DISK),
         )
         if server is not None:
             server.phase = TrainingProgress(phase="publishing")

@@ -25,8 +25,9 @@ from engine_jobs.progress import human_bytes
 
 from .api import GROUP, PLURAL, VERSION
 from .api.defaults import DEFAULTS
-from .controller.apply import ApiError, KubeClient, load_configuration
+from .controller.apply import ApiError, KubeClient
 from .controller.validation import DEFAULT_OPERATOR_IMAGE, ENV_OPERATOR_IMAGE
+from .kubeconfig import load_configuration
 from .render import cache_jobs, names
 from .render.cache_refs import references_document
 

@@ -27,8 +27,9 @@ from typing import Any
 import pytest
 from test_lifecycle import NAME, NS, Cluster, apply, example, running, until  # noqa: I001 (same dir)
 
-from redrafter_operator.controller.apply import ApiError, KubeClient, load_configuration
+from redrafter_operator.controller.apply import ApiError, KubeClient
 from redrafter_operator.controller.leader import ElectionConfig, LeaderElector, LeaseRecord
+from redrafter_operator.kubeconfig import load_configuration
 from redrafter_operator.render import names
 from redrafter_sim.server import EmulatorHandle, write_kubeconfig
 

@@ -22,7 +22,6 @@ from typing import Any, Callable, Mapping
 
 import aiohttp
 from kubernetes_asyncio import client as k8s_client
-from kubernetes_asyncio import config as k8s_config
 
 from .facts import FIELD_MANAGER, manifest_hash, owned_fields
 
@@ -66,19 +65,6 @@ def object_path(manifest: Mapping[str, Any], *, collection: bool = False) -> str
 
 def resource_name(manifest: Mapping[str, Any]) -> str:
     return _KINDS[(manifest["apiVersion"], manifest["kind"])][1]
-
-
-async def load_configuration(kubeconfig: str | None = None, context: str | None = None) -> k8s_client.Configuration:
-    """In-cluster service account first (unless a kubeconfig is named), else the kubeconfig."""
-    cfg = k8s_client.Configuration()
-    if not kubeconfig:
-        try:
-            k8s_config.load_incluster_config(client_configuration=cfg)
-            return cfg
-        except k8s_config.ConfigException:
-            pass
-    await k8s_config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
-    return cfg
 
 
 WriteHook = Callable[[str, str, int], None]  # (verb, resource, status code)

@@ -24,8 +24,9 @@ import kopf
 from aiohttp import web
 
 from ..api.types import parse_duration
+from ..kubeconfig import load_configuration
 from ..render import names
-from .apply import KubeClient, load_configuration
+from .apply import KubeClient
 from .clock import Clock, SystemClock
 from .handlers import register
 from .leader import ElectionConfig, LeaderElector, default_identity

@@ -122,6 +122,7 @@ def _plugins() -> list[Callable[[argparse._SubParsersAction], None]]:
         ("redrafter_operator.controller.main", "register_cli"),
         ("redrafter_operator.evaluate.cli", "register_cli"),
         ("redrafter_operator.cache_cli", "register_cli"),
+        ("redrafter_operator.check.cli", "register_cli"),
     ):
         try:
             mod = importlib.import_module(module)

@@ -19,12 +19,13 @@ PACKAGES = ("redrafter_operator", "engine_jobs", "redrafter_sim")
 OPERATOR_LAYERS: list[str | set[str]] = [
     "cli",  # the command line: everything else is reached from here
     "cache_cli",  # `cache ls|gc`: engine_jobs' cache code, locally or in a pod through the API
-    "controller",  # kopf shell, reconciler, evaluators, planner
+    # kopf shell, reconciler, evaluators, planner / `check`, a preflight read through the API: neither imports the other
+    {"controller", "check"},
     "policy",  # speculation policy and autoscaler, pure
     "metrics",  # reads serving pods' metrics (scrape / Prometheus)
     "render",  # manifests from the spec
     {"api", "evaluate"},  # the CRD's models / the evaluation tool the validation Job runs: neither knows the other
-    "yamlio",
+    {"yamlio", "kubeconfig"},  # YAML output / where the API client's configuration comes from
 ]
 
 # Inside the controller: the shell on top, the pure planner and the shared resource I/O below.

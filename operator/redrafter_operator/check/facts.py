@@ -1,0 +1,265 @@
+"""Everything the checks need, read once from the API into a frozen ``ClusterFacts``.
+
+Reads are narrow on purpose: the named PVCs and Secrets are fetched one by one (get, not list), and of a
+Secret only the data key names are kept; its values never leave this module's local variables. A 403 or
+404 on one read is a fact (``unreadable`` / absent), not an error: the check that needs it says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import aiohttp
+from kubernetes_asyncio import client as k8s_client
+
+from ..api import GROUP, PLURAL, VERSION
+from ..api.spec import ReDrafterDeploymentSpec, parse_spec
+from ..api.types import parse_source
+
+# The chart's Deployment carries these whatever nameOverride says (templates/_helpers.tpl, labels);
+# the operator's own children never say part-of=redrafter.
+OPERATOR_SELECTOR = "app.kubernetes.io/part-of=redrafter,app.kubernetes.io/component=operator"
+REQUEST_TIMEOUT = 15
+
+
+class ClusterUnreachable(Exception):
+    """The API server could not be reached, or answered with an error that is not about one object."""
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One ReDrafterDeployment under check: from a file or from the cluster."""
+
+    name: str
+    namespace: str
+    spec: Mapping[str, Any]
+
+    def parsed(self) -> tuple[ReDrafterDeploymentSpec | None, list[str]]:
+        return parse_spec(dict(self.spec))
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    name: str
+    labels: Mapping[str, str]
+    allocatable: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class ClaimFacts:
+    phase: str
+    access_modes: tuple[str, ...]
+    capacity: str | None
+
+
+@dataclass(frozen=True)
+class DeploymentFacts:
+    namespace: str
+    name: str
+    replicas: int
+    ready: int
+
+
+@dataclass(frozen=True)
+class ClusterFacts:
+    nodes: tuple[NodeFacts, ...] = ()
+    crds: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # name -> served versions
+    operator_deployments: tuple[DeploymentFacts, ...] | None = None  # None: not looked for
+    operator_namespace: str | None = None
+    claims: Mapping[tuple[str, str], ClaimFacts] = field(default_factory=dict)  # (ns, name), found only
+    secret_keys: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict)  # (ns, name), found only
+    unreadable: Mapping[str, str] = field(default_factory=dict)  # "nodes", "pvc/ns/name", ...: why (403)
+    missing_resources: tuple[tuple[str, str], ...] = ()  # (ns, name) asked for by name, not found
+
+
+def wanted(resources: list[Resource]) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
+    """The (namespace, name) of every PVC and Secret the resources' specs refer to (valid specs only)."""
+    claims: set[tuple[str, str]] = set()
+    secrets: set[tuple[str, str]] = set()
+    for res in resources:
+        spec, _ = res.parsed()
+        if spec is None:
+            continue
+        claims.add((res.namespace, spec.engine.cache.claim_name))
+        for source, secret in source_refs(spec):
+            if source.startswith("pvc://"):
+                claims.add((res.namespace, parse_source(source).authority))
+            if secret:
+                secrets.add((res.namespace, secret))
+    return claims, secrets
+
+
+def source_refs(spec: ReDrafterDeploymentSpec) -> list[tuple[str, str | None]]:
+    """(source URI, credentials Secret) of every input the build and training Jobs fetch."""
+    model = spec.model
+    refs: list[tuple[str, str | None]] = [(model.base.source, model.base.credentials_secret)]
+    if model.tokenizer is not None:
+        refs.append((model.tokenizer.source, model.tokenizer.credentials_secret))
+    if model.drafter.source is not None:
+        refs.append((model.drafter.source, model.drafter.credentials_secret))
+    if model.drafter.train is not None:
+        dataset = model.drafter.train.dataset
+        refs.append((dataset.source, dataset.credentials_secret))
+    return refs
+
+
+class _Reader:
+    def __init__(self, api: k8s_client.ApiClient):
+        self._api = api
+
+    async def get(self, path: str, query: list[tuple[str, str]] | None = None) -> tuple[int, dict[str, Any]]:
+        """(status, body) of a GET; raises ClusterUnreachable when there is no answer or a server error."""
+        try:
+            resp = await self._api.call_api(
+                path,
+                "GET",
+                query_params=query or [],
+                header_params={"Accept": "application/json"},
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _return_http_data_only=True,
+                _request_timeout=REQUEST_TIMEOUT,
+            )
+            status, raw = resp.status, await resp.read()
+            resp.release()
+        except k8s_client.exceptions.ApiException as exc:
+            status = exc.status or 0
+            body = exc.body
+            raw = body if isinstance(body, bytes) else str(body or "").encode()
+            if status == 0:
+                raise ClusterUnreachable(f"cannot reach the API server: {exc.reason}") from None
+        except (OSError, asyncio.TimeoutError, aiohttp.ClientError) as exc:
+            host = self._api.configuration.host
+            raise ClusterUnreachable(f"cannot reach the API server at {host}: {_first_line(exc)}") from None
+        try:
+            payload = json.loads(raw) if raw else {}
+        except ValueError:
+            payload = {}
+        if status in (401,) or status >= 500:
+            message = payload.get("message") or raw.decode(errors="replace")[:200]
+            raise ClusterUnreachable(f"GET {path}: {status} {payload.get('reason', '')}: {_first_line(message)}")
+        return status, payload
+
+
+def _first_line(value: object) -> str:
+    text = str(value).strip() or type(value).__name__
+    return text.splitlines()[0]
+
+
+def _why(status: int, payload: Mapping[str, Any]) -> str:
+    return f"{status} {payload.get('reason') or ''}: {_first_line(payload.get('message') or 'no message')}".strip()
+
+
+async def read_resources(
+    api: k8s_client.ApiClient, namespace: str, name: str | None
+) -> tuple[list[Resource], tuple[tuple[str, str], ...]]:
+    """The named ReDrafterDeployment, or every one in the namespace; and the (ns, name) asked for but absent."""
+    reader = _Reader(api)
+    base = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}"
+    status, body = await reader.get(f"{base}/{name}" if name else base)
+    if status == 404:  # the object, or the whole API when the CRD is missing: the crd check explains that
+        return [], ((namespace, name),) if name else ()
+    if status != 200:
+        raise ClusterUnreachable(f"cannot read {PLURAL} in {namespace}: {_why(status, body)}")
+    items = [body] if name else list(body.get("items") or [])
+    return [
+        Resource(
+            name=str(item["metadata"]["name"]),
+            namespace=str(item["metadata"].get("namespace") or namespace),
+            spec=item.get("spec") or {},
+        )
+        for item in items
+    ], ()
+
+
+async def read_facts(
+    api: k8s_client.ApiClient,
+    resources: list[Resource],
+    *,
+    operator_namespace: str | None = None,
+    missing_resources: tuple[tuple[str, str], ...] = (),
+) -> ClusterFacts:
+    """Nodes, CRDs, the operator's Deployments and the PVCs and Secrets the resources name."""
+    reader = _Reader(api)
+    unreadable: dict[str, str] = {}
+
+    status, body = await reader.get("/api/v1/nodes")
+    nodes: list[NodeFacts] = []
+    if status == 200:
+        for item in body.get("items") or []:
+            nodes.append(
+                NodeFacts(
+                    name=str(item["metadata"]["name"]),
+                    labels=dict(item["metadata"].get("labels") or {}),
+                    allocatable=dict((item.get("status") or {}).get("allocatable") or {}),
+                )
+            )
+    else:
+        unreadable["nodes"] = _why(status, body)
+
+    crds: dict[str, tuple[str, ...]] = {}
+    status, body = await reader.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions")
+    if status == 200:
+        for item in body.get("items") or []:
+            served = tuple(str(v["name"]) for v in (item.get("spec") or {}).get("versions") or [] if v.get("served"))
+            crds[str(item["metadata"]["name"])] = served
+    else:
+        unreadable["crds"] = _why(status, body)
+
+    deployments: tuple[DeploymentFacts, ...] | None = None
+    path = (
+        f"/apis/apps/v1/namespaces/{operator_namespace}/deployments"
+        if operator_namespace
+        else "/apis/apps/v1/deployments"
+    )
+    status, body = await reader.get(path, [("labelSelector", OPERATOR_SELECTOR)])
+    if status == 200:
+        deployments = tuple(
+            DeploymentFacts(
+                namespace=str(item["metadata"].get("namespace") or ""),
+                name=str(item["metadata"]["name"]),
+                replicas=int((item.get("spec") or {}).get("replicas", 1)),
+                ready=int((item.get("status") or {}).get("readyReplicas") or 0),
+            )
+            for item in body.get("items") or []
+        )
+    else:
+        unreadable["deployments"] = _why(status, body)
+
+    claim_refs, secret_refs = wanted(resources)
+    claims: dict[tuple[str, str], ClaimFacts] = {}
+    for ns, name in sorted(claim_refs):
+        status, body = await reader.get(f"/api/v1/namespaces/{ns}/persistentvolumeclaims/{name}")
+        if status == 200:
+            st = body.get("status") or {}
+            modes = tuple((body.get("spec") or {}).get("accessModes") or st.get("accessModes") or ())
+            claims[(ns, name)] = ClaimFacts(
+                phase=str(st.get("phase") or "Pending"),
+                access_modes=modes,
+                capacity=(st.get("capacity") or {}).get("storage"),
+            )
+        elif status != 404:
+            unreadable[f"pvc/{ns}/{name}"] = _why(status, body)
+
+    secret_keys: dict[tuple[str, str], frozenset[str]] = {}
+    for ns, name in sorted(secret_refs):
+        status, body = await reader.get(f"/api/v1/namespaces/{ns}/secrets/{name}")
+        if status == 200:  # keep the key names; the values are dropped with ``body``
+            secret_keys[(ns, name)] = frozenset((body.get("data") or {}) | (body.get("stringData") or {}))
+        elif status != 404:
+            unreadable[f"secret/{ns}/{name}"] = _why(status, body)
+        del body
+
+    return ClusterFacts(
+        nodes=tuple(nodes),
+        crds=crds,
+        operator_deployments=deployments,
+        operator_namespace=operator_namespace,
+        claims=claims,
+        secret_keys=secret_keys,
+        unreadable=unreadable,
+        missing_resources=missing_resources,
+    )

@@ -1,0 +1,383 @@
+"""``redrafter-operator check`` against the emulated API server, run as a user runs it (a subprocess).
+
+Each check is made to fail (✗ and its fix line) and then to pass after the cluster is fixed; the
+warning variants are covered on the pure check functions, which need no server.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from redrafter_operator.check.checks import check_driver, check_operator
+from redrafter_operator.check.facts import ClusterFacts, DeploymentFacts, NodeFacts, Resource
+from redrafter_sim.apiserver import ApiServerEmulator
+from redrafter_sim.server import EmulatorHandle
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = Path(sys.executable).parent / "redrafter-operator"
+EXAMPLE = ROOT / "examples" / "llama3-8b.yaml"
+A100 = "NVIDIA-A100-SXM4-80GB"
+H100 = "NVIDIA-H100-80GB-HBM3"
+SECRET_VALUE = "hf_sEcReT-VaLuE-4242"
+OPERATOR_NS = "redrafter-system"
+CHART_LABELS = {
+    "app.kubernetes.io/name": "redrafter-operator",
+    "app.kubernetes.io/instance": "redrafter-operator",
+    "app.kubernetes.io/component": "operator",
+    "app.kubernetes.io/part-of": "redrafter",
+}
+
+
+def check(kubeconfig: Path, *args: str) -> tuple[int, str, str]:
+    proc = subprocess.run(
+        [str(CLI), "check", "--kubeconfig", str(kubeconfig), *args], capture_output=True, text=True, timeout=60
+    )
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def line(out: str, name: str) -> str:
+    """The line of check ``name`` and its fix line, if any."""
+    lines = out.splitlines()
+    for i, text in enumerate(lines):
+        if text[2:].startswith(f"{name}: "):
+            fix = lines[i + 1] if i + 1 < len(lines) and lines[i + 1].startswith("    fix: ") else ""
+            return text + ("\n" + fix if fix else "")
+    raise AssertionError(f"no check {name!r} in:\n{out}")
+
+
+def example(**changes: Any) -> dict[str, Any]:
+    body: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+    for path, value in changes.items():
+        node = body["spec"]
+        *parents, leaf = path.split("__")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return body
+
+
+def write(tmp_path: Path, body: dict[str, Any]) -> str:
+    path = tmp_path / "rdd.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return str(path)
+
+
+def apply_crd(kubectl: Any, path: Path) -> None:
+    kubectl("apply", "--server-side", "-f", str(path), check=True)
+
+
+def node(em: ApiServerEmulator, name: str, product: str | None, gpus: int, driver: int | None = 580) -> None:
+    labels = {"kubernetes.io/hostname": name}
+    if product:
+        labels |= {"nvidia.com/gpu.product": product, "nvidia.com/gpu.count": str(gpus)}
+    if driver is not None:
+        labels["nvidia.com/cuda.driver.major"] = str(driver)
+    em.create_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}})
+    allocatable = {"cpu": "96", "memory": "1Ti"} | ({"nvidia.com/gpu": str(gpus)} if gpus else {})
+    em.patch_object("v1", "Node", name, None, {"status": {"allocatable": allocatable}}, subresource="status")
+
+
+def pvc(em: ApiServerEmulator, name: str, modes: list[str], phase: str = "Bound", size: str = "500Gi") -> None:
+    em.create_object(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"accessModes": modes, "resources": {"requests": {"storage": size}}},
+        }
+    )
+    status = {"phase": phase, "accessModes": modes, "capacity": {"storage": size}}
+    em.patch_object("v1", "PersistentVolumeClaim", name, "default", {"status": status}, subresource="status")
+
+
+def operator(em: ApiServerEmulator, replicas: int, ready: int) -> None:
+    """The chart's Deployment (its labels), with the status its pods would give it."""
+    name = "redrafter-operator"
+    if em.find_object("v1", "Namespace", OPERATOR_NS) is None:
+        em.create_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPERATOR_NS}})
+    if em.find_object("apps/v1", "Deployment", name, OPERATOR_NS) is None:
+        em.create_object(
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": name, "namespace": OPERATOR_NS, "labels": CHART_LABELS},
+                "spec": {
+                    "replicas": replicas,
+                    "selector": {"matchLabels": CHART_LABELS},
+                    "template": {
+                        "metadata": {"labels": CHART_LABELS},
+                        "spec": {"containers": [{"name": "operator", "image": "ghcr.io/redrafter/operator:0.1.0"}]},
+                    },
+                },
+            }
+        )
+    else:
+        em.patch_object("apps/v1", "Deployment", name, OPERATOR_NS, {"spec": {"replicas": replicas}})
+    status = {"replicas": replicas, "readyReplicas": ready, "availableReplicas": ready}
+    em.patch_object("apps/v1", "Deployment", name, OPERATOR_NS, {"status": status}, subresource="status")
+
+
+def secret(kubectl: Any, key: str = "token") -> None:
+    kubectl("create", "secret", "generic", "hf-token", f"--from-literal={key}={SECRET_VALUE}", check=True)
+
+
+def prepare(em: ApiServerEmulator, kubectl: Any, *, skip: frozenset[str] | set[str] = frozenset()) -> None:
+    """A cluster where the example passes every check, less the parts named in ``skip``."""
+    if "crd" not in skip:
+        apply_crd(kubectl, ROOT / "charts" / "redrafter-operator" / "crds")
+    if "operator" not in skip:
+        operator(em, replicas=1, ready=1)
+    if "nodes" not in skip:
+        node(em, "a100-0", A100, 8)
+        node(em, "cpu-0", None, 0, driver=None)
+    if "claims" not in skip:
+        pvc(em, "engine-cache", ["ReadWriteMany"])
+        pvc(em, "drafters", ["ReadOnlyMany"])
+    if "secret" not in skip:
+        secret(kubectl)
+
+
+@pytest.fixture
+def em(apiserver: EmulatorHandle) -> ApiServerEmulator:
+    return apiserver.emulator
+
+
+def test_a_prepared_cluster_passes_every_check(em: ApiServerEmulator, kubectl: Any, kubeconfig: Path) -> None:
+    prepare(em, kubectl)
+    code, out, err = check(kubeconfig, "-f", str(EXAMPLE), "--operator-namespace", OPERATOR_NS)
+    assert code == 0, out + err
+    names = [text[2:].split(":")[0] for text in out.splitlines() if text[:2] in ("✓ ", "✗ ", "! ")]
+    assert names == [
+        "crd",
+        "operator",
+        "gpu-nodes",
+        "spec llama3-8b",
+        "gpu-product llama3-8b",
+        "driver llama3-8b",
+        "cache-claim llama3-8b",
+        "source-claims llama3-8b",
+        "credentials llama3-8b",
+    ]
+    assert all(text.startswith("✓ ") for text in out.splitlines() if text[:2] in ("✓ ", "✗ ", "! ")), out
+    assert "fix:" not in out and SECRET_VALUE not in out + err
+    print(out)  # the sample in docs/check.md
+
+    # the same resource read back from the cluster, by name, as JSON
+    kubectl("apply", "-f", str(EXAMPLE), check=True)
+    code, out, err = check(kubeconfig, "llama3-8b", "-o", "json")
+    assert code == 0, out + err
+    doc = json.loads(out)
+    assert doc["ok"] is True and set(doc) == {"checks", "ok"}
+    assert all(set(c) == {"name", "status", "message", "fix"} and c["status"] == "ok" for c in doc["checks"])
+    assert {c["name"] for c in doc["checks"]} >= {"crd", "operator", "credentials llama3-8b"}
+    assert SECRET_VALUE not in out + err
+
+
+def test_crd(em: ApiServerEmulator, kubectl: Any, kubeconfig: Path) -> None:
+    prepare(em, kubectl, skip={"crd"})
+    code, out, _ = check(kubeconfig, "-f", str(EXAMPLE))
+    assert code == 1
+    assert line(out, "crd") == (
+        "✗ crd: CRD redrafterdeployments.redrafter.dev is not installed\n"
+        "    fix: kubectl apply --server-side -f charts/redrafter-operator/crds/"
+    )
+    apply_crd(kubectl, ROOT / "charts" / "redrafter-operator" / "crds")
+    code, out, _ = check(kubeconfig, "-f", str(EXAMPLE))
+    assert code == 0, out
+    assert line(out, "crd") == "✓ crd: CRD redrafterdeployments.redrafter.dev serves v1alpha1"
+
+
+def test_operator(em: ApiServerEmulator, kubectl: Any, kubeconfig: Path) -> None:
+    prepare(em, kubectl, skip={"operator"})
+    code, out, _ = check(kubeconfig, "-f", str(EXAMPLE), "--operator-namespace", OPERATOR_NS)
+    assert code == 1
+    assert line(out, "operator") == (
+        f"✗ operator: no redrafter-operator Deployment in namespace {OPERATOR_NS}\n"
+        f"    fix: helm install redrafter charts/redrafter-operator -n {OPERATOR_NS} --create-namespace"
+    )
+    operator(em, replicas=2, ready=2)
+    code, out, _ = check(kubeconfig, "-f", str(EXAMPLE))  # found in any namespace
+    assert code == 0, out
+    assert line(out, "operator") == f"✓ operator: Deployment {OPERATOR_NS}/redrafter-operator: 2 of 2 replicas ready"
+
+
+def test_operator_partly_ready_warns_and_none_ready_fails() -> None:
+    partly = ClusterFacts(operator_deployments=(DeploymentFacts(OPERATOR_NS, "op", replicas=2, ready=1),))
+    assert check_operator(partly).status == "warn"
+    down = ClusterFacts(operator_deployments=(DeploymentFacts(OPERATOR_NS, "op", replicas=2, ready=0),))
+    assert check_operator(down).status == "fail" and "describe deployment op" in (check_operator(down).fix or "")
+
+
+def test_gpu_nodes_and_gpu_product(em: ApiServerEmulator, kubectl: Any, kubeconfig: Path) -> None:
+    prepare(em, kubectl, skip={"nodes"})
+    code, out, _ = check(kubeconfig, "-f", str(EXAMPLE))
+    assert code == 1
+    assert line(out, "gpu-nodes") == (
+        "✗ gpu-nodes: no node has allocatable nvidia.com/gpu (0 node(s))\n"
+        "    fix: install the NVIDIA GPU Operator or device plugin"
+    )
+    assert line(out, "gpu-product llama3-8b").startswith(
+        f"✗ gpu-product llama3-8b: no node offers 1× {A100}; nodes: none"
+    )
+    for i in range(3):
+        node(em, f"h100-{i}", H100, 8)
+    code, out, _ = check(kubeconfig, "-f", str(EXAMPLE))
+    assert code == 1
+    assert line(out, "gpu-nodes") == "✓ gpu-nodes: 3 node(s) with nvidia.com/gpu, 24 allocatable"
+    assert line(out, "gpu-product llama3-8b") == (
+        f"✗ gpu-product llama3-8b: no node offers 1× {A100}; nodes: 3× {H100} (8 each)\n"
+        f"    fix: add nodes with {A100}, or set spec.engine.build.gpuProduct to one of: {H100}"
+    )
+    node(em, "a100-0", A100, 8)
+    code, out, _ = check(kubeconfig, "-f", str(EXAMPLE))
+    assert code == 0, out
+    assert line(out, "gpu-product llama3-8b") == f"✓ gpu-product llama3-8b: 1 node(s) offer 1× {A100}: a100-0"
+
+
+def test_driver(em: ApiServerEmulator, kubectl: Any, kubeconfig: Path) -> None:
+    prepare(em, kubectl, skip={"nodes"})
+    node(em, "a100-old", A100, 8, driver=550)
+    code, out, _ = check(kubeconfig, "-f", str(EXAMPLE))
+    assert code == 1
+    assert line(out, "driver llama3-8b") == (
+        "✗ driver llama3-8b: Triton 25.09 needs driver R575+; older on a100-old (R550)\n"
+        "    fix: upgrade the NVIDIA driver on those nodes to R575 or later (GPU Operator: driver.version)"
+    )
+    em.patch_object("v1", "Node", "a100-old", None, {"metadata": {"labels": {"nvidia.com/cuda.driver.major": "580"}}})
+    code, out, _ = check(kubeconfig, "-f", str(EXAMPLE))
+    assert code == 0, out
+    assert line(out, "driver llama3-8b") == (
+        "✓ driver llama3-8b: Triton 25.09 needs driver R575+; 1 matching node(s) have it (R580+)"
+    )
+
+
+def test_driver_unknown_or_forward_compatible_warns() -> None:
+    spec = Resource("r", "default", example()["spec"]).parsed()[0]
+    assert spec is not None
+    gpu = {"nvidia.com/gpu": "8"}
+    unlabelled = ClusterFacts(nodes=(NodeFacts("n", {"nvidia.com/gpu.product": A100}, gpu),))
+    result = check_driver(unlabelled, "r", spec)
+    assert result is not None and result.status == "warn" and "GPU Feature Discovery" in (result.fix or "")
+    compat = ClusterFacts(
+        nodes=(NodeFacts("n", {"nvidia.com/gpu.product": A100, "nvidia.com/cuda.driver.major": "535"}, gpu),)
+    )
+    result = check_driver(compat, "r", spec)
+    assert result is not None and result.status == "warn" and "forward compatibility" in (result.fix or "")
+
+
+def test_cache_claim_and_source_claims(em: ApiServerEmulator, kubectl: Any, kubeconfig: Path, tmp_path: Path) -> None:
+    prepare(em, kubectl, skip={"claims"})
+    pvc(em, "engine-cache", ["ReadWriteOnce"])
+    code, out, _ = check(kubeconfig, "-f", str(EXAMPLE))
+    assert code == 1
+    assert line(out, "cache-claim llama3-8b") == (
+        "✗ cache-claim llama3-8b: PVC default/engine-cache is ReadWriteOnce, not ReadWriteMany: build Jobs and "
+        "serving pods on different nodes share it\n"
+        "    fix: recreate engine-cache with accessModes: [ReadWriteMany] on an RWX StorageClass (NFS, CephFS, EFS, "
+        "Filestore)"
+    )
+    assert line(out, "source-claims llama3-8b") == (
+        "✗ source-claims llama3-8b: PVC default/drafters (a pvc:// source) not found\n"
+        "    fix: create a PersistentVolumeClaim drafters in default (kubectl -n default apply -f pvc.yaml)"
+    )
+    em.delete_object("v1", "PersistentVolumeClaim", "engine-cache", "default")
+    pvc(em, "engine-cache", ["ReadWriteMany"])
+    pvc(em, "drafters", ["ReadOnlyMany"])
+    code, out, _ = check(kubeconfig, "-f", str(EXAMPLE))
+    assert code == 0, out
+    assert line(out, "cache-claim llama3-8b") == (
+        "✓ cache-claim llama3-8b: PVC default/engine-cache is Bound, ReadWriteMany, 500Gi (holds engines; size "
+        "not checked)"
+    )
+    assert line(out, "source-claims llama3-8b") == (
+        "✓ source-claims llama3-8b: PVC(s) default/drafters of the pvc:// sources are Bound"
+    )
+
+
+def test_credentials(em: ApiServerEmulator, kubectl: Any, kubeconfig: Path) -> None:
+    prepare(em, kubectl, skip={"secret"})
+    code, out, _ = check(kubeconfig, "-f", str(EXAMPLE))
+    assert code == 1
+    assert line(out, "credentials llama3-8b") == (
+        "✗ credentials llama3-8b: Secret default/hf-token not found\n"
+        "    fix: kubectl -n default create secret generic hf-token --from-literal=token=<your Hugging Face token>"
+    )
+    secret(kubectl, key="hf_token")  # the wrong key name
+    code, out, err = check(kubeconfig, "-f", str(EXAMPLE))
+    assert code == 1 and SECRET_VALUE not in out + err
+    assert line(out, "credentials llama3-8b").startswith(
+        "✗ credentials llama3-8b: Secret default/hf-token has no key token (keys: hf_token)\n"
+    )
+    kubectl("delete", "secret", "hf-token", check=True)
+    secret(kubectl)
+    code, out, err = check(kubeconfig, "-f", str(EXAMPLE), "-o", "json")
+    assert code == 0, out
+    assert SECRET_VALUE not in out + err
+    creds = [c for c in json.loads(out)["checks"] if c["name"] == "credentials llama3-8b"]
+    assert creds == [
+        {
+            "name": "credentials llama3-8b",
+            "status": "ok",
+            "message": "Secret(s) default/hf-token hold the keys the Jobs read",
+            "fix": None,
+        }
+    ]
+
+
+def test_inference_pool(em: ApiServerEmulator, kubectl: Any, kubeconfig: Path, tmp_path: Path) -> None:
+    prepare(em, kubectl)
+    body = example(routing={"inferencePool": {"enabled": True, "endpointPickerRef": {"name": "epp", "port": 9002}}})
+    path = write(tmp_path, body)
+    code, out, _ = check(kubeconfig, "-f", path)
+    assert code == 1, out
+    assert line(out, "inference-pool llama3-8b") == (
+        "✗ inference-pool llama3-8b: spec.routing.inferencePool.enabled, but the InferencePool CRD "
+        "(inferencepools.inference.networking.k8s.io, v1) is not installed\n"
+        "    fix: install it from kubernetes-sigs/gateway-api-inference-extension v1.0.0 or later, or set "
+        "spec.routing.inferencePool.enabled: false"
+    )
+    apply_crd(kubectl, ROOT / "tests" / "fixtures" / "crds" / "inference.networking.k8s.io_inferencepools.yaml")
+    code, out, _ = check(kubeconfig, "-f", path)
+    assert code == 0, out
+    assert line(out, "inference-pool llama3-8b") == (
+        "✓ inference-pool llama3-8b: CRD inferencepools.inference.networking.k8s.io serves v1"
+    )
+
+
+def test_an_invalid_spec_fails_with_the_first_error(
+    em: ApiServerEmulator, kubectl: Any, kubeconfig: Path, tmp_path: Path
+) -> None:
+    prepare(em, kubectl)
+    code, out, _ = check(kubeconfig, "-f", write(tmp_path, example(parallelism={"tensor": 3})))
+    assert code == 1
+    spec_line = line(out, "spec llama3-8b")
+    assert spec_line.startswith("✗ spec llama3-8b: default/llama3-8b is invalid: spec.parallelism.tensor: ")
+    assert "gpu-product llama3-8b" not in out  # nothing else is judged from an invalid spec
+
+
+def test_an_unreachable_api_server_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    from redrafter_sim.server import write_kubeconfig
+
+    kubeconfig = write_kubeconfig("http://127.0.0.1:9", tmp_path / "kubeconfig")  # discard port: refused
+    code, out, err = check(kubeconfig, "-f", str(EXAMPLE))
+    assert code == 2 and out == ""
+    assert err.startswith("error: cannot reach the API server at http://127.0.0.1:9") and err.count("\n") == 1, err
+
+
+def test_a_forbidden_read_is_a_warning_not_an_error(em: ApiServerEmulator, kubectl: Any, kubeconfig: Path) -> None:
+    prepare(em, kubectl)
+    em.inject("GET", r"^/api/v1/nodes$", 403, message="nodes is forbidden")
+    em.inject("GET", r"/secrets/hf-token$", 403, message="secrets is forbidden")
+    code, out, err = check(kubeconfig, "-f", str(EXAMPLE))
+    assert code == 0, out + err
+    assert line(out, "gpu-nodes").startswith("! gpu-nodes: cannot list nodes (403 ")
+    assert line(out, "credentials llama3-8b").startswith("! credentials llama3-8b: cannot read Secret default/hf-token")
+    assert "gpu-product llama3-8b" not in out  # cannot be judged without the nodes

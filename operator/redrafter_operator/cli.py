@@ -71,7 +71,19 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 2
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: subcommands other modules contribute (run, evaluate, cache, check), by the module that adds each one's parser
+PLUGINS = {
+    "run": "redrafter_operator.controller.main",
+    "evaluate": "redrafter_operator.evaluate.cli",
+    "cache": "redrafter_operator.cache_cli",
+    "check": "redrafter_operator.check.cli",
+}
+BUILTINS = ("crd", "demo", "render")
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """Every subcommand's parser; given the ``command`` about to run, only the plugin that adds it is imported
+    (the operator's controller takes a second to import, which `check` or `render` need not pay)."""
     from . import __version__
 
     parser = argparse.ArgumentParser(prog="redrafter-operator", description=__doc__)
@@ -108,34 +120,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_render)
 
-    for register in _plugins():
+    if command in PLUGINS:
+        wanted = [PLUGINS[command]]
+    elif command in BUILTINS:
+        wanted = []
+    else:  # help, or a typo: list them all
+        wanted = list(PLUGINS.values())
+    for register in _plugins(wanted):
         register(sub)
     return parser
 
 
-def _plugins() -> list[Callable[[argparse._SubParsersAction], None]]:
-    """Subcommands contributed by other modules (run, evaluate): each adds its own parser."""
+def _plugins(modules: list[str]) -> list[Callable[[argparse._SubParsersAction], None]]:
+    """The ``register_cli`` of each module (it adds its own parser); a module not in this build is skipped."""
     import importlib
 
     out = []
-    for module, attr in (
-        ("redrafter_operator.controller.main", "register_cli"),
-        ("redrafter_operator.evaluate.cli", "register_cli"),
-        ("redrafter_operator.cache_cli", "register_cli"),
-        ("redrafter_operator.check.cli", "register_cli"),
-    ):
+    for module in modules:
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as exc:
             if exc.name and module.startswith(exc.name):
                 continue  # that part is not in this build
             raise
-        out.append(getattr(mod, attr))
+        out.append(mod.register_cli)
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv[0] if argv else None)
     args, extra = parser.parse_known_args(argv)
     if extra and args.func is not _cmd_demo:  # the demo stub takes the demo's arguments, to explain itself
         parser.error(f"unrecognized arguments: {' '.join(extra)}")

@@ -12,13 +12,13 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import random
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from ..cache import write_json_atomic
 from ..contract import (
     DRAFTER_CURVES_FILE,
     DRAFTER_EVALUATION_FILE,
@@ -50,10 +50,7 @@ class Progress:
         if self.path is None or (phase == self.phase and not force and now - self.last < PROGRESS_INTERVAL_S):
             return
         self.phase, self.last = phase, now
-        body = {"phase": phase, "step": step, "totalSteps": total, "loss": loss}
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps(body), encoding="utf-8")
-        os.replace(tmp, self.path)
+        write_json_atomic(self.path, {"phase": phase, "step": step, "totalSteps": total, "loss": loss})
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -13,9 +13,9 @@ from typing import Literal
 
 from ..api import CRD_NAME, KIND, VERSION
 from ..api.spec import ReDrafterDeploymentSpec
-from ..api.types import parse_source
 from ..render import inference_pool as ip
-from .facts import ClusterFacts, NodeFacts, Resource, source_refs
+from ..render.build import named_sources, source_claims
+from .facts import ClusterFacts, NodeFacts, Resource
 
 Status = Literal["ok", "fail", "warn"]
 
@@ -331,7 +331,7 @@ def check_cache_claim(facts: ClusterFacts, res: Resource, spec: ReDrafterDeploym
 
 def check_source_claims(facts: ClusterFacts, res: Resource, spec: ReDrafterDeploymentSpec) -> CheckResult | None:
     """Every pvc:// source's claim exists and is Bound (the Jobs mount them read-only)."""
-    claims = sorted({parse_source(src).authority for src, _ in source_refs(spec) if src.startswith("pvc://")})
+    claims = source_claims(named_sources(spec))
     if not claims:
         return None
     check, ns = f"source-claims {res.name}", res.namespace
@@ -352,9 +352,11 @@ def check_source_claims(facts: ClusterFacts, res: Resource, spec: ReDrafterDeplo
 def check_credentials(facts: ClusterFacts, res: Resource, spec: ReDrafterDeploymentSpec) -> CheckResult | None:
     """Each credentialsSecret exists with the keys its sources' schemes read (key names only, never values)."""
     needed: dict[str, set[str]] = {}
-    for src, secret in source_refs(spec):
-        if secret:
-            needed.setdefault(secret, set()).update(REQUIRED_KEYS.get(src.partition("://")[0], ()))
+    for src in named_sources(spec):
+        if src.credentials_secret:
+            needed.setdefault(src.credentials_secret, set()).update(
+                REQUIRED_KEYS.get(src.source.partition("://")[0], ())
+            )
     if not needed:
         return None
     check, ns = f"credentials {res.name}", res.namespace

@@ -17,7 +17,7 @@ from kubernetes_asyncio import client as k8s_client
 
 from ..api import GROUP, PLURAL, VERSION
 from ..api.spec import ReDrafterDeploymentSpec, parse_spec
-from ..api.types import parse_source
+from ..render.build import named_sources, source_claims
 
 # The chart's Deployment carries these whatever nameOverride says (templates/_helpers.tpl, labels);
 # the operator's own children never say part-of=redrafter.
@@ -83,27 +83,10 @@ def wanted(resources: list[Resource]) -> tuple[set[tuple[str, str]], set[tuple[s
         spec, _ = res.parsed()
         if spec is None:
             continue
-        claims.add((res.namespace, spec.engine.cache.claim_name))
-        for source, secret in source_refs(spec):
-            if source.startswith("pvc://"):
-                claims.add((res.namespace, parse_source(source).authority))
-            if secret:
-                secrets.add((res.namespace, secret))
+        sources = named_sources(spec)
+        claims.update((res.namespace, claim) for claim in [spec.engine.cache.claim_name, *source_claims(sources)])
+        secrets.update((res.namespace, s.credentials_secret) for s in sources if s.credentials_secret)
     return claims, secrets
-
-
-def source_refs(spec: ReDrafterDeploymentSpec) -> list[tuple[str, str | None]]:
-    """(source URI, credentials Secret) of every input the build and training Jobs fetch."""
-    model = spec.model
-    refs: list[tuple[str, str | None]] = [(model.base.source, model.base.credentials_secret)]
-    if model.tokenizer is not None:
-        refs.append((model.tokenizer.source, model.tokenizer.credentials_secret))
-    if model.drafter.source is not None:
-        refs.append((model.drafter.source, model.drafter.credentials_secret))
-    if model.drafter.train is not None:
-        dataset = model.drafter.train.dataset
-        refs.append((dataset.source, dataset.credentials_secret))
-    return refs
 
 
 class _Reader:

@@ -107,9 +107,26 @@ def _model_sources(spec: ReDrafterDeploymentSpec, variant: Variant) -> list[Mode
     return sources
 
 
+def named_sources(spec: ReDrafterDeploymentSpec) -> list[ModelSource]:
+    """Every source the spec names for its Jobs to fetch: base, tokenizer, a drafter given as a source, the
+    training dataset (a trained drafter, in the operator's own cache, is not one)."""
+    model = spec.model
+    sources = [model.base, *([model.tokenizer] if model.tokenizer else [])]
+    if (drafter := model.drafter.as_source()) is not None:
+        sources.append(drafter)
+    if model.drafter.train is not None:
+        sources.append(model.drafter.train.dataset)
+    return sources
+
+
+def source_claims(sources: list[ModelSource]) -> list[str]:
+    """The claims of the pvc:// sources, which the Jobs mount read-only (deduplicated, sorted)."""
+    return sorted({parse_source(s.source).authority for s in sources if s.source.startswith("pvc://")})
+
+
 def source_volumes(sources: list[ModelSource]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Read-only mounts for pvc:// sources and credentials Secrets (deduplicated, deterministic order)."""
-    claims = sorted({parse_source(s.source).authority for s in sources if s.source.startswith("pvc://")})
+    claims = source_claims(sources)
     secrets = sorted({s.credentials_secret for s in sources if s.credentials_secret})
     volumes, mounts = [], []
     for i, claim in enumerate(claims):

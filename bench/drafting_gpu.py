@@ -9,7 +9,7 @@ reach drafting's ("none" if drafting stays ahead). It is the figure the speculat
 stands for; the engine's own kernels (TensorRT-LLM) move it, this bench does not measure them.
 
 Run: ``python bench/drafting_gpu.py`` (CUDA when available: hidden 1024, 8 layers, vocab 32000;
-on a CPU the toy size), ``--toy`` (CPU-sized, about 2 minutes on 2 cores), ``--budget-s`` (default 840:
+on a CPU the toy size), ``--toy`` (CPU-sized, about 2 minutes on 2 cores), ``--budget-s`` (default 360:
 distillation and training stop early to leave the measurements their share). Prints a table, then one JSON
 line; nothing is asserted.
 """
@@ -76,7 +76,7 @@ def timed(fn, device: torch.device):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--toy", action="store_true", help="CPU-sized base and training (about 2 minutes)")
-    parser.add_argument("--budget-s", type=float, default=840.0, help="wall-clock budget of the whole run")
+    parser.add_argument("--budget-s", type=float, default=360.0, help="wall-clock budget of the whole run")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--draft-len", type=int, default=5)
     parser.add_argument("--beams", type=int, default=5)

@@ -29,6 +29,7 @@ import attrs
 from kmock import KubernetesEmulator
 
 from . import apiserver_resources as res
+from . import nodes
 from .apiserver_http import Fault, HttpFrontend, RequestRecord
 from .apiserver_objects import as_type as _as_type
 from .apiserver_resources import ResourceType
@@ -63,6 +64,8 @@ class ApiServerEmulator(HttpFrontend, KubernetesEmulator):
         factory=lambda: collections.defaultdict(dict), init=False, repr=False
     )
     internal_errors: list[Exception] = attrs.field(factory=list, init=False, repr=False)  # emulator bugs (answered 500)
+    #: (name, GPU product, GPUs) of the GPU nodes registered at start (``()``: a cluster with no nodes)
+    gpu_nodes: tuple[tuple[str, str, int], ...] = nodes.DEFAULT_NODES
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -72,6 +75,8 @@ class ApiServerEmulator(HttpFrontend, KubernetesEmulator):
         ns_type = self.resource_type("v1", "Namespace")
         for name in DEFAULT_NAMESPACES:
             self._create(ns_type, None, {"metadata": {"name": name}})
+        for name, product, gpus in self.gpu_nodes:
+            self.add_node(name, product, gpus)
 
     # ------------------------------------------------------------------ test-facing API
     @property
@@ -212,6 +217,12 @@ class ApiServerEmulator(HttpFrontend, KubernetesEmulator):
         if force:
             params["force"] = "true"
         return self._patch(rtype, namespace, name, patch_type, patch, subresource, params)
+
+    def add_node(self, name: str, product: str | None = None, gpus: int = 0, **kwargs: Any) -> dict[str, Any]:
+        """Register a Node as its kubelet would: the object, then its status (:func:`.nodes.node`)."""
+        body, status = nodes.node(name, product, gpus, **kwargs)
+        self.create_object(body)
+        return self.patch_object("v1", "Node", name, None, {"status": status}, subresource="status")
 
     def delete_object(
         self, api_version: str, kind: str, name: str, namespace: str | None = None, propagation: str = "Background"

@@ -75,14 +75,7 @@ def apply_crd(kubectl: Any, path: Path) -> None:
 
 
 def node(em: ApiServerEmulator, name: str, product: str | None, gpus: int, driver: int | None = 580) -> None:
-    labels = {"kubernetes.io/hostname": name}
-    if product:
-        labels |= {"nvidia.com/gpu.product": product, "nvidia.com/gpu.count": str(gpus)}
-    if driver is not None:
-        labels["nvidia.com/cuda.driver.major"] = str(driver)
-    em.create_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}})
-    allocatable = {"cpu": "96", "memory": "1Ti"} | ({"nvidia.com/gpu": str(gpus)} if gpus else {})
-    em.patch_object("v1", "Node", name, None, {"status": {"allocatable": allocatable}}, subresource="status")
+    em.add_node(name, product, gpus, driver=f"{driver}.95.05" if driver else None)
 
 
 def pvc(em: ApiServerEmulator, name: str, modes: list[str], phase: str = "Bound", size: str = "500Gi") -> None:
@@ -147,6 +140,9 @@ def prepare(em: ApiServerEmulator, kubectl: Any, *, skip: frozenset[str] | set[s
 
 @pytest.fixture
 def em(apiserver: EmulatorHandle) -> ApiServerEmulator:
+    """The emulated cluster, less the GPU nodes it starts with: each test registers the nodes it means."""
+    for item in apiserver.emulator.list_objects("v1", "Node"):
+        apiserver.emulator.delete_object("v1", "Node", item["metadata"]["name"])
     return apiserver.emulator
 
 

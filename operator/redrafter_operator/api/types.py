@@ -21,6 +21,23 @@ def parse_duration(text: str) -> float:
     return sum(float(n) * _UNITS[u] for n, u in _DURATION_PART.findall(text))
 
 
+# resource.Quantity suffixes (k8s.io/apimachinery/pkg/api/resource): binary, decimal, and milli
+_QUANTITY = re.compile(r"^([+-]?\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$")
+_QUANTITY_SUFFIX = {
+    **{s: 1024.0**i for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"), start=1)},
+    **{s: 1000.0**i for i, s in enumerate(("k", "M", "G", "T", "P", "E"), start=1)},
+    "m": 0.001,
+}
+
+
+def parse_quantity(text: str) -> float:
+    """The value of a Kubernetes quantity such as ``8``, ``500Gi``, ``1.5T`` or ``250m`` (no exponent form)."""
+    found = _QUANTITY.fullmatch(str(text).strip())
+    if not found:
+        raise ValueError(f"{text!r} is not a quantity such as 8, 500Gi or 250m")
+    return float(found.group(1)) * _QUANTITY_SUFFIX.get(found.group(2) or "", 1.0)
+
+
 Duration = Annotated[
     str,
     Field(pattern=DURATION_PATTERN, max_length=32),

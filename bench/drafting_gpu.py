@@ -22,7 +22,7 @@ import random
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,15 +81,31 @@ def main() -> int:
     parser.add_argument("--draft-len", type=int, default=5)
     parser.add_argument("--beams", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--vocab", type=int, help="override the size's vocabulary")
+    parser.add_argument("--hidden", type=int, help="override the size's hidden width")
+    parser.add_argument("--layers", type=int, help="override the size's layer count")
+    parser.add_argument("--prompts", type=int, help="override the size's training prompts")
+    parser.add_argument("--steps", type=int, help="override the size's training steps")
+    parser.add_argument("--mixing", type=float, help="the base's block damping (default: 0.4 / layers)")
+    parser.add_argument("--lr", type=float, default=1e-2)
     args = parser.parse_args()
     started = time.monotonic()
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     size = TOY if args.toy or device.type == "cpu" else GPU
+    overrides = {"vocab": args.vocab, "hidden": args.hidden, "layers": args.layers, "prompts": args.prompts}
+    size = replace(size, max_steps=args.steps or size.max_steps, **{k: v for k, v in overrides.items() if v})
+    # the blocks' total mixing stays that of the 2-layer toy at 0.2, so deeper bases stay near-bigram
+    mixing = args.mixing if args.mixing is not None else 0.4 / size.layers
     torch.manual_seed(args.seed)
 
     with tempfile.TemporaryDirectory() as tmp:
         write_tiny_llama(
-            Path(tmp) / "base", vocab_size=size.vocab, hidden=size.hidden, layers=size.layers, seed=args.seed
+            Path(tmp) / "base",
+            vocab_size=size.vocab,
+            hidden=size.hidden,
+            layers=size.layers,
+            seed=args.seed,
+            mixing=mixing,
         )
         base, tokenizer = distill.load_base(Path(tmp) / "base", device)
     prompts = random_prompts(size.prompts + max(BATCHES), size.vocab, args.seed)
@@ -106,7 +122,7 @@ def main() -> int:
 
     config = DrafterConfig(size.hidden, 2 * size.hidden, 2, True, size.vocab)
     head = ReDrafterHead(config)
-    settings = train.TrainConfig(args.draft_len, 1e-2, 8, 100, size.max_steps, args.seed)
+    settings = train.TrainConfig(args.draft_len, args.lr, 8, 100, size.max_steps, args.seed)
 
     def stop_at_budget(step: int, total: int, loss: float) -> None:
         if time.monotonic() - started > 0.55 * args.budget_s:
@@ -155,7 +171,7 @@ def main() -> int:
 
     print(
         f"device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}), base hidden "
-        f"{size.hidden} x {size.layers} layers, vocab {size.vocab}; draft_len {args.draft_len}, beams {args.beams}"
+        f"{size.hidden} x {size.layers} layers (mixing {mixing:g}), vocab {size.vocab}; draft_len {args.draft_len}, beams {args.beams}"
     )
     print(
         f"distilled {len(samples)} prompts x {size.response_len} tokens in {distill_s:.1f} s; trained "

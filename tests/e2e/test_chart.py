@@ -60,8 +60,8 @@ COMBOS: dict[str, tuple[dict[str, Any], dict[str, int]]] = {
         {"watchNamespaces": ["team-a", "team-b"]},
         {
             "ServiceAccount": 1,
-            "ClusterRole": 1,
-            "ClusterRoleBinding": 1,
+            "ClusterRole": 2,
+            "ClusterRoleBinding": 2,
             "Role": 2,
             "RoleBinding": 2,
             "Deployment": 1,
@@ -104,8 +104,8 @@ COMBOS: dict[str, tuple[dict[str, Any], dict[str, int]]] = {
         },
         {
             "ServiceAccount": 1,
-            "ClusterRole": 1,
-            "ClusterRoleBinding": 1,
+            "ClusterRole": 2,
+            "ClusterRoleBinding": 2,
             "Role": 3,
             "RoleBinding": 3,
             "Deployment": 1,
@@ -132,8 +132,8 @@ COMBOS: dict[str, tuple[dict[str, Any], dict[str, int]]] = {
         },
         {
             "ServiceAccount": 1,
-            "ClusterRole": 1,
-            "ClusterRoleBinding": 1,
+            "ClusterRole": 2,
+            "ClusterRoleBinding": 2,
             "Role": 2,
             "RoleBinding": 2,
             "Deployment": 1,
@@ -144,6 +144,19 @@ COMBOS: dict[str, tuple[dict[str, Any], dict[str, int]]] = {
             "PodDisruptionBudget": 1,
             "PrometheusRule": 1,
             "ConfigMap": 1,
+        },
+    ),
+    "namespaced-no-node-check": (
+        {"watchNamespaces": ["team-a"], "gpuNodeCheck": False},
+        {
+            "ServiceAccount": 1,
+            "ClusterRole": 1,
+            "ClusterRoleBinding": 1,
+            "Role": 1,
+            "RoleBinding": 1,
+            "Deployment": 1,
+            "Service": 1,
+            "NetworkPolicy": 1,
         },
     ),
     "no-rbac": (
@@ -435,6 +448,7 @@ def test_deployment_args_and_env_follow_values():
         "defaults": {"engineCacheClaim": "engine-cache"},
         "extraArgs": ["--workers=8"],
         "image": {"digest": "sha256:" + "a" * 64},
+        "gpuNodeCheck": False,
     }
     deploy = one(manifests(render(values)), "Deployment")
     (c,) = deploy["spec"]["template"]["spec"]["containers"]
@@ -452,6 +466,7 @@ def test_deployment_args_and_env_follow_values():
         "--metrics-port=19090",
         "--log-format=plain",
         "--log-level=debug",
+        "--no-gpu-node-check",
         "--workers=8",
     ]
     assert _env(c)["REDRAFTER_DEFAULT_CACHE_CLAIM"] == "engine-cache"
@@ -469,10 +484,11 @@ def test_args_parse_with_the_operators_cli():
     parser = cli.build_parser()
     if "run" not in parser._subparsers._group_actions[0].choices:  # type: ignore[union-attr]
         pytest.skip("the controller's `run` command is not in this build")
-    for combo in ("default", "replicas2-namespaced", "everything"):
+    for combo in ("default", "replicas2-namespaced", "everything", "namespaced-no-node-check"):
         (c,) = one(manifests(render(COMBOS[combo][0])), "Deployment")["spec"]["template"]["spec"]["containers"]
         args = parser.parse_args(c["args"])
         assert args.command == "run" and args.liveness.endswith("/healthz") and args.metrics_port == 9090
+        assert args.gpu_node_check is COMBOS[combo][0].get("gpuNodeCheck", True)
         assert args.log_format == "json"
         if "--all-namespaces" in c["args"]:
             assert args.all_namespaces and not args.namespace
@@ -763,19 +779,31 @@ def test_rbac_scopes():
             "name": role["metadata"]["name"],
         }
         assert b["subjects"][0]["namespace"] == NAMESPACE
-    # namespaced mode: the cluster-wide part is read-only discovery (kopf lists/watches CRDs and namespaces)
-    assert granted([one(ns_objs, "ClusterRole")]) == {
+    # namespaced mode: the cluster-wide part is read-only: discovery (kopf lists/watches CRDs and namespaces),
+    # and the Nodes of the GPU node check in a ClusterRole of its own, bound to the same ServiceAccount
+    cluster_roles = {r["metadata"]["name"]: r for r in ns_objs if r["kind"] == "ClusterRole"}
+    fullname = f"{RELEASE}-redrafter-operator"
+    assert set(cluster_roles) == {f"{fullname}-discovery", f"{fullname}-nodes"}
+    assert granted([cluster_roles[f"{fullname}-discovery"]]) == {
         ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
         ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
         ("", "namespaces", "list"),
         ("", "namespaces", "watch"),
     }
+    assert granted([cluster_roles[f"{fullname}-nodes"]]) == {("", "nodes", "list"), ("", "nodes", "watch")}
+    node_binding = next(b for b in ns_objs if b["metadata"]["name"] == f"{fullname}-nodes" and "Binding" in b["kind"])
+    assert node_binding["roleRef"]["name"] == f"{fullname}-nodes" and node_binding["subjects"] == crb["subjects"]
+    without = manifests(render({"watchNamespaces": ["team-a"], "gpuNodeCheck": False}))
+    assert [r["metadata"]["name"] for r in without if r["kind"] == "ClusterRole"] == [f"{fullname}-discovery"]
+    assert ("", "nodes", "list") not in granted(manifests(render({"gpuNodeCheck": False})))
     # the namespaced rules are the same in both modes
     ns_rules = granted(roles[:1])
     cluster_rules = granted([one(cluster, "ClusterRole")])
     assert cluster_rules - ns_rules == {
         ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
         ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
+        ("", "nodes", "list"),
+        ("", "nodes", "watch"),
     }
     # no access to Secrets at all: build Jobs mount them by name, the operator never reads them
     assert not [c for c in cluster_rules | ns_rules if c[1] == "secrets"]
@@ -1275,7 +1303,11 @@ def test_operator_runs_from_the_chart_and_rbac_is_exact(mode, apiserver, helm_co
         cluster_calls = {
             (g, r) for g, r, _ in calls_from_log(r for r in operator_records if request_namespace(r.path) is None)
         }
-        assert cluster_calls == {("apiextensions.k8s.io", "customresourcedefinitions"), ("", "namespaces")}
+        assert cluster_calls == {
+            ("apiextensions.k8s.io", "customresourcedefinitions"),
+            ("", "namespaces"),
+            ("", "nodes"),  # the GPU node check: cluster-scoped, read-only
+        }
         assert {request_namespace(r.path) for r in operator_records} - {None} <= set(watched)
     if values.get("replicas", 1) > 1:  # the Lease: created, renewed, released on SIGTERM, in its own namespace
         leases = [r for r in operator_records if "/leases" in r.path]

@@ -441,6 +441,69 @@ async def test_invalid_spec_is_reported_not_raised(cluster: Cluster, operator: O
     await until(lambda: any(r == "SpecValid" for r, _, _ in cluster.events()), what="SpecValid Event")
 
 
+async def test_a_gpu_no_node_offers_waits_pending_until_such_a_node_registers(
+    cluster: Cluster, kubeconfig: Path, kubectl: Any
+) -> None:
+    # no resync to speak of: only the Node watch can wake the resource when the node comes
+    op = Operator(kubeconfig, resync=300.0)
+    await op.start()
+    try:
+        apply(kubectl, example(engine__build__gpuProduct="NVIDIA-B200", parallelism__tensor=2))
+        await until(lambda: cluster.status().get("engines"), what="first status")
+        cond = await until(
+            lambda: next((c for c in cluster.status().get("conditions", []) if c["type"] == "Schedulable"), None),
+            what="Schedulable",
+        )
+        missing = (
+            "no node offers 2× NVIDIA-B200; nodes: 1× NVIDIA-A100-SXM4-80GB (8 each), 1× NVIDIA-H100-80GB-HBM3 (8 each)"
+        )
+        assert (cond["status"], cond["reason"]) == ("False", "NoMatchingGPUNodes")
+        assert cond["message"] == f"redrafter engine, base engine: {missing}"
+        assert cluster.status()["phase"] == "Pending"
+        assert cluster.jobs() == [] and cluster.emu.list_objects("v1", "Pod", NS) == []
+        await until(lambda: any(r == "NoMatchingGPUNodes" for r, _, _ in cluster.events()), what="Warning Event")
+        # a node that changes nothing placement reads (a heartbeat) wakes nothing; one Warning only
+        await quiesce(cluster, op)
+        cluster.emu.patch_object("v1", "Node", "gpu-a100-0", None, {"metadata": {"annotations": {"beat": "1"}}})
+        await quiesce(cluster, op)
+        assert [(r, t) for r, t, _ in cluster.events() if r == "NoMatchingGPUNodes"] == [
+            ("NoMatchingGPUNodes", "Warning")
+        ]
+        assert cluster.jobs() == []
+
+        cluster.emu.add_node("b200-0", "NVIDIA-B200", 8)
+        await until(lambda: len(cluster.jobs()) == 2, what="build Jobs once a B200 node registered")
+        assert all(
+            j["spec"]["template"]["spec"]["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-B200"
+            for j in cluster.jobs()
+        )
+        await until(lambda: cluster.condition("Schedulable")["status"] == "True", what="Schedulable True")
+        assert cluster.condition("Schedulable")["message"].endswith("1 node(s) offer 2× NVIDIA-B200: b200-0")
+        await until(lambda: cluster.status().get("phase") == "Building", what="phase Building")
+        await until(lambda: any(r == "GPUNodesFound" for r, _, _ in cluster.events()), what="Normal Event")
+    finally:
+        await op.stop()
+
+
+async def test_an_operator_that_may_not_list_nodes_runs_without_the_gpu_node_check(
+    cluster: Cluster, kubeconfig: Path, kubectl: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    cluster.emu.inject("GET", r"^/api/v1/nodes$", 403, message='nodes is forbidden: User "x" cannot list nodes')
+    op = Operator(kubeconfig, resync=300.0)
+    await op.start()
+    try:
+        assert op.controller is not None and "rdd_nodes" not in op.controller.indexes
+        assert (
+            'GPU node check off: this operator may not list nodes (403: nodes is forbidden: User "x" cannot list'
+            in caplog.text
+        )
+        apply(kubectl, example(engine__build__gpuProduct="NVIDIA-B200"))
+        await until(lambda: len(cluster.jobs()) == 2, what="build Jobs, unchecked")
+        assert "Schedulable" not in {c["type"] for c in cluster.status().get("conditions", [])}
+    finally:
+        await op.stop()
+
+
 async def test_restart_at_each_stage_resumes_without_duplicate_jobs(cluster: Cluster, kubeconfig: Path) -> None:
     op = Operator(kubeconfig)
     await op.start()

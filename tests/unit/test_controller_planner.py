@@ -25,6 +25,7 @@ from redrafter_operator.controller.plan_types import Renderers, Resource, Servin
 from redrafter_operator.controller.planner import Inputs, plan
 from redrafter_operator.controller.targets import plan_switch
 from redrafter_operator.render import names
+from redrafter_operator.render.placement import LABEL_PRODUCT, Node, Taint
 
 ROOT = Path(__file__).resolve().parents[2]
 NOW = "2026-01-01T00:00:00Z"
@@ -705,3 +706,66 @@ def test_prewarm_builds_and_validates_then_rests_without_serving_and_scaling_up_
     # zero replicas while the autoscaler may scale up again is not a prewarm
     auto = body(serving__replicas=0, autoscaling__mode="External")
     assert _prewarm_to_rest(auto, obs, p.status).status["phase"] == "Serving"
+
+
+# ---- placement: GPU Jobs only when some node could run them ------------------------------------
+A100_NODES = (
+    Node("a100-0", {LABEL_PRODUCT: "NVIDIA-A100-SXM4-80GB"}, {"nvidia.com/gpu": "8"}),
+    Node("a100-1", {LABEL_PRODUCT: "NVIDIA-A100-SXM4-80GB"}, {"nvidia.com/gpu": "8"}),
+)
+H100_NODES = tuple(
+    Node(f"h100-{i}", {LABEL_PRODUCT: "NVIDIA-H100-80GB-HBM3"}, {"nvidia.com/gpu": "8"}) for i in range(3)
+)
+
+
+def test_no_matching_gpu_node_creates_no_job_and_says_why_once():
+    doc = body(parallelism__tensor=2)  # 2x NVIDIA-A100-SXM4-80GB
+    p = plan(res_of(doc), Observed(nodes=H100_NODES), now=NOW, renderers=RENDER)
+    assert p.create == [] and p.claims == []
+    st = p.status
+    missing = "no node offers 2× NVIDIA-A100-SXM4-80GB; nodes: 3× NVIDIA-H100-80GB-HBM3 (8 each)"
+    sched = cond(st, "Schedulable")
+    assert (sched["status"], sched["reason"]) == ("False", "NoMatchingGPUNodes")
+    assert sched["message"] == f"redrafter engine, base engine: {missing}"
+    assert st["phase"] == "Pending"
+    for v in ("redrafter", "base"):
+        assert st["engines"][v]["state"] == "Pending"
+        assert st["engines"][v]["message"].endswith(missing)
+    assert (cond(st, "EnginesReady")["status"], cond(st, "EnginesReady")["reason"]) == ("False", "NoMatchingGPUNodes")
+    assert cond(st, "Progressing")["reason"] == "NoMatchingGPUNodes"
+    assert cond(st, "Stalled")["status"] == "False"  # a node may come (an autoscaler, an admin): not failed
+    assert [(e.type, e.reason) for e in p.events if "GPU" in e.reason] == [("Warning", "NoMatchingGPUNodes")]
+    ReDrafterDeploymentStatus.model_validate(st)
+
+    # the same facts again: nothing new, no second Warning
+    again = plan(res_of(doc, st), Observed(nodes=H100_NODES), now=LATER, renderers=RENDER)
+    assert again.status == st and again.create == []
+    assert [e.reason for e in again.events if "GPU" in e.reason] == []
+
+    # a matching node appears: the Jobs are created, the condition flips, one Normal Event says so
+    nodes = H100_NODES + A100_NODES
+    found = plan(res_of(doc, st), Observed(nodes=nodes), now=LATER, renderers=RENDER)
+    assert [m["kind"] for m in found.create] == ["ConfigMap", "Job", "ConfigMap", "Job"]
+    sched = cond(found.status, "Schedulable")
+    assert (sched["status"], sched["reason"]) == ("True", "MatchingGPUNodes")
+    assert "2 node(s) offer 2× NVIDIA-A100-SXM4-80GB: a100-0, a100-1" in sched["message"]
+    assert found.status["phase"] == "Building"
+    assert [(e.type, e.reason) for e in found.events if "GPU" in e.reason] == [("Normal", "GPUNodesFound")]
+
+
+def test_unwatched_nodes_are_not_checked():
+    p = plan(res_of(body(parallelism__tensor=2)), Observed(nodes=None), now=NOW, renderers=RENDER)
+    assert [m["kind"] for m in p.create] == ["ConfigMap", "Job", "ConfigMap", "Job"]
+    assert find(p.status["conditions"], "Schedulable") is None
+
+
+def test_a_taint_the_build_jobs_do_not_tolerate_is_named_and_a_toleration_clears_it():
+    tainted = tuple(
+        Node(n.name, n.labels, n.allocatable, (Taint("dedicated", "serving", "NoSchedule"),)) for n in A100_NODES
+    )
+    p = plan(res_of(body()), Observed(nodes=tainted), now=NOW, renderers=RENDER)
+    assert p.create == []
+    assert "not tolerated: a100-0 (taint dedicated=serving:NoSchedule)" in cond(p.status, "Schedulable")["message"]
+    tolerating = body(engine__build__tolerations=[{"key": "dedicated", "operator": "Exists"}])
+    p = plan(res_of(tolerating), Observed(nodes=tainted), now=NOW, renderers=RENDER)
+    assert len(p.create) == 4 and cond(p.status, "Schedulable")["status"] == "True"

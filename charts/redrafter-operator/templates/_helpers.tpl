@@ -84,6 +84,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 - --metrics-port={{ .Values.metrics.port }}
 - --log-format={{ .Values.logging.format }}
 - --log-level={{ .Values.logging.level }}
+{{- if not .Values.gpuNodeCheck }}
+- --no-gpu-node-check
+{{- end }}
 {{- range .Values.extraArgs }}
 - {{ . | quote }}
 {{- end }}
@@ -147,6 +150,16 @@ elector reads its Lease, creates it once, and updates it to acquire, renew and r
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
   verbs: ["get", "create", "update"]
+{{- end -}}
+
+{{/*
+The GPU node check (gpuNodeCheck): the operator watches Nodes, cluster-scoped, to create a GPU Job only
+when some node could run it. Read-only; in namespaced mode a ClusterRole of its own (rbac.yaml).
+*/}}
+{{- define "redrafter-operator.nodeRules" -}}
+- apiGroups: [""]
+  resources: ["nodes"]
+  verbs: ["list", "watch"]
 {{- end -}}
 
 {{/* Cluster-scoped reads kopf does in every mode: it watches CRDs to notice resources appear or change. */}}

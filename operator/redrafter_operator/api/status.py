@@ -22,6 +22,7 @@ ConditionType = Literal[
     "Reconciling",
     "Stalled",
     "InferencePoolReady",
+    "Schedulable",
 ]
 CONDITION_TYPES: tuple[str, ...] = ConditionType.__args__  # type: ignore[attr-defined]
 HISTORY_LIMIT = 20
@@ -32,8 +33,9 @@ class Condition(ApiModel):
 
     type: str = Field(
         description="SpecValid, EnginesReady, Validated, Available, Progressing, SpeculationHealthy, the "
-        "GitOps health conditions Ready, Reconciling and Stalled (kstatus conventions), and InferencePoolReady "
-        "(with spec.routing.inferencePool)."
+        "GitOps health conditions Ready, Reconciling and Stalled (kstatus conventions), InferencePoolReady "
+        "(with spec.routing.inferencePool), and Schedulable (whether a node can run the GPU Jobs; with the "
+        "operator's GPU node check)."
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(

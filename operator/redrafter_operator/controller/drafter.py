@@ -50,6 +50,7 @@ def drafter_stage(res: Resource, owner: Owner, key: str) -> Stage:
         old=res.status.get("drafter") or {},
         collects=False,
         reasons=TRAINING_REASONS,
+        gpu_resource=spec.engine.build.gpu_resource,
     )
 
 

@@ -23,6 +23,7 @@ from ..api.types import parse_duration
 from ..render import cache_jobs, names
 from ..render.build import artifact_path, build_configmap, build_job
 from ..render.common import Owner
+from ..render.placement import place
 from .build_failure import not_retried_message
 from .facts import ANNOTATION_CACHE_CLAIM, ANNOTATION_RETRY_TOKEN, JobFact, Observed
 from .plan_types import READY_STATES, EventSpec, Plan, Resource
@@ -61,6 +62,7 @@ class Stage:
     children: Callable[[int], list[dict[str, Any]]]  # attempt -> [ConfigMap, Job]
     old: Mapping[str, Any]  # its status before this plan
     collects: bool = True  # after running out of disk, collect unreferenced engines before one more try
+    gpu_resource: str = "nvidia.com/gpu"  # the extended resource its Job's GPUs are counted in
     reasons: Mapping[str, str] = field(default_factory=dict)  # Event reasons over the builds' defaults
 
 
@@ -93,13 +95,29 @@ def engine_stage(res: Resource, owner: Owner, variant: Variant, key: str | None 
         retries=spec.engine.build.retries,
         children=lambda attempt: [build_configmap(owner, variant), build_job(owner, variant, attempt)],
         old=(res.status.get("engines") or {}).get(variant) or {},
+        gpu_resource=spec.engine.build.gpu_resource,
     )
 
 
-def _new_job(stage: Stage, attempt: int, token: str, claim: str, plan: Plan) -> dict[str, Any]:
-    """The stage's Job (and its ConfigMap) added to the plan and claimed; returned for last touches."""
+WAITING_FOR_NODE = "waiting for a node that can run its Job: "
+
+
+def _new_job(
+    stage: Stage, attempt: int, token: str, claim: str, plan: Plan, observed: Observed
+) -> dict[str, Any] | None:
+    """The stage's Job (and its ConfigMap) added to the plan and claimed; returned for last touches.
+
+    None when no node could ever run it (product, GPU count, selector, taints): nothing is created, so no
+    Pod sits Unschedulable and no retry is spent; the node watch wakes the resource when one appears.
+    """
     children = stage.children(attempt)
     job = children[-1]
+    if observed.nodes is not None:
+        where = place(job["spec"]["template"]["spec"], observed.nodes, stage.gpu_resource)
+        if not where.fits:
+            plan.unplaced.append((stage.what, where.message))
+            return None
+        plan.placed.append((stage.what, where.message))
     ann = job["metadata"].setdefault("annotations", {})
     ann[ANNOTATION_RETRY_TOKEN] = token
     ann[ANNOTATION_CACHE_CLAIM] = claim
@@ -185,9 +203,12 @@ def plan_stage(res: Resource, owner: Owner, stage: Stage, observed: Observed, pl
             n_failed = int(old.get("attempts") or 0)  # the failed Jobs expired; status remembers
             final_code = old.get("exitCode")
         disk = _collect_and_retry(owner, failed, epoch, observed) if stage.collects else None
-        if disk is not None:
-            attempt = max((j.attempt for j in jobs), default=-1) + 1
-            job = _new_job(stage, attempt, token, claim, plan)
+        attempt = max((j.attempt for j in jobs), default=-1) + 1
+        wants_job = disk is not None or not (final_code is not None or n_failed > retries)
+        job = _new_job(stage, attempt, token, claim, plan, observed) if wants_job else None
+        if wants_job and job is None:
+            out.update(state="Pending", attempts=n_failed, message=_bounded(WAITING_FOR_NODE + plan.unplaced[-1][1]))
+        elif disk is not None and job is not None:
             r = spec.engine.cache.retention
             max_age = f"{int(parse_duration(r.max_age))}s" if r.max_age else None
             cache_jobs.collect_before_build(job, claim=claim, keep=r.keep, max_age=max_age)
@@ -214,9 +235,7 @@ def plan_stage(res: Resource, owner: Owner, stage: Stage, observed: Observed, pl
                 attempts=n_failed,
                 exitCode=final_code,
             )
-        else:
-            attempt = max((j.attempt for j in jobs), default=-1) + 1
-            job = _new_job(stage, attempt, token, claim, plan)
+        elif job is not None:
             out.update(state="Building", job=job["metadata"]["name"], attempts=n_failed + 1)
             if failed:
                 out["message"] = _failure_text(failed[-1], observed)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
 from ..render import cache_jobs, names
+from ..render.placement import Node
 
 JobState = Literal["Running", "Succeeded", "Failed"]
 
@@ -466,3 +467,6 @@ class Observed:
     #: validation Jobs of this resource by name, and the newest Pod of each (its verdict)
     validation_jobs: dict[str, RunJobFact] = field(default_factory=dict)
     validation_pods: dict[str, RunPodFact] = field(default_factory=dict)
+    #: the cluster's nodes, for the placement check before a GPU Job is created (None: not watched, so
+    #: not checked: the operator runs with the check off, e.g. on a cluster whose GPU nodes scale from zero)
+    nodes: tuple[Node, ...] | None = None

@@ -6,6 +6,8 @@
   existing Job before it decides anything (never a duplicate Job).
 * ``@kopf.on.event`` handlers do nothing but hand the object to the controller, which enqueues the
   owning resource; every kind the operator applies has one, so drift or a deletion is repaired at once.
+* With the GPU node check on, Nodes too (cluster-wide, read-only): an index of what placement reads, and
+  an event handler that wakes the resources waiting for a node that can run their GPU Jobs.
   No change-detection handlers, no daemons: kopf itself writes nothing to the resources (no finalizer,
   no annotations), so deletion is never blocked.
 * Everything else (the queue's workers, the reconcile, the monitors) is :mod:`.reconciler`.
@@ -20,7 +22,9 @@ import kopf
 
 from ..api import GROUP, PLURAL, VERSION
 from ..render import cache_jobs, inference_pool, names, training, validation
+from ..render.placement import Node
 from .facts import DeploymentFact, JobFact, ObjectFact, PodFact, RunJobFact, RunPodFact, ServingPodFact
+from .observe import NODES
 from .reconciler import Controller
 
 MANAGED = {"app.kubernetes.io/managed-by": names.MANAGED_BY}
@@ -88,10 +92,12 @@ def register(
     make_controller: Callable[[], Awaitable[Controller]],
     configure: Callable[[kopf.OperatorSettings], None] | None = None,
     start: Callable[[Controller], Awaitable[None]] | None = None,
+    watch_nodes: bool = True,
 ) -> None:
     """Register every handler into ``registry`` (a fresh one per run keeps test runs independent).
 
     ``start`` replaces ``Controller.start`` (leader election starts the loops only while leading).
+    ``watch_nodes``: watch Nodes for the GPU placement check (needs cluster-wide list/watch on nodes).
     """
     _quiet_optional_apis()
 
@@ -204,6 +210,16 @@ def register(
             for e in artifacts
             if isinstance(e, dict) and e.get("state") in ("Ready", "Cached") and e.get("path")
         }
+
+    if watch_nodes:
+
+        @kopf.index("", "v1", "nodes", registry=registry, id="rdd_nodes")
+        def rdd_nodes(body: kopf.Body, **_: Any) -> dict[Any, Node]:
+            return {NODES: Node.from_body(body)}
+
+        @kopf.on.event("", "v1", "nodes", registry=registry, id="node_event")
+        def node_event(event: Mapping[str, Any], memo: kopf.Memo, **_: Any) -> None:
+            memo.controller.on_node_event(event["object"], deleted=event.get("type") == "DELETED")
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="rdd_event")
     def rdd_event(event: Mapping[str, Any], memo: kopf.Memo, **_: Any) -> None:

@@ -26,7 +26,7 @@ from aiohttp import web
 from ..api.types import parse_duration
 from ..kubeconfig import load_configuration
 from ..render import names
-from .apply import KubeClient
+from .apply import ApiError, KubeClient
 from .clock import Clock, SystemClock
 from .handlers import register
 from .leader import ElectionConfig, LeaderElector, default_identity
@@ -61,6 +61,7 @@ class RunOptions:
     resync_seconds: float = 300.0
     log_level: str = "INFO"
     log_format: str = "plain"
+    gpu_node_check: bool = True  # watch Nodes; create a GPU Job only when some node could run it
 
 
 async def _metrics_server(metrics: OperatorMetrics, host: str, port: int) -> web.AppRunner:
@@ -215,7 +216,8 @@ async def run_operator(
         """kopf's shutdown (SIGTERM, stop flag) waits for tasks started in its handlers: step down now."""
         await step_down()
 
-    register(registry, make_controller, configure=_configure_posting, start=start)
+    watch_nodes = opts.gpu_node_check and await may_list_nodes(configuration)
+    register(registry, make_controller, configure=_configure_posting, start=start, watch_nodes=watch_nodes)
     runner = await _metrics_server(metrics, opts.metrics_host, opts.metrics_port) if opts.metrics_port else None
     if stop_flag is not None:
         helpers.append(asyncio.create_task(relay_stop()))
@@ -238,6 +240,27 @@ async def run_operator(
             await runner.cleanup()
     if lost:
         raise LeadershipLost(f"lost the leader lease {election.namespace}/{election.name}" if election else "")
+
+
+async def may_list_nodes(configuration: Any) -> bool:
+    """Whether the GPU node check can run: it reads Nodes, cluster-wide. Without that right kopf would wait
+    forever for the Node index and nothing would be reconciled, so a 401/403 turns the check off, loudly."""
+    client = KubeClient(configuration)
+    try:
+        await client.request("GET", "/api/v1/nodes", query=[("limit", "1")])
+    except ApiError as exc:
+        if exc.status in (401, 403):
+            log.warning(
+                "GPU node check off: this operator may not list nodes (%s: %s); GPU Jobs are created without "
+                "checking that a node can run them. Grant list and watch on nodes (the chart does, with "
+                "gpuNodeCheck: true) or pass --no-gpu-node-check to silence this",
+                exc.status,
+                exc.message,
+            )
+            return False
+    finally:
+        await client.close()
+    return True
 
 
 def _instance() -> str:
@@ -384,6 +407,14 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--log-format", default=os.environ.get("REDRAFTER_LOG_FORMAT", "plain"), choices=["plain", "full", "json"]
     )
+    p.add_argument(
+        "--gpu-node-check",
+        action=argparse.BooleanOptionalAction,
+        default=os.environ.get("REDRAFTER_GPU_NODE_CHECK", "true").lower() not in ("0", "false", "no"),
+        help="watch Nodes and create a GPU Job only when some node could run it (product, GPU count, taints); "
+        "turn off where GPU nodes scale from zero, so the Jobs' Pending pods can trigger the autoscaler "
+        "(env REDRAFTER_GPU_NODE_CHECK; default on)",
+    )
     p.set_defaults(func=_cmd_run)
 
 
@@ -442,6 +473,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         resync_seconds=args.resync_seconds,
         log_level=level,
         log_format=args.log_format,
+        gpu_node_check=args.gpu_node_check,
     )
     if threading.current_thread() is threading.main_thread():
         try:

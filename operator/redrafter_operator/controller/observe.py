@@ -33,6 +33,7 @@ from .plan_types import Resource
 from .resource_io import index_entries
 
 ClaimRef = tuple[str, str, str]  # (namespace, cache claim, artifact path)
+NODES = "nodes"  # the one key of the rdd_nodes index (absent: nodes are not watched)
 
 
 @dataclass
@@ -168,6 +169,7 @@ def observe(
         shared=shared,
         validation_jobs=validation_jobs,
         validation_pods=validation_pods,
+        nodes=tuple(index_entries(indexes, "rdd_nodes", NODES)) if "rdd_nodes" in indexes else None,
     )
 
 

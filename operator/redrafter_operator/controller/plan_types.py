@@ -104,3 +104,7 @@ class Plan:
     claims: list[tuple[str, str, str]] = field(default_factory=list)  # (claim, artifact path, job) builds started
     #: merge patches of metadata.annotations on children (a collection Job marked reported), in order
     annotate: list[tuple[dict[str, Any], dict[str, str]]] = field(default_factory=list)
+    #: GPU Jobs this step wanted to create, as (what, placement message): ``placed`` could run on some node,
+    #: ``unplaced`` on none (not created: the resource waits for a node)
+    placed: list[tuple[str, str]] = field(default_factory=list)
+    unplaced: list[tuple[str, str]] = field(default_factory=list)

@@ -27,7 +27,7 @@ from .observe import engine_keys as engine_keys_of
 from .plan_types import READY_STATES, Plan, Renderers, Resource, ServingTargets
 from .retention import RetentionReport
 from .speculation import SpeculationReport
-from .status import invalid_plan, resource_status, status_events
+from .status import invalid_plan, resource_status, schedulable, status_events, unplaced_message
 from .targets import default_targets, deployable_key, plan_switch
 from .validation import operator_image, plan_validation
 
@@ -134,7 +134,15 @@ def plan(
         candidate=candidate,
         now=now,
         applied={m["metadata"]["name"]: manifest_hash(m) for m in result.apply if m.get("kind") == "Deployment"},
+        unplaced=unplaced_message(result),
     )
+    placement, placement_event = schedulable(old_status, result, observed)
+    if placement is not None:
+        result.status["conditions"] = merge_conditions(
+            result.status["conditions"], [placement], generation=res.generation, now=now
+        )
+    if placement_event is not None:
+        result.events.append(placement_event)
     if drafter is not None:
         result.status["drafter"] = drafter
     if renderers.inference_pool:

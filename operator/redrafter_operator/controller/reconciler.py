@@ -26,6 +26,7 @@ from typing import Any, Mapping
 from ..api import KIND
 from ..api.spec import ReDrafterDeploymentSpec, parse_spec
 from ..render import names
+from ..render.placement import Node
 from .apply import ApiError, Applier, ChildState, KubeClient, merge_patch, object_path
 from .clock import Clock, SystemClock
 from .drafter import TrainingReport
@@ -77,6 +78,8 @@ class Controller:
         self.waiting: dict[ResourceKey, set[tuple[str, str]]] = {}  # resource -> {(claim, path)} it waits for
         self._waiters: dict[tuple[str, str, str], set[ResourceKey]] = {}  # (namespace, claim, path) -> who waits
         self._by_label: dict[tuple[str, str], set[ResourceKey]] = {}  # (namespace, owner label value) -> resources
+        self.unplaced: set[ResourceKey] = set()  # resources with a GPU Job no node could run at their last plan
+        self._nodes: dict[str, Node] = {}  # what placement last read of each Node
         self.failures: dict[ResourceKey, int] = {}
         self.monitors: list[Monitor] = []
         self._next_run: dict[tuple[ResourceKey | None, int], float] = {}
@@ -182,6 +185,7 @@ class Controller:
                 self.failures,
             ):
                 memory.pop(key, None)  # type: ignore[attr-defined]
+            self.unplaced.discard(key)
             self._set_waiting(key, set())
             for monitor in self.monitors:
                 monitor.forget(key)
@@ -221,6 +225,19 @@ class Controller:
         if raw.get("kind") == "Job":
             job = JobFact.from_body(raw)
             for key in self._waiters.get((ns, job.claim, job.artifact), ()):
+                self.queue.add(key)
+
+    def on_node_event(self, raw: Mapping[str, Any], deleted: bool = False) -> None:
+        """A Node changed what placement reads (labels, allocatable, taints, cordon), or came or went: the
+        resources waiting for a node are planned again. Heartbeats and other status churn wake nothing."""
+        node = Node.from_body(raw)
+        if deleted:
+            changed = self._nodes.pop(node.name, None) is not None
+        else:
+            changed = self._nodes.get(node.name) != node
+            self._nodes[node.name] = node
+        if changed:
+            for key in self.unplaced:
                 self.queue.add(key)
 
     def _enqueue_owner(self, ns: str, owner_label: str) -> None:
@@ -427,6 +444,10 @@ class Controller:
         self._set_waiting(
             key, {(claim, e["path"]) for e in result.status.get("engines", {}).values() if e.get("state") == "Building"}
         )
+        if result.unplaced:
+            self.unplaced.add(key)
+        else:
+            self.unplaced.discard(key)
         current = {k: v for k, v in res.status.items() if k != "kopf"}
         patch = merge_patch(current, result.status)
         if patch:

@@ -21,6 +21,8 @@ from .plan_types import EventSpec, Plan, Resource, ServingTargets
 from .serving_health import ServingFailure, serving_failure
 from .targets import ServingPlan
 
+NO_MATCHING_GPU_NODES = "NoMatchingGPUNodes"
+
 
 def resource_status(
     res: Resource,
@@ -36,12 +38,14 @@ def resource_status(
     candidate: str | None,
     now: str,
     applied: Mapping[str, str] | None = None,
+    unplaced: str | None = None,
 ) -> dict[str, Any]:
     """The whole status after one plan step: what serves, how ready, and why (conditions and phase).
 
     ``applied`` maps each Deployment this step applies to its manifest hash: a Deployment not known to
     carry it (``observed.applied``) has not seen this step's spec yet, so its rollout is not complete
-    however Ready it is.
+    however Ready it is. ``unplaced``: why GPU Jobs this step needs were not created (no node could run
+    them), as the Schedulable condition says it.
     """
     old_status = dict(res.status)
     old_conditions = list(old_status.get("conditions") or [])
@@ -77,6 +81,7 @@ def resource_status(
                 settled = False
     failed = [v for v in VARIANTS if engines[v]["state"] == "Failed"]
     building = [v for v in VARIANTS if engines[v]["state"] == "Building"]
+    pending = [v for v in VARIANTS if engines[v]["state"] == "Pending"]
     available = ready >= 1
     running = [v for v in VARIANTS if step.replicas.get(v, 0) > 0 and deploy[v] is not None]
     failure = None if settled else serving_failure(observed, running)
@@ -103,6 +108,15 @@ def resource_status(
                     + (f" (previous: {engines[v]['message']})" if v in retrying else "")
                     for v in building
                 ),
+            )
+        )
+    elif pending:
+        conds.append(
+            Cond(
+                "EnginesReady",
+                "False",
+                NO_MATCHING_GPU_NODES if unplaced else "Pending",
+                "; ".join(f"{v}: {engines[v].get('message', 'pending')}" for v in pending),
             )
         )
     else:
@@ -170,6 +184,8 @@ def resource_status(
         conds.append(Cond("Progressing", "True", "Switching", step.message))
     elif building:
         conds.append(Cond("Progressing", "True", "Building", f"building the {' and '.join(building)} engine(s)"))
+    elif unplaced and active is None:  # nothing serves yet and nothing can be built: waiting for a node
+        conds.append(Cond("Progressing", "True", NO_MATCHING_GPU_NODES, unplaced))
     else:
         conds.append(
             Cond("Progressing", "True", "RollingOut", f"waiting for {active or targets.active} replicas to be Ready")
@@ -232,6 +248,47 @@ def resource_status(
     if active:
         status["activeEngine"] = active
     return status
+
+
+def _grouped(found: list[tuple[str, str]]) -> str:
+    """``redrafter engine, base engine: no node offers ...``: the Jobs that share a placement message, once."""
+    by_message: dict[str, list[str]] = {}
+    for what, message in found:
+        whats = by_message.setdefault(message, [])
+        if what not in whats:
+            whats.append(what)
+    return "; ".join(f"{', '.join(whats)}: {message}" for message, whats in by_message.items())
+
+
+def unplaced_message(p: Plan) -> str | None:
+    """Why this step's GPU Jobs were not created, or None when every one could be placed."""
+    return _grouped(p.unplaced) if p.unplaced else None
+
+
+def schedulable(old_status: Mapping[str, Any], p: Plan, observed: Observed) -> tuple[Cond | None, EventSpec | None]:
+    """The Schedulable condition (and the Event of its change) from this step's GPU Jobs' placement.
+
+    False with NoMatchingGPUNodes when a Job this step needs fits no node; True once one does, or once
+    no Job waits any more. Not set while nodes are not watched (the check is off), and left as it was
+    when this step created no GPU Job.
+    """
+    if observed.nodes is None:
+        return None, None
+    old = find(old_status.get("conditions") or [], "Schedulable")
+    if p.unplaced:
+        message = _grouped(p.unplaced)
+        cond = Cond("Schedulable", "False", NO_MATCHING_GPU_NODES, message)
+        fresh = not old or old.get("status") != "False"
+        return cond, EventSpec("Warning", NO_MATCHING_GPU_NODES, message) if fresh else None
+    if p.placed:
+        cond = Cond("Schedulable", "True", "MatchingGPUNodes", _grouped(p.placed))
+    elif old and old.get("status") == "False":
+        cond = Cond("Schedulable", "True", "NoJobWaiting", "no GPU Job waits for a node")
+    else:
+        return None, None
+    if old and old.get("status") == "False":
+        return cond, EventSpec("Normal", "GPUNodesFound", f"GPU Jobs can be placed now: {cond.message}")
+    return cond, None
 
 
 def prewarm(spec: ReDrafterDeploymentSpec) -> bool:

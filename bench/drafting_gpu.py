@@ -10,7 +10,8 @@ stands for; the engine's own kernels (TensorRT-LLM) move it, this bench does not
 
 Run: ``python bench/drafting_gpu.py`` (CUDA when available: hidden 1024, 8 layers, vocab 32000;
 on a CPU the toy size), ``--toy`` (CPU-sized, about 2 minutes on 2 cores), ``--budget-s`` (default 360:
-distillation and training stop early to leave the measurements their share). Prints a table, then one JSON
+distillation and training stop early to leave the measurements their share). Prints a table (with the
+break-even tokens per drafting step: a drafting step's cost in plain steps, whatever the head), then one JSON
 line; nothing is asserted.
 """
 
@@ -48,10 +49,11 @@ class Size:
     response_len: int
     new_tokens: int
     max_steps: int
+    batch: int  # training sequences per step
 
 
-TOY = Size(vocab=1000, hidden=64, layers=2, prompts=200, response_len=40, new_tokens=32, max_steps=150)
-GPU = Size(vocab=32000, hidden=1024, layers=8, prompts=1024, response_len=128, new_tokens=128, max_steps=1500)
+TOY = Size(vocab=1000, hidden=64, layers=2, prompts=200, response_len=40, new_tokens=32, max_steps=150, batch=8)
+GPU = Size(vocab=32000, hidden=1024, layers=8, prompts=1024, response_len=128, new_tokens=128, max_steps=1500, batch=64)
 
 
 class OutOfTime(Exception):
@@ -122,16 +124,18 @@ def main() -> int:
 
     config = DrafterConfig(size.hidden, 2 * size.hidden, 2, True, size.vocab)
     head = ReDrafterHead(config)
-    settings = train.TrainConfig(args.draft_len, args.lr, 8, 100, size.max_steps, args.seed)
+    settings = train.TrainConfig(args.draft_len, args.lr, size.batch, 100, size.max_steps, args.seed)
+
+    curve: list[dict[str, float]] = []  # kept when the budget stops training early
 
     def stop_at_budget(step: int, total: int, loss: float) -> None:
+        curve.append({"step": step, "loss": loss})
         if time.monotonic() - started > 0.55 * args.budget_s:
             raise OutOfTime
 
     t0 = time.monotonic()
-    curve: list[dict[str, float]] = []
     try:
-        curve = train.train_head(
+        train.train_head(
             head,
             samples,
             base.get_input_embeddings().weight.detach(),
@@ -163,6 +167,11 @@ def main() -> int:
                 "greedy_tok_s": round(tokens / greedy_s, 1),
                 "drafting_tok_s": round(sum(len(t) for t in drafted) / draft_s, 1),
                 "tokens_per_step": round(stats.tokens_per_step, 3),
+                # tokens per drafting step at which drafting would match greedy's tokens/s at this batch:
+                # the cost of one drafting step in plain steps (independent of how well the head drafts)
+                "break_even_tokens_per_step": round(
+                    stats.tokens_per_step * (tokens / greedy_s) / (sum(len(t) for t in drafted) / draft_s), 2
+                ),
                 "acceptance": round(stats.acceptance, 3),
                 "same_tokens": drafted == plain,
             }
@@ -178,12 +187,16 @@ def main() -> int:
         f"{len(curve)} steps in {train_s:.1f} s (loss {curve[0]['loss'] if curve else float('nan'):.3f} -> "
         f"{curve[-1]['loss'] if curve else float('nan'):.3f})"
     )
-    print(f"{'batch':>5} {'greedy tok/s':>13} {'drafting tok/s':>15} {'speedup':>8} {'tok/step':>9} {'accept':>7} same")
+    print(
+        f"{'batch':>5} {'greedy tok/s':>13} {'drafting tok/s':>15} {'speedup':>8} {'tok/step':>9} "
+        f"{'break-even':>10} {'accept':>7} same"
+    )
     for r in rows:
         speedup = r["drafting_tok_s"] / r["greedy_tok_s"] if r["greedy_tok_s"] else float("nan")
         print(
             f"{r['batch']:>5} {r['greedy_tok_s']:>13.1f} {r['drafting_tok_s']:>15.1f} {speedup:>8.2f} "
-            f"{r['tokens_per_step']:>9.3f} {r['acceptance']:>7.3f} {r['same_tokens']}"
+            f"{r['tokens_per_step']:>9.3f} {r['break_even_tokens_per_step']:>10.2f} {r['acceptance']:>7.3f} "
+            f"{r['same_tokens']}"
         )
     print(f"crossover batch (greedy >= drafting): {crossover}; total {time.monotonic() - started:.0f} s")
     summary = {

@@ -19,6 +19,7 @@ keys directory every request but health, metrics and ``/openapi.json`` needs ``A
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -760,11 +761,15 @@ def run(
     grpc_url: str,
     tokenizer_dir: str | None = None,
     shutdown_timeout: float = 60.0,
+    api_keys_dir: str | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT, then drain: stop accepting, let in-flight requests finish."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     tok = tokenizer_dir or str(Path(cfg.artifact_dir) / TOKENIZER_DIR)
-    front = Front(FrontSettings.from_config(cfg), tok, grpc_url)
+    settings = FrontSettings.from_config(cfg)
+    if api_keys_dir:
+        settings = dataclasses.replace(settings, api_keys_dir=api_keys_dir)
+    front = Front(settings, tok, grpc_url)
     log.info(
         "OpenAI API for model %r on %s:%d over Triton gRPC %s (%s)",
         front.settings.model_id,

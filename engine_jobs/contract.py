@@ -53,6 +53,14 @@ OPENAI_PORT = 9000
 OPENAI_READY_PATH = "/health/ready"
 #: response header carrying one request's speculative acceptance rate (accepted / drafted tokens)
 ACCEPTANCE_HEADER = "x-redrafter-acceptance-rate"
+#: where the serving pod mounts spec.serving.auth.apiKeysSecret (and the validation Job the same Secret)
+API_KEYS_MOUNT = "/var/run/secrets/redrafter-api-keys"
+#: the front's own metrics (GET /metrics on the openai port): its admission of generations
+METRIC_FRONT_IN_FLIGHT = "redrafter_openai_requests_in_flight"
+METRIC_FRONT_QUEUED = "redrafter_openai_requests_queued"
+METRIC_FRONT_MAX_IN_FLIGHT = "redrafter_openai_max_in_flight"
+METRIC_FRONT_MAX_QUEUED = "redrafter_openai_max_queued"
+METRIC_FRONT_REJECTED = "redrafter_openai_requests_rejected_total"  # label reason=queue_full|queue_timeout
 
 # ---- serving metrics (exported by the metering model through Triton's custom-metrics API) ------
 METRIC_REQUESTS = "redrafter_requests_total"
@@ -242,6 +250,9 @@ class ServingConfig(_Strict):
     model_name: str | None = Field(default=None, description="OpenAI model id; None: the deployment name")
     max_input_len: int = Field(default=2048, description="the engine's max prompt tokens (OpenAI front checks)")
     max_seq_len: int = Field(default=4096, description="the engine's max prompt + output tokens")
+    api_keys_dir: str | None = Field(
+        default=None, description="where the API keys Secret is mounted (a path, never a key); None: no keys"
+    )
 
     @property
     def served_model_name(self) -> str:

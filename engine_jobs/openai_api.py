@@ -7,36 +7,45 @@ entry model, so they are metered like every other; a response carries its accept
 ``GET /health/ready`` answers 200 only while Triton and its entry model are ready: the pod's readiness
 probe, so the pod serves only when both protocols work. Triton's own OpenAI frontend is not used: it
 runs Triton in-process, which with TP > 1 needs another MPI launch than this project's.
+
+Hostile or excessive input is answered with a 4xx in OpenAI's error body, never a 5xx: every limit is a
+field of :class:`FrontSettings` (body size 413, JSON nesting, message count, stop sequences and prompt
+length 400, a body that does not arrive in time 408). A bounded number of generations run at once, a
+bounded number wait for a slot, and the rest get 429 with ``Retry-After`` (``GET /metrics`` exports the
+counts); every generation is bounded in time (504, or an error event ending the stream). With an API
+keys directory every request but health, metrics and ``/openapi.json`` needs ``Authorization: Bearer``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-import tritonclient.grpc.aio as grpcaio
 from aiohttp import web
 from aiohttp_sse import EventSourceResponse
 from pydantic import ValidationError
 
+from . import contract
+from .api_keys import ApiKeys, bearer
 from .chat_template import ChatTemplate, ChatTemplateError, NoChatTemplate
 from .contract import (
     ACCEPTANCE_HEADER,
-    ENTRY_MODEL,
     MANIFEST_FILE,
     OPENAI_READY_PATH,
     TOKENIZER_DIR,
     ServingConfig,
 )
 from .openai_protocol import ApiError, ChatCompletionRequest, CompletionRequest, _Request, validation_error
-from .triton_bridge import Outcome, Sampling, UpstreamError, generate
+from .triton_bridge import Outcome, Sampling, TritonBridge, UpstreamError
 from .triton_models._tokenizer import Tokenizer
 
 log = logging.getLogger("redrafter.openai")
@@ -44,40 +53,141 @@ log = logging.getLogger("redrafter.openai")
 #: OpenAI's documented default of ``max_tokens`` for /v1/completions (chat defaults to the context left)
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 READINESS_POLL_SECONDS = 1.0
+#: prompts longer than this (characters) are tokenized off the event loop
+LONG_PROMPT_CHARS = 16384
+#: paths answered without an API key: probes, scrapers, the API's description
+UNAUTHENTICATED_PATHS = frozenset({OPENAI_READY_PATH, "/health/live", "/metrics", "/openapi.json"})
 
 
 @dataclass(frozen=True)
 class FrontSettings:
+    """What the front serves and the limits it enforces (defaults: docs/openai-api.md#limits)."""
+
     model_id: str
     max_input_len: int
     max_seq_len: int
     created: int  # unix time of the engine artifact (its manifest), reported by /v1/models
     owned_by: str = "redrafter-operator"
+    #: request body size (413); a prompt of maxInputLen tokens is far smaller
+    max_body_bytes: int = 4 * 1024 * 1024
+    #: seconds a client may take to send its body (408)
+    body_timeout: float = 30.0
+    #: nesting of arrays and objects in a body (400); OpenAI's bodies nest a handful of levels
+    max_json_depth: int = 32
+    #: chat messages per request (400)
+    max_messages: int = 1024
+    #: characters of one stop sequence (400); OpenAI allows at most 4 sequences, checked by the protocol
+    max_stop_chars: int = 256
+    #: seconds one generation may take once admitted, queue wait excluded (504, or an error event)
+    request_timeout: float = 600.0
+    #: generations running at once; the engine batches at most maxBatchSize, Triton queues the rest
+    max_in_flight: int = 64
+    #: requests waiting for a slot; past it: 429 with Retry-After
+    max_queued: int = 256
+    #: seconds a request may wait for a slot (429 with Retry-After)
+    queue_timeout: float = 30.0
+    #: seconds clients are told to wait in Retry-After
+    retry_after: int = 1
+    #: directory of a mounted Secret of API keys (one per data entry); None: no authentication
+    api_keys_dir: str | None = None
 
     @classmethod
     def from_config(cls, cfg: ServingConfig) -> "FrontSettings":
         manifest = Path(cfg.artifact_dir) / MANIFEST_FILE
         created = int(manifest.stat().st_mtime) if manifest.is_file() else int(time.time())
-        return cls(cfg.served_model_name, cfg.max_input_len, cfg.max_seq_len, created)
+        # Twice the engine's batch keeps it full while some requests are in pre- or postprocessing.
+        in_flight = max(2 * cfg.max_batch_size, 4)
+        return cls(
+            cfg.served_model_name,
+            cfg.max_input_len,
+            cfg.max_seq_len,
+            created,
+            max_in_flight=in_flight,
+            max_queued=4 * in_flight,
+            api_keys_dir=cfg.api_keys_dir,
+        )
+
+
+class Bridge(Protocol):
+    """What the front needs of Triton (:class:`~.triton_bridge.TritonBridge`; tests use a fake)."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def ready(self) -> bool: ...
+
+    def generate(
+        self, prompt: str, s: Sampling, outcome: Outcome, count_tokens: Callable[[str], int]
+    ) -> AsyncIterator[str]: ...
+
+
+class Admission:
+    """At most ``max_in_flight`` generations at once and ``max_queued`` waiting; the rest get 429.
+
+    Admission comes before the body is read, so a waiting request holds no body in memory."""
+
+    def __init__(self, max_in_flight: int, max_queued: int, queue_timeout: float, retry_after: int):
+        self.max_in_flight, self.max_queued = max_in_flight, max_queued
+        self.queue_timeout, self.retry_after = queue_timeout, retry_after
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self.in_flight = 0
+        self.queued = 0
+        self.rejected: dict[str, int] = {"queue_full": 0, "queue_timeout": 0}
+
+    def _busy(self, reason: str, message: str) -> ApiError:
+        self.rejected[reason] += 1
+        return ApiError(
+            429, message, type_="rate_limit_error", code=reason, headers={"Retry-After": str(self.retry_after)}
+        )
+
+    @asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        if self._slots.locked() and self.queued >= self.max_queued:
+            raise self._busy(
+                "queue_full",
+                f"the server is at capacity ({self.max_in_flight} requests in flight, {self.max_queued} "
+                "queued, the limits max_in_flight and max_queued); retry after a moment",
+            )
+        self.queued += 1
+        try:
+            async with asyncio.timeout(self.queue_timeout):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise self._busy(
+                "queue_timeout",
+                f"the request waited {self.queue_timeout:g}s (queue_timeout) for one of the server's "
+                f"{self.max_in_flight} slots; retry after a moment",
+            ) from None
+        finally:
+            self.queued -= 1
+        self.in_flight += 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+            self._slots.release()
 
 
 class Front:
-    """The application's state: settings, tokenizer, chat template, one gRPC channel to Triton."""
+    """The application's state: settings, tokenizer, chat template, the bridge to Triton, admission."""
 
-    def __init__(self, settings: FrontSettings, tokenizer_dir: str | Path, grpc_url: str):
+    def __init__(self, settings: FrontSettings, tokenizer_dir: str | Path, bridge: Bridge | str):
         self.settings = settings
         self.tokenizer = Tokenizer(str(tokenizer_dir))
         self.template = ChatTemplate(tokenizer_dir, hf=self.tokenizer.hf)
-        self.grpc_url = grpc_url
-        self.client: grpcaio.InferenceServerClient | None = None
+        self.bridge: Bridge = TritonBridge(bridge) if isinstance(bridge, str) else bridge
         self.ready = False
         self._poller: asyncio.Task | None = None
+        self.admission = Admission(
+            settings.max_in_flight, settings.max_queued, settings.queue_timeout, settings.retry_after
+        )
+        self.api_keys = ApiKeys(settings.api_keys_dir) if settings.api_keys_dir else None
 
     # ---- Triton readiness -----------------------------------------------------------------------
     async def check_ready(self) -> bool:
-        assert self.client is not None
         try:
-            self.ready = bool(await self.client.is_server_ready() and await self.client.is_model_ready(ENTRY_MODEL))
+            self.ready = await self.bridge.ready()
         except Exception:  # Triton not listening yet, or gone
             self.ready = False
         return self.ready
@@ -88,14 +198,13 @@ class Front:
             await asyncio.sleep(READINESS_POLL_SECONDS)
 
     async def start(self, _app: web.Application) -> None:
-        self.client = grpcaio.InferenceServerClient(self.grpc_url)
+        await self.bridge.start()
         self._poller = asyncio.create_task(self._poll())
 
     async def stop(self, _app: web.Application) -> None:
         if self._poller is not None:
             self._poller.cancel()
-        if self.client is not None:
-            await self.client.close()
+        await self.bridge.close()
 
     async def require_ready(self) -> None:
         if not self.ready and not await self.check_ready():
@@ -115,13 +224,27 @@ class Front:
             )
         return ApiError(500, f"inference failed: {exc}", type_="server_error", code="upstream_error")
 
+    def timed_out(self) -> ApiError:
+        return ApiError(
+            504,
+            f"the generation did not finish within the server's limit of {self.settings.request_timeout:g}s "
+            "(request_timeout)",
+            type_="server_error",
+            code="timeout",
+        )
+
     # ---- requests ------------------------------------------------------------------------------
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False)) if text else 0
 
-    def prompt_tokens(self, prompt: str, param: str) -> int:
-        """Tokens of ``prompt`` as the preprocessing model encodes it; refuses what the engine cannot take."""
-        n = len(self.tokenizer.encode(prompt))
+    async def prompt_tokens(self, prompt: str, param: str) -> int:
+        """Tokens of ``prompt`` as the preprocessing model encodes it; refuses what the engine cannot take.
+
+        A long prompt is encoded in a thread: the event loop keeps serving the other streams meanwhile."""
+        if len(prompt) > LONG_PROMPT_CHARS:
+            n = len(await asyncio.to_thread(self.tokenizer.encode, prompt))
+        else:
+            n = len(self.tokenizer.encode(prompt))
         if n == 0:
             raise ApiError(400, "the prompt encodes to zero tokens", param=param, code="invalid_value")
         if n > self.settings.max_input_len:
@@ -152,6 +275,15 @@ class Front:
                 400,
                 f"min_tokens ({req.min_tokens}) exceeds max_tokens ({limit})",
                 param="min_tokens",
+                code="invalid_value",
+            )
+        too_long = next((i for i, s in enumerate(req.stop_list) if len(s) > self.settings.max_stop_chars), None)
+        if too_long is not None:
+            raise ApiError(
+                400,
+                f"stop sequence {too_long} has {len(req.stop_list[too_long])} characters, more than the limit of "
+                f"{self.settings.max_stop_chars} (max_stop_chars)",
+                param="stop",
                 code="invalid_value",
             )
         return Sampling(
@@ -194,17 +326,107 @@ def _check_model(front: Front, req: _Request) -> None:
         )
 
 
-async def _parse(request: web.Request, model: type[_Request]) -> _Request:
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"the number {text[:32]} is out of range")
+    return value
+
+
+def _check_shape(body: Any, max_depth: int) -> None:
+    """Refuses nesting deeper than ``max_depth`` and strings that are not Unicode text (lone surrogates,
+    which ``\\ud800`` escapes produce and no tokenizer can encode). Iterative: its cost is the body's size."""
+    stack: list[tuple[Any, int]] = [(body, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            if depth > max_depth:
+                raise ApiError(
+                    400,
+                    f"the request body nests arrays and objects deeper than {max_depth} levels (max_json_depth)",
+                    code="invalid_json",
+                )
+            if isinstance(value, dict):
+                for k, v in value.items():
+                    _check_text(k)
+                    stack.append((v, depth + 1))
+            else:
+                stack.extend((v, depth + 1) for v in value)
+        elif isinstance(value, str):
+            _check_text(value)
+
+
+def _check_text(text: str) -> None:
     try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(
+            400, "the request body holds a string that is not valid Unicode (a lone surrogate)", code="invalid_json"
+        ) from None
+
+
+async def _read_body(request: web.Request, s: FrontSettings) -> bytes:
+    """The body, at most ``max_body_bytes`` (413) and arriving within ``body_timeout`` (408)."""
+    too_large = ApiError(
+        413,
+        f"the request body exceeds this server's limit of {s.max_body_bytes} bytes (max_body_bytes)",
+        code="request_too_large",
+    )
+    if request.content_length is not None and request.content_length > s.max_body_bytes:
+        raise too_large
+    try:
+        async with asyncio.timeout(s.body_timeout):
+            return await request.read()  # the app's client_max_size bounds chunked bodies too
+    except web.HTTPRequestEntityTooLarge:
+        raise too_large from None
+    except TimeoutError:
+        raise ApiError(
+            408,
+            f"the request body did not arrive within {s.body_timeout:g}s (body_timeout)",
+            code="request_timeout",
+        ) from None
+
+
+def parse_body(raw: bytes, model: type[_Request], s: FrontSettings) -> _Request:
+    """A request model from a body: every way a body can be wrong is a 400 in OpenAI's error body."""
+    try:
+        body = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite)
+    except RecursionError:  # deeper than the interpreter's own limit: certainly deeper than ours
+        raise ApiError(
+            400,
+            f"the request body nests arrays and objects deeper than {s.max_json_depth} levels (max_json_depth)",
+            code="invalid_json",
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise ApiError(
+            400, f"the request body is not UTF-8: {exc.reason} at byte {exc.start}", code="invalid_json"
+        ) from None
+    except ValueError as exc:  # JSONDecodeError, NaN/Infinity, integers past Python's digit limit
+        raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
+        raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    _check_shape(body, s.max_json_depth)
     try:
-        return model.model_validate(body)
+        req = model.model_validate(body)
     except ValidationError as exc:
         raise validation_error(exc) from None
+    if isinstance(req, ChatCompletionRequest) and len(req.messages) > s.max_messages:
+        raise ApiError(
+            400,
+            f"the request has {len(req.messages)} messages, more than this server's limit of {s.max_messages} "
+            "(max_messages)",
+            param="messages",
+            code="invalid_value",
+        )
+    return req
+
+
+async def _parse(request: web.Request, model: type[_Request], s: FrontSettings) -> _Request:
+    return parse_body(await _read_body(request, s), model, s)
 
 
 def _usage(prompt_tokens: int, outcome: Outcome) -> dict[str, int]:
@@ -265,40 +487,62 @@ CHAT = _Kind(
 )
 
 
+async def _until(deltas: AsyncIterator[str], deadline: float) -> AsyncIterator[str]:
+    """``deltas``, each of which must arrive before ``deadline`` (loop time): TimeoutError after it, which
+    cancels the generation (the bridge cancels its Triton request)."""
+    while True:
+        try:
+            async with asyncio.timeout_at(deadline):
+                delta = await anext(deltas)
+        except StopAsyncIteration:
+            return
+        yield delta
+
+
 async def _respond(
     request: web.Request, front: Front, kind: _Kind, req: _Request, prompt: str, prompt_tokens: int, sampling: Sampling
 ) -> web.StreamResponse:
-    assert front.client is not None
     outcome = Outcome()
     created = int(time.time())
     head = {"id": kind.id_prefix + uuid.uuid4().hex, "created": created, "model": front.settings.model_id}
-    deltas = generate(front.client, prompt, sampling, outcome, front.count_tokens)
-    if not req.stream:
+    deltas = front.bridge.generate(prompt, sampling, outcome, front.count_tokens)
+    bounded = _until(deltas, asyncio.get_running_loop().time() + front.settings.request_timeout)
+    try:
+        if not req.stream:
+            try:
+                text = "".join([d async for d in bounded])
+            except UpstreamError as exc:
+                raise front.failure(exc) from None
+            except TimeoutError:
+                raise front.timed_out() from None
+            body = {
+                **head,
+                "object": kind.object,
+                "choices": [kind.choice(text, outcome.finish_reason)],
+                "usage": _usage(prompt_tokens, outcome),
+            }
+            headers = {}
+            if outcome.acceptance_rate is not None:
+                headers[ACCEPTANCE_HEADER] = f"{outcome.acceptance_rate:.6f}"
+            return web.json_response(body, headers=headers)
+        # The headers wait for Triton's first answer: a request that fails before any text still gets its
+        # HTTP status (503 lets clients retry); later failures can only be an event in the stream.
         try:
-            text = "".join([d async for d in deltas])
+            first = await anext(bounded, None)
         except UpstreamError as exc:
             raise front.failure(exc) from None
-        body = {
-            **head,
-            "object": kind.object,
-            "choices": [kind.choice(text, outcome.finish_reason)],
-            "usage": _usage(prompt_tokens, outcome),
-        }
-        headers = {}
-        if outcome.acceptance_rate is not None:
-            headers[ACCEPTANCE_HEADER] = f"{outcome.acceptance_rate:.6f}"
-        return web.json_response(body, headers=headers)
-    # The headers wait for Triton's first answer: a request that fails before any text still gets its
-    # HTTP status (503 lets clients retry); later failures can only be an event in the stream.
-    try:
-        first = await anext(deltas, None)
-    except UpstreamError as exc:
-        raise front.failure(exc) from None
-    return await _stream(request, kind, req, head, first, deltas, outcome, prompt_tokens)
+        except TimeoutError:
+            raise front.timed_out() from None
+        return await _stream(request, front, kind, req, head, first, bounded, outcome, prompt_tokens)
+    finally:
+        # Whatever ended the request (the client went away, a time limit, an error): the Triton request ends.
+        await bounded.aclose()
+        await deltas.aclose()
 
 
 async def _stream(
     request: web.Request,
+    front: Front,
     kind: _Kind,
     req: _Request,
     head: dict,
@@ -316,6 +560,8 @@ async def _stream(
     try:
         await resp.prepare(request)
         async with resp:
+            # Headers are gone: an error travels as an event, as OpenAI sends it, and the stream still ends.
+            err: ApiError | None = None
             try:
                 if kind.first is not None:
                     await send([kind.first])
@@ -338,14 +584,21 @@ async def _stream(
                             }
                         )
                     )
-            except UpstreamError as exc:  # headers are gone: the error travels as an event, as OpenAI sends it
-                err = ApiError(500, f"inference failed: {exc}", type_="server_error", code="upstream_error")
+            except UpstreamError as exc:
+                err = front.failure(exc)
+            except TimeoutError:
+                err = front.timed_out()
+            except (ConnectionResetError, asyncio.CancelledError):
+                raise
+            except Exception:
+                log.exception("%s: failed mid-stream", head["id"])
+                err = ApiError(500, "internal server error", type_="server_error", code="internal_error")
+            if err is not None:
+                log.info("%s: ended mid-stream: %s", head["id"], err.message)
                 await resp.send(json.dumps(err.body()))
             await resp.send("[DONE]")
     except ConnectionResetError:
         log.info("%s: the client went away mid-stream", head["id"])
-    finally:
-        await deltas.aclose()  # a client that went away: cancels the Triton request
     return resp
 
 
@@ -361,23 +614,24 @@ def _handlers(front: Front) -> list[web.RouteDef]:
         return web.json_response(_model_card(front))
 
     async def completions(request: web.Request) -> web.StreamResponse:
-        req = await _parse(request, CompletionRequest)
-        assert isinstance(req, CompletionRequest)
-        _check_model(front, req)
-        await front.require_ready()
-        n = front.prompt_tokens(req.text, "prompt")
-        return await _respond(
-            request, front, COMPLETION, req, req.text, n, front.sampling(req, n, COMPLETIONS_DEFAULT_MAX_TOKENS)
-        )
+        async with front.admission.slot():
+            req = await _parse(request, CompletionRequest, front.settings)
+            assert isinstance(req, CompletionRequest)
+            _check_model(front, req)
+            await front.require_ready()
+            n = await front.prompt_tokens(req.text, "prompt")
+            sampling = front.sampling(req, n, COMPLETIONS_DEFAULT_MAX_TOKENS)
+            return await _respond(request, front, COMPLETION, req, req.text, n, sampling)
 
     async def chat(request: web.Request) -> web.StreamResponse:
-        req = await _parse(request, ChatCompletionRequest)
-        assert isinstance(req, ChatCompletionRequest)
-        _check_model(front, req)
-        await front.require_ready()
-        prompt = front.chat_prompt(req)
-        n = front.prompt_tokens(prompt, "messages")
-        return await _respond(request, front, CHAT, req, prompt, n, front.sampling(req, n, None))
+        async with front.admission.slot():
+            req = await _parse(request, ChatCompletionRequest, front.settings)
+            assert isinstance(req, ChatCompletionRequest)
+            _check_model(front, req)
+            await front.require_ready()
+            prompt = front.chat_prompt(req)
+            n = await front.prompt_tokens(prompt, "messages")
+            return await _respond(request, front, CHAT, req, prompt, n, front.sampling(req, n, None))
 
     async def ready(_request: web.Request) -> web.Response:
         ok = await front.check_ready()
@@ -386,6 +640,14 @@ def _handlers(front: Front) -> list[web.RouteDef]:
     async def live(_request: web.Request) -> web.Response:
         return web.json_response({"live": True})
 
+    async def metrics(_request: web.Request) -> web.Response:
+        return web.Response(text=front_metrics(front), content_type="text/plain", charset="utf-8")
+
+    async def openapi(_request: web.Request) -> web.Response:
+        from .openai_schema import openapi_document
+
+        return web.json_response(openapi_document())
+
     return [
         web.get("/v1/models", models),
         web.get("/v1/models/{model:.+}", model),
@@ -393,12 +655,52 @@ def _handlers(front: Front) -> list[web.RouteDef]:
         web.post("/v1/chat/completions", chat),
         web.get(OPENAI_READY_PATH, ready),
         web.get("/health/live", live),
+        web.get("/metrics", metrics),
+        web.get("/openapi.json", openapi),
     ]
+
+
+def front_metrics(front: Front) -> str:
+    """The front's gauges and counters in Prometheus' text format (names in engine_jobs.contract)."""
+    a = front.admission
+    lines = []
+    for name, kind, help_, samples in (
+        (contract.METRIC_FRONT_IN_FLIGHT, "gauge", "Generations the OpenAI front is running.", [("", a.in_flight)]),
+        (contract.METRIC_FRONT_QUEUED, "gauge", "Requests waiting for a generation slot.", [("", a.queued)]),
+        (
+            contract.METRIC_FRONT_MAX_IN_FLIGHT,
+            "gauge",
+            "Generation slots of the OpenAI front (max_in_flight).",
+            [("", a.max_in_flight)],
+        ),
+        (
+            contract.METRIC_FRONT_MAX_QUEUED,
+            "gauge",
+            "Queue places of the OpenAI front (max_queued).",
+            [("", a.max_queued)],
+        ),
+        (
+            contract.METRIC_FRONT_REJECTED,
+            "counter",
+            "Requests refused with 429, by reason.",
+            [(f'{{reason="{reason}"}}', n) for reason, n in sorted(a.rejected.items())],
+        ),
+    ):
+        lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}"]
+        lines += [f"{name}{labels} {value}" for labels, value in samples]
+    return "\n".join(lines) + "\n"
 
 
 def _model_card(front: Front) -> dict[str, Any]:
     s = front.settings
     return {"id": s.model_id, "object": "model", "created": s.created, "owned_by": s.owned_by}
+
+
+def _error_response(err: ApiError) -> web.Response:
+    headers = dict(err.headers)
+    if err.status == 503:
+        headers.setdefault("Retry-After", "1")
+    return web.json_response(err.body(), status=err.status, headers=headers)
 
 
 @web.middleware
@@ -407,22 +709,44 @@ async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitab
     try:
         return await handler(request)
     except ApiError as exc:
-        headers = {"Retry-After": "1"} if exc.status == 503 else None
-        return web.json_response(exc.body(), status=exc.status, headers=headers)
+        return _error_response(exc)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status)
-        err = ApiError(exc.status, f"{request.method} {request.path}: {exc.reason}", code=code)
-        return web.json_response(err.body(), status=exc.status)
+        return _error_response(ApiError(exc.status, f"{request.method} {request.path}: {exc.reason}", code=code))
     except Exception:
         log.exception("unhandled error serving %s %s", request.method, request.path)
-        err = ApiError(500, "internal server error", type_="server_error", code="internal_error")
-        return web.json_response(err.body(), status=500)
+        return _error_response(ApiError(500, "internal server error", type_="server_error", code="internal_error"))
+
+
+def _auth(front: Front) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """``Authorization: Bearer <key>`` on every path but health, metrics and the API's description."""
+
+    @web.middleware
+    async def auth(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
+        keys = front.api_keys
+        if keys is not None and request.path not in UNAUTHENTICATED_PATHS:
+            token = bearer(request.headers.get("Authorization"))
+            if not keys.check(token):
+                raise ApiError(
+                    401,
+                    "Incorrect API key provided." if token else "Missing API key: send Authorization: Bearer <key>.",
+                    code="invalid_api_key",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+        return await handler(request)
+
+    return auth
+
+
+#: options of aiohttp's server the front needs: a client that disconnects cancels its handler, which
+#: cancels its Triton request
+SERVER_OPTIONS: dict[str, Any] = {"handler_cancellation": True}
 
 
 def make_app(front: Front) -> web.Application:
-    app = web.Application(middlewares=[_errors], client_max_size=16 * 1024 * 1024)
+    app = web.Application(middlewares=[_errors, _auth(front)], client_max_size=front.settings.max_body_bytes)
     app.add_routes(_handlers(front))
     app.on_startup.append(front.start)
     app.on_cleanup.append(front.stop)
@@ -437,19 +761,29 @@ def run(
     grpc_url: str,
     tokenizer_dir: str | None = None,
     shutdown_timeout: float = 60.0,
+    api_keys_dir: str | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT, then drain: stop accepting, let in-flight requests finish."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     tok = tokenizer_dir or str(Path(cfg.artifact_dir) / TOKENIZER_DIR)
-    front = Front(FrontSettings.from_config(cfg), tok, grpc_url)
-    log.info("OpenAI API for model %r on %s:%d over Triton gRPC %s", front.settings.model_id, host, port, grpc_url)
-    # handler_cancellation: a client that disconnects cancels its handler, which cancels its Triton request
+    settings = FrontSettings.from_config(cfg)
+    if api_keys_dir:
+        settings = dataclasses.replace(settings, api_keys_dir=api_keys_dir)
+    front = Front(settings, tok, grpc_url)
+    log.info(
+        "OpenAI API for model %r on %s:%d over Triton gRPC %s (%s)",
+        front.settings.model_id,
+        host,
+        port,
+        grpc_url,
+        "API keys required" if front.api_keys else "no API keys",
+    )
     web.run_app(
         make_app(front),
         host=host,
         port=port,
         shutdown_timeout=shutdown_timeout,
-        handler_cancellation=True,
         print=None,
         access_log=None,
+        **SERVER_OPTIONS,
     )

@@ -232,6 +232,7 @@ def add_openai_parser(sub) -> None:
     p.add_argument("--port", type=int, default=OPENAI_PORT)
     p.add_argument("--grpc-url", default=f"127.0.0.1:{GRPC_PORT}", help="Triton's gRPC endpoint host:port")
     p.add_argument("--tokenizer-dir", default=None, help="default: <artifact_dir>/tokenizer")
+    p.add_argument("--api-keys-dir", default=None, help="default: the config's api_keys_dir (the mounted Secret)")
     p.add_argument(
         "--shutdown-timeout",
         type=float,
@@ -251,6 +252,7 @@ def _cmd_openai(args) -> int:
         grpc_url=args.grpc_url,
         tokenizer_dir=args.tokenizer_dir,
         shutdown_timeout=args.shutdown_timeout,
+        api_keys_dir=args.api_keys_dir,
     )
     return 0
 

@@ -198,8 +198,8 @@ async def generate(
             final = resp.parameters.get("triton_final_response")
             if final is not None and final.bool_param:
                 break
-    except (asyncio.CancelledError, GeneratorExit):  # the client went away
-        log.info("Triton request %s cancelled: its client went away", request_id)
+    except (asyncio.CancelledError, GeneratorExit):  # the client went away, or the front's time limit passed
+        log.info("Triton request %s cancelled: its client went away or its time limit passed", request_id)
         raise
     except UpstreamError:
         raise
@@ -216,3 +216,28 @@ async def generate(
         outcome.finish_reason = "stop"
     else:
         outcome.finish_reason = "length"
+
+
+class TritonBridge:
+    """The front's way to Triton: one gRPC channel, readiness of the server and its entry model, generations.
+
+    The front talks to anything with this interface (tests use an in-process fake)."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.client: grpcaio.InferenceServerClient | None = None
+
+    async def start(self) -> None:
+        self.client = grpcaio.InferenceServerClient(self.url)
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+
+    async def ready(self) -> bool:
+        assert self.client is not None
+        return bool(await self.client.is_server_ready() and await self.client.is_model_ready(ENTRY_MODEL))
+
+    def generate(self, prompt: str, s: Sampling, outcome: Outcome, count_tokens) -> AsyncIterator[str]:
+        assert self.client is not None
+        return generate(self.client, prompt, s, outcome, count_tokens)

@@ -44,7 +44,7 @@ from . import admission_podsecurity as podsecurity
 from .buildjobs import provision_source
 from .cronjobs import CronJobController, run_cronjob_controller
 from .engine import SimEngineSettings
-from .kubeapi import EVENTS, PODS, Kind, KubeApi
+from .kubeapi import EVENTS, PODS, SECRETS, Kind, KubeApi
 from .kubelet import SimKubelet
 from .prometheus import PrometheusServer, PrometheusUnavailable, ServingTarget, scrape_config, write_serving_file
 from .router import NoEndpoints, ServiceRouter
@@ -453,6 +453,23 @@ class DemoRun:
                 )
         return sorted(out, key=lambda e: e["time"] or "")
 
+    async def _api_key(self, api: KubeApi) -> str | None:
+        """With spec.serving.auth.apiKeysSecret, the Secret's first key by entry name (as the validation
+        Job picks it), as an application holding the key would send it; None without one."""
+        import base64
+
+        spec = (self.obj or self.resource).get("spec") or {}
+        secret = ((spec.get("serving") or {}).get("auth") or {}).get("apiKeysSecret")
+        if not secret:
+            return None
+        obj = await api.get(SECRETS, secret, self.namespace)
+        data = {k: base64.b64decode(v).decode().strip() for k, v in ((obj or {}).get("data") or {}).items()}
+        data |= {k: v.strip() for k, v in ((obj or {}).get("stringData") or {}).items()}
+        keys = [data[k] for k in sorted(data) if data[k]]
+        if not keys:
+            raise LookupError(f"secret {secret!r} (spec.serving.auth.apiKeysSecret) holds no API key")
+        return keys[0]
+
     async def _chat_completion(self, api: KubeApi) -> dict[str, Any]:
         """One chat completion through the Service's ``openai`` port with the official client."""
         from openai import APIError, AsyncOpenAI
@@ -465,8 +482,12 @@ class DemoRun:
             except NoEndpoints as exc:
                 return out | {"error": str(exc)}
         out["pod"] = backend.pod
+        try:
+            api_key = await self._api_key(api)
+        except LookupError as exc:
+            return out | {"error": str(exc)}
         async with AsyncOpenAI(
-            base_url=f"http://{backend.url}/v1", api_key="unused", max_retries=0, timeout=60
+            base_url=f"http://{backend.url}/v1", api_key=api_key or "unused", max_retries=0, timeout=60
         ) as client:
             try:
                 model = (await client.models.list()).data[0].id

@@ -23,6 +23,7 @@ last run in ``lastState.terminated``; with ``memory_needed`` set, a memory limit
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import math
@@ -54,7 +55,7 @@ from .failures import (
     progress_deadline_exceeded,
     unschedulable_message,
 )
-from .hostfs import HostFS, PodRoot, configmap_names
+from .hostfs import HostFS, PodRoot, configmap_names, secret_names
 from .kubeapi import CONFIGMAPS, DEPLOYMENTS, EVENTS, PODS, SECRETS, ApiStatusError, KubeApi
 from .triton import STUB_TIMEOUT_SECONDS, TritonServer, port_is_free
 
@@ -434,6 +435,9 @@ class ServingController:
         """``python -m engine_jobs openai`` as the launcher starts it, on the pod's address."""
         settings = LaunchSettings(host=pod.ip, exit_timeout_secs=self.exit_timeout_secs)
         argv = front_argv(settings, str(config_path)) + ["--tokenizer-dir", str(tokenizer_dir)]
+        keys_dir = ServingConfig.model_validate_json(config_path.read_text(encoding="utf-8")).api_keys_dir
+        if keys_dir:  # the container path of the mounted Secret, as this host sees it
+            argv += ["--api-keys-dir", str(pod.root.translate(keys_dir))]
         with open(pod.root.root / "openai-front.log", "ab") as out:
             env = {**os.environ, **pod.root.tmp_env()}
             return subprocess.Popen(
@@ -455,8 +459,15 @@ class ServingController:
             if cm is None:
                 raise FileNotFoundError(f"configmap {cm_name!r} not found")
             configmaps[cm_name] = dict(cm.get("data") or {})
+        secrets: dict[str, dict[str, bytes]] = {}
+        for secret_name in secret_names(spec):  # the API keys Secret (spec.serving.auth)
+            secret = await self.api.get(SECRETS, secret_name, pod.namespace)
+            if secret is None:
+                raise FileNotFoundError(f"secret {secret_name!r} not found")
+            secrets[secret_name] = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
+            secrets[secret_name].update({k: v.encode() for k, v in (secret.get("stringData") or {}).items()})
         container = spec["containers"][0]
-        self.fs.mount_volumes(pod.root, spec, container, configmaps)
+        self.fs.mount_volumes(pod.root, spec, container, configmaps, secrets)
         config_path = Path(pod.root.to_host(f"{contract.CONFIG_MOUNT}/{contract.SERVING_CONFIG_FILE}"))
         cfg = ServingConfig.model_validate_json(config_path.read_text(encoding="utf-8"))
         artifact = Path(pod.root.translate(cfg.artifact_dir.rstrip("/")))

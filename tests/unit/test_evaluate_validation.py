@@ -299,3 +299,32 @@ def test_validation_job_can_go_through_the_openai_api():
     assert (
         args[args.index("--base") + 1] == f"http://{names.service_name(owner.name, 'base')}.{owner.namespace}.svc:9000"
     )
+
+
+def test_validation_job_sends_the_serving_api_key_from_the_same_secret(tmp_path):
+    from engine_jobs.contract import API_KEYS_MOUNT
+    from redrafter_operator.evaluate.channel import load_api_key
+
+    body = yaml.safe_load(EXAMPLES[0].read_text())
+    body["spec"]["validation"] = {"protocol": "openai"}
+    body["spec"].setdefault("serving", {})["auth"] = {"apiKeysSecret": "llm-keys"}
+    pod = validation_job(Owner.from_body(body), redrafter_key=RKEY, base_key=BKEY, operator_image=IMAGE)["spec"][
+        "template"
+    ]["spec"]
+    (c,) = pod["containers"]
+    assert c["command"][c["command"].index("--api-key-file") + 1] == API_KEYS_MOUNT
+    (volume,) = [v for v in pod["volumes"] if "secret" in v]
+    assert volume["secret"]["secretName"] == "llm-keys"
+    assert {"name": volume["name"], "mountPath": API_KEYS_MOUNT, "readOnly": True} in c["volumeMounts"]
+    assert "llm-keys" not in str(c.get("env"))
+    # gRPC validation talks to Triton, which the keys do not guard: nothing is mounted
+    body["spec"]["validation"] = {"protocol": "grpc"}
+    grpc_pod = validation_job(Owner.from_body(body), redrafter_key=RKEY, base_key=BKEY, operator_image=IMAGE)
+    assert "--api-key-file" not in grpc_pod["spec"]["template"]["spec"]["containers"][0]["command"]
+    # the client reads the Secret's first key by entry name, or a plain file
+    (tmp_path / "b-team").write_text("sk-b\n")
+    (tmp_path / "a-team").write_text(" sk-a ")
+    (tmp_path / "..data").mkdir()
+    assert load_api_key(tmp_path) == "sk-a" and load_api_key(tmp_path / "b-team") == "sk-b"
+    with pytest.raises(ValueError, match="no API key"):
+        load_api_key(tmp_path / "..data")

@@ -180,7 +180,7 @@ def test_run_together_stops_the_rest_when_one_exits_unasked():
     assert run_together([[sys.executable, "-c", "pass"], [sys.executable, "-c", "import time; time.sleep(60)"]]) == 1
 
 
-def test_chat_prompt_keeps_one_bos_when_the_tokenizer_adds_it(tmp_path):
+async def test_chat_prompt_keeps_one_bos_when_the_tokenizer_adds_it(tmp_path):
     """A template that writes BOS itself plus a tokenizer that adds BOS would give the engine two."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
@@ -204,7 +204,7 @@ def test_chat_prompt_keeps_one_bos_when_the_tokenizer_adds_it(tmp_path):
     prompt = front.chat_prompt(req)
     assert prompt == "[INST] hi"
     assert front.tokenizer.encode(prompt) == [0, 4, 3]  # exactly one BOS, added by the tokenizer
-    assert front.prompt_tokens(prompt, "messages") == 3
+    assert await front.prompt_tokens(prompt, "messages") == 3
     # a tokenizer that adds nothing keeps the template's BOS
     tok.post_processor = None
     tok.save(str(tmp_path / "tokenizer.json"))

@@ -229,3 +229,28 @@ def test_negative_replicas_rejected():
     o = owner(1)
     with pytest.raises(ValueError):
         serving_deployment(o, "base", "k", -1)
+
+
+def test_api_keys_secret_is_a_read_only_volume_never_a_value():
+    import dataclasses
+
+    plain = owner()
+    serving = plain.spec.serving.model_copy(
+        update={"auth": plain.spec.serving.auth.model_copy(update={"api_keys_secret": "keys"})}
+    )
+    o = dataclasses.replace(plain, spec=plain.spec.model_copy(update={"serving": serving}))
+    key = engine_key(o.spec, "redrafter")
+    pod = serving_deployment(o, "redrafter", key, 1)["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if "secret" in v]
+    assert volume["secret"] == {"secretName": "keys", "defaultMode": 0o440}
+    (c,) = pod["containers"]
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == volume["name"]]
+    assert mount == {"name": volume["name"], "mountPath": contract.API_KEYS_MOUNT, "readOnly": True}
+    assert "keys" not in str(c["env"]) and "envFrom" not in c
+    cfg = ServingConfig.model_validate_json(serving_configmap(o, "redrafter", key)["data"]["serving.json"])
+    assert cfg.api_keys_dir == contract.API_KEYS_MOUNT  # the ConfigMap names the path only
+    # without a Secret: no volume and no keys directory, so the front asks for no key
+    plain_pod = serving_deployment(plain, "redrafter", key, 1)["spec"]["template"]["spec"]
+    assert not any("secret" in v for v in plain_pod["volumes"])
+    plain_cfg = serving_configmap(plain, "redrafter", key)["data"]["serving.json"]
+    assert ServingConfig.model_validate_json(plain_cfg).api_keys_dir is None

@@ -514,6 +514,21 @@ class ServingNetworkPolicy(ApiModel):
     )
 
 
+class ServingAuth(ApiModel):
+    """Who may call the OpenAI-compatible API (port 9000)."""
+
+    api_keys_secret: str | None = Field(
+        default=None,
+        pattern=_DNS1123_LABEL,
+        max_length=253,
+        description="Name of a Secret in this namespace holding the API keys, one key per data entry (the "
+        "entry names are free, e.g. one per client). Set: every request to the OpenAI API needs "
+        "`Authorization: Bearer <key>` (health and metrics paths excepted); a Secret update takes effect "
+        "without a restart once the kubelet refreshes the mounted volume. The validation Job sends the first "
+        "key by entry name. Unset: no authentication (rely on the NetworkPolicy).",
+    )
+
+
 class Serving(ApiModel):
     """Triton serving pods."""
 
@@ -541,6 +556,7 @@ class Serving(ApiModel):
     network_policy: ServingNetworkPolicy = Field(
         default_factory=ServingNetworkPolicy, description="Optional NetworkPolicies for this resource's pods."
     )
+    auth: ServingAuth = Field(default_factory=ServingAuth, description="API keys of the OpenAI-compatible API.")
 
     model_name: str | None = Field(
         default=None,

@@ -8,6 +8,7 @@ the model id read from ``/v1/models``. Acceptance comes from the last chunk's ``
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Protocol, get_args
 
 import aiohttp
@@ -91,15 +92,27 @@ class GrpcChannel:
         await self.client.close()
 
 
-class OpenAIChannel:
-    """Streaming ``/v1/completions`` with the official client."""
+def load_api_key(path: str | Path) -> str:
+    """The API key in ``path``: a file holding it, or a mounted Secret directory (its first key by entry
+    name, as the serving pods read the same Secret: engine_jobs.api_keys). The key itself is never printed."""
+    from engine_jobs.api_keys import read_keys
 
-    def __init__(self, url: str):
+    p = Path(path)
+    keys = read_keys(p) if p.is_dir() else tuple(k for k in (p.read_bytes().strip(),) if k)
+    if not keys:
+        raise ValueError(f"{path}: no API key in it")
+    return keys[0].decode("utf-8")
+
+
+class OpenAIChannel:
+    """Streaming ``/v1/completions`` with the official client (with ``api_key`` when the pods require one)."""
+
+    def __init__(self, url: str, api_key: str | None = None):
         from openai import AsyncOpenAI
 
         self.endpoint = openai_base_url(url)
         # evaluation counts every failure: the client must not retry behind its back
-        self.client = AsyncOpenAI(base_url=self.endpoint, api_key="unused", max_retries=0)
+        self.client = AsyncOpenAI(base_url=self.endpoint, api_key=api_key or "unused", max_retries=0)
         self._model: str | None = None
 
     async def model(self) -> str:
@@ -160,7 +173,7 @@ class OpenAIChannel:
         await self.client.close()
 
 
-def open_channel(url: str, protocol: WireProtocol = "grpc") -> Channel:
-    """A channel to ``url`` (open it inside the event loop that uses it)."""
+def open_channel(url: str, protocol: WireProtocol = "grpc", api_key: str | None = None) -> Channel:
+    """A channel to ``url`` (open it inside the event loop that uses it); ``api_key``: OpenAI only."""
     endpoint_for(url, protocol)
-    return OpenAIChannel(url) if protocol == "openai" else GrpcChannel(url)
+    return OpenAIChannel(url, api_key) if protocol == "openai" else GrpcChannel(url)

@@ -44,6 +44,19 @@ def _common(p: argparse.ArgumentParser, required: bool) -> None:
         help="directory with tokenizer.json to count output tokens exactly (default: count words)",
     )
     p.add_argument("--request-timeout", type=float, default=300.0, metavar="S", help="per-request timeout")
+    p.add_argument(
+        "--api-key-file",
+        metavar="PATH",
+        help="--protocol openai: the API key, in a file or a mounted Secret directory (its first entry by name)",
+    )
+
+
+def _api_key(args: argparse.Namespace) -> str | None:
+    if not args.api_key_file:
+        return None
+    from .channel import load_api_key
+
+    return load_api_key(args.api_key_file)
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
@@ -127,6 +140,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         )
         prompts = load_prompts(args.prompts)
         counter = make_counter(args.tokenizer)
+        api_key = _api_key(args)
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -134,7 +148,12 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     config = SweepConfig(
         endpoints,
         levels,
-        RequestOptions(max_tokens=args.max_tokens, timeout_s=args.request_timeout, protocol=args.protocol),
+        RequestOptions(
+            max_tokens=args.max_tokens,
+            timeout_s=args.request_timeout,
+            protocol=args.protocol,
+            api_key=api_key,
+        ),
         requests_per_worker=args.requests_per_worker,
         max_level_s=args.max_level_seconds,
         warmup_requests=args.warmup,
@@ -174,6 +193,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
             from .stats import parse_concurrencies
 
             sweep_levels = parse_concurrencies(args.sweep_concurrency)
+        api_key = _api_key(args)
     except (ValueError, OSError) as exc:
         outcome = oc.ValidationOutcome(oc.INVALID_INPUT, str(exc))
         oc.write_termination_message(args.termination_log, outcome)
@@ -193,6 +213,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         request_timeout_s=args.request_timeout,
         ready_timeout_s=args.ready_timeout,
         protocol=args.protocol,
+        api_key=api_key,
     )
     report = asyncio.run(validate(cfg, counter))
     if report.outcome.passed and sweep_levels:

@@ -99,7 +99,7 @@ class LoadGenerator:
         self._started_at = time.monotonic()
         if self.bounds.duration_s is not None:
             self._deadline = self._started_at + self.bounds.duration_s
-        self._client = open_channel(self.target, self.options.protocol)
+        self._client = open_channel(self.target, self.options.protocol, self.options.api_key)
         try:
             self._spawn()
             timeout = None if self._deadline is None else max(self._deadline - time.monotonic(), 0.0)

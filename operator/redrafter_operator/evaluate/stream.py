@@ -42,6 +42,7 @@ class RequestOptions:
     want_perf: bool = True  # return_perf_metrics (acceptance)
     timeout_s: float = 300.0
     protocol: WireProtocol = "grpc"  # grpc: the entry model; openai: the OpenAI-compatible API (.channel)
+    api_key: str | None = field(default=None, repr=False)  # openai: the pods' API key, when they require one
 
 
 @dataclass

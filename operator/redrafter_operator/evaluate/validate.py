@@ -46,6 +46,7 @@ class ValidationConfig:
     request_timeout_s: float = 300.0
     ready_timeout_s: float = 300.0
     protocol: WireProtocol = "grpc"  # see .channel
+    api_key: str | None = field(default=None, repr=False)  # openai: the pods' API key, when they require one
 
     def endpoint(self, variant: str) -> str:
         return self.redrafter if variant == "redrafter" else self.base
@@ -92,6 +93,7 @@ class _Runner:
             want_perf=True,
             timeout_s=cfg.request_timeout_s,
             protocol=cfg.protocol,
+            api_key=cfg.api_key,
         )
 
     async def one(self, key: str, prompt: Prompt, max_tokens: int | None = None, on_first_token=None) -> Item:
@@ -251,7 +253,7 @@ async def validate(cfg: ValidationConfig, counter: TokenCounter | None = None) -
     items: dict[str, list[Item]] = {}
     names: list[str] = []
     for v, target in targets.items():
-        client = open_channel(target, cfg.protocol)
+        client = open_channel(target, cfg.protocol, cfg.api_key)
         try:
             runner = _Runner(client, cfg, counter)
             items[v] = []

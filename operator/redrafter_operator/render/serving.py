@@ -37,6 +37,21 @@ PORTS = (
 )
 
 
+API_KEYS_VOLUME = "api-keys"
+
+
+def api_keys_volumes(owner: Owner) -> list[dict[str, Any]]:
+    """[volume, mount] of ``spec.serving.auth.apiKeysSecret`` (empty without one): a read-only Secret volume,
+    never an env var, so a rotated key reaches the pod without a restart (the front re-reads the files)."""
+    secret = owner.spec.serving.auth.api_keys_secret
+    if not secret:
+        return []
+    return [
+        {"name": API_KEYS_VOLUME, "secret": {"secretName": secret, "defaultMode": security.SECRET_MODE}},
+        {"name": API_KEYS_VOLUME, "mountPath": contract.API_KEYS_MOUNT, "readOnly": True},
+    ]
+
+
 def artifact_dir(key: str) -> str:
     """Where the pod sees its engine artifact (only that one key is mounted)."""
     return posixpath.join(contract.CACHE_MOUNT, key)
@@ -59,6 +74,7 @@ def serving_config(owner: Owner, variant: Variant, key: str) -> ServingConfig:
         model_name=spec.serving.model_name or owner.name,
         max_input_len=spec.engine.max_input_len,
         max_seq_len=spec.engine.max_seq_len,
+        api_keys_dir=contract.API_KEYS_MOUNT if spec.serving.auth.api_keys_secret else None,
         triton=TritonParams(
             batching_strategy=t.batching_strategy,
             max_queue_delay_microseconds=t.max_queue_delay_microseconds,
@@ -143,6 +159,7 @@ def _container(owner: Owner, key: str) -> dict[str, Any]:
             {"name": "serving-config", "mountPath": contract.CONFIG_MOUNT, "readOnly": True},
             {"name": "dshm", "mountPath": "/dev/shm"},
             security.tmp_volume()[1],
+            *api_keys_volumes(owner)[1:],
         ],
         "terminationMessagePath": contract.TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -190,6 +207,7 @@ def _deployment(
             },
             {"name": "dshm", "emptyDir": {"medium": "Memory"}},
             security.tmp_volume()[0],
+            *api_keys_volumes(owner)[:1],
         ],
     }
     selector_nodes = node_selector(spec, spec.serving.node_selector)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
-from engine_jobs.contract import GRPC_PORT, OPENAI_PORT, TERMINATION_LOG
+from engine_jobs.contract import API_KEYS_MOUNT, GRPC_PORT, OPENAI_PORT, TERMINATION_LOG
 
 from .. import __version__
 from ..api.spec import ReDrafterDeploymentSpec
@@ -26,6 +26,7 @@ from ..evaluate.outcome import DIVERGED, EXIT_CODES, INVALID_INPUT, REQUEST_FAIL
 from ..evaluate.stats import default_concurrencies
 from . import names, resources, security
 from .common import Owner, metadata
+from .serving import api_keys_volumes
 
 #: the operator's own image: what the controller runs validation Jobs in unless told otherwise
 DEFAULT_OPERATOR_IMAGE = f"ghcr.io/redrafter/redrafter-operator:{__version__}"
@@ -91,6 +92,8 @@ def validate_args(spec: ReDrafterDeploymentSpec, redrafter: str, base: str) -> l
         args += ["--prompts", posixpath.join(PROMPTS_MOUNT, v.prompts_key)]
     if v.measure_crossover:
         args += ["--sweep-concurrency", ",".join(map(str, default_concurrencies(e.max_batch_size)))]
+    if v.protocol == "openai" and spec.serving.auth.api_keys_secret:
+        args += ["--api-key-file", API_KEYS_MOUNT]  # the Secret's directory: the client reads its first key
     return args
 
 
@@ -146,6 +149,11 @@ def validation_job(
     if v.prompts_config_map:
         container["volumeMounts"].append({"name": "prompts", "mountPath": PROMPTS_MOUNT, "readOnly": True})
         pod_spec["volumes"].append({"name": "prompts", "configMap": {"name": v.prompts_config_map}})
+    if v.protocol == "openai" and spec.serving.auth.api_keys_secret:
+        # the serving pods' own keys Secret, mounted as they mount it (gRPC needs none: it is not the API)
+        volume, mount = api_keys_volumes(owner)
+        pod_spec["volumes"].append(volume)
+        container["volumeMounts"].append(mount)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",

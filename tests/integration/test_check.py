@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from redrafter_operator.check.checks import check_driver, check_operator
-from redrafter_operator.check.facts import ClusterFacts, DeploymentFacts, NodeFacts, Resource
+from redrafter_operator.check.facts import ClusterFacts, DeploymentFacts, Resource
+from redrafter_operator.render.placement import Node
 from redrafter_sim.apiserver import ApiServerEmulator
 from redrafter_sim.server import EmulatorHandle
 
@@ -247,7 +248,9 @@ def test_driver(em: ApiServerEmulator, kubectl: Any, kubeconfig: Path) -> None:
         "✗ driver llama3-8b: Triton 25.09 needs driver R575+; older on a100-old (R550)\n"
         "    fix: upgrade the NVIDIA driver on those nodes to R575 or later (GPU Operator: driver.version)"
     )
-    em.patch_object("v1", "Node", "a100-old", None, {"metadata": {"labels": {"nvidia.com/cuda.driver.major": "580"}}})
+    # GFD's current label wins over the deprecated one it still writes beside it
+    labels = {"nvidia.com/cuda.driver-version.major": "580", "nvidia.com/cuda.driver.major": "550"}
+    em.patch_object("v1", "Node", "a100-old", None, {"metadata": {"labels": labels}})
     code, out, _ = check(kubeconfig, "-f", str(EXAMPLE))
     assert code == 0, out
     assert line(out, "driver llama3-8b") == (
@@ -259,11 +262,11 @@ def test_driver_unknown_or_forward_compatible_warns() -> None:
     spec = Resource("r", "default", example()["spec"]).parsed()[0]
     assert spec is not None
     gpu = {"nvidia.com/gpu": "8"}
-    unlabelled = ClusterFacts(nodes=(NodeFacts("n", {"nvidia.com/gpu.product": A100}, gpu),))
+    unlabelled = ClusterFacts(nodes=(Node("n", {"nvidia.com/gpu.product": A100}, gpu),))
     result = check_driver(unlabelled, "r", spec)
     assert result is not None and result.status == "warn" and "GPU Feature Discovery" in (result.fix or "")
     compat = ClusterFacts(
-        nodes=(NodeFacts("n", {"nvidia.com/gpu.product": A100, "nvidia.com/cuda.driver.major": "535"}, gpu),)
+        nodes=(Node("n", {"nvidia.com/gpu.product": A100, "nvidia.com/cuda.driver-version.major": "535"}, gpu),)
     )
     result = check_driver(compat, "r", spec)
     assert result is not None and result.status == "warn" and "forward compatibility" in (result.fix or "")

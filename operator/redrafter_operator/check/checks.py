@@ -7,24 +7,27 @@ clears it, so the output is a to-do list.
 from __future__ import annotations
 
 import re
-from collections import Counter
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, Mapping
 
 from ..api import CRD_NAME, KIND, VERSION
 from ..api.spec import ReDrafterDeploymentSpec
 from ..render import inference_pool as ip
-from ..render.build import named_sources, source_claims
-from .facts import ClusterFacts, NodeFacts, Resource
+from ..render import placement
+from ..render.build import build_job, named_sources, source_claims
+from ..render.common import Owner
+from ..render.placement import GPU, Node
+from ..render.training import training_job
+from .facts import ClusterFacts, Resource
 
 Status = Literal["ok", "fail", "warn"]
 
 CRD_FIX = "kubectl apply --server-side -f charts/redrafter-operator/crds/"
-GPU = "nvidia.com/gpu"
-# GPU Feature Discovery's node labels (NVIDIA/k8s-device-plugin, docs/gpu-feature-discovery/README.md).
-LABEL_PRODUCT = "nvidia.com/gpu.product"
-LABEL_COUNT = "nvidia.com/gpu.count"
-LABEL_DRIVER_MAJOR = "nvidia.com/cuda.driver.major"
+PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
+# GPU Feature Discovery's driver labels (NVIDIA/k8s-device-plugin >= v0.15, docs/gpu-feature-discovery/README.md):
+# the current spelling, and the deprecated one it still writes beside it.
+LABEL_DRIVER_MAJOR = "nvidia.com/cuda.driver-version.major"
+LABEL_DRIVER_MAJOR_DEPRECATED = "nvidia.com/cuda.driver.major"
 GFD_FIX = "deploy GPU Feature Discovery (part of the NVIDIA GPU Operator) so GPU nodes carry nvidia.com/gpu.* labels"
 
 
@@ -150,55 +153,110 @@ def check_operator(facts: ClusterFacts) -> CheckResult:
     return ok("operator", f"Deployment {ref}: {best.ready} of {best.replicas} replicas ready")
 
 
-def _int(text: str | None) -> int:
-    try:
-        return int(str(text))
-    except ValueError:
-        return 0
-
-
-def gpus(node: NodeFacts, resource: str = GPU) -> int:
-    """GPUs a node offers: allocatable (what the scheduler counts), else GFD's count label."""
-    if resource in node.allocatable:
-        return _int(node.allocatable[resource])
-    return _int(node.labels.get(LABEL_COUNT))
+def _allocatable_gpus(node: Node) -> float:
+    """What the device plugin reports (the GFD count label alone does not make a node schedulable)."""
+    return node.offers(GPU) if GPU in node.allocatable else 0.0
 
 
 def check_gpu_nodes(facts: ClusterFacts) -> CheckResult:
     if "nodes" in facts.unreadable:
         return warn("gpu-nodes", f"cannot list nodes ({facts.unreadable['nodes']})", "run as a user who may list nodes")
-    with_gpus = [n for n in facts.nodes if _int(n.allocatable.get(GPU)) > 0]
+    with_gpus = [n for n in facts.nodes if _allocatable_gpus(n) > 0]
     if not with_gpus:
         return fail(
             "gpu-nodes",
             f"no node has allocatable {GPU} ({len(facts.nodes)} node(s))",
             "install the NVIDIA GPU Operator or device plugin",
         )
-    total = sum(_int(n.allocatable.get(GPU)) for n in with_gpus)
-    return ok("gpu-nodes", f"{len(with_gpus)} node(s) with {GPU}, {total} allocatable")
+    total = sum(_allocatable_gpus(n) for n in with_gpus)
+    return ok("gpu-nodes", f"{len(with_gpus)} node(s) with {GPU}, {int(total)} allocatable")
 
 
-def _names(items: list[str]) -> str:
-    shown = ", ".join(items[:_MAX_NAMES])
-    return shown + (f" and {len(items) - _MAX_NAMES} more" if len(items) > _MAX_NAMES else "")
+def owner_of(res: Resource, spec: ReDrafterDeploymentSpec) -> Owner:
+    """The resource as the renderers take it (a placeholder uid: nothing rendered here is created)."""
+    return Owner(res.name, res.namespace, PLACEHOLDER_UID, spec)
 
 
-def node_summary(nodes: tuple[NodeFacts, ...], resource: str) -> str:
-    """``3× NVIDIA-H100-80GB-HBM3 (8 each), 1× unlabelled (0 each)``: nodes grouped by product and GPUs."""
-    if not nodes:
-        return "none"
-    groups = Counter((n.labels.get(LABEL_PRODUCT, "unlabelled"), gpus(n, resource)) for n in nodes)
-    return ", ".join(f"{count}× {product} ({each} each)" for (product, each), count in sorted(groups.items()))
+@dataclass(frozen=True)
+class GpuJob:
+    """A GPU Job the operator will create for a resource, and the spec fields that shape its placement."""
+
+    check: str
+    pod_spec: Mapping[str, Any]
+    resource: str
+    product_field: str
+    count_field: str
+    selector_field: str = "spec.engine.build.nodeSelector"
+    tolerations_field: str = "spec.engine.build.tolerations"
 
 
-def matching_nodes(facts: ClusterFacts, spec: ReDrafterDeploymentSpec) -> list[NodeFacts]:
-    build = spec.engine.build
-    return [
-        n
-        for n in facts.nodes
-        if (build.gpu_product is None or n.labels.get(LABEL_PRODUCT) == build.gpu_product)
-        and gpus(n, build.gpu_resource) >= spec.parallelism.tensor
+def gpu_jobs(res: Resource, spec: ReDrafterDeploymentSpec) -> list[GpuJob]:
+    """The build Job's pod (both variants place alike) and, when the spec trains a drafter, the training Job's."""
+    owner = owner_of(res, spec)
+    gpu = spec.engine.build.gpu_resource
+    jobs = [
+        GpuJob(
+            f"gpu-product {res.name}",
+            build_job(owner, "base")["spec"]["template"]["spec"],
+            gpu,
+            "spec.engine.build.gpuProduct",
+            "spec.parallelism.tensor",
+        )
     ]
+    if spec.model.drafter.train is not None:
+        jobs.append(
+            GpuJob(
+                f"training-gpu {res.name}",
+                training_job(owner)["spec"]["template"]["spec"],
+                gpu,
+                "spec.model.drafter.train.gpuProduct",
+                "spec.model.drafter.train.gpus",
+            )
+        )
+    return jobs
+
+
+def _placement_fix(job: GpuJob, nodes: tuple[Node, ...]) -> str:
+    selector = dict(job.pod_spec.get("nodeSelector") or {})
+    product = selector.get(placement.LABEL_PRODUCT)
+    tolerant = {**job.pod_spec, "tolerations": [{"operator": "Exists"}]}
+    blocked = [n for n in nodes if placement.misfit(tolerant, n) is None]
+    if blocked:
+        cordoned = [n.name for n in blocked if n.unschedulable]
+        tolerations = list(job.pod_spec.get("tolerations") or [])
+        taints = sorted(
+            {
+                str(t)
+                for n in blocked
+                for t in n.taints
+                if t.effect in ("NoSchedule", "NoExecute") and not placement.tolerates(tolerations, t)
+            }
+        )
+        parts = []
+        if taints:
+            parts.append(f"tolerate {', '.join(taints)} in {job.tolerations_field}")
+        if cordoned:
+            parts.append(f"kubectl uncordon {' '.join(cordoned[:_MAX_NAMES])}")
+        return " or ".join(parts)
+    others = {k: v for k, v in selector.items() if k != placement.LABEL_PRODUCT}
+    if others and not any(all(n.labels.get(k) == v for k, v in others.items()) for n in nodes):
+        labels = " ".join(f"{k}={v}" for k, v in sorted(others.items()))
+        return f"label the GPU nodes {labels} (kubectl label node NAME {labels}), or change {job.selector_field}"
+    products = sorted({n.labels[placement.LABEL_PRODUCT] for n in nodes if placement.LABEL_PRODUCT in n.labels})
+    if product and products:
+        return f"add nodes with {product}, or set {job.product_field} to one of: {', '.join(products)}"
+    if product:
+        return f"add GPU nodes labelled {placement.LABEL_PRODUCT}={product} ({GFD_FIX})"
+    count = int(placement.requests(job.pod_spec).get(job.resource, 0))
+    return f"add nodes with {count} allocatable {job.resource}, or lower {job.count_field}"
+
+
+def check_placement(facts: ClusterFacts, job: GpuJob) -> CheckResult:
+    """Could any node run the Job's pod, as render/placement.py (the operator's own rule) judges it."""
+    found = placement.place(job.pod_spec, facts.nodes, job.resource)
+    if found.fits:
+        return ok(job.check, found.message)
+    return fail(job.check, found.message, _placement_fix(job, facts.nodes))
 
 
 def check_resource(facts: ClusterFacts, res: Resource) -> list[CheckResult]:
@@ -214,8 +272,9 @@ def check_resource(facts: ClusterFacts, res: Resource) -> list[CheckResult]:
         ]
     out = [ok(f"spec {res.name}", f"{res.namespace}/{res.name} is a valid {KIND}")]
     if "nodes" not in facts.unreadable:
-        out.append(check_gpu_product(facts, res.name, spec))
-        driver = check_driver(facts, res.name, spec)
+        jobs = gpu_jobs(res, spec)
+        out.extend(check_placement(facts, job) for job in jobs)
+        driver = check_driver(facts, res.name, spec, jobs[0])
         if driver is not None:
             out.append(driver)
     out.append(check_cache_claim(facts, res, spec))
@@ -230,37 +289,28 @@ def check_resource(facts: ClusterFacts, res: Resource) -> list[CheckResult]:
     return out
 
 
-def check_gpu_product(facts: ClusterFacts, name: str, spec: ReDrafterDeploymentSpec) -> CheckResult:
-    build, tensor = spec.engine.build, spec.parallelism.tensor
-    wanted = f"{tensor}× {build.gpu_product or 'GPU'}"
-    match = matching_nodes(facts, spec)
-    if match:
-        return ok(f"gpu-product {name}", f"{len(match)} node(s) offer {wanted}: {_names([n.name for n in match])}")
-    products = sorted({n.labels[LABEL_PRODUCT] for n in facts.nodes if LABEL_PRODUCT in n.labels})
-    if build.gpu_product and products:
-        fix = (
-            f"add nodes with {build.gpu_product}, or set spec.engine.build.gpuProduct to one of: {', '.join(products)}"
-        )
-    elif build.gpu_product:
-        fix = f"add GPU nodes labelled {LABEL_PRODUCT}={build.gpu_product} ({GFD_FIX})"
-    else:
-        fix = f"add nodes with {tensor} allocatable {build.gpu_resource}, or lower spec.parallelism.tensor"
-    return CheckResult(
-        f"gpu-product {name}",
-        "fail",
-        f"no node offers {wanted}; nodes: {node_summary(facts.nodes, build.gpu_resource)}",
-        fix,
-    )
-
-
 def triton_release(image: str) -> str | None:
     found = _TRITON_RELEASE.search(image.rsplit(":", 1)[-1] if ":" in image else image)
     return found.group(1) if found else None
 
 
-def check_driver(facts: ClusterFacts, name: str, spec: ReDrafterDeploymentSpec) -> CheckResult | None:
-    """The driver of the nodes the engines could land on (None when none matches: gpu-product says so)."""
-    match = matching_nodes(facts, spec)
+def driver_major(node: Node) -> int | None:
+    """GFD's driver major: the current label, else the deprecated one GFD still writes (older GFD: only it)."""
+    for label in (LABEL_DRIVER_MAJOR, LABEL_DRIVER_MAJOR_DEPRECATED):
+        value = node.labels.get(label, "")
+        if value.isdigit():
+            return int(value)
+    return None
+
+
+def check_driver(
+    facts: ClusterFacts, name: str, spec: ReDrafterDeploymentSpec, build: GpuJob | None = None
+) -> CheckResult | None:
+    """The driver of the nodes the build Job could land on (None when none could: gpu-product says so)."""
+    if build is None:
+        build = gpu_jobs(Resource(name, "default", {}), spec)[0]
+    fits = set(placement.place(build.pod_spec, facts.nodes, build.resource).fits)
+    match = [n for n in facts.nodes if n.name in fits]
     if not match:
         return None
     check = f"driver {name}"
@@ -272,27 +322,28 @@ def check_driver(facts: ClusterFacts, name: str, spec: ReDrafterDeploymentSpec) 
             f"no known driver minimum for serving image {spec.serving.image} (Triton release {release or 'unknown'})",
             f"check NVIDIA's Triton release notes for that release; this check knows {', '.join(DRIVER_MINIMUM)}",
         )
-    unknown = [n.name for n in match if not n.labels.get(LABEL_DRIVER_MAJOR, "").isdigit()]
-    majors = {n.name: int(n.labels[LABEL_DRIVER_MAJOR]) for n in match if n.name not in unknown}
+    found = {n.name: driver_major(n) for n in match}
+    unknown = [n for n, m in found.items() if m is None]
+    majors = {n: m for n, m in found.items() if m is not None}
     too_old = [f"{n} (R{m})" for n, m in majors.items() if m < need.minimum and m not in need.forward_compatible]
     compat = [f"{n} (R{m})" for n, m in majors.items() if m < need.minimum and m in need.forward_compatible]
     what = f"Triton {release} needs driver R{need.minimum}+"
     if too_old:
         return fail(
             check,
-            f"{what}; older on {_names(too_old)}",
+            f"{what}; older on {placement.names(too_old)}",
             f"upgrade the NVIDIA driver on those nodes to R{need.minimum} or later (GPU Operator: driver.version)",
         )
     if unknown:
         return warn(
             check,
-            f"{what}; cannot tell on {_names(unknown)}: no {LABEL_DRIVER_MAJOR} label",
+            f"{what}; cannot tell on {placement.names(unknown)}: no {LABEL_DRIVER_MAJOR} label",
             GFD_FIX,
         )
     if compat:
         return warn(
             check,
-            f"{what}; {_names(compat)} run an older data-center branch",
+            f"{what}; {placement.names(compat)} run an older data-center branch",
             "fine on data-center GPUs with the CUDA forward compatibility package; else upgrade the driver",
         )
     return ok(check, f"{what}; {len(majors)} matching node(s) have it (R{min(majors.values())}+)")

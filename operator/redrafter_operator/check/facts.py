@@ -18,6 +18,7 @@ from kubernetes_asyncio import client as k8s_client
 from ..api import GROUP, PLURAL, VERSION
 from ..api.spec import ReDrafterDeploymentSpec, parse_spec
 from ..render.build import named_sources, source_claims
+from ..render.placement import Node
 
 # The chart's Deployment carries these whatever nameOverride says (templates/_helpers.tpl, labels);
 # the operator's own children never say part-of=redrafter.
@@ -42,13 +43,6 @@ class Resource:
 
 
 @dataclass(frozen=True)
-class NodeFacts:
-    name: str
-    labels: Mapping[str, str]
-    allocatable: Mapping[str, str]
-
-
-@dataclass(frozen=True)
 class ClaimFacts:
     phase: str
     access_modes: tuple[str, ...]
@@ -65,7 +59,7 @@ class DeploymentFacts:
 
 @dataclass(frozen=True)
 class ClusterFacts:
-    nodes: tuple[NodeFacts, ...] = ()
+    nodes: tuple[Node, ...] = ()  # with their taints and cordon: what render/placement.py judges
     crds: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # name -> served versions
     operator_deployments: tuple[DeploymentFacts, ...] | None = None  # None: not looked for
     operator_namespace: str | None = None
@@ -170,16 +164,9 @@ async def read_facts(
     unreadable: dict[str, str] = {}
 
     status, body = await reader.get("/api/v1/nodes")
-    nodes: list[NodeFacts] = []
+    nodes: list[Node] = []
     if status == 200:
-        for item in body.get("items") or []:
-            nodes.append(
-                NodeFacts(
-                    name=str(item["metadata"]["name"]),
-                    labels=dict(item["metadata"].get("labels") or {}),
-                    allocatable=dict((item.get("status") or {}).get("allocatable") or {}),
-                )
-            )
+        nodes = [Node.from_body(item) for item in body.get("items") or []]
     else:
         unreadable["nodes"] = _why(status, body)
 

@@ -1,0 +1,93 @@
+"""The pure rules of ``redrafter-operator check``, judged from hand-built facts (no API server)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from redrafter_operator.check.checks import check_driver, check_placement, driver_major, gpu_jobs
+from redrafter_operator.check.facts import ClusterFacts, Resource
+from redrafter_operator.render.placement import Node, Taint
+
+ROOT = Path(__file__).resolve().parents[2]
+A100 = "NVIDIA-A100-SXM4-80GB"
+H100 = "NVIDIA-H100-80GB-HBM3"
+
+
+def resource(**changes: Any) -> Resource:
+    body = yaml.safe_load((ROOT / "examples" / "llama3-8b.yaml").read_text())
+    for path, value in changes.items():
+        node = body["spec"]
+        *parents, leaf = path.split("__")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return Resource(body["metadata"]["name"], "default", body["spec"])
+
+
+def gpu_node(name: str, product: str = A100, gpus: int = 8, **kw: Any) -> Node:
+    return Node(name, {"nvidia.com/gpu.product": product}, {"nvidia.com/gpu": str(gpus)}, **kw)
+
+
+def judge(res: Resource, *nodes: Node) -> list[Any]:
+    spec, errors = res.parsed()
+    assert spec is not None, errors
+    return [check_placement(ClusterFacts(nodes=nodes), job) for job in gpu_jobs(res, spec)]
+
+
+def test_a_taint_the_build_does_not_tolerate_keeps_it_off_and_the_fix_names_the_toleration() -> None:
+    taint = Taint("nvidia.com/gpu", "present", "NoSchedule")
+    (result,) = judge(resource(), gpu_node("a100-0", taints=(taint,)))
+    assert result.status == "fail"
+    assert result.message == (
+        f"no node offers 1× {A100}; nodes: 1× {A100} (8 each); not tolerated: a100-0 (taint {taint})"
+    )
+    assert result.fix == f"tolerate {taint} in spec.engine.build.tolerations"
+    toleration = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    (result,) = judge(resource(engine__build__tolerations=[toleration]), gpu_node("a100-0", taints=(taint,)))
+    assert result.status == "ok" and result.message == f"1 node(s) offer 1× {A100}: a100-0"
+
+
+def test_a_cordoned_node_is_named_with_uncordon() -> None:
+    (result,) = judge(resource(), gpu_node("a100-0", unschedulable=True))
+    assert result.status == "fail" and result.fix == "kubectl uncordon a100-0"
+
+
+def test_the_users_node_selector_counts() -> None:
+    (result,) = judge(resource(engine__build__nodeSelector={"pool": "build"}), gpu_node("a100-0"))
+    assert result.status == "fail" and "with pool=build" in result.message
+    assert result.fix == (
+        "label the GPU nodes pool=build (kubectl label node NAME pool=build), or change spec.engine.build.nodeSelector"
+    )
+
+
+def test_the_gpu_count_is_the_tensor_parallelism() -> None:
+    (result,) = judge(resource(engine__build__gpuProduct=None, parallelism={"tensor": 4}), gpu_node("h100-0", H100, 2))
+    assert result.status == "fail" and result.message.startswith("no node offers 4× nvidia.com/gpu; nodes: ")
+    assert result.fix == "add nodes with 4 allocatable nvidia.com/gpu, or lower spec.parallelism.tensor"
+
+
+def test_a_trained_drafter_adds_the_training_jobs_placement() -> None:
+    train = {"train": {"dataset": {"source": "hf://org/prompts"}, "gpus": 2, "gpuProduct": H100}}
+    res = resource(model__drafter=train)
+    build, training = judge(res, gpu_node("a100-0"))
+    assert (build.name, build.status) == ("gpu-product llama3-8b", "ok")
+    assert (training.name, training.status) == ("training-gpu llama3-8b", "fail")
+    assert training.message == f"no node offers 2× {H100}; nodes: 1× {A100} (8 each)"
+    assert training.fix == f"add nodes with {H100}, or set spec.model.drafter.train.gpuProduct to one of: {A100}"
+    build, training = judge(res, gpu_node("a100-0"), gpu_node("h100-0", H100))
+    assert training.status == "ok" and training.message == f"1 node(s) offer 2× {H100}: h100-0"
+
+
+def test_the_driver_label_current_first_then_the_deprecated_one() -> None:
+    both = Node("n", {"nvidia.com/cuda.driver-version.major": "580", "nvidia.com/cuda.driver.major": "550"})
+    assert driver_major(both) == 580
+    assert driver_major(Node("n", {"nvidia.com/cuda.driver.major": "550"})) == 550
+    assert driver_major(Node("n", {})) is None
+    spec = resource().parsed()[0]
+    assert spec is not None
+    old = Node("n", {"nvidia.com/gpu.product": A100, "nvidia.com/cuda.driver.major": "550"}, {"nvidia.com/gpu": "8"})
+    result = check_driver(ClusterFacts(nodes=(old,)), "r", spec)
+    assert result is not None and result.status == "fail" and "n (R550)" in result.message

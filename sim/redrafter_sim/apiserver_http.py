@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp.web
 import yaml
 
+from . import apiserver_authz as authz
 from . import apiserver_protobuf as protobuf
 from . import apiserver_resources as res
 from .apiserver_resources import ResourceType
@@ -138,6 +139,10 @@ class HttpFrontend(ObjectStore):
             namespace, rest = rest[1], rest[2:]
         if not rest or len(rest) > 3:
             raise ApiError(404, "the server could not find the requested resource")
+        if (group, version) == (authz.GROUP, "v1") and namespace is None and rest[0] in authz.REVIEWS:
+            if len(rest) != 1 or method != "POST":
+                raise ApiError(405, f"{method} is not allowed on {rest[0]}: they are create-only")
+            return aiohttp.web.json_response(self._access_review(rest[0], self._body(body, raw), raw), status=201)
         plural, name, sub = rest[0], rest[1] if len(rest) > 1 else None, rest[2] if len(rest) > 2 else None
         with self._mutex:
             rtype = self._types.get((group, version, plural))
@@ -227,6 +232,43 @@ class HttpFrontend(ObjectStore):
             )
             return aiohttp.web.json_response(result)
         raise ApiError(405, f"method {method} is not allowed")
+
+    def _access_review(self, plural: str, body: Any, raw: aiohttp.web.BaseRequest) -> dict[str, Any]:
+        """A (Self)SubjectAccessReview answered from the stored RBAC objects (:mod:`.apiserver_authz`)."""
+        spec = dict((body or {}).get("spec") or {}) if isinstance(body, dict) else {}
+        self_review = plural == "selfsubjectaccessreviews"
+        problem = authz.invalid(spec, self_review)
+        if problem:
+            raise ApiError(422, f'{authz.KINDS[plural]}.authorization.k8s.io "" is invalid: {problem}')
+        admin = False
+        if self_review:
+            scheme, _, token = raw.headers.get("Authorization", "").partition(" ")
+            with self._mutex:
+                user = self._tokens.get(token, "") if scheme.lower() == "bearer" else ""
+            admin = not user
+            spec = {**spec, "user": user, "groups": authz.user_groups(user)} if user else spec
+        if admin:
+            status: dict[str, Any] = {"allowed": True, "reason": authz.ADMIN_REASON}
+        else:
+            with self._mutex:
+                listed = {
+                    kind: self._list(self._types[("rbac.authorization.k8s.io", "v1", kind)], None, _all, _all)
+                    for kind in ("roles", "clusterroles", "rolebindings", "clusterrolebindings")
+                }
+            status = authz.review(
+                spec,
+                roles=listed["roles"],
+                cluster_roles=listed["clusterroles"],
+                role_bindings=listed["rolebindings"],
+                cluster_role_bindings=listed["clusterrolebindings"],
+            )
+        return {
+            "kind": authz.KINDS[plural],
+            "apiVersion": f"{authz.GROUP}/v1",
+            "metadata": {"creationTimestamp": None},
+            "spec": spec,
+            "status": status,
+        }
 
     @staticmethod
     def _field_manager(raw: aiohttp.web.BaseRequest, method: str, query: dict[str, str]) -> str:
@@ -402,6 +444,10 @@ class HttpFrontend(ObjectStore):
             if watcher.as_table:
                 obj = table(watcher.rtype, [obj], obj["metadata"]["resourceVersion"])
             await response.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+
+
+def _all(obj: Any) -> bool:
+    return True
 
 
 def _and(a: Matcher, b: Matcher) -> Matcher:

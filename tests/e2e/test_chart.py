@@ -788,6 +788,20 @@ def test_rbac_scopes():
         assert lease([o for o in objs if o["kind"] == "ClusterRole"]) == set()
 
 
+def test_the_charts_rules_are_the_operators_declared_needs():
+    """render/rbac.py is the one list (`redrafter-operator check` reviews the ServiceAccount against it): the
+    chart's rules equal it in every scope, so neither can drift from the other."""
+    from redrafter_operator.render import rbac
+
+    cluster = manifests(render())
+    assert granted([one(cluster, "ClusterRole")]) == rbac.calls(rbac.NAMESPACED + rbac.CLUSTER)
+    objs = manifests(render({"replicas": 2, "watchNamespaces": ["team-a"]}))
+    assert granted([one(objs, "Role", f"{RELEASE}-redrafter-operator")]) == rbac.calls(rbac.NAMESPACED)
+    assert granted([one(objs, "ClusterRole")]) == rbac.calls(rbac.CLUSTER + rbac.NAMESPACED_MODE_CLUSTER)
+    lease = one(objs, "Role", f"{RELEASE}-redrafter-operator-leader-election")
+    assert granted([lease]) == rbac.calls(rbac.LEASE)
+
+
 # Granted for a code path this build does not run yet, each with its reason. The e2e test below fails as soon
 # as one of them is exercised (then delete it here), and fails on any other grant the operator never uses.
 NOT_YET_EXERCISED: dict[Call, str] = {

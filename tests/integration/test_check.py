@@ -17,6 +17,7 @@ import yaml
 
 from redrafter_operator.check.checks import check_driver, check_operator
 from redrafter_operator.check.facts import ClusterFacts, DeploymentFacts, Resource
+from redrafter_operator.render import rbac
 from redrafter_operator.render.placement import Node
 from redrafter_sim.apiserver import ApiServerEmulator
 from redrafter_sim.server import EmulatorHandle
@@ -28,6 +29,8 @@ A100 = "NVIDIA-A100-SXM4-80GB"
 H100 = "NVIDIA-H100-80GB-HBM3"
 SECRET_VALUE = "hf_sEcReT-VaLuE-4242"
 OPERATOR_NS = "redrafter-system"
+OPERATOR_SA = "redrafter-operator"
+RBAC_API = "rbac.authorization.k8s.io/v1"
 CHART_LABELS = {
     "app.kubernetes.io/name": "redrafter-operator",
     "app.kubernetes.io/instance": "redrafter-operator",
@@ -108,7 +111,16 @@ def operator(em: ApiServerEmulator, replicas: int, ready: int) -> None:
                     "selector": {"matchLabels": CHART_LABELS},
                     "template": {
                         "metadata": {"labels": CHART_LABELS},
-                        "spec": {"containers": [{"name": "operator", "image": "ghcr.io/redrafter/operator:0.1.0"}]},
+                        "spec": {
+                            "serviceAccountName": OPERATOR_SA,
+                            "containers": [
+                                {
+                                    "name": "operator",
+                                    "image": "ghcr.io/redrafter/operator:0.1.0",
+                                    "args": ["run", "--all-namespaces", "--standalone"],
+                                }
+                            ],
+                        },
                     },
                 },
             }
@@ -117,6 +129,27 @@ def operator(em: ApiServerEmulator, replicas: int, ready: int) -> None:
         em.patch_object("apps/v1", "Deployment", name, OPERATOR_NS, {"spec": {"replicas": replicas}})
     status = {"replicas": replicas, "readyReplicas": ready, "availableReplicas": ready}
     em.patch_object("apps/v1", "Deployment", name, OPERATOR_NS, {"status": status}, subresource="status")
+
+
+def operator_rbac(em: ApiServerEmulator, rules: tuple[rbac.Rule, ...] = rbac.NAMESPACED + rbac.CLUSTER) -> None:
+    """The chart's cluster-wide RBAC (a ClusterRole with the rules of render/rbac.py, bound to the operator's SA)."""
+    em.create_object(
+        {
+            "apiVersion": RBAC_API,
+            "kind": "ClusterRole",
+            "metadata": {"name": OPERATOR_SA},
+            "rules": [r.as_policy_rule() for r in rules],
+        }
+    )
+    em.create_object(
+        {
+            "apiVersion": RBAC_API,
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": OPERATOR_SA},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": OPERATOR_SA},
+            "subjects": [{"kind": "ServiceAccount", "name": OPERATOR_SA, "namespace": OPERATOR_NS}],
+        }
+    )
 
 
 def secret(kubectl: Any, key: str = "token") -> None:
@@ -129,6 +162,8 @@ def prepare(em: ApiServerEmulator, kubectl: Any, *, skip: frozenset[str] | set[s
         apply_crd(kubectl, ROOT / "charts" / "redrafter-operator" / "crds")
     if "operator" not in skip:
         operator(em, replicas=1, ready=1)
+    if "rbac" not in skip:
+        operator_rbac(em)
     if "nodes" not in skip:
         node(em, "a100-0", A100, 8)
         node(em, "cpu-0", None, 0, driver=None)
@@ -155,7 +190,9 @@ def test_a_prepared_cluster_passes_every_check(em: ApiServerEmulator, kubectl: A
     assert names == [
         "crd",
         "operator",
+        "operator-rbac",
         "gpu-nodes",
+        "access",
         "spec llama3-8b",
         "gpu-product llama3-8b",
         "driver llama3-8b",
@@ -204,6 +241,41 @@ def test_operator(em: ApiServerEmulator, kubectl: Any, kubeconfig: Path) -> None
     code, out, _ = check(kubeconfig, "-f", str(EXAMPLE))  # found in any namespace
     assert code == 0, out
     assert line(out, "operator") == f"✓ operator: Deployment {OPERATOR_NS}/redrafter-operator: 2 of 2 replicas ready"
+
+
+def test_operator_rbac(em: ApiServerEmulator, kubectl: Any, kubeconfig: Path) -> None:
+    """SubjectAccessReviews of render/rbac.py's needs for the Deployment's ServiceAccount, in the resource's namespace."""
+    prepare(em, kubectl, skip={"rbac"})
+    code, out, _ = check(kubeconfig, "-f", str(EXAMPLE))
+    assert code == 1
+    sa = f"ServiceAccount {OPERATOR_NS}/{OPERATOR_SA}"
+    first = line(out, "operator-rbac")
+    assert first.startswith(f"✗ operator-rbac: {sa} may not create,list,patch,watch configmaps in default, ")
+    assert (
+        "list,watch customresourcedefinitions.apiextensions.k8s.io\n" in first and "create events in default" in first
+    )
+    # the chart's rules less one: exactly that one is listed, with the chart's upgrade as the fix
+    events = rbac.Rule(("",), ("events",), ("create",))
+    operator_rbac(em, tuple(r for r in rbac.NAMESPACED + rbac.CLUSTER if r != events))
+    code, out, _ = check(kubeconfig, "-f", str(EXAMPLE))
+    assert code == 1
+    assert line(out, "operator-rbac") == (
+        f"✗ operator-rbac: {sa} may not create events in default\n"
+        f"    fix: helm upgrade redrafter-operator charts/redrafter-operator -n {OPERATOR_NS} --reuse-values --set "
+        "rbac.create=true (the chart grants exactly what the operator needs), or grant these in the (Cluster)Role "
+        "bound to it"
+    )
+    em.patch_object(
+        RBAC_API,
+        "ClusterRole",
+        OPERATOR_SA,
+        None,
+        {"rules": [r.as_policy_rule() for r in rbac.NAMESPACED + rbac.CLUSTER]},
+    )
+    code, out, _ = check(kubeconfig, "-f", str(EXAMPLE))
+    assert code == 0, out
+    need = len(rbac.calls(rbac.NAMESPACED + rbac.CLUSTER))
+    assert line(out, "operator-rbac") == f"✓ operator-rbac: {sa} may do all {need} things the operator needs"
 
 
 def test_operator_partly_ready_warns_and_none_ready_fails() -> None:
@@ -375,8 +447,15 @@ def test_a_forbidden_read_is_a_warning_not_an_error(em: ApiServerEmulator, kubec
     prepare(em, kubectl)
     em.inject("GET", r"^/api/v1/nodes$", 403, message="nodes is forbidden")
     em.inject("GET", r"/secrets/hf-token$", 403, message="secrets is forbidden")
+    em.inject("POST", r"/subjectaccessreviews$", 403, message="subjectaccessreviews is forbidden")
     code, out, err = check(kubeconfig, "-f", str(EXAMPLE))
     assert code == 0, out + err
+    assert line(out, "operator-rbac") == (
+        f"! operator-rbac: cannot ask what ServiceAccount {OPERATOR_NS}/{OPERATOR_SA} may do: creating "
+        "SubjectAccessReviews failed (403 Forbidden: subjectaccessreviews is forbidden)\n"
+        "    fix: run as a user who may create subjectaccessreviews.authorization.k8s.io, or try kubectl auth can-i "
+        f"--list --as=system:serviceaccount:{OPERATOR_NS}:{OPERATOR_SA}"
+    )
     assert line(out, "gpu-nodes").startswith("! gpu-nodes: cannot list nodes (403 ")
     assert line(out, "credentials llama3-8b").startswith("! credentials llama3-8b: cannot read Secret default/hf-token")
     assert "gpu-product llama3-8b" not in out  # cannot be judged without the nodes

@@ -18,7 +18,7 @@ from ..render.build import build_job, named_sources, source_claims
 from ..render.common import Owner
 from ..render.placement import GPU, Node
 from ..render.training import training_job
-from .facts import ClusterFacts, Resource
+from .facts import Access, ClusterFacts, DeploymentFacts, Resource
 
 Status = Literal["ok", "fail", "warn"]
 
@@ -83,7 +83,14 @@ def warn(name: str, message: str, fix: str) -> CheckResult:
 
 def run_checks(facts: ClusterFacts, resources: list[Resource], *, looked_in: str | None = None) -> list[CheckResult]:
     """Cluster checks first, then each resource's. ``looked_in``: the namespace listed when no resource was named."""
-    out = [check_crd(facts), check_operator(facts), check_gpu_nodes(facts)]
+    out = [check_crd(facts), check_operator(facts)]
+    rbac_result = check_operator_rbac(facts)
+    if rbac_result is not None:
+        out.append(rbac_result)
+    out.append(check_gpu_nodes(facts))
+    access = check_access(facts)
+    if access is not None:
+        out.append(access)
     for ns, name in facts.missing_resources:
         out.append(
             fail(
@@ -127,10 +134,9 @@ def check_operator(facts: ClusterFacts) -> CheckResult:
             f"cannot list Deployments in {where} ({facts.unreadable['deployments']})",
             "run as a user who may, or pass --operator-namespace",
         )
-    found = facts.operator_deployments or ()
-    if not found:
+    best = operator_deployment(facts)
+    if best is None:
         return fail("operator", f"no redrafter-operator Deployment in {where}", install)
-    best = max(found, key=lambda d: (d.ready, -d.replicas))
     ref = f"{best.namespace}/{best.name}"
     if best.replicas < 1:
         return fail(
@@ -151,6 +157,74 @@ def check_operator(facts: ClusterFacts) -> CheckResult:
             f"kubectl -n {best.namespace} describe deployment {best.name}",
         )
     return ok("operator", f"Deployment {ref}: {best.ready} of {best.replicas} replicas ready")
+
+
+def operator_deployment(facts: ClusterFacts) -> DeploymentFacts | None:
+    """The Deployment the operator checks judge: the readiest one found."""
+    found = facts.operator_deployments or ()
+    return max(found, key=lambda d: (d.ready, -d.replicas)) if found else None
+
+
+def _access(access: Access) -> str:
+    group, resource, verb, namespace = access
+    what = f"{verb} {resource}" + (f".{group}" if group else "")
+    return what + (f" in {namespace}" if namespace else "")
+
+
+def _grouped(denied: list[Access]) -> str:
+    """``create,patch jobs.batch in default``: verbs of one resource and namespace together."""
+    verbs: dict[tuple[str, str, str], list[str]] = {}
+    for group, resource, verb, namespace in denied:
+        verbs.setdefault((group, resource, namespace), []).append(verb)
+    return ", ".join(_access((g, r, ",".join(v), ns)) for (g, r, ns), v in verbs.items())
+
+
+def check_operator_rbac(facts: ClusterFacts) -> CheckResult | None:
+    """Whether the operator's ServiceAccount may do what render/rbac.py says it needs (SubjectAccessReview)."""
+    best = operator_deployment(facts)
+    if best is None:
+        return None
+    sa = f"ServiceAccount {best.namespace}/{best.service_account}"
+    if "subjectaccessreviews" in facts.unreadable:
+        return warn(
+            "operator-rbac",
+            f"cannot ask what {sa} may do: creating SubjectAccessReviews failed "
+            f"({facts.unreadable['subjectaccessreviews']})",
+            "run as a user who may create subjectaccessreviews.authorization.k8s.io, or try "
+            f"kubectl auth can-i --list --as={best.user}",
+        )
+    if facts.operator_access is None:
+        return None
+    denied = [a for a, allowed in facts.operator_access.items() if not allowed]
+    if not denied:
+        return ok("operator-rbac", f"{sa} may do all {len(facts.operator_access)} things the operator needs")
+    release = best.release or "redrafter"
+    return fail(
+        "operator-rbac",
+        f"{sa} may not {_grouped(denied)}",
+        f"helm upgrade {release} charts/redrafter-operator -n {best.namespace} --reuse-values --set rbac.create=true "
+        "(the chart grants exactly what the operator needs), or grant these in the (Cluster)Role bound to it",
+    )
+
+
+def check_access(facts: ClusterFacts) -> CheckResult | None:
+    """The reads this command makes, as the user may do them (SelfSubjectAccessReview)."""
+    if "selfsubjectaccessreviews" in facts.unreadable:
+        return warn(
+            "access",
+            f"cannot ask what you may read (SelfSubjectAccessReview: {facts.unreadable['selfsubjectaccessreviews']})",
+            "every authenticated user may normally create selfsubjectaccessreviews (ClusterRole system:basic-user)",
+        )
+    if facts.user_access is None:
+        return None
+    denied = [a for a, allowed in facts.user_access.items() if not allowed]
+    if not denied:
+        return ok("access", f"you may make all {len(facts.user_access)} reads this check makes")
+    return warn(
+        "access",
+        f"you may not {_grouped(denied)}: the checks that need it are warnings",
+        "run as a user who may (kubectl auth can-i --list shows what you may do)",
+    )
 
 
 def _allocatable_gpus(node: Node) -> float:

@@ -17,6 +17,7 @@ from kubernetes_asyncio import client as k8s_client
 
 from ..api import GROUP, PLURAL, VERSION
 from ..api.spec import ReDrafterDeploymentSpec, parse_spec
+from ..render import rbac
 from ..render.build import named_sources, source_claims
 from ..render.placement import Node
 
@@ -55,6 +56,27 @@ class DeploymentFacts:
     name: str
     replicas: int
     ready: int
+    service_account: str = "default"
+    args: tuple[str, ...] = ()  # the operator container's: its watch scope and leader election
+    release: str | None = None  # the Helm release (app.kubernetes.io/instance)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def user(self) -> str:
+        return f"system:serviceaccount:{self.namespace}:{self.service_account}"
+
+    @property
+    def watched_namespaces(self) -> tuple[str, ...]:
+        """The namespaces of ``--namespace=NS`` flags (none: every namespace)."""
+        return tuple(a.split("=", 1)[1] for a in self.args if a.startswith("--namespace="))
+
+    @property
+    def leader_elect(self) -> bool:
+        return "--leader-elect" in self.args
+
+
+# (API group, resource[/subresource], verb, namespace; "" for cluster-wide or every namespace)
+Access = tuple[str, str, str, str]
 
 
 @dataclass(frozen=True)
@@ -67,6 +89,54 @@ class ClusterFacts:
     secret_keys: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict)  # (ns, name), found only
     unreadable: Mapping[str, str] = field(default_factory=dict)  # "nodes", "pvc/ns/name", ...: why (403)
     missing_resources: tuple[tuple[str, str], ...] = ()  # (ns, name) asked for by name, not found
+    # SubjectAccessReviews of what the operator's ServiceAccount needs (None: not asked, see unreadable)
+    operator_access: Mapping[Access, bool] | None = None
+    # SelfSubjectAccessReviews of the reads this command makes (None: not asked)
+    user_access: Mapping[Access, bool] | None = None
+
+
+def operator_needs(deployment: DeploymentFacts, namespaces: set[str]) -> list[Access]:
+    """What the operator's ServiceAccount must be allowed (render/rbac.py), where: the namespaced rules in
+    ``namespaces`` (the resources' under check; else the watched ones; else every namespace), the
+    cluster rules cluster-wide, the Lease rules in the operator's namespace when it elects a leader."""
+    where = sorted(namespaces) or sorted(deployment.watched_namespaces) or [""]
+    out: list[Access] = []
+    for group, resource, verb in sorted(rbac.calls(rbac.NAMESPACED)):
+        out += [(group, resource, verb, ns) for ns in where]
+    cluster = rbac.CLUSTER + (rbac.NAMESPACED_MODE_CLUSTER if deployment.watched_namespaces else ())
+    out += [(g, r, v, "") for g, r, v in sorted(rbac.calls(cluster))]
+    if deployment.leader_elect:
+        out += [(g, r, v, deployment.namespace) for g, r, v in sorted(rbac.calls(rbac.LEASE))]
+    return out
+
+
+def own_reads(
+    resources: list[Resource],
+    operator_namespace: str | None,
+    claims: set[tuple[str, str]],
+    secrets: set[tuple[str, str]],
+) -> list[Access]:
+    """The reads this command makes (each check's own 403 is a warning; this says them all at once)."""
+    out: list[Access] = [
+        ("", "nodes", "list", ""),
+        ("apiextensions.k8s.io", "customresourcedefinitions", "list", ""),
+        ("apps", "deployments", "list", operator_namespace or ""),
+        ("authorization.k8s.io", "subjectaccessreviews", "create", ""),
+    ]
+    out += sorted({("", "persistentvolumeclaims", "get", ns) for ns, _ in claims})
+    out += sorted({("", "secrets", "get", ns) for ns, _ in secrets})
+    return out
+
+
+def _attributes(access: Access) -> dict[str, str]:
+    group, resource, verb, namespace = access
+    resource, _, sub = resource.partition("/")
+    attrs = {"group": group, "resource": resource, "verb": verb}
+    if sub:
+        attrs["subresource"] = sub
+    if namespace:
+        attrs["namespace"] = namespace
+    return attrs
 
 
 def wanted(resources: list[Resource]) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
@@ -89,12 +159,25 @@ class _Reader:
 
     async def get(self, path: str, query: list[tuple[str, str]] | None = None) -> tuple[int, dict[str, Any]]:
         """(status, body) of a GET; raises ClusterUnreachable when there is no answer or a server error."""
+        return await self.call("GET", path, query)
+
+    async def post(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """(status, body) of a POST (the access reviews: they create nothing)."""
+        return await self.call("POST", path, None, body)
+
+    async def call(
+        self, method: str, path: str, query: list[tuple[str, str]] | None = None, body: dict[str, Any] | None = None
+    ) -> tuple[int, dict[str, Any]]:
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
         try:
             resp = await self._api.call_api(
                 path,
-                "GET",
+                method,
                 query_params=query or [],
-                header_params={"Accept": "application/json"},
+                header_params=headers,
+                body=body,
                 auth_settings=["BearerToken"],
                 _preload_content=False,
                 _return_http_data_only=True,
@@ -117,7 +200,7 @@ class _Reader:
             payload = {}
         if status in (401,) or status >= 500:
             message = payload.get("message") or raw.decode(errors="replace")[:200]
-            raise ClusterUnreachable(f"GET {path}: {status} {payload.get('reason', '')}: {_first_line(message)}")
+            raise ClusterUnreachable(f"{method} {path}: {status} {payload.get('reason', '')}: {_first_line(message)}")
         return status, payload
 
 
@@ -187,19 +270,36 @@ async def read_facts(
     )
     status, body = await reader.get(path, [("labelSelector", OPERATOR_SELECTOR)])
     if status == 200:
-        deployments = tuple(
-            DeploymentFacts(
-                namespace=str(item["metadata"].get("namespace") or ""),
-                name=str(item["metadata"]["name"]),
-                replicas=int((item.get("spec") or {}).get("replicas", 1)),
-                ready=int((item.get("status") or {}).get("readyReplicas") or 0),
-            )
-            for item in body.get("items") or []
-        )
+        deployments = tuple(_deployment(item) for item in body.get("items") or [])
     else:
         unreadable["deployments"] = _why(status, body)
 
     claim_refs, secret_refs = wanted(resources)
+    operator_access: dict[Access, bool] | None = None
+    if deployments:
+        best = max(deployments, key=lambda d: (d.ready, -d.replicas))
+        namespaces = {r.namespace for r in resources}
+        operator_access = {}
+        for access in operator_needs(best, namespaces):
+            spec = {"user": best.user, "groups": _sa_groups(best.namespace), "resourceAttributes": _attributes(access)}
+            status, body = await reader.post(f"{AUTHZ}/subjectaccessreviews", _review("SubjectAccessReview", spec))
+            if status != 201 and status != 200:
+                unreadable["subjectaccessreviews"] = _why(status, body)
+                operator_access = None
+                break
+            operator_access[access] = bool((body.get("status") or {}).get("allowed"))
+
+    user_access: dict[Access, bool] | None = {}
+    for access in own_reads(resources, operator_namespace, claim_refs, secret_refs):
+        spec = {"resourceAttributes": _attributes(access)}
+        status, body = await reader.post(f"{AUTHZ}/selfsubjectaccessreviews", _review("SelfSubjectAccessReview", spec))
+        if status not in (200, 201):
+            unreadable["selfsubjectaccessreviews"] = _why(status, body)
+            user_access = None
+            break
+        assert user_access is not None
+        user_access[access] = bool((body.get("status") or {}).get("allowed"))
+
     claims: dict[tuple[str, str], ClaimFacts] = {}
     for ns, name in sorted(claim_refs):
         status, body = await reader.get(f"/api/v1/namespaces/{ns}/persistentvolumeclaims/{name}")
@@ -232,4 +332,34 @@ async def read_facts(
         secret_keys=secret_keys,
         unreadable=unreadable,
         missing_resources=missing_resources,
+        operator_access=operator_access,
+        user_access=user_access,
+    )
+
+
+AUTHZ = "/apis/authorization.k8s.io/v1"
+
+
+def _review(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "authorization.k8s.io/v1", "kind": kind, "spec": spec}
+
+
+def _sa_groups(namespace: str) -> list[str]:
+    """The groups a ServiceAccount's token authenticates with (a SubjectAccessReview must state them)."""
+    return ["system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"]
+
+
+def _deployment(item: Mapping[str, Any]) -> DeploymentFacts:
+    meta, spec = item["metadata"], item.get("spec") or {}
+    pod = (spec.get("template") or {}).get("spec") or {}
+    containers = pod.get("containers") or [{}]
+    return DeploymentFacts(
+        namespace=str(meta.get("namespace") or ""),
+        name=str(meta["name"]),
+        replicas=int(spec.get("replicas", 1)),
+        ready=int((item.get("status") or {}).get("readyReplicas") or 0),
+        service_account=str(pod.get("serviceAccountName") or "default"),
+        args=tuple(str(a) for a in containers[0].get("args") or ()),
+        release=(meta.get("labels") or {}).get("app.kubernetes.io/instance"),
+        annotations=dict(meta.get("annotations") or {}),
     )

@@ -137,6 +137,8 @@ class HttpFrontend(ObjectStore):
         namespace: str | None = None
         if len(rest) >= 3 and rest[0] == "namespaces" and not (len(rest) == 3 and rest[2] in ("status", "finalize")):
             namespace, rest = rest[1], rest[2:]
+        if group == "" and namespace and len(rest) >= 3 and rest[0] == "services" and rest[2] == "proxy":
+            return await self._service_proxy(raw, method, namespace, rest[1], "/".join(rest[3:]))
         if not rest or len(rest) > 3:
             raise ApiError(404, "the server could not find the requested resource")
         if (group, version) == (authz.GROUP, "v1") and namespace is None and rest[0] in authz.REVIEWS:
@@ -232,6 +234,50 @@ class HttpFrontend(ObjectStore):
             )
             return aiohttp.web.json_response(result)
         raise ApiError(405, f"method {method} is not allowed")
+
+    async def _service_proxy(
+        self, raw: aiohttp.web.BaseRequest, method: str, namespace: str, ref: str, path: str
+    ) -> aiohttp.web.StreamResponse:
+        """``services/[scheme:]name[:port]/proxy/path``: the request, forwarded to a ready address of the
+        Service's Endpoints on the port matching the Service port (by name or number; the only one when
+        unnamed), as the API server's service proxy does (GET and HEAD only here)."""
+        if method not in ("GET", "HEAD"):
+            raise ApiError(405, f"method {method} is not allowed on the emulator's service proxy")
+        parts = ref.split(":")
+        scheme = parts.pop(0) if len(parts) == 3 else "http"
+        name, port = parts[0], parts[1] if len(parts) > 1 else ""
+        service = self._get(self._types[("", "v1", "services")], namespace, name)
+        ports = (service.get("spec") or {}).get("ports") or []
+        chosen = [p for p in ports if port in (p.get("name"), str(p.get("port")))] if port else ports[:1]
+        if len(chosen) != 1 or (not port and len(ports) > 1):
+            raise ApiError(503, f'no endpoints available for service "{ref}"', reason="ServiceUnavailable")
+        try:
+            endpoints = self._get(self._types[("", "v1", "endpoints")], namespace, name)
+        except ApiError:
+            endpoints = {}
+        target = None
+        for subset in endpoints.get("subsets") or []:
+            addresses = subset.get("addresses") or []
+            for p in subset.get("ports") or []:
+                if addresses and (p.get("name") or "") == (chosen[0].get("name") or ""):
+                    target = (addresses[0]["ip"], int(p["port"]))
+                    break
+            if target:
+                break
+        if target is None:
+            raise ApiError(503, f'no endpoints available for service "{ref}"', reason="ServiceUnavailable")
+        url = f"{scheme}://{target[0]}:{target[1]}/{path}"
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+                async with session.request(method, url, params=dict(raw.query)) as upstream:
+                    body = await upstream.read()
+                    return aiohttp.web.Response(
+                        status=upstream.status,
+                        body=body,
+                        headers={"Content-Type": upstream.headers.get("Content-Type", "text/plain")},
+                    )
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise ApiError(503, f"error trying to reach service: {exc}", reason="ServiceUnavailable") from None
 
     def _access_review(self, plural: str, body: Any, raw: aiohttp.web.BaseRequest) -> dict[str, Any]:
         """A (Self)SubjectAccessReview answered from the stored RBAC objects (:mod:`.apiserver_authz`)."""

@@ -9,6 +9,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -152,18 +155,80 @@ def operator_rbac(em: ApiServerEmulator, rules: tuple[rbac.Rule, ...] = rbac.NAM
     )
 
 
+METRICS_SERVICE = "redrafter-operator-metrics"
+METRICS_TEXT = (
+    b"# HELP redrafter_reconciles_total x\n# TYPE redrafter_reconciles_total counter\nredrafter_reconciles_total 3\n"
+)
+
+
+class _Metrics(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        code, body = (200, METRICS_TEXT) if self.path == "/metrics" else (404, b"not found\n")
+        self.send_response(code)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def metrics_port() -> Iterator[int]:
+    """The operator pod's metrics server, as the emulator's service proxy reaches it (on loopback)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Metrics)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def metrics_service(em: ApiServerEmulator, port: int | None) -> None:
+    """The chart's metrics Service, and (``port``) the Endpoints the endpoints controller would give it."""
+    if em.find_object("v1", "Service", METRICS_SERVICE, OPERATOR_NS) is None:
+        em.create_object(
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": METRICS_SERVICE, "namespace": OPERATOR_NS, "labels": CHART_LABELS},
+                "spec": {
+                    "selector": {k: v for k, v in CHART_LABELS.items() if k != "app.kubernetes.io/part-of"},
+                    "ports": [{"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}],
+                },
+            }
+        )
+    if port is not None:
+        em.create_object(
+            {
+                "apiVersion": "v1",
+                "kind": "Endpoints",
+                "metadata": {"name": METRICS_SERVICE, "namespace": OPERATOR_NS},
+                "subsets": [{"addresses": [{"ip": "127.0.0.1"}], "ports": [{"name": "metrics", "port": port}]}],
+            }
+        )
+
+
 def secret(kubectl: Any, key: str = "token") -> None:
     kubectl("create", "secret", "generic", "hf-token", f"--from-literal={key}={SECRET_VALUE}", check=True)
 
 
-def prepare(em: ApiServerEmulator, kubectl: Any, *, skip: frozenset[str] | set[str] = frozenset()) -> None:
-    """A cluster where the example passes every check, less the parts named in ``skip``."""
+def prepare(
+    em: ApiServerEmulator, kubectl: Any, *, skip: frozenset[str] | set[str] = frozenset(), metrics: int | None = None
+) -> None:
+    """A cluster where the example passes every check, less the parts named in ``skip`` (``metrics``: the
+    port of the operator's metrics server; without it the operator-metrics check warns)."""
     if "crd" not in skip:
         apply_crd(kubectl, ROOT / "charts" / "redrafter-operator" / "crds")
     if "operator" not in skip:
         operator(em, replicas=1, ready=1)
     if "rbac" not in skip:
         operator_rbac(em)
+    if "operator" not in skip and metrics is not None:
+        metrics_service(em, metrics)
     if "nodes" not in skip:
         node(em, "a100-0", A100, 8)
         node(em, "cpu-0", None, 0, driver=None)
@@ -182,8 +247,10 @@ def em(apiserver: EmulatorHandle) -> ApiServerEmulator:
     return apiserver.emulator
 
 
-def test_a_prepared_cluster_passes_every_check(em: ApiServerEmulator, kubectl: Any, kubeconfig: Path) -> None:
-    prepare(em, kubectl)
+def test_a_prepared_cluster_passes_every_check(
+    em: ApiServerEmulator, kubectl: Any, kubeconfig: Path, metrics_port: int
+) -> None:
+    prepare(em, kubectl, metrics=metrics_port)
     code, out, err = check(kubeconfig, "-f", str(EXAMPLE), "--operator-namespace", OPERATOR_NS)
     assert code == 0, out + err
     names = [text[2:].split(":")[0] for text in out.splitlines() if text[:2] in ("✓ ", "✗ ", "! ")]
@@ -191,6 +258,7 @@ def test_a_prepared_cluster_passes_every_check(em: ApiServerEmulator, kubectl: A
         "crd",
         "operator",
         "operator-rbac",
+        "operator-metrics",
         "gpu-nodes",
         "access",
         "spec llama3-8b",
@@ -276,6 +344,30 @@ def test_operator_rbac(em: ApiServerEmulator, kubectl: Any, kubeconfig: Path) ->
     assert code == 0, out
     need = len(rbac.calls(rbac.NAMESPACED + rbac.CLUSTER))
     assert line(out, "operator-rbac") == f"✓ operator-rbac: {sa} may do all {need} things the operator needs"
+
+
+def test_operator_metrics(em: ApiServerEmulator, kubectl: Any, kubeconfig: Path, metrics_port: int) -> None:
+    """/metrics of the chart's metrics Service through the API server's service proxy; a warning, never a failure."""
+    prepare(em, kubectl)
+    code, out, _ = check(kubeconfig, "-f", str(EXAMPLE))
+    assert code == 0, out
+    assert line(out, "operator-metrics") == (
+        f"! operator-metrics: no Service with a metrics port beside Deployment {OPERATOR_NS}/redrafter-operator\n"
+        f"    fix: helm upgrade redrafter-operator charts/redrafter-operator -n {OPERATOR_NS} --reuse-values (the chart "
+        "creates it)"
+    )
+    metrics_service(em, None)  # no ready pod behind it
+    code, out, _ = check(kubeconfig, "-f", str(EXAMPLE))
+    assert line(out, "operator-metrics").startswith(
+        f"! operator-metrics: Service {OPERATOR_NS}/{METRICS_SERVICE}:metrics does not answer /metrics through the "
+        f'API server (503: no endpoints available for service "{METRICS_SERVICE}:metrics")\n'
+    )
+    metrics_service(em, metrics_port)
+    code, out, _ = check(kubeconfig, "-f", str(EXAMPLE))
+    assert code == 0, out
+    assert line(out, "operator-metrics") == (
+        f"✓ operator-metrics: Service {OPERATOR_NS}/{METRICS_SERVICE}:metrics answers /metrics (1 samples)"
+    )
 
 
 def test_operator_partly_ready_warns_and_none_ready_fails() -> None:

@@ -87,6 +87,9 @@ def run_checks(facts: ClusterFacts, resources: list[Resource], *, looked_in: str
     rbac_result = check_operator_rbac(facts)
     if rbac_result is not None:
         out.append(rbac_result)
+    metrics = check_metrics(facts)
+    if metrics is not None:
+        out.append(metrics)
     out.append(check_gpu_nodes(facts))
     access = check_access(facts)
     if access is not None:
@@ -205,6 +208,35 @@ def check_operator_rbac(facts: ClusterFacts) -> CheckResult | None:
         f"helm upgrade {release} charts/redrafter-operator -n {best.namespace} --reuse-values --set rbac.create=true "
         "(the chart grants exactly what the operator needs), or grant these in the (Cluster)Role bound to it",
     )
+
+
+def check_metrics(facts: ClusterFacts) -> CheckResult | None:
+    """The operator's metrics Service answers /metrics through the API server's service proxy (a warning:
+    the operator works without it, its dashboards and alerts do not)."""
+    best = operator_deployment(facts)
+    if best is None:
+        return None
+    if "services" in facts.unreadable:
+        return warn(
+            "operator-metrics", f"cannot list Services ({facts.unreadable['services']})", "run as a user who may"
+        )
+    m = facts.metrics
+    if m is None:
+        return None
+    release = best.release or "redrafter"
+    if m.service is None:
+        return warn(
+            "operator-metrics",
+            f"no Service with a metrics port beside Deployment {best.namespace}/{best.name}",
+            f"helm upgrade {release} charts/redrafter-operator -n {best.namespace} --reuse-values (the chart creates it)",
+        )
+    if m.status != 200:
+        return warn(
+            "operator-metrics",
+            f"Service {m.service} does not answer /metrics through the API server ({m.status}: {m.error})",
+            f"kubectl -n {best.namespace} get endpoints; kubectl -n {best.namespace} logs deployment/{best.name}",
+        )
+    return ok("operator-metrics", f"Service {m.service} answers /metrics ({m.samples} samples)")
 
 
 def check_access(facts: ClusterFacts) -> CheckResult | None:

@@ -25,6 +25,7 @@ from ..render.placement import Node
 # the operator's own children never say part-of=redrafter.
 OPERATOR_SELECTOR = "app.kubernetes.io/part-of=redrafter,app.kubernetes.io/component=operator"
 REQUEST_TIMEOUT = 15
+METRICS_PORT_NAME = "metrics"  # the chart's metrics Service port (templates/service.yaml)
 
 
 class ClusterUnreachable(Exception):
@@ -75,6 +76,16 @@ class DeploymentFacts:
         return "--leader-elect" in self.args
 
 
+@dataclass(frozen=True)
+class MetricsFacts:
+    """The operator's metrics Service, and what its /metrics answered through the API server's service proxy."""
+
+    service: str | None  # "ns/name:port" (None: no Service with a metrics port)
+    status: int = 0  # the proxied answer's HTTP status (0: not asked)
+    samples: int = 0  # sample lines of the Prometheus text it returned
+    error: str = ""  # why it did not answer (the API server's message)
+
+
 # (API group, resource[/subresource], verb, namespace; "" for cluster-wide or every namespace)
 Access = tuple[str, str, str, str]
 
@@ -93,6 +104,7 @@ class ClusterFacts:
     operator_access: Mapping[Access, bool] | None = None
     # SelfSubjectAccessReviews of the reads this command makes (None: not asked)
     user_access: Mapping[Access, bool] | None = None
+    metrics: MetricsFacts | None = None  # None: no operator Deployment to look beside
 
 
 def operator_needs(deployment: DeploymentFacts, namespaces: set[str]) -> list[Access]:
@@ -123,6 +135,8 @@ def own_reads(
         ("apps", "deployments", "list", operator_namespace or ""),
         ("authorization.k8s.io", "subjectaccessreviews", "create", ""),
     ]
+    if operator_namespace:
+        out += [("", "services", "list", operator_namespace), ("", "services/proxy", "get", operator_namespace)]
     out += sorted({("", "persistentvolumeclaims", "get", ns) for ns, _ in claims})
     out += sorted({("", "secrets", "get", ns) for ns, _ in secrets})
     return out
@@ -168,7 +182,28 @@ class _Reader:
     async def call(
         self, method: str, path: str, query: list[tuple[str, str]] | None = None, body: dict[str, Any] | None = None
     ) -> tuple[int, dict[str, Any]]:
-        headers = {"Accept": "application/json"}
+        status, raw = await self.raw(method, path, query, body)
+        try:
+            payload = json.loads(raw) if raw else {}
+        except ValueError:
+            payload = {}
+        if not isinstance(payload, dict):
+            payload = {}
+        if status in (401,) or status >= 500:
+            message = payload.get("message") or raw.decode(errors="replace")[:200]
+            raise ClusterUnreachable(f"{method} {path}: {status} {payload.get('reason', '')}: {_first_line(message)}")
+        return status, payload
+
+    async def raw(
+        self,
+        method: str,
+        path: str,
+        query: list[tuple[str, str]] | None = None,
+        body: dict[str, Any] | None = None,
+        accept: str = "application/json",
+    ) -> tuple[int, bytes]:
+        """(status, body bytes) of a request; raises ClusterUnreachable only when there is no answer."""
+        headers = {"Accept": accept}
         if body is not None:
             headers["Content-Type"] = "application/json"
         try:
@@ -187,21 +222,13 @@ class _Reader:
             resp.release()
         except k8s_client.exceptions.ApiException as exc:
             status = exc.status or 0
-            body = exc.body
-            raw = body if isinstance(body, bytes) else str(body or "").encode()
+            raw = exc.body if isinstance(exc.body, bytes) else str(exc.body or "").encode()
             if status == 0:
                 raise ClusterUnreachable(f"cannot reach the API server: {exc.reason}") from None
         except (OSError, asyncio.TimeoutError, aiohttp.ClientError) as exc:
             host = self._api.configuration.host
             raise ClusterUnreachable(f"cannot reach the API server at {host}: {_first_line(exc)}") from None
-        try:
-            payload = json.loads(raw) if raw else {}
-        except ValueError:
-            payload = {}
-        if status in (401,) or status >= 500:
-            message = payload.get("message") or raw.decode(errors="replace")[:200]
-            raise ClusterUnreachable(f"{method} {path}: {status} {payload.get('reason', '')}: {_first_line(message)}")
-        return status, payload
+        return status, raw
 
 
 def _first_line(value: object) -> str:
@@ -276,8 +303,8 @@ async def read_facts(
 
     claim_refs, secret_refs = wanted(resources)
     operator_access: dict[Access, bool] | None = None
-    if deployments:
-        best = max(deployments, key=lambda d: (d.ready, -d.replicas))
+    best = max(deployments, key=lambda d: (d.ready, -d.replicas)) if deployments else None
+    if best is not None:
         namespaces = {r.namespace for r in resources}
         operator_access = {}
         for access in operator_needs(best, namespaces):
@@ -289,8 +316,10 @@ async def read_facts(
                 break
             operator_access[access] = bool((body.get("status") or {}).get("allowed"))
 
+    metrics = await _read_metrics(reader, best, unreadable) if best is not None else None
+
     user_access: dict[Access, bool] | None = {}
-    for access in own_reads(resources, operator_namespace, claim_refs, secret_refs):
+    for access in own_reads(resources, best.namespace if best else operator_namespace, claim_refs, secret_refs):
         spec = {"resourceAttributes": _attributes(access)}
         status, body = await reader.post(f"{AUTHZ}/selfsubjectaccessreviews", _review("SelfSubjectAccessReview", spec))
         if status not in (200, 201):
@@ -334,7 +363,37 @@ async def read_facts(
         missing_resources=missing_resources,
         operator_access=operator_access,
         user_access=user_access,
+        metrics=metrics,
     )
+
+
+async def _read_metrics(reader: _Reader, operator: DeploymentFacts, unreadable: dict[str, str]) -> MetricsFacts | None:
+    """The chart's metrics Service (the operator's labels, a port named ``metrics``) and its /metrics, read
+    through the API server's service proxy (what Prometheus would scrape, from inside the cluster)."""
+    ns = operator.namespace
+    status, body = await reader.get(f"/api/v1/namespaces/{ns}/services", [("labelSelector", OPERATOR_SELECTOR)])
+    if status != 200:
+        unreadable["services"] = _why(status, body)
+        return None
+    for item in body.get("items") or []:
+        ports = [p for p in (item.get("spec") or {}).get("ports") or [] if p.get("name") == METRICS_PORT_NAME]
+        if ports:
+            name = str(item["metadata"]["name"])
+            break
+    else:
+        return MetricsFacts(service=None)
+    ref = f"{ns}/{name}:{METRICS_PORT_NAME}"
+    path = f"/api/v1/namespaces/{ns}/services/{name}:{METRICS_PORT_NAME}/proxy/metrics"
+    status, raw = await reader.raw("GET", path, accept="text/plain")
+    text = raw.decode(errors="replace")
+    if status != 200:
+        try:
+            message = str(json.loads(text).get("message") or "")
+        except (ValueError, AttributeError):
+            message = text
+        return MetricsFacts(ref, status, error=_first_line(message or "no message")[:200])
+    samples = sum(1 for line in text.splitlines() if line.strip() and not line.startswith("#"))
+    return MetricsFacts(ref, status, samples)
 
 
 AUTHZ = "/apis/authorization.k8s.io/v1"

@@ -237,6 +237,12 @@ def prepare(
         pvc(em, "drafters", ["ReadOnlyMany"])
     if "secret" not in skip:
         secret(kubectl)
+    if "pod-security" not in skip:  # a hardened namespace: the operator's pods meet restricted
+        labels = {
+            "pod-security.kubernetes.io/enforce": "restricted",
+            "pod-security.kubernetes.io/enforce-version": "latest",
+        }
+        em.patch_object("v1", "Namespace", "default", None, {"metadata": {"labels": labels}})
 
 
 @pytest.fixture
@@ -264,12 +270,17 @@ def test_a_prepared_cluster_passes_every_check(
         "spec llama3-8b",
         "gpu-product llama3-8b",
         "driver llama3-8b",
+        "pod-security llama3-8b",
         "cache-claim llama3-8b",
         "source-claims llama3-8b",
         "credentials llama3-8b",
     ]
     assert all(text.startswith("✓ ") for text in out.splitlines() if text[:2] in ("✓ ", "✗ ", "! ")), out
     assert "fix:" not in out and SECRET_VALUE not in out + err
+    assert line(out, "pod-security llama3-8b") == (
+        "✓ pod-security llama3-8b: namespace default enforces restricted:latest; the 5 pod templates the operator "
+        "creates pass it"
+    )
     print(out)  # the sample in docs/check.md
 
     # the same resource read back from the cluster, by name, as JSON

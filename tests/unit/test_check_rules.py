@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from redrafter_operator.check.checks import check_driver, check_placement, driver_major, gpu_jobs
+from redrafter_operator.check.checks import check_driver, check_placement, check_pod_security, driver_major, gpu_jobs
 from redrafter_operator.check.facts import ClusterFacts, Resource
 from redrafter_operator.render.placement import Node, Taint
 
@@ -91,3 +91,46 @@ def test_the_driver_label_current_first_then_the_deprecated_one() -> None:
     old = Node("n", {"nvidia.com/gpu.product": A100, "nvidia.com/cuda.driver.major": "550"}, {"nvidia.com/gpu": "8"})
     result = check_driver(ClusterFacts(nodes=(old,)), "r", spec)
     assert result is not None and result.status == "fail" and "n (R550)" in result.message
+
+
+def test_pod_security_names_the_violation_and_the_strictest_level_that_admits_the_pods() -> None:
+    res = resource()
+    spec = res.parsed()[0]
+    assert spec is not None
+    labels = {"pod-security.kubernetes.io/enforce": "restricted"}
+    facts = ClusterFacts(namespace_labels={"default": labels})
+    assert check_pod_security(facts, res, spec).status == "ok"  # what the operator renders meets restricted
+    plain = {"spec": {"containers": [{"name": "c", "image": "x"}]}}
+    host = {
+        "spec": {"containers": [{"name": "c", "image": "x"}], "volumes": [{"name": "h", "hostPath": {"path": "/"}}]}
+    }
+    result = check_pod_security(facts, res, spec, pods=[("Job/plain", plain)])
+    assert result.status == "fail"
+    assert result.message.startswith(
+        "namespace default enforces restricted:latest; 1 pod template(s) violate it: Job/plain: "
+        'allowPrivilegeEscalation != false (container "c" must set securityContext.allowPrivilegeEscalation=false), '
+    )
+    assert result.fix == (
+        "remove what the message names from the spec, or kubectl label namespace default "
+        "pod-security.kubernetes.io/enforce=baseline --overwrite"
+    )
+    result = check_pod_security(facts, res, spec, pods=[("Job/plain", plain), ("Job/host", host)])
+    assert result.status == "fail" and (result.fix or "").endswith("enforce=privileged --overwrite")
+    assert (
+        check_pod_security(ClusterFacts(namespace_labels={"default": {}}), res, spec, [("Job/host", host)]).status
+        == "ok"
+    )
+    assert check_pod_security(ClusterFacts(), res, spec).status == "warn"  # the namespace does not exist yet
+
+
+def test_every_examples_pods_pass_restricted() -> None:
+    for path in sorted((ROOT / "examples").glob("*.yaml")):
+        body = yaml.safe_load(path.read_text())
+        if body.get("kind") != "ReDrafterDeployment":
+            continue
+        res = Resource(body["metadata"]["name"], "default", body["spec"])
+        spec = res.parsed()[0]
+        assert spec is not None, path
+        labels = {"pod-security.kubernetes.io/enforce": "restricted"}
+        result = check_pod_security(ClusterFacts(namespace_labels={"default": labels}), res, spec)
+        assert result.status == "ok", (path, result.message)

@@ -10,14 +10,18 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
+from engine_jobs.contract import VARIANTS
+
 from ..api import CRD_NAME, KIND, VERSION
 from ..api.spec import ReDrafterDeploymentSpec
 from ..render import inference_pool as ip
-from ..render import placement
-from ..render.build import build_job, named_sources, source_claims
+from ..render import placement, podsecurity
+from ..render.build import build_job, build_spec, named_sources, source_claims
 from ..render.common import Owner
 from ..render.placement import GPU, Node
+from ..render.serving import serving_deployment
 from ..render.training import training_job
+from ..render.validation import DEFAULT_OPERATOR_IMAGE, validation_job
 from .facts import Access, ClusterFacts, DeploymentFacts, Resource
 
 Status = Literal["ok", "fail", "warn"]
@@ -383,6 +387,7 @@ def check_resource(facts: ClusterFacts, res: Resource) -> list[CheckResult]:
         driver = check_driver(facts, res.name, spec, jobs[0])
         if driver is not None:
             out.append(driver)
+    out.append(check_pod_security(facts, res, spec))
     out.append(check_cache_claim(facts, res, spec))
     sources = check_source_claims(facts, res, spec)
     if sources is not None:
@@ -453,6 +458,66 @@ def check_driver(
             "fine on data-center GPUs with the CUDA forward compatibility package; else upgrade the driver",
         )
     return ok(check, f"{what}; {len(majors)} matching node(s) have it (R{min(majors.values())}+)")
+
+
+def operator_pods(res: Resource, spec: ReDrafterDeploymentSpec) -> list[tuple[str, dict[str, Any]]]:
+    """(kind/name, pod template) of every pod the operator creates for the spec: build Jobs, the training
+    Job, the serving Deployments (primaries, canary, candidate share one template) and the validation Job."""
+    owner = owner_of(res, spec)
+    keys = {v: build_spec(spec, v).key for v in VARIANTS}
+    manifests = [build_job(owner, v) for v in VARIANTS]
+    if spec.model.drafter.train is not None:
+        manifests.append(training_job(owner))
+    manifests += [serving_deployment(owner, v, keys[v], 1) for v in VARIANTS]
+    if spec.validation.enabled:
+        manifests.append(
+            validation_job(
+                owner, redrafter_key=keys["redrafter"], base_key=keys["base"], operator_image=DEFAULT_OPERATOR_IMAGE
+            )
+        )
+    return [(f"{m['kind']}/{m['metadata']['name']}", m["spec"]["template"]) for m in manifests]
+
+
+def check_pod_security(
+    facts: ClusterFacts,
+    res: Resource,
+    spec: ReDrafterDeploymentSpec,
+    pods: list[tuple[str, dict[str, Any]]] | None = None,
+) -> CheckResult:
+    """The pods the operator will create pass the Pod Security level the namespace enforces."""
+    check, ns = f"pod-security {res.name}", res.namespace
+    if f"namespace/{ns}" in facts.unreadable:
+        return warn(
+            check, f"cannot read namespace {ns} ({facts.unreadable[f'namespace/{ns}']})", "run as a user who may"
+        )
+    labels = facts.namespace_labels.get(ns)
+    if labels is None:
+        return warn(
+            check,
+            f"namespace {ns} not found: its Pod Security level is not known",
+            f"kubectl create namespace {ns} (and label it {podsecurity.ENFORCE_LABEL}=restricted)",
+        )
+    level, version = podsecurity.namespace_policy(labels)
+    pods = operator_pods(res, spec) if pods is None else pods
+    enforced = f"namespace {ns} enforces {level}:{version}" + (
+        " (judged by the latest rules)" if version != "latest" and level != "privileged" else ""
+    )
+    found = [(name, podsecurity.violations(t.get("spec") or {}, level, t.get("metadata") or {})) for name, t in pods]
+    bad = [(name, v) for name, v in found if v]
+    if not bad:
+        return ok(check, f"{enforced}; the {len(pods)} pod templates the operator creates pass it")
+    strictest = next(
+        lvl
+        for lvl in reversed(podsecurity.LEVELS)
+        if all(not podsecurity.violations(t.get("spec") or {}, lvl, t.get("metadata") or {}) for _, t in pods)
+    )
+    shown = "; ".join(f"{name}: {', '.join(v)}" for name, v in bad[:_MAX_NAMES])
+    return fail(
+        check,
+        f"{enforced}; {len(bad)} pod template(s) violate it: {shown}",
+        f"remove what the message names from the spec, or kubectl label namespace {ns} "
+        f"{podsecurity.ENFORCE_LABEL}={strictest} --overwrite",
+    )
 
 
 def _claim_fix(ns: str, claim: str, rwx: bool) -> str:

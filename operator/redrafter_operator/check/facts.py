@@ -105,6 +105,7 @@ class ClusterFacts:
     # SelfSubjectAccessReviews of the reads this command makes (None: not asked)
     user_access: Mapping[Access, bool] | None = None
     metrics: MetricsFacts | None = None  # None: no operator Deployment to look beside
+    namespace_labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # found only
 
 
 def operator_needs(deployment: DeploymentFacts, namespaces: set[str]) -> list[Access]:
@@ -137,6 +138,7 @@ def own_reads(
     ]
     if operator_namespace:
         out += [("", "services", "list", operator_namespace), ("", "services/proxy", "get", operator_namespace)]
+    out += sorted({("", "namespaces", "get", r.namespace) for r in resources})
     out += sorted({("", "persistentvolumeclaims", "get", ns) for ns, _ in claims})
     out += sorted({("", "secrets", "get", ns) for ns, _ in secrets})
     return out
@@ -329,6 +331,14 @@ async def read_facts(
         assert user_access is not None
         user_access[access] = bool((body.get("status") or {}).get("allowed"))
 
+    namespace_labels: dict[str, Mapping[str, str]] = {}
+    for ns in sorted({r.namespace for r in resources}):
+        status, body = await reader.get(f"/api/v1/namespaces/{ns}")
+        if status == 200:
+            namespace_labels[ns] = dict((body.get("metadata") or {}).get("labels") or {})
+        elif status != 404:
+            unreadable[f"namespace/{ns}"] = _why(status, body)
+
     claims: dict[tuple[str, str], ClaimFacts] = {}
     for ns, name in sorted(claim_refs):
         status, body = await reader.get(f"/api/v1/namespaces/{ns}/persistentvolumeclaims/{name}")
@@ -364,6 +374,7 @@ async def read_facts(
         operator_access=operator_access,
         user_access=user_access,
         metrics=metrics,
+        namespace_labels=namespace_labels,
     )
 
 

@@ -788,6 +788,17 @@ def test_rbac_scopes():
         assert lease([o for o in objs if o["kind"] == "ClusterRole"]) == set()
 
 
+def test_the_deployment_names_the_prometheus_operator_kinds_the_release_creates():
+    """`redrafter-operator check` reads this annotation to know which Prometheus Operator CRDs must exist."""
+    from redrafter_operator.check.checks import PROMETHEUS_KINDS_ANNOTATION
+
+    for combo, (values, counts) in COMBOS.items():
+        deploy = one(manifests(render(values)), "Deployment")
+        kinds = [k for k in ("ServiceMonitor", "PodMonitor", "PrometheusRule") if counts.get(k)]
+        annotations = deploy["metadata"].get("annotations") or {}
+        assert annotations.get(PROMETHEUS_KINDS_ANNOTATION, "") == ",".join(kinds), combo
+
+
 def test_the_charts_rules_are_the_operators_declared_needs():
     """render/rbac.py is the one list (`redrafter-operator check` reviews the ServiceAccount against it): the
     chart's rules equal it in every scope, so neither can drift from the other."""

@@ -265,6 +265,7 @@ def test_a_prepared_cluster_passes_every_check(
         "operator",
         "operator-rbac",
         "operator-metrics",
+        "prometheus-crds",
         "gpu-nodes",
         "access",
         "spec llama3-8b",

@@ -134,3 +134,33 @@ def test_every_examples_pods_pass_restricted() -> None:
         labels = {"pod-security.kubernetes.io/enforce": "restricted"}
         result = check_pod_security(ClusterFacts(namespace_labels={"default": labels}), res, spec)
         assert result.status == "ok", (path, result.message)
+
+
+def test_prometheus_crds_follow_what_the_release_creates() -> None:
+    from redrafter_operator.check.checks import check_prometheus_crds
+    from redrafter_operator.check.facts import DeploymentFacts
+
+    def facts(kinds: str | None, *crds: str) -> ClusterFacts:
+        annotations = {"redrafter.dev/prometheus-operator-kinds": kinds} if kinds else {}
+        operator = DeploymentFacts("ops", "op", 1, 1, release="rdo", annotations=annotations)
+        return ClusterFacts(operator_deployments=(operator,), crds={c: ("v1",) for c in crds})
+
+    result = check_prometheus_crds(facts("ServiceMonitor,PodMonitor", "podmonitors.monitoring.coreos.com"))
+    assert result is not None and result.status == "warn"
+    assert result.message == (
+        "the release creates ServiceMonitor but CRD servicemonitors.monitoring.coreos.com (v1) is not installed: "
+        "nothing scrapes or alerts, and the next helm upgrade fails"
+    )
+    assert result.fix == (
+        "install the Prometheus Operator CRDs (kube-prometheus-stack), or helm upgrade rdo charts/redrafter-operator "
+        "-n ops --reuse-values --set metrics.serviceMonitor.enabled=false"
+    )
+    all_crds = ("servicemonitors", "podmonitors", "prometheusrules")
+    result = check_prometheus_crds(
+        facts("ServiceMonitor,PodMonitor", *(f"{c}.monitoring.coreos.com" for c in all_crds))
+    )
+    assert result is not None and result.status == "ok"
+    assert result.message == "the CRDs of the release's ServiceMonitor, PodMonitor are installed"
+    result = check_prometheus_crds(facts(None))
+    assert result is not None and result.status == "ok" and "creates no ServiceMonitor" in result.message
+    assert check_prometheus_crds(ClusterFacts()) is None  # no operator Deployment: nothing to judge by

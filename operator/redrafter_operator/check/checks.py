@@ -94,6 +94,9 @@ def run_checks(facts: ClusterFacts, resources: list[Resource], *, looked_in: str
     metrics = check_metrics(facts)
     if metrics is not None:
         out.append(metrics)
+    prometheus = check_prometheus_crds(facts)
+    if prometheus is not None:
+        out.append(prometheus)
     out.append(check_gpu_nodes(facts))
     access = check_access(facts)
     if access is not None:
@@ -241,6 +244,45 @@ def check_metrics(facts: ClusterFacts) -> CheckResult | None:
             f"kubectl -n {best.namespace} get endpoints; kubectl -n {best.namespace} logs deployment/{best.name}",
         )
     return ok("operator-metrics", f"Service {m.service} answers /metrics ({m.samples} samples)")
+
+
+# The Prometheus Operator's kinds the chart can create: their CRD, and the chart value that turns each on.
+PROMETHEUS_KINDS: dict[str, tuple[str, str]] = {
+    "ServiceMonitor": ("servicemonitors.monitoring.coreos.com", "metrics.serviceMonitor.enabled"),
+    "PodMonitor": ("podmonitors.monitoring.coreos.com", "metrics.podMonitor.enabled"),
+    "PrometheusRule": ("prometheusrules.monitoring.coreos.com", "prometheusRule.enabled"),
+}
+PROMETHEUS_KINDS_ANNOTATION = "redrafter.dev/prometheus-operator-kinds"  # set by the chart's Deployment
+PROMETHEUS_VERSION = "v1"
+
+
+def check_prometheus_crds(facts: ClusterFacts) -> CheckResult | None:
+    """The CRDs of the Prometheus Operator kinds the operator's release creates (its Deployment's annotation
+    names them): ``!`` when one is missing, since Helm then cannot upgrade the release."""
+    best = operator_deployment(facts)
+    if best is None or "crds" in facts.unreadable:
+        return None
+    used = [k for k in best.annotations.get(PROMETHEUS_KINDS_ANNOTATION, "").split(",") if k in PROMETHEUS_KINDS]
+    served = {k for k, (crd, _) in PROMETHEUS_KINDS.items() if PROMETHEUS_VERSION in facts.crds.get(crd, ())}
+    if not used:
+        have = "installed" if served == set(PROMETHEUS_KINDS) else "not all installed"
+        return ok(
+            "prometheus-crds",
+            f"the release creates no ServiceMonitor, PodMonitor or PrometheusRule (Prometheus Operator CRDs {have})",
+        )
+    missing = [k for k in used if k not in served]
+    if not missing:
+        return ok("prometheus-crds", f"the CRDs of the release's {', '.join(used)} are installed")
+    crds = ", ".join(PROMETHEUS_KINDS[k][0] for k in missing)
+    off = " ".join(f"--set {PROMETHEUS_KINDS[k][1]}=false" for k in missing)
+    release = best.release or "redrafter"
+    return warn(
+        "prometheus-crds",
+        f"the release creates {', '.join(missing)} but CRD {crds} ({PROMETHEUS_VERSION}) is not installed: "
+        "nothing scrapes or alerts, and the next helm upgrade fails",
+        f"install the Prometheus Operator CRDs (kube-prometheus-stack), or helm upgrade {release} "
+        f"charts/redrafter-operator -n {best.namespace} --reuse-values {off}",
+    )
 
 
 def check_access(facts: ClusterFacts) -> CheckResult | None:

@@ -212,6 +212,29 @@ def metrics_service(em: ApiServerEmulator, port: int | None) -> None:
         )
 
 
+def dcgm_exporter(em: ApiServerEmulator) -> None:
+    """NVIDIA's DCGM exporter as the GPU Operator deploys it (assets/state-dcgm-exporter)."""
+    if em.find_object("v1", "Namespace", "gpu-operator") is None:
+        em.create_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gpu-operator"}})
+    labels = {"app": "nvidia-dcgm-exporter"}
+    em.create_object(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {"name": "nvidia-dcgm-exporter", "namespace": "gpu-operator", "labels": labels},
+            "spec": {
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "containers": [{"name": "nvidia-dcgm-exporter", "image": "nvcr.io/nvidia/k8s/dcgm-exporter"}]
+                    },
+                },
+            },
+        }
+    )
+
+
 def secret(kubectl: Any, key: str = "token") -> None:
     kubectl("create", "secret", "generic", "hf-token", f"--from-literal={key}={SECRET_VALUE}", check=True)
 
@@ -237,6 +260,8 @@ def prepare(
         pvc(em, "drafters", ["ReadOnlyMany"])
     if "secret" not in skip:
         secret(kubectl)
+    if "dcgm" not in skip:
+        dcgm_exporter(em)
     if "pod-security" not in skip:  # a hardened namespace: the operator's pods meet restricted
         labels = {
             "pod-security.kubernetes.io/enforce": "restricted",
@@ -267,6 +292,7 @@ def test_a_prepared_cluster_passes_every_check(
         "operator-metrics",
         "prometheus-crds",
         "gpu-nodes",
+        "dcgm-exporter",
         "access",
         "spec llama3-8b",
         "gpu-product llama3-8b",
@@ -278,6 +304,9 @@ def test_a_prepared_cluster_passes_every_check(
     ]
     assert all(text.startswith("✓ ") for text in out.splitlines() if text[:2] in ("✓ ", "✗ ", "! ")), out
     assert "fix:" not in out and SECRET_VALUE not in out + err
+    assert line(out, "dcgm-exporter") == (
+        "✓ dcgm-exporter: NVIDIA's DCGM exporter runs: DaemonSet gpu-operator/nvidia-dcgm-exporter"
+    )
     assert line(out, "pod-security llama3-8b") == (
         "✓ pod-security llama3-8b: namespace default enforces restricted:latest; the 5 pod templates the operator "
         "creates pass it"

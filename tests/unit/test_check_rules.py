@@ -164,3 +164,14 @@ def test_prometheus_crds_follow_what_the_release_creates() -> None:
     result = check_prometheus_crds(facts(None))
     assert result is not None and result.status == "ok" and "creates no ServiceMonitor" in result.message
     assert check_prometheus_crds(ClusterFacts()) is None  # no operator Deployment: nothing to judge by
+
+
+def test_dcgm_exporter_is_a_warning_only() -> None:
+    from redrafter_operator.check.checks import check_dcgm
+
+    result = check_dcgm(ClusterFacts())
+    assert result.status == "warn" and "dcgmExporter.enabled=true" in (result.fix or "")
+    result = check_dcgm(ClusterFacts(dcgm_exporters=("Pod monitoring/dcgm-exporter-x1",)))
+    assert result.status == "ok" and result.message.endswith("Pod monitoring/dcgm-exporter-x1")
+    result = check_dcgm(ClusterFacts(unreadable={"dcgm/DaemonSet": "403 Forbidden: no"}))
+    assert result.status == "warn" and result.message.startswith("cannot look for")

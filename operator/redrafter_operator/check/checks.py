@@ -98,6 +98,7 @@ def run_checks(facts: ClusterFacts, resources: list[Resource], *, looked_in: str
     if prometheus is not None:
         out.append(prometheus)
     out.append(check_gpu_nodes(facts))
+    out.append(check_dcgm(facts))
     access = check_access(facts)
     if access is not None:
         out.append(access)
@@ -282,6 +283,24 @@ def check_prometheus_crds(facts: ClusterFacts) -> CheckResult | None:
         "nothing scrapes or alerts, and the next helm upgrade fails",
         f"install the Prometheus Operator CRDs (kube-prometheus-stack), or helm upgrade {release} "
         f"charts/redrafter-operator -n {best.namespace} --reuse-values {off}",
+    )
+
+
+def check_dcgm(facts: ClusterFacts) -> CheckResult:
+    """NVIDIA's DCGM exporter runs (a warning only: GPU utilisation and memory panels and alerts need it)."""
+    if facts.dcgm_exporters:
+        return ok("dcgm-exporter", f"NVIDIA's DCGM exporter runs: {placement.names(list(facts.dcgm_exporters))}")
+    why = facts.unreadable.get("dcgm/Pod") or facts.unreadable.get("dcgm/DaemonSet")
+    if why:
+        return warn(
+            "dcgm-exporter", f"cannot look for NVIDIA's DCGM exporter ({why})", "run as a user who may list DaemonSets"
+        )
+    return warn(
+        "dcgm-exporter",
+        "no DCGM exporter (DaemonSet or pods labelled app=nvidia-dcgm-exporter or app.kubernetes.io/name=dcgm-exporter): "
+        "no GPU utilisation, memory or temperature metrics",
+        "enable it in the NVIDIA GPU Operator (dcgmExporter.enabled=true, the default), or install NVIDIA's "
+        "dcgm-exporter Helm chart",
     )
 
 

@@ -25,6 +25,9 @@ from ..render.placement import Node
 # the operator's own children never say part-of=redrafter.
 OPERATOR_SELECTOR = "app.kubernetes.io/part-of=redrafter,app.kubernetes.io/component=operator"
 REQUEST_TIMEOUT = 15
+# NVIDIA's DCGM exporter: as the GPU Operator deploys it (DaemonSet nvidia-dcgm-exporter, its pods labelled
+# app=nvidia-dcgm-exporter), and as its own Helm chart does (app.kubernetes.io/name=dcgm-exporter)
+DCGM_SELECTORS = ("app=nvidia-dcgm-exporter", "app.kubernetes.io/name=dcgm-exporter")
 METRICS_PORT_NAME = "metrics"  # the chart's metrics Service port (templates/service.yaml)
 
 
@@ -106,6 +109,7 @@ class ClusterFacts:
     user_access: Mapping[Access, bool] | None = None
     metrics: MetricsFacts | None = None  # None: no operator Deployment to look beside
     namespace_labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # found only
+    dcgm_exporters: tuple[str, ...] = ()  # "DaemonSet ns/name" or "Pod ns/name" of NVIDIA's DCGM exporter
 
 
 def operator_needs(deployment: DeploymentFacts, namespaces: set[str]) -> list[Access]:
@@ -135,6 +139,8 @@ def own_reads(
         ("apiextensions.k8s.io", "customresourcedefinitions", "list", ""),
         ("apps", "deployments", "list", operator_namespace or ""),
         ("authorization.k8s.io", "subjectaccessreviews", "create", ""),
+        ("apps", "daemonsets", "list", ""),
+        ("", "pods", "list", ""),
     ]
     if operator_namespace:
         out += [("", "services", "list", operator_namespace), ("", "services/proxy", "get", operator_namespace)]
@@ -331,6 +337,20 @@ async def read_facts(
         assert user_access is not None
         user_access[access] = bool((body.get("status") or {}).get("allowed"))
 
+    dcgm: list[str] = []
+    for kind, path in (("DaemonSet", "/apis/apps/v1/daemonsets"), ("Pod", "/api/v1/pods")):
+        for selector in DCGM_SELECTORS:
+            status, body = await reader.get(path, [("labelSelector", selector)])
+            if status != 200:
+                unreadable[f"dcgm/{kind}"] = _why(status, body)
+                break
+            dcgm += [
+                f"{kind} {i['metadata'].get('namespace')}/{i['metadata']['name']}" for i in body.get("items") or []
+            ]
+        if dcgm:  # its DaemonSet suffices; its pods are asked for only when no DaemonSet can be seen
+            unreadable.pop("dcgm/Pod", None)
+            break
+
     namespace_labels: dict[str, Mapping[str, str]] = {}
     for ns in sorted({r.namespace for r in resources}):
         status, body = await reader.get(f"/api/v1/namespaces/{ns}")
@@ -375,6 +395,7 @@ async def read_facts(
         user_access=user_access,
         metrics=metrics,
         namespace_labels=namespace_labels,
+        dcgm_exporters=tuple(sorted(set(dcgm))),
     )
 
 

@@ -498,8 +498,8 @@ def test_cache_claim_and_source_claims(em: ApiServerEmulator, kubectl: Any, kube
     code, out, _ = check(kubeconfig, "-f", str(EXAMPLE))
     assert code == 0, out
     assert line(out, "cache-claim llama3-8b") == (
-        "✓ cache-claim llama3-8b: PVC default/engine-cache is Bound, ReadWriteMany, 500Gi (holds engines; size "
-        "not checked)"
+        "✓ cache-claim llama3-8b: PVC default/engine-cache is Bound, ReadWriteMany, 500Gi: room for the engines "
+        "(estimated 38 GiB: 8B parameters: base 15 GiB + ReDrafter 16 GiB + 20% headroom)"
     )
     assert line(out, "source-claims llama3-8b") == (
         "✓ source-claims llama3-8b: PVC(s) default/drafters of the pvc:// sources are Bound"

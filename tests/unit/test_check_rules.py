@@ -175,3 +175,64 @@ def test_dcgm_exporter_is_a_warning_only() -> None:
     assert result.status == "ok" and result.message.endswith("Pod monitoring/dcgm-exporter-x1")
     result = check_dcgm(ClusterFacts(unreadable={"dcgm/DaemonSet": "403 Forbidden: no"}))
     assert result.status == "warn" and result.message.startswith("cannot look for")
+
+
+def test_parameters_from_the_model_name() -> None:
+    from redrafter_operator.check.sizing import parameters_from_name
+
+    assert parameters_from_name("hf://meta-llama/Meta-Llama-3-8B-Instruct") == 8e9
+    assert parameters_from_name("hf://meta-llama/Llama-3.1-70B-Instruct") == 70e9
+    assert parameters_from_name("s3://ckpt/qwen/Qwen2.5-7b-instruct") == 7e9
+    assert parameters_from_name("hf://mistralai/Mixtral-8x7B-v0.1") == 56e9
+    assert parameters_from_name("hf://HuggingFaceTB/SmolLM-135M") == 135e6
+    assert parameters_from_name("hf://org/Qwen2.5-1.5B") == 1.5e9
+    assert parameters_from_name("pvc://models/tiny-llama") is None
+    assert parameters_from_name("hf://org/model-v3-128k") is None
+
+
+def test_the_cache_estimate_follows_dtype_quantization_and_training() -> None:
+    from redrafter_operator.check.sizing import GIB, estimate_cache
+
+    def estimate(**changes: Any) -> Any:
+        spec = resource(**changes).parsed()[0]
+        assert spec is not None
+        return estimate_cache(spec)
+
+    bf16 = estimate()
+    assert (bf16.base, bf16.redrafter, bf16.drafter) == (16e9, 17.6e9, 0.0)
+    assert bf16.total == (16e9 + 17.6e9) * 1.2 and round(bf16.total / GIB) == 38
+    fp8 = estimate(precision={"dtype": "bfloat16", "quantization": "fp8"})
+    assert (fp8.base, fp8.redrafter) == (8e9, 9.6e9)  # the drafter stays in dtype
+    train = {"train": {"dataset": {"source": "hf://org/prompts"}}}
+    assert estimate(model__drafter=train).drafter == 1.6e9
+    assert estimate(model__base={"source": "pvc://models/tiny-llama"}) is None
+
+
+def test_a_cache_claim_smaller_than_the_estimate_fails_with_it() -> None:
+    from redrafter_operator.check.checks import check_cache_claim, check_source_claims
+    from redrafter_operator.check.facts import ClaimFacts
+
+    res = resource()
+    spec = res.parsed()[0]
+    assert spec is not None
+    small = ClusterFacts(claims={("default", "engine-cache"): ClaimFacts("Bound", ("ReadWriteMany",), "20Gi")})
+    result = check_cache_claim(small, res, spec)
+    assert result.status == "fail"
+    assert result.message == (
+        "PVC default/engine-cache holds 20Gi, less than the 38 GiB the engines need (estimated: 8B parameters: "
+        "base 15 GiB + ReDrafter 16 GiB + 20% headroom)"
+    )
+    assert result.fix == (
+        'kubectl -n default patch pvc engine-cache -p \'{"spec":{"resources":{"requests":{"storage":"38Gi"}}}}\' '
+        "(if its StorageClass allows volume expansion), else recreate it with 38Gi or more"
+    )
+    big = ClusterFacts(claims={("default", "engine-cache"): ClaimFacts("Bound", ("ReadWriteMany",), "38Gi")})
+    assert check_cache_claim(big, res, spec).status == "ok"
+    # the drafter's pvc:// claim holds at least the drafter (a tenth of the base's parameters, 16-bit)
+    drafters = ClusterFacts(claims={("default", "drafters"): ClaimFacts("Bound", ("ReadOnlyMany",), "1Gi")})
+    result = check_source_claims(drafters, res, spec)
+    assert result is not None and result.status == "fail"
+    assert result.message == (
+        "PVC default/drafters holds 1Gi, less than the checkpoints the spec reads from it (estimated 1.5 GiB: "
+        "drafter 1.5 GiB)"
+    )

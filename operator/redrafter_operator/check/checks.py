@@ -6,6 +6,8 @@ clears it, so the output is a to-do list.
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
@@ -14,6 +16,7 @@ from engine_jobs.contract import VARIANTS
 
 from ..api import CRD_NAME, KIND, VERSION
 from ..api.spec import ReDrafterDeploymentSpec
+from ..api.types import parse_quantity
 from ..render import inference_pool as ip
 from ..render import placement, podsecurity
 from ..render.build import build_job, build_spec, named_sources, source_claims
@@ -22,6 +25,7 @@ from ..render.placement import GPU, Node
 from ..render.serving import serving_deployment
 from ..render.training import training_job
 from ..render.validation import DEFAULT_OPERATOR_IMAGE, validation_job
+from . import sizing
 from .facts import Access, ClusterFacts, DeploymentFacts, Resource
 
 Status = Literal["ok", "fail", "warn"]
@@ -609,7 +613,38 @@ def check_cache_claim(facts: ClusterFacts, res: Resource, spec: ReDrafterDeploym
             f"recreate {claim} with accessModes: [ReadWriteMany] on an RWX StorageClass (NFS, CephFS, EFS, Filestore)",
         )
     size = f", {pvc.capacity}" if pvc.capacity else ""
-    return ok(check, f"PVC {ns}/{claim} is Bound, ReadWriteMany{size} (holds {holds}; size not checked)")
+    estimate = sizing.estimate_cache(spec)
+    capacity = _capacity(pvc.capacity)
+    if estimate is None or capacity is None:
+        return ok(check, f"PVC {ns}/{claim} is Bound, ReadWriteMany{size} (holds {holds}; size not checked)")
+    if capacity < estimate.total:
+        return fail(
+            check,
+            f"PVC {ns}/{claim} holds {pvc.capacity}, less than the {sizing.gib(estimate.total)} the {holds} need "
+            f"(estimated: {estimate.describe()})",
+            _resize_fix(ns, claim, estimate.total),
+        )
+    return ok(
+        check,
+        f"PVC {ns}/{claim} is Bound, ReadWriteMany{size}: room for the {holds} (estimated "
+        f"{sizing.gib(estimate.total)}: {estimate.describe()})",
+    )
+
+
+def _capacity(text: str | None) -> float | None:
+    try:
+        return parse_quantity(text) if text else None
+    except ValueError:
+        return None
+
+
+def _resize_fix(ns: str, claim: str, need: float) -> str:
+    size = f"{math.ceil(need / sizing.GIB)}Gi"
+    patch = json.dumps({"spec": {"resources": {"requests": {"storage": size}}}}, separators=(",", ":"))
+    return (
+        f"kubectl -n {ns} patch pvc {claim} -p '{patch}' (if its StorageClass allows volume expansion), "
+        f"else recreate it with {size} or more"
+    )
 
 
 def check_source_claims(facts: ClusterFacts, res: Resource, spec: ReDrafterDeploymentSpec) -> CheckResult | None:
@@ -629,6 +664,15 @@ def check_source_claims(facts: ClusterFacts, res: Resource, spec: ReDrafterDeplo
             return fail(check, f"PVC {ns}/{claim} (a pvc:// source) not found", _claim_fix(ns, claim, False))
         if pvc.phase != "Bound":
             return fail(check, f"PVC {ns}/{claim} is {pvc.phase}, not Bound", f"kubectl -n {ns} describe pvc {claim}")
+        held = sizing.estimate_source(spec, claim)
+        capacity = _capacity(pvc.capacity)
+        if held is not None and capacity is not None and capacity < held[0]:
+            return fail(
+                check,
+                f"PVC {ns}/{claim} holds {pvc.capacity}, less than the checkpoints the spec reads from it "
+                f"(estimated {sizing.gib(held[0])}: {', '.join(held[1])})",
+                _resize_fix(ns, claim, held[0]),
+            )
     return ok(check, f"PVC(s) {', '.join(f'{ns}/{c}' for c in claims)} of the pvc:// sources are Bound")
 
 

@@ -36,6 +36,11 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("-o", "--output", choices=["text", "json"], default="text")
     p.add_argument("--operator-namespace", help="where the operator runs (default: look in every namespace)")
+    p.add_argument(
+        "--cluster-only",
+        action="store_true",
+        help="check the cluster and the operator, no ReDrafterDeployment (what the chart's `helm test` runs)",
+    )
     p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, else ~/.kube/config)")
     p.add_argument("--context", default=None, help="kubeconfig context")
     p.set_defaults(func=_cmd_check)
@@ -88,6 +93,8 @@ async def run(args: argparse.Namespace) -> list[CheckResult]:
     try:
         missing: tuple[tuple[str, str], ...] = ()
         looked_in = None
+        if args.cluster_only:
+            resources = []
         if resources is None:
             looked_in = None if args.name else (args.namespace or DEFAULT_NAMESPACE)
             resources, missing = await read_resources(api, args.namespace or DEFAULT_NAMESPACE, args.name)
@@ -100,6 +107,9 @@ async def run(args: argparse.Namespace) -> list[CheckResult]:
 def _cmd_check(args: argparse.Namespace) -> int:
     if args.file and args.name:
         print("error: give -f FILE or RDD-NAME, not both", file=sys.stderr)
+        return 2
+    if args.cluster_only and (args.file or args.name):
+        print("error: --cluster-only checks no ReDrafterDeployment: drop -f FILE / RDD-NAME", file=sys.stderr)
         return 2
     try:
         results = asyncio.run(run(args))

@@ -236,3 +236,17 @@ def test_a_cache_claim_smaller_than_the_estimate_fails_with_it() -> None:
         "PVC default/drafters holds 1Gi, less than the checkpoints the spec reads from it (estimated 1.5 GiB: "
         "drafter 1.5 GiB)"
     )
+
+
+def test_an_operator_outside_the_cluster_is_judged_by_its_liveness_url() -> None:
+    from redrafter_operator.check.checks import check_operator, run_checks
+
+    url = "http://127.0.0.1:8080/healthz"
+    up = ClusterFacts(operator_health=(url, None))
+    assert check_operator(up).status == "ok" and url in check_operator(up).message
+    down = check_operator(ClusterFacts(operator_health=(url, "Connection refused")))
+    assert down.status == "fail" and down.fix == (
+        f"start it: redrafter-operator run --liveness {url} (or drop --operator-health to look for its Deployment)"
+    )
+    names = [r.name for r in run_checks(up, [])]
+    assert "operator-rbac" not in names and "operator-metrics" not in names and "prometheus-crds" not in names

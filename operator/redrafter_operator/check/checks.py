@@ -143,6 +143,15 @@ def check_crd(facts: ClusterFacts) -> CheckResult:
 def check_operator(facts: ClusterFacts) -> CheckResult:
     where = f"namespace {facts.operator_namespace}" if facts.operator_namespace else "any namespace"
     install = f"helm install redrafter charts/redrafter-operator -n {facts.operator_namespace or 'redrafter-system'} --create-namespace"
+    if facts.operator_health is not None:
+        url, why = facts.operator_health
+        if why is None:
+            return ok("operator", f"runs outside the cluster: its liveness endpoint {url} answers")
+        return fail(
+            "operator",
+            f"runs outside the cluster, but its liveness endpoint {url} does not answer ({why})",
+            f"start it: redrafter-operator run --liveness {url} (or drop --operator-health to look for its Deployment)",
+        )
     if "deployments" in facts.unreadable:
         return warn(
             "operator",

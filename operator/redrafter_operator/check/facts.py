@@ -109,6 +109,7 @@ class ClusterFacts:
     user_access: Mapping[Access, bool] | None = None
     metrics: MetricsFacts | None = None  # None: no operator Deployment to look beside
     namespace_labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # found only
+    operator_health: tuple[str, str | None] | None = None  # (--operator-health URL, why it failed or None)
     dcgm_exporters: tuple[str, ...] = ()  # "DaemonSet ns/name" or "Pod ns/name" of NVIDIA's DCGM exporter
 
 
@@ -132,17 +133,19 @@ def own_reads(
     operator_namespace: str | None,
     claims: set[tuple[str, str]],
     secrets: set[tuple[str, str]],
+    in_cluster: bool = True,
 ) -> list[Access]:
     """The reads this command makes (each check's own 403 is a warning; this says them all at once)."""
     out: list[Access] = [
         ("", "nodes", "list", ""),
         ("apiextensions.k8s.io", "customresourcedefinitions", "list", ""),
-        ("apps", "deployments", "list", operator_namespace or ""),
         ("authorization.k8s.io", "subjectaccessreviews", "create", ""),
         ("apps", "daemonsets", "list", ""),
         ("", "pods", "list", ""),
     ]
-    if operator_namespace:
+    if in_cluster:
+        out.append(("apps", "deployments", "list", operator_namespace or ""))
+    if in_cluster and operator_namespace:
         out += [("", "services", "list", operator_namespace), ("", "services/proxy", "get", operator_namespace)]
     out += sorted({("", "namespaces", "get", r.namespace) for r in resources})
     out += sorted({("", "persistentvolumeclaims", "get", ns) for ns, _ in claims})
@@ -276,6 +279,7 @@ async def read_facts(
     *,
     operator_namespace: str | None = None,
     missing_resources: tuple[tuple[str, str], ...] = (),
+    operator_health: str | None = None,
 ) -> ClusterFacts:
     """Nodes, CRDs, the operator's Deployments and the PVCs and Secrets the resources name."""
     reader = _Reader(api)
@@ -298,16 +302,18 @@ async def read_facts(
         unreadable["crds"] = _why(status, body)
 
     deployments: tuple[DeploymentFacts, ...] | None = None
+    health = await _probe(operator_health) if operator_health else None
     path = (
         f"/apis/apps/v1/namespaces/{operator_namespace}/deployments"
         if operator_namespace
         else "/apis/apps/v1/deployments"
     )
-    status, body = await reader.get(path, [("labelSelector", OPERATOR_SELECTOR)])
-    if status == 200:
-        deployments = tuple(_deployment(item) for item in body.get("items") or [])
-    else:
-        unreadable["deployments"] = _why(status, body)
+    if health is None:  # an operator outside the cluster has no Deployment to look for
+        status, body = await reader.get(path, [("labelSelector", OPERATOR_SELECTOR)])
+        if status == 200:
+            deployments = tuple(_deployment(item) for item in body.get("items") or [])
+        else:
+            unreadable["deployments"] = _why(status, body)
 
     claim_refs, secret_refs = wanted(resources)
     operator_access: dict[Access, bool] | None = None
@@ -327,7 +333,8 @@ async def read_facts(
     metrics = await _read_metrics(reader, best, unreadable) if best is not None else None
 
     user_access: dict[Access, bool] | None = {}
-    for access in own_reads(resources, best.namespace if best else operator_namespace, claim_refs, secret_refs):
+    operator_ns = best.namespace if best else operator_namespace
+    for access in own_reads(resources, operator_ns, claim_refs, secret_refs, in_cluster=health is None):
         spec = {"resourceAttributes": _attributes(access)}
         status, body = await reader.post(f"{AUTHZ}/selfsubjectaccessreviews", _review("SelfSubjectAccessReview", spec))
         if status not in (200, 201):
@@ -396,7 +403,18 @@ async def read_facts(
         metrics=metrics,
         namespace_labels=namespace_labels,
         dcgm_exporters=tuple(sorted(set(dcgm))),
+        operator_health=health,
     )
+
+
+async def _probe(url: str) -> tuple[str, str | None]:
+    """(url, None) when the operator's liveness endpoint answers 2xx, else (url, why not)."""
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+            async with session.get(url) as resp:
+                return url, None if 200 <= resp.status < 300 else f"HTTP {resp.status}"
+    except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError) as exc:
+        return url, _first_line(exc)
 
 
 async def _read_metrics(reader: _Reader, operator: DeploymentFacts, unreadable: dict[str, str]) -> MetricsFacts | None:

@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp.web
 import yaml
 
+from . import apiserver_authz as authz
 from . import apiserver_protobuf as protobuf
 from . import apiserver_resources as res
 from .apiserver_resources import ResourceType
@@ -136,8 +137,14 @@ class HttpFrontend(ObjectStore):
         namespace: str | None = None
         if len(rest) >= 3 and rest[0] == "namespaces" and not (len(rest) == 3 and rest[2] in ("status", "finalize")):
             namespace, rest = rest[1], rest[2:]
+        if group == "" and namespace and len(rest) >= 3 and rest[0] == "services" and rest[2] == "proxy":
+            return await self._service_proxy(raw, method, namespace, rest[1], "/".join(rest[3:]))
         if not rest or len(rest) > 3:
             raise ApiError(404, "the server could not find the requested resource")
+        if (group, version) == (authz.GROUP, "v1") and namespace is None and rest[0] in authz.REVIEWS:
+            if len(rest) != 1 or method != "POST":
+                raise ApiError(405, f"{method} is not allowed on {rest[0]}: they are create-only")
+            return aiohttp.web.json_response(self._access_review(rest[0], self._body(body, raw), raw), status=201)
         plural, name, sub = rest[0], rest[1] if len(rest) > 1 else None, rest[2] if len(rest) > 2 else None
         with self._mutex:
             rtype = self._types.get((group, version, plural))
@@ -227,6 +234,87 @@ class HttpFrontend(ObjectStore):
             )
             return aiohttp.web.json_response(result)
         raise ApiError(405, f"method {method} is not allowed")
+
+    async def _service_proxy(
+        self, raw: aiohttp.web.BaseRequest, method: str, namespace: str, ref: str, path: str
+    ) -> aiohttp.web.StreamResponse:
+        """``services/[scheme:]name[:port]/proxy/path``: the request, forwarded to a ready address of the
+        Service's Endpoints on the port matching the Service port (by name or number; the only one when
+        unnamed), as the API server's service proxy does (GET and HEAD only here)."""
+        if method not in ("GET", "HEAD"):
+            raise ApiError(405, f"method {method} is not allowed on the emulator's service proxy")
+        parts = ref.split(":")
+        scheme = parts.pop(0) if len(parts) == 3 else "http"
+        name, port = parts[0], parts[1] if len(parts) > 1 else ""
+        service = self._get(self._types[("", "v1", "services")], namespace, name)
+        ports = (service.get("spec") or {}).get("ports") or []
+        chosen = [p for p in ports if port in (p.get("name"), str(p.get("port")))] if port else ports[:1]
+        if len(chosen) != 1 or (not port and len(ports) > 1):
+            raise ApiError(503, f'no endpoints available for service "{ref}"', reason="ServiceUnavailable")
+        try:
+            endpoints = self._get(self._types[("", "v1", "endpoints")], namespace, name)
+        except ApiError:
+            endpoints = {}
+        target = None
+        for subset in endpoints.get("subsets") or []:
+            addresses = subset.get("addresses") or []
+            for p in subset.get("ports") or []:
+                if addresses and (p.get("name") or "") == (chosen[0].get("name") or ""):
+                    target = (addresses[0]["ip"], int(p["port"]))
+                    break
+            if target:
+                break
+        if target is None:
+            raise ApiError(503, f'no endpoints available for service "{ref}"', reason="ServiceUnavailable")
+        url = f"{scheme}://{target[0]}:{target[1]}/{path}"
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+                async with session.request(method, url, params=dict(raw.query)) as upstream:
+                    body = await upstream.read()
+                    return aiohttp.web.Response(
+                        status=upstream.status,
+                        body=body,
+                        headers={"Content-Type": upstream.headers.get("Content-Type", "text/plain")},
+                    )
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise ApiError(503, f"error trying to reach service: {exc}", reason="ServiceUnavailable") from None
+
+    def _access_review(self, plural: str, body: Any, raw: aiohttp.web.BaseRequest) -> dict[str, Any]:
+        """A (Self)SubjectAccessReview answered from the stored RBAC objects (:mod:`.apiserver_authz`)."""
+        spec = dict((body or {}).get("spec") or {}) if isinstance(body, dict) else {}
+        self_review = plural == "selfsubjectaccessreviews"
+        problem = authz.invalid(spec, self_review)
+        if problem:
+            raise ApiError(422, f'{authz.KINDS[plural]}.authorization.k8s.io "" is invalid: {problem}')
+        admin = False
+        if self_review:
+            scheme, _, token = raw.headers.get("Authorization", "").partition(" ")
+            with self._mutex:
+                user = self._tokens.get(token, "") if scheme.lower() == "bearer" else ""
+            admin = not user
+            spec = {**spec, "user": user, "groups": authz.user_groups(user)} if user else spec
+        if admin:
+            status: dict[str, Any] = {"allowed": True, "reason": authz.ADMIN_REASON}
+        else:
+            with self._mutex:
+                listed = {
+                    kind: self._list(self._types[("rbac.authorization.k8s.io", "v1", kind)], None, _all, _all)
+                    for kind in ("roles", "clusterroles", "rolebindings", "clusterrolebindings")
+                }
+            status = authz.review(
+                spec,
+                roles=listed["roles"],
+                cluster_roles=listed["clusterroles"],
+                role_bindings=listed["rolebindings"],
+                cluster_role_bindings=listed["clusterrolebindings"],
+            )
+        return {
+            "kind": authz.KINDS[plural],
+            "apiVersion": f"{authz.GROUP}/v1",
+            "metadata": {"creationTimestamp": None},
+            "spec": spec,
+            "status": status,
+        }
 
     @staticmethod
     def _field_manager(raw: aiohttp.web.BaseRequest, method: str, query: dict[str, str]) -> str:
@@ -402,6 +490,10 @@ class HttpFrontend(ObjectStore):
             if watcher.as_table:
                 obj = table(watcher.rtype, [obj], obj["metadata"]["resourceVersion"])
             await response.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+
+
+def _all(obj: Any) -> bool:
+    return True
 
 
 def _and(a: Matcher, b: Matcher) -> Matcher:

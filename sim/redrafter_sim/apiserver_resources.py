@@ -150,6 +150,7 @@ BUILTINS: tuple[ResourceType, ...] = (
         "apps", "v1", "deployments", "Deployment", short=("deploy",), status=True, scale=True, categories=("all",)
     ),
     _builtin("apps", "v1", "replicasets", "ReplicaSet", short=("rs",), status=True, scale=True, categories=("all",)),
+    _builtin("apps", "v1", "daemonsets", "DaemonSet", short=("ds",), status=True, categories=("all",)),
     _builtin("apps", "v1", "statefulsets", "StatefulSet", short=("sts",), status=True, scale=True, categories=("all",)),
     _builtin("batch", "v1", "jobs", "Job", status=True, categories=("all",)),
     _builtin("batch", "v1", "cronjobs", "CronJob", short=("cj",), status=True, categories=("all",)),

@@ -42,6 +42,8 @@ ObjKey = tuple[str | None, str]  # (namespace, name)
 
 REASONS = {
     400: "BadRequest",
+    401: "Unauthorized",
+    403: "Forbidden",
     404: "NotFound",
     405: "MethodNotAllowed",
     409: "Conflict",

@@ -31,14 +31,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import yaml
 
 from engine_jobs.contract import ACCEPTANCE_HEADER, METRICS_PORT, OPENAI_PORT, SourceRef
 from redrafter_operator.api import API_VERSION, KIND, PLURAL
 from redrafter_operator.api.crd import crd_yaml
+from redrafter_operator.api.spec import parse_spec
 from redrafter_operator.evaluate.prompts import Prompt
 from redrafter_operator.evaluate.stream import RequestOptions
 from redrafter_operator.render import names
+from redrafter_operator.render.build import named_sources, source_claims
 
 from . import admission_podsecurity as podsecurity
 from .buildjobs import provision_source
@@ -46,6 +49,7 @@ from .cronjobs import CronJobController, run_cronjob_controller
 from .engine import SimEngineSettings
 from .kubeapi import EVENTS, PODS, SECRETS, Kind, KubeApi
 from .kubelet import SimKubelet
+from .nodes import dcgm_exporter
 from .prometheus import PrometheusServer, PrometheusUnavailable, ServingTarget, scrape_config, write_serving_file
 from .router import NoEndpoints, ServiceRouter
 from .scenarios import (
@@ -146,7 +150,14 @@ async def kubectl(kubeconfig: Path, tmp: Path, *args: str, stdin: str | None = N
 class OperatorProcess:
     """``redrafter-operator run`` against the emulator, as a subprocess (exactly the production entry point)."""
 
-    def __init__(self, kubeconfig: Path, namespace: str, log_path: Path, metrics_port: int | None = None) -> None:
+    def __init__(
+        self,
+        kubeconfig: Path,
+        namespace: str,
+        log_path: Path,
+        metrics_port: int | None = None,
+        liveness: str | None = None,
+    ) -> None:
         self.argv = [
             str(BIN / "redrafter-operator"),
             "run",
@@ -160,6 +171,8 @@ class OperatorProcess:
         ]
         if metrics_port is not None:
             self.argv += ["--metrics-port", str(metrics_port)]
+        if liveness is not None:
+            self.argv += ["--liveness", liveness]
         self.log_path = log_path
         self.proc: asyncio.subprocess.Process | None = None
 
@@ -214,6 +227,19 @@ def restricted_namespace(name: str) -> dict[str, Any]:
     }
 
 
+CLAIM_SIZE = "100Gi"
+
+
+def bound_claim(name: str, namespace: str) -> dict[str, Any]:
+    """A ReadWriteMany claim the simulated node's storage backs (its directories hold what the Jobs write)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": CLAIM_SIZE}}},
+    }
+
+
 def demo_prompts(n: int = 16) -> list[Prompt]:
     """Prompts in the fake checkpoint's vocabulary ("w<id>" words), distinct per request slot."""
     return [Prompt(" ".join(f"w{3 + (i * 37 + j * 11) % 990}" for j in range(12))) for i in range(n)]
@@ -244,6 +270,8 @@ class DemoRun:
         #: status.drafter as it changed while the demo watched (``--train``): its progress, then its result
         self.drafter_seen: list[dict[str, Any]] = []
         self.chat: dict[str, Any] = {"error": "not attempted"}
+        #: what `redrafter-operator check` printed before the resource was applied
+        self.check_lines: list[str] = []
 
     def elapsed(self) -> float:
         return time.monotonic() - self.t0
@@ -279,9 +307,13 @@ class DemoRun:
             )
             self.view.note(f"namespace {self.namespace} enforces Pod Security restricted")
             metrics_port = free_ports("127.0.0.1", 1)[0] if self.opts.prometheus else None
-            self.operator = OperatorProcess(kubeconfig, self.namespace, self.tmp / "operator.log", metrics_port)
+            liveness = f"http://127.0.0.1:{free_ports('127.0.0.1', 1)[0]}/healthz"
+            self.operator = OperatorProcess(
+                kubeconfig, self.namespace, self.tmp / "operator.log", metrics_port, liveness=liveness
+            )
             await self.operator.start()
             self.view.note("operator started: " + " ".join(self.operator.argv[1:3]))
+            await self._check(handle.emulator, kubeconfig, liveness)
             async with (
                 KubeApi(handle.url) as api,
                 SimKubelet(handle.url, sim=SIM_ENGINE, node_dir=self.tmp / "node", openai_front=True) as node,
@@ -330,6 +362,57 @@ class DemoRun:
                 await self.operator.stop()
             emulator.stop()
         return self.summary(operator_tail)
+
+    async def _check(self, emulator: Any, kubeconfig: Path, liveness: str) -> None:
+        """`redrafter-operator check` of the resource before it is applied, as a user would run it. The
+        simulated cluster's storage and GPU Operator are what a real one shows: the claims the resource names
+        (Bound; the node's directories back them) and the DCGM exporter beside the GPU nodes. The operator runs
+        here, not in the cluster: --operator-health points the check at its liveness endpoint."""
+        spec, _ = parse_spec(self.resource["spec"])
+        assert spec is not None
+        for claim in [spec.engine.cache.claim_name, *source_claims(named_sources(spec))]:
+            if emulator.find_object("v1", "PersistentVolumeClaim", claim, self.namespace) is None:
+                emulator.create_object(bound_claim(claim, self.namespace))
+                status = {"phase": "Bound", "accessModes": ["ReadWriteMany"], "capacity": {"storage": CLAIM_SIZE}}
+                emulator.patch_object(
+                    "v1", "PersistentVolumeClaim", claim, self.namespace, {"status": status}, subresource="status"
+                )
+        for obj in dcgm_exporter():
+            if (
+                emulator.find_object(
+                    obj["apiVersion"], obj["kind"], obj["metadata"]["name"], obj["metadata"].get("namespace")
+                )
+                is None
+            ):
+                emulator.create_object(obj)
+        deadline = time.monotonic() + 60  # kopf serves its liveness endpoint once the operator has started
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
+            while time.monotonic() < deadline:
+                with contextlib.suppress(aiohttp.ClientError, OSError, asyncio.TimeoutError):
+                    async with session.get(liveness) as resp:
+                        if resp.status == 200:
+                            break
+                if self.operator is not None and not self.operator.alive():
+                    break
+                await asyncio.sleep(0.2)
+        manifest = self.tmp / "resource.yaml"
+        manifest.write_text(yaml.safe_dump(self.resource))
+        proc = await asyncio.create_subprocess_exec(
+            str(BIN / "redrafter-operator"),
+            "check",
+            "-f",
+            str(manifest),
+            "--kubeconfig",
+            str(kubeconfig),
+            "--operator-health",
+            liveness,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        out, _ = await proc.communicate()
+        self.check_lines = [line for line in out.decode(errors="replace").splitlines() if line.strip()]
+        for line in self.check_lines:
+            self.view.note(f"check: {line}")
 
     async def _prometheus(self, api: KubeApi, operator_port: int) -> None:
         """A real Prometheus scraping the operator and every serving pod (the list follows the API's Pods),
@@ -523,6 +606,7 @@ class DemoRun:
             "wall_s": round(self.elapsed(), 1),
             "stages": [{k: v for k, v in s.items() if k not in ("wall_start", "wall_end")} for s in stages],
             "not_reached": missing,
+            "check": self.check_lines,
             "history": history,
             "events": self.events,
             "final_status": {

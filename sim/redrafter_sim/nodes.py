@@ -88,3 +88,30 @@ def node(
 
 #: one 8-GPU node of each product the examples ask for
 DEFAULT_NODES: tuple[tuple[str, str, int], ...] = (("gpu-a100-0", A100, 8), ("gpu-h100-0", H100, 8))
+
+
+#: NVIDIA's DCGM exporter as the GPU Operator deploys it beside GPU Feature Discovery (assets/state-dcgm-exporter)
+GPU_OPERATOR_NAMESPACE = "gpu-operator"
+DCGM_LABELS = {"app": "nvidia-dcgm-exporter"}
+
+
+def dcgm_exporter() -> list[dict[str, Any]]:
+    """The GPU Operator's namespace and its DCGM exporter DaemonSet (what ``redrafter-operator check`` looks for)."""
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": GPU_OPERATOR_NAMESPACE}},
+        {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {"name": "nvidia-dcgm-exporter", "namespace": GPU_OPERATOR_NAMESPACE, "labels": DCGM_LABELS},
+            "spec": {
+                "selector": {"matchLabels": DCGM_LABELS},
+                "template": {
+                    "metadata": {"labels": DCGM_LABELS},
+                    "spec": {
+                        "nodeSelector": {"nvidia.com/gpu.present": "true"},
+                        "containers": [{"name": "nvidia-dcgm-exporter", "image": "nvcr.io/nvidia/k8s/dcgm-exporter"}],
+                    },
+                },
+            },
+        },
+    ]

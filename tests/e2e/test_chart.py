@@ -197,14 +197,18 @@ def render(values: dict[str, Any] | None = None, *, upgrade: bool = False) -> di
         return chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=not upgrade, is_upgrade=upgrade)
 
 
-def manifests(rendered: dict[str, str]) -> list[dict[str, Any]]:
-    """Rendered objects (NOTES.txt and empty documents left out)."""
+def manifests(rendered: dict[str, str], *, tests: bool = False) -> list[dict[str, Any]]:
+    """Rendered objects (NOTES.txt and empty documents left out; the `helm test` hook's only with ``tests``)."""
     out = []
     for path, text in sorted(rendered.items()):
         if path.endswith("NOTES.txt"):
             continue
-        out.extend(d for d in yaml.safe_load_all(text) if d)
+        out.extend(d for d in yaml.safe_load_all(text) if d and (tests or not is_test_hook(d)))
     return out
+
+
+def is_test_hook(obj: dict[str, Any]) -> bool:
+    return (obj["metadata"].get("annotations") or {}).get("helm.sh/hook") == "test"
 
 
 def one(objs: Iterable[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
@@ -409,14 +413,85 @@ def _env(container: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("combo", sorted(COMBOS))
 def test_chart_pods_pass_the_restricted_pod_security_profile(combo: str):
-    """The operator and its CRD-upgrade hook install into a namespace enforcing restricted."""
+    """The operator, its CRD-upgrade hook and its `helm test` Pod run in a namespace enforcing restricted."""
     from redrafter_sim.admission_podsecurity import violations
 
     values = {**COMBOS[combo][0], "crds": {"upgradeJob": {"enabled": True}}}
-    pods = [o for o in manifests(render(values)) if o["kind"] in ("Deployment", "Job")]
-    assert {o["kind"] for o in pods} == {"Deployment", "Job"}
+    pods = [o for o in manifests(render(values), tests=True) if o["kind"] in ("Deployment", "Job", "Pod")]
+    assert {o["kind"] for o in pods} == {"Deployment", "Job", "Pod"}  # the Pod: `helm test`'s
     for o in pods:
-        assert violations(o["spec"]["template"]["spec"]) == [], o["metadata"]["name"]
+        spec = o["spec"] if o["kind"] == "Pod" else o["spec"]["template"]["spec"]
+        assert violations(spec) == [], o["metadata"]["name"]
+
+
+HELM_TEST_KINDS = {
+    "ServiceAccount": 1,
+    "ClusterRole": 1,
+    "ClusterRoleBinding": 1,
+    "Role": 1,
+    "RoleBinding": 1,
+    "Pod": 1,
+}
+
+
+@pytest.mark.parametrize("combo", sorted(COMBOS))
+def test_the_helm_test_hook_renders_valid_in_every_combination(combo: str):
+    values = COMBOS[combo][0]
+    hook = [o for o in manifests(render(values), tests=True) if is_test_hook(o)]
+    rbac_on = (values.get("rbac") or {}).get("create", True)
+    assert dict(Counter(o["kind"] for o in hook)) == (HELM_TEST_KINDS if rbac_on else {"ServiceAccount": 1, "Pod": 1})
+    for obj in hook:
+        validate_manifest(obj)
+        assert obj["metadata"]["labels"]["app.kubernetes.io/component"] == "check"  # never the operator's selector
+        assert obj["metadata"]["annotations"]["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+    pod = one(hook, "Pod")
+    (c,) = pod["spec"]["containers"]
+    assert c["command"] == ["redrafter-operator"]
+    assert c["args"] == ["check", "--cluster-only", "--operator-namespace", NAMESPACE]
+    assert (
+        c["image"] == one(manifests(render(values)), "Deployment")["spec"]["template"]["spec"]["containers"][0]["image"]
+    )
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True and pod["spec"]["restartPolicy"] == "Never"
+    assert pod["spec"]["serviceAccountName"] == one(hook, "ServiceAccount")["metadata"]["name"]
+    assert not [o for o in manifests(render({**values, "helmTest": {"enabled": False}}), tests=True) if is_test_hook(o)]
+
+
+def test_the_helm_test_rbac_is_exactly_what_the_check_calls(apiserver, tmp_path: Path):
+    """The `helm test` Pod's command against the emulated API server, as its ServiceAccount: the (group, resource,
+    verb) set of its requests equals what the hook's Role and ClusterRole grant, and the check's own
+    SelfSubjectAccessReviews, answered from those rules, say it may make every read."""
+    from redrafter_sim.server import write_kubeconfig
+
+    emu = apiserver.emulator
+    emu.create_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    for crd in chart_crds().values():
+        emu.create_object(crd)
+    objs = manifests(render(), tests=True)
+    for obj in objs:  # the release as installed (and the hook's objects), as Helm creates them
+        if obj["kind"] != "Pod":
+            emu.create_object(obj)
+    hook = [o for o in objs if is_test_hook(o)]
+    pod = one(hook, "Pod")
+    user = f"system:serviceaccount:{NAMESPACE}:{pod['spec']['serviceAccountName']}"
+    emu.add_token("hook-token", user)
+    kubeconfig = write_kubeconfig(apiserver.url, tmp_path / "kubeconfig", token="hook-token")
+    (c,) = pod["spec"]["containers"]
+    mark = len(emu.request_log)
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / c["command"][0]), *c["args"], "--kubeconfig", str(kubeconfig)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr, proc.stderr
+    records = [r for r in emu.request_log[mark:] if r.user == user]
+    assert records and len(records) == len(emu.request_log[mark:])
+    called = calls_from_log(records)
+    # every authenticated user may create SelfSubjectAccessReviews (ClusterRole system:basic-user): not granted here
+    called.discard(("authorization.k8s.io", "selfsubjectaccessreviews", "create"))
+    assert called == granted([o for o in hook if o["kind"] in ("Role", "ClusterRole")])
+    assert "✓ access: you may make all " in proc.stdout, proc.stdout
+    assert "✓ operator-rbac: " in proc.stdout, proc.stdout  # the chart's own rules, reviewed for its ServiceAccount
 
 
 def test_deployment_args_and_env_follow_values():
@@ -814,6 +889,31 @@ def test_rbac_scopes():
         objs = manifests(render(values))
         assert lease(objs) == {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")}
         assert lease([o for o in objs if o["kind"] == "ClusterRole"]) == set()
+
+
+def test_the_deployment_names_the_prometheus_operator_kinds_the_release_creates():
+    """`redrafter-operator check` reads this annotation to know which Prometheus Operator CRDs must exist."""
+    from redrafter_operator.check.checks import PROMETHEUS_KINDS_ANNOTATION
+
+    for combo, (values, counts) in COMBOS.items():
+        deploy = one(manifests(render(values)), "Deployment")
+        kinds = [k for k in ("ServiceMonitor", "PodMonitor", "PrometheusRule") if counts.get(k)]
+        annotations = deploy["metadata"].get("annotations") or {}
+        assert annotations.get(PROMETHEUS_KINDS_ANNOTATION, "") == ",".join(kinds), combo
+
+
+def test_the_charts_rules_are_the_operators_declared_needs():
+    """render/rbac.py is the one list (`redrafter-operator check` reviews the ServiceAccount against it): the
+    chart's rules equal it in every scope, so neither can drift from the other."""
+    from redrafter_operator.render import rbac
+
+    cluster = manifests(render())
+    assert granted([one(cluster, "ClusterRole")]) == rbac.calls(rbac.NAMESPACED + rbac.CLUSTER)
+    objs = manifests(render({"replicas": 2, "watchNamespaces": ["team-a"]}))
+    assert granted([one(objs, "Role", f"{RELEASE}-redrafter-operator")]) == rbac.calls(rbac.NAMESPACED)
+    assert granted([one(objs, "ClusterRole")]) == rbac.calls(rbac.CLUSTER + rbac.NAMESPACED_MODE_CLUSTER)
+    lease = one(objs, "Role", f"{RELEASE}-redrafter-operator-leader-election")
+    assert granted([lease]) == rbac.calls(rbac.LEASE)
 
 
 # Granted for a code path this build does not run yet, each with its reason. The e2e test below fails as soon

@@ -43,7 +43,7 @@ def write_inputs(out: Path) -> list[str]:
         files.append(example.name)
     for combo in CHART_VALUES:
         name = f"chart-{combo}.yaml"
-        (out / name).write_text(yaml.safe_dump_all(manifests(render(COMBOS[combo][0]))))
+        (out / name).write_text(yaml.safe_dump_all(manifests(render(COMBOS[combo][0]), tests=True)))
         files.append(name)
     return files
 

@@ -95,6 +95,14 @@ def test_demo_fast_train_every_stage_happens_and_nothing_is_left(tmp_path: Path)
     failed = [f"{s['name']}: {s['failure']}" for s in summary["stages"] if not s["happened"]]
     assert failed == [], f"stages that did not happen: {failed}\n{output[-6000:]}"
     assert summary["ok"] is True and proc.returncode == 0
+    # `redrafter-operator check` of the resource before it was applied: every check passed, none warned
+    check = summary["check"]
+    assert check and check[-1].endswith(" passed, 0 warning(s), 0 failed"), check
+    assert all(line.startswith("✓ ") for line in check[:-1]), check
+    assert {"crd", "operator", "pod-security demo-tiny", "training-gpu demo-tiny"} <= {
+        line[2:].split(": ", 1)[0] for line in check[:-1]
+    }, check
+    assert "check: ✓ operator: runs outside the cluster" in output
 
     # what each stage shows comes from the operator: its history and Events
     by_name = {s["name"]: s for s in summary["stages"]}

@@ -9,6 +9,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +19,9 @@ import pytest
 import yaml
 
 from redrafter_operator.check.checks import check_driver, check_operator
-from redrafter_operator.check.facts import ClusterFacts, DeploymentFacts, NodeFacts, Resource
+from redrafter_operator.check.facts import ClusterFacts, DeploymentFacts, Resource
+from redrafter_operator.render import rbac
+from redrafter_operator.render.placement import Node
 from redrafter_sim.apiserver import ApiServerEmulator
 from redrafter_sim.server import EmulatorHandle
 
@@ -27,6 +32,8 @@ A100 = "NVIDIA-A100-SXM4-80GB"
 H100 = "NVIDIA-H100-80GB-HBM3"
 SECRET_VALUE = "hf_sEcReT-VaLuE-4242"
 OPERATOR_NS = "redrafter-system"
+OPERATOR_SA = "redrafter-operator"
+RBAC_API = "rbac.authorization.k8s.io/v1"
 CHART_LABELS = {
     "app.kubernetes.io/name": "redrafter-operator",
     "app.kubernetes.io/instance": "redrafter-operator",
@@ -107,7 +114,16 @@ def operator(em: ApiServerEmulator, replicas: int, ready: int) -> None:
                     "selector": {"matchLabels": CHART_LABELS},
                     "template": {
                         "metadata": {"labels": CHART_LABELS},
-                        "spec": {"containers": [{"name": "operator", "image": "ghcr.io/redrafter/operator:0.1.0"}]},
+                        "spec": {
+                            "serviceAccountName": OPERATOR_SA,
+                            "containers": [
+                                {
+                                    "name": "operator",
+                                    "image": "ghcr.io/redrafter/operator:0.1.0",
+                                    "args": ["run", "--all-namespaces", "--standalone"],
+                                }
+                            ],
+                        },
                     },
                 },
             }
@@ -118,16 +134,124 @@ def operator(em: ApiServerEmulator, replicas: int, ready: int) -> None:
     em.patch_object("apps/v1", "Deployment", name, OPERATOR_NS, {"status": status}, subresource="status")
 
 
+def operator_rbac(em: ApiServerEmulator, rules: tuple[rbac.Rule, ...] = rbac.NAMESPACED + rbac.CLUSTER) -> None:
+    """The chart's cluster-wide RBAC (a ClusterRole with the rules of render/rbac.py, bound to the operator's SA)."""
+    em.create_object(
+        {
+            "apiVersion": RBAC_API,
+            "kind": "ClusterRole",
+            "metadata": {"name": OPERATOR_SA},
+            "rules": [r.as_policy_rule() for r in rules],
+        }
+    )
+    em.create_object(
+        {
+            "apiVersion": RBAC_API,
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": OPERATOR_SA},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": OPERATOR_SA},
+            "subjects": [{"kind": "ServiceAccount", "name": OPERATOR_SA, "namespace": OPERATOR_NS}],
+        }
+    )
+
+
+METRICS_SERVICE = "redrafter-operator-metrics"
+METRICS_TEXT = (
+    b"# HELP redrafter_reconciles_total x\n# TYPE redrafter_reconciles_total counter\nredrafter_reconciles_total 3\n"
+)
+
+
+class _Metrics(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        code, body = (200, METRICS_TEXT) if self.path == "/metrics" else (404, b"not found\n")
+        self.send_response(code)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def metrics_port() -> Iterator[int]:
+    """The operator pod's metrics server, as the emulator's service proxy reaches it (on loopback)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Metrics)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def metrics_service(em: ApiServerEmulator, port: int | None) -> None:
+    """The chart's metrics Service, and (``port``) the Endpoints the endpoints controller would give it."""
+    if em.find_object("v1", "Service", METRICS_SERVICE, OPERATOR_NS) is None:
+        em.create_object(
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": METRICS_SERVICE, "namespace": OPERATOR_NS, "labels": CHART_LABELS},
+                "spec": {
+                    "selector": {k: v for k, v in CHART_LABELS.items() if k != "app.kubernetes.io/part-of"},
+                    "ports": [{"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}],
+                },
+            }
+        )
+    if port is not None:
+        em.create_object(
+            {
+                "apiVersion": "v1",
+                "kind": "Endpoints",
+                "metadata": {"name": METRICS_SERVICE, "namespace": OPERATOR_NS},
+                "subsets": [{"addresses": [{"ip": "127.0.0.1"}], "ports": [{"name": "metrics", "port": port}]}],
+            }
+        )
+
+
+def dcgm_exporter(em: ApiServerEmulator) -> None:
+    """NVIDIA's DCGM exporter as the GPU Operator deploys it (assets/state-dcgm-exporter)."""
+    if em.find_object("v1", "Namespace", "gpu-operator") is None:
+        em.create_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gpu-operator"}})
+    labels = {"app": "nvidia-dcgm-exporter"}
+    em.create_object(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {"name": "nvidia-dcgm-exporter", "namespace": "gpu-operator", "labels": labels},
+            "spec": {
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "containers": [{"name": "nvidia-dcgm-exporter", "image": "nvcr.io/nvidia/k8s/dcgm-exporter"}]
+                    },
+                },
+            },
+        }
+    )
+
+
 def secret(kubectl: Any, key: str = "token") -> None:
     kubectl("create", "secret", "generic", "hf-token", f"--from-literal={key}={SECRET_VALUE}", check=True)
 
 
-def prepare(em: ApiServerEmulator, kubectl: Any, *, skip: frozenset[str] | set[str] = frozenset()) -> None:
-    """A cluster where the example passes every check, less the parts named in ``skip``."""
+def prepare(
+    em: ApiServerEmulator, kubectl: Any, *, skip: frozenset[str] | set[str] = frozenset(), metrics: int | None = None
+) -> None:
+    """A cluster where the example passes every check, less the parts named in ``skip`` (``metrics``: the
+    port of the operator's metrics server; without it the operator-metrics check warns)."""
     if "crd" not in skip:
         apply_crd(kubectl, ROOT / "charts" / "redrafter-operator" / "crds")
     if "operator" not in skip:
         operator(em, replicas=1, ready=1)
+    if "rbac" not in skip:
+        operator_rbac(em)
+    if "operator" not in skip and metrics is not None:
+        metrics_service(em, metrics)
     if "nodes" not in skip:
         node(em, "a100-0", A100, 8)
         node(em, "cpu-0", None, 0, driver=None)
@@ -136,6 +260,14 @@ def prepare(em: ApiServerEmulator, kubectl: Any, *, skip: frozenset[str] | set[s
         pvc(em, "drafters", ["ReadOnlyMany"])
     if "secret" not in skip:
         secret(kubectl)
+    if "dcgm" not in skip:
+        dcgm_exporter(em)
+    if "pod-security" not in skip:  # a hardened namespace: the operator's pods meet restricted
+        labels = {
+            "pod-security.kubernetes.io/enforce": "restricted",
+            "pod-security.kubernetes.io/enforce-version": "latest",
+        }
+        em.patch_object("v1", "Namespace", "default", None, {"metadata": {"labels": labels}})
 
 
 @pytest.fixture
@@ -146,24 +278,39 @@ def em(apiserver: EmulatorHandle) -> ApiServerEmulator:
     return apiserver.emulator
 
 
-def test_a_prepared_cluster_passes_every_check(em: ApiServerEmulator, kubectl: Any, kubeconfig: Path) -> None:
-    prepare(em, kubectl)
+def test_a_prepared_cluster_passes_every_check(
+    em: ApiServerEmulator, kubectl: Any, kubeconfig: Path, metrics_port: int
+) -> None:
+    prepare(em, kubectl, metrics=metrics_port)
     code, out, err = check(kubeconfig, "-f", str(EXAMPLE), "--operator-namespace", OPERATOR_NS)
     assert code == 0, out + err
     names = [text[2:].split(":")[0] for text in out.splitlines() if text[:2] in ("✓ ", "✗ ", "! ")]
     assert names == [
         "crd",
         "operator",
+        "operator-rbac",
+        "operator-metrics",
+        "prometheus-crds",
         "gpu-nodes",
+        "dcgm-exporter",
+        "access",
         "spec llama3-8b",
         "gpu-product llama3-8b",
         "driver llama3-8b",
+        "pod-security llama3-8b",
         "cache-claim llama3-8b",
         "source-claims llama3-8b",
         "credentials llama3-8b",
     ]
     assert all(text.startswith("✓ ") for text in out.splitlines() if text[:2] in ("✓ ", "✗ ", "! ")), out
     assert "fix:" not in out and SECRET_VALUE not in out + err
+    assert line(out, "dcgm-exporter") == (
+        "✓ dcgm-exporter: NVIDIA's DCGM exporter runs: DaemonSet gpu-operator/nvidia-dcgm-exporter"
+    )
+    assert line(out, "pod-security llama3-8b") == (
+        "✓ pod-security llama3-8b: namespace default enforces restricted:latest; the 5 pod templates the operator "
+        "creates pass it"
+    )
     print(out)  # the sample in docs/check.md
 
     # the same resource read back from the cluster, by name, as JSON
@@ -203,6 +350,65 @@ def test_operator(em: ApiServerEmulator, kubectl: Any, kubeconfig: Path) -> None
     code, out, _ = check(kubeconfig, "-f", str(EXAMPLE))  # found in any namespace
     assert code == 0, out
     assert line(out, "operator") == f"✓ operator: Deployment {OPERATOR_NS}/redrafter-operator: 2 of 2 replicas ready"
+
+
+def test_operator_rbac(em: ApiServerEmulator, kubectl: Any, kubeconfig: Path) -> None:
+    """SubjectAccessReviews of render/rbac.py's needs for the Deployment's ServiceAccount, in the resource's namespace."""
+    prepare(em, kubectl, skip={"rbac"})
+    code, out, _ = check(kubeconfig, "-f", str(EXAMPLE))
+    assert code == 1
+    sa = f"ServiceAccount {OPERATOR_NS}/{OPERATOR_SA}"
+    first = line(out, "operator-rbac")
+    assert first.startswith(f"✗ operator-rbac: {sa} may not create,list,patch,watch configmaps in default, ")
+    assert (
+        "list,watch customresourcedefinitions.apiextensions.k8s.io\n" in first and "create events in default" in first
+    )
+    # the chart's rules less one: exactly that one is listed, with the chart's upgrade as the fix
+    events = rbac.Rule(("",), ("events",), ("create",))
+    operator_rbac(em, tuple(r for r in rbac.NAMESPACED + rbac.CLUSTER if r != events))
+    code, out, _ = check(kubeconfig, "-f", str(EXAMPLE))
+    assert code == 1
+    assert line(out, "operator-rbac") == (
+        f"✗ operator-rbac: {sa} may not create events in default\n"
+        f"    fix: helm upgrade redrafter-operator charts/redrafter-operator -n {OPERATOR_NS} --reuse-values --set "
+        "rbac.create=true (the chart grants exactly what the operator needs), or grant these in the (Cluster)Role "
+        "bound to it"
+    )
+    em.patch_object(
+        RBAC_API,
+        "ClusterRole",
+        OPERATOR_SA,
+        None,
+        {"rules": [r.as_policy_rule() for r in rbac.NAMESPACED + rbac.CLUSTER]},
+    )
+    code, out, _ = check(kubeconfig, "-f", str(EXAMPLE))
+    assert code == 0, out
+    need = len(rbac.calls(rbac.NAMESPACED + rbac.CLUSTER))
+    assert line(out, "operator-rbac") == f"✓ operator-rbac: {sa} may do all {need} things the operator needs"
+
+
+def test_operator_metrics(em: ApiServerEmulator, kubectl: Any, kubeconfig: Path, metrics_port: int) -> None:
+    """/metrics of the chart's metrics Service through the API server's service proxy; a warning, never a failure."""
+    prepare(em, kubectl)
+    code, out, _ = check(kubeconfig, "-f", str(EXAMPLE))
+    assert code == 0, out
+    assert line(out, "operator-metrics") == (
+        f"! operator-metrics: no Service with a metrics port beside Deployment {OPERATOR_NS}/redrafter-operator\n"
+        f"    fix: helm upgrade redrafter-operator charts/redrafter-operator -n {OPERATOR_NS} --reuse-values (the chart "
+        "creates it)"
+    )
+    metrics_service(em, None)  # no ready pod behind it
+    code, out, _ = check(kubeconfig, "-f", str(EXAMPLE))
+    assert line(out, "operator-metrics").startswith(
+        f"! operator-metrics: Service {OPERATOR_NS}/{METRICS_SERVICE}:metrics does not answer /metrics through the "
+        f'API server (503: no endpoints available for service "{METRICS_SERVICE}:metrics")\n'
+    )
+    metrics_service(em, metrics_port)
+    code, out, _ = check(kubeconfig, "-f", str(EXAMPLE))
+    assert code == 0, out
+    assert line(out, "operator-metrics") == (
+        f"✓ operator-metrics: Service {OPERATOR_NS}/{METRICS_SERVICE}:metrics answers /metrics (1 samples)"
+    )
 
 
 def test_operator_partly_ready_warns_and_none_ready_fails() -> None:
@@ -247,7 +453,9 @@ def test_driver(em: ApiServerEmulator, kubectl: Any, kubeconfig: Path) -> None:
         "✗ driver llama3-8b: Triton 25.09 needs driver R575+; older on a100-old (R550)\n"
         "    fix: upgrade the NVIDIA driver on those nodes to R575 or later (GPU Operator: driver.version)"
     )
-    em.patch_object("v1", "Node", "a100-old", None, {"metadata": {"labels": {"nvidia.com/cuda.driver.major": "580"}}})
+    # GFD's current label wins over the deprecated one it still writes beside it
+    labels = {"nvidia.com/cuda.driver-version.major": "580", "nvidia.com/cuda.driver.major": "550"}
+    em.patch_object("v1", "Node", "a100-old", None, {"metadata": {"labels": labels}})
     code, out, _ = check(kubeconfig, "-f", str(EXAMPLE))
     assert code == 0, out
     assert line(out, "driver llama3-8b") == (
@@ -259,11 +467,11 @@ def test_driver_unknown_or_forward_compatible_warns() -> None:
     spec = Resource("r", "default", example()["spec"]).parsed()[0]
     assert spec is not None
     gpu = {"nvidia.com/gpu": "8"}
-    unlabelled = ClusterFacts(nodes=(NodeFacts("n", {"nvidia.com/gpu.product": A100}, gpu),))
+    unlabelled = ClusterFacts(nodes=(Node("n", {"nvidia.com/gpu.product": A100}, gpu),))
     result = check_driver(unlabelled, "r", spec)
     assert result is not None and result.status == "warn" and "GPU Feature Discovery" in (result.fix or "")
     compat = ClusterFacts(
-        nodes=(NodeFacts("n", {"nvidia.com/gpu.product": A100, "nvidia.com/cuda.driver.major": "535"}, gpu),)
+        nodes=(Node("n", {"nvidia.com/gpu.product": A100, "nvidia.com/cuda.driver-version.major": "535"}, gpu),)
     )
     result = check_driver(compat, "r", spec)
     assert result is not None and result.status == "warn" and "forward compatibility" in (result.fix or "")
@@ -290,8 +498,8 @@ def test_cache_claim_and_source_claims(em: ApiServerEmulator, kubectl: Any, kube
     code, out, _ = check(kubeconfig, "-f", str(EXAMPLE))
     assert code == 0, out
     assert line(out, "cache-claim llama3-8b") == (
-        "✓ cache-claim llama3-8b: PVC default/engine-cache is Bound, ReadWriteMany, 500Gi (holds engines; size "
-        "not checked)"
+        "✓ cache-claim llama3-8b: PVC default/engine-cache is Bound, ReadWriteMany, 500Gi: room for the engines "
+        "(estimated 38 GiB: 8B parameters: base 15 GiB + ReDrafter 16 GiB + 20% headroom)"
     )
     assert line(out, "source-claims llama3-8b") == (
         "✓ source-claims llama3-8b: PVC(s) default/drafters of the pvc:// sources are Bound"
@@ -372,8 +580,15 @@ def test_a_forbidden_read_is_a_warning_not_an_error(em: ApiServerEmulator, kubec
     prepare(em, kubectl)
     em.inject("GET", r"^/api/v1/nodes$", 403, message="nodes is forbidden")
     em.inject("GET", r"/secrets/hf-token$", 403, message="secrets is forbidden")
+    em.inject("POST", r"/subjectaccessreviews$", 403, message="subjectaccessreviews is forbidden")
     code, out, err = check(kubeconfig, "-f", str(EXAMPLE))
     assert code == 0, out + err
+    assert line(out, "operator-rbac") == (
+        f"! operator-rbac: cannot ask what ServiceAccount {OPERATOR_NS}/{OPERATOR_SA} may do: creating "
+        "SubjectAccessReviews failed (403 Forbidden: subjectaccessreviews is forbidden)\n"
+        "    fix: run as a user who may create subjectaccessreviews.authorization.k8s.io, or try kubectl auth can-i "
+        f"--list --as=system:serviceaccount:{OPERATOR_NS}:{OPERATOR_SA}"
+    )
     assert line(out, "gpu-nodes").startswith("! gpu-nodes: cannot list nodes (403 ")
     assert line(out, "credentials llama3-8b").startswith("! credentials llama3-8b: cannot read Secret default/hf-token")
     assert "gpu-product llama3-8b" not in out  # cannot be judged without the nodes

@@ -36,6 +36,17 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("-o", "--output", choices=["text", "json"], default="text")
     p.add_argument("--operator-namespace", help="where the operator runs (default: look in every namespace)")
+    p.add_argument(
+        "--operator-health",
+        metavar="URL",
+        help="the operator runs outside the cluster (`redrafter-operator run --liveness URL` on a machine): check "
+        "that its liveness URL answers instead of looking for its Deployment",
+    )
+    p.add_argument(
+        "--cluster-only",
+        action="store_true",
+        help="check the cluster and the operator, no ReDrafterDeployment (what the chart's `helm test` runs)",
+    )
     p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, else ~/.kube/config)")
     p.add_argument("--context", default=None, help="kubeconfig context")
     p.set_defaults(func=_cmd_check)
@@ -88,10 +99,18 @@ async def run(args: argparse.Namespace) -> list[CheckResult]:
     try:
         missing: tuple[tuple[str, str], ...] = ()
         looked_in = None
+        if args.cluster_only:
+            resources = []
         if resources is None:
             looked_in = None if args.name else (args.namespace or DEFAULT_NAMESPACE)
             resources, missing = await read_resources(api, args.namespace or DEFAULT_NAMESPACE, args.name)
-        facts = await read_facts(api, resources, operator_namespace=args.operator_namespace, missing_resources=missing)
+        facts = await read_facts(
+            api,
+            resources,
+            operator_namespace=args.operator_namespace,
+            missing_resources=missing,
+            operator_health=args.operator_health,
+        )
     finally:
         await api.close()
     return run_checks(facts, resources, looked_in=looked_in)
@@ -100,6 +119,12 @@ async def run(args: argparse.Namespace) -> list[CheckResult]:
 def _cmd_check(args: argparse.Namespace) -> int:
     if args.file and args.name:
         print("error: give -f FILE or RDD-NAME, not both", file=sys.stderr)
+        return 2
+    if args.operator_health and not args.operator_health.startswith(("http://", "https://")):
+        print(f"error: --operator-health {args.operator_health}: give an http(s):// URL", file=sys.stderr)
+        return 2
+    if args.cluster_only and (args.file or args.name):
+        print("error: --cluster-only checks no ReDrafterDeployment: drop -f FILE / RDD-NAME", file=sys.stderr)
         return 2
     try:
         results = asyncio.run(run(args))

@@ -908,10 +908,15 @@ def test_the_charts_rules_are_the_operators_declared_needs():
     from redrafter_operator.render import rbac
 
     cluster = manifests(render())
-    assert granted([one(cluster, "ClusterRole")]) == rbac.calls(rbac.NAMESPACED + rbac.CLUSTER)
+    assert granted([one(cluster, "ClusterRole")]) == rbac.calls(rbac.NAMESPACED + rbac.CLUSTER + rbac.NODES)
+    unchecked = manifests(render({"gpuNodeCheck": False}))
+    assert granted([one(unchecked, "ClusterRole")]) == rbac.calls(rbac.NAMESPACED + rbac.CLUSTER)
     objs = manifests(render({"replicas": 2, "watchNamespaces": ["team-a"]}))
     assert granted([one(objs, "Role", f"{RELEASE}-redrafter-operator")]) == rbac.calls(rbac.NAMESPACED)
-    assert granted([one(objs, "ClusterRole")]) == rbac.calls(rbac.CLUSTER + rbac.NAMESPACED_MODE_CLUSTER)
+    assert granted([one(objs, "ClusterRole", f"{RELEASE}-redrafter-operator-discovery")]) == rbac.calls(
+        rbac.CLUSTER + rbac.NAMESPACED_MODE_CLUSTER
+    )
+    assert granted([one(objs, "ClusterRole", f"{RELEASE}-redrafter-operator-nodes")]) == rbac.calls(rbac.NODES)
     lease = one(objs, "Role", f"{RELEASE}-redrafter-operator-leader-election")
     assert granted([lease]) == rbac.calls(rbac.LEASE)
 

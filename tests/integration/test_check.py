@@ -134,7 +134,9 @@ def operator(em: ApiServerEmulator, replicas: int, ready: int) -> None:
     em.patch_object("apps/v1", "Deployment", name, OPERATOR_NS, {"status": status}, subresource="status")
 
 
-def operator_rbac(em: ApiServerEmulator, rules: tuple[rbac.Rule, ...] = rbac.NAMESPACED + rbac.CLUSTER) -> None:
+def operator_rbac(
+    em: ApiServerEmulator, rules: tuple[rbac.Rule, ...] = rbac.NAMESPACED + rbac.CLUSTER + rbac.NODES
+) -> None:
     """The chart's cluster-wide RBAC (a ClusterRole with the rules of render/rbac.py, bound to the operator's SA)."""
     em.create_object(
         {
@@ -365,7 +367,7 @@ def test_operator_rbac(em: ApiServerEmulator, kubectl: Any, kubeconfig: Path) ->
     )
     # the chart's rules less one: exactly that one is listed, with the chart's upgrade as the fix
     events = rbac.Rule(("",), ("events",), ("create",))
-    operator_rbac(em, tuple(r for r in rbac.NAMESPACED + rbac.CLUSTER if r != events))
+    operator_rbac(em, tuple(r for r in rbac.NAMESPACED + rbac.CLUSTER + rbac.NODES if r != events))
     code, out, _ = check(kubeconfig, "-f", str(EXAMPLE))
     assert code == 1
     assert line(out, "operator-rbac") == (
@@ -379,11 +381,11 @@ def test_operator_rbac(em: ApiServerEmulator, kubectl: Any, kubeconfig: Path) ->
         "ClusterRole",
         OPERATOR_SA,
         None,
-        {"rules": [r.as_policy_rule() for r in rbac.NAMESPACED + rbac.CLUSTER]},
+        {"rules": [r.as_policy_rule() for r in rbac.NAMESPACED + rbac.CLUSTER + rbac.NODES]},
     )
     code, out, _ = check(kubeconfig, "-f", str(EXAMPLE))
     assert code == 0, out
-    need = len(rbac.calls(rbac.NAMESPACED + rbac.CLUSTER))
+    need = len(rbac.calls(rbac.NAMESPACED + rbac.CLUSTER + rbac.NODES))
     assert line(out, "operator-rbac") == f"✓ operator-rbac: {sa} may do all {need} things the operator needs"
 
 

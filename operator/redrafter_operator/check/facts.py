@@ -78,6 +78,10 @@ class DeploymentFacts:
     def leader_elect(self) -> bool:
         return "--leader-elect" in self.args
 
+    @property
+    def gpu_node_check(self) -> bool:
+        return "--no-gpu-node-check" not in self.args
+
 
 @dataclass(frozen=True)
 class MetricsFacts:
@@ -116,12 +120,14 @@ class ClusterFacts:
 def operator_needs(deployment: DeploymentFacts, namespaces: set[str]) -> list[Access]:
     """What the operator's ServiceAccount must be allowed (render/rbac.py), where: the namespaced rules in
     ``namespaces`` (the resources' under check; else the watched ones; else every namespace), the
-    cluster rules cluster-wide, the Lease rules in the operator's namespace when it elects a leader."""
+    cluster rules cluster-wide (Nodes with the GPU node check), the Lease rules in the operator's namespace
+    when it elects a leader."""
     where = sorted(namespaces) or sorted(deployment.watched_namespaces) or [""]
     out: list[Access] = []
     for group, resource, verb in sorted(rbac.calls(rbac.NAMESPACED)):
         out += [(group, resource, verb, ns) for ns in where]
     cluster = rbac.CLUSTER + (rbac.NAMESPACED_MODE_CLUSTER if deployment.watched_namespaces else ())
+    cluster += rbac.NODES if deployment.gpu_node_check else ()
     out += [(g, r, v, "") for g, r, v in sorted(rbac.calls(cluster))]
     if deployment.leader_elect:
         out += [(g, r, v, deployment.namespace) for g, r, v in sorted(rbac.calls(rbac.LEASE))]

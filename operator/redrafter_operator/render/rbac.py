@@ -1,6 +1,6 @@
 """What the operator's ServiceAccount must be allowed: the one list of its RBAC needs.
 
-The chart's rules (templates/_helpers.tpl: namespacedRules, clusterRules, leaseRules) render exactly these,
+The chart's rules (templates/_helpers.tpl: namespacedRules, clusterRules, nodeRules, leaseRules) render exactly these,
 and tests/e2e/test_chart.py holds both ends: the chart's rules equal this list, and the operator, run from
 the chart against the emulated API server, calls exactly what the chart grants. ``redrafter-operator
 check`` asks the API server (SubjectAccessReview) whether the ServiceAccount may do each of them.
@@ -47,6 +47,9 @@ NAMESPACED: tuple[Rule, ...] = (
 CLUSTER: tuple[Rule, ...] = (Rule(("apiextensions.k8s.io",), ("customresourcedefinitions",), ("list", "watch")),)
 #: cluster-scoped, in namespaced mode only: kopf lists and watches the namespaces to find the watched ones
 NAMESPACED_MODE_CLUSTER: tuple[Rule, ...] = (Rule(("",), ("namespaces",), ("list", "watch")),)
+#: cluster-scoped, with the GPU node check (the chart's gpuNodeCheck; not with --no-gpu-node-check): the
+#: operator watches Nodes to create a GPU Job only when some node could run it
+NODES: tuple[Rule, ...] = (Rule(("",), ("nodes",), ("list", "watch")),)
 #: leader election (more than one replica), in the operator's own namespace
 LEASE: tuple[Rule, ...] = (Rule(("coordination.k8s.io",), ("leases",), ("get", "create", "update")),)
 

@@ -324,6 +324,24 @@ async def test_mode_never_leaves_the_condition_to_the_planner(endpoint) -> None:
     assert host.events == []  # a new resource pinned to base starts there: no switch
 
 
+async def test_a_newly_pinned_mode_is_followed_at_once_not_at_the_interval(endpoint) -> None:
+    host = FakeHost(body())
+    ev = monitor(endpoint)
+    endpoint.serve(20, 0.8)
+    await host.run(ev)  # evaluated just now: the next one is not due for an interval
+    host.bodies[(NS, NAME)]["spec"]["speculation"]["mode"] = "Never"
+    await host.run(ev, 0.5)
+    assert host.targets[-1].active == "base" and host.status["policy"]["speculation"]["engine"] == "base"
+    assert [(h["from"], h["to"]) for h in host.status["history"]] == [("redrafter", "base")]
+    assert host.status["history"][0]["reason"] == "Pinned: mode Never pins base"
+    reports = len(host.reports)
+    await host.run(ev, 0.5)  # pinned and already there: back to the interval
+    assert len(host.reports) == reports
+    host.bodies[(NS, NAME)]["spec"]["speculation"]["mode"] = "Always"
+    await host.run(ev, 0.5)
+    assert [(h["from"], h["to"]) for h in host.status["history"]] == [("redrafter", "base"), ("base", "redrafter")]
+
+
 async def test_a_report_for_a_replaced_resource_is_not_mixed_with_the_new_one(endpoint) -> None:
     """Deleted and created again under the same name: the new uid starts from its own status."""
     host = FakeHost(body(cooldown="1h"))

@@ -205,6 +205,12 @@ class Controller:
         self.metrics.resources.set(len(self.bodies))
         if old is None or _reconcile_relevant(old) != _reconcile_relevant(body):
             self.queue.add(key)
+        if old is not None and (old.get("metadata") or {}).get("generation") != meta.get("generation"):
+            # a new spec (a pinned speculation mode, new thresholds, replicas): the monitors judge it at the
+            # next tick instead of at the end of their interval, so the policy's decision follows at once
+            for slot in self._next_run:
+                if slot[0] == key:
+                    self._next_run[slot] = 0.0
 
     def on_child_event(self, raw: Mapping[str, Any], deleted: bool = False) -> None:
         meta = raw.get("metadata") or {}

@@ -34,7 +34,7 @@ from engine_jobs.contract import METRICS_PORT, VARIANTS
 from ..api.spec import ReDrafterDeploymentSpec
 from ..api.status import HISTORY_LIMIT
 from ..metrics import PrometheusError, Reading, source_for, statuses_from_pods, targets_from_pods
-from ..policy import Evaluation, PolicyState, due, step
+from ..policy import Evaluation, PolicyState, due, pinned_engine, step
 from ..render import names
 from .apply import merge_patch
 from .clock import rfc3339
@@ -187,7 +187,10 @@ class SpeculationMonitor:
         mem = self._states.get(key)
         state = mem[1] if mem and mem[0] == uid else stored_state(status)
         now = host.clock.time()
-        if state is not None and not due(spec, state.speculation, now):
+        # a mode that pins the other engine is followed at once, not at the end of the interval
+        pin = pinned_engine(spec)
+        repinned = state is not None and pin is not None and state.speculation.engine != pin
+        if state is not None and not repinned and not due(spec, state.speculation, now):
             return
         previous = state.speculation.engine if state else str(status["activeEngine"])
 

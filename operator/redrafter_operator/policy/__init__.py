@@ -13,6 +13,7 @@ from .speculation import (
     evaluate,
     initial_state,
     measure,
+    pinned_engine,
 )
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "evaluate",
     "initial_state",
     "measure",
+    "pinned_engine",
     "pool_load",
     "recommend",
     "speedup",

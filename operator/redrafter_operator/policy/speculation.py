@@ -94,9 +94,14 @@ def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 4)
 
 
+def pinned_engine(spec: ReDrafterDeploymentSpec) -> Engine | None:
+    """The engine ``speculation.mode`` pins (Always: redrafter, Never: base), None in Auto."""
+    return {"Always": "redrafter", "Never": "base"}.get(spec.speculation.mode)  # type: ignore[return-value]
+
+
 def initial_state(spec: ReDrafterDeploymentSpec, now: float) -> SpeculationState:
     """State of a new resource: ReDrafter unless the mode pins base."""
-    engine: Engine = "base" if spec.speculation.mode == "Never" else "redrafter"
+    engine: Engine = "base" if pinned_engine(spec) == "base" else "redrafter"
     return SpeculationState(engine=engine, since=now)
 
 
@@ -145,8 +150,8 @@ def evaluate(
 
     healthy = _health(sp, s, m)
     s.health = healthy
-    if sp.mode in ("Always", "Never"):
-        target: Engine = "redrafter" if sp.mode == "Always" else "base"
+    target = pinned_engine(spec)
+    if target is not None:
         if s.engine == target:
             return Decision("Stay", target, "Pinned", f"mode {sp.mode} pins {target}", m, healthy), s
         return _switch(s, target, "Pinned", f"mode {sp.mode} pins {target}", m, healthy, now)

@@ -34,7 +34,7 @@ from .apiserver_http import Fault, HttpFrontend, RequestRecord
 from .apiserver_objects import as_type as _as_type
 from .apiserver_resources import ResourceType
 from .apiserver_selectors import parse_field_selector, parse_label_selector
-from .apiserver_store import ApiError, Event, ObjKey, StoreKey, Watcher
+from .apiserver_store import EXPIRED, ApiError, Event, ObjKey, StoreKey, Watcher
 
 __all__ = ["ApiError", "ApiServerEmulator", "Fault", "RequestRecord"]
 
@@ -126,13 +126,39 @@ class ApiServerEmulator(HttpFrontend, KubernetesEmulator):
             self._log.clear()
 
     def inject(
-        self, method: str, path_regex: str, status: int, times: int = 1, message: str = "injected fault"
+        self,
+        method: str,
+        path_regex: str,
+        status: int,
+        times: int = 1,
+        message: str = "injected fault",
+        *,
+        delay: float = 0.0,
+        retry_after: int | None = None,
     ) -> Fault:
-        """Make the next ``times`` requests matching ``method`` ('*' for any) and the path regex fail."""
-        fault = Fault(method.upper() if method != "*" else "*", re.compile(path_regex), status, times, message)
+        """Make the next ``times`` requests matching ``method`` ('*' for any) and the path regex fail
+        (``status`` 0: let them through ``delay`` seconds late). Set ``remaining`` to 0 to lift it early."""
+        fault = Fault(
+            method.upper() if method != "*" else "*",
+            re.compile(path_regex),
+            status,
+            times,
+            message,
+            delay=delay,
+            retry_after=retry_after,
+        )
         with self._mutex:
             self._faults.append(fault)
         return fault
+
+    def expire_watches(self) -> int:
+        """Answer every open watch with ERROR 410 Expired (as a real server does when a stream's
+        resourceVersion leaves its window) and end it; returns how many."""
+        with self._mutex:
+            watchers = list(self._watchers)
+        for w in watchers:
+            w.loop.call_soon_threadsafe(w.queue.put_nowait, EXPIRED)
+        return len(watchers)
 
     def drop_watches(self, abort: bool = False) -> int:
         """End every open watch stream (cleanly, or by closing the TCP connection); returns how many."""

@@ -22,7 +22,7 @@ from . import apiserver_protobuf as protobuf
 from . import apiserver_resources as res
 from .apiserver_resources import ResourceType
 from .apiserver_selectors import Matcher, parse_field_selector, parse_label_selector
-from .apiserver_store import ApiError, Event, ObjectStore, Watcher
+from .apiserver_store import EXPIRED, ApiError, Event, ObjectStore, Watcher
 from .apiserver_table import table, wants_table
 
 PATCH_TYPES = {
@@ -57,13 +57,16 @@ class RequestRecord:
 
 @dataclass
 class Fault:
-    """The next ``remaining`` requests matching (method, path) fail with ``status``."""
+    """The next ``remaining`` requests matching (method, path) fail with ``status``; ``status`` 0 lets them
+    through, only ``delay`` seconds late. ``retry_after``: the Retry-After a 429 or 503 carries (seconds)."""
 
     method: str
     path: re.Pattern[str]
     status: int
     remaining: int
     message: str = "injected fault"
+    delay: float = 0.0
+    retry_after: int | None = None
 
     def matches(self, method: str, path: str) -> bool:
         return self.remaining > 0 and self.method in ("*", method) and self.path.search(path) is not None
@@ -107,11 +110,16 @@ class HttpFrontend(ObjectStore):
             if fault is not None:
                 fault.remaining -= 1
         try:
-            if fault is not None:
-                raise ApiError(fault.status, fault.message)
+            if fault is not None and fault.delay:
+                await asyncio.sleep(fault.delay)
+            if fault is not None and fault.status:
+                details = {"retryAfterSeconds": fault.retry_after} if fault.retry_after is not None else None
+                raise ApiError(fault.status, fault.message, details=details)
             response = await self._route(raw, method, query, body)
         except ApiError as exc:
             response = aiohttp.web.json_response(exc.status(), status=exc.code)
+            if fault is not None and fault.retry_after is not None:
+                response.headers["Retry-After"] = str(fault.retry_after)
         except Exception as exc:  # a bug in the emulator must reach the client as a 500, not a hang
             self.internal_errors.append(exc)
             response = aiohttp.web.json_response(
@@ -472,6 +480,10 @@ class HttpFrontend(ObjectStore):
                 except TimeoutError:
                     break
                 if event is None:
+                    break
+                if event is EXPIRED:  # the stream's resourceVersion fell out of the history window
+                    gone = ApiError(410, "too old resource version", reason="Expired").status()
+                    await response.write(json.dumps({"type": "ERROR", "object": gone}).encode() + b"\n")
                     break
                 await self._send(response, watcher, event)
             await response.write_eof()

@@ -94,6 +94,9 @@ class Event:
     old: dict[str, Any] | None
 
 
+EXPIRED = "EXPIRED"  # queued to a watcher: answer ERROR 410 Expired, then end the stream
+
+
 @dataclass(eq=False)
 class Watcher:
     """An open watch stream: what it selects and the queue its events arrive on (in its own loop)."""
@@ -103,7 +106,7 @@ class Watcher:
     labels: Matcher
     fields: Matcher
     loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[Event | None] = field(default_factory=asyncio.Queue)
+    queue: asyncio.Queue[Event | str | None] = field(default_factory=asyncio.Queue)  # None: end; EXPIRED: 410
     transport: Any = None
     as_table: bool = False  # kubectl get -w asks for meta.k8s.io Tables
 

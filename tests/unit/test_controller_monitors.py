@@ -318,10 +318,17 @@ async def test_a_restarted_operator_resumes_from_status_policy(endpoint) -> None
 
 async def test_mode_never_leaves_the_condition_to_the_planner(endpoint) -> None:
     host = FakeHost(body(mode="Never"))
+    host.status["activeEngine"] = "base"  # what the planner serves a new resource pinned to base
     await host.run(monitor(endpoint))
     assert host.reports[0].condition is None
     assert host.targets[-1].active == "base" and host.status["policy"]["speculation"]["engine"] == "base"
     assert host.events == []  # a new resource pinned to base starts there: no switch
+
+    # an operator that took over before the first evaluation was stored, with the Service still on the
+    # engine the pin moves away from: the pin is a switch, in history like any other
+    took_over = FakeHost(body(mode="Never"))
+    await took_over.run(monitor(endpoint))
+    assert [(h["from"], h["to"]) for h in took_over.status["history"]] == [("redrafter", "base")]
 
 
 async def test_a_newly_pinned_mode_is_followed_at_once_not_at_the_interval(endpoint) -> None:

@@ -208,9 +208,13 @@ class Controller:
         if old is not None and (old.get("metadata") or {}).get("generation") != meta.get("generation"):
             # a new spec (a pinned speculation mode, new thresholds, replicas): the monitors judge it at the
             # next tick instead of at the end of their interval, so the policy's decision follows at once
-            for slot in self._next_run:
-                if slot[0] == key:
-                    self._next_run[slot] = 0.0
+            self._monitors_soon(key)
+
+    def _monitors_soon(self, key: ResourceKey) -> None:
+        """Run the resource's monitors at the next tick (what they last judged has changed)."""
+        for slot in self._next_run:
+            if slot[0] == key:
+                self._next_run[slot] = 0.0
 
     def on_child_event(self, raw: Mapping[str, Any], deleted: bool = False) -> None:
         meta = raw.get("metadata") or {}
@@ -450,6 +454,10 @@ class Controller:
         self._set_waiting(
             key, {(claim, e["path"]) for e in result.status.get("engines", {}).values() if e.get("state") == "Building"}
         )
+        passed_now = (result.status.get("validation") or {}).get("state") == "Passed"
+        if passed_now and (res.status.get("validation") or {}).get("state") != "Passed":
+            # a pair just passed: the policy may now choose the ReDrafter engine; it need not wait its interval
+            self._monitors_soon(key)
         if result.unplaced:
             self.unplaced.add(key)
         else:

@@ -12,6 +12,7 @@ from typing import Any, Mapping
 from engine_jobs.contract import VARIANTS, Variant
 
 from ..api.spec import ReDrafterDeploymentSpec
+from ..policy import pinned_engine
 from ..policy.loop import canary_from_status
 from .facts import Observed
 from .gate import gate_from_status
@@ -19,14 +20,16 @@ from .plan_types import READY_STATES, ServingTargets
 
 
 def default_targets(spec: ReDrafterDeploymentSpec, status: Mapping[str, Any]) -> ServingTargets:
-    """Without a policy decision: pinned modes pick their engine, Auto keeps the current one (ReDrafter first)."""
-    mode = spec.speculation.mode
-    if mode == "Never":
-        active: Variant = "base"
-    elif mode == "Always":
-        active = "redrafter"
+    """Without a policy decision: the engine that serves keeps serving; a new resource starts on the engine
+    its mode pins (ReDrafter in Auto). A pin that moves a serving resource is the policy's switch, made
+    (and recorded in status.history) by its next evaluation, which a new spec brings forward to the next tick."""
+    serving = status.get("activeEngine")
+    pin = pinned_engine(spec)
+    active: Variant
+    if serving in ("redrafter", "base"):
+        active = "base" if serving == "base" else "redrafter"
     else:
-        active = "base" if status.get("activeEngine") == "base" else "redrafter"
+        active = pin or "redrafter"
     replicas = spec.serving.replicas
     if spec.autoscaling.mode == "Operator":  # until the autoscaler decides, spec within [min, max]
         replicas = max(spec.autoscaling.min_replicas, min(spec.autoscaling.max_replicas, replicas))

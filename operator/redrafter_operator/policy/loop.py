@@ -34,8 +34,8 @@ class PolicyState(BaseModel):
     serving: str | None = Field(default=None, description="The pool the Service selected at the last evaluation.")
 
     @classmethod
-    def new(cls, spec: ReDrafterDeploymentSpec, now: float) -> "PolicyState":
-        return cls(speculation=initial_state(spec, now))
+    def new(cls, spec: ReDrafterDeploymentSpec, now: float, serving: str | None = None) -> "PolicyState":
+        return cls(speculation=initial_state(spec, now, serving))
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ def step(
     multiplies by the pods that reported and counts the others as the HPA does (see
     :mod:`.autoscaler`); without it only the pods in the reading are known.
     """
-    state = state or PolicyState.new(spec, now)
+    state = state or PolicyState.new(spec, now, serving)
     if spec.autoscaling.mode == "Operator" and state.replicas is not None:
         current_replicas = state.replicas
     if reading is None:

@@ -99,9 +99,14 @@ def pinned_engine(spec: ReDrafterDeploymentSpec) -> Engine | None:
     return {"Always": "redrafter", "Never": "base"}.get(spec.speculation.mode)  # type: ignore[return-value]
 
 
-def initial_state(spec: ReDrafterDeploymentSpec, now: float) -> SpeculationState:
-    """State of a new resource: ReDrafter unless the mode pins base."""
-    engine: Engine = "base" if pinned_engine(spec) == "base" else "redrafter"
+def initial_state(spec: ReDrafterDeploymentSpec, now: float, serving: str | None = None) -> SpeculationState:
+    """State of a new resource: ReDrafter unless the mode pins base. ``serving``: the engine the Service
+    already selects when the policy has no state yet (an operator that took over before the first
+    evaluation was stored): a pin of the other engine is then a switch, recorded like any other."""
+    pin = pinned_engine(spec)
+    if pin is not None and serving in ("redrafter", "base") and serving != pin:
+        return SpeculationState(engine=serving, since=now)  # type: ignore[arg-type]
+    engine: Engine = "base" if pin == "base" else "redrafter"
     return SpeculationState(engine=engine, since=now)
 
 

@@ -88,6 +88,9 @@ class FrontSettings:
     queue_timeout: float = 30.0
     #: seconds clients are told to wait in Retry-After
     retry_after: int = 1
+    #: a readiness check of Triton that takes longer answers "not ready": a stuck server (or a stuck
+    #: entry model) turns the pod's readiness false within the probe's period, not never
+    ready_timeout: float = 2.0
     #: directory of a mounted Secret of API keys (one per data entry); None: no authentication
     api_keys_dir: str | None = None
 
@@ -187,8 +190,8 @@ class Front:
     # ---- Triton readiness -----------------------------------------------------------------------
     async def check_ready(self) -> bool:
         try:
-            self.ready = await self.bridge.ready()
-        except Exception:  # Triton not listening yet, or gone
+            self.ready = await asyncio.wait_for(self.bridge.ready(), self.settings.ready_timeout)
+        except Exception:  # Triton not listening yet, gone, or stuck past the timeout
             self.ready = False
         return self.ready
 

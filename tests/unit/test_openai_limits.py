@@ -290,3 +290,28 @@ async def test_the_openapi_document_lists_every_route_of_the_app(tmp_path):
         assert "max_tokens" in schemas["CompletionRequest"]["properties"]
     finally:
         await client.close()
+
+
+async def test_a_stuck_triton_turns_readiness_false_within_the_timeout(tmp_path):
+    class Stuck(FakeBridge):
+        async def ready(self) -> bool:
+            if self.is_ready:
+                return True
+            await asyncio.Event().wait()  # accepts the call, never answers
+            return True
+
+    bridge = Stuck()
+    _front, _, client = await start_front(tmp_path, bridge, ready_timeout=0.3)
+    try:
+        assert (await client.get("/health/ready")).status == 200
+        bridge.is_ready = False
+        started = asyncio.get_running_loop().time()
+        resp = await client.get("/health/ready")
+        assert resp.status == 503 and await resp.json() == {"ready": False}
+        assert asyncio.get_running_loop().time() - started < 2.0  # bounded by ready_timeout, not by the probe
+        resp = await client.post(COMPLETIONS, json=completion())
+        body = await resp.json()
+        assert resp.status == 503 and is_openai_error(body), body
+        assert bridge.started == 0  # nothing reached the stuck server
+    finally:
+        await client.close()

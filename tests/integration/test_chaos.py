@@ -14,7 +14,7 @@ from redrafter_sim.chaos import FAULTS, run_episode
 
 @pytest.mark.parametrize(("seed", "replicas"), [(0, 1), (1, 2)])
 async def test_a_seeded_fault_episode_converges_cleanly(seed: int, replicas: int, tmp_path: Path) -> None:
-    ep = await run_episode(seed, tmp_path, replicas=replicas, fault_seconds=6.0, idle_seconds=2.0)
+    ep = await run_episode(seed, tmp_path, replicas=replicas, fault_seconds=5.0, idle_seconds=1.5)
     assert sum(ep.faults.values()) >= 4, ep.faults  # the schedule did inject
     assert set(ep.faults) <= set(FAULTS)
     assert ep.converged, ep.detail

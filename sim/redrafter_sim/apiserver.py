@@ -151,6 +151,12 @@ class ApiServerEmulator(HttpFrontend, KubernetesEmulator):
             self._faults.append(fault)
         return fault
 
+    def lift_faults(self) -> None:
+        """End every injected fault now, whatever it had left."""
+        with self._mutex:
+            for fault in self._faults:
+                fault.remaining = 0
+
     def expire_watches(self) -> int:
         """Answer every open watch with ERROR 410 Expired (as a real server does when a stream's
         resourceVersion leaves its window) and end it; returns how many."""

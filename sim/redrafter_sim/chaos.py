@@ -32,7 +32,6 @@ import asyncio
 import contextlib
 import os
 import random
-import re
 import signal
 import socket
 import sys
@@ -47,7 +46,7 @@ import yaml
 from engine_jobs.contract import BuildResult
 from redrafter_operator.api import API_VERSION, KIND
 from redrafter_operator.api.crd import crd_yaml
-from redrafter_operator.render import names
+from redrafter_operator.render import names, validation
 
 from . import controllers
 from .apiserver import ApiServerEmulator
@@ -297,7 +296,7 @@ def count_duplicates(emu: ApiServerEmulator) -> int:
         labels = job["metadata"].get("labels") or {}
         if labels.get(names.LABEL_COMPONENT) == "engine-build":
             builds[(labels.get(names.LABEL_VARIANT, ""), labels.get(names.LABEL_ENGINE_KEY, ""))] += 1
-        elif re.search(r"valid", labels.get(names.LABEL_COMPONENT, "")):
+        elif labels.get(names.LABEL_COMPONENT) == validation.COMPONENT:
             validations += 1
     return sum(n - 1 for n in builds.values()) + max(0, validations - 1)
 
@@ -349,8 +348,7 @@ async def run_episode(
             await asyncio.sleep(fault_seconds)
             faults_stop.set()
             await injector
-            for fault in list(cl.emu._faults):  # lift what is left of the last faults
-                fault.remaining = 0
+            cl.emu.lift_faults()  # what is left of the last faults
             calm.append(time.monotonic())
 
         stopper = asyncio.create_task(stop_faults())

@@ -8,7 +8,7 @@ installed (it runs inside the builder and Triton images).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -32,6 +32,8 @@ TERMINATION_LOG = "/dev/termination-log"
 MANIFEST_FILE = "manifest.json"  # written last: its presence means "complete"
 ENGINE_DIR = "engine"  # rank<N>.engine + config.json from trtllm-build
 TOKENIZER_DIR = "tokenizer"
+CHECKPOINT_DIR = "checkpoint"  # PyTorch path: the base checkpoint as fetched and verified
+DRAFT_DIR = "draft"  # PyTorch path: the EAGLE-3 head or draft model checkpoint
 MODEL_REPO_DIR = "model_repo"  # ready-to-serve Triton repository (defaults)
 LOCK_FILE = ".lock"  # <cache>/<key>.lock, owner + heartbeat
 
@@ -89,10 +91,28 @@ METRIC_TRTLLM_LABEL_TYPE = "request_type"
 
 Variant = Literal["redrafter", "base"]
 VARIANTS: tuple[Variant, ...] = ("redrafter", "base")
+#: TensorRT-LLM's two execution paths: ReDrafter's engines (trtllm-build, the C++ Triton backend) and the
+#: PyTorch backend (checkpoints served by Triton's llmapi model with a speculative_config)
+Backend = Literal["tensorrt", "pytorch"]
+#: the PyTorch backend's methods, as the API names them
+PyTorchMethod = Literal["eagle3", "mtp", "ngram", "draftModel"]
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def wire_json(self) -> str:
+        """The JSON a Job or pod reads; a ReDrafter one has no PyTorch-path fields."""
+        exclude = self.pytorch_only if getattr(self, "backend", None) == "tensorrt" else None
+        return self.model_dump_json(indent=2, exclude=exclude)
+
+
+class SpeculativeParams(_Strict):
+    """A PyTorch-backend method and its parameters (engine_jobs/llmapi_config.py writes speculative_config)."""
+
+    method: PyTorchMethod
+    max_draft_len: int = Field(ge=1, description="tokens drafted per step (mtp: num_nextn_predict_layers)")
+    max_matching_ngram_size: int | None = Field(default=None, ge=1, description="ngram only")
 
 
 class SourceRef(_Strict):
@@ -122,6 +142,8 @@ class EngineLimits(_Strict):
 class BuildSpec(_Strict):
     """Everything one build Job needs to produce ``<cache>/<key>/`` for one variant."""
 
+    pytorch_only: ClassVar[frozenset[str]] = frozenset({"backend", "speculative"})
+
     contract_version: int = CONTRACT_VERSION
     variant: Variant
     key: str = Field(description="content hash of every build input (the cache directory name)")
@@ -136,6 +158,8 @@ class BuildSpec(_Strict):
     redrafter: RedrafterParams | None = None  # required for the redrafter variant
     limits: EngineLimits
     cache_dir: str = CACHE_MOUNT
+    backend: Backend = "tensorrt"
+    speculative: SpeculativeParams | None = None  # the PyTorch path's redrafter variant
 
 
 # ---- drafter training (the drafter for the ``redrafter`` variant, trained from the base model) ----
@@ -236,6 +260,10 @@ class TritonParams(_Strict):
 class ServingConfig(_Strict):
     """What a serving pod's launcher needs to assemble its model repository and start Triton."""
 
+    pytorch_only: ClassVar[frozenset[str]] = frozenset(
+        {"backend", "speculative", "max_concurrency", "max_num_tokens", "dtype"}
+    )
+
     contract_version: int = CONTRACT_VERSION
     deployment: str = Field(description="name of the ReDrafterDeployment (metric label `model`)")
     variant: Variant
@@ -253,6 +281,16 @@ class ServingConfig(_Strict):
     api_keys_dir: str | None = Field(
         default=None, description="where the API keys Secret is mounted (a path, never a key); None: no keys"
     )
+    backend: Backend = "tensorrt"
+    speculative: SpeculativeParams | None = None  # the PyTorch path's redrafter variant
+    max_concurrency: int | None = Field(
+        default=None,
+        ge=1,
+        description="PyTorch path: draft only while at most this many requests are batched (the measured "
+        "crossover); None: always draft",
+    )
+    max_num_tokens: int | None = Field(default=None, description="PyTorch path: tokens per engine iteration")
+    dtype: str | None = Field(default=None, description="PyTorch path: the LLM's dtype")
 
     @property
     def served_model_name(self) -> str:

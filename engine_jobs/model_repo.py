@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+import yaml
+
 from .contract import (
     ENGINE_MODEL,
     ENTRY_MODEL,
@@ -32,6 +34,7 @@ from .contract import (
     PREPROCESSING_MODEL,
     ServingConfig,
 )
+from .llmapi_config import model_yaml
 
 #: python-backend sources shipped as package data: model name -> files copied into <model>/1/
 MODEL_SOURCES: dict[str, dict[str, str]] = {
@@ -116,6 +119,40 @@ ENGINE_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("total_accepted_draft_tokens", "TYPE_INT32", (1,)),
     Tensor("total_draft_tokens", "TYPE_INT32", (1,)),
 )
+
+# Inputs/outputs of the PyTorch path's tensorrt_llm model, Triton's llmapi model (TensorRT-LLM
+# triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt): text in, text out, the subset this repository
+# uses. Its own batching is off (max_batch_size 0): the LLM batches in flight.
+LLMAPI_INPUTS: tuple[Tensor, ...] = (
+    Tensor("text_input", "TYPE_STRING", (-1,)),
+    Tensor("streaming", "TYPE_BOOL", (1,), optional=True),
+    Tensor("sampling_param_temperature", "TYPE_FP32", (1,), optional=True),
+    Tensor("sampling_param_top_k", "TYPE_INT32", (1,), optional=True),
+    Tensor("sampling_param_top_p", "TYPE_FP32", (1,), optional=True),
+    Tensor("sampling_param_frequency_penalty", "TYPE_FP32", (1,), optional=True),
+    Tensor("sampling_param_presence_penalty", "TYPE_FP32", (1,), optional=True),
+    Tensor("sampling_param_max_tokens", "TYPE_INT32", (1,), optional=True),
+    Tensor("sampling_param_stop", "TYPE_STRING", (-1,), optional=True),
+    Tensor("sampling_param_seed", "TYPE_UINT64", (1,), optional=True),
+    Tensor("sampling_param_exclude_input_from_output", "TYPE_BOOL", (1,), optional=True),
+    Tensor("sampling_param_return_perf_metrics", "TYPE_BOOL", (1,), optional=True),
+    Tensor("return_finish_reason", "TYPE_BOOL", (1,), optional=True),
+    Tensor("stop", "TYPE_BOOL", (1,), optional=True),
+)
+LLMAPI_OUTPUTS: tuple[Tensor, ...] = (
+    Tensor("text_output", "TYPE_STRING", (-1,)),
+    Tensor("finish_reason", "TYPE_STRING", (-1,)),
+    Tensor("arrival_time_ns", "TYPE_INT64", (1,)),
+    Tensor("first_token_time_ns", "TYPE_INT64", (1,)),
+    Tensor("last_token_time_ns", "TYPE_INT64", (1,)),
+    Tensor("acceptance_rate", "TYPE_FP32", (1,)),
+    Tensor("total_accepted_draft_tokens", "TYPE_INT32", (1,)),
+    Tensor("total_draft_tokens", "TYPE_INT32", (1,)),
+)
+#: upstream's llmapi model code (model.py, helpers.py), which the runtime image takes from TensorRT-LLM's
+#: tag at build time; the repository writer copies it next to the generated model.yaml
+LLMAPI_MODEL_FILES = ("model.py", "helpers.py")
+LLMAPI_CONFIG_FILE = "model.yaml"
 
 # The entry model keeps the interface of TRT-LLM's ensemble / tensorrt_llm_bls.
 ENTRY_INPUTS: tuple[Tensor, ...] = (
@@ -273,6 +310,8 @@ def metering_parameters(cfg: ServingConfig) -> dict[str, str]:
         "metric_steps": METRIC_STEPS,
         "metric_acceptance_histogram": METRIC_ACCEPTANCE_HISTOGRAM,
         "max_inflight": str(max(4 * cfg.max_batch_size, 64)),
+        # tensorrt: token ids through pre/post-processing; llmapi: text straight to the engine model
+        "engine_api": "llmapi" if cfg.backend == "pytorch" else "tensorrt",
     }
 
 
@@ -297,7 +336,9 @@ def model_configs(cfg: ServingConfig, engine_dir: str, tokenizer_dir: str) -> di
             {"tokenizer_dir": tokenizer_dir},
             instance_count=2,
         ),
-        ENGINE_MODEL: model_config(
+        ENGINE_MODEL: model_config(ENGINE_MODEL, "python", LLMAPI_INPUTS, LLMAPI_OUTPUTS, {}, decoupled=t.decoupled)
+        if cfg.backend == "pytorch"
+        else model_config(
             ENGINE_MODEL,
             "tensorrtllm",
             ENGINE_INPUTS,
@@ -322,10 +363,14 @@ def _source_text(filename: str) -> str:
     return resources.files("engine_jobs.triton_models").joinpath(filename).read_text(encoding="utf-8")
 
 
-def write_model_repository(out_dir: Path, cfg: ServingConfig, engine_dir: str, tokenizer_dir: str) -> None:
+def write_model_repository(
+    out_dir: Path, cfg: ServingConfig, engine_dir: str, tokenizer_dir: str, llmapi_model_dir: str | None = None
+) -> None:
     """Write the repository to ``out_dir`` atomically (built next to it, then renamed into place).
 
-    An existing repository at ``out_dir`` is replaced: the launcher rewrites it on every pod start.
+    An existing repository at ``out_dir`` is replaced: the launcher rewrites it on every pod start. The
+    PyTorch path's engine model is upstream's llmapi code from ``llmapi_model_dir`` (None: only model.yaml
+    is written, for a caller that installs the model code itself) with the generated model.yaml.
     """
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -337,6 +382,14 @@ def write_model_repository(out_dir: Path, cfg: ServingConfig, engine_dir: str, t
             (tmp / name / "config.pbtxt").write_text(text, encoding="utf-8")
             for dest, src in MODEL_SOURCES.get(name, {}).items():
                 (version / dest).write_text(_source_text(src), encoding="utf-8")
+        if cfg.backend == "pytorch":
+            engine_version = tmp / ENGINE_MODEL / "1"
+            (engine_version / LLMAPI_CONFIG_FILE).write_text(
+                yaml.safe_dump(model_yaml(cfg), sort_keys=False), encoding="utf-8"
+            )
+            if llmapi_model_dir is not None:
+                for filename in LLMAPI_MODEL_FILES:
+                    shutil.copyfile(Path(llmapi_model_dir) / filename, engine_version / filename)
         os.chmod(tmp, 0o755)
         if out_dir.exists():
             shutil.rmtree(out_dir)

@@ -48,6 +48,8 @@ class LaunchSettings:
     openai_port: int = OPENAI_PORT
     exit_timeout_secs: int = 30
     log_verbose: int = 0
+    #: upstream's llmapi model code in the PyTorch path's runtime image (images/triton-runtime.Dockerfile)
+    llmapi_model_dir: str = "/opt/redrafter/llmapi"
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "LaunchSettings":
@@ -60,6 +62,7 @@ class LaunchSettings:
             backend_dir=env.get("REDRAFTER_BACKEND_DIR") or d.backend_dir,
             exit_timeout_secs=int(env.get("REDRAFTER_EXIT_TIMEOUT_SECS", d.exit_timeout_secs)),
             log_verbose=int(env.get("REDRAFTER_LOG_VERBOSE", d.log_verbose)),
+            llmapi_model_dir=env.get("REDRAFTER_LLMAPI_MODEL_DIR", d.llmapi_model_dir),
         )
 
 
@@ -131,8 +134,15 @@ def load_serving_config(path: str | os.PathLike) -> ServingConfig:
 def prepare(cfg: ServingConfig, s: LaunchSettings) -> list[str]:
     """Write the repository for ``cfg`` and return the argv that serves it."""
     artifact = cfg.artifact_dir.rstrip("/")
-    write_model_repository(Path(s.model_repo_dir), cfg, f"{artifact}/{ENGINE_DIR}", f"{artifact}/{TOKENIZER_DIR}")
-    return launch_argv(s, s.model_repo_dir, cfg.tensor_parallel)
+    write_model_repository(
+        Path(s.model_repo_dir),
+        cfg,
+        f"{artifact}/{ENGINE_DIR}",
+        f"{artifact}/{TOKENIZER_DIR}",
+        llmapi_model_dir=s.llmapi_model_dir,
+    )
+    # The PyTorch backend's LLM starts its own tensor-parallel workers: one tritonserver, never mpirun.
+    return launch_argv(s, s.model_repo_dir, cfg.tensor_parallel if cfg.backend == "tensorrt" else 1)
 
 
 def front_argv(s: LaunchSettings, config_path: str) -> list[str]:

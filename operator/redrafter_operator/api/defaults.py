@@ -18,6 +18,10 @@ from .types import DURATION_PATTERN
 
 DEFAULT_BUILDER_IMAGE = "ghcr.io/redrafter/engine-builder:0.1.0-trtllm1.0.0"
 DEFAULT_SERVING_IMAGE = "ghcr.io/redrafter/triton-runtime:0.1.0-25.09-trtllm-python-py3"
+#: the PyTorch-backend methods (eagle3, mtp, ngram, draftModel) run on a newer TensorRT-LLM than ReDrafter,
+#: whose TensorRT-engine path upstream removed (images/README.md)
+DEFAULT_PYTORCH_BUILDER_IMAGE = "ghcr.io/redrafter/engine-builder:0.1.0-trtllm1.2.1"
+DEFAULT_PYTORCH_SERVING_IMAGE = "ghcr.io/redrafter/triton-runtime:0.1.0-26.07-trtllm-python-py3"
 DEFAULT_CACHE_CLAIM = "engine-cache"
 DEFAULT_RETENTION_SCHEDULE = "30 3 * * *"
 
@@ -26,6 +30,8 @@ DNS1123_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
 ENV_BUILDER_IMAGE = "REDRAFTER_DEFAULT_BUILDER_IMAGE"
 ENV_SERVING_IMAGE = "REDRAFTER_DEFAULT_SERVING_IMAGE"
+ENV_PYTORCH_BUILDER_IMAGE = "REDRAFTER_DEFAULT_PYTORCH_BUILDER_IMAGE"
+ENV_PYTORCH_SERVING_IMAGE = "REDRAFTER_DEFAULT_PYTORCH_SERVING_IMAGE"
 ENV_CACHE_CLAIM = "REDRAFTER_DEFAULT_CACHE_CLAIM"
 ENV_RETENTION_KEEP = "REDRAFTER_DEFAULT_CACHE_RETENTION_KEEP"
 ENV_RETENTION_MAX_AGE = "REDRAFTER_DEFAULT_CACHE_RETENTION_MAX_AGE"
@@ -36,6 +42,8 @@ ENV_RETENTION_SCHEDULE = "REDRAFTER_DEFAULT_CACHE_RETENTION_SCHEDULE"
 class OperatorDefaults:
     builder_image: str = DEFAULT_BUILDER_IMAGE
     serving_image: str = DEFAULT_SERVING_IMAGE
+    pytorch_builder_image: str = DEFAULT_PYTORCH_BUILDER_IMAGE
+    pytorch_serving_image: str = DEFAULT_PYTORCH_SERVING_IMAGE
     cache_claim: str = DEFAULT_CACHE_CLAIM
     cache_retention_keep: int | None = None  # None and no max age: never collect (deleting is opt-in)
     cache_retention_max_age: str | None = None
@@ -48,6 +56,8 @@ class OperatorDefaults:
         for attr, var, pattern in (
             ("builder_image", ENV_BUILDER_IMAGE, IMAGE_PATTERN),
             ("serving_image", ENV_SERVING_IMAGE, IMAGE_PATTERN),
+            ("pytorch_builder_image", ENV_PYTORCH_BUILDER_IMAGE, IMAGE_PATTERN),
+            ("pytorch_serving_image", ENV_PYTORCH_SERVING_IMAGE, IMAGE_PATTERN),
             ("cache_claim", ENV_CACHE_CLAIM, DNS1123_LABEL_PATTERN),
             ("cache_retention_keep", ENV_RETENTION_KEEP, r"^\d{1,3}$"),
             ("cache_retention_max_age", ENV_RETENTION_MAX_AGE, DURATION_PATTERN),

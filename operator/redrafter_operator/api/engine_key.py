@@ -27,7 +27,11 @@ def _source(src: ModelSource | None) -> dict[str, str | None] | None:
 
 
 def build_inputs(spec: ReDrafterDeploymentSpec, variant: Variant) -> dict[str, Any]:
-    """Every build input of one variant, as a JSON-able dict (recorded in the engine manifest)."""
+    """Every build input of one variant, as a JSON-able dict (recorded in the engine manifest).
+
+    ReDrafter specs hash exactly the inputs they always did, so their keys never change."""
+    if spec.method != "redrafter":
+        return prepared_inputs(spec)
     e = spec.engine
     inputs: dict[str, Any] = {
         "contract": CONTRACT_VERSION,
@@ -49,6 +53,7 @@ def build_inputs(spec: ReDrafterDeploymentSpec, variant: Variant) -> dict[str, A
     }
     if variant == "redrafter":
         key = drafter_key(spec)
+        assert spec.model.drafter is not None  # the spec's rules require one for method redrafter
         # a trained drafter is named by its key, which covers everything that changes it
         inputs["drafter"] = {"trained": key} if key else _source(spec.model.drafter.as_source())
         inputs["redrafter"] = {
@@ -56,6 +61,28 @@ def build_inputs(spec: ReDrafterDeploymentSpec, variant: Variant) -> dict[str, A
             "draftLenPerBeam": spec.redrafter.draft_len_per_beam,
             "greedySearch": spec.redrafter.greedy_search,
         }
+    return inputs
+
+
+def prepared_inputs(spec: ReDrafterDeploymentSpec) -> dict[str, Any]:
+    """The inputs of a PyTorch-backend artifact: the checkpoints it holds, verified for the method.
+
+    There is no engine build: the prepare Job fetches and verifies checkpoints that the serving pods load.
+    Both variants serve the same artifact (the base one without speculative_config), so the key does not
+    depend on the variant, and draft length, dtype and limits are serving settings (model.yaml at pod start).
+    """
+    drafter = spec.model.drafter.as_source() if spec.model.drafter is not None else None
+    inputs: dict[str, Any] = {
+        "contract": CONTRACT_VERSION,
+        "backend": "pytorch",
+        "method": spec.method,
+        "base": _source(spec.model.base),
+        "tokenizer": _source(spec.model.tokenizer or spec.model.base),
+        "drafter": _source(drafter),
+        "builderImage": spec.engine.builder_image,
+    }
+    if spec.mtp is not None:  # the prepare Job checks these against the layers config.json declares
+        inputs["mtp"] = spec.mtp.model_dump(by_alias=True)
     return inputs
 
 
@@ -79,7 +106,7 @@ def training_inputs(spec: ReDrafterDeploymentSpec, train: DrafterTraining) -> di
 
 def drafter_key(spec: ReDrafterDeploymentSpec) -> str | None:
     """The key of the drafter the operator trains for ``spec`` (None when the spec brings a trained one)."""
-    train = spec.model.drafter.train
+    train = spec.trained_drafter()
     return key_of(training_inputs(spec, train)) if train is not None else None
 
 

@@ -59,7 +59,9 @@ def _cel_errors(schema: dict[str, Any], obj: Any, path: list[str]) -> list[str]:
         env = celpy.Environment()
         program = env.program(env.compile(rule["rule"]))
         if not program.evaluate({"self": celpy.adapter.json_to_cel(obj)}):
-            errors.append(f"{_path(path)}: {rule.get('message', rule['rule'])}")
+            # the API server reports a rule at its fieldPath (relative to the object the rule sits on)
+            where = _path(path) + rule.get("fieldPath", "")
+            errors.append(f"{where}: {rule.get('message', rule['rule'])}")
     if isinstance(obj, dict):
         for name, sub in schema.get("properties", {}).items():
             if name in obj:

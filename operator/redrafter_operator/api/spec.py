@@ -36,6 +36,15 @@ _MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$"
 MAX_DRAFT_TOKENS = 64  # numBeams x draftLenPerBeam; larger trees cost more than they accept
 
 
+class FieldError(ValueError):
+    """A cross-field rule's error about one field: ``parse_spec`` reports it at that field's path, as the
+    API server reports the CEL rule's ``fieldPath``."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
 def _cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
     out: JsonDict = {"rule": rule, "message": message}
     if field_path:
@@ -233,9 +242,11 @@ class Model(ApiModel):
         description="The base (verifier) model: a Llama or Qwen2/Qwen2.5 checkpoint. Qwen v1 (QWenLMHeadModel) "
         "is refused: its tokenizer is remote code (trust_remote_code), which the operator does not run."
     )
-    drafter: Drafter = Field(
-        description="The ReDrafter drafter head for this base model: source (a trained head) or train (the "
-        "operator trains one from the base model; see docs/drafter.md)."
+    drafter: Drafter | None = Field(
+        default=None,
+        description="What drafts for the base model, by method: redrafter: the ReDrafter head, source (a trained "
+        "head) or train (the operator trains one; see docs/drafter.md); eagle3: the EAGLE-3 head's checkpoint "
+        "(source); draftModel: the draft model's checkpoint (source). ngram and mtp take none.",
     )
     tokenizer: ModelSource | None = Field(
         default=None, description="Tokenizer for pre/post-processing. Defaults to the base model's."
@@ -282,6 +293,49 @@ class Redrafter(ApiModel):
         if self.num_beams * self.draft_len_per_beam > MAX_DRAFT_TOKENS:
             raise ValueError(f"numBeams x draftLenPerBeam must be at most {MAX_DRAFT_TOKENS}")
         return self
+
+
+#: the speculation methods; redrafter runs on TensorRT-LLM's TensorRT-engine path, the others on its
+#: PyTorch backend (docs/speculation-methods.md)
+Method = Literal["redrafter", "eagle3", "mtp", "ngram", "draftModel"]
+METHODS: tuple[str, ...] = ("redrafter", "eagle3", "mtp", "ngram", "draftModel")
+#: methods whose drafter is a checkpoint in model.drafter
+DRAFTER_METHODS: tuple[str, ...] = ("redrafter", "eagle3", "draftModel")
+
+
+class Eagle3(ApiModel):
+    """EAGLE-3: a small head over the base model's hidden states drafts a chain of tokens."""
+
+    max_draft_len: int = Field(
+        default=3, ge=1, le=MAX_DRAFT_TOKENS, description="Tokens the head drafts per step (max_draft_len)."
+    )
+
+
+class Mtp(ApiModel):
+    """Multi-token prediction: the base checkpoint's own MTP modules draft (DeepSeek-V3/R1-style models)."""
+
+    num_nextn_predict_layers: int = Field(
+        default=1,
+        ge=1,
+        le=16,
+        description="MTP modules used per step; at most what the base config.json declares "
+        "(num_nextn_predict_layers), checked when the sources are prepared.",
+    )
+
+
+class NGram(ApiModel):
+    """NGram: drafts by matching the last tokens against earlier text of the request; no drafter at all."""
+
+    max_draft_len: int = Field(default=4, ge=1, le=MAX_DRAFT_TOKENS, description="Tokens drafted per step.")
+    max_matching_ngram_size: int = Field(
+        default=4, ge=1, le=32, description="Longest suffix of the text matched to find a draft."
+    )
+
+
+class DraftModel(ApiModel):
+    """A smaller model of the same tokenizer drafts for the base (decoding type DraftTarget)."""
+
+    max_draft_len: int = Field(default=4, ge=1, le=MAX_DRAFT_TOKENS, description="Tokens drafted per step.")
 
 
 class Parallelism(ApiModel):
@@ -838,6 +892,35 @@ class Validation(ApiModel):
     )
 
 
+_NO_DRAFTER = (
+    "methods ngram and mtp take no model.drafter (ngram drafts from the request's own text, mtp with the base "
+    "checkpoint's MTP layers)"
+)
+_TRAIN_REDRAFTER_ONLY = (
+    "model.drafter.train trains a ReDrafter head (method redrafter); method eagle3 and draftModel need a "
+    "trained checkpoint in model.drafter.source"
+)
+_FP8_REDRAFTER_ONLY = (
+    "precision.quantization fp8 quantizes at build time, which only the redrafter method has; for the PyTorch "
+    "backend give a pre-quantized (FP8) checkpoint as model.base"
+)
+#: per-method parameter blocks: (field name on the wire, the method that reads it)
+_METHOD_BLOCKS: tuple[tuple[str, str], ...] = (
+    ("eagle3", "eagle3"),
+    ("mtp", "mtp"),
+    ("ngram", "ngram"),
+    ("draftModel", "draftModel"),
+)
+
+
+def _block_message(block: str, method: str) -> str:
+    return f"{block} is read only when method is {method}"
+
+
+def _snake(name: str) -> str:
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in name)
+
+
 class ReDrafterDeploymentSpec(ApiModel):
     """A speculative-decoding LLM service: engines, serving, autoscaling and speculation policy."""
 
@@ -853,13 +936,48 @@ class ReDrafterDeploymentSpec(ApiModel):
                     "draft length)",
                     ".redrafter.draftLenPerBeam",
                 ),
+                _cel(
+                    "!(self.method in ['redrafter', 'eagle3', 'draftModel']) || has(self.model.drafter)",
+                    "required by methods redrafter, eagle3 and draftModel (the head or the draft model's checkpoint)",
+                    ".model.drafter",
+                ),
+                _cel(
+                    "!(self.method in ['ngram', 'mtp']) || !has(self.model.drafter)",
+                    _NO_DRAFTER,
+                    ".model.drafter",
+                ),
+                _cel(
+                    "self.method == 'redrafter' || !has(self.model.drafter) || !has(self.model.drafter.train)",
+                    _TRAIN_REDRAFTER_ONLY,
+                    ".model.drafter.train",
+                ),
+                _cel(
+                    "self.method == 'redrafter' || !has(self.precision) || !has(self.precision.quantization) || "
+                    "self.precision.quantization == 'none'",
+                    _FP8_REDRAFTER_ONLY,
+                    ".precision.quantization",
+                ),
+                *(
+                    _cel(f"!has(self.{block}) || self.method == '{method}'", _block_message(block, method), f".{block}")
+                    for block, method in _METHOD_BLOCKS
+                ),
             ]
         }
     }
 
+    method: Method = Field(
+        default="redrafter",
+        description="How drafts are made: redrafter (ReDrafter, TensorRT engines built by trtllm-build), or on "
+        "TensorRT-LLM's PyTorch backend eagle3 (an EAGLE-3 head), mtp (the base's own MTP layers), ngram (no "
+        "drafter) or draftModel (a smaller model). See docs/speculation-methods.md.",
+    )
     model: Model = Field(description="Checkpoints: base, drafter, tokenizer.")
     precision: Precision = Field(default_factory=Precision, description="Engine precision.")
     redrafter: Redrafter = Field(default_factory=Redrafter, description="ReDrafter drafting parameters.")
+    eagle3: Eagle3 | None = Field(default=None, description="EAGLE-3 parameters (method eagle3).")
+    mtp: Mtp | None = Field(default=None, description="MTP parameters (method mtp).")
+    ngram: NGram | None = Field(default=None, description="NGram parameters (method ngram).")
+    draft_model: DraftModel | None = Field(default=None, description="Draft-model parameters (method draftModel).")
     parallelism: Parallelism = Field(default_factory=Parallelism, description="Tensor parallelism.")
     engine: Engine = Field(default_factory=Engine, description="Engine build settings.")
     serving: Serving = Field(default_factory=Serving, description="Triton serving settings.")
@@ -872,8 +990,44 @@ class ReDrafterDeploymentSpec(ApiModel):
     routing: Routing = Field(default_factory=Routing, description="Gateway routing (InferencePool).")
 
     @model_validator(mode="after")
+    def _method_rules(self) -> ReDrafterDeploymentSpec:
+        drafter = self.model.drafter
+        if self.method in DRAFTER_METHODS and drafter is None:
+            raise FieldError(
+                "model.drafter",
+                f"required by method {self.method} (the head or the draft model's checkpoint)",
+            )
+        if self.method in ("ngram", "mtp") and drafter is not None:
+            raise FieldError("model.drafter", _NO_DRAFTER)
+        if self.method != "redrafter" and drafter is not None and drafter.train is not None:
+            raise FieldError("model.drafter.train", _TRAIN_REDRAFTER_ONLY)
+        if self.method != "redrafter" and self.precision.quantization != "none":
+            raise FieldError("precision.quantization", _FP8_REDRAFTER_ONLY)
+        for block, method in _METHOD_BLOCKS:
+            if getattr(self, _snake(block)) is not None and self.method != method:
+                raise FieldError(block, _block_message(block, method))
+        if self.method != "redrafter":
+            # the PyTorch path has its own image pair; an image the user set is kept as given
+            if "builder_image" not in self.engine.model_fields_set:
+                self.engine.builder_image = defaults.DEFAULTS.pytorch_builder_image
+            if "image" not in self.serving.model_fields_set:
+                self.serving.image = defaults.DEFAULTS.pytorch_serving_image
+        return self
+
+    def trained_drafter(self) -> DrafterTraining | None:
+        """The drafter the operator trains for this spec (None when the spec brings one, or needs none)."""
+        return self.model.drafter.train if self.model.drafter is not None else None
+
+    def method_params(self) -> Eagle3 | Mtp | NGram | DraftModel | None:
+        """The parameters of a PyTorch-backend method (defaults when its block is left out); None for redrafter."""
+        if self.method == "redrafter":
+            return None
+        block = {"eagle3": Eagle3, "mtp": Mtp, "ngram": NGram, "draftModel": DraftModel}[self.method]
+        return getattr(self, _snake(self.method)) or block()
+
+    @model_validator(mode="after")
     def _draft_len_trained(self) -> ReDrafterDeploymentSpec:
-        train = self.model.drafter.train
+        train = self.trained_drafter()
         if train is not None and self.redrafter.draft_len_per_beam > train.recipe.draft_len:
             raise ValueError(
                 "redrafter.draftLenPerBeam must not exceed model.drafter.train.recipe.draftLen (the trained "
@@ -894,6 +1048,8 @@ def parse_spec(raw: dict[str, Any]) -> tuple["ReDrafterDeploymentSpec | None", l
         for err in exc.errors():
             path = ".".join(["spec", *(str(p) for p in err["loc"])])
             msg = err["msg"].removeprefix("Value error, ")
+            if isinstance(cause := (err.get("ctx") or {}).get("error"), FieldError):
+                path = f"{path}.{cause.path}"
             out.append(f"{path}: {msg}")
         return None, out
 

@@ -9,11 +9,11 @@ import posixpath
 from typing import Any
 
 from engine_jobs import contract
-from engine_jobs.contract import BuildSpec, EngineLimits, RedrafterParams, SourceRef, Variant
+from engine_jobs.contract import BuildSpec, EngineLimits, RedrafterParams, SourceRef, SpeculativeParams, Variant
 from engine_jobs.errors import NON_RETRYABLE
 
 from ..api.engine_key import build_inputs, drafter_key, key_of
-from ..api.spec import ModelSource, ReDrafterDeploymentSpec
+from ..api.spec import ModelSource, Mtp, NGram, ReDrafterDeploymentSpec
 from ..api.types import parse_source
 from . import names, resources, security
 from .common import Owner, metadata
@@ -35,12 +35,26 @@ def drafter_path(spec: ReDrafterDeploymentSpec, key: str) -> str:
 
 def drafter_source(spec: ReDrafterDeploymentSpec) -> ModelSource:
     """The drafter as the ReDrafter build reads it: the given source, or the trained one in the cache claim."""
+    assert spec.model.drafter is not None  # the spec's rules require one for the methods that draft with one
     given = spec.model.drafter.as_source()
     if given is not None:
         return given
     key = drafter_key(spec)
     assert key is not None
     return ModelSource(source=f"pvc://{spec.engine.cache.claim_name}/{drafter_path(spec, key)}")
+
+
+def speculative_params(spec: ReDrafterDeploymentSpec) -> SpeculativeParams | None:
+    """The PyTorch-backend method of ``spec`` in the contract's terms (None for ReDrafter)."""
+    p = spec.method_params()
+    if p is None:
+        return None
+    draft_len = p.num_nextn_predict_layers if isinstance(p, Mtp) else p.max_draft_len
+    return SpeculativeParams(
+        method=spec.method,  # type: ignore[arg-type]  # not redrafter: method_params() said so
+        max_draft_len=draft_len,
+        max_matching_ngram_size=p.max_matching_ngram_size if isinstance(p, NGram) else None,
+    )
 
 
 def source_ref(src: ModelSource) -> SourceRef:
@@ -52,6 +66,28 @@ def source_ref(src: ModelSource) -> SourceRef:
 def build_spec(spec: ReDrafterDeploymentSpec, variant: Variant) -> BuildSpec:
     inputs = build_inputs(spec, variant)
     e = spec.engine
+    limits = EngineLimits(
+        max_batch_size=e.max_batch_size,
+        max_input_len=e.max_input_len,
+        max_seq_len=e.max_seq_len,
+        max_num_tokens=e.max_num_tokens,
+        paged_context_fmha=e.paged_context_fmha,
+    )
+    if spec.method != "redrafter":
+        # The prepare Job: both variants share one artifact, so either Job prepares all of it.
+        return BuildSpec(
+            variant=variant,
+            key=key_of(inputs),
+            inputs=inputs,
+            base=source_ref(spec.model.base),
+            drafter=source_ref(drafter_source(spec)) if spec.model.drafter is not None else None,
+            tokenizer=source_ref(spec.model.tokenizer or spec.model.base),
+            dtype=spec.precision.dtype,
+            tensor_parallel=spec.parallelism.tensor,
+            limits=limits,
+            backend="pytorch",
+            speculative=speculative_params(spec),
+        )
     return BuildSpec(
         variant=variant,
         key=key_of(inputs),
@@ -70,13 +106,7 @@ def build_spec(spec: ReDrafterDeploymentSpec, variant: Variant) -> BuildSpec:
         )
         if variant == "redrafter"
         else None,
-        limits=EngineLimits(
-            max_batch_size=e.max_batch_size,
-            max_input_len=e.max_input_len,
-            max_seq_len=e.max_seq_len,
-            max_num_tokens=e.max_num_tokens,
-            paged_context_fmha=e.paged_context_fmha,
-        ),
+        limits=limits,
     )
 
 
@@ -96,13 +126,13 @@ def build_configmap(owner: Owner, variant: Variant) -> dict[str, Any]:
         "metadata": metadata(
             owner, names.build_config_name(owner.name, variant, bs.key), build_labels(owner, variant, bs.key)
         ),
-        "data": {contract.BUILD_SPEC_FILE: bs.model_dump_json(indent=2)},
+        "data": {contract.BUILD_SPEC_FILE: bs.wire_json()},
     }
 
 
 def _model_sources(spec: ReDrafterDeploymentSpec, variant: Variant) -> list[ModelSource]:
     sources = [spec.model.base, spec.model.tokenizer or spec.model.base]
-    if variant == "redrafter":
+    if spec.model.drafter is not None and (variant == "redrafter" or spec.method != "redrafter"):
         sources.append(drafter_source(spec))
     return sources
 
@@ -112,10 +142,10 @@ def named_sources(spec: ReDrafterDeploymentSpec) -> list[ModelSource]:
     training dataset (a trained drafter, in the operator's own cache, is not one)."""
     model = spec.model
     sources = [model.base, *([model.tokenizer] if model.tokenizer else [])]
-    if (drafter := model.drafter.as_source()) is not None:
+    if model.drafter is not None and (drafter := model.drafter.as_source()) is not None:
         sources.append(drafter)
-    if model.drafter.train is not None:
-        sources.append(model.drafter.train.dataset)
+    if (train := spec.trained_drafter()) is not None:
+        sources.append(train.dataset)
     return sources
 
 

@@ -18,6 +18,9 @@ class Owner:
     uid: str
     spec: ReDrafterDeploymentSpec
     generation: int = 1
+    #: the crossover concurrency the last passed validation measured (floored), which the PyTorch path's
+    #: speculative engine gets as max_concurrency; None until one was measured
+    in_engine_concurrency: int | None = None
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> "Owner":
@@ -29,6 +32,7 @@ class Owner:
             uid=meta.get("uid") or "00000000-0000-0000-0000-000000000000",
             spec=ReDrafterDeploymentSpec.model_validate(body.get("spec") or {}),
             generation=int(meta.get("generation") or 1),
+            in_engine_concurrency=_measured_crossover(body.get("status") or {}),
         )
 
     def owner_reference(self) -> dict[str, Any]:
@@ -40,6 +44,14 @@ class Owner:
             "controller": True,
             "blockOwnerDeletion": True,
         }
+
+
+def _measured_crossover(status: dict[str, Any]) -> int | None:
+    validation = status.get("validation") or {}
+    crossover = validation.get("crossoverConcurrency")
+    if validation.get("state") != "Passed" or not isinstance(crossover, (int, float)) or crossover < 1:
+        return None
+    return int(crossover)
 
 
 def metadata(

@@ -20,7 +20,7 @@ from engine_jobs import contract
 from engine_jobs.contract import ServingConfig, TritonParams, Variant
 
 from . import names, resources, security
-from .build import gpu_resources, node_selector
+from .build import gpu_resources, node_selector, speculative_params
 from .common import Owner, metadata
 
 ANNOTATION_CONFIG_HASH = f"{names.DOMAIN}/serving-config-hash"
@@ -61,6 +61,11 @@ def serving_config(owner: Owner, variant: Variant, key: str) -> ServingConfig:
     spec = owner.spec
     t = spec.serving.triton
     redrafter = variant == "redrafter"
+    fields: dict[str, Any] = {
+        "draft_len_per_beam": spec.redrafter.draft_len_per_beam if redrafter else 0,
+        "num_beams": spec.redrafter.num_beams if redrafter else 0,
+    }
+    fields.update(_pytorch_fields(owner, variant))
     return ServingConfig(
         deployment=owner.name,
         variant=variant,
@@ -69,8 +74,6 @@ def serving_config(owner: Owner, variant: Variant, key: str) -> ServingConfig:
         tensor_parallel=spec.parallelism.tensor,
         max_batch_size=spec.engine.max_batch_size,
         paged_context_fmha=spec.engine.paged_context_fmha,
-        draft_len_per_beam=spec.redrafter.draft_len_per_beam if redrafter else 0,
-        num_beams=spec.redrafter.num_beams if redrafter else 0,
         model_name=spec.serving.model_name or owner.name,
         max_input_len=spec.engine.max_input_len,
         max_seq_len=spec.engine.max_seq_len,
@@ -83,11 +86,31 @@ def serving_config(owner: Owner, variant: Variant, key: str) -> ServingConfig:
             enable_kv_cache_reuse=t.enable_kv_cache_reuse,
             decoupled=True,
         ),
+        **fields,
     )
 
 
+def _pytorch_fields(owner: Owner, variant: Variant) -> dict[str, Any]:
+    """The PyTorch path's settings of one pod: its method (on the speculative variant), the in-engine
+    concurrency limit once validation measured the crossover, and the LLM's limits."""
+    spec = owner.spec
+    params = speculative_params(spec)
+    if params is None:
+        return {}
+    speculative = variant == "redrafter"
+    return {
+        "backend": "pytorch",
+        "speculative": params if speculative else None,
+        "max_concurrency": owner.in_engine_concurrency if speculative else None,
+        "max_num_tokens": spec.engine.max_num_tokens,
+        "dtype": spec.precision.dtype,
+        "draft_len_per_beam": params.max_draft_len if speculative else 0,
+        "num_beams": 1 if speculative else 0,
+    }
+
+
 def _config_json(owner: Owner, variant: Variant, key: str) -> str:
-    return serving_config(owner, variant, key).model_dump_json(indent=2)
+    return serving_config(owner, variant, key).wire_json()
 
 
 def serving_configmap(owner: Owner, variant: Variant, key: str, name: str | None = None) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from redrafter_operator.api.defaults import DEFAULT_PYTORCH_SERVING_IMAGE
 from redrafter_operator.api.spec import DEFAULT_BUILDER_IMAGE, DEFAULT_SERVING_IMAGE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -141,6 +142,36 @@ def test_operator_default_images_name_the_same_tensorrt_llm():
     values = yaml.safe_load((ROOT / "charts/redrafter-operator/values.yaml").read_text())
     assert values["defaults"]["builderImage"] == DEFAULT_BUILDER_IMAGE
     assert values["defaults"]["servingImage"] == DEFAULT_SERVING_IMAGE
+
+
+def test_the_pytorch_path_has_its_own_pair_from_the_same_dockerfile():
+    v = _versions()
+    release, server, trtllm = (
+        v["PYTORCH_TRITON_RELEASE"],
+        v["PYTORCH_TRITON_SERVER_VERSION"],
+        v["PYTORCH_TRTLLM_VERSION"],
+    )
+    version = importlib.metadata.version("redrafter-operator")
+    assert DEFAULT_PYTORCH_SERVING_IMAGE == f"{v['REGISTRY']}/triton-runtime:{version}-{release}-trtllm-python-py3"
+    # ReDrafter keeps its own pair: the PyTorch pins never replace it
+    assert (release, trtllm) != (v["TRITON_RELEASE"], v["TRTLLM_VERSION"])
+    assert DEFAULT_PYTORCH_SERVING_IMAGE != DEFAULT_SERVING_IMAGE
+    readme = (IMAGES / "README.md").read_text()
+    assert re.search(
+        rf"\|\s*\*\*`{re.escape(release)}-trtllm-python-py3`\*\*[^|]*\|\s*\*\*{re.escape(trtllm)}\*\*", readme
+    )
+    assert f"server {server}" in readme
+    from engine_jobs import llmapi_backend
+
+    assert f"TensorRT-LLM {trtllm} (Triton {release}, server {server})" == llmapi_backend.BACKEND_RELEASE
+    env = {**os.environ, "IMAGES": "triton-runtime-pytorch"}
+    dry = subprocess.run(
+        [str(IMAGES / "build.sh"), "--dry-run"], capture_output=True, text=True, timeout=600, check=True, env=env
+    )
+    (line,) = [x for x in dry.stdout.splitlines() if not x.startswith("#")]
+    assert line.startswith("docker build --file images/triton-runtime.Dockerfile ")
+    assert f"--tag {DEFAULT_PYTORCH_SERVING_IMAGE} " in line
+    assert f"--build-arg TRITON_RELEASE={release} --build-arg TRTLLM_VERSION={trtllm}" in line
 
 
 #: extras of the distribution the operator image installs (validation Jobs run `evaluate validate` there)

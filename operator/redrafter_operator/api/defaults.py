@@ -18,6 +18,8 @@ from .types import DURATION_PATTERN
 
 DEFAULT_BUILDER_IMAGE = "ghcr.io/redrafter/engine-builder:0.1.0-trtllm1.0.0"
 DEFAULT_SERVING_IMAGE = "ghcr.io/redrafter/triton-runtime:0.1.0-25.09-trtllm-python-py3"
+# The PyTorch-backend (llmapi) path: same Dockerfile, a newer base (images/versions.env PYTORCH_*).
+DEFAULT_PYTORCH_SERVING_IMAGE = "ghcr.io/redrafter/triton-runtime:0.1.0-26.07-trtllm-python-py3"
 DEFAULT_CACHE_CLAIM = "engine-cache"
 DEFAULT_RETENTION_SCHEDULE = "30 3 * * *"
 

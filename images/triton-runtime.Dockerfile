@@ -13,6 +13,15 @@ COPY operator/ operator/
 COPY engine_jobs/ engine_jobs/
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
+# The PyTorch path's engine model is Triton's llmapi Python model, which TensorRT-LLM keeps in its repository
+# (triton_backend/all_models/llmapi/tensorrt_llm/1: model.py, helpers.py). Take it from the release tag that
+# matches the installed package; the launcher copies it next to the model.yaml it generates.
+FROM alpine/git:v2.49.1 AS trtllm-llmapi
+ARG TRTLLM_VERSION=1.0.0
+RUN git clone --depth 1 --branch "v${TRTLLM_VERSION}" --filter=blob:none --sparse \
+        https://github.com/NVIDIA/TensorRT-LLM.git /src \
+    && git -C /src sparse-checkout set triton_backend/all_models/llmapi
+
 FROM nvcr.io/nvidia/tritonserver:${TRITON_RELEASE}-trtllm-python-py3
 ARG TRITON_RELEASE=25.09
 ARG TRTLLM_VERSION=1.0.0
@@ -27,6 +36,8 @@ ENV PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1 HOME=/tmp
 COPY images/requirements/triton-runtime.txt /tmp/requirements.txt
 COPY --from=wheel /wheels /tmp/wheels
+# engine_jobs.serve LaunchSettings.llmapi_model_dir
+COPY --from=trtllm-llmapi /src/triton_backend/all_models/llmapi/tensorrt_llm/1/ /opt/redrafter/llmapi/
 RUN python3 -m pip install --no-cache-dir --requirement /tmp/requirements.txt \
     && python3 -m pip install --no-cache-dir --no-deps /tmp/wheels/*.whl \
     && rm -rf /tmp/wheels /tmp/requirements.txt \
@@ -35,6 +46,7 @@ RUN python3 -m pip install --no-cache-dir --requirement /tmp/requirements.txt \
     && installed="$(python3 -c 'import importlib.metadata as m; print(m.version("tensorrt_llm"))')" \
     && if [ "${installed}" != "${TRTLLM_VERSION}" ]; then echo "base image has TensorRT-LLM ${installed}, expected ${TRTLLM_VERSION}" >&2; exit 1; fi \
     && test -d /opt/tritonserver/backends/tensorrtllm \
+    && test -f /opt/redrafter/llmapi/model.py \
     && groupadd --gid 10001 redrafter \
     && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin redrafter
 USER 10001:10001

@@ -16,6 +16,7 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from redrafter_operator.api.defaults import DEFAULT_PYTORCH_BUILDER_IMAGE, DEFAULT_PYTORCH_SERVING_IMAGE
 from redrafter_operator.api.spec import DEFAULT_BUILDER_IMAGE, DEFAULT_SERVING_IMAGE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -143,6 +144,41 @@ def test_operator_default_images_name_the_same_tensorrt_llm():
     assert values["defaults"]["servingImage"] == DEFAULT_SERVING_IMAGE
 
 
+def test_the_pytorch_path_has_its_own_pair_from_the_same_dockerfile():
+    v = _versions()
+    release, server, trtllm = (
+        v["PYTORCH_TRITON_RELEASE"],
+        v["PYTORCH_TRITON_SERVER_VERSION"],
+        v["PYTORCH_TRTLLM_VERSION"],
+    )
+    version = importlib.metadata.version("redrafter-operator")
+    assert DEFAULT_PYTORCH_SERVING_IMAGE == f"{v['REGISTRY']}/triton-runtime:{version}-{release}-trtllm-python-py3"
+    # ReDrafter keeps its own pair: the PyTorch pins never replace it
+    assert (release, trtllm) != (v["TRITON_RELEASE"], v["TRTLLM_VERSION"])
+    assert DEFAULT_PYTORCH_SERVING_IMAGE != DEFAULT_SERVING_IMAGE
+    readme = (IMAGES / "README.md").read_text()
+    assert re.search(
+        rf"\|\s*\*\*`{re.escape(release)}-trtllm-python-py3`\*\*[^|]*\|\s*\*\*{re.escape(trtllm)}\*\*", readme
+    )
+    assert f"server {server}" in readme
+    from engine_jobs import llmapi_backend
+
+    assert f"TensorRT-LLM {trtllm} (Triton {release}, server {server})" == llmapi_backend.BACKEND_RELEASE
+    assert DEFAULT_PYTORCH_BUILDER_IMAGE == f"{v['REGISTRY']}/engine-builder:{version}-trtllm{trtllm}"
+    env = {**os.environ, "IMAGES": "engine-builder-pytorch triton-runtime-pytorch"}
+    dry = subprocess.run(
+        [str(IMAGES / "build.sh"), "--dry-run"], capture_output=True, text=True, timeout=600, check=True, env=env
+    )
+    builder, runtime = [x for x in dry.stdout.splitlines() if x.startswith("docker build")]
+    for line, dockerfile, tag in (
+        (builder, "engine-builder", DEFAULT_PYTORCH_BUILDER_IMAGE),
+        (runtime, "triton-runtime", DEFAULT_PYTORCH_SERVING_IMAGE),
+    ):
+        assert line.startswith(f"docker build --file images/{dockerfile}.Dockerfile ")
+        assert f"--tag {tag} " in line
+        assert f"--build-arg TRITON_RELEASE={release} --build-arg TRTLLM_VERSION={trtllm}" in line
+
+
 #: extras of the distribution the operator image installs (validation Jobs run `evaluate validate` there)
 OPERATOR_EXTRAS = ("client",)
 
@@ -215,7 +251,7 @@ def test_build_script_dry_run_and_no_docker(tmp_path: Path):
     dry = subprocess.run([str(script), "--dry-run"], capture_output=True, text=True, timeout=600, check=True)
     lines = [line for line in dry.stdout.splitlines() if not line.startswith("#")]
     proofs = [line for line in dry.stdout.splitlines() if line.startswith("#")]
-    assert len(lines) == 3
+    assert len(lines) == 5  # the two NGC-based images on each pair of pins
     assert [p.split(":")[0] for p in proofs] == ["# operator", "# engine-builder", "# triton-runtime"]
     assert all(p.endswith("no emulated cluster, no stand-in TensorRT-LLM tool") for p in proofs), proofs
     for line, dockerfile, tag in zip(

@@ -260,9 +260,7 @@ class TritonParams(_Strict):
 class ServingConfig(_Strict):
     """What a serving pod's launcher needs to assemble its model repository and start Triton."""
 
-    pytorch_only: ClassVar[frozenset[str]] = frozenset(
-        {"backend", "speculative", "max_concurrency", "max_num_tokens", "dtype"}
-    )
+    pytorch_only: ClassVar[frozenset[str]] = frozenset({"backend", "speculative", "max_concurrency", "max_num_tokens"})
 
     contract_version: int = CONTRACT_VERSION
     deployment: str = Field(description="name of the ReDrafterDeployment (metric label `model`)")
@@ -290,7 +288,6 @@ class ServingConfig(_Strict):
         "crossover); None: always draft",
     )
     max_num_tokens: int | None = Field(default=None, description="PyTorch path: tokens per engine iteration")
-    dtype: str | None = Field(default=None, description="PyTorch path: the LLM's dtype")
 
     @property
     def served_model_name(self) -> str:

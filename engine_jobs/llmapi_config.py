@@ -19,7 +19,7 @@ DECODING_TYPES: dict[str, str] = {
     "eagle3": "Eagle3",
     "mtp": "MTP",
     "ngram": "NGram",
-    "draftModel": "DraftTarget",
+    "draftModel": "Draft_Target",  # upstream's literal (llm_args.py DraftTargetDecodingConfig)
 }
 #: methods whose speculative_config names a draft checkpoint (speculative_model_dir)
 DRAFT_CHECKPOINT_METHODS = frozenset({"eagle3", "draftModel"})
@@ -67,8 +67,6 @@ def model_yaml(cfg: ServingConfig) -> dict[str, Any]:
     }
     if cfg.max_num_tokens:
         doc["max_num_tokens"] = cfg.max_num_tokens
-    if cfg.dtype:
-        doc["dtype"] = cfg.dtype
     if cfg.variant == "redrafter" and cfg.speculative is not None:
         doc["speculative_config"] = speculative_config(
             cfg.speculative, posixpath.join(artifact, DRAFT_DIR), cfg.max_concurrency

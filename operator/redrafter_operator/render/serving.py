@@ -103,7 +103,6 @@ def _pytorch_fields(owner: Owner, variant: Variant) -> dict[str, Any]:
         "speculative": params if speculative else None,
         "max_concurrency": owner.in_engine_concurrency if speculative else None,
         "max_num_tokens": spec.engine.max_num_tokens,
-        "dtype": spec.precision.dtype,
         "draft_len_per_beam": params.max_draft_len if speculative else 0,
         "num_beams": 1 if speculative else 0,
     }

@@ -142,6 +142,8 @@ def test_operator_default_images_name_the_same_tensorrt_llm():
     values = yaml.safe_load((ROOT / "charts/redrafter-operator/values.yaml").read_text())
     assert values["defaults"]["builderImage"] == DEFAULT_BUILDER_IMAGE
     assert values["defaults"]["servingImage"] == DEFAULT_SERVING_IMAGE
+    assert values["defaults"]["pytorchBuilderImage"] == DEFAULT_PYTORCH_BUILDER_IMAGE
+    assert values["defaults"]["pytorchServingImage"] == DEFAULT_PYTORCH_SERVING_IMAGE
 
 
 def test_the_pytorch_path_has_its_own_pair_from_the_same_dockerfile():

@@ -1020,10 +1020,13 @@ class ReDrafterDeploymentSpec(ApiModel):
 
     def method_params(self) -> Eagle3 | Mtp | NGram | DraftModel | None:
         """The parameters of a PyTorch-backend method (defaults when its block is left out); None for redrafter."""
-        if self.method == "redrafter":
-            return None
-        block = {"eagle3": Eagle3, "mtp": Mtp, "ngram": NGram, "draftModel": DraftModel}[self.method]
-        return getattr(self, _snake(self.method)) or block()
+        given: dict[str, Eagle3 | Mtp | NGram | DraftModel | None] = {
+            "eagle3": self.eagle3 or Eagle3(),
+            "mtp": self.mtp or Mtp(),
+            "ngram": self.ngram or NGram(),
+            "draftModel": self.draft_model or DraftModel(),
+        }
+        return given.get(self.method)
 
     @model_validator(mode="after")
     def _draft_len_trained(self) -> ReDrafterDeploymentSpec:

@@ -387,7 +387,7 @@ def gpu_jobs(res: Resource, spec: ReDrafterDeploymentSpec) -> list[GpuJob]:
             "spec.parallelism.tensor",
         )
     ]
-    if spec.model.drafter.train is not None:
+    if spec.trained_drafter() is not None:
         jobs.append(
             GpuJob(
                 f"training-gpu {res.name}",
@@ -540,7 +540,7 @@ def operator_pods(res: Resource, spec: ReDrafterDeploymentSpec) -> list[tuple[st
     owner = owner_of(res, spec)
     keys = {v: build_spec(spec, v).key for v in VARIANTS}
     manifests = [build_job(owner, v) for v in VARIANTS]
-    if spec.model.drafter.train is not None:
+    if spec.trained_drafter() is not None:
         manifests.append(training_job(owner))
     manifests += [serving_deployment(owner, v, keys[v], 1) for v in VARIANTS]
     if spec.validation.enabled:
@@ -601,7 +601,7 @@ def _claim_fix(ns: str, claim: str, rwx: bool) -> str:
 
 def check_cache_claim(facts: ClusterFacts, res: Resource, spec: ReDrafterDeploymentSpec) -> CheckResult:
     check, ns, claim = f"cache-claim {res.name}", res.namespace, spec.engine.cache.claim_name
-    holds = "engines and trained drafters" if spec.model.drafter.train is not None else "engines"
+    holds = "engines and trained drafters" if spec.trained_drafter() is not None else "engines"
     key = f"pvc/{ns}/{claim}"
     if key in facts.unreadable:
         return warn(check, f"cannot read PVC {ns}/{claim} ({facts.unreadable[key]})", "run as a user who may get PVCs")

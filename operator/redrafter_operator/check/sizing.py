@@ -47,13 +47,18 @@ class CacheEstimate:
     base: float  # bytes
     redrafter: float
     drafter: float  # a trained drafter's checkpoint in the cache (0 when the spec brings one)
+    #: the PyTorch path: ``base`` is the base checkpoint and ``redrafter`` the draft checkpoint, in one artifact
+    shared: bool = False
 
     @property
     def total(self) -> float:
         return (self.base + self.redrafter + self.drafter) * HEADROOM
 
     def describe(self) -> str:
-        parts = [f"base {gib(self.base)}", f"ReDrafter {gib(self.redrafter)}"]
+        if self.shared:
+            parts = [f"base checkpoint {gib(self.base)}"] + ([f"draft {gib(self.redrafter)}"] if self.redrafter else [])
+        else:
+            parts = [f"base {gib(self.base)}", f"ReDrafter {gib(self.redrafter)}"]
         if self.drafter:
             parts.append(f"trained drafter {gib(self.drafter)}")
         return f"{params(self.parameters)} parameters: {' + '.join(parts)} + {round((HEADROOM - 1) * 100)}% headroom"
@@ -67,8 +72,22 @@ def estimate_cache(spec: ReDrafterDeploymentSpec) -> CacheEstimate | None:
     dtype = 2  # bfloat16 and float16 alike
     base = p * bytes_per_weight(spec)
     drafter = p * DRAFTER_FRACTION * dtype
-    trained = drafter if spec.model.drafter.train is not None else 0.0
+    if spec.method != "redrafter":
+        # one prepared artifact serves both variants: the base checkpoint and the draft checkpoint, if any
+        draft = _draft_checkpoint_bytes(spec, p)
+        return CacheEstimate(p, base, draft, 0.0, shared=True)
+    trained = drafter if spec.trained_drafter() is not None else 0.0
     return CacheEstimate(p, base, base + drafter, trained)
+
+
+def _draft_checkpoint_bytes(spec: ReDrafterDeploymentSpec, base_parameters: float) -> float:
+    """A draft model's size from its name; an EAGLE-3 head as a tenth of the base; none for ngram and mtp."""
+    if spec.model.drafter is None or spec.model.drafter.source is None:
+        return 0.0
+    if spec.method == "draftModel":
+        named = parameters_from_name(spec.model.drafter.source)
+        return (named if named is not None else base_parameters * DRAFTER_FRACTION) * CHECKPOINT_BYTES
+    return base_parameters * DRAFTER_FRACTION * CHECKPOINT_BYTES
 
 
 def estimate_source(spec: ReDrafterDeploymentSpec, claim: str) -> tuple[float, list[str]] | None:
@@ -80,7 +99,7 @@ def estimate_source(spec: ReDrafterDeploymentSpec, claim: str) -> tuple[float, l
     if spec.model.base.source.startswith(f"pvc://{claim}/"):
         total += p * CHECKPOINT_BYTES
         what.append(f"base {gib(p * CHECKPOINT_BYTES)}")
-    drafter = spec.model.drafter.source
+    drafter = spec.model.drafter.source if spec.model.drafter is not None else None
     if drafter and drafter.startswith(f"pvc://{claim}/"):
         total += p * DRAFTER_FRACTION * CHECKPOINT_BYTES
         what.append(f"drafter {gib(p * DRAFTER_FRACTION * CHECKPOINT_BYTES)}")

@@ -34,6 +34,7 @@ import math
 from dataclasses import dataclass
 
 from ..api.spec import ReDrafterDeploymentSpec
+from ..metrics.drafting import Drafting, drafting
 
 DEFAULT_TOKEN_COST = 0.0072
 DEFAULT_DRAFTER_OVERHEAD = 0.10
@@ -50,19 +51,19 @@ class CostParams:
 
     @classmethod
     def from_spec(cls, spec: ReDrafterDeploymentSpec) -> "CostParams":
-        """From a ReDrafterDeploymentSpec: spec.speculation.costModel over spec.redrafter."""
-        cm, rd = spec.speculation.cost_model, spec.redrafter
+        """From a ReDrafterDeploymentSpec: spec.speculation.costModel over the method's draft geometry."""
+        cm, geometry = spec.speculation.cost_model, drafting(spec)
         return cls(
             token_cost=cm.token_cost,
             drafter_overhead=cm.drafter_overhead,
-            verified_tokens=cm.verified_tokens_per_request or 1 + rd.num_beams * rd.draft_len_per_beam,
-            draft_len=rd.draft_len_per_beam,
+            verified_tokens=cm.verified_tokens_per_request or geometry.verified_tokens,
+            draft_len=geometry.draft_len,
         )
 
 
 def tokens_per_step(acceptance: float, draft_len: int) -> float:
-    """Expected tokens per ReDrafter step from an acceptance rate (accepted / drafted per beam)."""
-    return 1.0 + max(0.0, min(1.0, acceptance)) * draft_len
+    """Expected tokens per drafting step from an acceptance rate (metrics/drafting.py)."""
+    return Drafting("", draft_len, 0).tokens_per_step(acceptance)
 
 
 def step_latency(tokens: float, p: CostParams) -> float:

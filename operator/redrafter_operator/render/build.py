@@ -258,7 +258,13 @@ def build_job(owner: Owner, variant: Variant, attempt: int = 0) -> dict[str, Any
         "automountServiceAccountToken": False,  # the builder reads files and the Hub/S3, never the API
         "enableServiceLinks": False,
     }
-    if selector := node_selector(spec, b.node_selector):
+    if spec.method != "redrafter":
+        # The prepare Job fetches and verifies checkpoints: no GPU, no GPU product (nothing is compiled).
+        container["resources"] = resources.merged(resources.per_rank(resources.BUILD_PER_RANK, 1), b.resources)
+        selector = dict(b.node_selector)
+    else:
+        selector = node_selector(spec, b.node_selector)
+    if selector:
         pod_spec["nodeSelector"] = selector
     if b.tolerations:
         pod_spec["tolerations"] = list(b.tolerations)

@@ -1,0 +1,37 @@
+"""What one drafting step can yield, per speculation method: the normalisation of acceptance.
+
+Every method's serving pods report the same counters (draft tokens proposed, draft tokens accepted, engine
+steps, output tokens: the metering model reads them from the engine's per-request perf outputs), so the
+acceptance rate is accepted / drafted for all of them. What differs is the geometry that turns it into
+tokens per step and verification work: ReDrafter verifies ``numBeams x draftLenPerBeam`` tokens and keeps
+at most ``draftLenPerBeam``; the PyTorch backend's methods draft one chain of ``maxDraftLen`` tokens
+(MTP: ``numNextnPredictLayers``), verify it and keep a prefix of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..api.spec import Mtp, ReDrafterDeploymentSpec
+
+
+@dataclass(frozen=True)
+class Drafting:
+    """The draft geometry of one deployment's speculative engine."""
+
+    method: str
+    draft_len: int  # the most tokens a step can accept beyond the one the base model produces
+    verified_tokens: int  # tokens the base model verifies per request per step
+
+    def tokens_per_step(self, acceptance: float) -> float:
+        """Expected output tokens per step at an acceptance rate (accepted / drafted)."""
+        return 1.0 + max(0.0, min(1.0, acceptance)) * self.draft_len
+
+
+def drafting(spec: ReDrafterDeploymentSpec) -> Drafting:
+    params = spec.method_params()
+    if params is None:
+        rd = spec.redrafter
+        return Drafting("redrafter", rd.draft_len_per_beam, 1 + rd.num_beams * rd.draft_len_per_beam)
+    draft_len = params.num_nextn_predict_layers if isinstance(params, Mtp) else params.max_draft_len
+    return Drafting(spec.method, draft_len, 1 + draft_len)

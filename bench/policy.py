@@ -17,12 +17,14 @@ always-base; naive threshold (switch on the latest window's acceptance vs minAcc
 counts/cooldown/cost model; recovers through the same canary).
 Oracle: all replicas on whichever engine is faster at each instant, switching for free.
 
-Run: ``python bench/policy.py`` (prints a table; nothing is asserted); ``--bounds`` prints the limits of
-any causal policy on the flapping trace, from clairvoyant schedules.
+Run: ``python bench/policy.py`` (prints the tables; nothing is asserted); ``--bounds`` prints the limits of
+any causal policy on the flapping trace, from clairvoyant schedules; ``--in-engine`` prints only the table of
+the PyTorch backend's in-engine limit (max_concurrency) against, and with, the fleet switch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import sys
@@ -150,6 +152,7 @@ class Pod:
     pool: str
     started: float
     restarts: int = 0
+    params: cost.CostParams = PARAMS
     c: dict[str, float] = field(
         default_factory=lambda: dict.fromkeys(
             ("requests", "output_tokens", "draft_tokens", "accepted_draft_tokens", "steps", "queue_us"), 0.0
@@ -158,18 +161,21 @@ class Pod:
 
     def serve(self, rnd: random.Random, acceptance: float, conc: float) -> float:
         """Advance counters by one interval at the true acceptance; returns tokens delivered."""
+        p = self.params
         batch = min(conc, SPEC.engine.max_batch_size)
-        tps = cost.tokens_per_step(acceptance, PARAMS.draft_len) if self.variant == "redrafter" else 1.0
-        tokens = cost.throughput(self.variant, batch, tps, PARAMS) / STEP_SECONDS * DT
+        # an engine with an in-engine limit (max_concurrency) drafts only at a batch up to it
+        drafting = self.variant == "redrafter" and (p.draft_limit is None or batch <= p.draft_limit)
+        tps = cost.tokens_per_step(acceptance, p.draft_len) if drafting else 1.0
+        tokens = cost.throughput(self.variant, batch, tps, p) / STEP_SECONDS * DT
         requests = tokens / OUTPUT_LEN
         self.c["requests"] += requests
         self.c["output_tokens"] += tokens
-        if self.variant == "redrafter":
+        if drafting:
             # observed acceptance: per-request spread (sd 0.15) averaged over the window's requests
             seen = min(1.0, max(0.0, rnd.gauss(acceptance, 0.15 / math.sqrt(max(requests, 1.0)))))
-            steps = tokens / cost.tokens_per_step(seen, PARAMS.draft_len)
-            self.c["draft_tokens"] += steps * PARAMS.draft_len
-            self.c["accepted_draft_tokens"] += steps * PARAMS.draft_len * seen
+            steps = tokens / cost.tokens_per_step(seen, p.draft_len)
+            self.c["draft_tokens"] += steps * p.draft_len
+            self.c["accepted_draft_tokens"] += steps * p.draft_len * seen
         else:
             steps = tokens
         self.c["steps"] += steps
@@ -208,10 +214,11 @@ def _poisson(rnd: random.Random, lam: float) -> int:
 class Fleet:
     """The pods serving one engine choice; new pods (new identities) whenever the choice changes."""
 
-    def __init__(self) -> None:
+    def __init__(self, params: cost.CostParams = PARAMS) -> None:
         self.serial = 0
         self.pods: list[Pod] = []
         self.engine: str | None = None
+        self.params = params
 
     def set(self, engine: str, canary: int, now: float) -> None:
         if self.engine == engine:
@@ -224,7 +231,9 @@ class Fleet:
         pods = keep[: len(layout)]
         for variant, pool in layout[len(pods) :]:
             self.serial += 1
-            pods.append(Pod(f"{variant}-{pool}-{self.serial}", f"uid{self.serial}", variant, pool, now))
+            pods.append(
+                Pod(f"{variant}-{pool}-{self.serial}", f"uid{self.serial}", variant, pool, now, params=self.params)
+            )
         self.pods, self.engine = pods, engine
 
 
@@ -232,14 +241,29 @@ class Fleet:
 class Ours:
     """The operator's evaluation entry point (policy.loop.step), state carried as the controller does."""
 
-    def __init__(self, spec: ReDrafterDeploymentSpec = SPEC, name: str = "ours") -> None:
-        self.spec, self.name = spec, name
+    def __init__(
+        self,
+        spec: ReDrafterDeploymentSpec = SPEC,
+        name: str = "ours",
+        crossover: float | None = None,
+        params: cost.CostParams | None = None,
+    ) -> None:
+        self.spec, self.name, self.crossover = spec, name, crossover
+        self.params = params or PARAMS  # the simulated pods' physics
         self.state = PolicyState.new(spec, 0.0)
         self.engine = self.state.speculation.engine
         self.canary = 0  # what the last evaluation's plan asks of the base pool
 
     def decide(self, reading: Reading | None, error: str | None, now: float) -> str:
-        ev, state = step(self.spec, self.state, reading, now, current_replicas=REPLICAS, error=error)
+        ev, state = step(
+            self.spec,
+            self.state,
+            reading,
+            now,
+            current_replicas=REPLICAS,
+            error=error,
+            measured_crossover=self.crossover,
+        )
         self.state = PolicyState.model_validate_json(state.model_dump_json())  # as if stored in status
         self.engine = ev.speculation.engine
         self.canary = ev.plan(self.spec, REPLICAS).canary
@@ -250,8 +274,8 @@ class Ours:
 class Fixed:
     canary = 0
 
-    def __init__(self, engine: str) -> None:
-        self.engine, self.name = engine, f"always-{engine}"
+    def __init__(self, engine: str, params: cost.CostParams = PARAMS, name: str | None = None) -> None:
+        self.engine, self.name, self.params = engine, name or f"always-{engine}", params
 
     def decide(self, reading, error, now) -> str:
         return self.engine
@@ -311,7 +335,7 @@ class Result:
 
 def simulate(trace: Trace, policy) -> Result:
     rnd = random.Random(SEED)
-    fleet = Fleet()
+    fleet = Fleet(getattr(policy, "params", PARAMS))
     fleet.set(policy.engine, policy.canary, 0.0)
     pending: tuple[str, float] | None = None
     tokens, switches, serving, switch_steps = 0.0, 0, [], []
@@ -349,12 +373,12 @@ def simulate(trace: Trace, policy) -> Result:
     return Result(tokens, switches, serving, flap)
 
 
-def oracle(trace: Trace) -> tuple[float, list[str]]:
+def oracle(trace: Trace, params: cost.CostParams = PARAMS) -> tuple[float, list[str]]:
     total, best = 0.0, []
     for a, conc in zip(trace.acceptance, trace.concurrency):
         b = min(conc, SPEC.engine.max_batch_size)
         per = {
-            e: cost.throughput(e, b, cost.tokens_per_step(a, PARAMS.draft_len) if e == "redrafter" else 1.0, PARAMS)
+            e: cost.throughput(e, b, cost.tokens_per_step(a, params.draft_len) if e == "redrafter" else 1.0, params)
             for e in ("redrafter", "base")
         }
         e = max(per, key=per.get)
@@ -473,5 +497,72 @@ def main() -> None:
     print(f"\n(ran in {time.perf_counter() - start:.1f}s)")
 
 
+# ---- in-engine and fleet together (the PyTorch backend's methods) ------------------------------
+EAGLE3 = ReDrafterDeploymentSpec.model_validate(
+    {
+        "method": "eagle3",
+        "model": {"base": {"source": "hf://org/base"}, "drafter": {"source": "hf://org/eagle3-head"}},
+        "eagle3": {"maxDraftLen": 3},
+        "engine": {"maxBatchSize": 64},
+        "autoscaling": {"mode": "Disabled"},
+        "speculation": {"interval": f"{int(DT)}s"},
+    }
+)
+
+
+#: the crossover validation measures for an EAGLE-3 pair (llm-d's EAGLE-3 guide sees the plain model win
+#: beyond ~4-8 QPS); every pod's cost model is calibrated to it, as the operator calibrates its own
+EAGLE3_CROSSOVER = 8.0
+EAGLE3_ACCEPTANCE = 0.55  # at which validation measured it
+# The same draft geometry without an in-engine limit (the policy then knows of none): the fleet switch alone.
+FLEET_ONLY = SPEC.model_copy(
+    update={"redrafter": SPEC.redrafter.model_copy(update={"num_beams": 1, "draft_len_per_beam": 3})}
+)
+
+
+def in_engine() -> None:
+    """An EAGLE-3 fleet three ways: the fleet switch alone (drafting at every batch), the engine's own
+    max_concurrency alone (set to the crossover validation measured; no fleet switch, so an acceptance
+    collapse is never left), and both (the operator's setting: the engine stops drafting above the
+    crossover at once, step by step, and the fleet switch handles acceptance collapse and the return)."""
+    plain = cost.CostParams.from_spec(EAGLE3)
+    physics = cost.calibrated(plain, EAGLE3_CROSSOVER, cost.tokens_per_step(EAGLE3_ACCEPTANCE, plain.draft_len))
+    limited = dataclasses.replace(physics, draft_limit=int(EAGLE3_CROSSOVER))
+    policies: list[Callable[[], object]] = [
+        lambda: Ours(FLEET_ONLY, "fleet switch only", EAGLE3_CROSSOVER, physics),
+        lambda: Fixed("redrafter", limited, "max_concurrency only"),
+        lambda: Ours(EAGLE3, "both (the operator)", EAGLE3_CROSSOVER, limited),
+        lambda: Fixed("base", physics),
+    ]
+    names = [p().name for p in policies]  # type: ignore[attr-defined]
+    print(
+        f"\nIn-engine and fleet together: eagle3 maxDraftLen {plain.draft_len}, measured crossover "
+        f"{EAGLE3_CROSSOVER:g} (max_concurrency {limited.draft_limit}); % of an oracle that picks the faster "
+        "engine per interval, with drafting stopped above the crossover / switches"
+    )
+    header = f"{'trace':32}" + "".join(f"{n:>22}" for n in names)
+    print(header + "\n" + "-" * len(header))
+    totals = dict.fromkeys(names, 0.0)
+    oracle_total = 0.0
+    for tr in traces():
+        o_tokens, _ = oracle(tr, limited)
+        oracle_total += o_tokens
+        row = f"{tr.name:32}"
+        for make in policies:
+            pol = make()
+            r = simulate(tr, pol)
+            totals[pol.name] += r.tokens  # type: ignore[attr-defined]
+            row += f"{100 * r.tokens / o_tokens:>15.1f}% / {r.switches:>3}"
+        print(row)
+    print("-" * len(header))
+    print(f"{'suite (tokens vs oracle)':32}" + "".join(f"{100 * totals[n] / oracle_total:>21.1f}%" for n in names))
+
+
 if __name__ == "__main__":
-    bounds() if "--bounds" in sys.argv[1:] else main()
+    if "--bounds" in sys.argv[1:]:
+        bounds()
+    elif "--in-engine" in sys.argv[1:]:
+        in_engine()
+    else:
+        main()
+        in_engine()

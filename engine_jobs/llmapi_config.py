@@ -71,4 +71,7 @@ def model_yaml(cfg: ServingConfig) -> dict[str, Any]:
         doc["speculative_config"] = speculative_config(
             cfg.speculative, posixpath.join(artifact, DRAFT_DIR), cfg.max_concurrency
         )
+        if cfg.speculative.method == "draftModel":
+            # as upstream's draft-target example runs it (docs/source/features/speculative-decoding.md)
+            doc["disable_overlap_scheduler"] = True
     return doc

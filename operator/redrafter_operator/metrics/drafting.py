@@ -23,6 +23,12 @@ class Drafting:
     draft_len: int  # the most tokens a step can accept beyond the one the base model produces
     verified_tokens: int  # tokens the base model verifies per request per step
 
+    @property
+    def stops_at_load(self) -> bool:
+        """The engine itself stops drafting above a batch size (the PyTorch backend's max_concurrency,
+        which the operator sets to the crossover validation measured); ReDrafter's engine cannot."""
+        return self.method != "redrafter"
+
     def tokens_per_step(self, acceptance: float) -> float:
         """Expected output tokens per step at an acceptance rate (accepted / drafted)."""
         return 1.0 + max(0.0, min(1.0, acceptance)) * self.draft_len

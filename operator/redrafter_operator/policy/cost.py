@@ -48,16 +48,24 @@ class CostParams:
     drafter_overhead: float = DEFAULT_DRAFTER_OVERHEAD
     verified_tokens: int = 26  # per request per step
     draft_len: int = 5  # draftLenPerBeam: the most a step can accept beyond the first token
+    #: the speculative engine drafts only while at most this many requests are batched (None: always)
+    draft_limit: int | None = None
 
     @classmethod
-    def from_spec(cls, spec: ReDrafterDeploymentSpec) -> "CostParams":
-        """From a ReDrafterDeploymentSpec: spec.speculation.costModel over the method's draft geometry."""
+    def from_spec(cls, spec: ReDrafterDeploymentSpec, measured_crossover: float | None = None) -> "CostParams":
+        """From a ReDrafterDeploymentSpec: spec.speculation.costModel over the method's draft geometry. An
+        engine that stops drafting by itself does so above the measured crossover (render/serving.py gives
+        it that as max_concurrency)."""
         cm, geometry = spec.speculation.cost_model, drafting(spec)
+        limit = None
+        if geometry.stops_at_load and measured_crossover is not None and math.isfinite(measured_crossover):
+            limit = int(measured_crossover) if measured_crossover >= 1 else None
         return cls(
             token_cost=cm.token_cost,
             drafter_overhead=cm.drafter_overhead,
             verified_tokens=cm.verified_tokens_per_request or geometry.verified_tokens,
             draft_len=geometry.draft_len,
+            draft_limit=limit,
         )
 
 
@@ -73,7 +81,7 @@ def step_latency(tokens: float, p: CostParams) -> float:
 def throughput(engine: str, batch: float, tps: float, p: CostParams) -> float:
     """Output tokens per unit time of one replica running ``engine`` at ``batch`` concurrent requests."""
     b = max(batch, 0.0)
-    if engine == "base":
+    if engine == "base" or (p.draft_limit is not None and b > p.draft_limit):
         return b / step_latency(b, p)
     return b * tps / ((1.0 + p.drafter_overhead) * step_latency(b * p.verified_tokens, p))
 

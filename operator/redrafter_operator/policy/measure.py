@@ -126,7 +126,7 @@ def recent_rows(state: SpeculationState, obs: Observation) -> list[list[float]]:
 def measure(spec: ReDrafterDeploymentSpec, state: SpeculationState, obs: Observation) -> Measurement:
     """Classify this evaluation's observation for the engine currently desired."""
     sp = spec.speculation
-    params = cost.CostParams.from_spec(spec)
+    params = cost.CostParams.from_spec(spec, obs.measured_crossover)
     if obs.windows is None:
         return Measurement("Error", "MetricsUnavailable", obs.error or "metrics could not be read")
     red = obs.windows.variants.get("redrafter")

@@ -497,8 +497,9 @@ class ServingNetworkPolicy(ApiModel):
     """NetworkPolicies for this resource's pods (enforced only where the cluster's network plugin does).
 
     Serving pods admit ingress only on their HTTP, gRPC and metrics ports, from ``ingressFrom`` (by
-    default every pod of this namespace: clients and the validation Job), plus the metrics port from the
-    operator's namespace (its Pods metrics source) and ``metricsFrom`` (e.g. Prometheus). Build and
+    default every pod of this namespace: clients and the validation Job), plus the metrics ports (Triton's,
+    and the OpenAI front's, whose /metrics holds its queue) from the operator's namespace (its Pods metrics
+    source) and ``metricsFrom`` (e.g. Prometheus). Build and
     validation pods admit no ingress at all: nothing connects to them.
     """
 
@@ -510,7 +511,8 @@ class ServingNetworkPolicy(ApiModel):
     )
     metrics_from: list[NetworkPolicyPeer] = Field(
         default_factory=list,
-        description="Extra NetworkPolicyPeers allowed on the metrics port only (e.g. Prometheus's namespace).",
+        description="Extra NetworkPolicyPeers allowed on the metrics ports only (Triton's metrics port and the "
+        "OpenAI front's port, which serves its queue on /metrics; e.g. Prometheus's namespace).",
     )
 
 
@@ -641,7 +643,11 @@ class Autoscaling(ApiModel):
     min_replicas: int = Field(default=1, ge=0, le=1000, description="Lower bound.")
     max_replicas: int = Field(default=4, ge=1, le=1000, description="Upper bound.")
     target_queue_per_replica: float = Field(
-        default=4.0, gt=0, le=10000, description="Target active+waiting requests per replica."
+        default=4.0,
+        gt=0,
+        le=10000,
+        description="Target queue per replica: requests Triton is generating or holding (active + waiting) "
+        "plus requests waiting in the pod's OpenAI front for a generation slot.",
     )
     scale_up_stabilization: Duration = Field(default="0s", description="Window of recommendations for scale-up.")
     scale_down_stabilization: Duration = Field(default="300s", description="Window of recommendations for scale-down.")

@@ -325,8 +325,9 @@ def network_policies(owner: Owner, operator_namespace: str | None = None) -> lis
 
     Peers of the serving ports: ``ingressFrom`` (default: this namespace's pods) and, always, this
     resource's validation pods (they call both variants even when ``ingressFrom`` names only clients).
-    The metrics port also admits the operator's namespace (``operator_namespace``; the Pods metrics
-    source scrapes each pod from there) and ``metricsFrom``. Egress stays open: builds download from
+    The metrics ports (Triton's, and the OpenAI front's port, whose /metrics holds its queue) also admit
+    the operator's namespace (``operator_namespace``; the Pods metrics source scrapes each pod from there)
+    and ``metricsFrom``. Egress stays open: builds download from
     the Hub or S3, and the serving pods need none but a cluster's DNS policy is not ours to decide.
     """
     np = owner.spec.serving.network_policy
@@ -340,7 +341,7 @@ def network_policies(owner: Owner, operator_namespace: str | None = None) -> lis
         scrapers.insert(0, {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": operator_namespace}}})
     ingress = [{"from": [*clients, validation], "ports": _ports(*all_ports)}]
     if scrapers:
-        ingress.append({"from": scrapers, "ports": _ports(contract.METRICS_PORT)})
+        ingress.append({"from": scrapers, "ports": _ports(contract.METRICS_PORT, contract.OPENAI_PORT)})
     serving_labels = names.common_labels(owner.name, "serving")
     return [
         {

@@ -36,6 +36,12 @@ _MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$"
 MAX_DRAFT_TOKENS = 64  # numBeams x draftLenPerBeam; larger trees cost more than they accept
 
 
+API_KEYS_GRPC_MESSAGE = (
+    "must not be grpc while serving.auth.apiKeysSecret is set: with API keys, Triton's HTTP and gRPC ports listen "
+    "only inside the serving pod; leave it unset or set openai (the Job then calls the OpenAI API with a key)"
+)
+
+
 def _cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
     out: JsonDict = {"rule": rule, "message": message}
     if field_path:
@@ -829,10 +835,12 @@ class Validation(ApiModel):
         default=True,
         description="After passing, sweep concurrency 1, 2, 4, ..., maxBatchSize and record the measured crossover.",
     )
-    protocol: Literal["grpc", "openai"] = Field(
-        default="grpc",
+    protocol: Literal["grpc", "openai"] | None = Field(
+        default=None,
         description="How the Job calls the engines: grpc (Triton's entry model, port 8001) or openai (the "
-        "pods' OpenAI-compatible API, port 9000, as applications call it).",
+        "pods' OpenAI-compatible API, port 9000, as applications call it, with a key of "
+        "serving.auth.apiKeysSecret when one is set). Unset: openai when serving.auth.apiKeysSecret is set "
+        "(Triton's own ports then listen only inside the pod, so grpc is refused), grpc otherwise.",
     )
     active_deadline_seconds: int = Field(
         default=1800, ge=60, le=86400, description="Upper bound of the validation Job's run time."
@@ -858,6 +866,12 @@ class ReDrafterDeploymentSpec(ApiModel):
                     "redrafter.draftLenPerBeam must not exceed model.drafter.train.recipe.draftLen (the trained "
                     "draft length)",
                     ".redrafter.draftLenPerBeam",
+                ),
+                _cel(
+                    "!has(self.serving) || !has(self.serving.auth) || !has(self.serving.auth.apiKeysSecret) || "
+                    "!has(self.validation) || !has(self.validation.protocol) || self.validation.protocol != 'grpc'",
+                    API_KEYS_GRPC_MESSAGE,
+                    ".validation.protocol",
                 ),
             ]
         }
@@ -886,6 +900,19 @@ class ReDrafterDeploymentSpec(ApiModel):
                 f"draft length): {self.redrafter.draft_len_per_beam} > {train.recipe.draft_len}"
             )
         return self
+
+    @model_validator(mode="after")
+    def _grpc_needs_open_triton_ports(self) -> ReDrafterDeploymentSpec:
+        if self.serving.auth.api_keys_secret and self.validation.protocol == "grpc":
+            raise ValueError(f"validation.protocol: {API_KEYS_GRPC_MESSAGE}")
+        return self
+
+    def validation_protocol(self) -> Literal["grpc", "openai"]:
+        """``validation.protocol``, or when unset: openai with API keys (Triton's ports are the pod's own),
+        grpc without."""
+        if self.validation.protocol is not None:
+            return self.validation.protocol
+        return "openai" if self.serving.auth.api_keys_secret else "grpc"
 
 
 def parse_spec(raw: dict[str, Any]) -> tuple["ReDrafterDeploymentSpec | None", list[str]]:

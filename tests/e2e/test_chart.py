@@ -253,7 +253,8 @@ def validate_monitor(obj: dict[str, Any]) -> None:
     assert endpoints
     for ep in endpoints:
         assert set(ep) <= {"port", "path", "interval", "scrapeTimeout", "scheme", "relabelings", "honorLabels"}
-        assert ep["port"] == "metrics" and ep["path"] == "/metrics"
+        # the serving pods' OpenAI front also serves /metrics (its queue) on its own port
+        assert ep["port"] in ("metrics", "openai") and ep["path"] == "/metrics"
         for key in ("interval", "scrapeTimeout"):
             assert isinstance(ep[key], str) and ep[key][-1] in "smh"
 

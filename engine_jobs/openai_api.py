@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 from aiohttp_sse import EventSourceResponse
@@ -49,6 +49,7 @@ from .triton_bridge import Outcome, Sampling, TritonBridge, UpstreamError
 from .triton_models._tokenizer import Tokenizer
 
 log = logging.getLogger("redrafter.openai")
+_R = TypeVar("_R")
 
 #: OpenAI's documented default of ``max_tokens`` for /v1/completions (chat defaults to the context left)
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -126,16 +127,20 @@ class Bridge(Protocol):
 
 
 class Admission:
-    """At most ``max_in_flight`` generations at once and ``max_queued`` waiting; the rest get 429.
+    """At most ``max_in_flight`` generations at once; the rest get 429 once ``max_in_flight + max_queued``
+    requests are held (receiving their body, or waiting for a generation slot).
 
-    Admission comes before the body is read, so a waiting request holds no body in memory."""
+    A request takes a *place* before its body is read, so the bodies in memory stay bounded by the places;
+    it takes a generation *slot* only once its body has fully arrived (bounded by ``body_timeout``, 408) and
+    parsed, so a slow upload never holds a slot a ready request could use."""
 
     def __init__(self, max_in_flight: int, max_queued: int, queue_timeout: float, retry_after: int):
         self.max_in_flight, self.max_queued = max_in_flight, max_queued
         self.queue_timeout, self.retry_after = queue_timeout, retry_after
         self._slots = asyncio.Semaphore(max_in_flight)
         self.in_flight = 0
-        self.queued = 0
+        self.queued = 0  # received, waiting for a generation slot
+        self.receiving = 0  # holding a place while their body arrives
         self.rejected: dict[str, int] = {"queue_full": 0, "queue_timeout": 0}
 
     def _busy(self, reason: str, message: str) -> ApiError:
@@ -145,13 +150,21 @@ class Admission:
         )
 
     @asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        if self._slots.locked() and self.queued >= self.max_queued:
+    async def slot(self, receive: Callable[[], Awaitable[_R]]) -> AsyncIterator[_R]:
+        """Take a place (429 ``queue_full`` when none is left), ``receive()`` the request holding it, then
+        wait for a generation slot (429 ``queue_timeout``) and hold it for the block; yields what
+        ``receive`` returned. A request that ``receive`` refuses (400, 408, 413) never waits for a slot."""
+        if self.in_flight + self.queued + self.receiving >= self.max_in_flight + self.max_queued:
             raise self._busy(
                 "queue_full",
                 f"the server is at capacity ({self.max_in_flight} requests in flight, {self.max_queued} "
                 "queued, the limits max_in_flight and max_queued); retry after a moment",
             )
+        self.receiving += 1
+        try:
+            received = await receive()
+        finally:
+            self.receiving -= 1
         self.queued += 1
         try:
             async with asyncio.timeout(self.queue_timeout):
@@ -166,7 +179,7 @@ class Admission:
             self.queued -= 1
         self.in_flight += 1
         try:
-            yield
+            yield received
         finally:
             self.in_flight -= 1
             self._slots.release()
@@ -616,21 +629,22 @@ def _handlers(front: Front) -> list[web.RouteDef]:
             )
         return web.json_response(_model_card(front))
 
+    async def receive(request: web.Request, model: type[_Request]) -> _Request:
+        req = await _parse(request, model, front.settings)
+        _check_model(front, req)
+        return req
+
     async def completions(request: web.Request) -> web.StreamResponse:
-        async with front.admission.slot():
-            req = await _parse(request, CompletionRequest, front.settings)
+        async with front.admission.slot(lambda: receive(request, CompletionRequest)) as req:
             assert isinstance(req, CompletionRequest)
-            _check_model(front, req)
             await front.require_ready()
             n = await front.prompt_tokens(req.text, "prompt")
             sampling = front.sampling(req, n, COMPLETIONS_DEFAULT_MAX_TOKENS)
             return await _respond(request, front, COMPLETION, req, req.text, n, sampling)
 
     async def chat(request: web.Request) -> web.StreamResponse:
-        async with front.admission.slot():
-            req = await _parse(request, ChatCompletionRequest, front.settings)
+        async with front.admission.slot(lambda: receive(request, ChatCompletionRequest)) as req:
             assert isinstance(req, ChatCompletionRequest)
-            _check_model(front, req)
             await front.require_ready()
             prompt = front.chat_prompt(req)
             n = await front.prompt_tokens(prompt, "messages")

@@ -66,8 +66,20 @@ class LaunchSettings:
         )
 
 
-def rank_argv(s: LaunchSettings, repo: str, rank: int, shm_prefix: str = "prefix") -> list[str]:
-    """One tritonserver's argv for ``rank`` (0 serves clients; others only run their engine shard)."""
+#: where Triton's HTTP and gRPC ports listen when the pod's API needs keys: only the pod itself reaches them
+LOOPBACK = "127.0.0.1"
+
+
+def rank_argv(
+    s: LaunchSettings, repo: str, rank: int, shm_prefix: str = "prefix", *, private: bool = False
+) -> list[str]:
+    """One tritonserver's argv for ``rank`` (0 serves clients; others only run their engine shard).
+
+    ``private`` (the pod's OpenAI API requires API keys): rank 0's HTTP and gRPC ports listen on the
+    loopback address only, so nothing outside the pod bypasses the keys through Triton's unauthenticated
+    protocols (``--http-address``/``--grpc-address``, Triton 2.61 src/command_line_parser.cc); the metrics
+    port stays on ``s.host`` for scrapers, as the front's /metrics is open too."""
+    api_host = LOOPBACK if private else s.host
     argv = [
         s.tritonserver,
         f"--model-repository={repo}",
@@ -78,9 +90,9 @@ def rank_argv(s: LaunchSettings, repo: str, rank: int, shm_prefix: str = "prefix
         argv.append(f"--backend-directory={s.backend_dir}")
     if rank == 0:
         argv += [
-            f"--http-address={s.host}",
+            f"--http-address={api_host}",
             f"--http-port={s.http_port}",
-            f"--grpc-address={s.host}",
+            f"--grpc-address={api_host}",
             f"--grpc-port={s.grpc_port}",
             "--allow-metrics=true",
             f"--metrics-address={s.host}",
@@ -110,17 +122,17 @@ def rank_argv(s: LaunchSettings, repo: str, rank: int, shm_prefix: str = "prefix
     return argv
 
 
-def launch_argv(s: LaunchSettings, repo: str, tensor_parallel: int) -> list[str]:
+def launch_argv(s: LaunchSettings, repo: str, tensor_parallel: int, *, private: bool = False) -> list[str]:
     """The whole command: tritonserver alone for TP=1, an MPMD mpirun with one rank per GPU otherwise."""
     if tensor_parallel < 1:
         raise ValueError("tensor_parallel must be >= 1")
     if tensor_parallel == 1:
-        return rank_argv(s, repo, 0)
+        return rank_argv(s, repo, 0, private=private)
     argv = [s.mpirun, "--allow-run-as-root"]
     for rank in range(tensor_parallel):
         if rank:
             argv.append(":")
-        argv += ["-n", "1", *rank_argv(s, repo, rank)]
+        argv += ["-n", "1", *rank_argv(s, repo, rank, private=private)]
     return argv
 
 
@@ -142,12 +154,14 @@ def prepare(cfg: ServingConfig, s: LaunchSettings) -> list[str]:
         llmapi_model_dir=s.llmapi_model_dir,
     )
     # The PyTorch backend's LLM starts its own tensor-parallel workers: one tritonserver, never mpirun.
-    return launch_argv(s, s.model_repo_dir, cfg.tensor_parallel if cfg.backend == "tensorrt" else 1)
+    ranks = cfg.tensor_parallel if cfg.backend == "tensorrt" else 1
+    return launch_argv(s, s.model_repo_dir, ranks, private=cfg.api_keys_dir is not None)
 
 
 def front_argv(s: LaunchSettings, config_path: str) -> list[str]:
-    """The OpenAI-compatible front of this pod, calling rank 0's gRPC port on the pod's own address."""
-    grpc_host = "127.0.0.1" if s.host in ("0.0.0.0", "::", "") else s.host
+    """The OpenAI-compatible front of this pod, calling rank 0's gRPC port on the pod's own address (the
+    loopback address when Triton listens on every address, or only there: see :func:`rank_argv`)."""
+    grpc_host = LOOPBACK if s.host in ("0.0.0.0", "::", "") else s.host
     return [
         sys.executable,
         "-m",

@@ -440,7 +440,9 @@ class DemoRun:
             with contextlib.suppress(Exception):  # the emulator is going away at the end: keep the last list
                 pods = await api.list(PODS, self.namespace, label_selector=selector)
                 now = [
-                    ServingTarget(f"{ip}:{METRICS_PORT}", self.namespace, p["metadata"]["name"])
+                    ServingTarget(
+                        f"{ip}:{METRICS_PORT}", self.namespace, p["metadata"]["name"], front=f"{ip}:{OPENAI_PORT}"
+                    )
                     for p in pods
                     if (ip := (p.get("status") or {}).get("podIP"))
                 ]

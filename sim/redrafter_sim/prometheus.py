@@ -62,10 +62,14 @@ class ServingTarget:
     address: str  # host:port of Triton's metrics endpoint
     namespace: str
     pod: str
+    front: str | None = None  # host:port of the OpenAI front (its /metrics: the front's queue), as the PodMonitor
 
 
 def _groups(serving: Iterable[ServingTarget]) -> list[dict]:
-    return [{"targets": [t.address], "labels": {"namespace": t.namespace, "pod": t.pod}} for t in serving]
+    return [
+        {"targets": [t.address, *([t.front] if t.front else [])], "labels": {"namespace": t.namespace, "pod": t.pod}}
+        for t in serving
+    ]
 
 
 def scrape_config(

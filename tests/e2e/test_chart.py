@@ -253,7 +253,8 @@ def validate_monitor(obj: dict[str, Any]) -> None:
     assert endpoints
     for ep in endpoints:
         assert set(ep) <= {"port", "path", "interval", "scrapeTimeout", "scheme", "relabelings", "honorLabels"}
-        assert ep["port"] == "metrics" and ep["path"] == "/metrics"
+        # the serving pods' OpenAI front also serves /metrics (its queue) on its own port
+        assert ep["port"] in ("metrics", "openai") and ep["path"] == "/metrics"
         for key in ("interval", "scrapeTimeout"):
             assert isinstance(ep[key], str) and ep[key][-1] in "smh"
 
@@ -584,7 +585,14 @@ def test_pod_monitor_selects_the_serving_pods():
         "app.kubernetes.io/managed-by": MANAGED_BY,
     }
     assert pm["spec"]["namespaceSelector"] == {"any": True}
-    assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    # Triton's metrics port, and the OpenAI front's (its queue; the autoscaler's PromQL source reads both)
+    assert [(e["port"], e["path"]) for e in pm["spec"]["podMetricsEndpoints"]] == [
+        ("metrics", "/metrics"),
+        ("openai", "/metrics"),
+    ]
+    from redrafter_operator.render.serving import PORTS
+
+    assert {"metrics", "openai"} <= {name for name, _ in PORTS}, "the PodMonitor names the serving pods' ports"
     # and it matches what the operator puts on serving pods (render/names.py)
     from redrafter_operator.render.names import common_labels
 

@@ -74,7 +74,7 @@ class EmulatorClient:
         if obj is None:
             return None
         fact = ObjectFact.from_body(obj)
-        return ChildState(fact.resource_version, fact.owned_fields)
+        return ChildState(fact.resource_version, fact.owned_fields, fact.owned_content)
 
 
 def service(selector: str = "redrafter", **spec: Any) -> dict[str, Any]:
@@ -99,15 +99,53 @@ async def test_ensure_applies_server_side_then_writes_nothing_while_in_sync() ->
     assert [(e["manager"], e["operation"]) for e in obj["metadata"]["managedFields"]] == [(FIELD_MANAGER, "Apply")]
     assert await applier.ensure(service()) is False, "the watch has not echoed the apply yet: no second write"
     applier = Applier(client, client.watch_view)  # type: ignore[arg-type]
-    assert await applier.ensure(service()) is True, "a restarted operator applies once (the server writes nothing)"
+    assert await applier.ensure(service()) is False, "a restarted operator sees its fields hold the manifest"
     assert stored(client)["metadata"]["resourceVersion"] == obj["metadata"]["resourceVersion"]
-    assert await applier.ensure(service()) is False
     # status or another manager's fields change: the operator's owned fields do not, nothing to do
     client.emu.patch_object(
         "v1", "Service", "s", "ns", {"metadata": {"labels": {"team": "x"}}}, field_manager="kubectl-label"
     )
     assert await applier.ensure(service()) is False
-    assert len(client.calls) == 2
+    assert len(client.calls) == 1
+
+
+async def test_a_restarted_operator_applies_only_what_differs_from_its_fields() -> None:
+    """After a restart nothing is in memory: the watched child's fields owned by the operator's manager
+    decide. Equal to the manifest: no apply; a changed manifest, a field another manager took, or a child
+    the operator never applied: one apply."""
+    client = EmulatorClient()
+    await Applier(client, client.watch_view).ensure(deployment())  # type: ignore[arg-type]
+    await Applier(client, client.watch_view).ensure(service(sessionAffinity="ClientIP"))  # type: ignore[arg-type]
+    client.emu.patch_object(  # other managers' fields and status are not the operator's
+        "apps/v1", "Deployment", "d", "ns", {"metadata": {"annotations": {"rev": "1"}}}, field_manager="kcm"
+    )
+    client.emu.patch_object(
+        "apps/v1", "Deployment", "d", "ns", {"status": {"observedGeneration": 1}}, subresource="status"
+    )
+    client.calls.clear()
+    restarted = Applier(client, client.watch_view)  # type: ignore[arg-type]
+    assert await restarted.ensure(deployment()) is False
+    assert await restarted.ensure(service(sessionAffinity="ClientIP")) is False
+    assert client.calls == []
+    assert await restarted.ensure(service()) is True, "a field the manifest no longer sets must be removed"
+    assert "sessionAffinity" not in stored(client)["spec"]
+    client.emu.patch_object(
+        "apps/v1",
+        "Deployment",
+        "d",
+        "ns",
+        {"spec": {"template": {"spec": {"containers": [{"name": "triton", "image": "evil"}]}}}},
+        patch_type="strategic",
+        field_manager="kubectl-edit",
+    )
+    again = Applier(client, client.watch_view)  # type: ignore[arg-type]
+    assert await again.ensure(deployment()) is True, "a field another manager took is drift"
+    assert await again.ensure(deployment("triton:2")) is True
+    fresh = Applier(client, client.watch_view)  # type: ignore[arg-type]
+    assert await fresh.ensure(deployment("triton:2")) is False
+    client.emu.create_object(service() | {"metadata": {"name": "t", "namespace": "ns"}}, field_manager="kubectl")
+    other = service() | {"metadata": {"name": "t", "namespace": "ns", "labels": {"a": "b"}}}
+    assert await fresh.ensure(other) is True, "a child the operator's manager owns nothing of"
 
 
 async def test_a_field_removed_from_the_manifest_disappears_from_the_child() -> None:
@@ -163,9 +201,8 @@ def deployment(image: str = "triton:1") -> dict[str, Any]:
 
 def carried(applier: Applier, seen: dict[str, Any]) -> str:
     fact = DeploymentFact.from_body(seen)
-    return applier.carried(
-        "Deployment", "ns", "d", fact.generation, ChildState(fact.resource_version, fact.owned_fields)
-    )
+    state = ChildState(fact.resource_version, fact.owned_fields, fact.owned_content)
+    return applier.carried("Deployment", "ns", "d", fact.generation, state)
 
 
 async def test_which_manifest_a_deployment_carries_follows_the_apply_its_echo_and_drift() -> None:
@@ -195,7 +232,9 @@ async def test_which_manifest_a_deployment_carries_follows_the_apply_its_echo_an
     )
     edited = client.emu.get_object("apps/v1", "Deployment", "d", "ns")
     assert carried(applier, edited) == "", "a hand edit of the template: not the operator's manifest"
-    assert carried(Applier(client, client.watch_view), v2) == "", "a restarted operator knows nothing yet"  # type: ignore[arg-type]
+    restarted = Applier(client, client.watch_view)  # type: ignore[arg-type]
+    assert carried(restarted, v2) == manifest_hash(deployment("triton:2")), "a restarted operator reads its fields"
+    assert carried(restarted, edited) != manifest_hash(deployment("triton:2"))
 
 
 async def test_a_deleted_child_is_applied_again_at_once() -> None:
@@ -423,3 +462,30 @@ def test_the_operator_registers_nothing_that_reads_kopfs_diff_base() -> None:
     storage = NoEssenceStorage()
     assert storage.build(body=kopf.Body({"metadata": {"name": "x"}, "spec": {"a": 1}})) is None
     assert storage.fetch(body=kopf.Body({"metadata": {"name": "x"}})) is None
+
+
+async def test_every_rendered_child_is_in_sync_after_a_restart() -> None:
+    """The operator's real children (Deployments with keyed containers, ports, volumes; Services; ConfigMaps;
+    NetworkPolicies), applied once, are recognised from their managed fields by a fresh process."""
+    from test_pod_security import children, load  # same dir
+
+    from redrafter_operator.controller.facts import DeploymentFact
+
+    owner = load(ROOT / "examples" / "llama3-8b.yaml", **{"serving.networkPolicy": {"enabled": True}})
+    docs = [d for d in children(owner, active="base", canary=True) if d["kind"] != "Job"]
+    client = EmulatorClient()
+
+    def view(m: Mapping[str, Any]) -> ChildState | None:
+        obj = client.emu.find_object(m["apiVersion"], m["kind"], m["metadata"]["name"], m["metadata"]["namespace"])
+        if obj is None:
+            return None
+        fact = DeploymentFact.from_body(obj) if m["kind"] == "Deployment" else ObjectFact.from_body(obj)
+        return ChildState(fact.resource_version, fact.owned_fields, fact.owned_content)
+
+    first = Applier(client, view)  # type: ignore[arg-type]
+    for doc in docs:
+        assert await first.ensure(doc) is True
+    client.calls.clear()
+    restarted = Applier(client, view)  # type: ignore[arg-type]
+    assert [d["metadata"]["name"] for d in docs if await restarted.ensure(d)] == []
+    assert client.calls == []

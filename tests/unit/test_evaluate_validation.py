@@ -317,10 +317,21 @@ def test_validation_job_sends_the_serving_api_key_from_the_same_secret(tmp_path)
     assert volume["secret"]["secretName"] == "llm-keys"
     assert {"name": volume["name"], "mountPath": API_KEYS_MOUNT, "readOnly": True} in c["volumeMounts"]
     assert "llm-keys" not in str(c.get("env"))
-    # gRPC validation talks to Triton, which the keys do not guard: nothing is mounted
+    # unset, the protocol follows the keys: Triton's own ports are the pods' own, so the OpenAI API with a key
+    body["spec"]["validation"] = {}
+    auto = validation_job(Owner.from_body(body), redrafter_key=RKEY, base_key=BKEY, operator_image=IMAGE)
+    command = auto["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--protocol") + 1] == "openai" and "--api-key-file" in command
+    # gRPC cannot reach Triton behind keys: refused, naming the field
     body["spec"]["validation"] = {"protocol": "grpc"}
+    with pytest.raises(ValueError, match="validation.protocol: must not be grpc while serving.auth.apiKeysSecret"):
+        Owner.from_body(body)
+    # without keys, unset is gRPC, and nothing is mounted
+    del body["spec"]["serving"]["auth"]
+    body["spec"]["validation"] = {}
     grpc_pod = validation_job(Owner.from_body(body), redrafter_key=RKEY, base_key=BKEY, operator_image=IMAGE)
-    assert "--api-key-file" not in grpc_pod["spec"]["template"]["spec"]["containers"][0]["command"]
+    command = grpc_pod["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--protocol") + 1] == "grpc" and "--api-key-file" not in command
     # the client reads the Secret's first key by entry name, or a plain file
     (tmp_path / "b-team").write_text("sk-b\n")
     (tmp_path / "a-team").write_text(" sk-a ")
@@ -328,3 +339,17 @@ def test_validation_job_sends_the_serving_api_key_from_the_same_secret(tmp_path)
     assert load_api_key(tmp_path) == "sk-a" and load_api_key(tmp_path / "b-team") == "sk-b"
     with pytest.raises(ValueError, match="no API key"):
         load_api_key(tmp_path / "..data")
+
+
+def test_grpc_validation_behind_api_keys_is_refused_by_the_crd_as_by_pydantic():
+    """The API server refuses it before the operator sees it (CEL, evaluated as the emulator does)."""
+    from redrafter_sim.apiserver_schema import _evaluate_rule
+
+    crd = yaml.safe_load((ROOT / "crds" / "redrafter.dev_redrafterdeployments.yaml").read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    (rule,) = [r for r in schema["x-kubernetes-validations"] if r.get("fieldPath") == ".validation.protocol"]
+    keys = {"serving": {"auth": {"apiKeysSecret": "llm-keys"}}}
+    assert _evaluate_rule(rule, {**keys, "validation": {"protocol": "grpc"}}, None)[0]
+    for fine in ({**keys, "validation": {"protocol": "openai"}}, {**keys, "validation": {}}, keys, {}):
+        assert not _evaluate_rule(rule, fine, None)[0], fine
+    assert not _evaluate_rule(rule, {"validation": {"protocol": "grpc"}}, None)[0]

@@ -99,3 +99,22 @@ async def test_no_targets_reads_nothing(fake_prometheus):
 def test_query_escapes_pod_names():
     q = build_query('n"s', ["a.b"])
     assert 'namespace="n\\"s"' in q and 'pod=~"a\\\\.b"' in q
+
+
+async def test_the_front_queue_comes_from_its_own_endpoint(fake_prometheus):
+    """The PodMonitor scrapes the front's port too: its gauges join the pod's load; a front endpoint that is
+    down leaves the Triton part; only front series (Triton's went stale) is missing data."""
+    url, state = fake_prometheus
+    front = [series(c.METRIC_FRONT_QUEUED, "a", 7), series(c.METRIC_FRONT_IN_FLIGHT, "a", 4), series("up", "a", 1)]
+    state["result"] = (
+        pod_series("a", 10, 100, 50)
+        + front
+        + pod_series("b", 10, 100, 50)
+        + [series("up", "b", 0)]  # b's front endpoint is down
+        + [series(c.METRIC_FRONT_QUEUED, "gone", 3), series("up", "gone", 1), series("up", "gone", 0)]
+    )
+    r = await PrometheusSource(url, "chat", "ns").read(TARGETS)
+    loads = {s.pod: dict(s.load) for s in r.samples}
+    assert loads == {"a": {"active": 4, "front_queued": 7, "front_in_flight": 4}, "b": {"active": 4}}
+    assert [e.pod for e in r.errors] == ["gone"] and "Triton" in r.errors[0].error
+    assert c.METRIC_FRONT_QUEUED in state["queries"][0]

@@ -211,3 +211,62 @@ async def test_large_exposition_is_read_whole(pods):
     reading = await PodScraper("chat", timeout=5.0).read([target("big", port)])
     assert len(padding) > 500_000
     assert reading.samples[0].counters["requests"] == 42 and reading.samples[0].load == {"active": 3}
+
+
+def front_exposition(in_flight: int, queued: int) -> str:
+    return (
+        f"# TYPE {c.METRIC_FRONT_IN_FLIGHT} gauge\n{c.METRIC_FRONT_IN_FLIGHT} {in_flight}\n"
+        f"# TYPE {c.METRIC_FRONT_QUEUED} gauge\n{c.METRIC_FRONT_QUEUED} {queued}\n"
+        f"# TYPE {c.METRIC_FRONT_MAX_QUEUED} gauge\n{c.METRIC_FRONT_MAX_QUEUED} 256\n"
+    )
+
+
+async def test_the_front_queue_is_part_of_the_load(pods):
+    """Requests queued in the OpenAI front count as waiting; a front that cannot be read leaves the rest of
+    the sample (missing data for that part only), a pod without a front port is not asked."""
+    from redrafter_operator.metrics import queue_of
+
+    async def triton(_req):
+        return web.Response(text=exposition(10, 100, 60, active=8))
+
+    async def front(_req):
+        return web.Response(text=front_exposition(8, 5))
+
+    async def broken(_req):
+        return web.Response(status=500)
+
+    t_port, f_port, bad_port = await pods.serve(triton), await pods.serve(front), await pods.serve(broken)
+    reading = await PodScraper("chat", timeout=1.0).read(
+        [
+            target("with-front", t_port, front_port=f_port),
+            target("front-down", t_port, front_port=free_port()),
+            target("front-broken", t_port, front_port=bad_port),
+            target("no-front", t_port),
+        ]
+    )
+    assert not reading.errors
+    loads = {s.pod: dict(s.load) for s in reading.samples}
+    assert loads["with-front"] == {"active": 8, "front_in_flight": 8, "front_queued": 5}
+    assert loads["front-down"] == loads["front-broken"] == loads["no-front"] == {"active": 8}
+    assert queue_of(loads["with-front"]) == 13 and queue_of(loads["no-front"]) == 8
+    assert all(s.counters["requests"] == 10 for s in reading.samples)
+    # Triton's port decides whether the pod answered, whatever its front says
+    reading = await PodScraper("chat", timeout=1.0).read([target("triton-down", free_port(), front_port=f_port)])
+    assert not reading.samples and reading.errors[0].pod == "triton-down"
+
+
+def test_front_port_comes_from_the_pod_spec():
+    from redrafter_operator.render.serving import PORTS
+
+    def pod(ports):
+        return {
+            "metadata": {"name": "p", "labels": {"redrafter.dev/variant": "base"}},
+            "spec": {"containers": [{"name": "triton", "ports": ports}]},
+            "status": {"podIP": "10.0.0.7"},
+        }
+
+    rendered = [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in PORTS]
+    assert PodTarget.from_pod(pod(rendered)).front_port == c.OPENAI_PORT
+    # a pod rendered before the front existed runs none: nothing to ask
+    assert PodTarget.from_pod(pod(rendered[:3])).front_port is None
+    assert PodTarget.from_pod({**pod([]), "spec": {}}).front_port is None

@@ -315,3 +315,25 @@ async def test_a_stuck_triton_turns_readiness_false_within_the_timeout(tmp_path)
         assert bridge.started == 0  # nothing reached the stuck server
     finally:
         await client.close()
+
+
+async def test_a_slow_upload_holds_no_generation_slot(tmp_path):
+    """The body is received before a slot is taken: with one slot, a client still sending its body does not
+    keep a ready request waiting (it holds a place only), and its own body is bounded by body_timeout."""
+    front, bridge, client = await start_front(tmp_path, max_in_flight=1, max_queued=1, queue_timeout=2, body_timeout=20)
+    try:
+        reader, writer = await asyncio.open_connection(client.host, client.port)
+        writer.write(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 100\r\n\r\n{"model": '
+        )
+        await writer.drain()
+        await until(lambda: front.admission.receiving == 1, what="the slow upload holding a place")
+        resp = await asyncio.wait_for(client.post(COMPLETIONS, json=completion()), 10)
+        assert resp.status == 200, await resp.text()
+        assert bridge.started == 1 and front.admission.receiving == 1  # the upload is still arriving
+        assert (front.admission.in_flight, front.admission.queued) == (0, 0)
+        writer.close()
+        await until(lambda: front.admission.receiving == 0, what="the dropped upload's place released")
+    finally:
+        await client.close()

@@ -151,7 +151,8 @@ def test_serving_policy_admits_the_namespace_the_validation_job_and_the_operator
     assert serve_rule["from"][1]["podSelector"]["matchExpressions"][0]["values"] == ["validation"]
     assert metrics_rule == {
         "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "redrafter-system"}}}],
-        "ports": [{"protocol": "TCP", "port": 8002}],
+        # Triton's metrics, and the front's port whose /metrics holds its queue (the autoscaler reads both)
+        "ports": [{"protocol": "TCP", "port": 8002}, {"protocol": "TCP", "port": 9000}],
     }
     assert "ingress" not in jobs["spec"], "nothing connects to build or validation pods"
     assert jobs["spec"]["podSelector"]["matchExpressions"][0]["values"] == ["engine-build", "validation"]

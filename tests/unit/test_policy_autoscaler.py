@@ -265,3 +265,18 @@ def test_the_pool_that_just_took_the_traffic_is_not_scaled_down_within_the_settl
     assert d.replicas == 3
     d, s = step(spec0, s, 3, load(0.1, 3), SETTLE_INTERVALS * interval)
     assert d.replicas == 1 and s.settle is None
+
+
+def test_requests_queued_in_the_front_count_as_waiting():
+    """The OpenAI front's queue is load Triton does not see yet; a pod without the front's gauges counts
+    only Triton's (missing data for that part, not an error)."""
+    samples = (
+        PodSample(
+            "redrafter-0", "r0/0", "redrafter", "redrafter", 0, {}, {"active": 8, "waiting": 2, "front_queued": 6}
+        ),
+        PodSample("redrafter-1", "r1/0", "redrafter", "redrafter", 0.0, {}, {"active": 8, "front_in_flight": 8}),
+    )
+    got = pool_load(Reading(0.0, samples), "redrafter", _pods(ready=2))
+    assert got == PoolLoad(total=24, ready=2)
+    d, _ = recommend(make_spec(), AutoscalerState(), 2, got, 0)
+    assert d.metric == 12 and d.replicas == 6 and d.reason == "ScaleUp"

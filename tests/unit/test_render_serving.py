@@ -254,3 +254,33 @@ def test_api_keys_secret_is_a_read_only_volume_never_a_value():
     assert not any("secret" in v for v in plain_pod["volumes"])
     plain_cfg = serving_configmap(plain, "redrafter", key)["data"]["serving.json"]
     assert ServingConfig.model_validate_json(plain_cfg).api_keys_dir is None
+
+
+def test_api_keys_keep_tritons_own_ports_out_of_services_and_policies():
+    """With keys, Triton's unauthenticated HTTP/gRPC listen on the pod's loopback only: no container port,
+    Service port or NetworkPolicy port names them, and liveness asks the front; metrics stay reachable."""
+    import dataclasses
+
+    from redrafter_operator.render.serving import network_policies
+
+    plain = owner()
+    serving = plain.spec.serving.model_copy(
+        update={
+            "auth": plain.spec.serving.auth.model_copy(update={"api_keys_secret": "keys"}),
+            "network_policy": plain.spec.serving.network_policy.model_copy(update={"enabled": True}),
+        }
+    )
+    o = dataclasses.replace(plain, spec=plain.spec.model_copy(update={"serving": serving}))
+    key = engine_key(o.spec, "redrafter")
+    (c,) = serving_deployment(o, "redrafter", key, 1)["spec"]["template"]["spec"]["containers"]
+    assert [(p["name"], p["containerPort"]) for p in c["ports"]] == [("metrics", 8002), ("openai", 9000)]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/health/live", "port": "openai"}
+    assert c["readinessProbe"]["httpGet"]["port"] == "openai"
+    for svc in [*services(o, "redrafter"), candidate_service(o)]:
+        assert [(p["name"], p["port"]) for p in svc["spec"]["ports"]] == [("metrics", 8002), ("openai", 9000)]
+    serve_rule = network_policies(o)[0]["spec"]["ingress"][0]
+    assert [p["port"] for p in serve_rule["ports"]] == [8002, 9000]
+    # without keys: every port, and Triton's own liveness
+    (plain_c,) = serving_deployment(plain, "redrafter", key, 1)["spec"]["template"]["spec"]["containers"]
+    assert [p["containerPort"] for p in plain_c["ports"]] == [8000, 8001, 8002, 9000]
+    assert plain_c["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}

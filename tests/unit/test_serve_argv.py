@@ -131,3 +131,30 @@ def test_cli_serve_dry_run(tmp_path: Path, monkeypatch, capsys):
     argv = json.loads(capsys.readouterr().out)
     assert argv[0] == "/x/tritonserver" and f"--model-repository={tmp_path / 'repo'}" in argv
     assert (tmp_path / "repo" / contract.ENTRY_MODEL / "1" / "model.py").is_file()
+
+
+def test_api_keys_keep_tritons_own_ports_inside_the_pod(tmp_path: Path):
+    """With API keys, Triton's unauthenticated HTTP and gRPC listen on loopback only (the front reaches gRPC
+    there); metrics stay on every address for scrapers. Without keys nothing changes."""
+    from engine_jobs.serve import front_argv
+
+    def served(keys: str | None, tp: int = 1) -> list[str]:
+        cfg = ServingConfig(
+            deployment="chat",
+            variant="base",
+            engine_key="k",
+            artifact_dir="/cache/k",
+            tensor_parallel=tp,
+            max_batch_size=8,
+            api_keys_dir=keys,
+        )
+        return prepare(cfg, LaunchSettings(model_repo_dir=str(tmp_path / "repo")))
+
+    private = served(contract.API_KEYS_MOUNT)
+    assert {"--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=0.0.0.0"} <= set(private)
+    assert "--http-address=0.0.0.0" not in private and "--grpc-address=0.0.0.0" not in private
+    rank0 = served(contract.API_KEYS_MOUNT, tp=2)
+    assert rank0.count("--http-address=127.0.0.1") == 1 and rank0.count("--grpc-address=127.0.0.1") == 1
+    assert {"--http-address=0.0.0.0", "--grpc-address=0.0.0.0"} <= set(served(None))
+    front = front_argv(LaunchSettings(), "/etc/redrafter/serving.json")
+    assert front[front.index("--grpc-url") + 1] == "127.0.0.1:8001"

@@ -41,8 +41,14 @@ class FieldError(ValueError):
     API server reports the CEL rule's ``fieldPath``."""
 
     def __init__(self, path: str, message: str) -> None:
-        super().__init__(message)
-        self.path = path
+        super().__init__(f"{path}: {message}")
+        self.path, self.message = path, message
+
+
+API_KEYS_GRPC_MESSAGE = (
+    "must not be grpc while serving.auth.apiKeysSecret is set: with API keys, Triton's HTTP and gRPC ports listen "
+    "only inside the serving pod; leave it unset or set openai (the Job then calls the OpenAI API with a key)"
+)
 
 
 def _cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
@@ -551,8 +557,9 @@ class ServingNetworkPolicy(ApiModel):
     """NetworkPolicies for this resource's pods (enforced only where the cluster's network plugin does).
 
     Serving pods admit ingress only on their HTTP, gRPC and metrics ports, from ``ingressFrom`` (by
-    default every pod of this namespace: clients and the validation Job), plus the metrics port from the
-    operator's namespace (its Pods metrics source) and ``metricsFrom`` (e.g. Prometheus). Build and
+    default every pod of this namespace: clients and the validation Job), plus the metrics ports (Triton's,
+    and the OpenAI front's, whose /metrics holds its queue) from the operator's namespace (its Pods metrics
+    source) and ``metricsFrom`` (e.g. Prometheus). Build and
     validation pods admit no ingress at all: nothing connects to them.
     """
 
@@ -564,7 +571,8 @@ class ServingNetworkPolicy(ApiModel):
     )
     metrics_from: list[NetworkPolicyPeer] = Field(
         default_factory=list,
-        description="Extra NetworkPolicyPeers allowed on the metrics port only (e.g. Prometheus's namespace).",
+        description="Extra NetworkPolicyPeers allowed on the metrics ports only (Triton's metrics port and the "
+        "OpenAI front's port, which serves its queue on /metrics; e.g. Prometheus's namespace).",
     )
 
 
@@ -695,7 +703,11 @@ class Autoscaling(ApiModel):
     min_replicas: int = Field(default=1, ge=0, le=1000, description="Lower bound.")
     max_replicas: int = Field(default=4, ge=1, le=1000, description="Upper bound.")
     target_queue_per_replica: float = Field(
-        default=4.0, gt=0, le=10000, description="Target active+waiting requests per replica."
+        default=4.0,
+        gt=0,
+        le=10000,
+        description="Target queue per replica: requests Triton is generating or holding (active + waiting) "
+        "plus requests waiting in the pod's OpenAI front for a generation slot.",
     )
     scale_up_stabilization: Duration = Field(default="0s", description="Window of recommendations for scale-up.")
     scale_down_stabilization: Duration = Field(default="300s", description="Window of recommendations for scale-down.")
@@ -877,10 +889,12 @@ class Validation(ApiModel):
         default=True,
         description="After passing, sweep concurrency 1, 2, 4, ..., maxBatchSize and record the measured crossover.",
     )
-    protocol: Literal["grpc", "openai"] = Field(
-        default="grpc",
+    protocol: Literal["grpc", "openai"] | None = Field(
+        default=None,
         description="How the Job calls the engines: grpc (Triton's entry model, port 8001) or openai (the "
-        "pods' OpenAI-compatible API, port 9000, as applications call it).",
+        "pods' OpenAI-compatible API, port 9000, as applications call it, with a key of "
+        "serving.auth.apiKeysSecret when one is set). Unset: openai when serving.auth.apiKeysSecret is set "
+        "(Triton's own ports then listen only inside the pod, so grpc is refused), grpc otherwise.",
     )
     active_deadline_seconds: int = Field(
         default=1800, ge=60, le=86400, description="Upper bound of the validation Job's run time."
@@ -935,6 +949,12 @@ class ReDrafterDeploymentSpec(ApiModel):
                     "redrafter.draftLenPerBeam must not exceed model.drafter.train.recipe.draftLen (the trained "
                     "draft length)",
                     ".redrafter.draftLenPerBeam",
+                ),
+                _cel(
+                    "!has(self.serving) || !has(self.serving.auth) || !has(self.serving.auth.apiKeysSecret) || "
+                    "!has(self.validation) || !has(self.validation.protocol) || self.validation.protocol != 'grpc'",
+                    API_KEYS_GRPC_MESSAGE,
+                    ".validation.protocol",
                 ),
                 _cel(
                     "!(self.method in ['redrafter', 'eagle3', 'draftModel']) || has(self.model.drafter)",
@@ -1038,6 +1058,19 @@ class ReDrafterDeploymentSpec(ApiModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _grpc_needs_open_triton_ports(self) -> ReDrafterDeploymentSpec:
+        if self.serving.auth.api_keys_secret and self.validation.protocol == "grpc":
+            raise FieldError("validation.protocol", API_KEYS_GRPC_MESSAGE)
+        return self
+
+    def validation_protocol(self) -> Literal["grpc", "openai"]:
+        """``validation.protocol``, or when unset: openai with API keys (Triton's ports are the pod's own),
+        grpc without."""
+        if self.validation.protocol is not None:
+            return self.validation.protocol
+        return "openai" if self.serving.auth.api_keys_secret else "grpc"
+
 
 def parse_spec(raw: dict[str, Any]) -> tuple["ReDrafterDeploymentSpec | None", list[str]]:
     """The parsed spec, or None and its validation errors, each naming its field path
@@ -1052,7 +1085,7 @@ def parse_spec(raw: dict[str, Any]) -> tuple["ReDrafterDeploymentSpec | None", l
             path = ".".join(["spec", *(str(p) for p in err["loc"])])
             msg = err["msg"].removeprefix("Value error, ")
             if isinstance(cause := (err.get("ctx") or {}).get("error"), FieldError):
-                path = f"{path}.{cause.path}"
+                path, msg = f"{path}.{cause.path}", cause.message
             out.append(f"{path}: {msg}")
         return None, out
 

@@ -159,6 +159,7 @@ class ChildState:
 
     resource_version: str
     owned_fields: str
+    owned_content: str = ""  # facts.owned_content: the manifest hash of what the operator's fields hold
 
 
 @dataclass
@@ -177,8 +178,10 @@ class Applier:
     In sync means: this process applied exactly this manifest, and the watch shows the object either
     as that apply left it (its resourceVersion), or still as before it (the echo is on its way), or
     later with the operator's owned fields unchanged (status or another manager's fields changed). A
-    restarted operator knows nothing yet and applies each child once; the server answers an apply that
-    changes nothing without writing. A deleted child is forgotten (:meth:`deleted`) and re-applied.
+    child this process has not applied (it just started, or took over as leader) is in sync when the
+    fields the operator's manager owns on the watched object hold exactly this manifest
+    (``ChildState.owned_content``): a restart sends no apply that would change nothing. A deleted child
+    is forgotten (:meth:`deleted`) and re-applied.
     """
 
     def __init__(
@@ -204,7 +207,11 @@ class Applier:
 
     def in_sync(self, manifest: Mapping[str, Any]) -> bool:
         mem = self._applied.get(self._ref(manifest))
-        if mem is None or mem.digest != manifest_hash(manifest):
+        if mem is None:
+            # nothing applied by this process: what the watch shows of the operator's fields decides
+            seen = self._observed(manifest)
+            return seen is not None and bool(seen.owned_content) and seen.owned_content == manifest_hash(manifest)
+        if mem.digest != manifest_hash(manifest):
             return False
         seen = self._observed(manifest)
         if seen is None:  # not echoed yet (a deletion would have forgotten the memory)
@@ -241,7 +248,9 @@ class Applier:
         already runs this step's template from one that still runs the previous one.
         """
         mem = self._applied.get((kind, namespace, name))
-        if mem is None or not mem.digest or generation < mem.generation:
+        if mem is None:
+            return seen.owned_content  # not applied by this process: what the operator's fields hold
+        if not mem.digest or generation < mem.generation:
             return ""
         if seen.resource_version != mem.resource_version and seen.owned_fields != mem.owned_fields:
             return ""  # someone changed the operator's fields since: an apply is pending

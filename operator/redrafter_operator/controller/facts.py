@@ -50,11 +50,73 @@ def owned_fields(body: Mapping[str, Any]) -> str:
     takes the fields it changes), so a changed fingerprint is drift of exactly the fields the operator
     manages, seen from the watch without comparing whole objects.
     """
+    entry = _our_apply_entry(body)
+    if entry is None:
+        return ""
+    text = json.dumps(entry.get("fieldsV1") or {}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _our_apply_entry(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
     for entry in body.get("metadata", {}).get("managedFields") or []:
         if entry.get("manager") == FIELD_MANAGER and entry.get("operation") == "Apply" and not entry.get("subresource"):
-            text = json.dumps(entry.get("fieldsV1") or {}, sort_keys=True, separators=(",", ":"))
-            return hashlib.sha256(text.encode()).hexdigest()[:16]
-    return ""
+            return entry
+    return None
+
+
+def owned_content(body: Mapping[str, Any]) -> str:
+    """:func:`manifest_hash` of the object as far as the operator's apply owns it ("" if it owns nothing).
+
+    The live object cut down to the fields of the operator's Apply entry in ``managedFields`` is what its
+    last apply set, as long as nobody took a field since (an Update moves the fields it changes to its
+    manager, so they drop out of the cut). Equal to the hash of a desired manifest: applying that manifest
+    would change nothing, which a restarted operator knows from the watch without having applied anything.
+    """
+    entry = _our_apply_entry(body)
+    if entry is None:
+        return ""
+    fields = entry.get("fieldsV1") or {}
+    cut = _project(dict(body), fields)
+    meta = cut.get("metadata") if isinstance(cut, dict) else None
+    if not isinstance(cut, dict) or (meta is not None and not isinstance(meta, dict)):
+        return ""
+    return manifest_hash(cut)
+
+
+def _project(value: Any, fields: Mapping[str, Any]) -> Any:
+    """``value`` cut down to a fieldsV1 tree (``f:`` fields, ``k:`` items of keyed lists, ``v:`` set members);
+    a leaf (no children but ``.``) keeps its whole value, as an atomic field or list is owned whole."""
+    children = {k: v for k, v in fields.items() if k != "."}
+    if not children:
+        return value
+    if isinstance(value, dict):
+        return {
+            key[2:]: _project(value[key[2:]], sub or {})
+            for key, sub in children.items()
+            if key.startswith("f:") and key[2:] in value
+        }
+    if isinstance(value, list):
+        out = []
+        for item in value:
+            for key, sub in children.items():
+                if key.startswith("k:") and isinstance(item, dict):
+                    try:
+                        ident = json.loads(key[2:])
+                    except ValueError:
+                        continue
+                    if all(item.get(k, "TCP" if k == "protocol" else None) == v for k, v in ident.items()):
+                        out.append(_project(item, sub or {}))  # key fields the apply set are f: fields too
+                        break
+                elif key.startswith("v:"):
+                    try:
+                        member = json.loads(key[2:])
+                    except ValueError:
+                        continue
+                    if item == member:
+                        out.append(item)
+                        break
+        return out
+    return value
 
 
 def _labels(body: Mapping[str, Any]) -> Mapping[str, str]:
@@ -295,6 +357,7 @@ class DeploymentFact:
     observed_generation: int
     owned_fields: str = ""  # see owned_fields()
     resource_version: str = ""
+    owned_content: str = ""  # see owned_content()
     failure_reason: str = ""  # ReplicaFailure=True or Progressing=False ProgressDeadlineExceeded
     failure_message: str = ""
 
@@ -316,6 +379,7 @@ class DeploymentFact:
             observed_generation=int(status.get("observedGeneration") or 0),
             owned_fields=owned_fields(body),
             resource_version=meta.get("resourceVersion", ""),
+            owned_content=owned_content(body),
             failure_reason=failure_reason,
             failure_message=failure_message,
         )
@@ -356,6 +420,7 @@ class ObjectFact:
     owned_fields: str = ""  # see owned_fields()
     resource_version: str = ""
     pool: str = ""
+    owned_content: str = ""  # see owned_content()
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> "ObjectFact":
@@ -368,6 +433,7 @@ class ObjectFact:
             owned_fields=owned_fields(body),
             resource_version=body.get("metadata", {}).get("resourceVersion", ""),
             pool=selector.get(names.LABEL_TRAFFIC, "") if isinstance(selector, dict) else "",
+            owned_content=owned_content(body),
         )
 
 

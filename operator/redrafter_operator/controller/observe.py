@@ -83,7 +83,7 @@ def child_state(indexes: Mapping[str, Any], manifest: Mapping[str, Any]) -> Chil
         "CronJob": "rdd_cronjobs",
     }[kind]
     facts = index_entries(indexes, index, ("name", ns, name))
-    return ChildState(facts[0].resource_version, facts[0].owned_fields) if facts else None
+    return ChildState(facts[0].resource_version, facts[0].owned_fields, facts[0].owned_content) if facts else None
 
 
 def _latest_message(indexes: Mapping[str, Any], ns: str, job: str) -> PodFact | None:

@@ -504,7 +504,11 @@ def _discard(index: dict[Any, set[ResourceKey]], ref: Any, key: ResourceKey) -> 
 
 def _carried(applier: Applier, namespace: str, dep: DeploymentFact) -> str:
     return applier.carried(
-        "Deployment", namespace, dep.name, dep.generation, ChildState(dep.resource_version, dep.owned_fields)
+        "Deployment",
+        namespace,
+        dep.name,
+        dep.generation,
+        ChildState(dep.resource_version, dep.owned_fields, dep.owned_content),
     )
 
 

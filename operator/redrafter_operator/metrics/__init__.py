@@ -12,6 +12,7 @@ from .samples import (
     Reading,
     collect,
     pod_is_ready,
+    queue_of,
 )
 from .scraper import PodScraper
 from .source import source_for, statuses_from_pods, targets_from_pods
@@ -36,6 +37,7 @@ __all__ = [
     "collect",
     "parse_exposition",
     "pod_is_ready",
+    "queue_of",
     "source_for",
     "statuses_from_pods",
     "targets_from_pods",

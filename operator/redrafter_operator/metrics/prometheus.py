@@ -3,7 +3,9 @@
 Same interface as :class:`~.scraper.PodScraper`: raw cumulative counters per pod, so windowing,
 reset handling and the policy are identical whichever source is configured. The scrape config must
 attach the standard ``namespace`` and ``pod`` target labels (a ServiceMonitor/PodMonitor does). A
-pod whose ``up`` series is 0 or absent is missing data, as is a pod with no series at all.
+pod without Triton's series (its ``up`` is 0, or it has no series at all) is missing data. The OpenAI
+front's gauges come from a second endpoint of the same pod (port ``openai``, the chart's PodMonitor
+scrapes both); without them the sample has no front keys, as with the pod scraper.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import aiohttp
 
 from engine_jobs import contract as c
 
-from .samples import COUNTER_METRICS, PodError, PodSample, PodTarget, Reading, collect
+from .samples import COUNTER_METRICS, FRONT_LOAD, PodError, PodSample, PodTarget, Reading, collect
 
-_NAMES = sorted({*COUNTER_METRICS.values(), c.METRIC_TRTLLM_REQUESTS, "up"})
+_FRONT_NAMES = frozenset(FRONT_LOAD.values())
+_NAMES = sorted({*COUNTER_METRICS.values(), c.METRIC_TRTLLM_REQUESTS, *_FRONT_NAMES, "up"})
 #: target labels the scrape config must attach to every serving pod's series
 TARGET_LABELS = ("namespace", "pod")
 
@@ -81,12 +84,17 @@ class PrometheusSource:
             by_pod.setdefault(pod, []).append((name, labels, value))
         samples, errors = [], []
         for t in targets:
-            series = by_pod.get(t.name)
-            up = [v for n, _, v in series or () if n == "up"]
+            series = by_pod.get(t.name) or []
+            up = [v for n, _, v in series if n == "up"]
+            # Triton's own series: a failed scrape of its endpoint marks them stale, so they vanish from an
+            # instant query even while the front's endpoint (another `up` series) is still scraped
+            triton = [s for s in series if s[0] != "up" and s[0] not in _FRONT_NAMES]
             if not series:
                 errors.append(PodError(t.name, t.variant, t.pool, "no series in Prometheus"))
             elif up and max(up) < 1:
                 errors.append(PodError(t.name, t.variant, t.pool, "Prometheus reports the target down (up == 0)"))
+            elif not triton:
+                errors.append(PodError(t.name, t.variant, t.pool, "no series of Triton's metrics port in Prometheus"))
             else:
                 counters, load = collect(series, self.deployment)
                 samples.append(PodSample(t.name, t.identity, t.variant, t.pool, now, counters, load, t.started_at))

@@ -30,6 +30,24 @@ COUNTER_METRICS: dict[str, str] = {
 COUNTERS: tuple[str, ...] = tuple(COUNTER_METRICS)
 #: nv_trt_llm_request_metrics request_type values kept as load gauges
 LOAD_TYPES: tuple[str, ...] = ("active", "waiting", "max")
+#: load keys read from the OpenAI front's own /metrics (port openai) -> the gauge they come from. Requests the
+#: front has admitted but not yet sent to Triton (``front_queued``) are in no Triton gauge; its generations in
+#: flight (``front_in_flight``) are Triton's active or waiting requests already.
+FRONT_LOAD: dict[str, str] = {
+    "front_queued": c.METRIC_FRONT_QUEUED,
+    "front_in_flight": c.METRIC_FRONT_IN_FLIGHT,
+}
+#: name of the serving container's port of the OpenAI front (render/serving.py PORTS)
+FRONT_PORT_NAME = "openai"
+
+
+def queue_of(load: Mapping[str, float]) -> float | None:
+    """A pod's requests being generated or waiting: Triton's ``active`` + ``waiting``, plus the requests
+    queued in the OpenAI front for a generation slot. None without Triton's ``active`` gauge (no reading);
+    a missing front gauge counts nothing (missing data for that part only)."""
+    if "active" not in load:
+        return None
+    return load["active"] + load.get("waiting", 0.0) + load.get("front_queued", 0.0)
 
 
 @dataclass(frozen=True)
@@ -42,6 +60,7 @@ class PodTarget:
     pool: Variant  # traffic pool the pod is in (LABEL_TRAFFIC); a canary has variant redrafter, pool base
     ip: str | None = None
     port: int = c.METRICS_PORT
+    front_port: int | None = None  # the OpenAI front's port (its /metrics), None where the pod runs no front
     restarts: int = 0  # sum of container restart counts: a restart resets counters
     started_at: float | None = None  # epoch seconds of the pod's (last container's) start
 
@@ -69,6 +88,7 @@ class PodTarget:
             pool=pool if pool in c.VARIANTS else variant,
             ip=status.get("podIP"),
             port=port,
+            front_port=_front_port(pod),
             restarts=restarts,
             started_at=_epoch(started) if started else None,
         )
@@ -117,6 +137,16 @@ class PodStatus:
         return cls(name=meta["name"], variant=variant, pool=pool if pool in c.VARIANTS else variant, phase=grouped)
 
 
+def _front_port(pod: Mapping[str, Any]) -> int | None:
+    """The containerPort named ``openai`` of the pod's containers: the pod runs the OpenAI front (pods
+    rendered before the front existed have none)."""
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        for port in container.get("ports") or []:
+            if port.get("name") == FRONT_PORT_NAME and isinstance(port.get("containerPort"), int):
+                return int(port["containerPort"])
+    return None
+
+
 def _container_start(statuses: list[dict[str, Any]]) -> str | None:
     starts = [s.get("state", {}).get("running", {}).get("startedAt") for s in statuses]
     starts = [s for s in starts if s]
@@ -137,7 +167,7 @@ class PodSample:
     pool: Variant
     time: float
     counters: Mapping[str, float]  # subset of COUNTERS present in the exposition
-    load: Mapping[str, float] = field(default_factory=dict)  # subset of LOAD_TYPES
+    load: Mapping[str, float] = field(default_factory=dict)  # subset of LOAD_TYPES and FRONT_LOAD
     started_at: float | None = None
 
 
@@ -172,11 +202,13 @@ def collect(
     """Fold raw ``(metric name, labels, value)`` series of one pod into (counters, load gauges).
 
     ReDrafter counters are kept when their ``model`` label names this deployment (summed over other
-    labels); Triton's TensorRT-LLM gauges and queue counter are kept for the engine model only.
+    labels); Triton's TensorRT-LLM gauges and queue counter are kept for the engine model only; the OpenAI
+    front's admission gauges become the FRONT_LOAD keys.
     """
     # Compare without a `_total` suffix: prometheus_client's parser appends it to every counter
     # (Triton's nv_inference_queue_duration_us has none), the Prometheus API returns names as exposed.
     by_metric = {_family(v): k for k, v in COUNTER_METRICS.items()}
+    front = {v: k for k, v in FRONT_LOAD.items()}
     counters: dict[str, float] = {}
     load: dict[str, float] = {}
     for raw_name, labels, value in series:
@@ -194,6 +226,8 @@ def collect(
             kind = labels.get(c.METRIC_TRTLLM_LABEL_TYPE)
             if kind in LOAD_TYPES:
                 load[kind] = load.get(kind, 0.0) + value
+        elif name in front:
+            load[front[name]] = load.get(front[name], 0.0) + value
     return counters, load
 
 

@@ -1,15 +1,23 @@
-"""Read serving metrics by scraping each Ready pod's Triton metrics port (rank 0, :8002/metrics)."""
+"""Read serving metrics by scraping each Ready pod's Triton metrics port (rank 0, :8002/metrics), and the
+OpenAI front's own /metrics (port ``openai``) where the pod runs one: its queue is part of the pod's load.
+
+Triton's metrics are the sample: a pod whose Triton port fails is a :class:`PodError`. The front's gauges
+are one part of it: when they cannot be read, the sample simply has no front keys (missing data for that
+part, not an error)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Callable, Sequence
 
 import aiohttp
 
 from .parse import parse_exposition
-from .samples import PodError, PodSample, PodTarget, Reading, collect
+from .samples import FRONT_LOAD, PodError, PodSample, PodTarget, Reading, collect
+
+log = logging.getLogger(__name__)
 
 MAX_BODY = 8 * 1024 * 1024  # a Triton exposition is a few hundred KiB; refuse anything absurd
 
@@ -65,25 +73,18 @@ class PodScraper:
 
         if not target.ip:
             return fail("pod has no IP")
-        host = f"[{target.ip}]" if ":" in target.ip else target.ip
-        url = f"http://{host}:{target.port}/metrics"
-        async with self._limit:
-            try:
-                async with session.get(url, timeout=aiohttp.ClientTimeout(total=self.timeout)) as resp:
-                    if resp.status != 200:
-                        return fail(f"GET {url}: HTTP {resp.status}")
-                    body = await read_body(resp, MAX_BODY)
-                    if body is None:
-                        return fail(f"GET {url}: body larger than {MAX_BODY} bytes")
-            except asyncio.TimeoutError:
-                return fail(f"GET {url}: timed out after {self.timeout}s")
-            except aiohttp.ClientError as exc:
-                return fail(f"GET {url}: {type(exc).__name__}: {exc}")
-        try:
-            series = parse_exposition(body.decode("utf-8", errors="replace"))
-        except ValueError as exc:
-            return fail(str(exc))
-        counters, load = collect(series, self.deployment)
+        triton, front = await asyncio.gather(
+            self._get(session, target.ip, target.port),
+            self._get(session, target.ip, target.front_port) if target.front_port else _none(),
+        )
+        if isinstance(triton, str):
+            return fail(triton)
+        counters, load = collect(triton, self.deployment)
+        if isinstance(front, str):
+            log.debug("%s: the OpenAI front's metrics are missing: %s", target.name, front)
+        elif front is not None:
+            _, front_load = collect(front, self.deployment)
+            load.update({k: v for k, v in front_load.items() if k in FRONT_LOAD})
         return PodSample(
             pod=target.name,
             identity=target.identity,
@@ -94,3 +95,30 @@ class PodScraper:
             load=load,
             started_at=target.started_at,
         )
+
+    async def _get(
+        self, session: aiohttp.ClientSession, ip: str, port: int
+    ) -> list[tuple[str, dict[str, str], float]] | str:
+        """The series of ``http://ip:port/metrics``, or why they could not be read."""
+        host = f"[{ip}]" if ":" in ip else ip
+        url = f"http://{host}:{port}/metrics"
+        async with self._limit:
+            try:
+                async with session.get(url, timeout=aiohttp.ClientTimeout(total=self.timeout)) as resp:
+                    if resp.status != 200:
+                        return f"GET {url}: HTTP {resp.status}"
+                    body = await read_body(resp, MAX_BODY)
+                    if body is None:
+                        return f"GET {url}: body larger than {MAX_BODY} bytes"
+            except asyncio.TimeoutError:
+                return f"GET {url}: timed out after {self.timeout}s"
+            except aiohttp.ClientError as exc:
+                return f"GET {url}: {type(exc).__name__}: {exc}"
+        try:
+            return parse_exposition(body.decode("utf-8", errors="replace"))
+        except ValueError as exc:
+            return str(exc)
+
+
+async def _none() -> None:
+    return None

@@ -21,7 +21,7 @@ from typing import Iterable
 
 from pydantic import BaseModel, Field
 
-from .samples import COUNTERS, PodError, PodSample, Reading
+from .samples import COUNTERS, PodError, PodSample, Reading, queue_of
 
 
 class PodMark(BaseModel):
@@ -50,7 +50,7 @@ class Aggregate:
     resets: int  # pods whose counters restarted during the window
     increases: dict[str, float]  # summed counter increases
     tokens_per_second: float  # output tokens/s summed over pods (each over its own span)
-    load: dict[str, float]  # summed instantaneous gauges: active, waiting, max
+    load: dict[str, float]  # summed instantaneous gauges: active, waiting, max, front_queued, front_in_flight
 
     @property
     def samples(self) -> int:
@@ -81,10 +81,10 @@ class Aggregate:
 
     @property
     def queue_per_pod(self) -> float | None:
-        """Mean active + waiting requests per pod (the autoscaler's metric)."""
-        if "active" not in self.load or not self.pods_reporting:
-            return None
-        return (self.load["active"] + self.load.get("waiting", 0.0)) / self.pods_reporting
+        """Mean requests generating or waiting per pod, Triton's and the OpenAI front's queue (the autoscaler's
+        metric, :func:`~.samples.queue_of`)."""
+        queue = queue_of(self.load)
+        return queue / self.pods_reporting if queue is not None and self.pods_reporting else None
 
     @property
     def queue_seconds_per_request(self) -> float | None:

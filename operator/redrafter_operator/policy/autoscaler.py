@@ -12,8 +12,9 @@ the 1.30+ releases the project targets, which lie between them:
   running pod that has a reading as ready even when its Ready condition is False (for non-CPU
   metrics); here a pod that is not Ready is missing even if a source (Prometheus) has a reading for
   it, since an engine that is still loading reports no load, which says nothing about its load.
-* ``replica_calculator.go``, ``ReplicaCalculator.calcPlainMetricReplicas``: ratio = mean(active + waiting per ready pod)
-  / targetQueuePerReplica; no change while |ratio - 1| <= tolerance; otherwise, without unready or
+* ``replica_calculator.go``, ``ReplicaCalculator.calcPlainMetricReplicas``: ratio = mean(queue per ready pod)
+  / targetQueuePerReplica, where a pod's queue is Triton's active + waiting requests plus the requests queued
+  in the pod's OpenAI front for a generation slot (``metrics.queue_of``); no change while |ratio - 1| <= tolerance; otherwise, without unready or
   missing pods, desired = ceil(ratio x **ready pods**) (not x spec replicas: pods that are still
   starting carry no load yet, and counting them again is what ran 2 -> 4 -> 8 -> 16 while engines
   loaded). With missing pods, or unready pods on a scale-up, the ratio is recomputed with missing
@@ -44,7 +45,7 @@ from pydantic import BaseModel, Field
 
 from ..api.spec import Autoscaling, ReDrafterDeploymentSpec
 from ..api.types import parse_duration
-from ..metrics.samples import PodStatus, Reading
+from ..metrics.samples import PodStatus, Reading, queue_of
 
 _EPS = 1e-9  # float noise: a ratio of exactly 1 + tolerance is within tolerance, as written
 SETTLE_INTERVALS = 3  # evaluations after a Service move during which the new pool is never scaled down
@@ -77,7 +78,7 @@ class ScaleDecision:
 class PoolLoad:
     """The scale target's pods as the HPA groups them, and the summed load of the ready ones."""
 
-    total: float  # active + waiting requests summed over the ready pods
+    total: float  # queued requests (Triton's active + waiting, the front's queued) summed over the ready pods
     ready: int  # pods whose load was read
     missing: int = 0  # running pods without a reading (starting, or unreadable)
     unready: int = 0  # Pending pods
@@ -88,9 +89,9 @@ def pool_load(reading: Reading, pool: str, pods: Iterable[PodStatus] | None = No
     as ``groupPods`` does; None when no ready pod reported load. Without ``pods`` (no pod list), the
     pods in the reading are the only ones known: those that failed to answer are missing."""
     usage = {
-        s.pod: s.load["active"] + s.load.get("waiting", 0.0)
+        s.pod: queue
         for s in reading.samples
-        if s.variant == pool and s.pool == pool and "active" in s.load
+        if s.variant == pool and s.pool == pool and (queue := queue_of(s.load)) is not None
     }
     if pods is None:
         missing = sum(1 for e in reading.errors if e.variant == pool and e.pool == pool)

@@ -29,12 +29,24 @@ PRESTOP_SLEEP_SECONDS = 10  # endpoints drop the pod before Triton stops accepti
 EXIT_TIMEOUT_SECONDS = 60  # Triton's --exit-timeout-secs: in-flight requests may finish this long
 STARTUP_PERIOD_SECONDS = 10
 LIVE_PATH = "/v2/health/live"
+FRONT_LIVE_PATH = "/health/live"
 PORTS = (
     ("http", contract.HTTP_PORT),
     ("grpc", contract.GRPC_PORT),
     ("metrics", contract.METRICS_PORT),
     ("openai", contract.OPENAI_PORT),
 )
+#: Triton's own client protocols: unauthenticated, so with API keys they listen only inside the pod
+#: (engine_jobs.serve.rank_argv) and no Service, container port or NetworkPolicy names them
+TRITON_API_PORTS = ("http", "grpc")
+
+
+def serving_ports(owner: Owner) -> list[tuple[str, int]]:
+    """(name, port) the serving pods expose: all of PORTS, or without Triton's HTTP and gRPC when
+    ``spec.serving.auth.apiKeysSecret`` is set (only the OpenAI API, behind the keys, and the metrics)."""
+    if owner.spec.serving.auth.api_keys_secret:
+        return [(n, p) for n, p in PORTS if n not in TRITON_API_PORTS]
+    return list(PORTS)
 
 
 API_KEYS_VOLUME = "api-keys"
@@ -163,13 +175,18 @@ def _container(owner: Owner, key: str) -> dict[str, Any]:
             {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
             {"name": "HF_HUB_OFFLINE", "value": "1"},
         ],
-        "ports": [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in PORTS],
+        "ports": [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in serving_ports(owner)],
         "resources": gpu_resources(spec, spec.serving.resources, resources.SERVING_PER_RANK),
         # Ready = the OpenAI front answers AND Triton with its entry model is ready (the front asks
         # Triton), so a pod joins the Service only when both of its protocols work.
         "startupProbe": _probe(contract.OPENAI_READY_PATH, "openai", STARTUP_PERIOD_SECONDS, startup_failures),
         "readinessProbe": _probe(contract.OPENAI_READY_PATH, "openai", 5, 3),
-        "livenessProbe": _probe(LIVE_PATH, "http", 10, 6, timeout=5),
+        # Triton's liveness on its HTTP port; with API keys that port is the pod's own (loopback), so the
+        # front's: the container exits when Triton does (engine_jobs.serve.run_together), and a stuck Triton
+        # makes the pod unready through the readiness probe
+        "livenessProbe": _probe(LIVE_PATH, "http", 10, 6, timeout=5)
+        if not spec.serving.auth.api_keys_secret
+        else _probe(FRONT_LIVE_PATH, "openai", 10, 6, timeout=5),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_SECONDS)]}}},
         "volumeMounts": [
             {
@@ -301,7 +318,7 @@ def _service(owner: Owner, name: str, selector: dict[str, str], extra_labels: di
         "spec": {
             "type": "ClusterIP",
             "selector": selector,
-            "ports": [{"name": n, "port": p, "targetPort": n, "protocol": "TCP"} for n, p in PORTS],
+            "ports": [{"name": n, "port": p, "targetPort": n, "protocol": "TCP"} for n, p in serving_ports(owner)],
         },
     }
 
@@ -347,14 +364,15 @@ def network_policies(owner: Owner, operator_namespace: str | None = None) -> lis
 
     Peers of the serving ports: ``ingressFrom`` (default: this namespace's pods) and, always, this
     resource's validation pods (they call both variants even when ``ingressFrom`` names only clients).
-    The metrics port also admits the operator's namespace (``operator_namespace``; the Pods metrics
-    source scrapes each pod from there) and ``metricsFrom``. Egress stays open: builds download from
+    The metrics ports (Triton's, and the OpenAI front's port, whose /metrics holds its queue) also admit
+    the operator's namespace (``operator_namespace``; the Pods metrics source scrapes each pod from there)
+    and ``metricsFrom``. Egress stays open: builds download from
     the Hub or S3, and the serving pods need none but a cluster's DNS policy is not ours to decide.
     """
     np = owner.spec.serving.network_policy
     if not np.enabled:
         return []
-    all_ports = [p for _, p in PORTS]
+    all_ports = [p for _, p in serving_ports(owner)]
     validation = {"podSelector": _deployment_pods(owner, ["validation"])}
     clients = [dict(p) for p in np.ingress_from] or [{"podSelector": {}}]
     scrapers = [dict(p) for p in np.metrics_from]
@@ -362,7 +380,7 @@ def network_policies(owner: Owner, operator_namespace: str | None = None) -> lis
         scrapers.insert(0, {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": operator_namespace}}})
     ingress = [{"from": [*clients, validation], "ports": _ports(*all_ports)}]
     if scrapers:
-        ingress.append({"from": scrapers, "ports": _ports(contract.METRICS_PORT)})
+        ingress.append({"from": scrapers, "ports": _ports(contract.METRICS_PORT, contract.OPENAI_PORT)})
     serving_labels = names.common_labels(owner.name, "serving")
     return [
         {

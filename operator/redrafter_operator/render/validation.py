@@ -53,7 +53,7 @@ def validation_job_name(deployment: str, redrafter_key: str, base_key: str, atte
 
 def service_endpoint(owner: Owner, service: str) -> str:
     """A Service's in-cluster address for the Job's protocol (gRPC, or the OpenAI API's base URL)."""
-    if owner.spec.validation.protocol == "openai":
+    if owner.spec.validation_protocol() == "openai":
         return f"http://{service}.{owner.namespace}.svc:{OPENAI_PORT}"
     return f"{service}.{owner.namespace}.svc:{GRPC_PORT}"
 
@@ -68,7 +68,7 @@ def validate_args(spec: ReDrafterDeploymentSpec, redrafter: str, base: str) -> l
         "--base",
         base,
         "--protocol",
-        v.protocol,
+        spec.validation_protocol(),
         "--max-tokens",
         str(min(v.max_tokens, room)),
         "--long-max-tokens",
@@ -92,7 +92,7 @@ def validate_args(spec: ReDrafterDeploymentSpec, redrafter: str, base: str) -> l
         args += ["--prompts", posixpath.join(PROMPTS_MOUNT, v.prompts_key)]
     if v.measure_crossover:
         args += ["--sweep-concurrency", ",".join(map(str, default_concurrencies(e.max_batch_size)))]
-    if v.protocol == "openai" and spec.serving.auth.api_keys_secret:
+    if spec.validation_protocol() == "openai" and spec.serving.auth.api_keys_secret:
         args += ["--api-key-file", API_KEYS_MOUNT]  # the Secret's directory: the client reads its first key
     return args
 
@@ -149,7 +149,7 @@ def validation_job(
     if v.prompts_config_map:
         container["volumeMounts"].append({"name": "prompts", "mountPath": PROMPTS_MOUNT, "readOnly": True})
         pod_spec["volumes"].append({"name": "prompts", "configMap": {"name": v.prompts_config_map}})
-    if v.protocol == "openai" and spec.serving.auth.api_keys_secret:
+    if spec.validation_protocol() == "openai" and spec.serving.auth.api_keys_secret:
         # the serving pods' own keys Secret, mounted as they mount it (gRPC needs none: it is not the API)
         volume, mount = api_keys_volumes(owner)
         pod_spec["volumes"].append(volume)

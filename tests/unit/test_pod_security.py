@@ -56,7 +56,7 @@ def pod_templates(owner: Owner) -> list[tuple[str, dict[str, Any]]]:
 def test_every_pod_passes_the_restricted_profile_as_its_images_user(example: Path):
     owner = load(example)
     pods = pod_templates(owner)
-    trains = 1 if owner.spec.model.drafter.train is not None else 0
+    trains = 1 if owner.spec.trained_drafter() is not None else 0
     assert len(pods) == 2 + 2 + 1 + 2 + trains  # builds, primaries, validation, canary + candidate, training
     for name, pod in pods:
         assert violations(pod, "restricted") == [], name

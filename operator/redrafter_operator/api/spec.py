@@ -1023,7 +1023,8 @@ class ReDrafterDeploymentSpec(ApiModel):
         if self.method == "redrafter":
             return None
         block = {"eagle3": Eagle3, "mtp": Mtp, "ngram": NGram, "draftModel": DraftModel}[self.method]
-        return getattr(self, _snake(self.method)) or block()
+        given: Eagle3 | Mtp | NGram | DraftModel | None = getattr(self, _snake(self.method))
+        return given or block()
 
     @model_validator(mode="after")
     def _draft_len_trained(self) -> ReDrafterDeploymentSpec:

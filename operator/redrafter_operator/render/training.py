@@ -34,7 +34,7 @@ TRAIN_CONTAINER = "train"
 
 
 def _training(spec: ReDrafterDeploymentSpec) -> DrafterTraining:
-    train = spec.model.drafter.train
+    train = spec.trained_drafter()
     if train is None:
         raise ValueError("the spec brings a trained drafter (model.drafter.source); nothing to train")
     return train

@@ -208,7 +208,7 @@ def move_tree(src: Path, dest: Path) -> int:
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
             if path.is_symlink():
-                blob = path.resolve(strict=True)
+                blob = path.resolve()  # not strict: a blob already placed under another name is gone from here
                 if blob in placed:
                     shutil.copy2(placed[blob], target)
                 else:

@@ -4,6 +4,9 @@ What the build reads before any (stand-in) tool runs: a Llama base (config.json 
 ``LlamaForCausalLM``, a weights file), a ReDrafter drafter (config.json with hidden_size, exit_dim,
 num_draft_layers, rnn; model.safetensors) and a tokenizer. The tokenizer is real (a word-level
 ``tokenizer.json`` of "w<id>" words), so the served model repository tokenizes and detokenizes.
+
+The PyTorch path's checkpoints (an EAGLE-3 head, an MTP base, draft models) are :data:`FIXTURES`, by name:
+``hf://redrafter-sim/<name>`` and ``pvc://<claim>/.../<name>`` resolve to them on the simulated node.
 """
 
 from __future__ import annotations

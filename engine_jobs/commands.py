@@ -85,6 +85,11 @@ def plan_document(spec_path: str, settings: Settings, architecture: str | None) 
     from .validate import read_config
 
     spec = load_spec(spec_path)
+    if spec.backend == "pytorch":
+        raise bad_input(
+            "a PyTorch-backend spec has no build steps: its Job fetches, verifies and lays out the checkpoints "
+            "(engine_jobs/prepare.py)"
+        )
     where = {
         "sources_mount": settings.sources_mount,
         "download_dir": settings.download_dir,

@@ -26,7 +26,16 @@ from .cache import (
     remove_partials,
     write_json_atomic,
 )
-from .contract import ENGINE_DIR, MANIFEST_FILE, MODEL_REPO_DIR, TOKENIZER_DIR, BuildSpec, ServingConfig, TritonParams
+from .contract import (
+    ENGINE_DIR,
+    MANIFEST_FILE,
+    MODEL_REPO_DIR,
+    TOKENIZER_DIR,
+    BuildSpec,
+    ServingConfig,
+    SourceRef,
+    TritonParams,
+)
 from .errors import BuildError, ExitCode, bad_input
 from .fetch import Fetched, fetch
 from .plan import (
@@ -82,24 +91,34 @@ class Record:
         self.steps.append(entry)
 
 
-def fetch_sources(spec: BuildSpec, settings: Settings, log: Log) -> Sources:
-    common = {
-        "sources_mount": settings.sources_mount,
-        "download_dir": settings.download_dir,
-        "cache_dir": spec.cache_dir,
-        "log": log,
-    }
-    base = fetch("base", spec.base, **common)
-    base_config = validate_base(base.local_dir)
+def fetch_source(role: str, ref: SourceRef, spec: BuildSpec, settings: Settings, log: Log) -> Fetched:
+    """One source of ``spec`` where the Job's settings put it."""
+    return fetch(
+        role,
+        ref,
+        sources_mount=settings.sources_mount,
+        download_dir=settings.download_dir,
+        cache_dir=spec.cache_dir,
+        log=log,
+    )
+
+
+def fetch_tokenizer(spec: BuildSpec, base: Fetched, settings: Settings, log: Log) -> Fetched:
+    """The tokenizer source: the base's own files when the spec names the same source, else fetched."""
     if spec.tokenizer.uri.rstrip("/") == spec.base.uri.rstrip("/") and spec.tokenizer.revision == spec.base.revision:
-        tokenizer = Fetched("tokenizer", base.uri, base.local_dir, base.revision, base.resolved, 0)
-    else:
-        tokenizer = fetch("tokenizer", spec.tokenizer, **common)
+        return Fetched("tokenizer", base.uri, base.local_dir, base.revision, base.resolved, 0)
+    return fetch_source("tokenizer", spec.tokenizer, spec, settings, log)
+
+
+def fetch_sources(spec: BuildSpec, settings: Settings, log: Log) -> Sources:
+    base = fetch_source("base", spec.base, spec, settings, log)
+    base_config = validate_base(base.local_dir)
+    tokenizer = fetch_tokenizer(spec, base, settings, log)
     tokenizer_files = validate_tokenizer(tokenizer.local_dir)
     drafter = None
     if spec.variant == "redrafter":
         assert spec.drafter is not None
-        drafter = fetch("drafter", spec.drafter, **common)
+        drafter = fetch_source("drafter", spec.drafter, spec, settings, log)
         validate_drafter(drafter.local_dir)
     return Sources(base, tokenizer, drafter, base_config, tokenizer_files)
 
@@ -112,21 +131,45 @@ def check_disk(spec: BuildSpec, sources: Sources, settings: Settings, log: Log) 
         )
         + settings.disk_reserve_bytes
     )
+    return require_free_space(spec, need, "checkpoints, engine", settings, log)
+
+
+def require_free_space(spec: BuildSpec, need: int, what: str, settings: Settings, log: Log) -> int:
+    """Refuse (OUT_OF_DISK) when the cache volume clearly lacks ``need`` bytes (reserve included)."""
     free = free_bytes(Path(spec.cache_dir))
     log(f"disk: this build needs about {human_bytes(need)} on the cache volume; {human_bytes(free)} free")
     if free < need:
         raise BuildError(
             ExitCode.OUT_OF_DISK,
             f"not enough free space on the cache volume: about {human_bytes(need)} needed "
-            f"(checkpoints, engine{', reserve' if settings.disk_reserve_bytes else ''}), "
+            f"({what}{', reserve' if settings.disk_reserve_bytes else ''}), "
             f"{human_bytes(free)} free",
         )
     return need
 
 
 def serving_config(spec: BuildSpec, artifact_dir: str) -> ServingConfig:
-    """Defaults for the repository shipped with the artifact (serving pods rewrite it from their own)."""
+    """Defaults for the repository shipped with the artifact (serving pods rewrite it from their own).
+
+    A PyTorch-path artifact serves both variants; its default repository is the speculative one, whichever
+    variant's Job prepared it, so the artifact does not depend on which Job ran first."""
     r = spec.redrafter
+    if spec.backend == "pytorch":
+        return ServingConfig(
+            deployment=f"engine-{spec.key}",
+            variant="redrafter" if spec.speculative is not None else "base",
+            engine_key=spec.key,
+            artifact_dir=artifact_dir,
+            tensor_parallel=spec.tensor_parallel,
+            max_batch_size=spec.limits.max_batch_size,
+            paged_context_fmha=spec.limits.paged_context_fmha,
+            triton=TritonParams(),
+            max_input_len=spec.limits.max_input_len,
+            max_seq_len=spec.limits.max_seq_len,
+            backend="pytorch",
+            speculative=spec.speculative,
+            max_num_tokens=spec.limits.max_num_tokens,
+        )
     return ServingConfig(
         deployment=f"engine-{spec.key}",
         variant=spec.variant,
@@ -141,10 +184,10 @@ def serving_config(spec: BuildSpec, artifact_dir: str) -> ServingConfig:
     )
 
 
-def copy_tokenizer(sources: Sources, dest: Path) -> None:
+def copy_tokenizer(directory: Path, files: list[str], dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
-    for name in sources.tokenizer_files:
-        shutil.copy2(sources.tokenizer.local_dir / name, dest / name)  # follows HF snapshot symlinks
+    for name in files:
+        shutil.copy2(directory / name, dest / name)  # follows HF snapshot symlinks
 
 
 def verify_engine(spec: BuildSpec, engine_dir: Path) -> None:
@@ -187,7 +230,7 @@ def assemble(spec: BuildSpec, settings: Settings, paths: CachePaths, tmp: Path, 
 
     final = str(paths.final)
     t1 = time.monotonic()
-    copy_tokenizer(sources, tmp / TOKENIZER_DIR)
+    copy_tokenizer(sources.tokenizer.local_dir, sources.tokenizer_files, tmp / TOKENIZER_DIR)
     from .model_repo import write_model_repository  # lazily: the other half of the artifact
 
     write_model_repository(
@@ -234,7 +277,12 @@ def assemble(spec: BuildSpec, settings: Settings, paths: CachePaths, tmp: Path, 
 
 
 def build(spec: BuildSpec, settings: Settings, log: Log) -> dict[str, Any]:
-    """Publish ``<cache>/<key>/`` (or find it there); returns its manifest."""
+    """Publish ``<cache>/<key>/`` (or find it there); returns its manifest.
+
+    A PyTorch-backend spec has no engine to build: :func:`engine_jobs.prepare.prepare` lays out its checkpoints.
+    """
+    if spec.backend == "pytorch":
+        raise bad_input("a PyTorch-backend build spec is prepared, not built (engine_jobs.prepare)")
     validate_spec(spec)  # before the key becomes a path
     return produce(
         Path(spec.cache_dir),

@@ -85,6 +85,11 @@ def plan_document(spec_path: str, settings: Settings, architecture: str | None) 
     from .validate import read_config
 
     spec = load_spec(spec_path)
+    if spec.backend == "pytorch":
+        raise bad_input(
+            "a PyTorch-backend spec has no build steps: its Job fetches, verifies and lays out the checkpoints "
+            "(engine_jobs/prepare.py)"
+        )
     where = {
         "sources_mount": settings.sources_mount,
         "download_dir": settings.download_dir,
@@ -176,15 +181,18 @@ def _terminate(signum: int, _frame: Any) -> None:
 def cmd_build(args: argparse.Namespace) -> int:
     def run(settings: Settings, log: Log) -> str:
         from .build import build, load_spec
+        from .prepare import prepare
 
         spec = load_spec(_spec_path(args))
-        manifest = build(spec, settings, log)
+        # the PyTorch path has no engine: its Job prepares the checkpoints both variants serve
+        manifest = (prepare if spec.backend == "pytorch" else build)(spec, settings, log)
         result = BuildResult(
             size_bytes=int((manifest.get("sizes") or {}).get("artifact_bytes") or 0),
             built_at=(manifest.get("builder") or {}).get("built_at"),
         )
         return result.message(
-            f"OK: engine {manifest['key']} ({manifest['variant']}) is complete at {spec.cache_dir}/{manifest['key']}"
+            # the Job's variant: a PyTorch-path artifact serves both and may have been prepared by the other's Job
+            f"OK: engine {manifest['key']} ({spec.variant}) is complete at {spec.cache_dir}/{manifest['key']}"
         )
 
     return _run_job(args, run)

@@ -238,12 +238,17 @@ def plan_steps(spec: BuildSpec, settings: Settings, arch: Architecture, layout: 
     return [base, redrafter, engine_build(spec, settings, redrafter.output_dir, layout)]
 
 
-def validate_spec(spec: BuildSpec) -> None:
-    """Cross-field rules the contract's types cannot express."""
+def validate_location(spec: BuildSpec) -> None:
+    """The key and cache directory name a path on the shared volume: check them before they become one."""
     if not KEY_PATTERN.fullmatch(spec.key):
         raise bad_input(f"engine key {spec.key!r} is not a plain directory name")
     if not posixpath.isabs(spec.cache_dir):
         raise bad_input(f"cache_dir {spec.cache_dir!r} must be an absolute path")
+
+
+def validate_spec(spec: BuildSpec) -> None:
+    """Cross-field rules the contract's types cannot express."""
+    validate_location(spec)
     if spec.variant == "redrafter" and (spec.drafter is None or spec.redrafter is None):
         raise bad_input("the redrafter variant needs both drafter and redrafter in the build spec")
     if spec.tensor_parallel < 1:
@@ -271,3 +276,11 @@ def estimate_required_bytes(spec: BuildSpec, base_bytes: int, drafter_bytes: int
 def expected_engine_files(spec: BuildSpec) -> list[str]:
     """What a complete trtllm-build output contains."""
     return ["config.json", *(f"rank{r}.engine" for r in range(spec.tensor_parallel))]
+
+
+def estimate_prepared_bytes(base_bytes: int, drafter_bytes: int, tokenizer_bytes: int, moved: frozenset[str]) -> int:
+    """Disk the PyTorch path's layout adds to the cache volume: a copy of every source not moved into place
+    (``moved``: the roles downloaded onto the cache volume itself, renamed rather than copied), and the
+    tokenizer, which is always copied (it is small, and may be the base's own files)."""
+    copied = (0 if "base" in moved else base_bytes) + (0 if "drafter" in moved else drafter_bytes)
+    return copied + tokenizer_bytes

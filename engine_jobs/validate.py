@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import bad_input
@@ -92,3 +94,163 @@ def _remote_tokenizer_class(path: Path) -> str | None:
     if not entry:
         return None
     return ", ".join(str(e) for e in entry if e) if isinstance(entry, list) else str(entry)
+
+
+# ---- the PyTorch path: checkpoints the LLM API loads as they are ----------------------------------
+
+#: weight layouts TensorRT-LLM's PyTorch-backend loader reads (HfWeightLoader globs *.safetensors, then *.bin),
+#: index first: a sharded checkpoint is complete only if every shard its weight_map names is there
+WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def model_architecture(config: dict, role: str) -> str:
+    """The first ``architectures`` entry of an HF config.json: the PyTorch backend picks its model class by it."""
+    archs = config.get("architectures")
+    if isinstance(archs, str):
+        archs = [archs]
+    if not isinstance(archs, list) or not archs or not all(isinstance(a, str) and a for a in archs):
+        raise bad_input(
+            f"{role} config.json names no architecture (architectures: {archs!r}); the PyTorch backend "
+            "chooses the model class from it"
+        )
+    return str(archs[0])
+
+
+def validate_weights(directory: Path, role: str) -> dict:
+    """The checkpoint's weights: an index whose shards all exist, or one weights file. Returns what was found.
+
+    ``pytorch_model.bin`` (and its index) is accepted because upstream's loader reads it (EAGLE-3 heads are
+    commonly published that way); safetensors are preferred when both are present, as upstream does.
+    """
+    for index in WEIGHT_INDEXES:
+        path = directory / index
+        if not path.is_file():
+            continue
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise bad_input(f"{role} {index} is not valid JSON: {exc}") from None
+        weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise bad_input(f"{role} {index} has no weight_map")
+        shards = sorted({str(v) for v in weight_map.values()})
+        unsafe = [s for s in shards if not s or "/" in s or "\\" in s or s.startswith(".")]
+        if unsafe:
+            raise bad_input(f"{role} {index} names a shard outside the checkpoint directory: {unsafe[0]!r}")
+        missing = [s for s in shards if not (directory / s).is_file()]
+        if missing:
+            more = f" (and {len(missing) - 1} more of {len(shards)})" if len(missing) > 1 else ""
+            raise bad_input(f"{role} checkpoint is missing shard {missing[0]}{more}, named in {index}'s weight_map")
+        return {"index": index, "files": shards, "tensors": len(weight_map)}
+    for name in WEIGHT_FILES:
+        if (directory / name).is_file():
+            return {"index": None, "files": [name]}
+    raise bad_input(
+        f"{role} checkpoint has no weights: expected {' or '.join(WEIGHT_FILES[:1] + WEIGHT_INDEXES[:1])} "
+        f"(or {' or '.join(WEIGHT_FILES[1:] + WEIGHT_INDEXES[1:])}) in {directory}"
+    )
+
+
+#: the API field that asks for MTP layers (its path in the resource, for messages)
+MTP_FIELD = "spec.mtp.numNextnPredictLayers"
+
+
+def mtp_layers(config: dict, requested: int) -> int:
+    """The MTP layers the base declares (DeepSeek-V3's ``num_nextn_predict_layers``); at least ``requested``."""
+    declared = config.get("num_nextn_predict_layers")
+    if isinstance(declared, bool) or not isinstance(declared, int) or declared <= 0:
+        raise bad_input(
+            f"{MTP_FIELD} is {requested} but the base config.json declares no MTP layers "
+            f"(num_nextn_predict_layers: {json.dumps(declared)}); mtp needs a checkpoint trained with them "
+            "(DeepSeek-V3 family)"
+        )
+    if declared < requested:
+        raise bad_input(
+            f"{MTP_FIELD} is {requested} but the base config.json declares only {declared} MTP layer"
+            f"{'s' if declared != 1 else ''} (num_nextn_predict_layers: {declared})"
+        )
+    return declared
+
+
+def eagle3_hidden_size(head: dict, base: dict) -> int | None:
+    """The target hidden size the head expects, checked against the base's (they must agree to load)."""
+    want = head.get("target_hidden_size") or head.get("hidden_size")
+    have = base.get("hidden_size")
+    if isinstance(want, int) and isinstance(have, int) and want != have:
+        raise bad_input(
+            f"the EAGLE-3 head expects a target hidden size of {want} but the base config.json has hidden_size {have}"
+        )
+    return want if isinstance(want, int) else None
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """What identifies a tokenizer's vocabulary: the file it was read from, its size and a digest of it."""
+
+    source: str  # tokenizer.json | tokenizer.model | vocab.json | config.json vocab_size
+    size: int | None
+    digest: str | None
+
+    def describe(self) -> str:
+        size = f"{self.size}-token " if self.size is not None else ""
+        digest = f", sha256:{self.digest[:12]}" if self.digest else ""
+        return f"a {size}vocabulary ({self.source}{digest})"
+
+
+def vocabularies(directory: Path, config: dict | None) -> dict[str, Vocabulary]:
+    """Every way this directory's vocabulary can be compared, by source file (best first)."""
+    out: dict[str, Vocabulary] = {}
+    tok = directory / "tokenizer.json"
+    if tok.is_file():
+        try:
+            doc = json.loads(tok.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise bad_input(f"{tok} is not valid JSON: {exc}") from None
+        model = doc.get("model") if isinstance(doc, dict) else None
+        vocab = model.get("vocab") if isinstance(model, dict) else None
+        added = doc.get("added_tokens") if isinstance(doc, dict) else None
+        pairs: set[tuple[int, str]] = set()
+        if isinstance(vocab, dict):
+            pairs |= {(int(i), str(t)) for t, i in vocab.items() if isinstance(i, int)}
+        elif isinstance(vocab, list):  # Unigram: [[piece, score], ...], ids by position
+            pairs |= {(i, str(p[0] if isinstance(p, list) and p else p)) for i, p in enumerate(vocab)}
+        if isinstance(added, list):
+            pairs |= {(int(a["id"]), str(a.get("content"))) for a in added if isinstance(a, dict) and "id" in a}
+        if pairs:
+            canonical = json.dumps(sorted(pairs), separators=(",", ":"), ensure_ascii=True)
+            out["tokenizer.json"] = Vocabulary(
+                "tokenizer.json", len({i for i, _ in pairs}), hashlib.sha256(canonical.encode()).hexdigest()
+            )
+    for name in ("tokenizer.model", "vocab.json"):
+        path = directory / name
+        if path.is_file():
+            out[name] = Vocabulary(name, None, hashlib.sha256(path.read_bytes()).hexdigest())
+    size = (config or {}).get("vocab_size")
+    if isinstance(size, int) and not isinstance(size, bool):
+        out["config.json vocab_size"] = Vocabulary("config.json vocab_size", size, None)
+    return out
+
+
+def same_vocabulary(
+    draft: dict[str, Vocabulary], target: dict[str, Vocabulary], draft_name: str, target_name: str
+) -> Vocabulary:
+    """The draft model's vocabulary must be the target's; compared on the best source both have.
+
+    config.json's vocab_size is the last resort: embedding tables are often padded, so equal tokenizers can
+    declare different sizes there and only a tokenizer file is conclusive.
+    """
+    common = [k for k in draft if k in target]
+    if not common:
+        raise bad_input(
+            f"cannot compare the draft model's tokenizer with the target's: {draft_name} has "
+            f"{', '.join(draft) or 'no tokenizer files'}, {target_name} has {', '.join(target) or 'no tokenizer files'}"
+        )
+    source = common[0]
+    a, b = draft[source], target[source]
+    if (a.digest, a.size) != (b.digest, b.size):
+        raise bad_input(
+            f"the draft model's tokenizer does not match the target's: {draft_name} has {a.describe()}, "
+            f"{target_name} has {b.describe()}; draftModel needs the same vocabulary"
+        )
+    return a

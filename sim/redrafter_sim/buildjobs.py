@@ -6,7 +6,9 @@ creates a Pod in the API, lays out the Pod's volumes on this machine (:mod:`.hos
 stand-in TensorRT-LLM toolchain. Only paths change: build.json's ``cache_dir`` and credentials
 directories point into the pod's root, and engine_jobs' settings (environment variables) name the
 toolchain, the pvc:// mount root and the termination-message file. pvc:// source claims are
-provisioned with a tiny fake checkpoint (:mod:`.checkpoint`) the first time a build reads them.
+provisioned with a tiny fake checkpoint (:mod:`.checkpoint`) the first time a build reads them, and
+``hf://redrafter-sim/<fixture>`` sources are put into the Job's Hugging Face cache (the node is offline). The
+PyTorch path's prepare Jobs (``backend: pytorch``) run the same program and need no toolchain.
 Validation Jobs run ``redrafter-operator evaluate validate`` the same way, engine-cache Jobs
 ``python -m engine_jobs cache ls|gc`` (their read-only mounts are not enforced: a mount is a symlink); their in-cluster Service
 addresses (``<svc>.<ns>.svc:<port>``) are resolved to a Ready endpoint of that Service, as cluster DNS
@@ -34,7 +36,7 @@ from engine_jobs import contract
 from engine_jobs.contract import BuildSpec, SourceRef, TrainSpec
 
 from . import objects, podfailurepolicy
-from .checkpoint import write_base, write_drafter, write_tokenizer
+from .checkpoint import FIXTURES, write_base, write_drafter, write_hf_fixture, write_tokenizer
 from .hostfs import HostFS, PodRoot, configmap_names, secret_names
 from .kubeapi import CONFIGMAPS, ENDPOINTS, EVENTS, JOBS, PODS, SECRETS, ApiStatusError, KubeApi
 from .podidentity import Identity
@@ -104,7 +106,10 @@ def provision_source(fs: HostFS, ref: SourceRef | None, role: str) -> None:
         return
     claim, _, sub = ref.uri[len("pvc://") :].partition("/")
     target = fs.claim_dir(claim) / sub if sub else fs.claim_dir(claim)
-    if role == "base" and not (target / "config.json").exists():
+    if role != "dataset" and target.name in FIXTURES:  # a fixture by name, whatever reads it
+        if not (target / "config.json").exists():
+            FIXTURES[target.name](target)
+    elif role == "base" and not (target / "config.json").exists():
         write_base(target)
     elif role == "trainable-base" and not (target / "config.json").exists():  # training loads the weights
         # in a child process with the node's scratch TMPDIR: torch stays out of this process and its temp files
@@ -122,6 +127,16 @@ def provision_source(fs: HostFS, ref: SourceRef | None, role: str) -> None:
         write_drafter(target)
     elif role == "tokenizer" and not (target / "tokenizer.json").exists():
         write_tokenizer(target)
+
+
+def provision_hf_sources(hf_home: str | None, spec: BuildSpec) -> None:
+    """hf:// sources that name a fixture (``hf://redrafter-sim/<name>``) are put into the Job's Hugging Face
+    cache (its HF_HOME, on the cache volume), as a Hub download would leave them: the node has no Hub."""
+    if not hf_home:
+        return
+    for ref in (spec.base, spec.tokenizer, spec.drafter):
+        if ref is not None and ref.uri.startswith("hf://"):
+            write_hf_fixture(Path(hf_home) / "hub", ref.uri[len("hf://") :].rstrip("/"), ref.revision or "main")
 
 
 def localize_train_spec(text: str, pod: PodRoot) -> str:
@@ -368,6 +383,7 @@ class JobRunner:
     ) -> tuple[list[str], dict[str, str], Identity]:
         pod_spec = manifest["spec"]
         configmaps: dict[str, dict[str, str]] = {}
+        build_specs: list[BuildSpec] = []
         for cm_name in configmap_names(pod_spec):
             cm = await self.api.get(CONFIGMAPS, cm_name, ns)
             if cm is None:
@@ -375,6 +391,7 @@ class JobRunner:
             data = dict(cm.get("data") or {})
             if contract.BUILD_SPEC_FILE in data:
                 spec = BuildSpec.model_validate_json(data[contract.BUILD_SPEC_FILE])
+                build_specs.append(spec)
                 provision_source(self.fs, spec.base, "base")
                 provision_source(self.fs, spec.drafter, "drafter")
                 provision_source(self.fs, spec.tokenizer, "tokenizer")
@@ -403,6 +420,9 @@ class JobRunner:
                 env[item["name"]] = ip
         env.update(toolchain_env(self.toolchain))
         env.update(root.tmp_env())
+        env.setdefault("HF_HUB_OFFLINE", "1")  # no Hub here: hf:// fixtures are provisioned into the cache
+        for spec in build_specs:
+            provision_hf_sources(env.get("HF_HOME"), spec)
         env["REDRAFTER_SOURCES_MOUNT"] = root.to_host(contract.SOURCES_MOUNT)
         # each container has its own termination-message file, as each has its own /dev/termination-log
         env["REDRAFTER_TERMINATION_LOG"] = str(root.root / "termination" / container["name"])

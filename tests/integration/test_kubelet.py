@@ -133,6 +133,51 @@ async def test_build_jobs_run_engine_jobs_and_report_from_exit_code(apiserver: E
     assert (node.fs.claim_dir("models") / "tiny-llama-drafter" / "config.json").is_file()
 
 
+async def test_pytorch_prepare_jobs_run_without_a_toolchain_and_share_one_artifact(
+    apiserver: EmulatorHandle, node: SimKubelet
+):
+    """An EAGLE-3 resource on the node's hf:// fixtures: both variants' Jobs complete, one prepares the
+    artifact, the other finds it (same key); a draft model with another vocabulary fails at once."""
+    em = apiserver.emulator
+    eagle3 = {
+        "method": "eagle3",
+        "redrafter": {},
+        "model": {
+            "base": {"source": "hf://redrafter-sim/tiny-llama"},
+            "drafter": {"source": "hf://redrafter-sim/tiny-llama-eagle3"},
+        },
+    }
+    owner = demo_owner(**eagle3)
+    states = await build_engines(em, owner)
+    assert set(states.values()) == {"Complete"}, states
+    (key,) = {build_spec(owner.spec, v).key for v in contract.VARIANTS}
+    messages = []
+    for job_name in states:
+        (pod,) = build_pods(em, job_name)
+        messages.append(pod["status"]["containerStatuses"][0]["state"]["terminated"]["message"])
+    assert all(m.startswith(f"OK: engine {key} ") for m in messages), messages
+    artifact = node.fs.claim_dir("engine-cache", "engines") / key
+    manifest = json.loads((artifact / contract.MANIFEST_FILE).read_text())
+    assert manifest["method"] == "eagle3" and (artifact / contract.DRAFT_DIR / "config.json").is_file()
+
+    other = demo_owner(
+        method="draftModel",
+        redrafter={},
+        model={
+            "base": {"source": "hf://redrafter-sim/tiny-llama"},
+            "drafter": {"source": "hf://redrafter-sim/tiny-llama-draft-other-tokenizer"},
+        },
+    )
+    em.create_object(build_configmap(other, "base"))
+    job_name = em.create_object(build_job(other, "base"))["metadata"]["name"]
+    await wait_for(lambda: job_state(em, job_name), 60, "the draft-model Job to finish")
+    assert job_state(em, job_name) == "Failed"
+    (pod,) = build_pods(em, job_name)  # BAD_INPUT fails the Job at its first pod
+    term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert term["exitCode"] == 2, term
+    assert term["message"].startswith("BAD_INPUT: the draft model's tokenizer does not match the target's"), term
+
+
 HF_TOKEN = "hf_simNodeTokenThatMustStaySecret"
 HF_COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

@@ -30,6 +30,7 @@ from redrafter_operator.render.validation import validation_job
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+DEMO = ROOT / "examples" / "demo-tiny.yaml"  # a ReDrafter example
 RKEY, BKEY = "r" * 16 + "0123456789abcdef", "b" * 16 + "fedcba9876543210"
 IMAGE = "ghcr.io/redrafter/operator:0.1.0"
 
@@ -249,7 +250,7 @@ def test_validation_job_is_valid_and_targets_the_variant_services(example):
 
 
 def test_validation_job_name_follows_the_engine_pair():
-    owner = owner_of(EXAMPLES[0])
+    owner = owner_of(DEMO)
     a = validation_job(owner, redrafter_key=RKEY, base_key=BKEY, operator_image=IMAGE)["metadata"]["name"]
     assert a == validation_job(owner, redrafter_key=RKEY, base_key=BKEY, operator_image=IMAGE)["metadata"]["name"]
     assert a != validation_job(owner, redrafter_key=BKEY, base_key=RKEY, operator_image=IMAGE)["metadata"]["name"]
@@ -259,7 +260,7 @@ def test_validation_job_name_follows_the_engine_pair():
 
 def test_validation_job_options_from_spec():
     owner = owner_of(
-        EXAMPLES[0],
+        DEMO,
         image="registry.local/validator:1",
         promptsConfigMap="my-prompts",
         promptsKey="set.json",
@@ -288,7 +289,7 @@ def test_validation_job_options_from_spec():
 
 
 def test_validation_job_can_go_through_the_openai_api():
-    owner = owner_of(EXAMPLES[0], protocol="openai")
+    owner = owner_of(DEMO, protocol="openai")
     args = validation_job(owner, redrafter_key=RKEY, base_key=BKEY, operator_image=IMAGE)["spec"]["template"]["spec"][
         "containers"
     ][0]["command"]
@@ -305,7 +306,7 @@ def test_validation_job_sends_the_serving_api_key_from_the_same_secret(tmp_path)
     from engine_jobs.contract import API_KEYS_MOUNT
     from redrafter_operator.evaluate.channel import load_api_key
 
-    body = yaml.safe_load(EXAMPLES[0].read_text())
+    body = yaml.safe_load(DEMO.read_text())
     body["spec"]["validation"] = {"protocol": "openai"}
     body["spec"].setdefault("serving", {})["auth"] = {"apiKeysSecret": "llm-keys"}
     pod = validation_job(Owner.from_body(body), redrafter_key=RKEY, base_key=BKEY, operator_image=IMAGE)["spec"][

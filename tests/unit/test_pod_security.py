@@ -20,6 +20,7 @@ from redrafter_sim.admission_podsecurity import admit_pod, violations
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+DEMO = ROOT / "examples" / "demo-tiny.yaml"  # a ReDrafter example
 
 
 def load(path: Path, **spec_changes: Any) -> Owner:
@@ -91,8 +92,8 @@ def test_the_gated_model_example_mounts_its_token_readable_by_the_builder():
 
 
 def test_default_requests_scale_with_tensor_parallel_ranks():
-    tp1 = load(EXAMPLES[0], **{"parallelism.tensor": 1, "serving.resources": {}, "engine.build.resources": {}})
-    tp8 = load(EXAMPLES[0], **{"parallelism.tensor": 8, "serving.resources": {}, "engine.build.resources": {}})
+    tp1 = load(DEMO, **{"parallelism.tensor": 1, "serving.resources": {}, "engine.build.resources": {}})
+    tp8 = load(DEMO, **{"parallelism.tensor": 8, "serving.resources": {}, "engine.build.resources": {}})
     for owner, ranks in ((tp1, 1), (tp8, 8)):
         for name, pod in pod_templates(owner):
             res = pod["containers"][0]["resources"]
@@ -103,6 +104,17 @@ def test_default_requests_scale_with_tensor_parallel_ranks():
             assert res["requests"]["memory"] == f"{16 * ranks}Gi"
             assert res["requests"]["nvidia.com/gpu"] == res["limits"]["nvidia.com/gpu"] == str(ranks)
             assert set(res["limits"]) == {"nvidia.com/gpu"}, "no default CPU/memory limit on GPU pods"
+
+
+def test_a_prepare_job_asks_for_no_gpu_but_its_serving_pods_do():
+    owner = load(ROOT / "examples" / "deepseek-v3-mtp.yaml", **{"serving.resources": {}, "engine.build.resources": {}})
+    for name, pod in pod_templates(owner):
+        res = pod["containers"][0]["resources"]
+        if "-build-" in name:
+            assert res == {"requests": {"cpu": "2", "memory": "16Gi"}}, "fetching and verifying needs no GPU"
+            assert "nodeSelector" not in pod
+        elif "-validate-" not in name:
+            assert res["requests"]["nvidia.com/gpu"] == "8"
 
 
 @pytest.mark.parametrize(
@@ -132,7 +144,7 @@ def test_a_user_request_above_a_default_limit_drops_that_limit():
 
 
 def test_network_policies_are_optional():
-    assert network_policies(load(EXAMPLES[0], **{"serving.networkPolicy": {"enabled": False}})) == []
+    assert network_policies(load(DEMO, **{"serving.networkPolicy": {"enabled": False}})) == []
 
 
 def test_serving_policy_admits_the_namespace_the_validation_job_and_the_operators_scrape():
@@ -166,7 +178,7 @@ def test_configured_peers_replace_the_namespace_default_and_metrics_peers_add():
     clients = [{"namespaceSelector": {"matchLabels": {"team": "gateway"}}}]
     prometheus = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
     owner = load(
-        EXAMPLES[0], **{"serving.networkPolicy": {"enabled": True, "ingressFrom": clients, "metricsFrom": prometheus}}
+        DEMO, **{"serving.networkPolicy": {"enabled": True, "ingressFrom": clients, "metricsFrom": prometheus}}
     )
     serving, _ = network_policies(owner, operator_namespace=owner.namespace)  # operator next to it: no extra peer
     serve_rule, metrics_rule = serving["spec"]["ingress"]
@@ -192,7 +204,7 @@ def test_a_bare_pod_is_rejected_with_the_real_message():
 
 
 def test_admission_names_each_violation_like_the_plugin():
-    owner = load(EXAMPLES[0])
+    owner = load(DEMO)
     _, pod = pod_templates(owner)[0]
     assert violations(pod) == []
 

@@ -35,6 +35,7 @@ from engine_jobs.contract import (
     METRIC_OUTPUT_TOKENS,
     METRIC_REQUESTS,
     METRIC_STEPS,
+    METRIC_TRTLLM_REQUESTS,
     OUTPUT_TOKEN_COUNT,
     POSTPROCESSING_MODEL,
     PREPROCESSING_MODEL,
@@ -44,7 +45,7 @@ from engine_jobs.contract import (
 )
 from engine_jobs.model_repo import LLMAPI_CONFIG_FILE, write_model_repository
 from redrafter_sim.checkpoint import write_tokenizer
-from redrafter_sim.engine import SimEngineSettings, install_sim_llmapi_engine, write_control
+from redrafter_sim.engine import SimEngineSettings, add_load_gauges, install_sim_llmapi_engine, write_control
 from redrafter_sim.triton import TritonServer, TritonStartError, build_sim_repository
 
 pytestmark = [pytest.mark.triton, pytest.mark.timeout(240)]
@@ -111,6 +112,8 @@ class Served:
             if not (repo / model).exists():
                 shutil.copytree(built / model, repo / model)
         engine = f"{ENGINE_MODEL}_{name}"
+        if name == "eagle3":  # as the emulated serving pods run it: with the backend's load gauges
+            add_load_gauges(built / ENGINE_MODEL)
         renamed(built / ENGINE_MODEL, repo / engine, engine)
         renamed(built / ENTRY_MODEL, repo / self.entry, self.entry, engine_model=engine)
         self.server: TritonServer | None = None
@@ -248,7 +251,11 @@ async def test_chain_methods_accept_a_prefix_per_step(servers, name):
     assert {r["method"] for r in rows} == {name}
     ledger, metrics = served.settle()
     assert metrics == ledger
-    assert metrics["output"] / metrics["steps"] > 1.8  # tokens per step ~ 1 + accepted
+    assert metrics["output"] / metrics["steps"] > 1.8
+    if name == "eagle3":
+        assert re.search(
+            rf'^{METRIC_TRTLLM_REQUESTS}{{.*request_type="max".*}} 16$', served.server.scrape(), re.M
+        )  # tokens per step ~ 1 + accepted
 
 
 async def test_ngram_pays_on_repetitive_prompts_only(servers):

@@ -191,6 +191,8 @@ PRE_INPUTS: tuple[Tensor, ...] = (
     Tensor("STOP_WORDS_DICT", "TYPE_STRING", (-1,), optional=True),
     Tensor("END_ID", "TYPE_INT32", (1,), optional=True),
     Tensor("PAD_ID", "TYPE_INT32", (1,), optional=True),
+    # false: tokenize text as it stands (the metering model counts generated tokens so on the PyTorch path)
+    Tensor("ADD_SPECIAL_TOKENS", "TYPE_BOOL", (1,), optional=True),
 )
 PRE_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("INPUT_ID", "TYPE_INT32", (-1,)),

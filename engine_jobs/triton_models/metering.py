@@ -9,6 +9,17 @@ number of tokens the engine generated, only when they asked for them. Engine ste
 decoding every step emits exactly one verified token plus the draft tokens it accepted, so
 ``steps = output tokens - accepted draft tokens`` (tokens per step = 1 + accepted / steps).
 
+With ``engine_api`` "llmapi" (the PyTorch path) the engine model is Triton's llmapi model: text in, text
+out. The prompt, ``max_tokens``, the stop words and the sampling inputs the llmapi model takes go to it as
+``sampling_param_*`` inputs (always with ``sampling_param_return_perf_metrics`` and
+``sampling_param_exclude_input_from_output``); entry inputs it has no counterpart for (end_id, pad_id,
+bad_words, length/repetition penalty, min_tokens, return_log_probs) are refused, not ignored. Its
+responses carry the cumulative text (the client gets deltas when streaming) and the perf outputs, as
+strings, which are read from the last response carrying them. That model reports no token counts, so
+the output tokens (``num_output_tokens`` and the counters) are counted by tokenizing the generated text
+with the preprocessing model, without special tokens: exact where the tokenizer round-trips the text,
+an estimate otherwise (a detokenized text can re-tokenize differently). Steps are derived as above.
+
 Cancellation is read from the request (``request.is_cancelled()``): with tritonserver 2.51 calling
 ``is_cancelled()`` on the response sender of a gRPC stream leaves the model unable to unload.
 Each request is served on a worker thread (execute() returns at once), so one instance streams many
@@ -40,6 +51,25 @@ _SAMPLING = {
 _PERF = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
 _PERF_DTYPES = {"acceptance_rate": np.float32, "total_accepted_draft_tokens": np.int32, "total_draft_tokens": np.int32}
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+# client input -> llmapi model input (same dtype)
+_LLMAPI_SAMPLING = {
+    "temperature": "sampling_param_temperature",
+    "top_k": "sampling_param_top_k",
+    "top_p": "sampling_param_top_p",
+    "presence_penalty": "sampling_param_presence_penalty",
+    "frequency_penalty": "sampling_param_frequency_penalty",
+    "seed": "sampling_param_seed",
+}
+#: client inputs the llmapi model has no input for
+_LLMAPI_UNSUPPORTED = (
+    "end_id",
+    "pad_id",
+    "bad_words",
+    "length_penalty",
+    "repetition_penalty",
+    "min_tokens",
+    "return_log_probs",
+)
 
 
 class ClientError(Exception):
@@ -56,6 +86,14 @@ def _flag(request, name: str) -> bool:
     return bool(v.reshape(-1)[0]) if v is not None and v.size else False
 
 
+def _number(arr) -> float:
+    """A perf output's value: a number, or its text (the llmapi model sends them as strings)."""
+    v = arr.reshape(-1)[0]
+    if isinstance(v, (bytes, np.bytes_)):
+        v = v.decode("utf-8")
+    return float(v)
+
+
 def _strings(arr) -> list[str]:
     if arr is None:
         return []
@@ -70,6 +108,7 @@ class TritonPythonModel:
         self.engine_model = p["engine_model"]
         self.post_model = p["postprocessing_model"]
         self.count_output = p["output_token_count"]
+        self.engine_api = p.get("engine_api", "tensorrt")
         labels = {p["label_model"]: p["deployment"], p["label_variant"]: p["variant"]}
         buckets = [float(b) for b in p["acceptance_buckets"].split(",")]
         self.lock = threading.Lock()
@@ -201,6 +240,8 @@ class TritonPythonModel:
 
     def _generate(self, request, sender) -> bool:
         """Serve one request; True once the final response was sent."""
+        if self.engine_api == "llmapi":
+            return self._generate_llmapi(request, sender)
         stream = _flag(request, "stream")
         want_perf = _flag(request, "return_perf_metrics")
         pre = self._preprocess(request)
@@ -238,18 +279,23 @@ class TritonPythonModel:
                 sender.send(pb_utils.InferenceResponse(output_tensors=[self._text(delta)]))
         if engine_error is not None:
             raise RuntimeError(f"{self.engine_model}: {engine_error}")
-        self._record(tokens, perf)
+        self._record(len(tokens), perf)
+        return self._finish(request, sender, cancelled, None if stream else tokens, want_perf, perf, len(tokens))
+
+    def _finish(self, request, sender, cancelled: bool, full, want_perf: bool, perf: dict, count: int) -> bool:
+        """The last data response (``full``: the whole output, token ids or text, when not streaming) and
+        the final flag; True."""
         if cancelled or request.is_cancelled():
             # only close the stream: a response sent to a cancelled request keeps the model from unloading
             sender.send(flags=_FINAL)
             return True
         final = []
-        if not stream:
-            final.append(self._text(self._detokenize(tokens)))
+        if full is not None:
+            final.append(self._text(full if isinstance(full, str) else self._detokenize(full)))
         if want_perf:
             for name in _PERF:
                 final.append(pb_utils.Tensor(name, np.array([[perf.get(name, 0)]], dtype=_PERF_DTYPES[name])))
-            final.append(pb_utils.Tensor(self.count_output, np.array([[len(tokens)]], dtype=np.int32)))
+            final.append(pb_utils.Tensor(self.count_output, np.array([[count]], dtype=np.int32)))
         # The last data response and the final flag travel separately: tensors sent together with
         # the final flag on a gRPC stream intermittently keep this model from unloading in 2.51.
         if final:
@@ -257,14 +303,101 @@ class TritonPythonModel:
         sender.send(flags=_FINAL)
         return True
 
-    def _record(self, tokens: list[int], perf: dict[str, float]) -> None:
+    # ---- the PyTorch path: Triton's llmapi model -----------------------------------------------------------
+    def _llmapi_request(self, request, stream: bool):
+        text = _tensor(request, "text_input")
+        if text is None or text.size != 1:
+            raise ClientError("text_input must hold exactly one prompt (batch size 1 per request)")
+        prompt = _strings(text)[0]
+        if not prompt.strip():
+            raise ClientError("text_input: the prompt is empty")
+        max_tokens = _tensor(request, "max_tokens")
+        if max_tokens is None or max_tokens.size != 1 or int(max_tokens.reshape(-1)[0]) < 1:
+            raise ClientError("max_tokens must be one integer >= 1")
+        beam = _tensor(request, "beam_width")
+        if beam is not None and int(beam.reshape(-1)[0]) != 1:
+            raise ClientError("beam_width must be 1 (speculative decoding engines are built with max_beam_width 1)")
+        given = [name for name in _LLMAPI_UNSUPPORTED if _tensor(request, name) is not None]
+        if given:
+            raise ClientError(f"{', '.join(given)}: not supported by the PyTorch backend's llmapi engine model")
+        inputs = [
+            pb_utils.Tensor("text_input", np.array([prompt.encode("utf-8")], dtype=np.object_)),
+            pb_utils.Tensor("streaming", np.array([stream], dtype=np.bool_)),
+            pb_utils.Tensor("sampling_param_max_tokens", np.array([int(max_tokens.reshape(-1)[0])], dtype=np.int32)),
+            pb_utils.Tensor("sampling_param_return_perf_metrics", np.array([True], dtype=np.bool_)),
+            pb_utils.Tensor("sampling_param_exclude_input_from_output", np.array([True], dtype=np.bool_)),
+        ]
+        stop = [w for w in _strings(_tensor(request, "stop_words")) if w]
+        if stop:
+            inputs.append(
+                pb_utils.Tensor("sampling_param_stop", np.array([w.encode("utf-8") for w in stop], dtype=np.object_))
+            )
+        for src, dst in _LLMAPI_SAMPLING.items():
+            v = _tensor(request, src)
+            if v is not None and v.size:
+                inputs.append(pb_utils.Tensor(dst, v.reshape(-1)[:1]))
+        outputs = ["text_output", *_PERF]
+        return pb_utils.InferenceRequest(model_name=self.engine_model, requested_output_names=outputs, inputs=inputs)
+
+    def _count_tokens(self, text: str) -> int:
+        """Tokens of generated text, by the preprocessing model (no special tokens added)."""
+        if not text:
+            return 0
+        resp = pb_utils.InferenceRequest(
+            model_name=self.pre_model,
+            requested_output_names=["INPUT_ID"],
+            inputs=[
+                pb_utils.Tensor("QUERY", np.array([text.encode("utf-8")], dtype=np.object_)),
+                pb_utils.Tensor("ADD_SPECIAL_TOKENS", np.array([False], dtype=np.bool_)),
+            ],
+        ).exec()
+        if resp.has_error():
+            raise RuntimeError(resp.error().message())
+        return int(pb_utils.get_output_tensor_by_name(resp, "INPUT_ID").as_numpy().size)
+
+    def _generate_llmapi(self, request, sender) -> bool:
+        stream = _flag(request, "stream")
+        want_perf = _flag(request, "return_perf_metrics")
+        engine_req = self._llmapi_request(request, stream)
+        text = ""
+        perf: dict[str, float] = {}
+        sent_text = ""
+        cancelled = False
+        engine_error = None
+        # Drained to the end as in the tensorrt mode (a BLS child cannot be cancelled from here).
+        for resp in engine_req.exec(decoupled=True):
+            if resp.has_error():
+                engine_error = resp.error().message()
+                continue
+            out = pb_utils.get_output_tensor_by_name(resp, "text_output")
+            if out is None or not out.as_numpy().size:
+                continue  # empty final-flag response
+            text = _strings(out.as_numpy())[0]  # the llmapi model sends the text so far
+            for name in _PERF:
+                t = pb_utils.get_output_tensor_by_name(resp, name)
+                if t is not None and t.as_numpy().size:
+                    perf[name] = _number(t.as_numpy())
+            if stream and text != sent_text and not cancelled and engine_error is None:
+                if request.is_cancelled():
+                    cancelled = True
+                    continue
+                delta = text[len(sent_text) :] if text.startswith(sent_text) else text
+                sent_text = text
+                sender.send(pb_utils.InferenceResponse(output_tensors=[self._text(delta)]))
+        if engine_error is not None:
+            raise RuntimeError(f"{self.engine_model}: {engine_error}")
+        count = self._count_tokens(text)
+        self._record(count, perf)
+        return self._finish(request, sender, cancelled, None if stream else text, want_perf, perf, count)
+
+    def _record(self, output_tokens: int, perf: dict[str, float]) -> None:
         drafted = int(perf.get("total_draft_tokens", 0))
         accepted = int(perf.get("total_accepted_draft_tokens", 0))
-        steps = max(len(tokens) - accepted, 0)
+        steps = max(output_tokens - accepted, 0)
         with self.lock:
             self.m_requests.increment(1)
             for metric, value in (
-                (self.m_output, len(tokens)),
+                (self.m_output, output_tokens),
                 (self.m_draft, drafted),
                 (self.m_accepted, accepted),
                 (self.m_steps, steps),

@@ -1,4 +1,8 @@
-"""Triton Python model: text -> token ids (+ stop/bad words, end/pad ids) for the tensorrt_llm model."""
+"""Triton Python model: text -> token ids (+ stop/bad words, end/pad ids) for the tensorrt_llm model.
+
+With ``ADD_SPECIAL_TOKENS`` false it tokenizes text as it stands (no BOS, empty text gives no ids): the
+metering model counts the tokens of generated text that way on the PyTorch path.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +25,11 @@ def _strings(request, name: str) -> list[str]:
     return out
 
 
+def _bool(request, name: str, default: bool) -> bool:
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return default if tensor is None else bool(tensor.as_numpy().reshape(-1)[0])
+
+
 def _int(request, name: str) -> int | None:
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     return None if tensor is None else int(tensor.as_numpy().reshape(-1)[0])
@@ -35,11 +44,14 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             try:
+                special = _bool(request, "ADD_SPECIAL_TOKENS", True)
                 query = _strings(request, "QUERY")
+                if not special and not query:
+                    query = [""]
                 if len(query) != 1:
                     raise ValueError("QUERY must hold exactly one non-empty prompt")
-                ids = self.tokenizer.encode(query[0])
-                if not ids:
+                ids = self.tokenizer.encode(query[0], add_special_tokens=special)
+                if not ids and special:
                     raise ValueError("prompt encodes to zero tokens")
                 end_id = _int(request, "END_ID")
                 pad_id = _int(request, "PAD_ID")

@@ -5,7 +5,8 @@ of the current template (rolling update with surge, or Recreate), each a real tr
 loopback address 127.0.0.N (the Pod IP; ports 8000/8001/8002 as in the cluster). The pod serves the
 repository the launcher (engine_jobs.serve) would generate from the pod's serving.json — written with
 engine_jobs.model_repo from the built artifact in the engine cache — with the simulated engine in
-place of tensorrt_llm (plus the backend's load gauges, :mod:`.engine.load`). With ``openai_front``
+place of tensorrt_llm (on the PyTorch path, the simulated llmapi model next to the generated model.yaml;
+plus the backend's load gauges, :mod:`.engine.load`). With ``openai_front``
 the pod also runs the OpenAI-compatible front as the launcher does (``engine_jobs.serve.front_argv``,
 port 9000) and readiness follows the container's rendered readinessProbe (the front's, which reports
 Triton's); without it readiness is Triton's ``/v2/health/ready``. A dead server or front restarts the
@@ -45,7 +46,7 @@ from engine_jobs.serve import LaunchSettings, front_argv
 from redrafter_operator.render import names
 
 from . import objects
-from .engine import SimEngineSettings, add_load_gauges, install_sim_engine
+from .engine import SimEngineSettings, add_load_gauges, install_sim_engine_for
 from .failures import (
     GPU_RESOURCE,
     Fault,
@@ -474,7 +475,12 @@ class ServingController:
         if not (artifact / contract.MANIFEST_FILE).is_file():
             raise FileNotFoundError(f"engine artifact {cfg.artifact_dir} is not complete (no {contract.MANIFEST_FILE})")
         repo = pod.root.root / "model_repo"
-        write_model_repository(repo, cfg, str(artifact / contract.ENGINE_DIR), str(artifact / contract.TOKENIZER_DIR))
+        # the PyTorch path's model.yaml names the checkpoint and tokenizer: this host's paths, as the launcher's
+        # would be the pod's
+        host_cfg = cfg.model_copy(update={"artifact_dir": str(artifact)}) if cfg.backend == "pytorch" else cfg
+        write_model_repository(
+            repo, host_cfg, str(artifact / contract.ENGINE_DIR), str(artifact / contract.TOKENIZER_DIR)
+        )
         deployment = pod.labels.get(names.LABEL_DEPLOYMENT, cfg.deployment)
         self.control_dir.mkdir(parents=True, exist_ok=True)
         sim = SimEngineSettings(
@@ -486,7 +492,7 @@ class ServingController:
                 "control_file": str(self.control_dir / control_file_name(pod.namespace, deployment, cfg.variant)),
             }
         )
-        install_sim_engine(repo / contract.ENGINE_MODEL, sim)
+        install_sim_engine_for(cfg, repo / contract.ENGINE_MODEL, sim)
         add_load_gauges(repo / contract.ENGINE_MODEL)
         return repo, config_path, artifact / contract.TOKENIZER_DIR
 

@@ -29,7 +29,7 @@ from engine_jobs.contract import ENGINE_MODEL, ServingConfig
 from engine_jobs.model_repo import write_model_repository
 from engine_jobs.serve import LaunchSettings, rank_argv
 
-from .engine import SimEngineSettings, install_sim_engine
+from .engine import SimEngineSettings, install_sim_engine_for
 
 SHM_DIR = Path("/dev/shm")
 #: A Python-backend stub start-up timeout for servers started several at once. Triton's default (30 s)
@@ -139,9 +139,11 @@ def stop_session(proc: subprocess.Popen | None, timeout: float) -> int | None:
 
 
 def build_sim_repository(out_dir: Path, cfg: ServingConfig, tokenizer_dir: str, sim: SimEngineSettings) -> Path:
-    """The generated repository for ``cfg`` with the simulated engine in place of tensorrt_llm."""
+    """The generated repository for ``cfg`` with the simulated engine in place of tensorrt_llm (on the
+    PyTorch path, the simulated llmapi model next to the generated model.yaml, which names the artifact's
+    checkpoint and tokenizer under ``cfg.artifact_dir``)."""
     write_model_repository(out_dir, cfg, engine_dir="/nonexistent/sim-engine", tokenizer_dir=tokenizer_dir)
-    install_sim_engine(out_dir / ENGINE_MODEL, sim)
+    install_sim_engine_for(cfg, out_dir / ENGINE_MODEL, sim)
     return out_dir
 
 

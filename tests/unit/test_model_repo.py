@@ -166,6 +166,8 @@ def test_write_model_repository_lays_out_models_and_replaces_old(tmp_path: Path)
     assert {p.name for p in (out / contract.ENGINE_MODEL / "1").iterdir()} == {
         "model.py",
         "_sim_control.py",
+        "_sim_batching.py",
+        "_sim_speculation.py",
         "_sim_backend.py",
         "_trtllm_backend.py",
     }

@@ -12,38 +12,28 @@ greedy output: a deterministic function of the prompt (the same for both variant
 it refuses the config the real backend refuses (_sim_backend.py; the simulator's own parameters are
 the ``sim_`` ones).
 
-Every finished request is appended to a ledger (JSON lines; parameter ``ledger_file`` or env
-``REDRAFTER_SIM_LEDGER``): the ground truth tests compare exported metrics with.
+The batching loop, the controls it handles and the ledger are _sim_batching.py's (shared with the
+PyTorch-path simulator): every finished request is appended to a ledger (JSON lines; parameter
+``ledger_file`` or env ``REDRAFTER_SIM_LEDGER``), the ground truth tests compare exported metrics with.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import queue
 import random
-import threading
 import time
 import zlib
-from dataclasses import dataclass, field
 
 import _trtllm_backend
 import numpy as np
 import triton_python_backend_utils as pb_utils  # type: ignore[import-not-found]
 from _sim_backend import check_parameters
-from _sim_control import ENV_CONTROL, ControlWatcher, SimControl
+from _sim_batching import FINAL, BatchingEngine, SimRequest
+from _sim_control import SimControl
+from _sim_speculation import greedy_token
 
-ENV_LEDGER = "REDRAFTER_SIM_LEDGER"
 SIM_PREFIX = "sim_"  # the simulator's own parameters (redrafter_sim.engine.SIM_PARAMETER_PREFIX)
-_FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-
-
-def greedy_token(prompt_crc: int, index: int, diverge: bool, first_id: int, vocab: int) -> int:
-    """The base model's greedy token at ``index`` (deterministic across processes)."""
-    h = zlib.crc32(index.to_bytes(4, "little"), prompt_crc)
-    if diverge and index > 0:
-        h = zlib.crc32(b"diverge", h)
-    return first_id + h % (vocab - first_id)
+_FINAL = FINAL
 
 
 def _scalar(request, name: str, default=None):
@@ -67,28 +57,7 @@ def _stop_sequences(request) -> list[list[int]]:
     return [s for s in out if s]
 
 
-@dataclass
-class SimRequest:
-    request: object
-    sender: object
-    prompt_crc: int
-    max_tokens: int
-    end_id: int
-    stop: list[list[int]]
-    streaming: bool
-    want_perf: bool
-    rng: random.Random
-    arrival_ns: int
-    tokens: list[int] = field(default_factory=list)
-    steps: int = 0
-    emitting_steps: int = 0  # steps that produced at least one token (what output - accepted counts)
-    drafted: int = 0
-    accepted: int = 0
-    first_token_ns: int = 0
-    done: bool = False
-
-
-class TritonPythonModel:
+class TritonPythonModel(BatchingEngine):
     def initialize(self, args):
         cfg = json.loads(args["model_config"])
         given = {k: v["string_value"] for k, v in cfg.get("parameters", {}).items()}
@@ -104,16 +73,7 @@ class TritonPythonModel:
         self.first_id = int(p.get("first_token_id", "3"))
         self.load_factor = float(p.get("load_factor", "0.05"))
         self.draft_ms_per_token = float(p.get("draft_ms_per_token", "0.02"))
-        default = SimControl(
-            acceptance_rate=float(p.get("acceptance_rate", "0.7")), step_ms=float(p.get("step_ms", "2.0"))
-        )
-        self.controls = ControlWatcher(p.get("control_file") or os.environ.get(ENV_CONTROL), default)
-        self.ledger_path = p.get("ledger_file") or os.environ.get(ENV_LEDGER)
-        self.ledger_lock = threading.Lock()
-        self.incoming: queue.Queue = queue.Queue()
-        self.running = True
-        self.loop = threading.Thread(target=self._run, name="sim-engine", daemon=True)
-        self.loop.start()
+        self._start(p)
 
     def execute(self, requests):
         for request in requests:
@@ -144,46 +104,11 @@ class TritonPythonModel:
                 )
         return None
 
-    def finalize(self):
-        self.running = False
-        self.loop.join(timeout=5)
+    def _draft_tokens(self, active: list[SimRequest]) -> float:
+        drafting = sum(1 for r in active if r.steps > 0) if self.draft_len else 0
+        return self.num_beams * self.draft_len * drafting
 
-    # ---- the in-flight batching loop --------------------------------------------------------------
-    def _run(self) -> None:
-        active: list[SimRequest] = []
-        while self.running:
-            try:
-                if not active:
-                    active.append(self.incoming.get(timeout=0.05))
-                while len(active) < self.max_batch:
-                    active.append(self.incoming.get_nowait())
-            except queue.Empty:
-                pass
-            if not active:
-                continue
-            ctl = self.controls.get()
-            if ctl.error:
-                self._fail(active, ctl.error)
-                active = []
-                continue
-            if ctl.fail_on_empty_batch and all(r.steps == 0 for r in active):
-                self._fail(active, "empty generation batch: no request in the generation phase")
-                active = []
-                continue
-            n = len(active)
-            drafting = sum(1 for r in active if r.steps > 0) if self.draft_len else 0
-            latency_ms = (ctl.step_ms or 0.0) * (1.0 + self.load_factor * (n - 1))
-            latency_ms += self.draft_ms_per_token * self.num_beams * self.draft_len * drafting
-            time.sleep(latency_ms / 1000.0)
-            for r in active:
-                try:
-                    self._step(r, ctl)
-                except Exception as exc:  # a broken client connection must not stop the loop
-                    r.done = True
-                    self._ledger(r, error=str(exc))
-            active = [r for r in active if not r.done]
-
-    def _step(self, r: SimRequest, ctl: SimControl) -> None:
+    def _step(self, r: SimRequest, ctl: SimControl, batch: int) -> None:
         if r.request.is_cancelled():  # not sender.is_cancelled(): it blocks unloading in 2.51
             r.done = True
             self._ledger(r, cancelled=True)
@@ -239,30 +164,3 @@ class TritonPythonModel:
                 pb_utils.Tensor("last_token_time_ns", np.array([[now]], dtype=np.int64)),
             ]
         return out
-
-    def _fail(self, requests: list[SimRequest], message: str) -> None:
-        for r in requests:
-            r.done = True
-            self._ledger(r, error=message)
-            try:
-                r.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)), flags=_FINAL)
-            except Exception:
-                pass
-
-    def _ledger(self, r: SimRequest, cancelled: bool = False, error: str | None = None) -> None:
-        if not self.ledger_path:
-            return
-        line = json.dumps(
-            {
-                "variant": self.variant,
-                "output_tokens": len(r.tokens),
-                "draft_tokens": r.drafted,
-                "accepted_draft_tokens": r.accepted,
-                "steps": r.steps,
-                "emitting_steps": r.emitting_steps,
-                "cancelled": cancelled,
-                "error": error,
-            }
-        )
-        with self.ledger_lock, open(self.ledger_path, "a", encoding="utf-8") as f:
-            f.write(line + "\n")

@@ -175,9 +175,19 @@ def localize_build_spec(text: str, pod: PodRoot) -> str:
 class JobRunner:
     """Runs every unfinished build/validation Job (a Pod per attempt) and reports Pod and Job status."""
 
-    def __init__(self, api: KubeApi, fs: HostFS, *, toolchain: Path = TOOLCHAIN_DIR, parallel: int = 2) -> None:
+    def __init__(
+        self,
+        api: KubeApi,
+        fs: HostFS,
+        *,
+        toolchain: Path = TOOLCHAIN_DIR,
+        parallel: int = 2,
+        components: tuple[str, ...] = JOB_COMPONENTS,
+    ) -> None:
+        """``components``: the Jobs it runs, by component label (a test may play the others itself)."""
         self.api = api
         self.fs = fs
+        self.components = components
         self.toolchain = toolchain
         self._slots = asyncio.Semaphore(parallel)
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -187,7 +197,7 @@ class JobRunner:
         jobs = [
             j
             for j in await self.api.list(JOBS)
-            if (j["metadata"].get("labels") or {}).get(COMPONENT_LABEL) in JOB_COMPONENTS
+            if (j["metadata"].get("labels") or {}).get(COMPONENT_LABEL) in self.components
         ]
         alive = set()
         for job in jobs:

@@ -612,3 +612,29 @@ def test_a_serving_pods_new_address_is_a_new_index_value() -> None:
     assert ServingPodFact.from_body(first) != ServingPodFact.from_body(moved)
     assert ServingPodFact.from_body(first) == ServingPodFact.from_body(copy.deepcopy(first))
     assert len({ServingPodFact.from_body(first), ServingPodFact.from_body(moved)}) >= 1  # still hashable
+
+
+def test_the_promoted_pair_keeps_the_crossover_its_validation_measured() -> None:
+    """The PyTorch backend's speculative engine drafts only up to the promoted pair's measured crossover
+    (max_concurrency); a newer pair under validation neither changes nor loses it until it passes itself."""
+    from redrafter_operator.controller.validation import validation_fragment
+    from redrafter_operator.evaluate.gate import ValidationStep
+    from redrafter_operator.render.common import in_engine_concurrency
+
+    now = "2026-01-01T00:00:00Z"
+    first = {"redrafterKey": "r0", "baseKey": "b1", "attempt": 0, "state": "Passed"}
+    out = validation_fragment(PAIR_STATUS, ValidationStep(True, False, 0, first, crossover=6.7), generation=1, now=now)
+    assert out["validation"]["promoted"] == {**PROMOTED, "crossoverConcurrency": 6.7}
+    assert in_engine_concurrency(out) == 6
+    # later reconciles of the same pass (no new measurement) keep it
+    again = validation_fragment(out, ValidationStep(True, False, 0, first), generation=1, now=now)
+    assert again["validation"]["promoted"]["crossoverConcurrency"] == 6.7
+    # a newer pair runs: the promoted engine keeps its limit
+    running = ValidationStep(False, False, 0, {"redrafterKey": "r1", "baseKey": "b1", "attempt": 0, "state": "Running"})
+    assert in_engine_concurrency(validation_fragment(again, running, generation=1, now=now)) == 6
+    # it passes without a measurement (measureCrossover off): no limit is carried over from another pair
+    passed = ValidationStep(True, False, 0, {"redrafterKey": "r1", "baseKey": "b1", "attempt": 0, "state": "Passed"})
+    assert in_engine_concurrency(validation_fragment(again, passed, generation=1, now=now)) is None
+    # a crossover below one request, or none, is no limit
+    assert in_engine_concurrency({"validation": {"promoted": {**PROMOTED, "crossoverConcurrency": 0.4}}}) is None
+    assert in_engine_concurrency({}) is None

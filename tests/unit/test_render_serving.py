@@ -284,3 +284,32 @@ def test_api_keys_keep_tritons_own_ports_out_of_services_and_policies():
     (plain_c,) = serving_deployment(plain, "redrafter", key, 1)["spec"]["template"]["spec"]["containers"]
     assert [p["containerPort"] for p in plain_c["ports"]] == [8000, 8001, 8002, 9000]
     assert plain_c["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
+
+
+def test_a_redrafter_spec_renders_no_pytorch_field_and_a_pytorch_spec_its_method() -> None:
+    """ReDrafter's serving.json and build.json keep exactly the fields they always had; a PyTorch-backend
+    method's speculative variant carries its method and the promoted pair's in-engine limit, its base none."""
+    from redrafter_operator.controller.renderers import default_renderers
+    from redrafter_operator.render.build import build_configmap
+
+    o = owner()
+    key = engine_key(o.spec, "redrafter")
+    served = yaml.safe_load(serving_configmap(o, "redrafter", key)["data"]["serving.json"])
+    built = yaml.safe_load(build_configmap(o, "redrafter")["data"]["build.json"])
+    assert not {"backend", "speculative", "max_concurrency", "max_num_tokens"} & (set(served) | set(built))
+
+    body = yaml.safe_load((ROOT / "examples" / "llama3.1-8b-eagle3.yaml").read_text())
+    body["status"] = {"validation": {"promoted": {"redrafterKey": "k", "baseKey": "k", "crossoverConcurrency": 5.9}}}
+    eagle = Owner.from_body(body)
+    assert eagle.in_engine_concurrency == 5
+    key = engine_key(eagle.spec, "redrafter")
+    assert key == engine_key(eagle.spec, "base")  # one prepared artifact serves both variants
+    spec_cfg = ServingConfig.model_validate_json(serving_configmap(eagle, "redrafter", key)["data"]["serving.json"])
+    base_cfg = ServingConfig.model_validate_json(serving_configmap(eagle, "base", key)["data"]["serving.json"])
+    assert spec_cfg.backend == base_cfg.backend == "pytorch"
+    assert spec_cfg.speculative is not None and spec_cfg.speculative.method == "eagle3"
+    assert spec_cfg.speculative.max_draft_len == 3 and spec_cfg.max_concurrency == 5
+    assert base_cfg.speculative is None and base_cfg.max_concurrency is None
+    # the candidate under validation drafts at every batch: its sweep measures the crossover
+    (cm, *_) = default_renderers().candidate(eagle, key, 1)
+    assert ServingConfig.model_validate_json(cm["data"]["serving.json"]).max_concurrency is None

@@ -166,6 +166,11 @@ class PromotedEngines(ApiModel):
 
     redrafter_key: str = Field(description="ReDrafter engine key that passed validation.")
     base_key: str = Field(description="Base engine key it was validated against.")
+    crossover_concurrency: float | None = Field(
+        default=None,
+        description="The crossover the validation Job measured for this pair: the PyTorch backend's speculative "
+        "engine drafts only up to it (max_concurrency).",
+    )
 
 
 class ValidationStatus(ApiModel):

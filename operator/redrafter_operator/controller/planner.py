@@ -10,13 +10,13 @@ validation gate (:mod:`.gate`), the serving targets and the blue/green step towa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping
 
 from engine_jobs.contract import VARIANTS
 
 from ..api.spec import ReDrafterDeploymentSpec, parse_spec
-from ..render.common import Owner
+from ..render.common import Owner, in_engine_concurrency
 from . import routing
 from .conditions import merge_conditions
 from .drafter import TrainingReport, plan_drafter, waiting_engine
@@ -84,6 +84,7 @@ def plan(
     current = {**old_status, "engines": engines}
     validation = plan_validation(owner, current, observed, res.annotations, image=image or operator_image(), now=now)
     current.update(validation.status)
+    owner = replace(owner, in_engine_concurrency=in_engine_concurrency(current))
     if validation.job is not None:
         result.create.append(validation.job)
     wanted = inputs.targets or (inputs.speculation.targets if inputs.speculation else None)

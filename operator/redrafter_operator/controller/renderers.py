@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any
 
 from engine_jobs.contract import Variant
@@ -22,7 +23,9 @@ def _canary(owner: Owner, key: str, replicas: int) -> list[dict[str, Any]]:
 
 
 def _candidate(owner: Owner, key: str, replicas: int) -> list[dict[str, Any]]:
-    """Its own serving.json (the primary's stays on the promoted engine), Deployment and Service."""
+    """Its own serving.json (the primary's stays on the promoted engine), Deployment and Service. A candidate
+    drafts at every batch: its validation measures the crossover that becomes its in-engine limit."""
+    owner = replace(owner, in_engine_concurrency=None)
     return [
         serving.serving_configmap(owner, "redrafter", key, names.candidate_config_name(owner.name)),
         serving.candidate_deployment(owner, key, replicas),

@@ -72,13 +72,20 @@ def validation_fragment(old: Mapping[str, Any], step: ValidationStep, *, generat
         )
     if "validation" in out:  # the last pair that passed outlives the record of newer pairs
         state = out["validation"]
-        promoted = (old.get("validation") or {}).get("promoted")
+        prev = old.get("validation") or {}
+        promoted = prev.get("promoted")
+        crossover = None
+        if step.crossover is not None and step.crossover != float("inf"):
+            crossover = state["crossoverConcurrency"] = round(step.crossover, 4)
         if state.get("state") == "Passed":
+            same = (prev.get("redrafterKey"), prev.get("baseKey")) == (state["redrafterKey"], state["baseKey"])
+            if crossover is None and same:
+                crossover = prev.get("crossoverConcurrency", (promoted or {}).get("crossoverConcurrency"))
             promoted = {"redrafterKey": state["redrafterKey"], "baseKey": state["baseKey"]}
+            if crossover is not None:  # what the promoted engine's in-engine limit comes from
+                promoted["crossoverConcurrency"] = crossover
         if promoted:
             out["validation"]["promoted"] = promoted
-        if step.crossover is not None and step.crossover != float("inf"):
-            out["validation"]["crossoverConcurrency"] = round(step.crossover, 4)
     return out
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,8 +20,8 @@ class Owner:
     uid: str
     spec: ReDrafterDeploymentSpec
     generation: int = 1
-    #: the crossover concurrency the last passed validation measured (floored), which the PyTorch path's
-    #: speculative engine gets as max_concurrency; None until one was measured
+    #: the promoted pair's measured crossover (floored), which the PyTorch path's speculative engine gets as
+    #: max_concurrency; None until one was measured (:func:`in_engine_concurrency`)
     in_engine_concurrency: int | None = None
 
     @classmethod
@@ -32,7 +34,7 @@ class Owner:
             uid=meta.get("uid") or "00000000-0000-0000-0000-000000000000",
             spec=ReDrafterDeploymentSpec.model_validate(body.get("spec") or {}),
             generation=int(meta.get("generation") or 1),
-            in_engine_concurrency=_measured_crossover(body.get("status") or {}),
+            in_engine_concurrency=in_engine_concurrency(body.get("status") or {}),
         )
 
     def owner_reference(self) -> dict[str, Any]:
@@ -46,10 +48,12 @@ class Owner:
         }
 
 
-def _measured_crossover(status: dict[str, Any]) -> int | None:
-    validation = status.get("validation") or {}
-    crossover = validation.get("crossoverConcurrency")
-    if validation.get("state") != "Passed" or not isinstance(crossover, (int, float)) or crossover < 1:
+def in_engine_concurrency(status: Mapping[str, Any]) -> int | None:
+    """The promoted pair's measured crossover, floored: the PyTorch backend's speculative engine drafts only up
+    to it (``max_concurrency``). None before a pass with a measurement."""
+    promoted = (status.get("validation") or {}).get("promoted") or {}
+    crossover = promoted.get("crossoverConcurrency")
+    if not isinstance(crossover, (int, float)) or not math.isfinite(crossover) or crossover < 1:
         return None
     return int(crossover)
 

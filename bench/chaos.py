@@ -60,7 +60,7 @@ def table(episodes: list[Episode]) -> str:
         ("operator crashes (not the injected kills)", str(sum(e.crashes for e in episodes))),
         ("writes by a non-leader", str(sum(e.non_leader_writes for e in episodes))),
         ("idle writes once settled after the faults", str(sum(e.idle_writes for e in episodes))),
-        ("(re-applies by a replica restarted at the end)", str(sum(e.settle_writes for e in episodes))),
+        ("(writes while settling, before the quiet check)", str(sum(e.settle_writes for e in episodes))),
         ("(leaders that lost their Lease and exited 1)", str(sum(e.lease_exits for e in episodes))),
         ("faults injected", ", ".join(f"{k} {faults[k]}" for k in FAULTS)),
     ]

@@ -20,8 +20,8 @@ What an episode reports (:class:`Episode`):
 * non_leader_writes: successful writes by a replica while the Lease, as its last successful write shows it,
   named another;
 * idle_writes: writes by the operator in ``idle_seconds`` once it has settled after convergence (Lease
-  renewals excluded); a replica restarted near the end first re-applies each child once (no-op server-side
-  applies, counted as ``settle_writes``), and must then write nothing.
+  renewals excluded). Writes while it settles (until 1.5 s pass without one, and while a replica is within
+  its startup allowance: the last status updates of the convergence) are counted as ``settle_writes``.
 
 ``bench/chaos.py`` runs many seeds and prints the table; a pytest runs a few.
 """
@@ -381,8 +381,7 @@ async def run_episode(
                     if r.user in pods and r.kind == "write" and "/leases/" not in r.path
                 ]
 
-            # settle: a replica restarted near the end re-applies each child once (a no-op server-side
-            # apply: it does not know what it applied before); then nothing may be written at all
+            # settle: the last writes of the convergence (status) may still come; then nothing may be written
             mark, quiet_since, settle_until = len(cl.emu.request_log), time.monotonic(), time.monotonic() + 30
 
             def settling() -> bool:

@@ -354,3 +354,14 @@ def test_grpc_validation_behind_api_keys_is_refused_by_the_crd_as_by_pydantic():
     for fine in ({**keys, "validation": {"protocol": "openai"}}, {**keys, "validation": {}}, keys, {}):
         assert not _evaluate_rule(rule, fine, None)[0], fine
     assert not _evaluate_rule(rule, {"validation": {"protocol": "grpc"}}, None)[0]
+
+
+def test_the_pytorch_backend_is_validated_without_min_tokens():
+    """Triton's llmapi model has no min_tokens input: the Job compares outputs up to the end token."""
+    eagle = owner_of(ROOT / "examples" / "llama3.1-8b-eagle3.yaml")
+    command = validation_job(eagle, redrafter_key=RKEY, base_key=BKEY, operator_image=IMAGE)["spec"]["template"][
+        "spec"
+    ]["containers"][0]["command"]
+    assert "--no-fixed-length" in command
+    redrafter = validation_job(owner_of(DEMO), redrafter_key=RKEY, base_key=BKEY, operator_image=IMAGE)
+    assert "--no-fixed-length" not in redrafter["spec"]["template"]["spec"]["containers"][0]["command"]

@@ -57,6 +57,9 @@ DRIVER_MINIMUM: dict[str, DriverRequirement] = {
     "25.08": DriverRequirement(575, (470, 525, 535, 545)),
     "25.09": DriverRequirement(575, (470, 525, 535, 545)),
     "25.10": DriverRequirement(575, (470, 525, 535, 545)),
+    # the PyTorch backend's pin: server docs/introduction/compatibility.md at tag v2.71.0 lists CUDA 13.1 and
+    # driver 590.44.01 for 26.07; it names no forward-compatible branches, so none is assumed
+    "26.07": DriverRequirement(590, ()),
 }
 # The serving image names the Triton release it is built on: ...:<ours>-<YY.MM>-trtllm-python-py3
 _TRITON_RELEASE = re.compile(r"(?<![0-9])(\d{2}\.\d{2})-trtllm")

@@ -101,6 +101,12 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--max-input-len", type=int, metavar="N", help="enables the max-length-input scenario")
     v.add_argument("--max-seq-len", type=int, metavar="N", help="bounds output tokens of max-length inputs")
     v.add_argument("--max-divergences", type=int, default=0, metavar="N", help="differing outputs tolerated")
+    v.add_argument(
+        "--no-fixed-length",
+        dest="fixed_length",
+        action="store_false",
+        help="send no min_tokens (engines without it: TensorRT-LLM's PyTorch backend); compare up to the end token",
+    )
     v.add_argument("--ready-timeout", type=float, default=300.0, metavar="S", help="wait for both endpoints")
     v.add_argument(
         "--sweep-concurrency",
@@ -214,6 +220,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         ready_timeout_s=args.ready_timeout,
         protocol=args.protocol,
         api_key=api_key,
+        fixed_length=args.fixed_length,
     )
     report = asyncio.run(validate(cfg, counter))
     if report.outcome.passed and sweep_levels:
@@ -242,7 +249,13 @@ async def _with_crossover(outcome: oc.ValidationOutcome, cfg, levels: list[int],
     sweep = SweepConfig(
         {"redrafter": cfg.redrafter, "base": cfg.base},
         levels,
-        RequestOptions(max_tokens=cfg.max_tokens, timeout_s=cfg.request_timeout_s, protocol=cfg.protocol),
+        RequestOptions(
+            max_tokens=cfg.max_tokens,
+            timeout_s=cfg.request_timeout_s,
+            protocol=cfg.protocol,
+            fixed_length=cfg.fixed_length,
+            api_key=cfg.api_key,
+        ),
         requests_per_worker=per_worker,
         warmup_requests=1,
     )

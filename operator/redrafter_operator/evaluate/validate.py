@@ -47,6 +47,9 @@ class ValidationConfig:
     ready_timeout_s: float = 300.0
     protocol: WireProtocol = "grpc"  # see .channel
     api_key: str | None = field(default=None, repr=False)  # openai: the pods' API key, when they require one
+    #: every request generates exactly its max tokens (min_tokens); off for engines without min_tokens (the
+    #: PyTorch backend's llmapi model): outputs are compared up to the end token, which both variants share
+    fixed_length: bool = True
 
     def endpoint(self, variant: str) -> str:
         return self.redrafter if variant == "redrafter" else self.base
@@ -89,7 +92,7 @@ class _Runner:
         self.opts = RequestOptions(
             max_tokens=cfg.max_tokens,
             greedy=True,
-            fixed_length=True,
+            fixed_length=cfg.fixed_length,
             want_perf=True,
             timeout_s=cfg.request_timeout_s,
             protocol=cfg.protocol,

@@ -94,6 +94,8 @@ def validate_args(spec: ReDrafterDeploymentSpec, redrafter: str, base: str) -> l
         args += ["--sweep-concurrency", ",".join(map(str, default_concurrencies(e.max_batch_size)))]
     if spec.validation_protocol() == "openai" and spec.serving.auth.api_keys_secret:
         args += ["--api-key-file", API_KEYS_MOUNT]  # the Secret's directory: the client reads its first key
+    if spec.method != "redrafter":
+        args.append("--no-fixed-length")  # Triton's llmapi model takes no min_tokens
     return args
 
 

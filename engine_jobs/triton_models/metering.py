@@ -335,7 +335,8 @@ class TritonPythonModel:
         for src, dst in _LLMAPI_SAMPLING.items():
             v = _tensor(request, src)
             if v is not None and v.size:
-                inputs.append(pb_utils.Tensor(dst, v.reshape(-1)[:1]))
+                # a copy: a view of the request's input memory must not back the child request's tensor
+                inputs.append(pb_utils.Tensor(dst, v.reshape(-1)[:1].copy()))
         outputs = ["text_output", *_PERF]
         return pb_utils.InferenceRequest(model_name=self.engine_model, requested_output_names=outputs, inputs=inputs)
 

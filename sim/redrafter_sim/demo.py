@@ -330,8 +330,14 @@ class DemoRun:
                 await kubectl(kubeconfig, self.tmp, "apply", "-f", "-", stdin=yaml.safe_dump(self.resource))
                 self.view.note(f"kubectl apply {KIND}/{self.name}")
                 async with ServiceRouter(api, self.namespace, names.service_name(self.name)) as router:
+                    # fixed-length requests (min_tokens) where the engine has them: the PyTorch backend's
+                    # llmapi model has not
+                    fixed = self.resource["spec"].get("method", "redrafter") == "redrafter"
                     self.loadgen = RoutedLoadGenerator(
-                        router, demo_prompts(), RequestOptions(max_tokens=MAX_TOKENS), stats=self.stats
+                        router,
+                        demo_prompts(),
+                        RequestOptions(max_tokens=MAX_TOKENS, fixed_length=fixed),
+                        stats=self.stats,
                     )
                     loadgen_task = asyncio.create_task(self.loadgen.run(), name="loadgen")
                     with self.view.live():

@@ -228,3 +228,39 @@ def test_the_module_is_standard_library_only():
         for a in (n.names if isinstance(n, ast.Import) else [n])
     }
     assert roots <= {"__future__", "collections", "typing"}
+
+
+@pytest.mark.parametrize("example", ["llama3.1-8b-eagle3", "deepseek-v3-mtp", "qwen2.5-coder-7b-ngram", "draft"])
+@pytest.mark.parametrize("variant", ["redrafter", "base"])
+def test_every_key_the_operator_writes_is_one_upstream_reads(example: str, variant: str):
+    """The model.yaml a serving pod writes, for each method and both variants, passes the pinned contract:
+    every top-level key is an LLM-API field (or model.py's triton_config), every speculative_config key one
+    its decoding_type's config class declares; the one-way acceptance switch is never written."""
+    from pathlib import Path
+
+    import yaml
+
+    from engine_jobs.llmapi_config import model_yaml
+    from redrafter_operator.render.common import Owner
+    from redrafter_operator.render.serving import serving_config
+
+    root = Path(__file__).resolve().parents[2] / "examples"
+    if example == "draft":
+        body = yaml.safe_load((root / "llama3.1-8b-eagle3.yaml").read_text())
+        body["spec"]["method"] = "draftModel"
+        body["spec"].pop("eagle3")
+        body["spec"]["model"]["drafter"] = {"source": "hf://meta-llama/Llama-3.2-1B-Instruct"}
+    else:
+        body = yaml.safe_load((root / f"{example}.yaml").read_text())
+    body["status"] = {"validation": {"promoted": {"redrafterKey": "k", "baseKey": "k", "crossoverConcurrency": 6.0}}}
+    doc = model_yaml(serving_config(Owner.from_body(body), variant, "k"))  # type: ignore[arg-type]
+    assert lb.check_model_yaml(doc) == []
+    assert set(doc) <= lb.MODEL_YAML_KEYS
+    spec = doc.get("speculative_config")
+    assert (spec is not None) == (variant == "redrafter")
+    if spec is not None:
+        decoding = lb.canonical_decoding_type(spec["decoding_type"])
+        assert decoding is not None
+        assert set(spec) <= lb.BASE_SPEC_KEYS | lb.METHOD_SPEC_KEYS[decoding]
+        assert spec["max_concurrency"] == 6
+        assert not {"acceptance_window", "acceptance_length_threshold"} & set(spec)

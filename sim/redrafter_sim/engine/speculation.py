@@ -62,7 +62,8 @@ def greedy_next(
     index = len(generated)
     if not (diverge and index > 0):
         copied = copy_continuation(prompt, [*prompt, *generated])
-        if copied is not None:
+        # a model copies text, never special tokens (ids below first_id: pad, end, unknown words)
+        if copied is not None and copied >= first_id:
             return copied
     return greedy_token(prompt_crc, index, diverge, first_id, vocab)
 

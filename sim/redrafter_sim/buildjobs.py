@@ -106,7 +106,8 @@ def provision_source(fs: HostFS, ref: SourceRef | None, role: str) -> None:
         return
     claim, _, sub = ref.uri[len("pvc://") :].partition("/")
     target = fs.claim_dir(claim) / sub if sub else fs.claim_dir(claim)
-    if role != "dataset" and target.name in FIXTURES:  # a fixture by name, whatever reads it
+    # a fixture by name, whatever reads it; but training needs real weights (the tiny random Llama)
+    if role not in ("dataset", "trainable-base") and target.name in FIXTURES:
         if not (target / "config.json").exists():
             FIXTURES[target.name](target)
     elif role == "base" and not (target / "config.json").exists():

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import random
 import signal
 import socket
@@ -50,6 +49,7 @@ from redrafter_operator.render import names, validation
 
 from . import controllers
 from .apiserver import ApiServerEmulator
+from .operator_process import OperatorProcess
 from .server import EmulatorThread, write_kubeconfig
 
 NS = "default"
@@ -90,14 +90,14 @@ class Episode:
 
 
 class Replica:
-    """One ``redrafter-operator run`` process, its identity the bearer token's user; restarted after a kill."""
+    """One operator replica (:class:`OperatorProcess`), its identity the bearer token's user; restarted after
+    every exit, as a kubelet restarts a container."""
 
     def __init__(self, pod: str, url: str, emulator: ApiServerEmulator, workdir: Path, elect: bool) -> None:
-        self.pod, self.log = pod, workdir / f"{pod}.log"
+        self.pod = pod
         emulator.add_token(f"token-{pod}", pod)
         kubeconfig = write_kubeconfig(url, workdir / f"kubeconfig-{pod}", token=f"token-{pod}")
-        self.argv = [str(BIN / "redrafter-operator"), "run", "--kubeconfig", str(kubeconfig), "--namespace", NS]
-        self.argv += (
+        args = (
             [
                 "--leader-elect",
                 f"--leader-election-namespace={LEASE_NS}",
@@ -109,53 +109,35 @@ class Replica:
             if elect
             else ["--standalone"]
         )
-        self.argv += ["--resync-seconds=300", "--log-format=json"]
-        self.env = {**os.environ, "POD_NAME": pod, "POD_NAMESPACE": LEASE_NS, "PYTHONUNBUFFERED": "1"}
-        self.proc: asyncio.subprocess.Process | None = None
+        args += ["--resync-seconds=300", "--log-format=json"]
+        env = {"POD_NAME": pod, "POD_NAMESPACE": LEASE_NS, "PYTHONUNBUFFERED": "1"}
+        self.process = OperatorProcess(kubeconfig, NS, workdir / f"{pod}.log", args, env)
         self.started_at = 0.0
         self.killed = False  # the current process was killed by the schedule
         self.exits: list[tuple[int, bool, str]] = []  # (code, killed by us, last log lines)
 
     async def start(self) -> None:
         self.killed, self.started_at = False, time.monotonic()
-        with open(self.log, "ab") as out:
-            self.proc = await asyncio.create_subprocess_exec(
-                *self.argv, stdout=out, stderr=asyncio.subprocess.STDOUT, env=self.env, start_new_session=True
-            )
+        await self.process.start()
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.returncode is None:
+        if self.process.alive():
             self.killed = True
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.process.kill()
 
     async def supervise(self, stop: asyncio.Event, rng: random.Random) -> None:
         """The kubelet's part: restart the container whenever it exits (after a short backoff)."""
         while not stop.is_set():
-            assert self.proc is not None
-            code = await self.proc.wait()
-            self.exits.append((code, self.killed, self._tail()))
+            assert self.process.proc is not None
+            code = await self.process.proc.wait()
+            self.exits.append((code, self.killed, self.process.log_tail(8)))
             if stop.is_set():
                 return
             await asyncio.sleep(rng.uniform(0.2, 1.0))
             await self.start()
 
     async def stop(self) -> None:
-        if self.proc is None or self.proc.returncode is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            await asyncio.wait_for(self.proc.wait(), 15)
-        except TimeoutError:
-            self.kill()
-            await self.proc.wait()
-
-    def _tail(self, lines: int = 8) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        await self.process.stop(grace=15)
 
 
 class Episodes:

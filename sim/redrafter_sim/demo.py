@@ -50,6 +50,7 @@ from .engine import SimEngineSettings
 from .kubeapi import EVENTS, PODS, SECRETS, Kind, KubeApi
 from .kubelet import SimKubelet
 from .nodes import dcgm_exporter
+from .operator_process import OperatorProcess
 from .prometheus import PrometheusServer, PrometheusUnavailable, ServingTarget, scrape_config, write_serving_file
 from .router import NoEndpoints, ServiceRouter
 from .scenarios import (
@@ -145,63 +146,6 @@ async def kubectl(kubeconfig: Path, tmp: Path, *args: str, stdin: str | None = N
     if proc.returncode != 0:
         raise RuntimeError(f"kubectl {' '.join(args)} failed ({proc.returncode}): {err.decode().strip()}")
     return out.decode()
-
-
-class OperatorProcess:
-    """``redrafter-operator run`` against the emulator, as a subprocess (exactly the production entry point)."""
-
-    def __init__(
-        self,
-        kubeconfig: Path,
-        namespace: str,
-        log_path: Path,
-        metrics_port: int | None = None,
-        liveness: str | None = None,
-    ) -> None:
-        self.argv = [
-            str(BIN / "redrafter-operator"),
-            "run",
-            "--kubeconfig",
-            str(kubeconfig),
-            "--namespace",
-            namespace,
-            "--standalone",
-            "--resync-seconds",
-            "30",
-        ]
-        if metrics_port is not None:
-            self.argv += ["--metrics-port", str(metrics_port)]
-        if liveness is not None:
-            self.argv += ["--liveness", liveness]
-        self.log_path = log_path
-        self.proc: asyncio.subprocess.Process | None = None
-
-    async def start(self) -> None:
-        with open(self.log_path, "wb") as out:
-            self.proc = await asyncio.create_subprocess_exec(
-                *self.argv, stdout=out, stderr=asyncio.subprocess.STDOUT, start_new_session=True
-            )
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.returncode is None
-
-    async def stop(self, grace: float = 10.0) -> None:
-        if self.proc is None or self.proc.returncode is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            await asyncio.wait_for(self.proc.wait(), grace)
-        except asyncio.TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            await self.proc.wait()
-
-    def log_tail(self, lines: int = 25) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
 
 
 # ---------------------------------------------------------------------------- the run
@@ -308,9 +252,10 @@ class DemoRun:
             self.view.note(f"namespace {self.namespace} enforces Pod Security restricted")
             metrics_port = free_ports("127.0.0.1", 1)[0] if self.opts.prometheus else None
             liveness = f"http://127.0.0.1:{free_ports('127.0.0.1', 1)[0]}/healthz"
-            self.operator = OperatorProcess(
-                kubeconfig, self.namespace, self.tmp / "operator.log", metrics_port, liveness=liveness
-            )
+            args = ["--standalone", "--resync-seconds", "30", "--liveness", liveness]
+            if metrics_port is not None:
+                args += ["--metrics-port", str(metrics_port)]
+            self.operator = OperatorProcess(kubeconfig, self.namespace, self.tmp / "operator.log", args)
             await self.operator.start()
             self.view.note("operator started: " + " ".join(self.operator.argv[1:3]))
             await self._check(handle.emulator, kubeconfig, liveness)

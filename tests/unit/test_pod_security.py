@@ -111,7 +111,7 @@ def test_a_prepare_job_asks_for_no_gpu_but_its_serving_pods_do():
     for name, pod in pod_templates(owner):
         res = pod["containers"][0]["resources"]
         if "-build-" in name:
-            assert res == {"requests": {"cpu": "2", "memory": "16Gi"}}, "fetching and verifying needs no GPU"
+            assert res == resources.PREPARE, "fetching and verifying needs no GPU, and has a memory limit"
             assert "nodeSelector" not in pod
         elif "-validate-" not in name:
             assert res["requests"]["nvidia.com/gpu"] == "8"

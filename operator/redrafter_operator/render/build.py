@@ -260,7 +260,7 @@ def build_job(owner: Owner, variant: Variant, attempt: int = 0) -> dict[str, Any
     }
     if spec.method != "redrafter":
         # The prepare Job fetches and verifies checkpoints: no GPU, no GPU product (nothing is compiled).
-        container["resources"] = resources.merged(resources.per_rank(resources.BUILD_PER_RANK, 1), b.resources)
+        container["resources"] = resources.merged(resources.PREPARE, b.resources)
         selector = dict(b.node_selector)
     else:
         selector = node_selector(spec, b.node_selector)

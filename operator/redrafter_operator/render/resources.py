@@ -27,6 +27,9 @@ from typing import Any
 BUILD_PER_RANK = {"cpu": 2, "memory_gi": 16}
 SERVING_PER_RANK = {"cpu": 2, "memory_gi": 16}
 VALIDATION = {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
+#: the PyTorch backend's prepare Job fetches, moves and verifies files (streamed, no weights in memory): no GPU,
+#: and, unlike a GPU pod whose host-memory peak depends on the model, a memory limit
+PREPARE = {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "8Gi"}}
 
 
 def per_rank(sizing: dict[str, int], ranks: int) -> dict[str, Any]:

@@ -71,6 +71,7 @@ def method_doc(method: str) -> dict[str, Any]:
         spec.pop(dropped, None)
     spec.update(case["block"])
     spec["validation"] = {"enabled": True}
+    spec["speculation"].update(cooldown="2s", minDwell="2s")  # shorter holds; the test waits on outcomes only
     return doc
 
 

@@ -250,3 +250,14 @@ def test_an_operator_outside_the_cluster_is_judged_by_its_liveness_url() -> None
     )
     names = [r.name for r in run_checks(up, [])]
     assert "operator-rbac" not in names and "operator-metrics" not in names and "prometheus-crds" not in names
+
+
+def test_on_the_pytorch_backend_the_serving_pods_are_the_ones_placed_on_gpus() -> None:
+    """The prepare Job needs no GPU; the serving pods do, with the serving node selector the example sets."""
+    body = yaml.safe_load((ROOT / "examples" / "llama3.1-8b-eagle3.yaml").read_text())
+    res = Resource(body["metadata"]["name"], "default", body["spec"])
+    (result,) = judge(res, gpu_node("a100-0"))
+    assert result.status == "fail" and result.message.startswith(f"no node offers 1× {H100}; nodes: 1× {A100}")
+    assert result.fix == f"add nodes with {H100}, or set spec.serving.nodeSelector to one of: {A100}"
+    (result,) = judge(res, gpu_node("a100-0"), gpu_node("h100-0", H100))
+    assert result.status == "ok" and result.message == f"1 node(s) offer 1× {H100}: h100-0"

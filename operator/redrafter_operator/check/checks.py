@@ -378,18 +378,30 @@ class GpuJob:
 
 
 def gpu_jobs(res: Resource, spec: ReDrafterDeploymentSpec) -> list[GpuJob]:
-    """The build Job's pod (both variants place alike) and, when the spec trains a drafter, the training Job's."""
+    """The build Job's pod (both variants place alike) and, when the spec trains a drafter, the training Job's.
+    The PyTorch backend's prepare Job needs no GPU: there the serving pod is the first that needs one."""
     owner = owner_of(res, spec)
     gpu = spec.engine.build.gpu_resource
-    jobs = [
-        GpuJob(
+    if spec.method == "redrafter":
+        first = GpuJob(
             f"gpu-product {res.name}",
             build_job(owner, "base")["spec"]["template"]["spec"],
             gpu,
             "spec.engine.build.gpuProduct",
             "spec.parallelism.tensor",
         )
-    ]
+    else:
+        key = build_spec(spec, "base").key
+        first = GpuJob(
+            f"gpu-product {res.name}",
+            serving_deployment(owner, "base", key, 1)["spec"]["template"]["spec"],
+            gpu,
+            "spec.serving.nodeSelector",
+            "spec.parallelism.tensor",
+            "spec.serving.nodeSelector",
+            "spec.serving.tolerations",
+        )
+    jobs = [first]
     if spec.trained_drafter() is not None:
         jobs.append(
             GpuJob(

@@ -86,8 +86,16 @@ def _flag(request, name: str) -> bool:
     return bool(v.reshape(-1)[0]) if v is not None and v.size else False
 
 
+def _read_perf(resp, perf: dict[str, float]) -> None:
+    """The speculation figures a response carries (the final one has them), into ``perf``."""
+    for name in _PERF:
+        t = pb_utils.get_output_tensor_by_name(resp, name)
+        if t is not None and t.as_numpy().size:
+            perf[name] = _number(t.as_numpy())
+
+
 def _number(arr) -> float:
-    """A perf output's value: a number, or its text (the llmapi model sends them as strings)."""
+    """A perf output's value: a number (the tensorrt_llm backend), or its text (the llmapi model sends strings)."""
     v = arr.reshape(-1)[0]
     if isinstance(v, (bytes, np.bytes_)):
         v = v.decode("utf-8")
@@ -265,22 +273,23 @@ class TritonPythonModel:
             n = int(seq.as_numpy().reshape(-1)[0]) if seq is not None else ids.shape[-1]
             new = [int(t) for t in ids.reshape(-1)[:n]]
             tokens = tokens + new if stream else new
-            for name in _PERF:
-                t = pb_utils.get_output_tensor_by_name(resp, name)
-                if t is not None and t.as_numpy().size:
-                    perf[name] = t.as_numpy().reshape(-1)[0].item()
+            _read_perf(resp, perf)
             if stream and new and not cancelled and engine_error is None:
-                if request.is_cancelled():
-                    cancelled = True
-                    continue
-                full = self._detokenize(tokens)
-                delta = full[len(sent_text) :] if full.startswith(sent_text) else full
-                sent_text = full
-                sender.send(pb_utils.InferenceResponse(output_tensors=[self._text(delta)]))
+                cancelled, sent_text = self._send_delta(request, sender, lambda: self._detokenize(tokens), sent_text)
         if engine_error is not None:
             raise RuntimeError(f"{self.engine_model}: {engine_error}")
         self._record(len(tokens), perf)
         return self._finish(request, sender, cancelled, None if stream else tokens, want_perf, perf, len(tokens))
+
+    def _send_delta(self, request, sender, full_text, sent_text: str) -> tuple[bool, str]:
+        """Stream what ``full_text()`` (the output so far) adds to ``sent_text``: (cancelled, text now sent).
+        A cancelled request gets nothing more (the stream is drained on regardless)."""
+        if request.is_cancelled():
+            return True, sent_text
+        full = full_text()
+        delta = full[len(sent_text) :] if full.startswith(sent_text) else full
+        sender.send(pb_utils.InferenceResponse(output_tensors=[self._text(delta)]))
+        return False, full
 
     def _finish(self, request, sender, cancelled: bool, full, want_perf: bool, perf: dict, count: int) -> bool:
         """The last data response (``full``: the whole output, token ids or text, when not streaming) and
@@ -374,17 +383,9 @@ class TritonPythonModel:
             if out is None or not out.as_numpy().size:
                 continue  # empty final-flag response
             text = _strings(out.as_numpy())[0]  # the llmapi model sends the text so far
-            for name in _PERF:
-                t = pb_utils.get_output_tensor_by_name(resp, name)
-                if t is not None and t.as_numpy().size:
-                    perf[name] = _number(t.as_numpy())
+            _read_perf(resp, perf)
             if stream and text != sent_text and not cancelled and engine_error is None:
-                if request.is_cancelled():
-                    cancelled = True
-                    continue
-                delta = text[len(sent_text) :] if text.startswith(sent_text) else text
-                sent_text = text
-                sender.send(pb_utils.InferenceResponse(output_tensors=[self._text(delta)]))
+                cancelled, sent_text = self._send_delta(request, sender, lambda: text, sent_text)
         if engine_error is not None:
             raise RuntimeError(f"{self.engine_model}: {engine_error}")
         count = self._count_tokens(text)

@@ -29,10 +29,6 @@ class Drafting:
         which the operator sets to the crossover validation measured); ReDrafter's engine cannot."""
         return self.method != "redrafter"
 
-    def tokens_per_step(self, acceptance: float) -> float:
-        """Expected output tokens per step at an acceptance rate (accepted / drafted)."""
-        return 1.0 + max(0.0, min(1.0, acceptance)) * self.draft_len
-
 
 def drafting(spec: ReDrafterDeploymentSpec) -> Drafting:
     params = spec.method_params()

@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass
 
 from ..api.spec import ReDrafterDeploymentSpec
-from ..metrics.drafting import Drafting, drafting
+from ..metrics.drafting import drafting
 
 DEFAULT_TOKEN_COST = 0.0072
 DEFAULT_DRAFTER_OVERHEAD = 0.10
@@ -70,8 +70,9 @@ class CostParams:
 
 
 def tokens_per_step(acceptance: float, draft_len: int) -> float:
-    """Expected tokens per drafting step from an acceptance rate (metrics/drafting.py)."""
-    return Drafting("", draft_len, 0).tokens_per_step(acceptance)
+    """Expected tokens per drafting step from an acceptance rate (accepted / drafted; draft_len from
+    metrics/drafting.py)."""
+    return 1.0 + max(0.0, min(1.0, acceptance)) * draft_len
 
 
 def step_latency(tokens: float, p: CostParams) -> float:

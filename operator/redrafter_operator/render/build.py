@@ -66,39 +66,35 @@ def source_ref(src: ModelSource) -> SourceRef:
 def build_spec(spec: ReDrafterDeploymentSpec, variant: Variant) -> BuildSpec:
     inputs = build_inputs(spec, variant)
     e = spec.engine
-    limits = EngineLimits(
-        max_batch_size=e.max_batch_size,
-        max_input_len=e.max_input_len,
-        max_seq_len=e.max_seq_len,
-        max_num_tokens=e.max_num_tokens,
-        paged_context_fmha=e.paged_context_fmha,
-    )
+    common: dict[str, Any] = {
+        "variant": variant,
+        "key": key_of(inputs),
+        "inputs": inputs,
+        "base": source_ref(spec.model.base),
+        "tokenizer": source_ref(spec.model.tokenizer or spec.model.base),
+        "dtype": spec.precision.dtype,
+        "tensor_parallel": spec.parallelism.tensor,
+        "limits": EngineLimits(
+            max_batch_size=e.max_batch_size,
+            max_input_len=e.max_input_len,
+            max_seq_len=e.max_seq_len,
+            max_num_tokens=e.max_num_tokens,
+            paged_context_fmha=e.paged_context_fmha,
+        ),
+    }
     if spec.method != "redrafter":
         # The prepare Job: both variants share one artifact, so either Job prepares all of it.
         return BuildSpec(
-            variant=variant,
-            key=key_of(inputs),
-            inputs=inputs,
-            base=source_ref(spec.model.base),
+            **common,
             drafter=source_ref(drafter_source(spec)) if spec.model.drafter is not None else None,
-            tokenizer=source_ref(spec.model.tokenizer or spec.model.base),
-            dtype=spec.precision.dtype,
-            tensor_parallel=spec.parallelism.tensor,
-            limits=limits,
             backend="pytorch",
             speculative=speculative_params(spec),
         )
     return BuildSpec(
-        variant=variant,
-        key=key_of(inputs),
-        inputs=inputs,
-        base=source_ref(spec.model.base),
+        **common,
         drafter=source_ref(drafter_source(spec)) if variant == "redrafter" else None,
-        tokenizer=source_ref(spec.model.tokenizer or spec.model.base),
         architecture=spec.model.architecture,
-        dtype=spec.precision.dtype,
         quantization=spec.precision.quantization,
-        tensor_parallel=spec.parallelism.tensor,
         redrafter=RedrafterParams(
             num_beams=spec.redrafter.num_beams,
             draft_len_per_beam=spec.redrafter.draft_len_per_beam,
@@ -106,7 +102,6 @@ def build_spec(spec: ReDrafterDeploymentSpec, variant: Variant) -> BuildSpec:
         )
         if variant == "redrafter"
         else None,
-        limits=limits,
     )
 
 

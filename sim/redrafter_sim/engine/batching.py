@@ -59,7 +59,12 @@ class BatchingEngine:
     draft_ms_per_token = 0.02  # extra latency per unit of draft work (see _draft_tokens)
 
     def _start(self, sim: dict[str, str]) -> None:
-        """Controls, ledger and the loop thread, from the simulator's ``sim_`` parameters."""
+        """The token space, step costs, controls, ledger and the loop thread, from the simulator's ``sim_``
+        parameters (the same for every engine it stands in for)."""
+        self.vocab = int(sim.get("vocab_size", "1000"))
+        self.first_id = int(sim.get("first_token_id", "3"))
+        self.load_factor = float(sim.get("load_factor", "0.05"))
+        self.draft_ms_per_token = float(sim.get("draft_ms_per_token", "0.02"))
         default = SimControl(
             acceptance_rate=float(sim.get("acceptance_rate", "0.7")), step_ms=float(sim.get("step_ms", "2.0"))
         )

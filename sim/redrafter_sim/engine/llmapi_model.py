@@ -105,10 +105,6 @@ class TritonPythonModel(BatchingEngine):
         self.max_concurrency = spec.get("max_concurrency")
         self.variant = p.get("variant", "redrafter" if self.method else "base")
         self.max_batch = max(int(doc.get("max_batch_size") or 8), 1)
-        self.vocab = int(p.get("vocab_size", "1000"))
-        self.first_id = int(p.get("first_token_id", "3"))
-        self.load_factor = float(p.get("load_factor", "0.05"))
-        self.draft_ms_per_token = float(p.get("draft_ms_per_token", "0.02"))
         self._start(p)
 
     def execute(self, requests):

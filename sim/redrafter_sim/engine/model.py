@@ -69,10 +69,6 @@ class TritonPythonModel(BatchingEngine):
         self.draft_len = int(p.get("draft_len_per_beam", "0")) if self.variant == "redrafter" else 0
         self.num_beams = int(p.get("num_beams", "1"))
         self.max_batch = max(int(cfg.get("max_batch_size", 8)), 1)
-        self.vocab = int(p.get("vocab_size", "1000"))
-        self.first_id = int(p.get("first_token_id", "3"))
-        self.load_factor = float(p.get("load_factor", "0.05"))
-        self.draft_ms_per_token = float(p.get("draft_ms_per_token", "0.02"))
         self._start(p)
 
     def execute(self, requests):

@@ -4,7 +4,8 @@ them: client certificates from one CA, RBAC and Node authorization, service-acco
 admission plugins (PodSecurity among them) plus NodeRestriction, and the controllers the operator's children
 depend on. Only the node is ours (:mod:`.node`).
 
-``ControlPlane(workdir).start()`` returns once every component's ``/readyz`` answers ok; ``stop()`` ends them.
+``ControlPlane(workdir).start()`` returns once every component answers ok (``/readyz``; the controller manager's
+``/healthz``, as it serves no ``/readyz``); ``stop()`` ends them.
 ``restart("kube-apiserver")`` and ``restart("etcd")`` restart one for real; ``compact()`` compacts etcd, so an old
 resourceVersion then answers 410 Gone as on a cluster.
 """
@@ -212,6 +213,9 @@ class ControlPlane:
                     f"--etcd-servers={self.etcd_url}",
                     "--bind-address=127.0.0.1",
                     "--advertise-address=127.0.0.1",
+                    # the kubernetes Service's endpoints would be this loopback address, which the reconciler
+                    # refuses (as envtest, no reconciler: pods reach the API server through the node's env)
+                    "--endpoint-reconciler-type=none",
                     f"--secure-port={self.port}",
                     f"--tls-cert-file={serving.cert}",
                     f"--tls-private-key-file={serving.key}",
@@ -247,7 +251,7 @@ class ControlPlane:
                     f"--controllers={','.join(CONTROLLERS)}",
                     "--profiling=false",
                 ],
-                f"https://127.0.0.1:{kcm_port}/readyz",
+                f"https://127.0.0.1:{kcm_port}/healthz",  # it serves no /readyz
                 logs / "kube-controller-manager.log",
             ),
             "kube-scheduler": Component(

@@ -1,8 +1,8 @@
 """Generate the CustomResourceDefinition from the pydantic models (kubebuilder-style: types are the truth).
 
 pydantic emits JSON Schema 2020-12; the API server wants a *structural* OpenAPI v3 schema: no ``$ref``,
-no ``anyOf`` for optionals, boolean ``exclusiveMinimum``, ``default: {}`` on nested objects so the
-server fills their defaults too. This module does exactly that conversion, nothing else.
+no ``anyOf`` for optionals, boolean ``exclusiveMinimum``, a default on nested objects (their fields'
+defaults) so the server fills them too. This module does exactly that conversion, nothing else.
 """
 
 from __future__ import annotations
@@ -85,8 +85,10 @@ def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     if out.get("type") == "object" and "properties" in out:
         required = set(out.get("required", []))
         for name, sub in out["properties"].items():
-            # Nested objects with a default factory default to {} so the API server applies the
-            # defaults inside them; Optional ones (anyOf with null) stay absent.
+            # Nested objects with a default factory default to their fields' defaults, so the API server
+            # fills them; Optional ones (anyOf with null) stay absent. Not `{}`: the API server validates a
+            # default against the schema and its CEL rules, and a rule reading a field of `{}` fails there
+            # ("no such key") before defaulting ever runs.
             optional = "anyOf" in _resolve(node["properties"][name], defs)
             if (
                 sub.get("type") == "object"
@@ -95,8 +97,13 @@ def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
                 and "default" not in sub
                 and not optional
             ):
-                sub["default"] = {}
+                sub["default"] = _filled(sub)
     return out
+
+
+def _filled(schema: dict[str, Any]) -> dict[str, Any]:
+    """An object schema's default: each field that has one (nested objects were filled first, bottom up)."""
+    return {name: sub["default"] for name, sub in schema.get("properties", {}).items() if "default" in sub}
 
 
 def _without_defaults(node: Any) -> Any:

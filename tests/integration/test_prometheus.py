@@ -28,8 +28,8 @@ from triton_servers import start_servers, stop_servers
 
 from engine_jobs import contract as c
 from engine_jobs.contract import ENGINE_MODEL, ENTRY_MODEL, ServingConfig
-from redrafter_operator.controller.process import metrics_server
 from redrafter_operator.controller.metrics import OperatorMetrics
+from redrafter_operator.controller.process import metrics_server
 from redrafter_operator.metrics import PodScraper, PodTarget, PrometheusSource, advance
 from redrafter_sim.engine import SimEngineSettings, write_control
 from redrafter_sim.engine.load import add_load_gauges

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 from .cache_cmd import add_cache_parser
 from .commands import add_build_parser, add_plan_parser, add_train_parser
@@ -20,7 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     add_openai_parser(sub)
     add_cache_parser(sub)
     args = parser.parse_args(argv)
-    return args.func(args)
+    command: Callable[[argparse.Namespace], int] = args.func
+    return command(args)
 
 
 if __name__ == "__main__":

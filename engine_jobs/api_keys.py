@@ -47,7 +47,7 @@ def read_keys(directory: Path) -> tuple[bytes, ...]:
 class ApiKeys:
     """The keys in a mounted Secret directory, reloaded when the directory changes."""
 
-    def __init__(self, directory: str | os.PathLike):
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory)
         self._signature: tuple[int, int, int] | None = None
         self._keys: tuple[bytes, ...] = ()

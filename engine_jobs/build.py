@@ -198,7 +198,9 @@ def verify_engine(spec: BuildSpec, engine_dir: Path) -> None:
         )
 
 
-def assemble(spec: BuildSpec, settings: Settings, paths: CachePaths, tmp: Path, lock: KeyLock, log: Log) -> dict:
+def assemble(
+    spec: BuildSpec, settings: Settings, paths: CachePaths, tmp: Path, lock: KeyLock, log: Log
+) -> dict[str, Any]:
     """Everything between owning the lock and publishing; returns the manifest written into ``tmp``."""
     record = Record()
     t0 = time.monotonic()

@@ -177,12 +177,18 @@ def live_lock_owner(root: Path, key: str, stale_seconds: float) -> str | None:
     return f"{record.get('owner', '?')} pid {record.get('pid', '?')}"
 
 
+def _section(doc: dict[str, Any], key: str) -> dict[str, Any]:
+    """``doc[key]`` where it is an object, else empty (a manifest of another version may lack it)."""
+    value = doc.get(key)
+    return value if isinstance(value, dict) else {}
+
+
 def _describe_manifest(engine: Engine, manifest: dict[str, Any]) -> None:
-    inputs = manifest.get("inputs") if isinstance(manifest.get("inputs"), dict) else {}
-    base = inputs.get("base") if isinstance(inputs.get("base"), dict) else {}
-    sources = manifest.get("sources") if isinstance(manifest.get("sources"), dict) else {}
-    gpu = manifest.get("gpu") if isinstance(manifest.get("gpu"), dict) else {}
-    builder = manifest.get("builder") if isinstance(manifest.get("builder"), dict) else {}
+    inputs = _section(manifest, "inputs")
+    base = _section(inputs, "base")
+    sources = _section(manifest, "sources")
+    gpu = _section(manifest, "gpu")
+    builder = _section(manifest, "builder")
     engine.variant = str(manifest.get("variant") or UNKNOWN)
     engine.model = str(base.get("source") or (sources.get("base") or {}).get("uri") or UNKNOWN)
     engine.tensorrt_llm_version = str(manifest.get("tensorrt_llm_version") or UNKNOWN)

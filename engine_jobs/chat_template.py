@@ -14,9 +14,14 @@ string, or a list of named templates of which ``default`` is used).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:  # jinja2 is the serving image's, imported where a template is compiled
+    from jinja2 import Template
+    from jinja2.parser import Parser
 
 TEMPLATE_FILE = "chat_template.jinja"
 CONFIG_FILE = "tokenizer_config.json"
@@ -36,12 +41,12 @@ def _token_text(value: Any) -> str | None:
     """A special token as tokenizer_config.json stores it: a string or a serialized AddedToken."""
     if isinstance(value, str):
         return value
-    if isinstance(value, dict) and isinstance(value.get("content"), str):
-        return value["content"]
+    if isinstance(value, dict) and isinstance(content := value.get("content"), str):
+        return content
     return None
 
 
-def _read_json(path: Path) -> dict:
+def _read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     data = json.loads(path.read_text(encoding="utf-8"))
@@ -52,7 +57,7 @@ def load_template(tokenizer_dir: str | Path) -> tuple[str | None, dict[str, Any]
     """(template source or None, special-token variables) of a Hugging Face tokenizer directory."""
     path = Path(tokenizer_dir)
     config = _read_json(path / CONFIG_FILE)
-    tokens = {k: t for k in _SPECIAL_KEYS if (t := _token_text(config.get(k))) is not None}
+    tokens: dict[str, Any] = {k: t for k in _SPECIAL_KEYS if (t := _token_text(config.get(k))) is not None}
     for k, v in _read_json(path / SPECIAL_TOKENS_FILE).items():
         if k in _SPECIAL_KEYS and k not in tokens and (t := _token_text(v)) is not None:
             tokens[k] = t
@@ -67,7 +72,7 @@ def load_template(tokenizer_dir: str | Path) -> tuple[str | None, dict[str, Any]
     return (template if isinstance(template, str) and template else None), tokens
 
 
-def _compile(source: str):
+def _compile(source: str) -> Template:
     import jinja2
     from jinja2 import nodes
     from jinja2.ext import Extension
@@ -78,18 +83,24 @@ def _compile(source: str):
 
         tags = {"generation"}
 
-        def parse(self, parser):
+        def parse(self, parser: Parser) -> nodes.Node:
             lineno = next(parser.stream).lineno
             body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
             return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
 
-        def _body(self, caller):
+        def _body(self, caller: Callable[[], str]) -> str:
             return caller()
 
-    def raise_exception(message):
+    def raise_exception(message: str) -> NoReturn:
         raise jinja2.exceptions.TemplateError(message)
 
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    def tojson(
+        x: Any,
+        ensure_ascii: bool = False,
+        indent: int | None = None,
+        separators: tuple[str, str] | None = None,
+        sort_keys: bool = False,
+    ) -> str:
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     env = ImmutableSandboxedEnvironment(
@@ -97,8 +108,13 @@ def _compile(source: str):
     )
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    env.globals["strftime_now"] = strftime_now
     return env.from_string(source)
+
+
+def strftime_now(fmt: str) -> str:
+    """The template global transformers provides: the time now, formatted."""
+    return datetime.now().strftime(fmt)
 
 
 class ChatTemplate:
@@ -109,7 +125,7 @@ class ChatTemplate:
         self.source, self.special_tokens = load_template(tokenizer_dir)
         if hf is not None and getattr(hf, "chat_template", None):
             self.source = hf.chat_template if isinstance(hf.chat_template, str) else self.source
-        self._compiled = None
+        self._compiled: Template | None = None
 
     @property
     def available(self) -> bool:
@@ -123,10 +139,11 @@ class ChatTemplate:
             )
         try:
             if self._hf is not None:
-                return self._hf.apply_chat_template(
-                    messages, tokenize=False, add_generation_prompt=add_generation_prompt
+                return str(
+                    self._hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
                 )
             if self._compiled is None:
+                assert self.source is not None  # available
                 self._compiled = _compile(self.source)
             return self._compiled.render(
                 messages=messages,

@@ -90,7 +90,7 @@ def plan_document(spec_path: str, settings: Settings, architecture: str | None) 
             "a PyTorch-backend spec has no build steps: its Job fetches, verifies and lays out the checkpoints "
             "(engine_jobs/prepare.py)"
         )
-    where = {
+    where: dict[str, Any] = {
         "sources_mount": settings.sources_mount,
         "download_dir": settings.download_dir,
         "cache_dir": spec.cache_dir,

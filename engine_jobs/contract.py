@@ -8,7 +8,7 @@ installed (it runs inside the builder and Triton images).
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -100,10 +100,12 @@ PyTorchMethod = Literal["eagle3", "mtp", "ngram", "draftModel"]
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+    #: fields a ReDrafter (TensorRT) spec leaves out of its JSON
+    pytorch_only: ClassVar[frozenset[str]] = frozenset()
 
     def wire_json(self) -> str:
         """The JSON a Job or pod reads; a ReDrafter one has no PyTorch-path fields."""
-        exclude = self.pytorch_only if getattr(self, "backend", None) == "tensorrt" else None
+        exclude = set(self.pytorch_only) if getattr(self, "backend", None) == "tensorrt" else None
         return self.model_dump_json(indent=2, exclude=exclude)
 
 
@@ -147,7 +149,7 @@ class BuildSpec(_Strict):
     contract_version: int = CONTRACT_VERSION
     variant: Variant
     key: str = Field(description="content hash of every build input (the cache directory name)")
-    inputs: dict = Field(description="the exact inputs that were hashed into key (recorded in the manifest)")
+    inputs: dict[str, Any] = Field(description="the exact inputs that were hashed into key (recorded in the manifest)")
     base: SourceRef
     drafter: SourceRef | None = None  # required for the redrafter variant
     tokenizer: SourceRef
@@ -198,7 +200,7 @@ class TrainSpec(_Strict):
 
     contract_version: int = CONTRACT_VERSION
     key: str = Field(description="content hash of every training input (the drafter directory name)")
-    inputs: dict = Field(description="the exact inputs that were hashed into key (recorded in the manifest)")
+    inputs: dict[str, Any] = Field(description="the exact inputs that were hashed into key (recorded in the manifest)")
     base: SourceRef
     dataset: SourceRef
     column: str = Field(default="text", description="the prompt field of each JSONL record or dataset row")

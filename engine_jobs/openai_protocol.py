@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 
 class ApiError(Exception):
@@ -73,7 +73,7 @@ class _Request(BaseModel):
 
     @field_validator("stop")
     @classmethod
-    def _stops(cls, v):
+    def _stops(cls, v: Any) -> Any:
         stops = [v] if isinstance(v, str) else (v or [])
         if len(stops) > 4:
             raise ValueError("at most 4 stop sequences")
@@ -83,7 +83,7 @@ class _Request(BaseModel):
 
     @field_validator("stream_options")
     @classmethod
-    def _stream_options_need_stream(cls, v, info):
+    def _stream_options_need_stream(cls, v: Any, info: ValidationInfo) -> Any:
         if v is not None and not info.data.get("stream"):
             raise ValueError("stream_options is only allowed when stream is true")
         return v
@@ -118,7 +118,7 @@ class CompletionRequest(_Request):
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, v):
+    def _one_prompt(cls, v: Any) -> Any:
         if isinstance(v, list):
             if len(v) != 1:
                 raise ValueError("exactly one prompt per request (a batch of prompts is not supported)")
@@ -129,8 +129,8 @@ class CompletionRequest(_Request):
 
     @field_validator("echo", "logprobs", "best_of", "suffix")
     @classmethod
-    def _unsupported(cls, v, info):
-        return _neutral(info.field_name, v, (None, False, 1) if info.field_name == "best_of" else (None, False))
+    def _unsupported(cls, v: Any, info: ValidationInfo) -> Any:
+        return _neutral(str(info.field_name), v, (None, False, 1) if info.field_name == "best_of" else (None, False))
 
     @property
     def text(self) -> str:
@@ -165,24 +165,24 @@ class ChatCompletionRequest(_Request):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    tools: list[dict] | None = None
-    response_format: dict | None = None
+    tools: list[dict[Any, Any]] | None = None
+    response_format: dict[Any, Any] | None = None
 
     @field_validator("logprobs", "top_logprobs")
     @classmethod
-    def _unsupported(cls, v, info):
-        return _neutral(info.field_name, v, (None, False))
+    def _unsupported(cls, v: Any, info: ValidationInfo) -> Any:
+        return _neutral(str(info.field_name), v, (None, False))
 
     @field_validator("tools")
     @classmethod
-    def _no_tools(cls, v):
+    def _no_tools(cls, v: Any) -> Any:
         if v:
             raise ValueError("tools are not supported by this server")
         return v
 
     @field_validator("response_format")
     @classmethod
-    def _text_only(cls, v):
+    def _text_only(cls, v: Any) -> Any:
         if v and v.get("type") != "text":
             raise ValueError("only response_format type 'text' is supported")
         return v

@@ -12,7 +12,7 @@ from __future__ import annotations
 import posixpath
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from .contract import BuildSpec
 from .errors import bad_input
@@ -72,7 +72,7 @@ class Layout:
     engine_dir: str  # trtllm-build output inside the artifact being assembled
 
 
-def detect_architecture(config: dict, where: str = "base config.json") -> Architecture:
+def detect_architecture(config: dict[str, Any], where: str = "base config.json") -> Architecture:
     """Converter family from an HF config.json; anything but Llama or Qwen2/Qwen2.5 is bad input."""
     archs = config.get("architectures") or []
     if not isinstance(archs, list):
@@ -92,7 +92,7 @@ def detect_architecture(config: dict, where: str = "base config.json") -> Archit
     )
 
 
-def resolve_architecture(requested: str, config: dict | None) -> Architecture:
+def resolve_architecture(requested: str, config: dict[str, Any] | None) -> Architecture:
     """``auto`` reads config.json; an explicit choice must not contradict it."""
     if requested == "auto":
         if config is None:

@@ -243,7 +243,9 @@ def place(src: Fetched, dest: Path, move: bool, log: Log) -> int:
 # ---- the Job ---------------------------------------------------------------------------------------
 
 
-def assemble(spec: BuildSpec, settings: Settings, paths: CachePaths, tmp: Path, lock: KeyLock, log: Log) -> dict:
+def assemble(
+    spec: BuildSpec, settings: Settings, paths: CachePaths, tmp: Path, lock: KeyLock, log: Log
+) -> dict[str, Any]:
     """Everything between owning the lock and publishing; returns the manifest written into ``tmp``."""
     assert spec.speculative is not None
     record = Record()

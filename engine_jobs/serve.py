@@ -12,6 +12,7 @@ the other is stopped and the pod's container exits, so it restarts as one.
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 
 from .contract import (
     ENGINE_DIR,
@@ -136,7 +138,7 @@ def launch_argv(s: LaunchSettings, repo: str, tensor_parallel: int, *, private: 
     return argv
 
 
-def load_serving_config(path: str | os.PathLike) -> ServingConfig:
+def load_serving_config(path: str | os.PathLike[str]) -> ServingConfig:
     try:
         return ServingConfig.model_validate_json(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -183,10 +185,10 @@ def front_argv(s: LaunchSettings, config_path: str) -> list[str]:
 def run_together(argvs: list[list[str]], poll_seconds: float = 0.2) -> int:
     """Run every argv; forward SIGTERM/SIGINT to all (graceful drain); if one exits unasked, stop the
     others. Returns the first non-zero exit code (0 when all exited cleanly)."""
-    procs = [subprocess.Popen(argv) for argv in argvs]
+    procs: list[subprocess.Popen[bytes]] = [subprocess.Popen(argv) for argv in argvs]
     stopping = False
 
-    def forward(signum, _frame):
+    def forward(signum: int, _frame: FrameType | None) -> None:
         nonlocal stopping
         stopping = True
         for p in procs:
@@ -201,7 +203,7 @@ def run_together(argvs: list[list[str]], poll_seconds: float = 0.2) -> int:
             if exited and not stopping:
                 first_exit = exited[0].returncode
                 print(
-                    f"redrafter serve: {exited[0].args[0]} exited with {first_exit}; stopping the rest",
+                    f"redrafter serve: {argvs[procs.index(exited[0])][0]} exited with {first_exit}; stopping the rest",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -228,7 +230,7 @@ def serve(config_path: str, settings: LaunchSettings | None = None) -> int:
     return run_together([argv, front_argv(s, config_path)])
 
 
-def add_serve_parser(sub) -> None:
+def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``python -m engine_jobs serve --config /etc/redrafter/serving.json`` (the serving pod's command)."""
     import argparse
 
@@ -246,7 +248,7 @@ def add_serve_parser(sub) -> None:
     p.set_defaults(func=_cmd_serve)
 
 
-def add_openai_parser(sub) -> None:
+def add_openai_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``python -m engine_jobs openai --config serving.json`` (started by ``serve`` next to Triton)."""
     from .contract import CONFIG_MOUNT, SERVING_CONFIG_FILE
 
@@ -266,7 +268,7 @@ def add_openai_parser(sub) -> None:
     p.set_defaults(func=_cmd_openai)
 
 
-def _cmd_openai(args) -> int:
+def _cmd_openai(args: argparse.Namespace) -> int:
     from .openai_api import run
 
     run(
@@ -281,7 +283,7 @@ def _cmd_openai(args) -> int:
     return 0
 
 
-def _cmd_serve(args) -> int:
+def _cmd_serve(args: argparse.Namespace) -> int:
     if args.dry_run:
         import json
 

@@ -61,10 +61,10 @@ class Settings:
         def get(name: str) -> str:
             return env.get(name, "") or ENV_VARS[name][0]
 
-        def number(name: str, kind: type) -> float | int:
+        def number(name: str, kind: type[float] | type[int]) -> float | int:
             raw = get(name)
             try:
-                value = kind(raw)
+                value: float | int = kind(raw)
             except ValueError:
                 raise ValueError(f"{name}={raw!r} is not a valid {kind.__name__}") from None
             if value < 0:

@@ -157,7 +157,7 @@ def assemble(spec: TrainSpec, settings: Settings, tmp: Path, lock: KeyLock, log:
     server = progress_server(progress, log)
     with server if server is not None else contextlib.nullcontext():
         t0 = time.monotonic()
-        where = {
+        where: dict[str, Any] = {
             "sources_mount": settings.sources_mount,
             "download_dir": settings.download_dir,
             "cache_dir": spec.cache_dir,

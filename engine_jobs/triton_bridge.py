@@ -14,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -109,7 +110,7 @@ class StopMatcher:
         return out
 
 
-def _tensor(name: str, value, dtype: str, np_dtype) -> grpcclient.InferInput:
+def _tensor(name: str, value: Any, dtype: str, np_dtype: Any) -> grpcclient.InferInput:
     arr = np.array(value, dtype=np_dtype).reshape(1, -1)
     t = grpcclient.InferInput(name, list(arr.shape), dtype)
     t.set_data_from_numpy(arr)
@@ -154,8 +155,12 @@ def describe(exc: BaseException) -> str:
 
 
 async def generate(
-    client: grpcaio.InferenceServerClient, prompt: str, s: Sampling, outcome: Outcome, count_tokens
-) -> AsyncIterator[str]:
+    client: grpcaio.InferenceServerClient,
+    prompt: str,
+    s: Sampling,
+    outcome: Outcome,
+    count_tokens: Callable[[str], int],
+) -> AsyncGenerator[str, None]:
     """Text deltas of one generation; ``outcome`` is complete when the iterator ends.
 
     ``count_tokens(text)`` counts generated text where the engine's own count did not arrive (the
@@ -166,7 +171,7 @@ async def generate(
 
     request_id = uuid.uuid4().hex
 
-    async def requests():
+    async def requests() -> AsyncGenerator[dict[str, Any], None]:
         yield {
             "model_name": ENTRY_MODEL,
             "inputs": inputs,
@@ -238,6 +243,8 @@ class TritonBridge:
         assert self.client is not None
         return bool(await self.client.is_server_ready() and await self.client.is_model_ready(ENTRY_MODEL))
 
-    def generate(self, prompt: str, s: Sampling, outcome: Outcome, count_tokens) -> AsyncIterator[str]:
+    def generate(
+        self, prompt: str, s: Sampling, outcome: Outcome, count_tokens: Callable[[str], int]
+    ) -> AsyncGenerator[str, None]:
         assert self.client is not None
         return generate(self.client, prompt, s, outcome, count_tokens)

@@ -6,6 +6,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .errors import bad_input
 
@@ -26,7 +27,7 @@ TOKENIZER_FILES = (
 TOKENIZER_VOCAB = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
 
 
-def read_config(directory: Path, role: str) -> dict:
+def read_config(directory: Path, role: str) -> dict[str, Any]:
     path = directory / "config.json"
     if not path.is_file():
         raise bad_input(f"{role} model has no config.json (looked in {directory})")
@@ -39,7 +40,7 @@ def read_config(directory: Path, role: str) -> dict:
     return config
 
 
-def validate_base(directory: Path) -> dict:
+def validate_base(directory: Path) -> dict[str, Any]:
     """The base needs config.json and HF weights the converters can read; returns the config."""
     config = read_config(directory, "base")
     if not any(directory.glob("*.safetensors")) and not any(directory.glob("*.bin")):
@@ -47,7 +48,7 @@ def validate_base(directory: Path) -> dict:
     return config
 
 
-def validate_drafter(directory: Path) -> dict:
+def validate_drafter(directory: Path) -> dict[str, Any]:
     """What examples/redrafter/convert_checkpoint.py reads: the config keys, and every tensor of
     model.safetensors by name and shape (model.pt, which only torch can open, by its presence)."""
     from .drafter.export import check_drafter_dir
@@ -104,7 +105,7 @@ WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
-def model_architecture(config: dict, role: str) -> str:
+def model_architecture(config: dict[str, Any], role: str) -> str:
     """The first ``architectures`` entry of an HF config.json: the PyTorch backend picks its model class by it."""
     archs = config.get("architectures")
     if isinstance(archs, str):
@@ -117,7 +118,7 @@ def model_architecture(config: dict, role: str) -> str:
     return str(archs[0])
 
 
-def validate_weights(directory: Path, role: str) -> dict:
+def validate_weights(directory: Path, role: str) -> dict[str, Any]:
     """The checkpoint's weights: an index whose shards all exist, or one weights file. Returns what was found.
 
     ``pytorch_model.bin`` (and its index) is accepted because upstream's loader reads it (EAGLE-3 heads are
@@ -156,7 +157,7 @@ def validate_weights(directory: Path, role: str) -> dict:
 MTP_FIELD = "spec.mtp.numNextnPredictLayers"
 
 
-def mtp_layers(config: dict, requested: int) -> int:
+def mtp_layers(config: dict[str, Any], requested: int) -> int:
     """The MTP layers the base declares (DeepSeek-V3's ``num_nextn_predict_layers``); at least ``requested``."""
     declared = config.get("num_nextn_predict_layers")
     if isinstance(declared, bool) or not isinstance(declared, int) or declared <= 0:
@@ -173,7 +174,7 @@ def mtp_layers(config: dict, requested: int) -> int:
     return declared
 
 
-def eagle3_hidden_size(head: dict, base: dict) -> int | None:
+def eagle3_hidden_size(head: dict[str, Any], base: dict[str, Any]) -> int | None:
     """The target hidden size the head expects, checked against the base's (they must agree to load)."""
     want = head.get("target_hidden_size") or head.get("hidden_size")
     have = base.get("hidden_size")
@@ -198,7 +199,7 @@ class Vocabulary:
         return f"a {size}vocabulary ({self.source}{digest})"
 
 
-def vocabularies(directory: Path, config: dict | None) -> dict[str, Vocabulary]:
+def vocabularies(directory: Path, config: dict[str, Any] | None) -> dict[str, Vocabulary]:
     """Every way this directory's vocabulary can be compared, by source file (best first)."""
     out: dict[str, Vocabulary] = {}
     tok = directory / "tokenizer.json"

@@ -11,6 +11,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -39,25 +40,25 @@ def pick_device() -> torch.device:
     return torch.device("cpu")
 
 
-def load_base(base_dir: str | Path, device: torch.device | None = None):
+def load_base(base_dir: str | Path, device: torch.device | None = None) -> tuple[Any, Any]:
     """(model, tokenizer) in float32 and eval mode; BAD_INPUT when transformers cannot load them."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(base_dir))
-        model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
+        model: Any = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
     except Exception as exc:  # transformers raises OSError, ValueError, KeyError... for a bad checkpoint
         raise bad_input(f"transformers cannot load the base model in {base_dir}: {exc}", repr(exc)) from None
     model.eval().requires_grad_(False)
     return model.to(device or pick_device()), tokenizer
 
 
-def tokenize(tokenizer, prompts: list[str]) -> list[list[int]]:
+def tokenize(tokenizer: Any, prompts: list[str]) -> list[list[int]]:
     """Token ids per prompt (the tokenizer's special tokens included, as serving adds them)."""
     return [list(tokenizer(text)["input_ids"]) for text in prompts]
 
 
-def pad_id(tokenizer) -> int:
+def pad_id(tokenizer: Any) -> int:
     for value in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0):
         if value is not None:
             return int(value)
@@ -66,7 +67,7 @@ def pad_id(tokenizer) -> int:
 
 @torch.no_grad()
 def generate(
-    base,
+    base: Any,
     prompt_ids: list[list[int]],
     response_len: int,
     eos_token_id: int | None,
@@ -88,7 +89,7 @@ def generate(
 
 
 @torch.no_grad()
-def attach_hidden(base, samples: list[Sample], pad: int = 0, batch_size: int = 32) -> None:
+def attach_hidden(base: Any, samples: list[Sample], pad: int = 0, batch_size: int = 32) -> None:
     """Fill each sample's ``hidden`` with one forward over its full sequence (``hidden_states[-1]``)."""
     device = next(base.parameters()).device
     width = base.config.hidden_size
@@ -112,8 +113,8 @@ def attach_hidden(base, samples: list[Sample], pad: int = 0, batch_size: int = 3
 
 
 def distill(
-    base,
-    tokenizer,
+    base: Any,
+    tokenizer: Any,
     prompts: list[str],
     response_len: int,
     batch_size: int = 32,

@@ -14,6 +14,7 @@ all ``1 + draft_len`` positions of the chosen candidate to the cache and masks t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -55,7 +56,7 @@ def _left_pad(prompts: list[list[int]], pad_id: int, device: torch.device) -> tu
     return ids, mask
 
 
-def _forward(base, ids, mask, positions, cache):
+def _forward(base: Any, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> Any:
     out = base(
         input_ids=ids,
         attention_mask=mask,
@@ -67,7 +68,7 @@ def _forward(base, ids, mask, positions, cache):
     return out.logits, out.hidden_states[-1], out.past_key_values
 
 
-def _prefill(base, prompts: list[list[int]], pad_id: int):
+def _prefill(base: Any, prompts: list[list[int]], pad_id: int) -> Any:
     """The prompts through the base: the first greedy token, the hidden state that produced it, the cache."""
     from transformers import DynamicCache
 
@@ -91,7 +92,7 @@ def _finish(tokens: list[int], max_new_tokens: int, eos_token_id: int | None) ->
 
 @torch.no_grad()
 def greedy_decode(
-    base, prompts: list[list[int]], max_new_tokens: int, eos_token_id: int | None = None, pad_id: int = 0
+    base: Any, prompts: list[list[int]], max_new_tokens: int, eos_token_id: int | None = None, pad_id: int = 0
 ) -> list[list[int]]:
     """The base's greedy continuation of each prompt (new tokens only; up to and including EOS)."""
     token, _, cache, mask, next_pos = _prefill(base, prompts, pad_id)
@@ -141,7 +142,7 @@ def beam_search(
 
 @torch.no_grad()
 def redrafter_decode(
-    base,
+    base: Any,
     head: ReDrafterHead,
     prompts: list[list[int]],
     max_new_tokens: int,

@@ -23,8 +23,8 @@ from .model import ReDrafterHead
 
 @torch.no_grad()
 def evaluate(
-    base,
-    tokenizer,
+    base: Any,
+    tokenizer: Any,
     head: ReDrafterHead,
     prompts: list[str],
     draft_len: int,

@@ -85,12 +85,13 @@ class ReDrafterHead(nn.Module):
         x = torch.cat([context, state], dim=-1)
         if self.config.exit_dim != 2 * self.config.hidden_size:
             x = self.input_proj(x)
-        return self.lm_head(x)
+        out: torch.Tensor = self.lm_head(x)
+        return out
 
     def step(self, embedding: torch.Tensor, state: torch.Tensor | None) -> torch.Tensor:
         """The state after one more token (``state`` None before the first, the guaranteed token)."""
         if self.config.rnn:
-            w = self.rnn_w(embedding)
+            w: torch.Tensor = self.rnn_w(embedding)
             return w if state is None else w + self.rnn_u(state)
         return embedding if state is None else embedding + state
 

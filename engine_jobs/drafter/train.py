@@ -15,6 +15,7 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
@@ -107,9 +108,12 @@ def shard(count: int, dist: Distributed, seed: int) -> list[int]:
     """This rank's sequences: DistributedSampler's share (every rank the same number of steps)."""
     if dist.world <= 1:
         return list(range(count))
-    from torch.utils.data import DistributedSampler
+    from torch.utils.data import Dataset, DistributedSampler
 
-    sampler = DistributedSampler(range(count), num_replicas=dist.world, rank=dist.rank, shuffle=True, seed=seed)
+    # a sampler only needs len() of what it samples: the indices themselves stand in for the dataset
+    sampler: DistributedSampler[int] = DistributedSampler(
+        cast("Dataset[int]", range(count)), num_replicas=dist.world, rank=dist.rank, shuffle=True, seed=seed
+    )
     return list(sampler)
 
 
@@ -153,8 +157,9 @@ def train_head(
             hidden = torch.cat([b[0] for b in batch]).to(device, torch.float32)
             inputs = torch.cat([b[1] for b in batch]).to(device)
             targets = torch.cat([b[2] for b in batch]).to(device)
+            loss: torch.Tensor
             if len(targets) == 0:  # responses of one token: nothing to draft
-                loss = sum(p.sum() for p in head.parameters()) * 0.0
+                loss = torch.stack([p.sum() for p in head.parameters()]).sum() * 0.0
             else:
                 logits = model(hidden, nn.functional.embedding(inputs, embedding))
                 loss = draft_loss(logits, targets)

@@ -7,6 +7,7 @@ Without it (slim images, CPU tests) a ``tokenizer.json`` is loaded with the ``to
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 _EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "[EOS]")
 _PAD_CANDIDATES = ("<pad>", "[PAD]", "<|pad|>")
@@ -15,20 +16,15 @@ _PAD_CANDIDATES = ("<pad>", "[PAD]", "<|pad|>")
 class Tokenizer:
     """encode/decode plus end and pad ids, whatever library backs it."""
 
-    def __init__(self, tokenizer_dir: str):
+    def __init__(self, tokenizer_dir: str) -> None:
         path = Path(tokenizer_dir)
         if not path.is_dir():
             raise FileNotFoundError(f"tokenizer directory {tokenizer_dir!r} does not exist")
-        self._hf = None
-        self._fast = None
-        try:
-            from transformers import AutoTokenizer  # type: ignore[import-not-found]
-        except ImportError:
-            AutoTokenizer = None
-        if AutoTokenizer is not None:
-            self._hf = AutoTokenizer.from_pretrained(
-                str(path), legacy=False, padding_side="left", trust_remote_code=False
-            )
+        self._hf: Any = None
+        self._fast: Any = None
+        auto = _auto_tokenizer()
+        if auto is not None:
+            self._hf = auto.from_pretrained(str(path), legacy=False, padding_side="left", trust_remote_code=False)
             # a directory with tokenizer.json alone names no special tokens: look them up as below
             self.eos_id = self._hf.eos_token_id
             if self.eos_id is None:
@@ -49,7 +45,7 @@ class Tokenizer:
             raise ValueError(f"tokenizer in {tokenizer_dir} has no end-of-sequence token")
 
     @property
-    def hf(self):
+    def hf(self) -> Any:
         """The transformers tokenizer backing this one, if any (its apply_chat_template renders chats)."""
         return self._hf
 
@@ -64,8 +60,17 @@ class Tokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         if self._hf is not None:
-            return self._hf.decode(ids, skip_special_tokens=skip_special_tokens)
-        return self._fast.decode(ids, skip_special_tokens=skip_special_tokens)
+            return str(self._hf.decode(ids, skip_special_tokens=skip_special_tokens))
+        return str(self._fast.decode(ids, skip_special_tokens=skip_special_tokens))
+
+
+def _auto_tokenizer() -> Any:
+    """transformers' AutoTokenizer where the image carries it, else None."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        return None
+    return AutoTokenizer
 
 
 def word_list(tokenizer: Tokenizer, words: list[str]) -> list[list[int]]:

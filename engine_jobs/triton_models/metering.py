@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
-import triton_python_backend_utils as pb_utils  # type: ignore[import-not-found]
+import triton_python_backend_utils as pb_utils
 
 # client input -> tensorrt_llm input (same dtype)
 _SAMPLING = {
@@ -76,17 +78,17 @@ class ClientError(Exception):
     """A request the model refuses (reported to that client only)."""
 
 
-def _tensor(request, name: str):
+def _tensor(request: Any, name: str) -> Any:
     t = pb_utils.get_input_tensor_by_name(request, name)
     return None if t is None else t.as_numpy()
 
 
-def _flag(request, name: str) -> bool:
+def _flag(request: Any, name: str) -> bool:
     v = _tensor(request, name)
     return bool(v.reshape(-1)[0]) if v is not None and v.size else False
 
 
-def _read_perf(resp, perf: dict[str, float]) -> None:
+def _read_perf(resp: Any, perf: dict[str, float]) -> None:
     """The speculation figures a response carries (the final one has them), into ``perf``."""
     for name in _PERF:
         t = pb_utils.get_output_tensor_by_name(resp, name)
@@ -94,7 +96,7 @@ def _read_perf(resp, perf: dict[str, float]) -> None:
             perf[name] = _number(t.as_numpy())
 
 
-def _number(arr) -> float:
+def _number(arr: Any) -> float:
     """A perf output's value: a number (the tensorrt_llm backend), or its text (the llmapi model sends strings)."""
     v = arr.reshape(-1)[0]
     if isinstance(v, (bytes, np.bytes_)):
@@ -102,14 +104,14 @@ def _number(arr) -> float:
     return float(v)
 
 
-def _strings(arr) -> list[str]:
+def _strings(arr: Any) -> list[str]:
     if arr is None:
         return []
     return [x.decode("utf-8") if isinstance(x, bytes) else str(x) for x in arr.reshape(-1)]
 
 
 class TritonPythonModel:
-    def initialize(self, args):
+    def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
         p = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         self.pre_model = p["preprocessing_model"]
@@ -121,9 +123,9 @@ class TritonPythonModel:
         buckets = [float(b) for b in p["acceptance_buckets"].split(",")]
         self.lock = threading.Lock()
         with self.lock:
-            self.families = []
+            self.families: list[Any] = []
 
-            def counter(name: str, help_text: str):
+            def counter(name: str, help_text: str) -> Any:
                 fam = pb_utils.MetricFamily(name=name, description=help_text, kind=pb_utils.MetricFamily.COUNTER)
                 self.families.append(fam)
                 return fam.Metric(labels=labels)
@@ -144,16 +146,16 @@ class TritonPythonModel:
             self.m_hist = hist.Metric(labels=labels, buckets=buckets)
         self.pool = ThreadPoolExecutor(max_workers=int(p.get("max_inflight", "512")), thread_name_prefix="meter")
 
-    def execute(self, requests):
+    def execute(self, requests: list[Any]) -> None:
         for request in requests:
             self.pool.submit(self._serve, request, request.get_response_sender())
         return None
 
-    def finalize(self):
+    def finalize(self) -> None:
         self.pool.shutdown(wait=True)
 
     # ---- one request ----------------------------------------------------------------------------
-    def _serve(self, request, sender) -> None:
+    def _serve(self, request: Any, sender: Any) -> None:
         final_sent = False
         try:
             final_sent = self._generate(request, sender)
@@ -168,14 +170,14 @@ class TritonPythonModel:
                 self._send_error(sender, "request ended without a final response")
 
     @staticmethod
-    def _send_error(sender, message: str) -> None:
+    def _send_error(sender: Any, message: str) -> None:
         try:
             sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)))
             sender.send(flags=_FINAL)
         except Exception:
             pass  # the client is gone; nothing else can be told
 
-    def _preprocess(self, request) -> dict:
+    def _preprocess(self, request: Any) -> dict[str, Any]:
         text = _tensor(request, "text_input")
         if text is None or text.size != 1:
             raise ClientError("text_input must hold exactly one prompt (batch size 1 per request)")
@@ -196,7 +198,7 @@ class TritonPythonModel:
             raise RuntimeError(resp.error().message())
         return {n: pb_utils.get_output_tensor_by_name(resp, n).as_numpy() for n in outputs}
 
-    def _engine_request(self, request, pre: dict, stream: bool):
+    def _engine_request(self, request: Any, pre: dict[str, Any], stream: bool) -> Any:
         max_tokens = _tensor(request, "max_tokens")
         if max_tokens is None or max_tokens.size != 1 or int(max_tokens.reshape(-1)[0]) < 1:
             raise ClientError("max_tokens must be one integer >= 1")
@@ -204,7 +206,7 @@ class TritonPythonModel:
         if beam is not None and int(beam.reshape(-1)[0]) != 1:
             raise ClientError("beam_width must be 1 (speculative decoding engines are built with max_beam_width 1)")
 
-        def col(v, dtype):
+        def col(v: Any, dtype: Any) -> Any:
             return np.array(v, dtype=dtype).reshape(1, -1)
 
         ids = pre["INPUT_ID"].reshape(-1).astype(np.int32)
@@ -243,10 +245,10 @@ class TritonPythonModel:
         return out.decode("utf-8") if isinstance(out, bytes) else str(out)
 
     @staticmethod
-    def _text(text: str):
+    def _text(text: str) -> Any:
         return pb_utils.Tensor("text_output", np.array([[text.encode("utf-8")]], dtype=np.object_))
 
-    def _generate(self, request, sender) -> bool:
+    def _generate(self, request: Any, sender: Any) -> bool:
         """Serve one request; True once the final response was sent."""
         if self.engine_api == "llmapi":
             return self._generate_llmapi(request, sender)
@@ -281,7 +283,7 @@ class TritonPythonModel:
         self._record(len(tokens), perf)
         return self._finish(request, sender, cancelled, None if stream else tokens, want_perf, perf, len(tokens))
 
-    def _send_delta(self, request, sender, full_text, sent_text: str) -> tuple[bool, str]:
+    def _send_delta(self, request: Any, sender: Any, full_text: Callable[[], str], sent_text: str) -> tuple[bool, str]:
         """Stream what ``full_text()`` (the output so far) adds to ``sent_text``: (cancelled, text now sent).
         A cancelled request gets nothing more (the stream is drained on regardless)."""
         if request.is_cancelled():
@@ -291,7 +293,16 @@ class TritonPythonModel:
         sender.send(pb_utils.InferenceResponse(output_tensors=[self._text(delta)]))
         return False, full
 
-    def _finish(self, request, sender, cancelled: bool, full, want_perf: bool, perf: dict, count: int) -> bool:
+    def _finish(
+        self,
+        request: Any,
+        sender: Any,
+        cancelled: bool,
+        full: str | list[int] | None,
+        want_perf: bool,
+        perf: dict[str, float],
+        count: int,
+    ) -> bool:
         """The last data response (``full``: the whole output, token ids or text, when not streaming) and
         the final flag; True."""
         if cancelled or request.is_cancelled():
@@ -313,7 +324,7 @@ class TritonPythonModel:
         return True
 
     # ---- the PyTorch path: Triton's llmapi model -----------------------------------------------------------
-    def _llmapi_request(self, request, stream: bool):
+    def _llmapi_request(self, request: Any, stream: bool) -> Any:
         text = _tensor(request, "text_input")
         if text is None or text.size != 1:
             raise ClientError("text_input must hold exactly one prompt (batch size 1 per request)")
@@ -365,7 +376,7 @@ class TritonPythonModel:
             raise RuntimeError(resp.error().message())
         return int(pb_utils.get_output_tensor_by_name(resp, "INPUT_ID").as_numpy().size)
 
-    def _generate_llmapi(self, request, sender) -> bool:
+    def _generate_llmapi(self, request: Any, sender: Any) -> bool:
         stream = _flag(request, "stream")
         want_perf = _flag(request, "return_perf_metrics")
         engine_req = self._llmapi_request(request, stream)

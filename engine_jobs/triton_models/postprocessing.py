@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
-import triton_python_backend_utils as pb_utils  # type: ignore[import-not-found]
+import triton_python_backend_utils as pb_utils
 from _tokenizer import Tokenizer
 
 
 class TritonPythonModel:
-    def initialize(self, args):
+    def initialize(self, args: dict[str, str]) -> None:
         params = json.loads(args["model_config"])["parameters"]
         self.tokenizer = Tokenizer(params["tokenizer_dir"]["string_value"])
         self.skip_special = params.get("skip_special_tokens", {}).get("string_value", "true") == "true"
 
-    def execute(self, requests):
+    def execute(self, requests: list[Any]) -> list[Any]:
         responses = []
         for request in requests:
             try:

@@ -7,13 +7,14 @@ metering model counts the tokens of generated text that way on the PyTorch path.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
-import triton_python_backend_utils as pb_utils  # type: ignore[import-not-found]
+import triton_python_backend_utils as pb_utils
 from _tokenizer import Tokenizer, word_list
 
 
-def _strings(request, name: str) -> list[str]:
+def _strings(request: Any, name: str) -> list[str]:
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     if tensor is None:
         return []
@@ -25,22 +26,22 @@ def _strings(request, name: str) -> list[str]:
     return out
 
 
-def _bool(request, name: str, default: bool) -> bool:
+def _bool(request: Any, name: str, default: bool) -> bool:
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     return default if tensor is None else bool(tensor.as_numpy().reshape(-1)[0])
 
 
-def _int(request, name: str) -> int | None:
+def _int(request: Any, name: str) -> int | None:
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     return None if tensor is None else int(tensor.as_numpy().reshape(-1)[0])
 
 
 class TritonPythonModel:
-    def initialize(self, args):
+    def initialize(self, args: dict[str, str]) -> None:
         params = json.loads(args["model_config"])["parameters"]
         self.tokenizer = Tokenizer(params["tokenizer_dir"]["string_value"])
 
-    def execute(self, requests):
+    def execute(self, requests: list[Any]) -> list[Any]:
         responses = []
         for request in requests:
             try:

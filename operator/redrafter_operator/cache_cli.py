@@ -26,15 +26,16 @@ from engine_jobs.progress import human_bytes
 from .api import GROUP, PLURAL, VERSION
 from .api.defaults import DEFAULTS
 from .controller.apply import ApiError, KubeClient
-from .controller.validation import DEFAULT_OPERATOR_IMAGE, ENV_OPERATOR_IMAGE
+from .controller.validation import ENV_OPERATOR_IMAGE
 from .kubeconfig import load_configuration
 from .render import cache_jobs, names
 from .render.cache_refs import references_document
+from .render.validation import DEFAULT_OPERATOR_IMAGE
 
 POLL_SECONDS = 0.5
 
 
-def register_cli(sub: argparse._SubParsersAction) -> None:
+def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("cache", help="list the engine cache or collect unreferenced engines")
     verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
     ls = verbs.add_parser("ls", help="list every engine: facts, size, who references it")

@@ -131,7 +131,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def _plugins(modules: list[str]) -> list[Callable[[argparse._SubParsersAction], None]]:
+def _plugins(modules: list[str]) -> list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]]:
     """The ``register_cli`` of each module (it adds its own parser); a module not in this build is skipped."""
     import importlib
 
@@ -153,8 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra and args.func is not _cmd_demo:  # the demo stub takes the demo's arguments, to explain itself
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    command: Command = args.func
     try:
-        return args.func(args)
+        return command(args)
     except ValidationError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

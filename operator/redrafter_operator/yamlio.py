@@ -7,7 +7,7 @@ from typing import Any, Iterable
 import yaml
 
 
-class _Dumper(yaml.SafeDumper):
+class _Dumper(yaml.SafeDumper):  # type: ignore[misc]  # PyYAML ships no types
     def ignore_aliases(self, data: Any) -> bool:  # anchors make manifests hard to review
         return True
 
@@ -21,8 +21,8 @@ _Dumper.add_representer(str, _str)
 
 
 def dump(doc: Any) -> str:
-    return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=120)
+    return str(yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=120))
 
 
 def dump_all(docs: Iterable[Any]) -> str:
-    return yaml.dump_all(list(docs), Dumper=_Dumper, sort_keys=False, width=120)
+    return str(yaml.dump_all(list(docs), Dumper=_Dumper, sort_keys=False, width=120))

@@ -28,8 +28,8 @@ from triton_servers import start_servers, stop_servers
 
 from engine_jobs import contract as c
 from engine_jobs.contract import ENGINE_MODEL, ENTRY_MODEL, ServingConfig
-from redrafter_operator.controller.main import _metrics_server
 from redrafter_operator.controller.metrics import OperatorMetrics
+from redrafter_operator.controller.process import metrics_server
 from redrafter_operator.metrics import PodScraper, PodTarget, PrometheusSource, advance
 from redrafter_sim.engine import SimEngineSettings, write_control
 from redrafter_sim.engine.load import add_load_gauges
@@ -114,7 +114,7 @@ class OperatorEndpoint:
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.runner = asyncio.run_coroutine_threadsafe(
-            _metrics_server(self.metrics, "127.0.0.1", self.port), self.loop
+            metrics_server(self.metrics, "127.0.0.1", self.port), self.loop
         ).result(10)
 
     def stop(self) -> None:

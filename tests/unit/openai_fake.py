@@ -15,7 +15,9 @@ from typing import Any
 from aiohttp import ClientTimeout
 from aiohttp.test_utils import TestClient, TestServer
 
-from engine_jobs.openai_api import SERVER_OPTIONS, Front, FrontSettings, make_app
+from engine_jobs.openai_api import SERVER_OPTIONS, make_app
+from engine_jobs.openai_front import Front
+from engine_jobs.openai_settings import FrontSettings
 from engine_jobs.triton_bridge import Outcome, Sampling, UpstreamError
 from redrafter_sim.checkpoint import write_tokenizer
 

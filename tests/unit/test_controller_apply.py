@@ -18,7 +18,7 @@ from redrafter_operator.controller.facts import (
     PodFact,
     manifest_hash,
 )
-from redrafter_operator.controller.main import _instance
+from redrafter_operator.controller.process import instance
 from redrafter_operator.controller.workqueue import WorkQueue
 from redrafter_sim.apiserver import ApiError as EmulatorError
 from redrafter_sim.apiserver import ApiServerEmulator
@@ -390,9 +390,9 @@ def test_events_report_the_pod_name_else_the_host_name(monkeypatch: pytest.Monke
     import socket
 
     monkeypatch.setenv("POD_NAME", "op-a")
-    assert _instance() == "op-a"
+    assert instance() == "op-a"
     monkeypatch.delenv("POD_NAME")
-    assert _instance() == socket.gethostname()
+    assert instance() == socket.gethostname()
 
 
 async def test_monitor_slots_run_per_resource_on_the_fake_clock_and_reports_enqueue() -> None:

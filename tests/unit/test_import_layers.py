@@ -30,7 +30,8 @@ OPERATOR_LAYERS: list[str | set[str]] = [
 
 # Inside the controller: the shell on top, the pure planner and the shared resource I/O below.
 CONTROLLER_LAYERS: list[str | set[str]] = [
-    "main",  # `redrafter-operator run`: wires everything
+    "main",  # `redrafter-operator run`: its flags, parsed into the process's options
+    "process",  # the operator process: wires kopf, the controller, its monitors and the election
     "leader",  # Lease leader election: gates the loops main starts
     "handlers",  # the kopf shell: indexes, event handlers, startup
     "reconciler",  # the controller's state, workers and the reconcile of one resource: the only writer

@@ -184,7 +184,8 @@ async def test_chat_prompt_keeps_one_bos_when_the_tokenizer_adds_it(tmp_path):
     """A template that writes BOS itself plus a tokenizer that adds BOS would give the engine two."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
-    from engine_jobs.openai_api import Front, FrontSettings
+    from engine_jobs.openai_front import Front
+    from engine_jobs.openai_settings import FrontSettings
 
     vocab = {"<s>": 0, "</s>": 1, "[UNK]": 2, "hi": 3, "[INST]": 4}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
@@ -242,7 +243,8 @@ async def test_an_unreachable_triton_is_reported_as_unavailable(tmp_path):
     """What a request meets when Triton went away between two readiness polls: the front answers 503."""
     import tritonclient.grpc.aio as grpcaio
 
-    from engine_jobs.openai_api import Front, FrontSettings
+    from engine_jobs.openai_front import Front
+    from engine_jobs.openai_settings import FrontSettings
     from engine_jobs.triton_bridge import UpstreamError, generate
     from redrafter_sim.checkpoint import write_tokenizer
     from redrafter_sim.triton import free_ports

@@ -28,8 +28,10 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from engine_jobs.openai_api import SERVER_OPTIONS, Front, FrontSettings, make_app
+from engine_jobs.openai_api import SERVER_OPTIONS, make_app
+from engine_jobs.openai_front import Front
 from engine_jobs.openai_schema import openapi_document
+from engine_jobs.openai_settings import FrontSettings
 from redrafter_sim.checkpoint import write_tokenizer
 
 pytestmark = pytest.mark.timeout(120)

@@ -25,7 +25,7 @@ from .facts import ClusterUnreachable, Resource, read_facts, read_resources
 DEFAULT_NAMESPACE = "default"
 
 
-def register_cli(sub: argparse._SubParsersAction) -> None:
+def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("check", help="preflight: is the cluster ready to build and serve a ReDrafterDeployment")
     p.add_argument(
         "name", nargs="?", metavar="RDD-NAME", help="check this resource of the cluster (default: all in -n)"

@@ -10,17 +10,15 @@ from typing import Any
 
 from engine_jobs import contract
 from engine_jobs.contract import BuildSpec, EngineLimits, RedrafterParams, SourceRef, SpeculativeParams, Variant
-from engine_jobs.errors import NON_RETRYABLE
 
 from ..api.engine_key import build_inputs, drafter_key, key_of
 from ..api.spec import ModelSource, Mtp, NGram, ReDrafterDeploymentSpec
 from ..api.types import parse_source
 from . import names, resources, security
 from .common import Owner, metadata
+from .gpu_job import GpuJob, gpu_job, gpu_resources, node_selector
 
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 BUILD_CONTAINER = "build"
-FINISHED_JOB_TTL_SECONDS = 86400  # keep failed Jobs a day for `kubectl logs`; status keeps the reason
 
 
 def artifact_path(spec: ReDrafterDeploymentSpec, key: str) -> str:
@@ -169,114 +167,33 @@ def source_volumes(sources: list[ModelSource]) -> tuple[list[dict[str, Any]], li
     return volumes, mounts
 
 
-def gpu_resources(
-    spec: ReDrafterDeploymentSpec, user: dict[str, Any], per_rank: dict[str, int], ranks: int | None = None
-) -> dict[str, Any]:
-    """Default CPU/memory requests per rank (:mod:`.resources`) under the user's, plus one GPU per rank
-    (``tensor`` unless given) as both request and limit (extended resources need them equal)."""
-    ranks = ranks or spec.parallelism.tensor
-    gpus = str(ranks)
-    gpu = spec.engine.build.gpu_resource
-    cpu_memory = resources.merged(resources.per_rank(per_rank, ranks), user)
-    return {
-        "requests": {**cpu_memory.get("requests", {}), gpu: gpus},
-        "limits": {**cpu_memory.get("limits", {}), gpu: gpus},
-    }
-
-
-def node_selector(
-    spec: ReDrafterDeploymentSpec, user: dict[str, str], gpu_product: str | None = None
-) -> dict[str, str]:
-    out = dict(user)
-    if product := gpu_product or spec.engine.build.gpu_product:
-        out[GPU_PRODUCT_LABEL] = product
-    return out
-
-
-def pod_failure_policy(container: str = BUILD_CONTAINER) -> dict[str, Any]:
-    """batch/v1 podFailurePolicy: an exit code no retry can fix (engine_jobs NON_RETRYABLE) fails the Job
-    at once (FailJob: no further pod, Job condition reason PodFailurePolicy). Needs restartPolicy Never."""
-    codes = sorted(int(c) for c in NON_RETRYABLE)  # the API requires the values ordered
-    return {
-        "rules": [{"action": "FailJob", "onExitCodes": {"containerName": container, "operator": "In", "values": codes}}]
-    }
-
-
 def build_job(owner: Owner, variant: Variant, attempt: int = 0) -> dict[str, Any]:
     spec = owner.spec
     bs = build_spec(spec, variant)
     b = spec.engine.build
-    labels = build_labels(owner, variant, bs.key)
-    config_name = names.build_config_name(owner.name, variant, bs.key)
     src_volumes, src_mounts = source_volumes(_model_sources(spec, variant))
-    tmp_volume, tmp_mount = security.tmp_volume()
-    container = {
-        "name": BUILD_CONTAINER,
-        "image": spec.engine.builder_image,
-        "imagePullPolicy": "IfNotPresent",
-        "command": [
-            "python",
-            "-m",
-            "engine_jobs",
-            "build",
-            "--spec",
-            posixpath.join(contract.CONFIG_MOUNT, contract.BUILD_SPEC_FILE),
-        ],
-        "env": [
-            {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"},
-            {"name": "HF_HOME", "value": posixpath.join(contract.CACHE_MOUNT, ".hf-home")},
-            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        ],
-        "resources": gpu_resources(spec, b.resources, resources.BUILD_PER_RANK),
-        "volumeMounts": [
-            {"name": "cache", "mountPath": contract.CACHE_MOUNT, "subPath": spec.engine.cache.sub_path},
-            {"name": "build-spec", "mountPath": contract.CONFIG_MOUNT, "readOnly": True},
-            {"name": "dshm", "mountPath": "/dev/shm"},
-            tmp_mount,
-            *src_mounts,
-        ],
-        "terminationMessagePath": contract.TERMINATION_LOG,
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": security.container_security_context(security.IMAGE_USER),
-    }
-    pod_spec: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "containers": [container],
-        "volumes": [
-            {"name": "cache", "persistentVolumeClaim": {"claimName": spec.engine.cache.claim_name}},
-            {"name": "build-spec", "configMap": {"name": config_name}},
-            {"name": "dshm", "emptyDir": {"medium": "Memory"}},
-            tmp_volume,
-            *src_volumes,
-        ],
-        "securityContext": security.pod_security_context(security.IMAGE_USER),
-        "automountServiceAccountToken": False,  # the builder reads files and the Hub/S3, never the API
-        "enableServiceLinks": False,
-    }
     if spec.method != "redrafter":
         # The prepare Job fetches and verifies checkpoints: no GPU, no GPU product (nothing is compiled).
-        container["resources"] = resources.merged(resources.PREPARE, b.resources)
-        selector = dict(b.node_selector)
+        job_resources, selector = resources.merged(resources.PREPARE, b.resources), dict(b.node_selector)
     else:
+        job_resources = gpu_resources(spec, b.resources, resources.BUILD_PER_RANK)
         selector = node_selector(spec, b.node_selector)
-    if selector:
-        pod_spec["nodeSelector"] = selector
-    if b.tolerations:
-        pod_spec["tolerations"] = list(b.tolerations)
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": metadata(
-            owner,
-            names.build_job_name(owner.name, variant, bs.key, attempt),
-            labels,
-            {"redrafter.dev/attempt": str(attempt), "redrafter.dev/artifact": artifact_path(spec, bs.key)},
+    return gpu_job(
+        owner,
+        GpuJob(
+            name=names.build_job_name(owner.name, variant, bs.key, attempt),
+            labels=build_labels(owner, variant, bs.key),
+            annotations={"redrafter.dev/attempt": str(attempt), "redrafter.dev/artifact": artifact_path(spec, bs.key)},
+            container=BUILD_CONTAINER,
+            image=spec.engine.builder_image,
+            subcommand="build",
+            spec_file=contract.BUILD_SPEC_FILE,
+            config_map=names.build_config_name(owner.name, variant, bs.key),
+            config_volume="build-spec",
+            resources=job_resources,
+            node_selector=selector,
+            active_deadline_seconds=b.active_deadline_seconds,
+            source_volumes=src_volumes,
+            source_mounts=src_mounts,
         ),
-        "spec": {
-            "backoffLimit": b.backoff_limit,  # still applies to every other exit code
-            "podFailurePolicy": pod_failure_policy(),
-            "activeDeadlineSeconds": b.active_deadline_seconds,
-            "ttlSecondsAfterFinished": FINISHED_JOB_TTL_SECONDS,
-            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
-        },
-    }
+    )

@@ -20,8 +20,9 @@ from engine_jobs import contract
 from engine_jobs.contract import ServingConfig, TritonParams, Variant
 
 from . import names, resources, security
-from .build import gpu_resources, node_selector, speculative_params
+from .build import speculative_params
 from .common import Owner, metadata
+from .gpu_job import gpu_resources, node_selector
 
 ANNOTATION_CONFIG_HASH = f"{names.DOMAIN}/serving-config-hash"
 REPO_DIR = f"{security.TMP_MOUNT}/redrafter/model_repo"  # inside the writable emptyDir (read-only root fs)

@@ -15,21 +15,21 @@ from typing import Mapping
 
 from engine_jobs.contract import VARIANTS
 
+from ..api.engine_key import engine_keys as engine_keys_of
 from ..api.spec import ReDrafterDeploymentSpec, parse_spec
 from ..render.common import Owner, in_engine_concurrency
 from . import routing
+from .collection import collection_children
 from .conditions import merge_conditions
-from .drafter import TrainingReport, plan_drafter, waiting_engine
+from .drafter import plan_drafter, waiting_engine
 from .engines import engine_stage, plan_engine
-from .facts import Observed, manifest_hash
-from .gate import gate_from_status, promotion_state
-from .observe import engine_keys as engine_keys_of
+from .facts import Observed
+from .fingerprints import manifest_hash
 from .plan_types import READY_STATES, Plan, Renderers, Resource, ServingTargets
-from .retention import RetentionReport
-from .speculation import SpeculationReport
+from .reports import RetentionReport, SpeculationReport, TrainingReport
 from .status import invalid_plan, resource_status, schedulable, status_events, unplaced_message
 from .targets import default_targets, deployable_key, plan_switch
-from .validation import operator_image, plan_validation
+from .validation import gate_from_status, operator_image, plan_validation, promotion_state
 
 
 @dataclass(frozen=True)
@@ -116,11 +116,10 @@ def plan(
     if not routing.enabled(spec) and observed.routing_pool is not None:
         result.delete.append(routing.stale_pool(res.name, res.namespace))
 
-    if inputs.retention is not None:
-        result.apply += inputs.retention.apply
-        result.delete += inputs.retention.delete
-        result.annotate += inputs.retention.annotate
-        result.events += inputs.retention.events
+    if inputs.retention is not None and inputs.retention.claim is not None:
+        apply, delete = collection_children(inputs.retention.claim)
+        result.apply += apply
+        result.delete += delete
     status_res = Resource(res.name, res.namespace, res.uid, res.generation, res.spec, res.annotations, current)
     result.status = resource_status(
         status_res,

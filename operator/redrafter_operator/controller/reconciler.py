@@ -24,21 +24,20 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from ..api import KIND
+from ..api.engine_key import engine_keys
 from ..api.spec import ReDrafterDeploymentSpec, parse_spec
 from ..render import names
 from ..render.placement import Node
 from .apply import ApiError, Applier, ChildState, KubeClient, merge_patch, object_path
 from .clock import Clock, SystemClock
-from .drafter import TrainingReport
 from .facts import DeploymentFact, JobFact, Observed
 from .metrics import OperatorMetrics
-from .observe import BuildClaim, ClaimRef, FailedPodMessages, cache_of, child_state, engine_keys, observe
+from .observe import BuildClaim, ClaimRef, FailedPodMessages, cache_of, child_state, observe
 from .plan_types import EventSpec, Plan, Renderers, Resource, ServingTargets
 from .planner import Inputs, plan
+from .reports import RetentionReport, SpeculationReport, TrainingReport
 from .resource_io import Monitor, index_entries, now_rfc3339, post_event, status_path
-from .retention import RetentionReport
 from .routing import CRD_MISSING_MESSAGE, crd_missing
-from .speculation import SpeculationReport
 from .workqueue import ResourceKey, WorkQueue
 
 log = logging.getLogger("redrafter_operator.controller")

@@ -24,7 +24,6 @@ spec, or for a resource being deleted. With ``mode: Never`` the planner owns the
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from pydantic import ValidationError
@@ -39,9 +38,10 @@ from ..render import names
 from .apply import merge_patch
 from .clock import rfc3339
 from .conditions import Cond
-from .gate import validated_engines
 from .plan_types import READY_STATES, EventSpec, ServingTargets
+from .reports import SpeculationReport
 from .resource_io import Host, current_status, index_entries, interval_of, variant_deployments
+from .validation import validated_engines
 from .workqueue import ResourceKey
 
 log = logging.getLogger("redrafter_operator.controller.speculation")
@@ -133,17 +133,6 @@ def changed(old: Mapping[str, Any], fields: Mapping[str, Any], *, now: float) ->
     """Whether ``fields`` change ``old`` in more than timestamps (what is worth a status write)."""
     current = {k: old.get(k) for k in fields}
     return merge_patch(_volatile_free(current, now), _volatile_free(fields, now)) is not None
-
-
-@dataclass(frozen=True)
-class SpeculationReport:
-    """One evaluation, for the reconciler to fold in: status fields, the condition, the targets, the Events."""
-
-    uid: str
-    fields: Mapping[str, Any]  # status.speculation, status.policy (, status.history)
-    condition: Cond | None
-    targets: ServingTargets
-    events: tuple[EventSpec, ...] = field(default=())
 
 
 # ---- the monitor ---------------------------------------------------------------------------------

@@ -15,11 +15,11 @@ from ..api.spec import ReDrafterDeploymentSpec
 from ..render import names
 from .conditions import Cond, find, merge_conditions
 from .facts import DeploymentFact, Observed
-from .gate import ANNOTATION_RETRY_VALIDATION, Gate
 from .gitops import gitops_conditions
 from .plan_types import EventSpec, Plan, Resource, ServingTargets
 from .serving_health import ServingFailure, serving_failure
 from .targets import ServingPlan
+from .validation import ANNOTATION_RETRY_VALIDATION, Gate
 
 NO_MATCHING_GPU_NODES = "NoMatchingGPUNodes"
 

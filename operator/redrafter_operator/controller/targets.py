@@ -15,8 +15,8 @@ from ..api.spec import ReDrafterDeploymentSpec
 from ..policy import pinned_engine
 from ..policy.loop import canary_from_status
 from .facts import Observed
-from .gate import gate_from_status
 from .plan_types import READY_STATES, ServingTargets
+from .validation import gate_from_status
 
 
 def default_targets(spec: ReDrafterDeploymentSpec, status: Mapping[str, Any]) -> ServingTargets:

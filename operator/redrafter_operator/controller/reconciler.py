@@ -478,15 +478,7 @@ class Controller:
             self.written[key] = result.status
         for ev in [*result.events, *self._pending_events.pop(key, [])]:
             post_event(body, ev.type, ev.reason, ev.message)
-            if ev.reason in ("EngineReady", "EngineCached", "BuildFailed"):
-                variant = ev.message.split(" ", 1)[0]
-                self.metrics.builds.labels(
-                    variant, {"EngineReady": "succeeded", "EngineCached": "cached", "BuildFailed": "failed"}[ev.reason]
-                ).inc()
-            if ev.reason == "Switched":
-                self.metrics.switches.labels(
-                    res.namespace, res.name, current.get("activeEngine", ""), result.status.get("activeEngine", "")
-                ).inc()
+        self.metrics.on_transition(res.namespace, res.name, current, result.status)
         self.metrics.observe_resource(res.namespace, res.name, res.spec, result.status)
         self.metrics.reconciles.labels("ok").inc()
         self.metrics.duration.observe(time.perf_counter() - started)

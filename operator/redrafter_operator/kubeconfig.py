@@ -12,7 +12,7 @@ async def load_configuration(kubeconfig: str | None = None, context: str | None 
     cfg = k8s_client.Configuration()
     if not kubeconfig:
         try:
-            k8s_config.load_incluster_config(client_configuration=cfg)
+            k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
             return cfg
         except k8s_config.ConfigException:
             pass

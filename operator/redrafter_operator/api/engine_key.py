@@ -124,7 +124,7 @@ def engine_keys(spec: ReDrafterDeploymentSpec | None) -> dict[str, str]:
     (computed once per parsed spec by the reconciler; {} for an invalid spec)."""
     if spec is None:
         return {}
-    keys = {v: engine_key(spec, v) for v in VARIANTS}
+    keys: dict[str, str] = {v: engine_key(spec, v) for v in VARIANTS}
     if (trained := drafter_key(spec)) is not None:
         keys["drafter"] = trained
     return keys

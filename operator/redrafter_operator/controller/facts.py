@@ -107,7 +107,7 @@ def _cache_claim(body: Mapping[str, Any]) -> str:
     volumes = body.get("spec", {}).get("template", {}).get("spec", {}).get("volumes") or []
     for vol in volumes:
         if vol.get("name") == "cache":
-            return (vol.get("persistentVolumeClaim") or {}).get("claimName", "")
+            return str((vol.get("persistentVolumeClaim") or {}).get("claimName", ""))
     return ""
 
 

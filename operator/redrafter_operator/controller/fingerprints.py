@@ -45,7 +45,7 @@ def owned_fields(body: Mapping[str, Any]) -> str:
 def _our_apply_entry(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
     for entry in body.get("metadata", {}).get("managedFields") or []:
         if entry.get("manager") == FIELD_MANAGER and entry.get("operation") == "Apply" and not entry.get("subresource"):
-            return entry
+            return dict(entry)
     return None
 
 

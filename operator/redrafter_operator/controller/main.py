@@ -116,16 +116,16 @@ async def run_operator(
     @kopf.on.login(registry=registry)
     async def login(**_: Any) -> kopf.ConnectionInfo:
         """kopf uses the same credentials as the reconciler's client (one kubeconfig, one truth)."""
-        token = configuration.get_api_key_with_prefix("BearerToken")
+        token: Any = configuration.get_api_key_with_prefix("BearerToken")
         if inspect.isawaitable(token):  # kubernetes-asyncio >= 33.3 (token refresh)
             token = await token
-        scheme, _, value = (token or "").partition(" ")
+        scheme, credential = str(token or "").partition(" ")[::2]
         return kopf.ConnectionInfo(
-            server=configuration.host,
+            server=str(configuration.host),
             ca_path=configuration.ssl_ca_cert,
             insecure=not configuration.verify_ssl,
-            scheme=scheme if value else None,
-            token=(value or scheme) or None,
+            scheme=scheme if credential else None,
+            token=(credential or scheme) or None,
             certificate_path=configuration.cert_file,
             private_key_path=configuration.key_file,
             username=configuration.username or None,
@@ -309,7 +309,7 @@ def _env_list(name: str) -> list[str]:
     return [s.strip() for s in os.environ.get(name, "").split(",") if s.strip()]
 
 
-def register_cli(sub: argparse._SubParsersAction) -> None:
+def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("run", help="run the operator (kopf) against the current cluster")
     scope = p.add_mutually_exclusive_group()
     scope.add_argument(

@@ -49,7 +49,7 @@ def cache_of(spec: ReDrafterDeploymentSpec | None, keys: Mapping[str, str]) -> t
     an invalid spec)."""
     if spec is None:
         return "", {}
-    paths = {v: artifact_path(spec, keys[v]) for v in VARIANTS}
+    paths: dict[str, str] = {v: artifact_path(spec, keys[v]) for v in VARIANTS}
     if "drafter" in keys:
         paths["drafter"] = drafter_path(spec, keys["drafter"])
     return spec.engine.cache.claim_name, paths

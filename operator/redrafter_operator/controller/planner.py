@@ -11,7 +11,7 @@ validation gate (:mod:`.gate`), the serving targets and the blue/green step towa
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Mapping
+from typing import Any, Mapping
 
 from engine_jobs.contract import VARIANTS
 
@@ -71,7 +71,7 @@ def plan(
     drafter = (
         plan_drafter(res, owner, observed, result, keys["drafter"], inputs.training) if "drafter" in keys else None
     )
-    engines = {}
+    engines: dict[str, dict[str, Any]] = {}
     for v in VARIANTS:
         if v == "redrafter" and drafter is not None and drafter["state"] not in READY_STATES:
             stage = engine_stage(res, owner, v, keys[v])
@@ -89,7 +89,7 @@ def plan(
         result.create.append(validation.job)
     wanted = inputs.targets or (inputs.speculation.targets if inputs.speculation else None)
     tgt = gate_from_status(wanted or default_targets(spec, current), spec, current)
-    deploy = {v: deployable_key(v, engines[v], observed) for v in VARIANTS}
+    deploy: dict[str, str | None] = {v: deployable_key(v, engines[v], observed) for v in VARIANTS}
     gate, stable = promotion_state(spec, current, engines)
     if stable:  # the promoted ReDrafter engine keeps the primary Deployment until the new one passes
         deploy["redrafter"] = stable

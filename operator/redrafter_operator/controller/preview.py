@@ -129,7 +129,7 @@ def planned_children(
         replicas={active: spec.serving.replicas, other: standby},
         canary=1 if canary and active == "base" else 0,
     )
-    replicas = {active: spec.serving.replicas, other: standby}
+    replicas: dict[str, int] = {active: spec.serving.replicas, other: standby}
     up = {v: _rolled_out(d.name, v, keys[v], replicas[v]) for v, d in up.items()}
     retention = RetentionReport(
         ClaimFacts(

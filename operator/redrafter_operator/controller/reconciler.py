@@ -183,7 +183,7 @@ class Controller:
                 self._pending_annotations,
                 self.failures,
             ):
-                memory.pop(key, None)  # type: ignore[attr-defined]
+                memory.pop(key, None)
             self.unplaced.discard(key)
             self._set_waiting(key, set())
             for monitor in self.monitors:
@@ -304,17 +304,18 @@ class Controller:
                 for slot in [s for s in self._next_run if s[0] is not None and s[0] not in self.bodies]:
                     del self._next_run[slot]
             for i, monitor in enumerate(self.monitors):
-                for key in list(self.bodies) if monitor.per_resource else [None]:
-                    slot = (key, i)
+                due: list[ResourceKey | None] = [*self.bodies] if monitor.per_resource else [None]
+                for who in due:
+                    slot = (who, i)
                     if slot in self._running or now < self._next_run.get(slot, 0.0):
                         continue
                     try:
-                        self._next_run[slot] = now + max(1.0, monitor.interval(self, key))
+                        self._next_run[slot] = now + max(1.0, monitor.interval(self, who))
                     except Exception:  # a monitor's bug must not stop serving reconciles
-                        log.exception("monitor %s failed for %s", type(monitor).__name__, key)
+                        log.exception("monitor %s failed for %s", type(monitor).__name__, who)
                         continue
                     self._running.add(slot)
-                    task = asyncio.create_task(self._run(monitor, slot), name=f"redrafter-monitor-{i}-{key}")
+                    task = asyncio.create_task(self._run(monitor, slot), name=f"redrafter-monitor-{i}-{who}")
                     self._run_tasks.add(task)
                     task.add_done_callback(self._run_tasks.discard)
 

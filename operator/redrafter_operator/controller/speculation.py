@@ -190,7 +190,7 @@ class SpeculationMonitor:
             v
             for v in VARIANTS
             if ((status.get("engines") or {}).get(v) or {}).get("state") in READY_STATES
-            or (deployments.get(v) is not None and getattr(deployments[v], "key", ""))
+            or (deployments.get(v) is not None and bool(getattr(deployments[v], "key", "")))
         )
         available &= validated_engines(spec, status)  # not validated: a switch to it is held (TargetNotReady)
         serving = str(status["activeEngine"])  # the pool taking the traffic (the gate may hold it on base)
@@ -213,11 +213,13 @@ class SpeculationMonitor:
 
         fields, cond = report_fields(spec, status, ev, new, previous_engine=previous, now=rfc3339(now))
         plan = ev.plan(spec, current)
-        targets = ServingTargets(active=plan.active, replicas=dict(plan.replicas), canary=plan.canary)
+        targets = ServingTargets(
+            active="base" if plan.active == "base" else "redrafter", replicas=dict(plan.replicas), canary=plan.canary
+        )
         events = self._account(key, spec, ev, previous, serving, current, plan.replicas.get(plan.active, current))
         # fields that changed only in timestamps keep the last report's (lastEvaluated: the last real change)
         if last is not None and last.uid == uid and not changed(status, fields, now=now):
-            fields = last.fields
+            fields = dict(last.fields)
         if (
             last is None
             or (uid, fields, cond, targets) != (last.uid, last.fields, last.condition, last.targets)

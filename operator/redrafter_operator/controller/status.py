@@ -179,7 +179,9 @@ def resource_status(
             )
         )
     elif settled and not building:
-        conds.append(Cond("Progressing", "False", "Complete", f"serving the {active} engine {engines[active]['key']}"))
+        conds.append(
+            Cond("Progressing", "False", "Complete", f"serving the {active} engine {engines[str(active)]['key']}")
+        )
     elif step.switching:
         conds.append(Cond("Progressing", "True", "Switching", step.message))
     elif building:
@@ -210,10 +212,9 @@ def resource_status(
                 "speculation.mode is Never: serving the base engine",
             )
         )
-    elif (
-        not find(old_conditions, "SpeculationHealthy")
-        or find(old_conditions, "SpeculationHealthy").get("reason") == "SpeculationDisabled"
-    ):
+    elif (find(old_conditions, "SpeculationHealthy") or {"reason": "SpeculationDisabled"}).get(
+        "reason"
+    ) == "SpeculationDisabled":
         conds.append(Cond("SpeculationHealthy", "Unknown", "NotMeasured", "no acceptance measurement yet"))
 
     if (available or want_active == 0) and settled:  # scaled to zero on purpose is a settled state too

@@ -79,7 +79,7 @@ def plan_switch(
     Recreate: the previous variant goes to zero first (no spare GPUs), then the target comes up.
     """
     target = targets.active
-    want = {v: int(targets.replicas.get(v, 0)) for v in VARIANTS if deployable.get(v)}
+    want: dict[str, int] = {v: int(targets.replicas.get(v, 0)) for v in VARIANTS if deployable.get(v)}
     current = observed.service_pool if observed.service_pool in VARIANTS else None
     if not deployable.get(target):
         if current and deployable.get(current):

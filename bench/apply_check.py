@@ -29,7 +29,7 @@ import requests
 import yaml
 
 from redrafter_operator.controller.apply import APPLY_PATCH, MERGE_PATCH, object_path
-from redrafter_operator.controller.facts import FIELD_MANAGER, manifest_hash, owned_fields
+from redrafter_operator.controller.fingerprints import FIELD_MANAGER, manifest_hash, owned_fields
 from redrafter_sim.server import EmulatorThread
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -22,8 +22,9 @@ import yaml
 
 from engine_jobs.contract import BuildResult
 from redrafter_operator.api import API_VERSION, KIND
+from redrafter_operator.api import engine_key as api_engine_key
 from redrafter_operator.api.spec import ReDrafterDeploymentSpec
-from redrafter_operator.controller import engines, observe
+from redrafter_operator.controller import engines
 from redrafter_operator.controller.main import RunOptions, run_operator
 from redrafter_operator.controller.plan_types import ServingTargets
 from redrafter_operator.controller.reconciler import Controller
@@ -1066,7 +1067,7 @@ async def test_validated_resources_at_rest_cost_only_watches_over_five_minutes(
             if s.name.endswith("_total")
         )
         parses = count_calls(monkeypatch, ReDrafterDeploymentSpec, "model_validate")
-        keys = [count_calls(monkeypatch, m, "engine_key") for m in (observe, engines, cache_refs)]
+        keys = [count_calls(monkeypatch, m, "engine_key") for m in (api_engine_key, engines, cache_refs)]
         for _ in range(300):  # five minutes: 10 resyncs of each resource, 300 policy evaluations of each
             await clock.advance(1.0)
             await until(ctl.idle, what="the operator at rest")

@@ -14,7 +14,7 @@ import pytest
 from test_lifecycle import NAME, NS, apply, differing, quiesce, rendered, until  # noqa: I001 (same dir)
 from test_policy_loop import MeteredCluster, Watched, cluster, operator, policy_doc  # noqa: F401 (fixtures)
 
-from redrafter_operator.controller.gate import ANNOTATION_RETRY_VALIDATION
+from redrafter_operator.controller.validation import ANNOTATION_RETRY_VALIDATION
 from redrafter_operator.render import names
 from redrafter_operator.render.validation import validation_job_name
 from redrafter_sim import controllers

@@ -223,7 +223,7 @@ def test_collection_cronjob_runs_a_restricted_gc_with_the_claims_references():
 
 
 def test_retentions_sharing_a_claim_keep_the_union():
-    from redrafter_operator.controller.retention import merged_retention
+    from redrafter_operator.controller.collection import merged_retention
 
     def spec(**retention):
         body = demo_body()

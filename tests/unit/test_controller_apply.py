@@ -10,14 +10,8 @@ import pytest
 import yaml
 
 from redrafter_operator.controller.apply import APPLY_PATCH, JSON_PATCH, ApiError, Applier, ChildState, merge_patch
-from redrafter_operator.controller.facts import (
-    FIELD_MANAGER,
-    DeploymentFact,
-    JobFact,
-    ObjectFact,
-    PodFact,
-    manifest_hash,
-)
+from redrafter_operator.controller.facts import DeploymentFact, JobFact, ObjectFact, PodFact
+from redrafter_operator.controller.fingerprints import FIELD_MANAGER, manifest_hash
 from redrafter_operator.controller.process import instance
 from redrafter_operator.controller.workqueue import WorkQueue
 from redrafter_sim.apiserver import ApiError as EmulatorError
@@ -401,8 +395,8 @@ async def test_monitor_slots_run_per_resource_on_the_fake_clock_and_reports_enqu
     from redrafter_operator.controller.plan_types import ServingTargets
     from redrafter_operator.controller.reconciler import Controller
     from redrafter_operator.controller.renderers import default_renderers
+    from redrafter_operator.controller.reports import SpeculationReport
     from redrafter_operator.controller.resource_io import interval_of
-    from redrafter_operator.controller.speculation import SpeculationReport
     from redrafter_sim.clock import FakeClock
 
     class Client(EmulatorClient):

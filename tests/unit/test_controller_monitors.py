@@ -21,7 +21,8 @@ from redrafter_operator.controller.conditions import merge_conditions
 from redrafter_operator.controller.facts import ServingPodFact
 from redrafter_operator.controller.metrics import OperatorMetrics
 from redrafter_operator.controller.plan_types import ServingTargets
-from redrafter_operator.controller.speculation import SpeculationMonitor, SpeculationReport, changed, stored_state
+from redrafter_operator.controller.reports import SpeculationReport
+from redrafter_operator.controller.speculation import SpeculationMonitor, changed, stored_state
 from redrafter_operator.render import names
 from redrafter_sim.clock import FakeClock
 
@@ -397,7 +398,8 @@ def test_an_expired_settle_window_is_not_worth_a_write_alone() -> None:
 
 # ---- the validation gate's pure parts -------------------------------------------------------------------
 from redrafter_operator.api.spec import ReDrafterDeploymentSpec  # noqa: E402
-from redrafter_operator.controller.gate import (  # noqa: E402
+from redrafter_operator.controller.targets import default_targets  # noqa: E402
+from redrafter_operator.controller.validation import (  # noqa: E402
     Gate,
     engine_pair,
     gate_from_status,
@@ -405,7 +407,6 @@ from redrafter_operator.controller.gate import (  # noqa: E402
     gated_targets,
     validated_engines,
 )
-from redrafter_operator.controller.targets import default_targets  # noqa: E402
 
 PAIR_STATUS = {"engines": {"redrafter": {"key": "r1", "state": "Ready"}, "base": {"key": "b1", "state": "Cached"}}}
 POLICY = ServingTargets(active="redrafter", replicas={"redrafter": 3, "base": 0}, canary=0)
@@ -510,8 +511,7 @@ PROMOTED = {"redrafterKey": "r0", "baseKey": "b1"}
 
 
 def test_a_promoted_engine_is_stable_until_the_new_pair_passes() -> None:
-    from redrafter_operator.controller.validation import validation_fragment
-    from redrafter_operator.evaluate.gate import ValidationStep
+    from redrafter_operator.controller.validation import ValidationStep, validation_fragment
 
     pending = {
         **PAIR_STATUS,
@@ -533,10 +533,10 @@ def test_a_promoted_engine_is_stable_until_the_new_pair_passes() -> None:
     # failed: the promoted engine keeps serving as the policy says, not base
     assert gated_targets(POLICY, Gate(False, "Failed", "r0"), "redrafter") is POLICY
     # status: promoted survives the record of a newer pair, and a pass replaces it
-    running = ValidationStep(False, False, 0, {"redrafterKey": "r1", "baseKey": "b1", "attempt": 0, "state": "Running"})
+    running = ValidationStep(False, 0, {"redrafterKey": "r1", "baseKey": "b1", "attempt": 0, "state": "Running"})
     out = validation_fragment(pending, running, generation=1, now="2026-01-01T00:00:00Z")
     assert out["validation"]["promoted"] == PROMOTED and out["validation"]["state"] == "Running"
-    passed = ValidationStep(True, False, 0, {"redrafterKey": "r1", "baseKey": "b1", "attempt": 0, "state": "Passed"})
+    passed = ValidationStep(False, 0, {"redrafterKey": "r1", "baseKey": "b1", "attempt": 0, "state": "Passed"})
     assert validation_fragment(pending, passed, generation=1, now="2026-01-01T00:00:00Z")["validation"]["promoted"] == {
         "redrafterKey": "r1",
         "baseKey": "b1",
@@ -617,23 +617,22 @@ def test_a_serving_pods_new_address_is_a_new_index_value() -> None:
 def test_the_promoted_pair_keeps_the_crossover_its_validation_measured() -> None:
     """The PyTorch backend's speculative engine drafts only up to the promoted pair's measured crossover
     (max_concurrency); a newer pair under validation neither changes nor loses it until it passes itself."""
-    from redrafter_operator.controller.validation import validation_fragment
-    from redrafter_operator.evaluate.gate import ValidationStep
+    from redrafter_operator.controller.validation import ValidationStep, validation_fragment
     from redrafter_operator.render.common import in_engine_concurrency
 
     now = "2026-01-01T00:00:00Z"
     first = {"redrafterKey": "r0", "baseKey": "b1", "attempt": 0, "state": "Passed"}
-    out = validation_fragment(PAIR_STATUS, ValidationStep(True, False, 0, first, crossover=6.7), generation=1, now=now)
+    out = validation_fragment(PAIR_STATUS, ValidationStep(False, 0, first, crossover=6.7), generation=1, now=now)
     assert out["validation"]["promoted"] == {**PROMOTED, "crossoverConcurrency": 6.7}
     assert in_engine_concurrency(out) == 6
     # later reconciles of the same pass (no new measurement) keep it
-    again = validation_fragment(out, ValidationStep(True, False, 0, first), generation=1, now=now)
+    again = validation_fragment(out, ValidationStep(False, 0, first), generation=1, now=now)
     assert again["validation"]["promoted"]["crossoverConcurrency"] == 6.7
     # a newer pair runs: the promoted engine keeps its limit
-    running = ValidationStep(False, False, 0, {"redrafterKey": "r1", "baseKey": "b1", "attempt": 0, "state": "Running"})
+    running = ValidationStep(False, 0, {"redrafterKey": "r1", "baseKey": "b1", "attempt": 0, "state": "Running"})
     assert in_engine_concurrency(validation_fragment(again, running, generation=1, now=now)) == 6
     # it passes without a measurement (measureCrossover off): no limit is carried over from another pair
-    passed = ValidationStep(True, False, 0, {"redrafterKey": "r1", "baseKey": "b1", "attempt": 0, "state": "Passed"})
+    passed = ValidationStep(False, 0, {"redrafterKey": "r1", "baseKey": "b1", "attempt": 0, "state": "Passed"})
     assert in_engine_concurrency(validation_fragment(again, passed, generation=1, now=now)) is None
     # a crossover below one request, or none, is no limit
     assert in_engine_concurrency({"validation": {"promoted": {**PROMOTED, "crossoverConcurrency": 0.4}}}) is None

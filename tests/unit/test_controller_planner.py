@@ -19,8 +19,8 @@ from redrafter_operator.controller.facts import (
     Observed,
     PodFact,
     SharedArtifact,
-    manifest_hash,
 )
+from redrafter_operator.controller.fingerprints import manifest_hash
 from redrafter_operator.controller.plan_types import Renderers, Resource, ServingTargets
 from redrafter_operator.controller.planner import Inputs, plan
 from redrafter_operator.controller.targets import plan_switch

@@ -13,10 +13,10 @@ from engine_jobs.contract import TrainingProgress, TrainingResult, TrainSpec
 from engine_jobs.errors import ExitCode
 from redrafter_operator.api.engine_key import drafter_key, engine_key
 from redrafter_operator.api.spec import ReDrafterDeploymentSpec, parse_spec
-from redrafter_operator.controller.drafter import TrainingReport
 from redrafter_operator.controller.facts import JobFact, Observed, PodFact
 from redrafter_operator.controller.plan_types import Renderers, Resource
 from redrafter_operator.controller.planner import Inputs, plan
+from redrafter_operator.controller.reports import TrainingReport
 from redrafter_operator.render import names
 from redrafter_operator.render.common import Owner
 from redrafter_operator.render.training import training_configmap, training_job

@@ -123,21 +123,6 @@ def test_foreign_messages_are_not_outcomes():
         assert oc.parse_termination_message(text) is None
 
 
-def test_outcome_from_pod_and_job_result():
-    pod = {
-        "status": {
-            "containerStatuses": [
-                {"name": "validate", "state": {"terminated": {"exitCode": 1, "message": "Diverged: 1 of 8 differ"}}}
-            ]
-        }
-    }
-    assert oc.outcome_from_pod(pod) == oc.ValidationOutcome(oc.DIVERGED, "1 of 8 differ")
-    assert oc.outcome_from_pod({"status": {}}) is None
-    job = {"status": {"conditions": [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded"}]}}
-    assert oc.job_result(job) == ("Failed", "DeadlineExceeded")
-    assert oc.job_result({"status": {"active": 1}}) is None
-
-
 # ---- prompts and endpoints -------------------------------------------------------------------------
 def test_prompt_files_json_and_yaml(tmp_path):
     j = tmp_path / "p.json"

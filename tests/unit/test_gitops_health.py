@@ -21,7 +21,8 @@ from typing import Any
 
 import lupa.lua51 as lua51
 
-from redrafter_operator.controller.facts import DeploymentFact, Observed, PodFact, ServingPodFact, manifest_hash
+from redrafter_operator.controller.facts import DeploymentFact, Observed, PodFact, ServingPodFact
+from redrafter_operator.controller.fingerprints import manifest_hash
 from redrafter_operator.controller.plan_types import ServingTargets
 from redrafter_operator.controller.planner import Inputs, plan
 from redrafter_operator.controller.renderers import default_renderers

@@ -35,19 +35,26 @@ CONTROLLER_LAYERS: list[str | set[str]] = [
     "leader",  # Lease leader election: gates the loops main starts
     "handlers",  # the kopf shell: indexes, event handlers, startup
     "reconciler",  # the controller's state, workers and the reconcile of one resource: the only writer
-    "preview",  # what `redrafter-operator render` plans, from stated facts
-    "planner",  # one plan step, folding in the monitors' reports
     {"speculation", "retention", "training", "observe"},  # the monitors, and index reading, each on its own
+    "preview",  # what `redrafter-operator render` plans, from stated facts
+    "planner",  # one plan step, folding in the monitors' reports (pure: it imports no monitor)
     "drafter",  # the trained drafter: a stage before the ReDrafter engine
-    {"engines", "status", "routing", "validation"},  # routing: the InferencePool beside the Service
+    {
+        "engines",
+        "status",
+        "routing",
+        "collection",
+    },  # routing: the InferencePool beside the Service; the cache's children
     "targets",  # serving targets and the blue/green step
     "renderers",
-    {"gate", "serving_health", "gitops"},  # pure rules: the promotion gate, serving failures, GitOps health
+    "reports",  # what the monitors hand the planner
+    {"validation", "serving_health", "gitops"},  # pure rules: the validation gate, serving failures, GitOps health
     "resource_io",  # what the reconciler and the monitors share
     "workqueue",
     {"apply", "metrics", "clock"},
     "plan_types",
     {"facts", "conditions", "build_failure"},
+    "fingerprints",  # what the operator's apply owns of a child, hashed
 ]
 
 

@@ -16,10 +16,10 @@ import yaml
 from engine_jobs.contract import TrainingProgress
 from engine_jobs.progress import Log
 from engine_jobs.train import ProgressServer
+from redrafter_operator.api.engine_key import engine_keys
 from redrafter_operator.api.spec import parse_spec
-from redrafter_operator.controller.drafter import TrainingReport
 from redrafter_operator.controller.facts import JobFact, PodFact
-from redrafter_operator.controller.observe import engine_keys
+from redrafter_operator.controller.reports import TrainingReport
 from redrafter_operator.controller.training import MAX_BODY_BYTES, TrainingMonitor
 from redrafter_operator.render import names
 from redrafter_sim.clock import FakeClock

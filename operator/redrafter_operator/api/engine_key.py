@@ -10,7 +10,7 @@ import hashlib
 import json
 from typing import Any
 
-from engine_jobs.contract import CONTRACT_VERSION, Variant
+from engine_jobs.contract import CONTRACT_VERSION, VARIANTS, Variant
 
 from .spec import DrafterTraining, ModelSource, ReDrafterDeploymentSpec
 
@@ -117,3 +117,14 @@ def key_of(inputs: dict[str, Any]) -> str:
 
 def engine_key(spec: ReDrafterDeploymentSpec, variant: Variant) -> str:
     return key_of(build_inputs(spec, variant))
+
+
+def engine_keys(spec: ReDrafterDeploymentSpec | None) -> dict[str, str]:
+    """Each variant's engine key, and ``drafter``: the key of the drafter the operator trains, if it does
+    (computed once per parsed spec by the reconciler; {} for an invalid spec)."""
+    if spec is None:
+        return {}
+    keys: dict[str, str] = {v: engine_key(spec, v) for v in VARIANTS}
+    if (trained := drafter_key(spec)) is not None:
+        keys["drafter"] = trained
+    return keys

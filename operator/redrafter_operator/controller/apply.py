@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping
 import aiohttp
 from kubernetes_asyncio import client as k8s_client
 
-from .facts import FIELD_MANAGER, manifest_hash, owned_fields
+from .fingerprints import FIELD_MANAGER, manifest_hash, owned_fields
 
 log = logging.getLogger(__name__)
 
@@ -155,11 +155,11 @@ class KubeClient:
 @dataclass(frozen=True)
 class ChildState:
     """What the watch shows of a child: its resourceVersion and the fingerprint of the fields the
-    operator owns (facts.owned_fields)."""
+    operator owns (fingerprints.owned_fields)."""
 
     resource_version: str
     owned_fields: str
-    owned_content: str = ""  # facts.owned_content: the manifest hash of what the operator's fields hold
+    owned_content: str = ""  # fingerprints.owned_content: the manifest hash of what the operator's fields hold
 
 
 @dataclass

@@ -47,7 +47,7 @@ def merge_conditions(
             "status": cond.status,
             "reason": cond.reason,
             "message": _clip(cond.message),
-            "lastTransitionTime": now if changed or not prev.get("lastTransitionTime") else prev["lastTransitionTime"],
+            "lastTransitionTime": (None if changed or prev is None else prev.get("lastTransitionTime")) or now,
             "observedGeneration": generation,
         }
     order = {t: i for i, t in enumerate(CONDITION_TYPES)}

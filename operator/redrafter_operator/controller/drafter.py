@@ -9,10 +9,9 @@ the base engine builds and serves while the drafter trains.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Mapping
 
-from engine_jobs.contract import TrainingProgress, TrainingResult
+from engine_jobs.contract import TrainingResult
 
 from ..render.build import drafter_path
 from ..render.common import Owner
@@ -20,22 +19,12 @@ from ..render.training import STAGE, training_configmap, training_job
 from .engines import TRAINING_REASONS, Stage, plan_stage
 from .facts import Observed
 from .plan_types import READY_STATES, Plan, Resource
+from .reports import TrainingReport
 
 #: status.drafter fields a running training reports (copied from the pod's progress)
 PROGRESS_FIELDS = ("phase", "step", "totalSteps", "loss")
 #: status.drafter fields of a finished training (from its termination message)
 RESULT_FIELDS = ("heldOutAcceptance", "untrainedAcceptance", "tokensPerStep", "steps", "loss")
-
-
-@dataclass(frozen=True)
-class TrainingReport:
-    """What the training monitor read from a running training pod (its progress, or why it could not)."""
-
-    key: str  # the drafter key the Job trains
-    job: str
-    progress: TrainingProgress | None = None
-    error: str = ""
-    at: str = ""  # when it was read (RFC 3339)
 
 
 def drafter_stage(res: Resource, owner: Owner, key: str) -> Stage:

@@ -6,18 +6,16 @@ the planner's inputs are plain values that unit tests can write by hand.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
 from ..render import cache_jobs, names
 from ..render.placement import Node
+from .fingerprints import owned_content, owned_fields
 
 JobState = Literal["Running", "Succeeded", "Failed"]
 
-FIELD_MANAGER = names.MANAGED_BY  # the operator's server-side apply field manager
 ANNOTATION_ATTEMPT = f"{names.DOMAIN}/attempt"
 ANNOTATION_ARTIFACT = f"{names.DOMAIN}/artifact"
 ANNOTATION_RETRY_TOKEN = f"{names.DOMAIN}/retry-token"  # retry-build annotation value a Job was created under
@@ -28,95 +26,6 @@ JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")
 #: message ("Container build for pod ns/p failed with exit code 2 matching FailJob rule at index 0")
 REASON_POD_FAILURE_POLICY = "PodFailurePolicy"
 _FAIL_JOB_EXIT_CODE = re.compile(r"failed with exit code (\d+) matching FailJob rule")
-
-
-def manifest_hash(manifest: Mapping[str, Any]) -> str:
-    """Stable hash of what the operator wants an object to be (labels, annotations, spec, data)."""
-    meta = manifest.get("metadata", {})
-    relevant = {
-        "labels": meta.get("labels") or {},
-        "annotations": meta.get("annotations") or {},
-        "ownerReferences": meta.get("ownerReferences") or [],
-        **{k: v for k, v in manifest.items() if k not in ("metadata", "status", "apiVersion", "kind")},
-    }
-    text = json.dumps(relevant, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def owned_fields(body: Mapping[str, Any]) -> str:
-    """Fingerprint of the fields the operator's server-side apply owns on an object ("" if none).
-
-    The API server moves a field out of this set when anyone else changes or removes it (an Update
-    takes the fields it changes), so a changed fingerprint is drift of exactly the fields the operator
-    manages, seen from the watch without comparing whole objects.
-    """
-    entry = _our_apply_entry(body)
-    if entry is None:
-        return ""
-    text = json.dumps(entry.get("fieldsV1") or {}, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _our_apply_entry(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    for entry in body.get("metadata", {}).get("managedFields") or []:
-        if entry.get("manager") == FIELD_MANAGER and entry.get("operation") == "Apply" and not entry.get("subresource"):
-            return entry
-    return None
-
-
-def owned_content(body: Mapping[str, Any]) -> str:
-    """:func:`manifest_hash` of the object as far as the operator's apply owns it ("" if it owns nothing).
-
-    The live object cut down to the fields of the operator's Apply entry in ``managedFields`` is what its
-    last apply set, as long as nobody took a field since (an Update moves the fields it changes to its
-    manager, so they drop out of the cut). Equal to the hash of a desired manifest: applying that manifest
-    would change nothing, which a restarted operator knows from the watch without having applied anything.
-    """
-    entry = _our_apply_entry(body)
-    if entry is None:
-        return ""
-    fields = entry.get("fieldsV1") or {}
-    cut = _project(dict(body), fields)
-    meta = cut.get("metadata") if isinstance(cut, dict) else None
-    if not isinstance(cut, dict) or (meta is not None and not isinstance(meta, dict)):
-        return ""
-    return manifest_hash(cut)
-
-
-def _project(value: Any, fields: Mapping[str, Any]) -> Any:
-    """``value`` cut down to a fieldsV1 tree (``f:`` fields, ``k:`` items of keyed lists, ``v:`` set members);
-    a leaf (no children but ``.``) keeps its whole value, as an atomic field or list is owned whole."""
-    children = {k: v for k, v in fields.items() if k != "."}
-    if not children:
-        return value
-    if isinstance(value, dict):
-        return {
-            key[2:]: _project(value[key[2:]], sub or {})
-            for key, sub in children.items()
-            if key.startswith("f:") and key[2:] in value
-        }
-    if isinstance(value, list):
-        out = []
-        for item in value:
-            for key, sub in children.items():
-                if key.startswith("k:") and isinstance(item, dict):
-                    try:
-                        ident = json.loads(key[2:])
-                    except ValueError:
-                        continue
-                    if all(item.get(k, "TCP" if k == "protocol" else None) == v for k, v in ident.items()):
-                        out.append(_project(item, sub or {}))  # key fields the apply set are f: fields too
-                        break
-                elif key.startswith("v:"):
-                    try:
-                        member = json.loads(key[2:])
-                    except ValueError:
-                        continue
-                    if item == member:
-                        out.append(item)
-                        break
-        return out
-    return value
 
 
 def _labels(body: Mapping[str, Any]) -> Mapping[str, str]:
@@ -198,7 +107,7 @@ def _cache_claim(body: Mapping[str, Any]) -> str:
     volumes = body.get("spec", {}).get("template", {}).get("spec", {}).get("volumes") or []
     for vol in volumes:
         if vol.get("name") == "cache":
-            return (vol.get("persistentVolumeClaim") or {}).get("claimName", "")
+            return str((vol.get("persistentVolumeClaim") or {}).get("claimName", ""))
     return ""
 
 
@@ -439,7 +348,7 @@ class ObjectFact:
 
 @dataclass(frozen=True)
 class RunJobFact:
-    """A validation or cache-collection Job: whether and how it finished (``job_result``'s form), and whether
+    """A validation or cache-collection Job: whether and how it finished, and whether
     the operator already reported its outcome (the ``redrafter.dev/reported`` annotation)."""
 
     name: str
@@ -468,11 +377,6 @@ class RunJobFact:
             reported=bool(_annotations(body).get(ANNOTATION_REPORTED)),
         )
 
-    def as_job(self) -> dict[str, Any]:
-        """The Job in the API's shape, as far as ``evaluate.outcome.job_result`` reads it."""
-        conditions = [{"type": self.result[0], "status": "True", "reason": self.result[1]}] if self.result else []
-        return {"metadata": {"name": self.name, "namespace": self.namespace}, "status": {"conditions": conditions}}
-
 
 @dataclass(frozen=True)
 class RunPodFact:
@@ -493,17 +397,6 @@ class RunPodFact:
             if term.get("message"):
                 messages[str(cs.get("name", ""))] = str(term["message"])
         return cls(job=job, name=meta.get("name", ""), created=meta.get("creationTimestamp", ""), messages=messages)
-
-    def as_pod(self) -> dict[str, Any]:
-        """The Pod in the API's shape, as far as ``evaluate.outcome.outcome_from_pod`` reads it."""
-        return {
-            "metadata": {"name": self.name, "creationTimestamp": self.created},
-            "status": {
-                "containerStatuses": [
-                    {"name": c, "state": {"terminated": {"message": m}}} for c, m in self.messages.items()
-                ]
-            },
-        }
 
 
 @dataclass(frozen=True)

@@ -27,21 +27,28 @@ from .facts import DeploymentFact, JobFact, ObjectFact, PodFact, RunJobFact, Run
 from .observe import NODES
 from .reconciler import Controller
 
-MANAGED = {"app.kubernetes.io/managed-by": names.MANAGED_BY}
+LabelFilter = Mapping[str, Any]  # kopf's label filters: a value, kopf.PRESENT/ABSENT or a callback
+MANAGED: LabelFilter = {"app.kubernetes.io/managed-by": names.MANAGED_BY}
 #: the Jobs that make the cache's artifacts, and their Pods: engine builds and drafter training
-BUILD = {**MANAGED, names.LABEL_COMPONENT: lambda value, **_: value in ("engine-build", training.COMPONENT)}
-SERVING = {**MANAGED, names.LABEL_COMPONENT: "serving"}
-VALIDATION = {**MANAGED, names.LABEL_COMPONENT: validation.COMPONENT}
-COLLECTION = {**MANAGED, names.LABEL_COMPONENT: cache_jobs.COMPONENT}
-COLLECTION_JOBS = {**MANAGED, cache_jobs.LABEL_VERB: kopf.PRESENT}  # the CronJob's, and builds that collect first
+BUILD: LabelFilter = {
+    **MANAGED,
+    names.LABEL_COMPONENT: lambda value, **_: value in ("engine-build", training.COMPONENT),
+}
+SERVING: LabelFilter = {**MANAGED, names.LABEL_COMPONENT: "serving"}
+VALIDATION: LabelFilter = {**MANAGED, names.LABEL_COMPONENT: validation.COMPONENT}
+COLLECTION: LabelFilter = {**MANAGED, names.LABEL_COMPONENT: cache_jobs.COMPONENT}
+COLLECTION_JOBS: LabelFilter = {
+    **MANAGED,
+    cache_jobs.LABEL_VERB: kopf.PRESENT,
+}  # the CronJob's, and builds that collect first
 #: Pods whose termination message the operator reads: validation verdicts, collection reports (the collection
 #: CronJob's Jobs, and a build Job that collects before it builds: its init container's report)
-RUN_PODS = {
+RUN_PODS: LabelFilter = {
     **MANAGED,
     names.LABEL_COMPONENT: lambda value, **_: value in (validation.COMPONENT, cache_jobs.COMPONENT),
     "batch.kubernetes.io/job-name": kopf.PRESENT,
 }
-BEFORE_BUILD_PODS = {**BUILD, cache_jobs.LABEL_VERB: cache_jobs.VERB_BEFORE_BUILD}
+BEFORE_BUILD_PODS: LabelFilter = {**BUILD, cache_jobs.LABEL_VERB: cache_jobs.VERB_BEFORE_BUILD}
 
 
 _UNRESOLVED = "Unresolved resources cannot be served"  # kopf 1.45, _core/reactor/observation.py
@@ -132,58 +139,58 @@ def register(
         }
 
     @kopf.index("", "v1", "pods", labels=BUILD, registry=registry, id="rdd_build_pods")
-    def rdd_build_pods(body: kopf.Body, namespace: str, **_: Any) -> dict[Any, PodFact]:
+    def rdd_build_pods(body: kopf.Body, namespace: str | None, **_: Any) -> dict[Any, PodFact]:
         pod = PodFact.from_body(body)
         return {(namespace, pod.job): pod} if pod.job else {}
 
     @kopf.index("batch", "v1", "jobs", labels=VALIDATION, registry=registry, id="rdd_validation_jobs")
-    def rdd_validation_jobs(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[Any, RunJobFact]:
+    def rdd_validation_jobs(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> dict[Any, RunJobFact]:
         job = RunJobFact.from_body(body)
         return {("owner", namespace, job.owner): job, ("name", namespace, name): job}
 
     @kopf.index("batch", "v1", "jobs", labels=COLLECTION_JOBS, registry=registry, id="rdd_collection_jobs")
-    def rdd_collection_jobs(body: kopf.Body, namespace: str, **_: Any) -> dict[Any, RunJobFact]:
+    def rdd_collection_jobs(body: kopf.Body, namespace: str | None, **_: Any) -> dict[Any, RunJobFact]:
         job = RunJobFact.from_body(body)
         return {(namespace, job.claim): job}
 
     @kopf.index("", "v1", "pods", labels=RUN_PODS, registry=registry, id="rdd_run_pods")
-    def rdd_run_pods(body: kopf.Body, namespace: str, **_: Any) -> dict[Any, RunPodFact]:
+    def rdd_run_pods(body: kopf.Body, namespace: str | None, **_: Any) -> dict[Any, RunPodFact]:
         pod = RunPodFact.from_body(body)
         return {(namespace, pod.job): pod}
 
     @kopf.index("", "v1", "pods", labels=BEFORE_BUILD_PODS, registry=registry, id="rdd_before_build_pods")
-    def rdd_before_build_pods(body: kopf.Body, namespace: str, **_: Any) -> dict[Any, RunPodFact]:
+    def rdd_before_build_pods(body: kopf.Body, namespace: str | None, **_: Any) -> dict[Any, RunPodFact]:
         pod = RunPodFact.from_body(body)
         return {(namespace, pod.job): pod}
 
     @kopf.index("batch", "v1", "cronjobs", labels=COLLECTION, registry=registry, id="rdd_cronjobs")
-    def rdd_cronjobs(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[Any, ObjectFact]:
+    def rdd_cronjobs(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> dict[Any, ObjectFact]:
         return {("name", namespace, name): ObjectFact.from_body(body)}
 
     @kopf.index("", "v1", "pods", labels=SERVING, registry=registry, id="rdd_serving_pods")
-    def rdd_serving_pods(body: kopf.Body, namespace: str, **_: Any) -> dict[Any, ServingPodFact]:
+    def rdd_serving_pods(body: kopf.Body, namespace: str | None, **_: Any) -> dict[Any, ServingPodFact]:
         """Serving Pods: the scheduler's and the kubelet's word on why a rollout does not progress."""
         pod = ServingPodFact.from_body(body)
         return {("owner", namespace, pod.owner): pod} if pod.owner else {}
 
     @kopf.index("apps", "v1", "deployments", labels=MANAGED, registry=registry, id="rdd_deployments")
-    def rdd_deployments(body: kopf.Body, namespace: str, **_: Any) -> dict[Any, DeploymentFact]:
+    def rdd_deployments(body: kopf.Body, namespace: str | None, **_: Any) -> dict[Any, DeploymentFact]:
         dep = DeploymentFact.from_body(body)
         owner = (body.get("metadata", {}).get("labels") or {}).get(names.LABEL_DEPLOYMENT, "")
         return {("owner", namespace, owner): dep, ("name", namespace, dep.name): dep}
 
     @kopf.index("", "v1", "services", labels=MANAGED, registry=registry, id="rdd_services")
-    def rdd_services(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[Any, ObjectFact]:
+    def rdd_services(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> dict[Any, ObjectFact]:
         return {("name", namespace, name): ObjectFact.from_body(body)}
 
     @kopf.index("", "v1", "configmaps", labels=MANAGED, registry=registry, id="rdd_configmaps")
-    def rdd_configmaps(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[Any, ObjectFact]:
+    def rdd_configmaps(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> dict[Any, ObjectFact]:
         return {("name", namespace, name): ObjectFact.from_body(body)}
 
     @kopf.index(
         "networking.k8s.io", "v1", "networkpolicies", labels=MANAGED, registry=registry, id="rdd_networkpolicies"
     )
-    def rdd_networkpolicies(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[Any, ObjectFact]:
+    def rdd_networkpolicies(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> dict[Any, ObjectFact]:
         return {("name", namespace, name): ObjectFact.from_body(body)}
 
     # The InferencePool CRD may be absent (the feature is optional): kopf then serves nothing for these two
@@ -196,11 +203,11 @@ def register(
         registry=registry,
         id="rdd_inferencepools",
     )
-    def rdd_inferencepools(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[Any, ObjectFact]:
+    def rdd_inferencepools(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> dict[Any, ObjectFact]:
         return {("name", namespace, name): ObjectFact.from_body(body)}
 
     @kopf.index(GROUP, VERSION, PLURAL, registry=registry, id="rdd_ready")
-    def rdd_ready(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[Any, str]:
+    def rdd_ready(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> dict[Any, str]:
         """Artifacts a resource's status shows Ready: they outlive the Jobs that built them."""
         claim = ((body.get("spec") or {}).get("engine") or {}).get("cache", {}).get("claimName", "engine-cache")
         status = body.get("status") or {}

@@ -215,6 +215,14 @@ class OperatorMetrics:
         threshold = speculation.get("minAcceptanceRate", Speculation.model_fields["min_acceptance_rate"].default)
         self.min_acceptance.labels(*key).set(float(threshold))
 
+    def on_transition(self, namespace: str, name: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+        """Count what changed between the observed and the written status: build outcomes and engine switches."""
+        for variant, result in build_outcomes(old, new):
+            self.builds.labels(variant, result).inc()
+        before, after = old.get("activeEngine"), new.get("activeEngine")
+        if before and after and before != after:
+            self.switches.labels(namespace, name, before, after).inc()
+
     def forget_resource(self, namespace: str, name: str) -> None:
         """Drop every per-resource series of a deleted resource (a stale 1 would keep alerts firing)."""
         self.set_phase(namespace, name, None)
@@ -242,6 +250,31 @@ class OperatorMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def build_outcomes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(variant, succeeded | cached | failed) for each engine whose build state moved between two statuses.
+
+    A build attempt failed when the engine turns Failed, or when a Building engine moves on to a later
+    attempt's Job (the earlier one failed and was retried).
+    """
+    out = []
+    for variant in ENGINES:
+        was = (old.get("engines") or {}).get(variant) or {}
+        now = (new.get("engines") or {}).get(variant) or {}
+        state, job = now.get("state"), now.get("job")
+        if (was.get("state"), was.get("job")) == (state, job):
+            continue
+        if state == "Ready":
+            out.append((variant, "succeeded"))
+        elif state == "Cached":
+            out.append((variant, "cached"))
+        elif state == "Failed" and was.get("state") != "Failed":
+            out.append((variant, "failed"))
+        elif state == "Building" and was.get("state") == "Building" and was.get("job"):
+            if int(now.get("attempts") or 0) > int(was.get("attempts") or 0):
+                out.append((variant, "failed"))
+    return out
 
 
 def _remove(gauge: Gauge, labels: tuple[str, ...]) -> None:

@@ -12,7 +12,6 @@ from typing import Any, Mapping
 
 from engine_jobs.contract import VARIANTS
 
-from ..api.engine_key import drafter_key, engine_key
 from ..api.spec import ReDrafterDeploymentSpec
 from ..render import names
 from ..render.build import artifact_path, drafter_path
@@ -50,21 +49,10 @@ def cache_of(spec: ReDrafterDeploymentSpec | None, keys: Mapping[str, str]) -> t
     an invalid spec)."""
     if spec is None:
         return "", {}
-    paths = {v: artifact_path(spec, keys[v]) for v in VARIANTS}
+    paths: dict[str, str] = {v: artifact_path(spec, keys[v]) for v in VARIANTS}
     if "drafter" in keys:
         paths["drafter"] = drafter_path(spec, keys["drafter"])
     return spec.engine.cache.claim_name, paths
-
-
-def engine_keys(spec: ReDrafterDeploymentSpec | None) -> dict[str, str]:
-    """Each variant's engine key, and ``drafter``: the key of the drafter the operator trains, if it does
-    (computed once per parsed spec by the reconciler)."""
-    if spec is None:
-        return {}
-    keys = {v: engine_key(spec, v) for v in VARIANTS}
-    if (trained := drafter_key(spec)) is not None:
-        keys["drafter"] = trained
-    return keys
 
 
 def child_state(indexes: Mapping[str, Any], manifest: Mapping[str, Any]) -> ChildState | None:

@@ -11,25 +11,25 @@ validation gate (:mod:`.gate`), the serving targets and the blue/green step towa
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Mapping
+from typing import Any, Mapping
 
 from engine_jobs.contract import VARIANTS
 
+from ..api.engine_key import engine_keys as engine_keys_of
 from ..api.spec import ReDrafterDeploymentSpec, parse_spec
 from ..render.common import Owner, in_engine_concurrency
 from . import routing
+from .collection import collection_children
 from .conditions import merge_conditions
-from .drafter import TrainingReport, plan_drafter, waiting_engine
+from .drafter import plan_drafter, waiting_engine
 from .engines import engine_stage, plan_engine
-from .facts import Observed, manifest_hash
-from .gate import gate_from_status, promotion_state
-from .observe import engine_keys as engine_keys_of
+from .facts import Observed
+from .fingerprints import manifest_hash
 from .plan_types import READY_STATES, Plan, Renderers, Resource, ServingTargets
-from .retention import RetentionReport
-from .speculation import SpeculationReport
+from .reports import RetentionReport, SpeculationReport, TrainingReport
 from .status import invalid_plan, resource_status, schedulable, status_events, unplaced_message
 from .targets import default_targets, deployable_key, plan_switch
-from .validation import operator_image, plan_validation
+from .validation import gate_from_status, operator_image, plan_validation, promotion_state
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def plan(
     drafter = (
         plan_drafter(res, owner, observed, result, keys["drafter"], inputs.training) if "drafter" in keys else None
     )
-    engines = {}
+    engines: dict[str, dict[str, Any]] = {}
     for v in VARIANTS:
         if v == "redrafter" and drafter is not None and drafter["state"] not in READY_STATES:
             stage = engine_stage(res, owner, v, keys[v])
@@ -89,7 +89,7 @@ def plan(
         result.create.append(validation.job)
     wanted = inputs.targets or (inputs.speculation.targets if inputs.speculation else None)
     tgt = gate_from_status(wanted or default_targets(spec, current), spec, current)
-    deploy = {v: deployable_key(v, engines[v], observed) for v in VARIANTS}
+    deploy: dict[str, str | None] = {v: deployable_key(v, engines[v], observed) for v in VARIANTS}
     gate, stable = promotion_state(spec, current, engines)
     if stable:  # the promoted ReDrafter engine keeps the primary Deployment until the new one passes
         deploy["redrafter"] = stable
@@ -116,11 +116,10 @@ def plan(
     if not routing.enabled(spec) and observed.routing_pool is not None:
         result.delete.append(routing.stale_pool(res.name, res.namespace))
 
-    if inputs.retention is not None:
-        result.apply += inputs.retention.apply
-        result.delete += inputs.retention.delete
-        result.annotate += inputs.retention.annotate
-        result.events += inputs.retention.events
+    if inputs.retention is not None and inputs.retention.claim is not None:
+        apply, delete = collection_children(inputs.retention.claim)
+        result.apply += apply
+        result.delete += delete
     status_res = Resource(res.name, res.namespace, res.uid, res.generation, res.spec, res.annotations, current)
     result.status = resource_status(
         status_res,

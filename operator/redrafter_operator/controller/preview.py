@@ -20,17 +20,17 @@ from typing import Any, Mapping
 
 from engine_jobs.contract import VARIANTS, Variant
 
+from ..api.engine_key import engine_keys
 from ..api.spec import parse_spec
 from ..render import names
 from ..render.build import artifact_path, drafter_path
 from ..render.cache_refs import references_document
 from ..render.validation import DEFAULT_OPERATOR_IMAGE
 from .facts import DeploymentFact, Observed
-from .observe import engine_keys
 from .plan_types import Plan, Resource, ServingTargets
 from .planner import Inputs, plan
 from .renderers import default_renderers
-from .retention import collection_children
+from .reports import ClaimFacts, ClaimUser, RetentionReport
 
 NOW = "1970-01-01T00:00:00Z"  # status timestamps are not rendered
 
@@ -129,14 +129,16 @@ def planned_children(
         replicas={active: spec.serving.replicas, other: standby},
         canary=1 if canary and active == "base" else 0,
     )
-    replicas = {active: spec.serving.replicas, other: standby}
+    replicas: dict[str, int] = {active: spec.serving.replicas, other: standby}
     up = {v: _rolled_out(d.name, v, keys[v], replicas[v]) for v, d in up.items()}
-    retention = collection_children(
-        res.namespace,
-        spec.engine.cache.claim_name,
-        [(res.name, res.uid, spec)],
-        references_document([{**body, "status": serving}], []),
-        image,
+    retention = RetentionReport(
+        ClaimFacts(
+            res.namespace,
+            spec.engine.cache.claim_name,
+            (ClaimUser(res.name, res.uid, spec),),
+            references_document([{**body, "status": serving}], []),
+            image,
+        )
     )
     stages.append(
         stage(

@@ -24,21 +24,20 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from ..api import KIND
+from ..api.engine_key import engine_keys
 from ..api.spec import ReDrafterDeploymentSpec, parse_spec
 from ..render import names
 from ..render.placement import Node
 from .apply import ApiError, Applier, ChildState, KubeClient, merge_patch, object_path
 from .clock import Clock, SystemClock
-from .drafter import TrainingReport
 from .facts import DeploymentFact, JobFact, Observed
 from .metrics import OperatorMetrics
-from .observe import BuildClaim, ClaimRef, FailedPodMessages, cache_of, child_state, engine_keys, observe
+from .observe import BuildClaim, ClaimRef, FailedPodMessages, cache_of, child_state, observe
 from .plan_types import EventSpec, Plan, Renderers, Resource, ServingTargets
 from .planner import Inputs, plan
+from .reports import RetentionReport, SpeculationReport, TrainingReport
 from .resource_io import Monitor, index_entries, now_rfc3339, post_event, status_path
-from .retention import RetentionReport
 from .routing import CRD_MISSING_MESSAGE, crd_missing
-from .speculation import SpeculationReport
 from .workqueue import ResourceKey, WorkQueue
 
 log = logging.getLogger("redrafter_operator.controller")
@@ -184,7 +183,7 @@ class Controller:
                 self._pending_annotations,
                 self.failures,
             ):
-                memory.pop(key, None)  # type: ignore[attr-defined]
+                memory.pop(key, None)
             self.unplaced.discard(key)
             self._set_waiting(key, set())
             for monitor in self.monitors:
@@ -305,17 +304,18 @@ class Controller:
                 for slot in [s for s in self._next_run if s[0] is not None and s[0] not in self.bodies]:
                     del self._next_run[slot]
             for i, monitor in enumerate(self.monitors):
-                for key in list(self.bodies) if monitor.per_resource else [None]:
-                    slot = (key, i)
+                due: list[ResourceKey | None] = [*self.bodies] if monitor.per_resource else [None]
+                for who in due:
+                    slot = (who, i)
                     if slot in self._running or now < self._next_run.get(slot, 0.0):
                         continue
                     try:
-                        self._next_run[slot] = now + max(1.0, monitor.interval(self, key))
+                        self._next_run[slot] = now + max(1.0, monitor.interval(self, who))
                     except Exception:  # a monitor's bug must not stop serving reconciles
-                        log.exception("monitor %s failed for %s", type(monitor).__name__, key)
+                        log.exception("monitor %s failed for %s", type(monitor).__name__, who)
                         continue
                     self._running.add(slot)
-                    task = asyncio.create_task(self._run(monitor, slot), name=f"redrafter-monitor-{i}-{key}")
+                    task = asyncio.create_task(self._run(monitor, slot), name=f"redrafter-monitor-{i}-{who}")
                     self._run_tasks.add(task)
                     task.add_done_callback(self._run_tasks.discard)
 
@@ -479,15 +479,7 @@ class Controller:
             self.written[key] = result.status
         for ev in [*result.events, *self._pending_events.pop(key, [])]:
             post_event(body, ev.type, ev.reason, ev.message)
-            if ev.reason in ("EngineReady", "EngineCached", "BuildFailed"):
-                variant = ev.message.split(" ", 1)[0]
-                self.metrics.builds.labels(
-                    variant, {"EngineReady": "succeeded", "EngineCached": "cached", "BuildFailed": "failed"}[ev.reason]
-                ).inc()
-            if ev.reason == "Switched":
-                self.metrics.switches.labels(
-                    res.namespace, res.name, current.get("activeEngine", ""), result.status.get("activeEngine", "")
-                ).inc()
+        self.metrics.on_transition(res.namespace, res.name, current, result.status)
         self.metrics.observe_resource(res.namespace, res.name, res.spec, result.status)
         self.metrics.reconciles.labels("ok").inc()
         self.metrics.duration.observe(time.perf_counter() - started)

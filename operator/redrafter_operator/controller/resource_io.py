@@ -9,7 +9,7 @@ small fake with the same attributes. Monitors read; only the reconciler writes (
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping, Protocol
+from typing import Any, Mapping, Protocol, cast
 
 import kopf
 
@@ -87,9 +87,9 @@ def post_event(body: Mapping[str, Any], type_: str, reason: str, message: str) -
     """An Event on the resource (kopf's poster batches and retries them)."""
     try:
         if type_ == "Warning":
-            kopf.warn(dict(body), reason=reason, message=message)
+            kopf.warn(cast(kopf.Body, dict(body)), reason=reason, message=message)
         else:
-            kopf.info(dict(body), reason=reason, message=message)
+            kopf.info(cast(kopf.Body, dict(body)), reason=reason, message=message)
     except LookupError:  # outside a running kopf operator (unit use): log only
         pass
     (log.warning if type_ == "Warning" else log.info)(
@@ -109,7 +109,10 @@ def variant_deployments(indexes: Mapping[str, Any], ns: str, name: str) -> dict[
     """The variant Deployments' facts from the reconciler's index (spec replicas, engine key), and the
     candidate's (key ``candidate``) when there is one."""
     out: dict[str, Any] = {}
-    wanted = {**{v: names.serving_deployment_name(name, v) for v in VARIANTS}, "candidate": names.candidate_name(name)}
+    wanted: dict[str, str] = {
+        **{v: names.serving_deployment_name(name, v) for v in VARIANTS},
+        "candidate": names.candidate_name(name),
+    }
     for v, dep_name in wanted.items():
         facts = index_entries(indexes, "rdd_deployments", ("name", ns, dep_name))
         if facts:

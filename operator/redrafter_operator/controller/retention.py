@@ -1,16 +1,14 @@
-"""Engine cache retention: per cache claim, a references ConfigMap and a collection CronJob; their results
-as Events and metrics.
+"""Engine cache retention: per cache claim, the facts its collection children are rendered from; the
+collections' results as Events and metrics.
 
 A monitor, once for the whole controller every minute (not per resource: the work is per claim, and the
 references are every resource's): it groups the resources by (namespace, claim) from the parsed specs the
-controller keeps, and hands the first resource (by name) on each claim a :class:`RetentionReport` with the
-claim's children; that resource's reconcile applies them. It reads only the indexes and writes nothing.
+controller keeps, and hands the first resource (by name) on each claim a :class:`~.reports.RetentionReport`
+with the claim's :class:`~.reports.ClaimFacts`; that resource's plan renders the references ConfigMap and the
+collection CronJob from them (:mod:`.collection`). It reads only the indexes and writes nothing.
 
 * References: every key any known ReDrafterDeployment (all watched namespaces) names in its spec or
   status, plus the keys the serving Deployments run. Over-listing only keeps an engine longer.
-* Retention: the resources on the claim that enable one; when they disagree the collection keeps the
-  most (largest keep, largest maxAge, the first resource's schedule). None enabled: the CronJob is deleted
-  if the index shows one (an earlier retention's).
 * Results: each finished collection Job's termination message (JSON, engine_jobs.cache_gc.Report), read
   from the watched Job and Pod, becomes an Event on every resource using the claim and updates
   ``redrafter_engine_cache_bytes`` and ``redrafter_engine_cache_reclaimed_bytes_total``; the reconciler then
@@ -22,19 +20,17 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from engine_jobs.progress import human_bytes
 
-from ..api import API_VERSION, KIND
 from ..api.spec import ReDrafterDeploymentSpec
-from ..api.types import parse_duration
 from ..render import cache_jobs, names
 from ..render.cache_refs import references_document
 from .facts import ANNOTATION_REPORTED, RunJobFact, RunPodFact
 from .metrics import OperatorMetrics
 from .plan_types import EventSpec
+from .reports import ClaimFacts, ClaimUser, RetentionReport
 from .resource_io import Host, current_status, index_entries
 from .validation import operator_image
 from .workqueue import ResourceKey
@@ -42,29 +38,6 @@ from .workqueue import ResourceKey
 log = logging.getLogger("redrafter_operator.controller")
 
 INTERVAL_SECONDS = 60.0
-
-
-def merged_retention(specs: list[ReDrafterDeploymentSpec]) -> tuple[int | None, str | None, str] | None:
-    """(keep, max age in whole seconds, schedule) keeping the union of what the claim's resources keep, or None.
-
-    An engine is kept when it is among the ``keep`` most recent *or* younger than ``maxAge``, so the union
-    of several retentions is the largest keep with the largest maxAge.
-    """
-    enabled = [s.engine.cache.retention for s in specs if s.engine.cache.retention.enabled]
-    if not enabled:
-        return None
-    keeps = [r.keep for r in enabled if r.keep is not None]
-    ages = [parse_duration(r.max_age) for r in enabled if r.max_age is not None]
-    return (max(keeps) if keeps else None, f"{int(max(ages))}s" if ages else None, enabled[0].schedule)
-
-
-def owner_refs(users: list[tuple[str, str, ReDrafterDeploymentSpec]]) -> list[dict[str, Any]]:
-    """Every resource on the claim owns its collection children (none is the controller: they are shared)."""
-    return [
-        {"apiVersion": API_VERSION, "kind": KIND, "name": name, "uid": uid, "blockOwnerDeletion": False}
-        for name, uid, _ in users
-        if uid
-    ]
 
 
 def report_event(report: Mapping[str, Any], claim: str) -> EventSpec:
@@ -82,46 +55,6 @@ def report_event(report: Mapping[str, Any], claim: str) -> EventSpec:
         f"collection of cache claim {claim} removed {what}, freed "
         f"{human_bytes(int(report.get('freedBytes') or 0))}{': ' + keys if count else ''}; "
         f"{report.get('kept', 0)} kept, {human_bytes(int(report.get('cacheBytes') or 0))} in the cache",
-    )
-
-
-@dataclass(frozen=True)
-class RetentionReport:
-    """A claim's collection children for the resource that acts for the claim, and Events for every user."""
-
-    apply: tuple[dict[str, Any], ...] = ()  # the references ConfigMap and the CronJob
-    delete: tuple[dict[str, Any], ...] = ()  # a CronJob no resource on the claim asks for any more
-    events: tuple[EventSpec, ...] = ()
-    annotate: tuple[tuple[dict[str, Any], dict[str, str]], ...] = field(default=())  # (Job ref, annotations)
-
-
-def collection_children(
-    namespace: str, claim: str, users: list[tuple[str, str, ReDrafterDeploymentSpec]], document: str, image: str
-) -> RetentionReport | None:
-    """The claim's references ConfigMap and collection CronJob for its users (name, uid, spec; the first acts
-    for the claim), or None when none of them enables a retention."""
-    retention = merged_retention([s for _, _, s in users])
-    if retention is None:
-        return None
-    name = cache_jobs.collection_name(claim)
-    owners = owner_refs(users)
-    keep, max_age, schedule = retention
-    return RetentionReport(
-        apply=(
-            cache_jobs.references_config_map(
-                name=name, namespace=namespace, claim=claim, document=document, owners=owners
-            ),
-            cache_jobs.collection_cronjob(
-                namespace=namespace,
-                claim=claim,
-                sub_path=users[0][2].engine.cache.sub_path,
-                image=image,
-                schedule=schedule,
-                keep=keep,
-                max_age=max_age,
-                owners=owners,
-            ),
-        )
     )
 
 
@@ -156,28 +89,32 @@ class RetentionMonitor:
         for (ns, claim), users in claims.items():
             users.sort(key=lambda u: u[0][1])
             events = self._collections(host, ns, claim)
-            report = self._children(host, ns, claim, users, document)
             host.hand_over(
                 users[0][0],
-                RetentionReport(report.apply, report.delete, tuple(e for e, _ in events), tuple(a for _, a in events)),
+                RetentionReport(
+                    self._facts(host, ns, claim, users, document),
+                    tuple(e for e, _ in events),
+                    tuple(a for _, a in events),
+                ),
             )
             for k, _ in users[1:]:
                 if events:
                     host.hand_over(k, RetentionReport(events=tuple(e for e, _ in events)))
 
-    def _children(
+    def _facts(
         self, host: Host, ns: str, claim: str, users: list[tuple[ResourceKey, ReDrafterDeploymentSpec]], document: str
-    ) -> RetentionReport:
-        named = [(k[1], (host.bodies[k].get("metadata") or {}).get("uid") or "", s) for k, s in users]
-        report = collection_children(ns, claim, named, document, self.image or operator_image())
-        if report is not None:
-            return report
-        name = cache_jobs.collection_name(claim)
-        if index_entries(host.indexes, "rdd_cronjobs", ("name", ns, name)):  # an earlier retention's
-            return RetentionReport(
-                delete=({"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": name, "namespace": ns}},)
-            )
-        return RetentionReport()
+    ) -> ClaimFacts:
+        """What the planner renders the claim's children from (the first user acts for the claim)."""
+        return ClaimFacts(
+            namespace=ns,
+            claim=claim,
+            users=tuple(ClaimUser(k[1], (host.bodies[k].get("metadata") or {}).get("uid") or "", s) for k, s in users),
+            document=document,
+            image=self.image or operator_image(),
+            cronjob_seen=bool(
+                index_entries(host.indexes, "rdd_cronjobs", ("name", ns, cache_jobs.collection_name(claim)))
+            ),
+        )
 
     def _references(self, host: Host) -> str:
         bodies = [{**body, "status": current_status(host, key)} for key, body in host.bodies.items()]
@@ -245,11 +182,4 @@ class RetentionMonitor:
         return report_event(report, claim)
 
 
-__all__ = [
-    "RetentionMonitor",
-    "RetentionReport",
-    "collection_children",
-    "merged_retention",
-    "owner_refs",
-    "report_event",
-]
+__all__ = ["RetentionMonitor", "report_event"]

@@ -24,7 +24,6 @@ spec, or for a resource being deleted. With ``mode: Never`` the planner owns the
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from pydantic import ValidationError
@@ -39,9 +38,10 @@ from ..render import names
 from .apply import merge_patch
 from .clock import rfc3339
 from .conditions import Cond
-from .gate import validated_engines
 from .plan_types import READY_STATES, EventSpec, ServingTargets
+from .reports import SpeculationReport
 from .resource_io import Host, current_status, index_entries, interval_of, variant_deployments
+from .validation import validated_engines
 from .workqueue import ResourceKey
 
 log = logging.getLogger("redrafter_operator.controller.speculation")
@@ -135,17 +135,6 @@ def changed(old: Mapping[str, Any], fields: Mapping[str, Any], *, now: float) ->
     return merge_patch(_volatile_free(current, now), _volatile_free(fields, now)) is not None
 
 
-@dataclass(frozen=True)
-class SpeculationReport:
-    """One evaluation, for the reconciler to fold in: status fields, the condition, the targets, the Events."""
-
-    uid: str
-    fields: Mapping[str, Any]  # status.speculation, status.policy (, status.history)
-    condition: Cond | None
-    targets: ServingTargets
-    events: tuple[EventSpec, ...] = field(default=())
-
-
 # ---- the monitor ---------------------------------------------------------------------------------
 class SpeculationMonitor:
     """Evaluates the speculation policy and autoscaler of each resource (see the module docs)."""
@@ -201,7 +190,7 @@ class SpeculationMonitor:
             v
             for v in VARIANTS
             if ((status.get("engines") or {}).get(v) or {}).get("state") in READY_STATES
-            or (deployments.get(v) is not None and getattr(deployments[v], "key", ""))
+            or (deployments.get(v) is not None and bool(getattr(deployments[v], "key", "")))
         )
         available &= validated_engines(spec, status)  # not validated: a switch to it is held (TargetNotReady)
         serving = str(status["activeEngine"])  # the pool taking the traffic (the gate may hold it on base)
@@ -224,11 +213,13 @@ class SpeculationMonitor:
 
         fields, cond = report_fields(spec, status, ev, new, previous_engine=previous, now=rfc3339(now))
         plan = ev.plan(spec, current)
-        targets = ServingTargets(active=plan.active, replicas=dict(plan.replicas), canary=plan.canary)
+        targets = ServingTargets(
+            active="base" if plan.active == "base" else "redrafter", replicas=dict(plan.replicas), canary=plan.canary
+        )
         events = self._account(key, spec, ev, previous, serving, current, plan.replicas.get(plan.active, current))
         # fields that changed only in timestamps keep the last report's (lastEvaluated: the last real change)
         if last is not None and last.uid == uid and not changed(status, fields, now=now):
-            fields = last.fields
+            fields = dict(last.fields)
         if (
             last is None
             or (uid, fields, cond, targets) != (last.uid, last.fields, last.condition, last.targets)

@@ -15,11 +15,11 @@ from ..api.spec import ReDrafterDeploymentSpec
 from ..render import names
 from .conditions import Cond, find, merge_conditions
 from .facts import DeploymentFact, Observed
-from .gate import ANNOTATION_RETRY_VALIDATION, Gate
 from .gitops import gitops_conditions
 from .plan_types import EventSpec, Plan, Resource, ServingTargets
 from .serving_health import ServingFailure, serving_failure
 from .targets import ServingPlan
+from .validation import ANNOTATION_RETRY_VALIDATION, Gate
 
 NO_MATCHING_GPU_NODES = "NoMatchingGPUNodes"
 
@@ -179,7 +179,9 @@ def resource_status(
             )
         )
     elif settled and not building:
-        conds.append(Cond("Progressing", "False", "Complete", f"serving the {active} engine {engines[active]['key']}"))
+        conds.append(
+            Cond("Progressing", "False", "Complete", f"serving the {active} engine {engines[str(active)]['key']}")
+        )
     elif step.switching:
         conds.append(Cond("Progressing", "True", "Switching", step.message))
     elif building:
@@ -210,10 +212,9 @@ def resource_status(
                 "speculation.mode is Never: serving the base engine",
             )
         )
-    elif (
-        not find(old_conditions, "SpeculationHealthy")
-        or find(old_conditions, "SpeculationHealthy").get("reason") == "SpeculationDisabled"
-    ):
+    elif (find(old_conditions, "SpeculationHealthy") or {"reason": "SpeculationDisabled"}).get(
+        "reason"
+    ) == "SpeculationDisabled":
         conds.append(Cond("SpeculationHealthy", "Unknown", "NotMeasured", "no acceptance measurement yet"))
 
     if (available or want_active == 0) and settled:  # scaled to zero on purpose is a settled state too

@@ -15,8 +15,8 @@ from ..api.spec import ReDrafterDeploymentSpec
 from ..policy import pinned_engine
 from ..policy.loop import canary_from_status
 from .facts import Observed
-from .gate import gate_from_status
 from .plan_types import READY_STATES, ServingTargets
+from .validation import gate_from_status
 
 
 def default_targets(spec: ReDrafterDeploymentSpec, status: Mapping[str, Any]) -> ServingTargets:
@@ -79,7 +79,7 @@ def plan_switch(
     Recreate: the previous variant goes to zero first (no spare GPUs), then the target comes up.
     """
     target = targets.active
-    want = {v: int(targets.replicas.get(v, 0)) for v in VARIANTS if deployable.get(v)}
+    want: dict[str, int] = {v: int(targets.replicas.get(v, 0)) for v in VARIANTS if deployable.get(v)}
     current = observed.service_pool if observed.service_pool in VARIANTS else None
     if not deployable.get(target):
         if current and deployable.get(current):

@@ -2,7 +2,7 @@
 
 The pod serves :class:`~engine_jobs.contract.TrainingProgress` as JSON on ``TRAINING_PROGRESS_PORT``; this
 monitor reads it every ``speculation.interval`` (at most every 30 s, so ``status.drafter`` moves at least once
-a minute while training) and hands a :class:`~.drafter.TrainingReport` over. It writes nothing. A pod that
+a minute while training) and hands a :class:`~.reports.TrainingReport` over. It writes nothing. A pod that
 does not answer yet (still fetching the model) or answers garbage is a report with an error, never a crash.
 """
 
@@ -16,7 +16,7 @@ from engine_jobs.contract import TRAINING_PROGRESS_PATH, TRAINING_PROGRESS_PORT,
 from ..metrics.scraper import read_body
 from ..render import names
 from ..render.training import STAGE
-from .drafter import TrainingReport
+from .reports import TrainingReport
 from .resource_io import Host, index_entries, interval_of, now_rfc3339
 from .workqueue import ResourceKey
 

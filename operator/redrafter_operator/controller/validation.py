@@ -1,4 +1,10 @@
-"""Validation before promotion, planned (pure) around ``evaluate.gate.validation_step``.
+"""The validation gate (pure), in one place: the validation step, its status and the promotion rules.
+
+The planner calls :func:`plan_validation` once per plan; the promotion rules (:func:`gate_of`,
+:func:`gated_targets`, :func:`promotion_state`, :func:`validated_engines`) decide from status alone, so a
+restarted operator gates from its first reconcile. The step reads the watched facts directly (the Job's
+result, its Pod's termination message in :mod:`redrafter_operator.evaluate.outcome`'s format) and speaks
+the controller's :class:`~.conditions.Cond` and :class:`~.plan_types.EventSpec`.
 
 When ``spec.validation.enabled`` and both engines are Ready/Cached, on every reconcile of the resource (its
 validation Jobs and their Pods are watched and indexed: a change of either wakes it):
@@ -6,7 +12,7 @@ validation Jobs and their Pods are watched and indexed: a change of either wakes
 1. while ``status.validation`` is not Passed for the current (ReDrafter key, base key) pair, both variant
    Deployments keep >= 1 replica (the Job compares the two variant Services' greedy outputs);
 2. ``pods_ready`` = both variant Deployments rolled out on the new keys with >= 1 Ready pod;
-3. ``validation_step`` with the observed Job ``validation_job_name(name, rkey, bkey, attempt)`` and its pod;
+3. :func:`validation_step` with the observed Job ``validation_job_name(name, rkey, bkey, attempt)`` and its pod;
    ``create_job`` -> ``render.validation.validation_job`` (create-only) (image: spec.validation.image, else
    $REDRAFTER_OPERATOR_IMAGE, the operator's own); status.validation, the ``Validated`` condition,
    ``status.speculation.crossoverConcurrency`` when measured, and the step's Events;
@@ -39,14 +45,123 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
+from engine_jobs.contract import VARIANTS
+
 from ..api.spec import ReDrafterDeploymentSpec
-from ..evaluate.gate import ValidationStep, validation_step
+from ..evaluate import outcome as oc
+from ..render import names
 from ..render.common import Owner
 from ..render.validation import DEFAULT_OPERATOR_IMAGE, validation_job, validation_job_name
 from .conditions import Cond, merge_conditions
-from .facts import Observed
-from .gate import ANNOTATION_RETRY_VALIDATION, engine_pair, gate_of, pods_ready
-from .plan_types import EventSpec
+from .facts import Observed, RunJobFact, RunPodFact
+from .plan_types import READY_STATES, EventSpec, ServingTargets
+
+ANNOTATION_RETRY_VALIDATION = f"{names.DOMAIN}/retry-validation"
+
+
+@dataclass(frozen=True)
+class Gate:
+    """Whether ReDrafter may be promoted, and the validation state behind it."""
+
+    promote: bool
+    state: str  # Pending | Running | Passed | Failed
+    stable: str | None = None  # the promoted ReDrafter key that keeps serving while a newer one is validated
+
+
+def engine_pair(status: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(ReDrafter key, base key) when both engines are Ready/Cached, else None (nothing to validate)."""
+    engines = status.get("engines") or {}
+    keys = []
+    for v in ("redrafter", "base"):
+        e = engines.get(v) or {}
+        if e.get("state") not in READY_STATES or not e.get("key"):
+            return None
+        keys.append(str(e["key"]))
+    return keys[0], keys[1]
+
+
+def gate_of(status: Mapping[str, Any], pair: tuple[str, str]) -> Gate:
+    """The gate as status.validation shows it for ``pair`` (a pair not validated yet is Pending)."""
+    v = status.get("validation") or {}
+    promoted = (v.get("promoted") or {}).get("redrafterKey")
+    stable = str(promoted) if promoted and promoted != pair[0] else None
+    if v.get("redrafterKey") != pair[0] or v.get("baseKey") != pair[1]:
+        return Gate(False, "Pending", stable)
+    state = str(v.get("state") or "Pending")
+    return Gate(True, state) if state == "Passed" else Gate(False, state, stable)
+
+
+def gated_targets(targets: ServingTargets, gate: Gate | None, current_pool: str | None) -> ServingTargets:
+    """The serving targets with the promotion gate applied (the rules: :mod:`.validation`'s docs)."""
+    if gate is None or gate.promote:
+        return targets
+    if gate.stable:  # the promoted engine serves as the policy says; base stays up as the reference
+        if gate.state == "Failed":
+            return targets
+        return replace(targets, replicas={**targets.replicas, "base": max(1, int(targets.replicas.get("base", 0)))})
+    size = int(targets.replicas.get(targets.active, 0))
+    if gate.state == "Failed":
+        return ServingTargets(active="base", replicas={"base": size, "redrafter": 0}, canary=0)
+    if targets.active == "base":  # a fallback to the reference engine is never held; ReDrafter stays up to validate
+        return ServingTargets(
+            active="base",
+            replicas={"base": size, "redrafter": max(1, int(targets.replicas.get("redrafter", 0)))},
+            canary=0,
+        )
+    stay = current_pool if current_pool in VARIANTS else "base"
+    other = "base" if stay == "redrafter" else "redrafter"
+    # the other variant: one pod to validate against (its standby size if larger), not the policy's full size
+    spare = 0 if other == targets.active else int(targets.replicas.get(other, 0))
+    return ServingTargets(active=stay, replicas={stay: max(size, 1), other: max(1, spare)}, canary=0)
+
+
+def gate_from_status(
+    targets: ServingTargets, spec: ReDrafterDeploymentSpec, status: Mapping[str, Any]
+) -> ServingTargets:
+    """``targets`` with the gate status implies (the planner's defaults, before any evaluation)."""
+    pair = engine_pair(status) if spec.validation.enabled else None
+    if pair is None:
+        return targets
+    return gated_targets(targets, gate_of(status, pair), status.get("activeEngine"))
+
+
+def validated_engines(spec: ReDrafterDeploymentSpec, status: Mapping[str, Any]) -> frozenset[str]:
+    """The variants the policy may switch to: ReDrafter only once validated (the new engine, or the promoted one)."""
+    pair = engine_pair(status) if spec.validation.enabled else None
+    if pair is None:
+        return frozenset(VARIANTS)
+    gate = gate_of(status, pair)
+    return frozenset(VARIANTS) if gate.promote or gate.stable is not None else frozenset({"base"})
+
+
+def pods_ready(deployments: Mapping[str, Any], pair: tuple[str, str], candidate: bool = False) -> bool:
+    """Both Deployments under test (the candidate's for ReDrafter when ``candidate``) rolled out on the
+    pair's keys with >= 1 Ready pod."""
+    for variant, key in zip(("redrafter", "base"), pair):
+        dep = deployments.get("candidate" if candidate and variant == "redrafter" else variant)
+        if dep is None or dep.key != key or not dep.rolled_out or dep.ready_replicas < 1:
+            return False
+    return True
+
+
+def promotion_state(
+    spec: ReDrafterDeploymentSpec, status: Mapping[str, Any], engines: Mapping[str, Mapping[str, Any]]
+) -> tuple[Gate | None, str | None]:
+    """(the validation gate of the current engine pair or None, the stable ReDrafter key or None).
+
+    Stable: the promoted ReDrafter engine (status.validation.promoted) while a different ReDrafter
+    engine is built or validated: it keeps serving from the primary Deployment.
+    """
+    if not spec.validation.enabled:
+        return None, None
+    pair = engine_pair({"engines": engines})
+    if pair is not None:
+        gate = gate_of(status, pair)
+        return gate, gate.stable
+    promoted = ((status.get("validation") or {}).get("promoted") or {}).get("redrafterKey")
+    key = (engines.get("redrafter") or {}).get("key")
+    return None, (str(promoted) if promoted and promoted != key else None)
+
 
 ENV_OPERATOR_IMAGE = "REDRAFTER_OPERATOR_IMAGE"
 
@@ -57,35 +172,153 @@ def operator_image() -> str:
     return os.environ.get(ENV_OPERATOR_IMAGE) or DEFAULT_OPERATOR_IMAGE
 
 
+#: reasons a Job can fail without the container writing a verdict
+JOB_FAILED = "JobFailed"
+VALIDATE_CONTAINER = "validate"
+
+
+@dataclass(frozen=True)
+class ValidationStep:
+    """One step of the gate for an engine pair: status.validation, the Validated condition, what to create."""
+
+    create_job: bool  # create validation_job(owner, ..., attempt=attempt) now
+    attempt: int
+    status: dict[str, Any]  # status.validation (camelCase)
+    condition: Cond | None = None
+    crossover: float | None = None  # status.speculation.crossoverConcurrency when measured
+    events: tuple[EventSpec, ...] = ()
+
+    @property
+    def promote(self) -> bool:
+        """May the stable Service select the pair (it passed)?"""
+        return self.status.get("state") == "Passed"
+
+
+def validation_step(
+    name: str,
+    pair: tuple[str, str],
+    *,
+    pods_ready: bool,
+    previous: Mapping[str, Any] | None,
+    jobs: Mapping[str, RunJobFact],
+    pods: Mapping[str, RunPodFact],
+    now: str,
+    retry_token: str | None = None,
+) -> ValidationStep:
+    """One step of the gate for ``pair`` (ReDrafter key, base key) of the resource ``name``.
+
+    ``pods_ready``: both Deployments under test run exactly these keys with Ready pods. ``previous``: the
+    current status.validation. ``jobs`` / ``pods``: the resource's watched validation Jobs and each one's
+    newest Pod, by Job name (the Job of an attempt is ``validation_job_name(name, *pair, attempt)``, so a
+    restarted operator neither duplicates nor forgets one). ``retry_token``: a changed value (the retry
+    annotation) re-runs a failed validation as attempt + 1. A Job to create is reported as running at
+    once (status says so in the same write).
+    """
+    redrafter_key, base_key = pair
+    prev = dict(previous or {})
+    same_pair = prev.get("redrafterKey") == redrafter_key and prev.get("baseKey") == base_key
+    attempt = int(prev.get("attempt", 0)) if same_pair else 0
+    base_status: dict[str, Any] = {"redrafterKey": redrafter_key, "baseKey": base_key, "attempt": attempt}
+    started = True  # a first attempt's Job is announced; a retry's was asked for
+    if same_pair and prev.get("state") == "Passed":
+        return ValidationStep(
+            False, attempt, prev, Cond("Validated", "True", oc.PASSED, prev.get("message") or "engine pair validated")
+        )
+    if same_pair and prev.get("state") == "Failed":
+        if not retry_token or retry_token == prev.get("retryToken"):
+            return ValidationStep(
+                False,
+                attempt,
+                prev,
+                Cond(
+                    "Validated", "False", prev.get("reason") or JOB_FAILED, prev.get("message") or "validation failed"
+                ),
+            )
+        attempt += 1
+        base_status["attempt"] = attempt
+        if not pods_ready:
+            return ValidationStep(
+                False,
+                attempt,
+                {**base_status, "state": "Pending", "retryToken": retry_token},
+                Cond("Validated", "Unknown", "Retrying", f"validation attempt {attempt} requested"),
+            )
+        started = False
+    elif not pods_ready:
+        return ValidationStep(
+            False,
+            attempt,
+            {**base_status, "state": "Pending", "job": None},
+            Cond("Validated", "Unknown", "WaitingForPods", "waiting for Ready pods of both engines to validate"),
+        )
+    job_name = validation_job_name(name, redrafter_key, base_key, attempt)
+    running = {**base_status, "state": "Running", "job": job_name}
+    validating = Cond("Validated", "Unknown", "Validating", f"validation Job {job_name} running")
+    job = jobs.get(job_name) if started else None
+    if job is None:
+        events = (
+            EventSpec(
+                "Normal",
+                "ValidationStarted",
+                f"validating engines {redrafter_key[:12]}/{base_key[:12]} with Job {job_name}",
+            ),
+        )
+        return ValidationStep(True, attempt, running, validating, events=events if started else ())
+    if job.result is None:
+        return ValidationStep(False, attempt, running, validating)
+    pod = pods.get(job_name)
+    verdict = oc.parse_termination_message(pod.messages.get(VALIDATE_CONTAINER)) if pod else None
+    kind, job_reason = job.result
+    if kind == "Complete" and verdict is not None and verdict.passed:
+        status = {**running, "state": "Passed", "reason": verdict.reason, "message": verdict.message, "completed": now}
+        return ValidationStep(
+            False,
+            attempt,
+            status,
+            Cond("Validated", "True", oc.PASSED, verdict.message),
+            crossover=verdict.crossover_concurrency,
+            events=(EventSpec("Normal", "ValidationPassed", verdict.message),),
+        )
+    if verdict is not None and not verdict.passed:
+        reason, message = verdict.reason, verdict.message
+    else:  # no verdict: deadline, evictions beyond the backoff limit, a crash without a message
+        reason, message = JOB_FAILED, f"validation Job {job_name} failed ({job_reason}) without a verdict"
+    status = {**running, "state": "Failed", "reason": reason, "message": message, "completed": now}
+    if retry_token is not None:
+        status["retryToken"] = retry_token
+    return ValidationStep(
+        False,
+        attempt,
+        status,
+        Cond("Validated", "False", reason, message),
+        events=(EventSpec("Warning", "ValidationFailed", f"{reason}: {message}"),),
+    )
+
+
 def validation_fragment(old: Mapping[str, Any], step: ValidationStep, *, generation: int, now: str) -> dict[str, Any]:
     """status.validation (with the measured crossover) and the Validated condition after one step (pure)."""
     out: dict[str, Any] = {}
-    if step.status is not None:
-        out["validation"] = {k: v for k, v in step.status.items() if v is not None}
+    out["validation"] = {k: v for k, v in step.status.items() if v is not None}
     if step.condition is not None:
-        c = step.condition
         out["conditions"] = merge_conditions(
-            old.get("conditions") or [],
-            [Cond(c.type, c.status, c.reason, c.message)],  # type: ignore[arg-type]
-            generation=generation,
-            now=now,
+            old.get("conditions") or [], [step.condition], generation=generation, now=now
         )
-    if "validation" in out:  # the last pair that passed outlives the record of newer pairs
-        state = out["validation"]
-        prev = old.get("validation") or {}
-        promoted = prev.get("promoted")
-        crossover = None
-        if step.crossover is not None and step.crossover != float("inf"):
-            crossover = state["crossoverConcurrency"] = round(step.crossover, 4)
-        if state.get("state") == "Passed":
-            same = (prev.get("redrafterKey"), prev.get("baseKey")) == (state["redrafterKey"], state["baseKey"])
-            if crossover is None and same:
-                crossover = prev.get("crossoverConcurrency", (promoted or {}).get("crossoverConcurrency"))
-            promoted = {"redrafterKey": state["redrafterKey"], "baseKey": state["baseKey"]}
-            if crossover is not None:  # what the promoted engine's in-engine limit comes from
-                promoted["crossoverConcurrency"] = crossover
-        if promoted:
-            out["validation"]["promoted"] = promoted
+    # the last pair that passed outlives the record of newer pairs
+    state = out["validation"]
+    prev = old.get("validation") or {}
+    promoted = prev.get("promoted")
+    crossover = None
+    if step.crossover is not None and step.crossover != float("inf"):
+        crossover = state["crossoverConcurrency"] = round(step.crossover, 4)
+    if state.get("state") == "Passed":
+        same = (prev.get("redrafterKey"), prev.get("baseKey")) == (state["redrafterKey"], state["baseKey"])
+        if crossover is None and same:
+            crossover = prev.get("crossoverConcurrency", (promoted or {}).get("crossoverConcurrency"))
+        promoted = {"redrafterKey": state["redrafterKey"], "baseKey": state["baseKey"]}
+        if crossover is not None:  # what the promoted engine's in-engine limit comes from
+            promoted["crossoverConcurrency"] = crossover
+    if promoted:
+        out["validation"]["promoted"] = promoted
     return out
 
 
@@ -112,20 +345,13 @@ def plan_validation(
     if gate.state == "Passed" or (gate.state == "Failed" and (not retry or retry == prev.get("retryToken"))):
         return ValidationPlan()  # settled: status says it all
     ready = pods_ready(observed.deployments, pair, candidate=gate.stable is not None)
-    same = prev.get("redrafterKey") == pair[0] and prev.get("baseKey") == pair[1]
-    attempt = int(prev.get("attempt", 0)) if same else 0
-    job_name = validation_job_name(owner.name, pair[0], pair[1], attempt)
-    fact = observed.validation_jobs.get(job_name) if ready else None
-    pod = observed.validation_pods.get(job_name) if fact is not None and fact.result is not None else None
     step = validation_step(
-        enabled=True,
-        redrafter_key=pair[0],
-        base_key=pair[1],
+        owner.name,
+        pair,
         pods_ready=ready,
         previous=prev,
-        job=fact.as_job() if fact else None,
-        pod=pod.as_pod() if pod else None,
-        job_name=job_name,
+        jobs=observed.validation_jobs,
+        pods=observed.validation_pods,
         now=now,
         retry_token=retry,
     )
@@ -139,26 +365,29 @@ def plan_validation(
             attempt=step.attempt,
             candidate=gate.stable is not None,
         )
-        # Step again with the Job as created, so status says "running" at once (one write, not two).
-        events = step.events
-        step = validation_step(
-            enabled=True,
-            redrafter_key=pair[0],
-            base_key=pair[1],
-            pods_ready=ready,
-            previous={**prev, **(step.status or {})},
-            job=job,
-            pod=None,
-            job_name=job["metadata"]["name"],
-            now=now,
-            retry_token=retry,
-        )
-        step = replace(step, events=[*events, *step.events])
     return ValidationPlan(
         validation_fragment(status, step, generation=owner.generation, now=now),
         job,
-        [EventSpec(*e) for e in step.events],
+        list(step.events),
     )
 
 
-__all__ = ["ENV_OPERATOR_IMAGE", "ValidationPlan", "operator_image", "plan_validation", "validation_fragment"]
+__all__ = [
+    "ANNOTATION_RETRY_VALIDATION",
+    "ENV_OPERATOR_IMAGE",
+    "JOB_FAILED",
+    "Gate",
+    "ValidationPlan",
+    "ValidationStep",
+    "engine_pair",
+    "gate_from_status",
+    "gate_of",
+    "gated_targets",
+    "operator_image",
+    "plan_validation",
+    "promotion_state",
+    "pods_ready",
+    "validated_engines",
+    "validation_fragment",
+    "validation_step",
+]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Protocol, get_args
+from typing import Any, Callable, Protocol, get_args
 
 import aiohttp
 import tritonclient.grpc.aio as grpcaio
@@ -34,7 +34,7 @@ class Channel(Protocol):
         *,
         prompt_index: int = 0,
         max_tokens: int | None = None,
-        on_first_token=None,
+        on_first_token: Callable[[], None] | None = None,
     ) -> RequestResult: ...
 
     async def not_ready(self) -> str | None: ...
@@ -67,11 +67,20 @@ def endpoint_for(url: str, protocol: WireProtocol) -> str:
 class GrpcChannel:
     """The entry model over Triton's gRPC streaming API."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str) -> None:
         self.endpoint = grpc_target(url)
         self.client = grpcaio.InferenceServerClient(self.endpoint)
 
-    async def send(self, text, opts, counter, *, prompt_index=0, max_tokens=None, on_first_token=None):
+    async def send(
+        self,
+        text: str,
+        opts: RequestOptions,
+        counter: TokenCounter,
+        *,
+        prompt_index: int = 0,
+        max_tokens: int | None = None,
+        on_first_token: Callable[[], None] | None = None,
+    ) -> RequestResult:
         return await stream_request(
             self.client,
             text,
@@ -123,10 +132,19 @@ class OpenAIChannel:
             self._model = models[0].id
         return self._model
 
-    async def send(self, text, opts, counter, *, prompt_index=0, max_tokens=None, on_first_token=None):
+    async def send(
+        self,
+        text: str,
+        opts: RequestOptions,
+        counter: TokenCounter,
+        *,
+        prompt_index: int = 0,
+        max_tokens: int | None = None,
+        on_first_token: Callable[[], None] | None = None,
+    ) -> RequestResult:
         result = RequestResult(prompt_index=prompt_index, start=time.monotonic())
         n = max_tokens or opts.max_tokens
-        kwargs: dict = {"temperature": 0} if opts.greedy else {}
+        kwargs: dict[str, Any] = {"temperature": 0} if opts.greedy else {}
         if opts.fixed_length:
             kwargs["extra_body"] = {"min_tokens": n}
         stream = None

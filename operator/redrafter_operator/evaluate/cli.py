@@ -14,10 +14,16 @@ import argparse
 import asyncio
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from engine_jobs.contract import TERMINATION_LOG
 
 from . import outcome as oc
+
+if TYPE_CHECKING:
+    from .stats import LevelStats
+    from .tokens import TokenCounter
+    from .validate import ValidationConfig
 
 DEFAULT_CONCURRENCY = "1,2,4,8"
 
@@ -59,7 +65,7 @@ def _api_key(args: argparse.Namespace) -> str | None:
     return load_api_key(args.api_key_file)
 
 
-def register_cli(sub: argparse._SubParsersAction) -> None:
+def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "evaluate",
         help="A/B concurrency sweep of ReDrafter vs base with a report; "
@@ -166,7 +172,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         metrics_urls=metrics,
     )
 
-    def progress(variant, lv) -> None:
+    def progress(variant: str, lv: LevelStats) -> None:
         print(f"{variant:>9} c={lv.concurrency:<4} {lv.tokens_per_s:9.1f} tok/s  errors={lv.errors}", file=sys.stderr)
 
     result = asyncio.run(run_sweep(config, prompts, counter, progress))
@@ -238,7 +244,9 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     return report.outcome.exit_code
 
 
-async def _with_crossover(outcome: oc.ValidationOutcome, cfg, levels: list[int], per_worker: int, counter):
+async def _with_crossover(
+    outcome: oc.ValidationOutcome, cfg: ValidationConfig, levels: list[int], per_worker: int, counter: TokenCounter
+) -> oc.ValidationOutcome:
     """The passed outcome plus the crossover a short sweep measured (unchanged when it could not)."""
     from dataclasses import replace
 

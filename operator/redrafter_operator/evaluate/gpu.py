@@ -28,7 +28,7 @@ class GpuSampler:
         self.timeout_s = timeout_s
         self.values: list[float] = []
         self.errors = 0
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     async def _poll(self) -> None:
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)

@@ -19,7 +19,7 @@ import asyncio
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from .channel import Channel, endpoint_for, open_channel
 from .prompts import Prompt
@@ -65,7 +65,7 @@ class LoadGenerator:
         self._concurrency = concurrency
         self._issued = 0
         self._in_flight = 0
-        self._workers: dict[int, asyncio.Task] = {}
+        self._workers: dict[int, asyncio.Task[None]] = {}
         self._client: Channel | None = None
         self._done: asyncio.Event | None = None
         self._deadline: float | None = None
@@ -159,7 +159,7 @@ class LoadGenerator:
             self._record(result)
 
     # ---- observing -------------------------------------------------------------------------------
-    def snapshot(self, window_s: float = 10.0) -> dict:
+    def snapshot(self, window_s: float = 10.0) -> dict[str, Any]:
         """Running figures: target concurrency, in flight, totals, and the last ``window_s`` seconds."""
         now = time.monotonic()
         window = window_s if self._started_at is None else min(window_s, max(now - self._started_at, 1e-6))

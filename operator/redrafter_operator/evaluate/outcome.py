@@ -1,4 +1,4 @@
-"""The validation Job's verdict and its termination-message format (pure; the controller parses it).
+"""The validation Job's verdict and its termination-message format (pure; the controller's gate parses it).
 
 The Job writes one line to its termination-message file (``/dev/termination-log``), which Kubernetes
 copies into ``status.containerStatuses[].state.terminated.message`` (at most 4096 bytes):
@@ -74,21 +74,3 @@ def write_termination_message(path: str | Path, outcome: ValidationOutcome) -> N
         Path(path).write_text(format_termination_message(outcome) + "\n", encoding="utf-8")
     except OSError:
         pass
-
-
-def outcome_from_pod(pod: dict, container: str = "validate") -> ValidationOutcome | None:
-    """The verdict a finished validation pod left in its container's termination message."""
-    for status in (pod.get("status") or {}).get("containerStatuses") or []:
-        if status.get("name") == container:
-            terminated = (status.get("state") or {}).get("terminated") or {}
-            return parse_termination_message(terminated.get("message"))
-    return None
-
-
-def job_result(job: dict) -> tuple[str, str] | None:
-    """("Complete" | "Failed", reason) once the Job finished (reason: the condition's, e.g.
-    DeadlineExceeded, BackoffLimitExceeded, PodFailurePolicy), else None."""
-    for cond in (job.get("status") or {}).get("conditions") or []:
-        if cond.get("type") in ("Complete", "Failed") and cond.get("status") == "True":
-            return cond["type"], cond.get("reason") or cond["type"]
-    return None

@@ -67,7 +67,7 @@ def _title(report: dict[str, Any], text: str) -> str:
     return f"{text}\n({report['label']})" if report.get("label") else text
 
 
-def _png(fig) -> bytes:
+def _png(fig: Any) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     import matplotlib.pyplot as plt
@@ -76,7 +76,7 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
-def _log2_axis(ax, concurrencies: list[int]) -> None:
+def _log2_axis(ax: Any, concurrencies: list[int]) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xticks(concurrencies)
     ax.set_xticklabels([str(c) for c in concurrencies])

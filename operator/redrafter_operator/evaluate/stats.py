@@ -8,7 +8,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 ACCEPTANCE_BINS: tuple[float, ...] = tuple(i / 10 for i in range(11))  # 0.0, 0.1, ..., 1.0
 
@@ -70,7 +70,7 @@ class Dist:
     min: float
     max: float
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -101,7 +101,7 @@ def inter_token_latencies(chunk_times: Sequence[float], chunk_tokens: Sequence[i
     return out
 
 
-def acceptance_histogram(rates: Iterable[float], bins: Sequence[float] = ACCEPTANCE_BINS) -> list[dict]:
+def acceptance_histogram(rates: Iterable[float], bins: Sequence[float] = ACCEPTANCE_BINS) -> list[dict[str, Any]]:
     """Counts of per-request acceptance rates in [bins[i], bins[i+1]) (the last bin includes 1.0)."""
     edges = list(bins)
     counts = [0] * (len(edges) - 1)
@@ -119,9 +119,9 @@ class Acceptance:
     pooled: float  # accepted / drafted over all requests
     draft_tokens: int
     accepted_draft_tokens: int
-    histogram: list[dict] = field(default_factory=list)
+    histogram: list[dict[str, Any]] = field(default_factory=list)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -131,7 +131,7 @@ def acceptance(samples: Iterable[Sample]) -> Acceptance | None:
     if not drafted:
         return None
     rates = [
-        s.acceptance_rate if s.acceptance_rate is not None else (s.accepted_draft_tokens or 0) / s.draft_tokens
+        s.acceptance_rate if s.acceptance_rate is not None else (s.accepted_draft_tokens or 0) / (s.draft_tokens or 1)
         for s in drafted
     ]
     total = sum(s.draft_tokens or 0 for s in drafted)
@@ -161,18 +161,19 @@ class LevelStats:
     gpu_utilization: float | None = None  # percent, mean over the level (DCGM), when exposed
     first_error: str | None = None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, raw: dict) -> "LevelStats":
+    def from_dict(cls, raw: dict[str, Any]) -> "LevelStats":
         def dist(key: str) -> Dist | None:
             return Dist(**raw[key]) if raw.get(key) else None
 
         acc = Acceptance(**raw["acceptance"]) if raw.get("acceptance") else None
         keys = ("ttft", "itl", "e2e", "generation", "tokens_per_s_per_request", "acceptance")
         plain = {k: v for k, v in raw.items() if k not in keys}
-        return cls(**plain, **{k: dist(k) for k in keys[:-1]}, acceptance=acc)
+        dists: dict[str, Any] = {k: dist(k) for k in keys[:-1]}
+        return cls(**plain, **dists, acceptance=acc)
 
 
 def level_stats(
@@ -228,7 +229,7 @@ class Crossover:
     concurrency: float | None
     at_least: float | None = None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -245,7 +246,7 @@ def crossover(points: Sequence[tuple[float, float]]) -> Crossover:
     return Crossover("always_faster", None, at_least=pts[-1][0])
 
 
-def window_stats(samples: Sequence[Sample], now: float, window_s: float) -> dict:
+def window_stats(samples: Sequence[Sample], now: float, window_s: float) -> dict[str, Any]:
     """Running figures over requests that finished in the last ``window_s`` seconds (for live display)."""
     recent = [s for s in samples if s.end >= now - window_s]
     ok = [s for s in recent if s.ok]

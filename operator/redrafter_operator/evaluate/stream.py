@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Literal
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -14,6 +14,11 @@ from engine_jobs.contract import ENTRY_MODEL, GRPC_PORT
 from engine_jobs.triton_bridge import describe as describe_error
 
 from .tokens import TokenCounter
+
+if TYPE_CHECKING:
+    from .stats import Sample
+
+__all__ = ["describe_error"]  # shared with .channel
 
 #: how evaluation requests reach an engine: the gRPC entry model or the OpenAI-compatible API
 WireProtocol = Literal["grpc", "openai"]
@@ -77,7 +82,7 @@ class RequestResult:
 def build_inputs(text: str, opts: RequestOptions, max_tokens: int | None = None) -> list[grpcclient.InferInput]:
     n = max_tokens or opts.max_tokens
 
-    def tensor(name: str, value, dtype: str, np_dtype) -> grpcclient.InferInput:
+    def tensor(name: str, value: Any, dtype: str, np_dtype: Any) -> grpcclient.InferInput:
         arr = np.array([[value]], dtype=np_dtype)
         t = grpcclient.InferInput(name, list(arr.shape), dtype)
         t.set_data_from_numpy(arr)
@@ -104,13 +109,13 @@ async def stream_request(
     *,
     prompt_index: int = 0,
     max_tokens: int | None = None,
-    on_first_token=None,
+    on_first_token: Callable[[], None] | None = None,
 ) -> RequestResult:
     """Send one streaming request and time every chunk (:func:`add_text`); errors are recorded, never raised."""
     result = RequestResult(prompt_index=prompt_index, start=time.monotonic())
     inputs = build_inputs(text, opts, max_tokens)
 
-    async def requests():
+    async def requests() -> AsyncIterator[dict[str, Any]]:
         yield {"model_name": ENTRY_MODEL, "inputs": inputs, "request_id": str(prompt_index)}
 
     responses = None
@@ -144,7 +149,12 @@ async def stream_request(
 
 
 def add_text(
-    result: RequestResult, piece: str, counter: TokenCounter, counted: int, now: float, on_first_token=None
+    result: RequestResult,
+    piece: str,
+    counter: TokenCounter,
+    counted: int,
+    now: float,
+    on_first_token: Callable[[], None] | None = None,
 ) -> int:
     """Append one chunk's text and time the tokens it completed; the new token count.
 
@@ -161,7 +171,7 @@ def add_text(
     return max(total, counted)
 
 
-def _read_perf(res, result: RequestResult) -> None:
+def _read_perf(res: Any, result: RequestResult) -> None:
     for name in PERF_OUTPUTS:
         arr = res.as_numpy(name)
         if arr is None or not arr.size:
@@ -175,7 +185,7 @@ def _read_perf(res, result: RequestResult) -> None:
             result.draft_tokens = int(value)
 
 
-def to_sample(r: RequestResult):
+def to_sample(r: RequestResult) -> Sample:
     """The statistics' view of a result (see :class:`.stats.Sample`)."""
     from .stats import Sample
 

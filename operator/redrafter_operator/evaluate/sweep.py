@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from .gpu import GpuSampler
 from .loadgen import Bounds, run_level
@@ -74,7 +74,7 @@ async def run_sweep(
     return SweepResult(config, levels, counter.method, started, time.monotonic() - t0)
 
 
-def report_config(result: SweepResult, prompts: int) -> dict:
+def report_config(result: SweepResult, prompts: int) -> dict[str, Any]:
     """What the report records about how the sweep ran."""
     from engine_jobs.contract import ENTRY_MODEL
 

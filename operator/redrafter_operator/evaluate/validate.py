@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 from . import outcome as oc
 from .channel import Channel, endpoint_for, open_channel
@@ -66,12 +66,12 @@ class Item:
 class ValidationReport:
     outcome: oc.ValidationOutcome
     requests: dict[str, int] = field(default_factory=dict)  # per variant
-    failures: list[dict] = field(default_factory=list)
+    failures: list[dict[str, Any]] = field(default_factory=list)
     divergences: list[Divergence] = field(default_factory=list)
     scenarios: list[str] = field(default_factory=list)
     duration_s: float = 0.0
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "reason": self.outcome.reason,
             "message": self.outcome.message,
@@ -99,7 +99,13 @@ class _Runner:
             api_key=cfg.api_key,
         )
 
-    async def one(self, key: str, prompt: Prompt, max_tokens: int | None = None, on_first_token=None) -> Item:
+    async def one(
+        self,
+        key: str,
+        prompt: Prompt,
+        max_tokens: int | None = None,
+        on_first_token: Callable[[], None] | None = None,
+    ) -> Item:
         r = await self.client.send(
             prompt.text,
             self.opts,
@@ -147,7 +153,8 @@ class _Runner:
         waiter = asyncio.ensure_future(all_generating())
         all_longs = asyncio.gather(*longs)
         # wait until every long request generates, or until they all ended (e.g. failed)
-        await asyncio.wait([waiter, all_longs], return_when=asyncio.FIRST_COMPLETED)
+        either: list[asyncio.Future[Any]] = [waiter, all_longs]
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         waiter.cancel()
         shorts = await asyncio.gather(*(self.one(f"mixed#short-{i}", self.prompt(n_long + i)) for i in range(n_short)))
         return list(await all_longs) + list(shorts)
@@ -166,7 +173,7 @@ class _Runner:
         return [alone, *together]
 
     def scenarios(self) -> list[tuple[str, Callable[[], Awaitable[list[Item]]]]]:
-        out = [
+        out: list[tuple[str, Callable[[], Awaitable[list[Item]]]]] = [
             ("single", self.single),
             ("context_only", self.context_only),
             ("generation_only", self.generation_only),
@@ -196,9 +203,9 @@ async def wait_ready(target: str, timeout_s: float, poll_s: float = 2.0, protoco
 
 def judge(
     items: dict[str, list[Item]], cfg: ValidationConfig, counter: TokenCounter | None = None
-) -> tuple[oc.ValidationOutcome, list[dict], list[Divergence]]:
+) -> tuple[oc.ValidationOutcome, list[dict[str, Any]], list[Divergence]]:
     """The verdict from every request's result on both engines (pure)."""
-    failures = [
+    failures: list[dict[str, Any]] = [
         {"variant": v, "key": it.key, "prompt": it.prompt[:80], "error": it.result.error}
         for v in VARIANTS
         for it in items.get(v, [])

@@ -260,7 +260,9 @@ class TritonParams(_Strict):
 class ServingConfig(_Strict):
     """What a serving pod's launcher needs to assemble its model repository and start Triton."""
 
-    pytorch_only: ClassVar[frozenset[str]] = frozenset({"backend", "speculative", "max_concurrency", "max_num_tokens"})
+    pytorch_only: ClassVar[frozenset[str]] = frozenset(
+        {"backend", "speculative", "max_concurrency", "draft_len_schedule", "max_num_tokens"}
+    )
 
     contract_version: int = CONTRACT_VERSION
     deployment: str = Field(description="name of the ReDrafterDeployment (metric label `model`)")
@@ -286,6 +288,11 @@ class ServingConfig(_Strict):
         ge=1,
         description="PyTorch path: draft only while at most this many requests are batched (the measured "
         "crossover); None: always draft",
+    )
+    draft_len_schedule: dict[int, int] | None = Field(
+        default=None,
+        description="PyTorch path: {batch size: draft length} from the measured sweep, keys read as the pinned "
+        "TensorRT-LLM reads them (engine_jobs/llmapi_backend.py); replaces max_concurrency when set",
     )
     max_num_tokens: int | None = Field(default=None, description="PyTorch path: tokens per engine iteration")
 

@@ -101,10 +101,14 @@ PyTorchMethod = Literal["eagle3", "mtp", "ngram", "draftModel"]
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    #: fields left out of the JSON while unset, so documents rendered before they existed read the same
+    omit_unset: ClassVar[frozenset[str]] = frozenset()
+
     def wire_json(self) -> str:
         """The JSON a Job or pod reads; a ReDrafter one has no PyTorch-path fields."""
-        exclude = self.pytorch_only if getattr(self, "backend", None) == "tensorrt" else None
-        return self.model_dump_json(indent=2, exclude=exclude)
+        exclude = set(self.pytorch_only) if getattr(self, "backend", None) == "tensorrt" else set()
+        exclude |= {f for f in self.omit_unset if getattr(self, f) is None}
+        return self.model_dump_json(indent=2, exclude=exclude or None)
 
 
 class SpeculativeParams(_Strict):
@@ -263,6 +267,7 @@ class ServingConfig(_Strict):
     pytorch_only: ClassVar[frozenset[str]] = frozenset(
         {"backend", "speculative", "max_concurrency", "draft_len_schedule", "max_num_tokens"}
     )
+    omit_unset: ClassVar[frozenset[str]] = frozenset({"draft_len_schedule"})
 
     contract_version: int = CONTRACT_VERSION
     deployment: str = Field(description="name of the ReDrafterDeployment (metric label `model`)")

@@ -19,7 +19,8 @@ Oracle: all replicas on whichever engine is faster at each instant, switching fo
 
 Run: ``python bench/policy.py`` (prints the tables; nothing is asserted); ``--bounds`` prints the limits of
 any causal policy on the flapping trace, from clairvoyant schedules; ``--in-engine`` prints only the table of
-the PyTorch backend's in-engine limit (max_concurrency) against, and with, the fleet switch.
+the PyTorch backend's in-engine controls (max_concurrency, and the draft_len_schedule a per-draft-length sweep
+gives) against, and with, the fleet switch.
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "operator"), str(ROOT)]
 
+from engine_jobs.llmapi_backend import draft_len_for_batch  # noqa: E402
 from redrafter_operator.api.spec import ReDrafterDeploymentSpec  # noqa: E402
+from redrafter_operator.evaluate.schedule import draft_len_schedule  # noqa: E402
 from redrafter_operator.metrics.samples import PodError, PodSample, Reading  # noqa: E402
 from redrafter_operator.metrics.window import WindowState, advance  # noqa: E402
 from redrafter_operator.policy import cost  # noqa: E402
@@ -153,6 +156,8 @@ class Pod:
     started: float
     restarts: int = 0
     params: cost.CostParams = PARAMS
+    #: the engine's draft_len_schedule (lower-bound keys, as TensorRT-LLM 1.2.1 reads them); None: none set
+    schedule: dict[int, int] | None = None
     c: dict[str, float] = field(
         default_factory=lambda: dict.fromkeys(
             ("requests", "output_tokens", "draft_tokens", "accepted_draft_tokens", "steps", "queue_us"), 0.0
@@ -165,8 +170,11 @@ class Pod:
         batch = min(conc, SPEC.engine.max_batch_size)
         # an engine with an in-engine limit (max_concurrency) drafts only at a batch up to it
         drafting = self.variant == "redrafter" and (p.draft_limit is None or batch <= p.draft_limit)
+        if drafting and self.schedule is not None:  # a scheduled engine drafts the length its batch maps to
+            k = draft_len_for_batch(self.schedule, math.ceil(batch))
+            drafting, p = k > 0, at_draft_len(p, k) if k > 0 else p
         tps = cost.tokens_per_step(acceptance, p.draft_len) if drafting else 1.0
-        tokens = cost.throughput(self.variant, batch, tps, p) / STEP_SECONDS * DT
+        tokens = cost.throughput(self.variant if drafting else "base", batch, tps, p) / STEP_SECONDS * DT
         requests = tokens / OUTPUT_LEN
         self.c["requests"] += requests
         self.c["output_tokens"] += tokens
@@ -214,11 +222,11 @@ def _poisson(rnd: random.Random, lam: float) -> int:
 class Fleet:
     """The pods serving one engine choice; new pods (new identities) whenever the choice changes."""
 
-    def __init__(self, params: cost.CostParams = PARAMS) -> None:
+    def __init__(self, params: cost.CostParams = PARAMS, schedule: dict[int, int] | None = None) -> None:
         self.serial = 0
         self.pods: list[Pod] = []
         self.engine: str | None = None
-        self.params = params
+        self.params, self.schedule = params, schedule
 
     def set(self, engine: str, canary: int, now: float) -> None:
         if self.engine == engine:
@@ -232,7 +240,15 @@ class Fleet:
         for variant, pool in layout[len(pods) :]:
             self.serial += 1
             pods.append(
-                Pod(f"{variant}-{pool}-{self.serial}", f"uid{self.serial}", variant, pool, now, params=self.params)
+                Pod(
+                    f"{variant}-{pool}-{self.serial}",
+                    f"uid{self.serial}",
+                    variant,
+                    pool,
+                    now,
+                    params=self.params,
+                    schedule=self.schedule,
+                )
             )
         self.pods, self.engine = pods, engine
 
@@ -247,9 +263,11 @@ class Ours:
         name: str = "ours",
         crossover: float | None = None,
         params: cost.CostParams | None = None,
+        schedule: dict[int, int] | None = None,
     ) -> None:
         self.spec, self.name, self.crossover = spec, name, crossover
         self.params = params or PARAMS  # the simulated pods' physics
+        self.schedule = schedule  # the pods' draft_len_schedule (None: none)
         self.state = PolicyState.new(spec, 0.0)
         self.engine = self.state.speculation.engine
         self.canary = 0  # what the last evaluation's plan asks of the base pool
@@ -274,8 +292,15 @@ class Ours:
 class Fixed:
     canary = 0
 
-    def __init__(self, engine: str, params: cost.CostParams = PARAMS, name: str | None = None) -> None:
+    def __init__(
+        self,
+        engine: str,
+        params: cost.CostParams = PARAMS,
+        name: str | None = None,
+        schedule: dict[int, int] | None = None,
+    ) -> None:
         self.engine, self.name, self.params = engine, name or f"always-{engine}", params
+        self.schedule = schedule
 
     def decide(self, reading, error, now) -> str:
         return self.engine
@@ -335,7 +360,7 @@ class Result:
 
 def simulate(trace: Trace, policy) -> Result:
     rnd = random.Random(SEED)
-    fleet = Fleet(getattr(policy, "params", PARAMS))
+    fleet = Fleet(getattr(policy, "params", PARAMS), getattr(policy, "schedule", None))
     fleet.set(policy.engine, policy.canary, 0.0)
     pending: tuple[str, float] | None = None
     tokens, switches, serving, switch_steps = 0.0, 0, [], []
@@ -520,6 +545,30 @@ FLEET_ONLY = SPEC.model_copy(
 )
 
 
+def at_draft_len(p: cost.CostParams, k: int) -> cost.CostParams:
+    """The physics of the same chain drafter drafting ``k`` tokens: it verifies 1 + k per request and runs its
+    head once per draft token, so its share of step time scales with k."""
+    if k == p.draft_len:
+        return p
+    return dataclasses.replace(
+        p,
+        draft_len=k,
+        verified_tokens=p.verified_tokens - p.draft_len + k,
+        drafter_overhead=p.drafter_overhead * k / p.draft_len,
+        draft_limit=None,
+    )
+
+
+def measured_sweep(p: cost.CostParams, acceptance: float, max_batch: int) -> dict[int, list[tuple[float, float]]]:
+    """What the validation sweep (concurrency 1, 2, 4, ..., maxBatchSize) measures per draft length, 0 = base."""
+    levels = [2**i for i in range(max_batch.bit_length()) if 2**i <= max_batch]
+    sweep = {0: [(float(c), cost.throughput("base", c, 1.0, p)) for c in levels]}
+    for k in range(1, p.draft_len + 1):
+        q = at_draft_len(p, k)
+        sweep[k] = [(float(c), cost.throughput("redrafter", c, cost.tokens_per_step(acceptance, k), q)) for c in levels]
+    return sweep
+
+
 def in_engine() -> None:
     """An EAGLE-3 fleet three ways: the fleet switch alone (drafting at every batch), the engine's own
     max_concurrency alone (set to the crossover validation measured; no fleet switch, so an acceptance
@@ -528,10 +577,14 @@ def in_engine() -> None:
     plain = cost.CostParams.from_spec(EAGLE3)
     physics = cost.calibrated(plain, EAGLE3_CROSSOVER, cost.tokens_per_step(EAGLE3_ACCEPTANCE, plain.draft_len))
     limited = dataclasses.replace(physics, draft_limit=int(EAGLE3_CROSSOVER))
+    schedule = draft_len_schedule(
+        measured_sweep(physics, EAGLE3_ACCEPTANCE, EAGLE3.engine.max_batch_size), physics.draft_len
+    )
     policies: list[Callable[[], object]] = [
         lambda: Ours(FLEET_ONLY, "fleet switch only", EAGLE3_CROSSOVER, physics),
         lambda: Fixed("redrafter", limited, "max_concurrency only"),
         lambda: Ours(EAGLE3, "both (the operator)", EAGLE3_CROSSOVER, limited),
+        lambda: Ours(EAGLE3, "schedule + fleet", EAGLE3_CROSSOVER, physics, schedule),
         lambda: Fixed("base", physics),
     ]
     names = [p().name for p in policies]  # type: ignore[attr-defined]
@@ -539,6 +592,11 @@ def in_engine() -> None:
         f"\nIn-engine and fleet together: eagle3 maxDraftLen {plain.draft_len}, measured crossover "
         f"{EAGLE3_CROSSOVER:g} (max_concurrency {limited.draft_limit}); % of an oracle that picks the faster "
         "engine per interval, with drafting stopped above the crossover / switches"
+    )
+    print(
+        f"schedule + fleet: draft_len_schedule {schedule} (lower-bound keys, TensorRT-LLM 1.2.1) from the sweep "
+        "(1, 2, 4, ..., maxBatchSize) per draft length, a chain drafter's head costing per draft token; at 1.2.1 "
+        "only NGram and draft-model engines read it (Eagle3 one-model, MTP: max_concurrency)"
     )
     header = f"{'trace':32}" + "".join(f"{n:>22}" for n in names)
     print(header + "\n" + "-" * len(header))

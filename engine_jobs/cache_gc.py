@@ -39,10 +39,11 @@ from .cache_index import (
     save_state,
     scan,
 )
-from .contract import MANIFEST_FILE
+from .contract import MANIFEST_FILE, VARIANTS
 from .errors import TERMINATION_MESSAGE_LIMIT, bad_input
 from .manifest import UNKNOWN
 from .progress import Log, human_bytes, tree_size
+from .trtllm_backend import ENGINE_TRTLLM_VERSION
 
 #: set to "after-rename" in tests only: the process SIGKILLs itself between the rename into the trash and
 #: the removal, to prove a rerun finishes the job
@@ -85,8 +86,29 @@ class Decision:
     reason: str
 
 
-def plan(engines: list[Engine], retention: Retention, now: float) -> list[Decision]:
-    """What the retention keeps and what it would remove, with the reason for each (pure)."""
+_RELEASE = re.compile(r"^(\d+)\.(\d+)\.(\d+)")
+
+
+def unloadable(engine: Engine, runtime: str = ENGINE_TRTLLM_VERSION) -> bool:
+    """A TensorRT engine built by another TensorRT-LLM release than the runtime's: it can no longer load.
+
+    Only the engine variants are TensorRT plans; prepared checkpoints (PyTorch path) and trained drafters load
+    in any release. An unknown or unparsable version is not judged (the retention decides, as before).
+    """
+    if engine.variant not in VARIANTS:
+        return False
+    built, pinned = _RELEASE.match(engine.tensorrt_llm_version), _RELEASE.match(runtime)
+    return built is not None and pinned is not None and built.groups() != pinned.groups()
+
+
+def plan(
+    engines: list[Engine], retention: Retention, now: float, runtime: str = ENGINE_TRTLLM_VERSION
+) -> list[Decision]:
+    """What the retention keeps and what it would remove, with the reason for each (pure).
+
+    Unreferenced engines that ``runtime`` (the pinned TensorRT-LLM) cannot load go whatever the retention:
+    keeping them would only hold disk, and they do not count among the ``keep`` most recent of their model.
+    """
     decisions: list[Decision] = []
     groups: dict[tuple[str, str], list[Engine]] = {}
     for engine in engines:
@@ -99,6 +121,15 @@ def plan(engines: list[Engine], retention: Retention, now: float) -> list[Decisi
         elif not engine.complete:
             decisions.append(
                 Decision(engine, True, "its manifest is unreadable or not this key's, and no live build lock")
+            )
+        elif unloadable(engine, runtime):
+            decisions.append(
+                Decision(
+                    engine,
+                    True,
+                    f"built by TensorRT-LLM {engine.tensorrt_llm_version}, which the pinned runtime "
+                    f"({runtime}) cannot load",
+                )
             )
         else:
             groups.setdefault((engine.model, engine.variant), []).append(engine)

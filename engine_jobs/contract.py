@@ -103,10 +103,14 @@ class _Strict(BaseModel):
     #: fields a ReDrafter (TensorRT) spec leaves out of its JSON
     pytorch_only: ClassVar[frozenset[str]] = frozenset()
 
+    #: fields left out of the JSON while unset, so documents rendered before they existed read the same
+    omit_unset: ClassVar[frozenset[str]] = frozenset()
+
     def wire_json(self) -> str:
         """The JSON a Job or pod reads; a ReDrafter one has no PyTorch-path fields."""
-        exclude = set(self.pytorch_only) if getattr(self, "backend", None) == "tensorrt" else None
-        return self.model_dump_json(indent=2, exclude=exclude)
+        exclude = set(self.pytorch_only) if getattr(self, "backend", None) == "tensorrt" else set()
+        exclude |= {f for f in self.omit_unset if getattr(self, f) is None}
+        return self.model_dump_json(indent=2, exclude=exclude or None)
 
 
 class SpeculativeParams(_Strict):
@@ -262,7 +266,10 @@ class TritonParams(_Strict):
 class ServingConfig(_Strict):
     """What a serving pod's launcher needs to assemble its model repository and start Triton."""
 
-    pytorch_only: ClassVar[frozenset[str]] = frozenset({"backend", "speculative", "max_concurrency", "max_num_tokens"})
+    pytorch_only: ClassVar[frozenset[str]] = frozenset(
+        {"backend", "speculative", "max_concurrency", "draft_len_schedule", "max_num_tokens"}
+    )
+    omit_unset: ClassVar[frozenset[str]] = frozenset({"draft_len_schedule"})
 
     contract_version: int = CONTRACT_VERSION
     deployment: str = Field(description="name of the ReDrafterDeployment (metric label `model`)")
@@ -288,6 +295,11 @@ class ServingConfig(_Strict):
         ge=1,
         description="PyTorch path: draft only while at most this many requests are batched (the measured "
         "crossover); None: always draft",
+    )
+    draft_len_schedule: dict[int, int] | None = Field(
+        default=None,
+        description="PyTorch path: {batch size: draft length} from the measured sweep, keys read as the pinned "
+        "TensorRT-LLM reads them (engine_jobs/llmapi_backend.py); replaces max_concurrency when set",
     )
     max_num_tokens: int | None = Field(default=None, description="PyTorch path: tokens per engine iteration")
 

@@ -133,6 +133,29 @@ UPSTREAM_DECODING_TYPES = (
     "AUTO",
 )
 
+#: How the pinned release reads ``draft_len_schedule`` ({batch size: draft length}): lower-bound keys, "from this
+#: batch size on". The release-1.2 era DecodingBaseConfig documents ``{1: 4, 4: 2, 8: 0}`` as batch >= 1 drafts
+#: 4, >= 4 drafts 2, >= 8 drafts 0, requires the key 1 mapped to ``max_draft_len``, and the drafter
+#: (``tensorrt_llm/_torch/speculative/drafter.py`` ``get_draft_len_for_batch_size``) takes the largest key <= the
+#: batch. PR #10860 (merged on main in 2026-03, after the 1.2 branch, so not in 1.2.1) made the keys upper bounds
+#: ({4: 4, 8: 2, 32: 1}: batches 1-4 draft 4, ..., 33+ draft 0) and the field exclusive with max_concurrency.
+DRAFT_LEN_SCHEDULE_KEYS = "lower_bound"
+#: the decoding types whose drafter reads the schedule at the pin: stage 1 (PR #8194) wired it into the two-model
+#: drafters only (NGramDrafter, ModelDrafter; upstream's tests/unittest/_torch/speculative/test_draft_len_schedule.py
+#: runs NGram and DraftTarget); the one-model path (Eagle3's default, MTP) got it in PR #10860, after 1.2.1
+SCHEDULE_DECODING_TYPES = frozenset({"NGram", "Draft_Target"})
+#: the release-1.2 era validator's messages (DecodingBaseConfig.validate_draft_len_schedule_and_sort)
+SCHEDULE_MESSAGES = {
+    "key": "draft_len_schedule: batch size threshold must be >= 1, got {key}",
+    "value": "draft_len_schedule: draft length must be >= 0, got {value}",
+    "one": "draft_len_schedule must include batch_size=1. All systems can have batch_size=1. "
+    "Add {1: <max_draft_len>} to your schedule.",
+    "first": "draft_len_schedule[1] must equal max_draft_len for consistency. Got schedule[1]={first}, but "
+    "max_draft_len={max_draft_len}. batch_size=1 should use maximum draft length.",
+    "max": "draft_len_schedule: all draft lengths must be <= max_draft_len. Got draft_len={value} for "
+    "batch_size={key}, but max_draft_len={max_draft_len}.",
+}
+
 #: pydantic v2's messages for the three failures upstream raises through StrictBaseModel
 EXTRA_FORBIDDEN = "Extra inputs are not permitted"
 FIELD_REQUIRED = "Field required"
@@ -183,6 +206,45 @@ def _positive(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
+def draft_len_for_batch(schedule: Mapping[int, int], batch: int) -> int:
+    """The draft length the pinned release uses at ``batch``: the value of the largest key <= batch (0, and
+    no drafting, below the smallest key, as upstream's drafter answers then)."""
+    keys = [k for k in sorted(schedule) if k <= batch]
+    return schedule[keys[-1]] if keys else 0
+
+
+def schedule_for_max_concurrency(max_concurrency: int, max_draft_len: int) -> dict[int, int]:
+    """The schedule that drafts exactly where ``max_concurrency`` does under the pinned (lower-bound) reading:
+    the full draft up to the limit, none from the next batch size on."""
+    return {1: max_draft_len, max_concurrency + 1: 0}
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_draft_len_schedule(schedule: object, max_draft_len: object) -> list[str]:
+    """Upstream's words for a draft_len_schedule the pinned validator refuses (empty when it accepts it)."""
+    if not isinstance(schedule, Mapping) or not all(_is_int(k) and _is_int(v) for k, v in schedule.items()):
+        return ["draft_len_schedule: Input should be a valid dictionary of integers to integers"]
+    m = SCHEDULE_MESSAGES
+    errors = [m["key"].format(key=k) for k in sorted(schedule) if k < 1]
+    errors += [m["value"].format(value=v) for _, v in sorted(schedule.items()) if v < 0]
+    if errors:
+        return errors
+    if 1 not in schedule:
+        return [m["one"]]
+    if _is_int(max_draft_len):
+        if schedule[1] != max_draft_len:
+            return [m["first"].format(first=schedule[1], max_draft_len=max_draft_len)]
+        errors = [
+            m["max"].format(value=v, key=k, max_draft_len=max_draft_len)
+            for k, v in sorted(schedule.items())
+            if v > max_draft_len
+        ]
+    return errors
+
+
 def check_speculative_config(spec: object, loc: str = "speculative_config") -> list[str]:
     """Upstream-worded errors for one speculative_config mapping (empty when upstream accepts it)."""
     if not isinstance(spec, Mapping):
@@ -206,6 +268,10 @@ def check_speculative_config(spec: object, loc: str = "speculative_config") -> l
         errors.append(f"{loc}.{tag}: {messages['max_draft_len']}")
     if "speculative_model" in messages and not _has_draft_model(spec):
         errors.append(f"{loc}.{tag}: {messages['speculative_model']}")
+    if spec.get("draft_len_schedule") is not None:
+        errors += [
+            f"{loc}.{tag}: {e}" for e in check_draft_len_schedule(spec["draft_len_schedule"], spec.get("max_draft_len"))
+        ]
     return errors
 
 

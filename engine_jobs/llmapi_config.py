@@ -13,6 +13,7 @@ import posixpath
 from typing import Any
 
 from .contract import CHECKPOINT_DIR, DRAFT_DIR, TOKENIZER_DIR, ServingConfig, SpeculativeParams
+from .llmapi_backend import SCHEDULE_DECODING_TYPES
 
 #: the API's method names -> speculative_config.decoding_type (tensorrt_llm/llmapi/llm_args.py)
 DECODING_TYPES: dict[str, str] = {
@@ -26,9 +27,13 @@ DRAFT_CHECKPOINT_METHODS = frozenset({"eagle3", "draftModel"})
 
 
 def speculative_config(
-    params: SpeculativeParams, draft_dir: str | None, max_concurrency: int | None = None
+    params: SpeculativeParams,
+    draft_dir: str | None,
+    max_concurrency: int | None = None,
+    draft_len_schedule: dict[int, int] | None = None,
 ) -> dict[str, Any]:
-    """``speculative_config`` for one method (the LLM API's DecodingBaseConfig subclasses)."""
+    """``speculative_config`` for one method (the LLM API's DecodingBaseConfig subclasses). A measured
+    ``draft_len_schedule`` replaces ``max_concurrency`` where the pinned release's drafter reads it."""
     out: dict[str, Any] = {"decoding_type": DECODING_TYPES[params.method]}
     if params.method == "mtp":
         out["num_nextn_predict_layers"] = params.max_draft_len
@@ -40,7 +45,10 @@ def speculative_config(
         out["speculative_model_dir"] = draft_dir
     if params.method == "ngram":
         out["max_matching_ngram_size"] = params.max_matching_ngram_size or params.max_draft_len
-    if max_concurrency is not None:
+    if draft_len_schedule and out["decoding_type"] in SCHEDULE_DECODING_TYPES:
+        # shorter drafts at middle batch sizes, none above the crossover (lower-bound keys at the pin)
+        out["draft_len_schedule"] = dict(sorted(draft_len_schedule.items()))
+    elif max_concurrency is not None:
         # drafting stops inside the engine above the measured crossover; the fleet switch stays for the rest
         out["max_concurrency"] = max_concurrency
     return out
@@ -69,7 +77,7 @@ def model_yaml(cfg: ServingConfig) -> dict[str, Any]:
         doc["max_num_tokens"] = cfg.max_num_tokens
     if cfg.variant == "redrafter" and cfg.speculative is not None:
         doc["speculative_config"] = speculative_config(
-            cfg.speculative, posixpath.join(artifact, DRAFT_DIR), cfg.max_concurrency
+            cfg.speculative, posixpath.join(artifact, DRAFT_DIR), cfg.max_concurrency, cfg.draft_len_schedule
         )
         if cfg.speculative.method == "draftModel":
             # as upstream's draft-target example runs it (docs/source/features/speculative-decoding.md)

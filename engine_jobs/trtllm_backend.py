@@ -5,15 +5,17 @@ The backend reads its settings with ``ModelState::GetParameter<T>(name)``, which
 try/catch with a default; the ones below are not, so a config without them fails to load
 (``unexpected error when creating modelInstanceState: Cannot find parameter with name: ...``).
 
-Pinned release: TensorRT-LLM 1.0.0, which the Triton 25.09 trtllm-python-py3 image pairs with
-(tensorrtllm_backend tag v1.0.0 and branch r25.09 pin their ``tensorrt_llm`` submodule at
-ae8270b713446948246f16fadf4e2a32e35d0f62; since 0.20 the backend source lives in that repository under
-``triton_backend/inflight_batcher_llm/src/``, tensorrtllm_backend keeps only docs and build files).
-Read in: NVIDIA/TensorRT-LLM ``triton_backend/inflight_batcher_llm/src/{model_instance_state,model_state,
-utils}.cc`` as stored at commits c8c6df08 and 0c8de69a (after the move; the exact submodule commit's
-snapshot was not retrievable), and tensorrtllm_backend's own last copy (commit c2e65b8, May 2025). All
-three read the same four parameters without a default (c2e65b8's utils.cc reads no parameter). docs/model_config.md at
-tensorrtllm_backend v1.0.0 lists the same three guided-decoding keys.
+Pinned release: TensorRT-LLM 1.2.1, which the Triton 26.04-26.07 trtllm-python-py3 images carry (server
+v2.71.0 docs/introduction/compatibility.md). The v1.2.1 tag's own commit is not in the stored index this was
+read from (only main-branch versions of each file are, and the repository is too large to mirror), so the
+facts below are read at the last stored version of each file, all on main before the TensorRT-engine path
+was removed there (NVIDIA/TensorRT-LLM PR #15763 examples, 2026-06-30; #15907 the C++ backend), which is after
+the 1.2.1 version bump (PR #12755, 2026-04-03): ``READ_AT`` names each commit. The release line itself is
+read in triton-inference-server/tensorrtllm_backend branch r26.07 (``READ_AT["tensorrtllm_backend"]``): its
+Dockerfile builds ``TENSORRTLLM_REPO_TAG=release/1.2.1`` and copies ``triton_backend/inflight_batcher_llm``,
+its submodule pins triton-inference-server/TensorRT-LLM at ca88df0a, and docs/model_config.md lists the same
+``decoding_mode`` values, ``redrafter`` among them. All versions read take the same four parameters without
+a default as the 1.0.0 reading did.
 
 This module is data only (no imports beyond the standard library): the simulated engine copies it
 next to its model so the double rejects exactly what the real backend rejects.
@@ -23,9 +25,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: the upstream release the facts below were read at
-BACKEND_RELEASE = "TensorRT-LLM 1.0.0 (Triton 25.09, tensorrtllm_backend v1.0.0)"
+#: the upstream release the facts below were read for
+BACKEND_RELEASE = "TensorRT-LLM 1.2.1 (Triton 26.07, tensorrtllm_backend r26.07)"
 SOURCE_DIR = "triton_backend/inflight_batcher_llm/src"
+#: the TensorRT-LLM release the serving image runs (images/versions.env TRTLLM_VERSION): engines built by
+#: any other release fail to deserialize there, so the cache collection removes them when unreferenced
+ENGINE_TRTLLM_VERSION = "1.2.1"
+#: where each fact was read: NVIDIA/TensorRT-LLM paths at a commit, and the backend repository's release branch
+READ_AT: dict[str, str] = {
+    "tensorrtllm_backend": "3bc115373ce1fde1d94891964b492449402e3a68",  # branch r26.07 (Triton 26.07)
+    "tensorrt_llm_submodule": "ca88df0a400515b8206a19eb30cd047eb7661035",  # r26.07's tensorrt_llm submodule
+    f"{SOURCE_DIR}/model_instance_state.cc": "c8c6df08bd0ead54cd47f7973e1e425c28a174cd",
+    "examples/redrafter/convert_checkpoint.py": "31a9cd42fb507b50df39df4e03066fa370e4683c",
+    "tensorrt_llm/commands/build.py": "65f1d1536e18aea3380e6e270e00895a709333eb",
+}
 
 
 @dataclass(frozen=True)
@@ -101,6 +114,27 @@ LOOKAHEAD_ERROR = (
     "parameters lookahead_window_size, lookahead_ngram_size, and lookahead_verification_set_size."
 )
 
+#: the decoding_mode values getExecutorConfigFromParams maps (anything else: a warning and the default);
+#: "redrafter" is DecodingMode::ExplicitDraftTokens, the mode trtllm-build's explicit_draft_tokens engines run
+DECODING_MODES: tuple[str, ...] = (
+    "top_k",
+    "top_p",
+    "top_k_top_p",
+    "beam_search",
+    "medusa",
+    "redrafter",
+    "lookahead",
+    "eagle",
+)
+#: trtllm-build --speculative_decoding_mode choices (tensorrt_llm/commands/build.py)
+SPECULATIVE_DECODING_MODES: tuple[str, ...] = (
+    "draft_tokens_external",
+    "lookahead_decoding",
+    "medusa",
+    "explicit_draft_tokens",
+    "eagle",
+)
+
 #: GetParameter<std::string> itself (model_state.cc): the lookup error and the one for no parameters at all
 MISSING_PARAMETER_ERROR = "Cannot find parameter with name: {name}"
 NO_PARAMETERS_ERROR = "Model config doesn't have a parameters section"
@@ -108,7 +142,7 @@ NO_PARAMETERS_ERROR = "Model config doesn't have a parameters section"
 LOAD_ERROR_PREFIX = "unexpected error when creating modelInstanceState: "
 
 #: gpt_model_type values getBatchingTypeFromParams accepts ("v1"/"V1" is static batching, which the
-#: TensorRT-LLM 1.0 executor no longer runs; the operator never writes it)
+#: executor no longer runs since 1.0; the operator never writes it)
 GPT_MODEL_TYPES = ("inflight_fused_batching", "inflight_batching")
 INVALID_GPT_MODEL_TYPE_ERROR = "Invalid gpt_model_type. Must be v1/inflight_batching/inflight_fused_batching."
 #: getGuidedDecodingConfigFromParams: an empty backend or info path turns guided decoding off;

@@ -3,8 +3,7 @@
 #   images/build.sh              build all three (needs a Docker engine; the two NGC-based ones are ~20 GB)
 #   images/build.sh --dry-run    print the commands, then check no build context or wheel holds a test double
 #   images/build.sh --push       build, then push to $REGISTRY
-#   IMAGES="operator" images/build.sh      build a subset (operator engine-builder triton-runtime, and
-#                                          engine-builder-pytorch triton-runtime-pytorch: the PyTorch-path pins)
+#   IMAGES="operator" images/build.sh      build a subset (operator engine-builder triton-runtime)
 # Versions come from images/versions.env; the tags are the operator's default images (api/spec.py).
 # Without a reachable Docker engine it explains and exits 0 (REQUIRE_DOCKER=1 makes that an error).
 set -euo pipefail
@@ -14,7 +13,7 @@ cd "$(dirname "$0")/.."
 . images/versions.env
 REGISTRY="${REGISTRY_OVERRIDE:-$REGISTRY}"
 VERSION="$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml | head -n 1)"
-IMAGES="${IMAGES:-operator engine-builder triton-runtime engine-builder-pytorch triton-runtime-pytorch}"
+IMAGES="${IMAGES:-operator engine-builder triton-runtime}"
 DRY_RUN=0
 PUSH=0
 for arg in "$@"; do
@@ -31,8 +30,6 @@ tag_of() {
     operator) echo "${REGISTRY}/redrafter-operator:${VERSION}" ;;
     engine-builder) echo "${REGISTRY}/engine-builder:${VERSION}-trtllm${TRTLLM_VERSION}" ;;
     triton-runtime) echo "${REGISTRY}/triton-runtime:${VERSION}-${TRITON_RELEASE}-trtllm-python-py3" ;;
-    engine-builder-pytorch) echo "${REGISTRY}/engine-builder:${VERSION}-trtllm${PYTORCH_TRTLLM_VERSION}" ;;
-    triton-runtime-pytorch) echo "${REGISTRY}/triton-runtime:${VERSION}-${PYTORCH_TRITON_RELEASE}-trtllm-python-py3" ;;
     *) echo "unknown image: $1" >&2; exit 2 ;;
   esac
 }
@@ -43,10 +40,7 @@ for image in $IMAGES; do
   tag="$(tag_of "$image")"
   dockerfile="$image"
   args="--build-arg VERSION=${VERSION} --build-arg PYTHON_IMAGE=${PYTHON_IMAGE}"
-  if [ "$image" = triton-runtime-pytorch ] || [ "$image" = engine-builder-pytorch ]; then
-    dockerfile="${image%-pytorch}"  # same Dockerfile, the PyTorch path's base image
-    args="${args} --build-arg TRITON_RELEASE=${PYTORCH_TRITON_RELEASE} --build-arg TRTLLM_VERSION=${PYTORCH_TRTLLM_VERSION}"
-  elif [ "$image" != operator ]; then
+  if [ "$image" != operator ]; then
     args="${args} --build-arg TRITON_RELEASE=${TRITON_RELEASE} --build-arg TRTLLM_VERSION=${TRTLLM_VERSION}"
   fi
   case " $contexts " in *" $dockerfile "*) ;; *) contexts="${contexts:+$contexts }$dockerfile" ;; esac

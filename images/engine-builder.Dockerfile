@@ -5,7 +5,7 @@
 # in the TensorRT-LLM version that built it (see images/README.md for the pairing).
 # Build from the repository root:  docker build -f images/engine-builder.Dockerfile -t IMAGE .
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
-ARG TRITON_RELEASE=25.09
+ARG TRITON_RELEASE=26.07
 
 FROM ${PYTHON_IMAGE} AS wheel
 WORKDIR /src
@@ -17,14 +17,14 @@ RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 # The NGC trtllm image ships the tensorrt_llm package and trtllm-build but not TensorRT-LLM's examples/
 # (the converters engine_jobs runs). Take them from the release tag that matches the installed package.
 FROM alpine/git:v2.49.1 AS trtllm-examples
-ARG TRTLLM_VERSION=1.0.0
+ARG TRTLLM_VERSION=1.2.1
 RUN git clone --depth 1 --branch "v${TRTLLM_VERSION}" --filter=blob:none --sparse \
         https://github.com/NVIDIA/TensorRT-LLM.git /src \
     && git -C /src sparse-checkout set examples
 
 FROM nvcr.io/nvidia/tritonserver:${TRITON_RELEASE}-trtllm-python-py3
-ARG TRITON_RELEASE=25.09
-ARG TRTLLM_VERSION=1.0.0
+ARG TRITON_RELEASE=26.07
+ARG TRTLLM_VERSION=1.2.1
 ARG VERSION=0.1.0
 LABEL org.opencontainers.image.title="redrafter-engine-builder" \
       org.opencontainers.image.version="${VERSION}" \

@@ -4,7 +4,7 @@
 # acceptance-metering, pre- and post-processing Python models. Same TRITON_RELEASE as the builder.
 # Build from the repository root:  docker build -f images/triton-runtime.Dockerfile -t IMAGE .
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
-ARG TRITON_RELEASE=25.09
+ARG TRITON_RELEASE=26.07
 
 FROM ${PYTHON_IMAGE} AS wheel
 WORKDIR /src
@@ -17,14 +17,14 @@ RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 # (triton_backend/all_models/llmapi/tensorrt_llm/1: model.py, helpers.py). Take it from the release tag that
 # matches the installed package; the launcher copies it next to the model.yaml it generates.
 FROM alpine/git:v2.49.1 AS trtllm-llmapi
-ARG TRTLLM_VERSION=1.0.0
+ARG TRTLLM_VERSION=1.2.1
 RUN git clone --depth 1 --branch "v${TRTLLM_VERSION}" --filter=blob:none --sparse \
         https://github.com/NVIDIA/TensorRT-LLM.git /src \
     && git -C /src sparse-checkout set triton_backend/all_models/llmapi
 
 FROM nvcr.io/nvidia/tritonserver:${TRITON_RELEASE}-trtllm-python-py3
-ARG TRITON_RELEASE=25.09
-ARG TRTLLM_VERSION=1.0.0
+ARG TRITON_RELEASE=26.07
+ARG TRTLLM_VERSION=1.2.1
 ARG VERSION=0.1.0
 LABEL org.opencontainers.image.title="redrafter-triton-runtime" \
       org.opencontainers.image.version="${VERSION}" \

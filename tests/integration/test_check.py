@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from redrafter_operator.check import checks
 from redrafter_operator.check.checks import check_driver, check_operator
 from redrafter_operator.check.facts import ClusterFacts, DeploymentFacts, Resource
 from redrafter_operator.render import rbac
@@ -452,31 +453,43 @@ def test_driver(em: ApiServerEmulator, kubectl: Any, kubeconfig: Path) -> None:
     code, out, _ = check(kubeconfig, "-f", str(EXAMPLE))
     assert code == 1
     assert line(out, "driver llama3-8b") == (
-        "✗ driver llama3-8b: Triton 25.09 needs driver R575+; older on a100-old (R550)\n"
-        "    fix: upgrade the NVIDIA driver on those nodes to R575 or later (GPU Operator: driver.version)"
+        "✗ driver llama3-8b: Triton 26.07 needs driver R590+; older on a100-old (R550)\n"
+        "    fix: upgrade the NVIDIA driver on those nodes to R590 or later (GPU Operator: driver.version)"
     )
     # GFD's current label wins over the deprecated one it still writes beside it
-    labels = {"nvidia.com/cuda.driver-version.major": "580", "nvidia.com/cuda.driver.major": "550"}
+    labels = {"nvidia.com/cuda.driver-version.major": "595", "nvidia.com/cuda.driver.major": "550"}
     em.patch_object("v1", "Node", "a100-old", None, {"metadata": {"labels": labels}})
     code, out, _ = check(kubeconfig, "-f", str(EXAMPLE))
     assert code == 0, out
     assert line(out, "driver llama3-8b") == (
-        "✓ driver llama3-8b: Triton 25.09 needs driver R575+; 1 matching node(s) have it (R580+)"
+        "✓ driver llama3-8b: Triton 26.07 needs driver R590+; 1 matching node(s) have it (R595+)"
     )
 
 
-def test_driver_unknown_or_forward_compatible_warns() -> None:
+def test_driver_unknown_or_forward_compatible_warns(monkeypatch: pytest.MonkeyPatch) -> None:
     spec = Resource("r", "default", example()["spec"]).parsed()[0]
     assert spec is not None
     gpu = {"nvidia.com/gpu": "8"}
     unlabelled = ClusterFacts(nodes=(Node("n", {"nvidia.com/gpu.product": A100}, gpu),))
     result = check_driver(unlabelled, "r", spec)
     assert result is not None and result.status == "warn" and "GPU Feature Discovery" in (result.fix or "")
-    compat = ClusterFacts(
+    r535 = ClusterFacts(
         nodes=(Node("n", {"nvidia.com/gpu.product": A100, "nvidia.com/cuda.driver-version.major": "535"}, gpu),)
     )
-    result = check_driver(compat, "r", spec)
+    # the one pinned release (26.07) names no forward-compatible branch: R535 is too old
+    result = check_driver(r535, "r", spec)
+    assert result is not None and result.status == "fail" and "R590" in result.message
+    # a release whose notes do name such branches warns instead
+    monkeypatch.setitem(checks.DRIVER_MINIMUM, "26.07", checks.DriverRequirement(590, (535,)))
+    result = check_driver(r535, "r", spec)
     assert result is not None and result.status == "warn" and "forward compatibility" in (result.fix or "")
+    # a serving image on a release the check has no floor for (the former 25.09 pair): a warning, no guess
+    old = example()["spec"]
+    old.setdefault("serving", {})["image"] = "ghcr.io/redrafter/triton-runtime:0.1.0-25.09-trtllm-python-py3"
+    old_spec = Resource("r", "default", old).parsed()[0]
+    assert old_spec is not None
+    result = check_driver(r535, "r", old_spec)
+    assert result is not None and result.status == "warn" and "no known driver minimum" in result.message
 
 
 def test_cache_claim_and_source_claims(em: ApiServerEmulator, kubectl: Any, kubeconfig: Path, tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ VOCAB, HIDDEN = 200, 32
 
 def converter_reads(config: dict) -> dict[str, tuple[int, ...]]:
     """The tensors NVIDIA/TensorRT-LLM examples/redrafter/convert_checkpoint.py (hf_drafter,
-    create_and_save_config) reads at the pinned release, tag v1.0.0 (images/versions.env TRTLLM_VERSION; the copy
+    create_and_save_config) reads at the pinned release, TensorRT-LLM 1.2.1 (images/versions.env TRTLLM_VERSION; the copy
     read here is the one stored at commit 31a9cd42fb507b50df39df4e03066fa370e4683c), transcribed: input_proj
     only when hidden_size * 2 != exit_dim, lm_head.<i>.linear.{weight,bias} per draft layer, lm_head.<layers>
     without bias, rnn_u.{weight,bias} and rnn_w.weight when rnn; shapes as Drafter (tensorrt_llm/models/redrafter/

@@ -146,38 +146,28 @@ def test_operator_default_images_name_the_same_tensorrt_llm():
     assert values["defaults"]["pytorchServingImage"] == DEFAULT_PYTORCH_SERVING_IMAGE
 
 
-def test_the_pytorch_path_has_its_own_pair_from_the_same_dockerfile():
+def test_one_pair_serves_both_paths():
+    """ReDrafter's engines and the PyTorch-path methods run on one Triton/TensorRT-LLM pair."""
     v = _versions()
-    release, server, trtllm = (
-        v["PYTORCH_TRITON_RELEASE"],
-        v["PYTORCH_TRITON_SERVER_VERSION"],
-        v["PYTORCH_TRTLLM_VERSION"],
-    )
-    version = importlib.metadata.version("redrafter-operator")
-    assert DEFAULT_PYTORCH_SERVING_IMAGE == f"{v['REGISTRY']}/triton-runtime:{version}-{release}-trtllm-python-py3"
-    # ReDrafter keeps its own pair: the PyTorch pins never replace it
-    assert (release, trtllm) != (v["TRITON_RELEASE"], v["TRTLLM_VERSION"])
-    assert DEFAULT_PYTORCH_SERVING_IMAGE != DEFAULT_SERVING_IMAGE
+    assert not [name for name in v if name.startswith("PYTORCH_")], "versions.env names a second pair"
+    release, server, trtllm = v["TRITON_RELEASE"], v["TRITON_SERVER_VERSION"], v["TRTLLM_VERSION"]
+    assert DEFAULT_PYTORCH_SERVING_IMAGE == DEFAULT_SERVING_IMAGE
+    assert DEFAULT_PYTORCH_BUILDER_IMAGE == DEFAULT_BUILDER_IMAGE
     readme = (IMAGES / "README.md").read_text()
-    assert re.search(
-        rf"\|\s*\*\*`{re.escape(release)}-trtllm-python-py3`\*\*[^|]*\|\s*\*\*{re.escape(trtllm)}\*\*", readme
-    )
     assert f"server {server}" in readme
-    from engine_jobs import llmapi_backend
+    # one pairing table: exactly one bold row
+    assert len(re.findall(r"^\|\s*\*\*`[0-9.]+-trtllm-python-py3`\*\*", readme, re.M)) == 1
+    from engine_jobs import llmapi_backend, trtllm_backend
 
     assert f"TensorRT-LLM {trtllm} (Triton {release}, server {server})" == llmapi_backend.BACKEND_RELEASE
-    assert DEFAULT_PYTORCH_BUILDER_IMAGE == f"{v['REGISTRY']}/engine-builder:{version}-trtllm{trtllm}"
-    env = {**os.environ, "IMAGES": "engine-builder-pytorch triton-runtime-pytorch"}
+    assert trtllm_backend.BACKEND_RELEASE.startswith(f"TensorRT-LLM {trtllm} (Triton {release},")
+    assert trtllm_backend.ENGINE_TRTLLM_VERSION == trtllm
     dry = subprocess.run(
-        [str(IMAGES / "build.sh"), "--dry-run"], capture_output=True, text=True, timeout=600, check=True, env=env
+        [str(IMAGES / "build.sh"), "--dry-run"], capture_output=True, text=True, timeout=600, check=True
     )
-    builder, runtime = [x for x in dry.stdout.splitlines() if x.startswith("docker build")]
-    for line, dockerfile, tag in (
-        (builder, "engine-builder", DEFAULT_PYTORCH_BUILDER_IMAGE),
-        (runtime, "triton-runtime", DEFAULT_PYTORCH_SERVING_IMAGE),
-    ):
-        assert line.startswith(f"docker build --file images/{dockerfile}.Dockerfile ")
-        assert f"--tag {tag} " in line
+    builds = [x for x in dry.stdout.splitlines() if x.startswith("docker build")]
+    assert len(builds) == 3  # operator, engine builder, Triton runtime: no second GPU pair
+    for line in builds[1:]:
         assert f"--build-arg TRITON_RELEASE={release} --build-arg TRTLLM_VERSION={trtllm}" in line
 
 
@@ -253,7 +243,7 @@ def test_build_script_dry_run_and_no_docker(tmp_path: Path):
     dry = subprocess.run([str(script), "--dry-run"], capture_output=True, text=True, timeout=600, check=True)
     lines = [line for line in dry.stdout.splitlines() if not line.startswith("#")]
     proofs = [line for line in dry.stdout.splitlines() if line.startswith("#")]
-    assert len(lines) == 5  # the two NGC-based images on each pair of pins
+    assert len(lines) == 3  # the operator and the two NGC-based images on the one pair of pins
     assert [p.split(":")[0] for p in proofs] == ["# operator", "# engine-builder", "# triton-runtime"]
     assert all(p.endswith("no emulated cluster, no stand-in TensorRT-LLM tool") for p in proofs), proofs
     for line, dockerfile, tag in zip(

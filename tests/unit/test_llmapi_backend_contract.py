@@ -264,3 +264,119 @@ def test_every_key_the_operator_writes_is_one_upstream_reads(example: str, varia
         assert set(spec) <= lb.BASE_SPEC_KEYS | lb.METHOD_SPEC_KEYS[decoding]
         assert spec["max_concurrency"] == 6
         assert not {"acceptance_window", "acceptance_length_threshold"} & set(spec)
+
+
+def test_draft_len_schedule_keys_are_lower_bounds_at_the_pin():
+    """Which reading of ``draft_len_schedule`` TensorRT-LLM 1.2.1 has: lower-bound keys, "from this batch on".
+
+    Read in NVIDIA/TensorRT-LLM ``tensorrt_llm/llmapi/llm_args.py``. The v1.2.1 tag's own commit is not in the
+    search index (it stores main-branch versions of that file and forks' copies), so the 1.2 line was read in a
+    stored release-1.2 era copy (the one with ``acceptance_window``/``acceptance_length_threshold`` and
+    ``eagle3_model_arch``): its DecodingBaseConfig documents ``{1: 4, 4: 2, 8: 0}`` as batch >= 1 drafts 4, >= 4
+    drafts 2, >= 8 drafts 0, and its validator requires the key 1 mapped to max_draft_len. The consumer,
+    ``tensorrt_llm/_torch/speculative/drafter.py`` ``Drafter.get_draft_len_for_batch_size``, takes the largest
+    key <= the batch (``bisect_right``). Main at commit 0004396720054fd8e205cbf616f21f0b57c6b412 reads the
+    same field as upper bounds (``{4: 4, 8: 2, 32: 1}``: batches 1-4 draft 4, 33+ draft 0), exclusive with
+    max_concurrency: PR #10860 (opened 2026-01-20 on main, approved 2026-03-03; main was already 1.3.0rc by
+    2026-01-30) made that change, and 1.2.1 (version bump PR #12755, 2026-04-03) was cut from release/1.2
+    (tensorrtllm_backend PR #853 moves from release/1.2 / 1.2.0rc8 to the release/1.2.1 tag), so it keeps the
+    lower bounds. That is the reading best supported by the dates, not one read at the tag itself.
+    """
+    assert lb.DRAFT_LEN_SCHEDULE_KEYS == "lower_bound"
+    upstream_example = {1: 4, 4: 2, 8: 0}
+    assert [lb.draft_len_for_batch(upstream_example, b) for b in range(1, 10)] == [4, 4, 4, 2, 2, 2, 2, 0, 0]
+    # the same keys under main's (upper-bound) reading would give 4 at batch 1, 2 at 2-4, 0 at 5-8: not this pin
+    assert lb.draft_len_for_batch(upstream_example, 3) == 4
+    # a schedule written for main's reading has no key 1 and is refused by the pinned validator, in its words
+    assert lb.check_draft_len_schedule({4: 4, 8: 2, 32: 1}, 4) == [
+        "draft_len_schedule must include batch_size=1. All systems can have batch_size=1. "
+        "Add {1: <max_draft_len>} to your schedule."
+    ]
+
+
+def test_max_concurrency_as_a_lower_bound_schedule_drafts_at_the_same_batches():
+    """max_concurrency N drafts while the batch is <= N (Drafter.should_use_spec_decode); under lower-bound keys
+    that is {1: K, N + 1: 0} (main's translation {N: K} is the upper-bound spelling of the same cut)."""
+    assert lb.schedule_for_max_concurrency(8, 3) == {1: 3, 9: 0}
+    schedule = lb.schedule_for_max_concurrency(8, 3)
+    assert [lb.draft_len_for_batch(schedule, b) > 0 for b in range(1, 21)] == [b <= 8 for b in range(1, 21)]
+
+
+@pytest.mark.parametrize(
+    ("schedule", "message"),
+    [
+        ({1: 4, 0: 2}, "draft_len_schedule: batch size threshold must be >= 1, got 0"),
+        ({1: 4, 4: -1}, "draft_len_schedule: draft length must be >= 0, got -1"),
+        (
+            {1: 3, 4: 2},
+            "draft_len_schedule[1] must equal max_draft_len for consistency. Got schedule[1]=3, but "
+            "max_draft_len=4. batch_size=1 should use maximum draft length.",
+        ),
+        (
+            {1: 4, 4: 5},
+            "draft_len_schedule: all draft lengths must be <= max_draft_len. Got draft_len=5 for batch_size=4, "
+            "but max_draft_len=4.",
+        ),
+    ],
+)
+def test_a_bad_schedule_is_refused_in_the_pinned_validators_words(schedule: dict, message: str):
+    spec = dict(GOOD["NGram"], draft_len_schedule=schedule)
+    assert lb.check_model_yaml(_doc(spec)) == [f"speculative_config.NGram: {message}"]
+    assert lb.check_model_yaml(_doc(dict(GOOD["NGram"], draft_len_schedule={1: 4, 6: 2, 9: 0}))) == []
+
+
+def test_only_the_two_model_drafters_read_the_schedule_at_the_pin():
+    """Stage 1 (PR #8194) wired the schedule into NGramDrafter and ModelDrafter; upstream's
+    tests/unittest/_torch/speculative/test_draft_len_schedule.py runs NGram and DraftTarget and lists
+    "ChainDrafter/Eagle3 static loops" as not covered. The one-model path came with PR #10860, after 1.2.1."""
+    assert lb.SCHEDULE_DECODING_TYPES == {"NGram", "Draft_Target"}
+
+
+@pytest.mark.parametrize(
+    ("example", "scheduled"),
+    [("qwen2.5-coder-7b-ngram", True), ("draft", True), ("llama3.1-8b-eagle3", False), ("deepseek-v3-mtp", False)],
+)
+def test_a_measured_schedule_replaces_max_concurrency_where_the_pin_reads_it(example: str, scheduled: bool):
+    """With a promoted pair whose sweep found a shorter draft paying, NGram and draft-model engines get the
+    schedule (and no max_concurrency); Eagle3 (one-model) and MTP keep max_concurrency; the document passes."""
+    from engine_jobs.llmapi_config import model_yaml
+    from redrafter_operator.render.common import Owner
+    from redrafter_operator.render.serving import serving_config
+
+    body = _example(example)
+    cfg0 = serving_config(Owner.from_body(body), "redrafter", "k")
+    assert cfg0.speculative is not None
+    k = cfg0.speculative.max_draft_len
+    body["status"] = {
+        "validation": {
+            "promoted": {
+                "redrafterKey": "k",
+                "baseKey": "k",
+                "crossoverConcurrency": 9.4,
+                "draftLenSchedule": {"1": k, "6": 1, "10": 0},
+            }
+        }
+    }
+    cfg = serving_config(Owner.from_body(body), "redrafter", "k")
+    spec = model_yaml(cfg)["speculative_config"]
+    assert lb.check_model_yaml(model_yaml(cfg)) == []
+    if scheduled:
+        assert spec["draft_len_schedule"] == {1: k, 6: 1, 10: 0} and "max_concurrency" not in spec
+    else:
+        assert spec["max_concurrency"] == 9 and "draft_len_schedule" not in spec
+    assert "draft_len_schedule" not in model_yaml(serving_config(Owner.from_body(body), "base", "k"))
+
+
+def _example(example: str) -> dict:
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[2] / "examples"
+    if example == "draft":
+        body = yaml.safe_load((root / "llama3.1-8b-eagle3.yaml").read_text())
+        body["spec"]["method"] = "draftModel"
+        body["spec"].pop("eagle3")
+        body["spec"]["model"]["drafter"] = {"source": "hf://meta-llama/Llama-3.2-1B-Instruct"}
+        return body
+    return yaml.safe_load((root / f"{example}.yaml").read_text())

@@ -3,7 +3,9 @@ and the simulated engine refuses a config without one, as the real backend does.
 
 from __future__ import annotations
 
+import argparse
 import itertools
+import re
 from pathlib import Path
 
 import pytest
@@ -14,10 +16,22 @@ from engine_jobs import contract, trtllm_backend
 from engine_jobs.contract import ServingConfig
 from engine_jobs.model_repo import engine_parameters, model_configs
 from redrafter_sim.engine import BackendLoadError, SimEngineSettings, check_parameters, sim_engine_config
+from redrafter_sim.toolchain import fakelib
 
-# Read at TensorRT-LLM 1.0.0 (triton_backend/inflight_batcher_llm/src/model_instance_state.cc): the
-# GetParameter<std::string> calls outside any try/catch. Pinned here so the list cannot shrink unnoticed.
+ROOT = Path(__file__).resolve().parents[2]
+
+# Read for TensorRT-LLM 1.2.1 (images/versions.env): NVIDIA/TensorRT-LLM
+# triton_backend/inflight_batcher_llm/src/model_instance_state.cc at c8c6df08bd0ead54cd47f7973e1e425c28a174cd,
+# the GetParameter<std::string> calls outside any try/catch. Pinned here so the list cannot shrink unnoticed.
 UPSTREAM_REQUIRED = ("gpt_model_type", "tokenizer_dir", "xgrammar_tokenizer_info_path", "guided_decoding_backend")
+# Same file, getExecutorConfigFromParams: the decoding_mode strings it maps; triton-inference-server/
+# tensorrtllm_backend branch r26.07 (3bc115373ce1fde1d94891964b492449402e3a68) docs/model_config.md lists the same.
+UPSTREAM_DECODING_MODES = ("top_k", "top_p", "top_k_top_p", "beam_search", "medusa", "redrafter", "lookahead", "eagle")
+# tensorrt_llm/commands/build.py at 65f1d1536e18aea3380e6e270e00895a709333eb: --speculative_decoding_mode choices.
+UPSTREAM_SPECULATIVE_MODES = ("draft_tokens_external", "lookahead_decoding", "medusa", "explicit_draft_tokens", "eagle")
+# Flags build.py defined at 1.0.0 and no longer defines (the auto-parallel group): the stand-in refuses them.
+DROPPED_BUILD_FLAGS = ("--auto_parallel", "--gpus_per_node", "--cluster_key")
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
 def serving(variant: str, tp: int, paged_context_fmha: bool = True) -> ServingConfig:
@@ -42,11 +56,52 @@ def engine_params(cfg: ServingConfig) -> dict[str, str]:
     return {k: v.string_value for k, v in mc.parameters.items()}
 
 
+def _pinned() -> dict[str, str]:
+    lines = (ROOT / "images/versions.env").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
+
+
 def test_contract_lists_the_upstream_parameters_with_their_source():
     assert trtllm_backend.REQUIRED_PARAMETER_NAMES == UPSTREAM_REQUIRED
+    pinned = _pinned()
     for p in trtllm_backend.REQUIRED_PARAMETERS:
         assert p.source == "model_instance_state.cc" and p.function
-        assert "TensorRT-LLM 1.0.0" in p.release and "25.09" in p.release
+        assert f"TensorRT-LLM {pinned['TRTLLM_VERSION']}" in p.release
+        assert f"Triton {pinned['TRITON_RELEASE']}" in p.release
+
+
+def test_contract_cites_the_commit_each_fact_was_read_at():
+    read_at = trtllm_backend.READ_AT
+    assert all(COMMIT.match(commit) for commit in read_at.values())
+    assert read_at[f"{trtllm_backend.SOURCE_DIR}/model_instance_state.cc"] == "c8c6df08bd0ead54cd47f7973e1e425c28a174cd"
+    assert read_at["examples/redrafter/convert_checkpoint.py"] == "31a9cd42fb507b50df39df4e03066fa370e4683c"
+    assert read_at["tensorrt_llm/commands/build.py"] == "65f1d1536e18aea3380e6e270e00895a709333eb"
+    assert read_at["tensorrtllm_backend"] == "3bc115373ce1fde1d94891964b492449402e3a68"
+    # the images' README names the same commits, so the pin and its evidence travel together
+    readme = (ROOT / "images/README.md").read_text()
+    assert all(commit in readme for commit in read_at.values())
+
+
+def test_the_pinned_backend_still_maps_redrafter():
+    """A decoding_mode 1.2.1 dropped or renamed would only warn and fall back to top_k_top_p: fail here."""
+    assert trtllm_backend.DECODING_MODES == UPSTREAM_DECODING_MODES
+    assert engine_params(serving("redrafter", 1))["decoding_mode"] in UPSTREAM_DECODING_MODES
+    assert "decoding_mode" not in engine_params(serving("base", 1))
+
+
+def test_trtllm_build_takes_the_speculative_mode_the_plan_passes():
+    assert trtllm_backend.SPECULATIVE_DECODING_MODES == UPSTREAM_SPECULATIVE_MODES
+    (choices,) = [rest[0] for flag, _kind, *rest in fakelib.TRTLLM_BUILD if flag == "--speculative_decoding_mode"]
+    assert tuple(choices) == UPSTREAM_SPECULATIVE_MODES
+    assert "explicit_draft_tokens" in choices
+
+
+@pytest.mark.parametrize("flag", DROPPED_BUILD_FLAGS)
+def test_the_stand_in_trtllm_build_refuses_flags_the_pin_dropped(flag: str):
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    fakelib._add(parser, fakelib.TRTLLM_BUILD)
+    _ns, unknown = parser.parse_known_args(["--checkpoint_dir", "/c", flag, "1"])
+    assert flag in unknown
 
 
 @pytest.mark.parametrize(

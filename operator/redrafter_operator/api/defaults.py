@@ -16,12 +16,12 @@ from typing import Any, Mapping
 from .cron import schedule_errors
 from .types import DURATION_PATTERN
 
-DEFAULT_BUILDER_IMAGE = "ghcr.io/redrafter/engine-builder:0.1.0-trtllm1.0.0"
-DEFAULT_SERVING_IMAGE = "ghcr.io/redrafter/triton-runtime:0.1.0-25.09-trtllm-python-py3"
-#: the PyTorch-backend methods (eagle3, mtp, ngram, draftModel) run on a newer TensorRT-LLM than ReDrafter,
-#: whose TensorRT-engine path upstream removed: same Dockerfiles, a newer base (images/versions.env PYTORCH_*)
-DEFAULT_PYTORCH_BUILDER_IMAGE = "ghcr.io/redrafter/engine-builder:0.1.0-trtllm1.2.1"
-DEFAULT_PYTORCH_SERVING_IMAGE = "ghcr.io/redrafter/triton-runtime:0.1.0-26.07-trtllm-python-py3"
+DEFAULT_BUILDER_IMAGE = "ghcr.io/redrafter/engine-builder:0.1.0-trtllm1.2.1"
+DEFAULT_SERVING_IMAGE = "ghcr.io/redrafter/triton-runtime:0.1.0-26.07-trtllm-python-py3"
+#: the PyTorch-backend methods (eagle3, mtp, ngram, draftModel) run on the same pair as ReDrafter (one
+#: TensorRT-LLM release has both paths); the separate setting stays so an installation may still split them
+DEFAULT_PYTORCH_BUILDER_IMAGE = DEFAULT_BUILDER_IMAGE
+DEFAULT_PYTORCH_SERVING_IMAGE = DEFAULT_SERVING_IMAGE
 DEFAULT_CACHE_CLAIM = "engine-cache"
 DEFAULT_RETENTION_SCHEDULE = "30 3 * * *"
 

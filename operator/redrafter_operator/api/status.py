@@ -171,6 +171,12 @@ class PromotedEngines(ApiModel):
         description="The crossover the validation Job measured for this pair: the PyTorch backend's speculative "
         "engine drafts only up to it (max_concurrency).",
     )
+    draft_len_schedule: dict[int, int] | None = Field(
+        default=None,
+        description="{batch size: draft length} the validation sweep measured for this pair when a shorter draft "
+        "paid at middle batch sizes; keys are lower bounds (from this batch size on), as TensorRT-LLM 1.2.1 "
+        "reads them. The PyTorch backend's NGram and draft-model engines get it instead of max_concurrency.",
+    )
 
 
 class ValidationStatus(ApiModel):

@@ -48,17 +48,11 @@ class DriverRequirement:
     forward_compatible: tuple[int, ...]
 
 
-# Triton release -> minimum NVIDIA driver major, from NVIDIA's Triton release notes, "Driver Requirements":
-# 25.08 and 25.10 (https://docs.nvidia.com/deeplearning/triton-inference-server/release-notes/rel-25-08.html,
-# .../rel-25-10.html) are based on CUDA 13.0 and require driver 575 or later, or on data-center GPUs
-# R470 (470.57+), R525 (525.85+), R535 (535.86+) or R545 (545.23+). 25.09, the release images/versions.env
-# pins, sits between them on the same CUDA 13.0 base.
+# Triton release -> minimum NVIDIA driver major. One pair serves both paths (images/versions.env), so one floor:
+# triton-inference-server/server tag v2.71.0, docs/introduction/compatibility.md, lists CUDA 13.1 and driver
+# 590.44.01 for 26.07; it names no forward-compatible branches, so none is assumed. A serving image on another
+# release (set in a spec) gets a warning that no minimum is known, never a guessed one.
 DRIVER_MINIMUM: dict[str, DriverRequirement] = {
-    "25.08": DriverRequirement(575, (470, 525, 535, 545)),
-    "25.09": DriverRequirement(575, (470, 525, 535, 545)),
-    "25.10": DriverRequirement(575, (470, 525, 535, 545)),
-    # the PyTorch backend's pin: server docs/introduction/compatibility.md at tag v2.71.0 lists CUDA 13.1 and
-    # driver 590.44.01 for 26.07; it names no forward-compatible branches, so none is assumed
     "26.07": DriverRequirement(590, ()),
 }
 # The serving image names the Triton release it is built on: ...:<ours>-<YY.MM>-trtllm-python-py3

@@ -23,6 +23,9 @@ class Owner:
     #: the promoted pair's measured crossover (floored), which the PyTorch path's speculative engine gets as
     #: max_concurrency; None until one was measured (:func:`in_engine_concurrency`)
     in_engine_concurrency: int | None = None
+    #: the promoted pair's measured draft_len_schedule ({batch size: draft length}), when its sweep found a
+    #: shorter draft paying at middle batch sizes (:func:`in_engine_schedule`); None: max_concurrency alone
+    in_engine_schedule: dict[int, int] | None = None
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> "Owner":
@@ -35,6 +38,7 @@ class Owner:
             spec=ReDrafterDeploymentSpec.from_wire(body.get("spec") or {}),
             generation=int(meta.get("generation") or 1),
             in_engine_concurrency=in_engine_concurrency(body.get("status") or {}),
+            in_engine_schedule=in_engine_schedule(body.get("status") or {}),
         )
 
     def owner_reference(self) -> dict[str, Any]:
@@ -56,6 +60,22 @@ def in_engine_concurrency(status: Mapping[str, Any]) -> int | None:
     if not isinstance(crossover, (int, float)) or not math.isfinite(crossover) or crossover < 1:
         return None
     return int(crossover)
+
+
+def in_engine_schedule(status: Mapping[str, Any]) -> dict[int, int] | None:
+    """The promoted pair's measured draft_len_schedule with integer keys (status stores JSON's string keys);
+    None when there is none or it is not a mapping of positive integers to non-negative ones."""
+    promoted = (status.get("validation") or {}).get("promoted") or {}
+    raw = promoted.get("draftLenSchedule")
+    if not isinstance(raw, Mapping) or not raw:
+        return None
+    try:
+        schedule = {int(k): v for k, v in raw.items()}
+    except (TypeError, ValueError):
+        return None
+    if any(k < 1 or not isinstance(v, int) or isinstance(v, bool) or v < 0 for k, v in schedule.items()):
+        return None
+    return dict(sorted(schedule.items()))
 
 
 def metadata(

@@ -18,7 +18,8 @@ At load it reads ``1/model.yaml`` and refuses what upstream refuses, in upstream
   ``max_matching_ngram_size``), accepted as the prefix that matches the greedy continuation;
 - no speculative_config: one token per step.
 
-A step whose batch holds more than ``max_concurrency`` requests drafts nothing. The greedy text is
+A step whose batch holds more than ``max_concurrency`` requests drafts nothing; with a ``draft_len_schedule`` a
+step drafts the length of the largest key <= its batch (the pinned release's lower-bound keys). The greedy text is
 _sim_speculation.greedy_next's (it copies on repetitive prompts), the same with or without speculation
 unless the ``diverge`` control is set. Stop strings end generation and are left out of the text, as the
 LLM API does by default.
@@ -35,7 +36,7 @@ import zlib
 import numpy as np
 import triton_python_backend_utils as pb_utils  # type: ignore[import-not-found]
 import yaml
-from _llmapi_backend import TRITON_CONFIG_KEY, canonical_decoding_type, check_model_yaml
+from _llmapi_backend import TRITON_CONFIG_KEY, canonical_decoding_type, check_model_yaml, draft_len_for_batch
 from _sim_batching import FINAL, BatchingEngine, SimRequest
 from _sim_control import SimControl
 from _sim_speculation import accept_prefix, chain_accepted, greedy_next, ngram_propose
@@ -103,6 +104,7 @@ class TritonPythonModel(BatchingEngine):
         self.draft_len = int(spec.get("num_nextn_predict_layers" if tag == "MTP" else "max_draft_len") or 0)
         self.ngram_size = int(spec.get("max_matching_ngram_size") or DEFAULT_NGRAM_SIZE)
         self.max_concurrency = spec.get("max_concurrency")
+        self.schedule = {int(k): int(v) for k, v in (spec.get("draft_len_schedule") or {}).items()} or None
         self.variant = p.get("variant", "redrafter" if self.method else "base")
         self.max_batch = max(int(doc.get("max_batch_size") or 8), 1)
         self._start(p)
@@ -155,13 +157,15 @@ class TritonPythonModel(BatchingEngine):
     def _greedy(self, r: SimRequest, generated: list[int], ctl: SimControl) -> int:
         return greedy_next(r.prompt, generated, r.prompt_crc, ctl.diverge, self.first_id, self.vocab)
 
-    def _drafts(self, batch: int) -> bool:
-        return self.draft_len > 0 and (self.max_concurrency is None or batch <= int(self.max_concurrency))
+    def _draft_len(self, batch: int) -> int:
+        """This step's draft length: the schedule's (lower-bound keys, as the pinned release reads them), else
+        the full draft up to max_concurrency and none above."""
+        if self.schedule is not None:
+            return min(self.draft_len, draft_len_for_batch(self.schedule, batch))
+        return self.draft_len if self.max_concurrency is None or batch <= int(self.max_concurrency) else 0
 
     def _draft_tokens(self, active: list[SimRequest]) -> float:
-        if not self._drafts(len(active)):
-            return 0.0
-        return self.draft_len * sum(1 for r in active if r.steps > 0)
+        return self._draft_len(len(active)) * sum(1 for r in active if r.steps > 0)
 
     def _step(self, r: SimRequest, ctl: SimControl, batch: int) -> None:
         if r.request.is_cancelled():  # not sender.is_cancelled(): it blocks unloading in 2.51
@@ -171,14 +175,15 @@ class TritonPythonModel(BatchingEngine):
             return
         remaining = r.max_tokens - len(r.tokens)
         accept = 0
-        if r.steps > 0 and self._drafts(batch):
+        draft_len = self._draft_len(batch)
+        if r.steps > 0 and draft_len > 0:
             if self.method == "ngram":
-                draft = ngram_propose(r.prompt + r.tokens, self.draft_len, self.ngram_size)
+                draft = ngram_propose(r.prompt + r.tokens, draft_len, self.ngram_size)
                 accept = accept_prefix(draft, lambda j: self._greedy(r, r.tokens + draft[:j], ctl))
                 r.drafted += len(draft)
             else:
-                accept = chain_accepted(self.draft_len, ctl.acceptance_rate, r.rng)
-                r.drafted += self.draft_len
+                accept = chain_accepted(draft_len, ctl.acceptance_rate, r.rng)
+                r.drafted += draft_len
         r.steps += 1
         new: list[int] = []
         stop_hit: list[int] = []

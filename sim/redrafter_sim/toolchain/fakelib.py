@@ -217,9 +217,8 @@ TRTLLM_BUILD = [
         ["draft_tokens_external", "lookahead_decoding", "medusa", "explicit_draft_tokens", "eagle"],
     ),
     ("--max_draft_len", int),
-    ("--auto_parallel", int),
-    ("--gpus_per_node", int),
-    ("--cluster_key", str),
+    # no auto-parallel group (--auto_parallel, --gpus_per_node, --cluster_key): build.py at the pinned 1.2.1
+    # line (NVIDIA/TensorRT-LLM 65f1d1536e18aea3380e6e270e00895a709333eb) no longer defines it
     # plugin.add_plugin_argument (cli_plugin_args)
     ("--bert_attention_plugin", str, _PLUGIN_DTYPES),
     ("--gpt_attention_plugin", str, _PLUGIN_DTYPES),

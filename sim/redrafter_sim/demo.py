@@ -1,10 +1,11 @@
 """`redrafter-sim demo`: the whole lifecycle on this machine — no cluster, no GPU.
 
-It starts the emulated Kubernetes API on loopback, installs the CRD and applies the resource with the
-pinned kubectl, runs the real operator as production does (``redrafter-operator run`` with a
-kubeconfig), and a simulated node (:mod:`.kubelet`): build Jobs run the real ``engine_jobs`` program
-with the stand-in toolchain, serving pods are real tritonservers with the simulated engine on
-127.0.0.N. Traffic comes from the evaluate load generator, routed per request through the Service
+It starts a real Kubernetes control plane on loopback (:mod:`.controlplane`: etcd, kube-apiserver, the
+controller manager and the scheduler), installs the CRD and applies the resource with the pinned kubectl, runs
+the real operator as production does (``redrafter-operator run``) under the Helm chart's ServiceAccount and
+RBAC, and a simulated node that speaks only the real API (:mod:`.node`): the pods Kubernetes' own Job and
+ReplicaSet controllers create and its scheduler binds run there — build Jobs the real ``engine_jobs`` program
+with the stand-in toolchain, serving pods real tritonservers with the simulated engine on 127.0.0.N. Traffic comes from the evaluate load generator, routed per request through the Service
 (:mod:`.router`). A scenario (:mod:`.scenarios`) changes load and the simulated acceptance rate and
 waits for the operator to react; the summary is built only from what the operator wrote (status,
 status.history, Events). At the end one chat completion goes through the Service's ``openai`` port with
@@ -42,13 +43,14 @@ from redrafter_operator.evaluate.prompts import Prompt
 from redrafter_operator.evaluate.stream import RequestOptions
 from redrafter_operator.render import names
 from redrafter_operator.render.build import named_sources, source_claims
+from redrafter_operator.render.podsecurity import ENFORCE_LABEL, ENFORCE_VERSION_LABEL
 
-from . import admission_podsecurity as podsecurity
 from .buildjobs import provision_source
-from .cronjobs import CronJobController, run_cronjob_controller
+from .chartrbac import chart_rbac
+from .controlplane import ControlPlane, write_yaml
 from .engine import SimEngineSettings
 from .kubeapi import EVENTS, PODS, SECRETS, Kind, KubeApi
-from .kubelet import SimKubelet
+from .node import SimNode
 from .nodes import dcgm_exporter
 from .operator_process import OperatorProcess
 from .prometheus import PrometheusServer, PrometheusUnavailable, ServingTarget, scrape_config, write_serving_file
@@ -66,7 +68,6 @@ from .scenarios import (
     lookup,
     with_training,
 )
-from .server import EmulatorThread, write_kubeconfig
 from .traffic import RoutedLoadGenerator, TrafficStats
 from .triton import free_ports
 from .view import DemoView, describe_chat, render_summary
@@ -166,7 +167,7 @@ def restricted_namespace(name: str) -> dict[str, Any]:
         "kind": "Namespace",
         "metadata": {
             "name": name,
-            "labels": {podsecurity.ENFORCE_LABEL: "restricted", podsecurity.ENFORCE_VERSION_LABEL: "latest"},
+            "labels": {ENFORCE_LABEL: "restricted", ENFORCE_VERSION_LABEL: "latest"},
         },
     }
 
@@ -206,7 +207,7 @@ class DemoRun:
         self.stats = TrafficStats(window_s=4.0)
         self.view = DemoView(scenario, self)
         self.api: KubeApi | None = None
-        self.node: SimKubelet | None = None
+        self.node: SimNode | None = None
         self.loadgen: RoutedLoadGenerator | None = None
         self.operator: OperatorProcess | None = None
         self.prometheus: PrometheusServer | None = None
@@ -222,20 +223,16 @@ class DemoRun:
 
     async def run(self) -> dict[str, Any]:
         kubeconfig = self.tmp / "kubeconfig"
-        emulator = EmulatorThread()
-        handle = emulator.start()
+        cp = ControlPlane(self.tmp / "controlplane")
         loadgen_task: asyncio.Task[Any] | None = None
         prometheus_task: asyncio.Task[Any] | None = None
-        # the control plane's CronJob controller on the real clock (the node runs the Jobs it creates)
-        cron_stop = asyncio.Event()
-        cron_task = asyncio.create_task(
-            run_cronjob_controller(CronJobController(handle.emulator, namespace=self.namespace), cron_stop),
-            name="cronjobs",
-        )
         try:
-            write_kubeconfig(handle.url, kubeconfig, namespace=self.namespace)
-            self.view.note(f"API server emulator on {handle.url}")
-            await kubectl(kubeconfig, self.tmp, "apply", "-f", "-", stdin=crd_yaml())
+            await asyncio.to_thread(cp.start)
+            write_yaml(kubeconfig, cp.kubeconfig(cp.admin, namespace=self.namespace))
+            self.view.note(
+                f"Kubernetes control plane on {cp.url} (etcd, kube-apiserver, controller manager, scheduler)"
+            )
+            await kubectl(kubeconfig, self.tmp, "apply", "--server-side", "-f", "-", stdin=crd_yaml())
             await kubectl(
                 kubeconfig,
                 self.tmp,
@@ -250,20 +247,29 @@ class DemoRun:
                 kubeconfig, self.tmp, "apply", "-f", "-", stdin=yaml.safe_dump(restricted_namespace(self.namespace))
             )
             self.view.note(f"namespace {self.namespace} enforces Pod Security restricted")
+            operator_config = await self._operator_identity(cp, kubeconfig)
             metrics_port = free_ports("127.0.0.1", 1)[0] if self.opts.prometheus else None
             liveness = f"http://127.0.0.1:{free_ports('127.0.0.1', 1)[0]}/healthz"
             args = ["--standalone", "--resync-seconds", "30", "--liveness", liveness]
             if metrics_port is not None:
                 args += ["--metrics-port", str(metrics_port)]
-            self.operator = OperatorProcess(kubeconfig, self.namespace, self.tmp / "operator.log", args)
+            self.operator = OperatorProcess(operator_config, self.namespace, self.tmp / "operator.log", args)
             await self.operator.start()
-            self.view.note("operator started: " + " ".join(self.operator.argv[1:3]))
-            await self._check(handle.emulator, kubeconfig, liveness)
+            self.view.note("operator started under the chart's ServiceAccount: " + " ".join(self.operator.argv[1:3]))
+            node_config = cp.node_kubeconfig("sim-node-0")
+            proxy_config = cp.write_kubeconfig(self.tmp / "kube-proxy.kubeconfig", "system:kube-proxy")
             async with (
-                KubeApi(handle.url) as api,
-                SimKubelet(handle.url, sim=SIM_ENGINE, node_dir=self.tmp / "node", openai_front=True) as node,
+                KubeApi.from_kubeconfig(kubeconfig) as api,
+                SimNode(
+                    node_config,
+                    proxy_kubeconfig=proxy_config,
+                    sim=SIM_ENGINE,
+                    node_dir=self.tmp / "node",
+                    openai_front=True,
+                ) as node,
             ):
                 self.api, self.node = api, node
+                await self._check(node, kubeconfig, liveness)
                 if metrics_port is not None:
                     prometheus_task = asyncio.create_task(self._prometheus(api, metrics_port), name="prometheus")
                 if self.opts.train:  # training loads the base's weights: a real (tiny, random) Llama
@@ -272,7 +278,9 @@ class DemoRun:
                 first = self.scenario.stages[0]
                 if first.acceptance is not None:
                     node.set_engine(self.namespace, self.name, "redrafter", acceptance_rate=first.acceptance)
-                await kubectl(kubeconfig, self.tmp, "apply", "-f", "-", stdin=yaml.safe_dump(self.resource))
+                await kubectl(
+                    kubeconfig, self.tmp, "apply", "--server-side", "-f", "-", stdin=yaml.safe_dump(self.resource)
+                )
                 self.view.note(f"kubectl apply {KIND}/{self.name}")
                 async with ServiceRouter(api, self.namespace, names.service_name(self.name)) as router:
                     # fixed-length requests (min_tokens) where the engine has them: the PyTorch backend's
@@ -304,38 +312,48 @@ class DemoRun:
             if prometheus_task is not None:
                 prometheus_task.cancel()
                 await asyncio.gather(prometheus_task, return_exceptions=True)
-            cron_stop.set()
-            await asyncio.gather(cron_task, return_exceptions=True)
             if self.prometheus is not None:
                 await asyncio.to_thread(self.prometheus.stop)
             operator_tail = self.operator.log_tail() if self.operator else ""
             if self.operator is not None:
                 await self.operator.stop()
-            emulator.stop()
+            await asyncio.to_thread(cp.stop)
         return self.summary(operator_tail)
 
-    async def _check(self, emulator: Any, kubeconfig: Path, liveness: str) -> None:
+    async def _operator_identity(self, cp: ControlPlane, kubeconfig: Path) -> Path:
+        """The chart's ServiceAccount and RBAC (release ``redrafter`` in ``redrafter-system``, as the README's
+        ``helm install``), and a kubeconfig with a bound token of it for the operator process."""
+        system = "redrafter-system"
+        namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": system}}
+        rbac, account = chart_rbac("redrafter", system)
+        await kubectl(
+            kubeconfig, self.tmp, "apply", "--server-side", "-f", "-", stdin=yaml.safe_dump_all([namespace, *rbac])
+        )
+        path = self.tmp / "operator.kubeconfig"
+        await asyncio.to_thread(cp.service_account_kubeconfig, path, system, account)
+        config = yaml.safe_load(path.read_text())
+        config["contexts"][0]["context"]["namespace"] = self.namespace
+        return write_yaml(path, config)
+
+    async def _check(self, node: SimNode, kubeconfig: Path, liveness: str) -> None:
         """`redrafter-operator check` of the resource before it is applied, as a user would run it. The
-        simulated cluster's storage and GPU Operator are what a real one shows: the claims the resource names
-        (Bound; the node's directories back them) and the DCGM exporter beside the GPU nodes. The operator runs
-        here, not in the cluster: --operator-health points the check at its liveness endpoint."""
+        cluster's storage and GPU Operator are what a real one shows: the claims the resource names (Bound to
+        PersistentVolumes the node's directories back) and the DCGM exporter beside the GPU nodes. The operator
+        runs here, not in the cluster: --operator-health points the check at its liveness endpoint."""
         spec, _ = parse_spec(self.resource["spec"])
         assert spec is not None
-        for claim in [spec.engine.cache.claim_name, *source_claims(named_sources(spec))]:
-            if emulator.find_object("v1", "PersistentVolumeClaim", claim, self.namespace) is None:
-                emulator.create_object(bound_claim(claim, self.namespace))
-                status = {"phase": "Bound", "accessModes": ["ReadWriteMany"], "capacity": {"storage": CLAIM_SIZE}}
-                emulator.patch_object(
-                    "v1", "PersistentVolumeClaim", claim, self.namespace, {"status": status}, subresource="status"
-                )
-        for obj in dcgm_exporter():
-            if (
-                emulator.find_object(
-                    obj["apiVersion"], obj["kind"], obj["metadata"]["name"], obj["metadata"].get("namespace")
-                )
-                is None
-            ):
-                emulator.create_object(obj)
+        storage: list[dict[str, Any]] = []
+        for claim in dict.fromkeys([spec.engine.cache.claim_name, *source_claims(named_sources(spec))]):
+            storage.extend(node.claim_objects(self.namespace, claim))
+        await kubectl(
+            kubeconfig,
+            self.tmp,
+            "apply",
+            "--server-side",
+            "-f",
+            "-",
+            stdin=yaml.safe_dump_all(storage + dcgm_exporter()),
+        )
         deadline = time.monotonic() + 60  # kopf serves its liveness endpoint once the operator has started
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
             while time.monotonic() < deadline:
@@ -388,7 +406,7 @@ class DemoRun:
         selector = names.selector_string({names.LABEL_COMPONENT: "serving"})
         listed: list[ServingTarget] = []
         while True:
-            with contextlib.suppress(Exception):  # the emulator is going away at the end: keep the last list
+            with contextlib.suppress(Exception):  # the API server is going away at the end: keep the last list
                 pods = await api.list(PODS, self.namespace, label_selector=selector)
                 now = [
                     ServingTarget(
@@ -663,7 +681,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def register_cli(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "demo",
-        help="the whole lifecycle on this machine: emulated cluster, real operator, "
+        help="the whole lifecycle on this machine: a real control plane, a simulated node, the real operator, "
         "real Triton with a simulated engine",
     )
     p.add_argument(

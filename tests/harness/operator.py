@@ -9,46 +9,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import helm_python as helm
-import yaml
-
 from redrafter_operator.controller.main import RunOptions, run_operator
 from redrafter_operator.controller.reconciler import Controller
+from redrafter_sim.chartrbac import chart_rbac
 
-from .cluster import ROOT, Kube
+from .cluster import Kube
 from .waiting import until
-
-CHART = ROOT / "charts" / "redrafter-operator"
-RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
-
-
-def chart_objects(release: str, namespace: str, values: dict[str, Any]) -> list[dict[str, Any]]:
-    """The chart rendered by Helm's own engine (helm-python-sdk), its test hooks left out."""
-    with helm.Chart.load(CHART) as chart:
-        rendered = chart.render(values, name=release, namespace=namespace, is_install=True, is_upgrade=False)
-    out = []
-    for path, text in sorted(rendered.items()):
-        if path.endswith("NOTES.txt"):
-            continue
-        for doc in yaml.safe_load_all(text):
-            hook = ((doc or {}).get("metadata", {}).get("annotations") or {}).get("helm.sh/hook")
-            if doc and hook != "test":
-                out.append(doc)
-    return out
 
 
 def chart_identity(kube: Kube, watch_namespaces: list[str] | None = None, values: dict[str, Any] | None = None) -> Path:
     """Apply the chart's ServiceAccount and RBAC (release ``rdo-<namespace>`` in the test's namespace) and return
     a kubeconfig holding a bound token of that ServiceAccount."""
-    release = f"rdo-{kube.namespace}"
-    vals = {**(values or {}), "watchNamespaces": watch_namespaces or []}
-    rbac = [o for o in chart_objects(release, kube.namespace, vals) if o["kind"] in RBAC_KINDS]
-    for obj in rbac:
-        if obj["kind"] in ("ServiceAccount", "RoleBinding", "Role") and not obj["metadata"].get("namespace"):
-            obj["metadata"]["namespace"] = kube.namespace
+    rbac, account = chart_rbac(f"rdo-{kube.namespace}", kube.namespace, watch_namespaces, values)
     kube.apply(*rbac)
-    (sa,) = [o["metadata"]["name"] for o in rbac if o["kind"] == "ServiceAccount"]
-    return kube.cp.service_account_kubeconfig(kube.home / "operator.kubeconfig", kube.namespace, sa)
+    return kube.cp.service_account_kubeconfig(kube.home / "operator.kubeconfig", kube.namespace, account)
 
 
 class InProcessOperator:

@@ -1,4 +1,5 @@
-"""Shared fixtures: an emulated API server on 127.0.0.1, a kubeconfig for it, and the pinned kubectl."""
+"""Shared fixtures: the real control plane (one per test session) and a namespace per test on it; the emulated
+API server on 127.0.0.1, a kubeconfig for it, and the pinned kubectl, for the tests not yet moved to it."""
 
 from __future__ import annotations
 
@@ -10,11 +11,37 @@ from pathlib import Path
 
 import pytest
 
+from harness.cluster import Kube, delete_namespace, new_namespace, start_control_plane
+from redrafter_sim.controlplane import ControlPlane
 from redrafter_sim.server import EmulatorHandle, EmulatorThread, write_kubeconfig
 
 KUBECTL = Path(sys.executable).parent / "kubectl"
 
 Kubectl = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """etcd, kube-apiserver, kube-controller-manager and kube-scheduler (``make controlplane`` builds them),
+    started once for the session with the project's CRDs installed."""
+    try:
+        cp = start_control_plane(tmp_path_factory.mktemp("controlplane"))
+    except RuntimeError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.fixture
+def kube(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Kube]:
+    """A namespace of this test's own on the real control plane, with kubectl bound to it as the admin."""
+    k = new_namespace(control_plane, tmp_path / "kube")
+    try:
+        yield k
+    finally:
+        delete_namespace(k)
 
 
 @pytest.fixture

@@ -270,7 +270,9 @@ class ControlPlane:
 
     # --- credentials -------------------------------------------------------------------------------------------
 
-    def kubeconfig(self, pair: KeyPair | None = None, namespace: str = "default", token: str | None = None) -> dict[str, Any]:
+    def kubeconfig(
+        self, pair: KeyPair | None = None, namespace: str = "default", token: str | None = None
+    ) -> dict[str, Any]:
         return kubeconfig_dict(self.url, self.pki.ca.cert, pair, namespace, token)
 
     def write_kubeconfig(
@@ -288,7 +290,11 @@ class ControlPlane:
     def service_account_kubeconfig(self, path: Path, namespace: str, name: str, hours: int = 24) -> Path:
         """A kubeconfig holding a bound token of that ServiceAccount (the TokenRequest API, as ``kubectl create
         token`` does): a process with it has exactly the RBAC the ServiceAccount has."""
-        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": hours * 3600}}
+        body = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": hours * 3600},
+        }
         answer = self.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token", body)
         return write_yaml(path, self.kubeconfig(token=answer["status"]["token"], namespace=namespace))
 
@@ -325,7 +331,9 @@ class ControlPlane:
     def _wait_ready(self, comp: Component, deadline: float) -> None:
         while not self._ready(comp):
             if not comp.alive():
-                raise ControlPlaneError(f"{comp.name} exited ({comp.proc and comp.proc.returncode}):\n{comp.log_tail()}")
+                raise ControlPlaneError(
+                    f"{comp.name} exited ({comp.proc and comp.proc.returncode}):\n{comp.log_tail()}"
+                )
             if time.monotonic() > deadline:
                 raise ControlPlaneError(f"{comp.name} not ready at {comp.ready_url}:\n{comp.log_tail()}")
             time.sleep(0.2)
@@ -367,7 +375,10 @@ class ControlPlane:
 
     def _etcd(self, path: str, body: dict[str, Any]) -> Any:
         req = urllib.request.Request(
-            self.etcd_url + path, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
+            self.etcd_url + path,
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json"},
         )
         with urllib.request.urlopen(req, timeout=30) as resp:
             return json.loads(resp.read())

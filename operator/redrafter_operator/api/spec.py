@@ -942,7 +942,7 @@ class ReDrafterDeploymentSpec(ApiModel):
         "json_schema_extra": {
             "x-kubernetes-validations": [
                 _cel(
-                    "!has(self.model.drafter.train) || !has(self.redrafter) || "
+                    "!has(self.model.drafter) || !has(self.model.drafter.train) || !has(self.redrafter) || "
                     "!has(self.redrafter.draftLenPerBeam) || self.redrafter.draftLenPerBeam <= "
                     "(has(self.model.drafter.train.recipe) && has(self.model.drafter.train.recipe.draftLen) "
                     "? self.model.drafter.train.recipe.draftLen : 5)",
@@ -1078,7 +1078,7 @@ def parse_spec(raw: dict[str, Any]) -> tuple["ReDrafterDeploymentSpec | None", l
     from pydantic import ValidationError
 
     try:
-        return ReDrafterDeploymentSpec.model_validate(raw), []
+        return ReDrafterDeploymentSpec.from_wire(raw), []
     except ValidationError as exc:
         out = []
         for err in exc.errors():

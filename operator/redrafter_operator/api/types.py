@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic.alias_generators import to_camel
@@ -45,14 +45,25 @@ Duration = Annotated[
 
 
 class ApiModel(BaseModel):
-    """Base of every API object: camelCase on the wire, unknown fields rejected."""
+    """Base of every API object: camelCase on the wire, unknown fields rejected.
+
+    Python code constructs models by field name (``Engine(max_batch_size=8)``); what comes off the wire or from a
+    user's YAML is read with :meth:`from_wire`, camelCase only, as the CRD's schema has it: a snake_case key there
+    is an unknown field, refused here as a strict API server refuses it (and one without strict field validation
+    drops it)."""
 
     model_config = ConfigDict(
         alias_generator=to_camel,
-        populate_by_name=True,
+        validate_by_name=True,
+        validate_by_alias=True,
         extra="forbid",
         validate_default=True,
     )
+
+    @classmethod
+    def from_wire(cls, raw: Any) -> Self:
+        """Parse an object as the API server stores it: camelCase field names only."""
+        return cls.model_validate(raw, by_alias=True, by_name=False)
 
     def wire(self) -> dict[str, Any]:
         """The object as the API server stores it (camelCase, no unset optionals)."""
@@ -70,7 +81,15 @@ StringMap = Annotated[dict[str, str], WithJsonSchema({"type": "object", "additio
 
 # ---- model sources -----------------------------------------------------------------------------
 SCHEMES = ("hf", "pvc", "s3")
-SOURCE_PATTERN = r"^(hf|pvc|s3)://[A-Za-z0-9][A-Za-z0-9._/-]*$"
+# The CRD's pattern for a source, as strict as parse_source (CEL refuses '.' and '..' segments): an hf:// repo
+# id has at most two segments, a pvc:// claim is a DNS-1123 label, an s3:// bucket a bucket name, and no
+# segment is empty or starts with '-'.
+_SEGMENT = r"[A-Za-z0-9._][A-Za-z0-9._-]*"
+SOURCE_PATTERN = (
+    r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?"
+    rf"|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/{_SEGMENT})*"
+    rf"|s3://[a-z0-9][a-z0-9.-]{{1,61}}[a-z0-9](/{_SEGMENT})*)/*$"
+)
 _SAFE = re.compile(r"^[A-Za-z0-9._/-]+$")
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")

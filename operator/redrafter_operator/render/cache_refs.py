@@ -29,7 +29,7 @@ def _ref(key: Any, namespace: str, name: str, role: str) -> dict[str, str] | Non
 def spec_cache(body: Mapping[str, Any]) -> tuple[str, str] | None:
     """(claim, subPath) of the resource's engine cache, or None for a spec that does not validate."""
     try:
-        spec = ReDrafterDeploymentSpec.model_validate(body.get("spec") or {})
+        spec = ReDrafterDeploymentSpec.from_wire(body.get("spec") or {})
     except ValidationError:
         return None
     return spec.engine.cache.claim_name, spec.engine.cache.sub_path
@@ -44,7 +44,7 @@ def resource_references(body: Mapping[str, Any], keys: Mapping[str, str] | None 
     out: list[dict[str, str] | None] = []
     if keys is None:
         try:
-            spec = ReDrafterDeploymentSpec.model_validate(body.get("spec") or {})
+            spec = ReDrafterDeploymentSpec.from_wire(body.get("spec") or {})
             keys = {v: engine_key(spec, v) for v in VARIANTS}
             if (trained := drafter_key(spec)) is not None:
                 keys["drafter"] = trained

@@ -32,7 +32,7 @@ class Owner:
             name=meta["name"],
             namespace=meta.get("namespace") or "default",
             uid=meta.get("uid") or "00000000-0000-0000-0000-000000000000",
-            spec=ReDrafterDeploymentSpec.model_validate(body.get("spec") or {}),
+            spec=ReDrafterDeploymentSpec.from_wire(body.get("spec") or {}),
             generation=int(meta.get("generation") or 1),
             in_engine_concurrency=in_engine_concurrency(body.get("status") or {}),
         )

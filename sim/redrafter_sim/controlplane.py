@@ -57,6 +57,8 @@ CONTROLLERS = (
     "disruption-controller",
     "clusterrole-aggregation-controller",
     "persistentvolume-binder-controller",
+    # removes the not-ready taint the TaintNodesByCondition admission puts on every new Node, once it is Ready
+    "node-lifecycle-controller",
 )
 ADMIN_USER = "kubernetes-admin"
 
@@ -249,6 +251,7 @@ class ControlPlane:
                     f"--service-account-private-key-file={self.pki.sa_key}",
                     f"--root-ca-file={self.pki.ca.cert}",
                     f"--controllers={','.join(CONTROLLERS)}",
+                    "--node-monitor-period=1s",  # a registered node schedulable within a second, not five
                     "--profiling=false",
                 ],
                 f"https://127.0.0.1:{kcm_port}/healthz",  # it serves no /readyz

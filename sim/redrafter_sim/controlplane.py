@@ -321,6 +321,19 @@ class ControlPlane:
         with urllib.request.urlopen(req, context=self._admin_context(), timeout=timeout) as resp:
             return json.loads(resp.read() or b"null")
 
+    def wait_established(self, crd: str, timeout: float = 60.0) -> None:
+        """Until the CustomResourceDefinition is Established (its API served). Not ``kubectl wait``: right after
+        the apply, the CRD has no conditions yet and kubectl 1.37 fails instead of waiting."""
+        deadline = time.monotonic() + timeout
+        while True:
+            obj = self.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}")
+            conditions = (obj.get("status") or {}).get("conditions") or []
+            if any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions):
+                return
+            if time.monotonic() > deadline:
+                raise ControlPlaneError(f"CustomResourceDefinition {crd} not Established after {timeout:.0f}s")
+            time.sleep(0.1)
+
     # --- lifecycle ---------------------------------------------------------------------------------------------
 
     def _ready(self, comp: Component) -> bool:

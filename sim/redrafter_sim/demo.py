@@ -233,15 +233,7 @@ class DemoRun:
                 f"Kubernetes control plane on {cp.url} (etcd, kube-apiserver, controller manager, scheduler)"
             )
             await kubectl(kubeconfig, self.tmp, "apply", "--server-side", "-f", "-", stdin=crd_yaml())
-            await kubectl(
-                kubeconfig,
-                self.tmp,
-                "wait",
-                "--for",
-                "condition=established",
-                "--timeout=30s",
-                f"crd/{PLURAL}.{API_VERSION.split('/')[0]}",
-            )
+            await asyncio.to_thread(cp.wait_established, f"{PLURAL}.{API_VERSION.split('/')[0]}")
             # as a hardened cluster would: Pods that do not meet the restricted profile are rejected
             await kubectl(
                 kubeconfig, self.tmp, "apply", "-f", "-", stdin=yaml.safe_dump(restricted_namespace(self.namespace))

@@ -112,6 +112,7 @@ class SimNode:
         self.runner = PodRunner(
             self.api, self.proxy, self.fs, toolchain=toolchain, parallel=parallel, unpullable=self.serving.unpullable
         )
+        self.runner.node_name = name
         api_url = urlsplit(self.api.url)
         self.runner.cluster_env = {
             "KUBERNETES_SERVICE_HOST": api_url.hostname or "127.0.0.1",

@@ -10,7 +10,8 @@ OnFailure restarts a failed container in place (restartCount, ``lastState``), Al
 exit code. Whether the Job succeeded, retries or fails is the real Job controller's business.
 
 ``<svc>.<ns>.svc:<port>`` in a command is resolved as cluster DNS and kube-proxy would: the Service's port, then a
-ready endpoint of its EndpointSlices (``discovery.k8s.io/v1``), read with kube-proxy's identity.
+ready endpoint of its EndpointSlices (``discovery.k8s.io/v1``), read with kube-proxy's identity; where the
+EndpointSlice controller could publish none (loopback pod IPs), the node's own Ready Pods the Service selects.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 from . import objects
 from .buildjobs import TOOLCHAIN_DIR, JobRunner
+from .endpoints import endpoints_for
 from .hostfs import HostFS
 from .kubeapi import ENDPOINT_SLICES, PODS, SERVICES, ApiStatusError, KubeApi
 
@@ -59,6 +61,8 @@ class PodRunner(JobRunner):
         self.unpullable = unpullable if unpullable is not None else set()
         #: the in-cluster address of the API (the ``kubernetes`` Service, as kube-proxy makes it reachable)
         self.cluster_env: dict[str, str] = {}
+        #: the node these Pods are bound to (its own Pods stand in for the endpoints of a Service)
+        self.node_name = objects.NODE_NAME
 
     async def service_endpoint(self, svc: str, ns: str, port: int) -> str | None:
         services = await self.proxy.list(SERVICES, ns, field_selector=f"metadata.name={svc}")
@@ -73,6 +77,14 @@ class PodRunner(JobRunner):
             for endpoint in piece.get("endpoints") or []:
                 if target and (endpoint.get("conditions") or {}).get("ready") and endpoint.get("addresses"):
                     return f"{endpoint['addresses'][0]}:{target}"
+        # kube-apiserver refuses loopback addresses in EndpointSlices (ValidateEndpointIP), so the controller
+        # cannot publish this node's 127.0.0.N pods: on a one-node cluster, the node's own Pods that the Service
+        # selects and that are Ready are exactly the endpoints it would have published
+        pods = await self.api.list(PODS, ns, field_selector=f"spec.nodeName={self.node_name}")
+        for subset in endpoints_for(services[0], pods)["subsets"]:
+            target = next((p.get("port") for p in subset.get("ports") or [] if (p.get("name") or "") == name), None)
+            if target and subset.get("addresses"):
+                return f"{subset['addresses'][0]['ip']}:{target}"
         return None
 
     async def report(self, pod: dict[str, Any], status: dict[str, Any]) -> None:

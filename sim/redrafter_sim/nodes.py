@@ -18,7 +18,7 @@ _FAMILY = {A100: "ampere", H100: "hopper"}
 _COMPUTE = {A100: ("8", "0"), H100: ("9", "0")}
 
 
-def gfd_labels(product: str, gpus: int, driver: str = "580.95.05", cuda: str = "13.0") -> dict[str, str]:
+def gfd_labels(product: str, gpus: int, driver: str = "590.44.01", cuda: str = "13.0") -> dict[str, str]:
     """GPU Feature Discovery's labels for ``gpus`` GPUs of ``product`` on driver ``driver``."""
     major, minor, rev = (driver.split(".") + ["", ""])[:3]
     cuda_major, cuda_minor = cuda.split(".")
@@ -53,7 +53,7 @@ def node(
     product: str | None = None,
     gpus: int = 0,
     *,
-    driver: str | None = "580.95.05",
+    driver: str | None = "590.44.01",
     taints: list[dict[str, str]] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the Node a kubelet registers, its status): a GPU node when ``product`` is given, else a CPU node.
@@ -67,7 +67,7 @@ def node(
         "kubernetes.io/arch": "amd64",
     }
     if product:
-        gfd = gfd_labels(product, gpus, driver or "580.95.05")
+        gfd = gfd_labels(product, gpus, driver or "590.44.01")
         if driver is None:
             gfd = {k: v for k, v in gfd.items() if ".driver" not in k}
         labels |= gfd

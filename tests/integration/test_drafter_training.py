@@ -20,6 +20,7 @@ pytest.importorskip("transformers")
 
 from engine_jobs.contract import MANIFEST_FILE, DrafterRecipe, TrainingResult, TrainSpec  # noqa: E402
 from engine_jobs.drafter.export import check_drafter_dir  # noqa: E402
+from redrafter_operator.policy.drafter_gate import DrafterFigures, judge  # noqa: E402
 from redrafter_sim.tiny_llama import write_prompts_jsonl, write_tiny_llama  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -90,6 +91,14 @@ def test_trained_head_beats_the_untrained_one_on_held_out_prompts(trained) -> No
         "untrainedAcceptance",
         "tokensPerStep",
         "untrainedTokensPerStep",
+        "promptLookupAcceptance",
+        "promptLookupTokensPerStep",
+        "baseOutput",
+        "text",
+        "heldOutLoss",
+        "trainLoss",
+        "heldOutTop1",
+        "trainTop1",
         "heldOutPrompts",
         "steps",
         "loss",
@@ -108,9 +117,30 @@ def test_trained_head_beats_the_untrained_one_on_held_out_prompts(trained) -> No
 
     config = check_drafter_dir(out)  # what the converter reads, as the stand-in converter checks it
     assert (config["hidden_size"], config["exit_dim"], config["vocab_size"], config["rnn"]) == (64, 128, 1000, True)
-    curve = json.loads((out / "curves.json").read_text())
+    curves = json.loads((out / "curves.json").read_text())
+    curve = curves["loss"]
     assert [p["step"] for p in curve] == list(range(1, 151))
     assert curve[-1]["loss"] < curve[0]["loss"] - 3, figures
+    # teacher-forced, training against held-out, before training and ten times over it
+    forced = curves["teacherForced"]
+    assert [p["step"] for p in forced] == [0, *range(15, 151, 15)]
+    assert all(len(p[side][k]) == 5 for p in forced for side in ("train", "heldOut") for k in ("loss", "top1"))
+    assert forced[-1]["heldOut"]["loss"][0] < forced[0]["heldOut"]["loss"][0] - 2, forced
+    assert evaluation["heldOutTop1"] == forced[-1]["heldOut"]["top1"]
+
+
+def test_the_toys_head_passes_the_drafter_gate(trained) -> None:
+    """The near-bigram toy's head drafts: held-out acceptance well above the untrained head and prompt lookup,
+    held-out top-1 close to training's; the Job prints the one-line summary the gate reads."""
+    job, result = trained
+    evaluation = json.loads((job.cache / "drafters" / KEY / "evaluation.json").read_text())
+    verdict = judge(DrafterFigures.from_evaluation(evaluation))
+    print(verdict.message)
+    assert verdict.passed, verdict.message
+    assert evaluation["promptLookupAcceptance"] is not None and evaluation["baseOutput"]["distinct"] is not None
+    line = next(x for x in result.stderr.splitlines() if "held-out acceptance" in x and "prompt lookup" in x)
+    assert f"held-out acceptance {evaluation['heldOutAcceptance']:.3f}" in line
+    assert f"top-1@1 held-out {evaluation['heldOutTop1'][0]:.3f}, train {evaluation['trainTop1'][0]:.3f}" in line
 
 
 def test_the_job_publishes_with_a_manifest_and_reports_its_result(trained) -> None:

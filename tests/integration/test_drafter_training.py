@@ -202,3 +202,20 @@ def test_a_base_transformers_cannot_load_is_bad_input(tmp_path: Path) -> None:
     result = run_worker(tmp_path, RECIPE, tmp_path / "base", prompts)
     assert result.returncode == 2, result.stderr[-3000:]
     assert "BAD_INPUT: transformers cannot load the base model" in result.stderr
+
+
+def test_the_gate_rejects_a_head_trained_on_a_chaotic_base(tmp_path: Path) -> None:
+    """Full-strength random blocks make the base's greedy continuations chaotic: no drafter can learn them, and
+    the head memorises its training continuations (training top-1 far above held-out). The gate rejects it."""
+    base = write_tiny_llama(tmp_path / "chaos", mixing=1.0)
+    prompts = write_prompts_jsonl(tmp_path / "prompts.jsonl", 200)
+    argv = [sys.executable, "-m", "engine_jobs.drafter", "--base", str(base), "--prompts", str(prompts)]
+    argv += ["--recipe", RECIPE.model_dump_json(), "--out", str(tmp_path / "out")]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+    assert result.returncode == 0, result.stderr[-3000:]
+    evaluation = json.loads((tmp_path / "out" / "evaluation.json").read_text())
+    verdict = judge(DrafterFigures.from_evaluation(evaluation))
+    print(verdict.message)
+    assert not verdict.passed, verdict.message
+    assert evaluation["heldOutAcceptance"] < 0.1 and evaluation["trainTop1"][0] > 2 * evaluation["heldOutTop1"][0]

@@ -102,6 +102,7 @@ def plan_drafter(
     """``status.drafter``: Pending, Training (with its progress), Ready/Cached (with held-out acceptance and its
     baselines), Rejected (trained, but the drafter gate found it does not draft) or Failed."""
     stage = drafter_stage(res, owner, key)
+    events_before = len(plan.events)
     out = dict(plan_stage(res, owner, stage, observed, plan))
     old_status = res.status.get("drafter") or {}
     old = stage.old if stage.old.get("key") == key else {}
@@ -136,6 +137,12 @@ def plan_drafter(
                 out["trainedAt"] = result.trained_at
         else:
             out.update({f: old[f] for f in (*RESULT_FIELDS, "trainedAt") if f in old})
+        if result is None and old.get("state") not in (*READY_STATES, REJECTED):
+            # trained, but its figures (the Pod's termination message) not read yet: the gate cannot judge it,
+            # so nothing is built from it yet, and the "trained" Event waits for the figures
+            del plan.events[events_before:]
+            out.update(state="Training", phase="publishing", message="waiting for the training result")
+            return {k: v for k, v in out.items() if v is not None}
         train = owner.spec.model.drafter.train if owner.spec.model.drafter else None
         _gate(out, old_status if old_status.get("key") == key else {}, bool(train and train.accept_rejected), plan)
     return {k: v for k, v in out.items() if v is not None}

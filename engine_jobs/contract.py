@@ -171,6 +171,13 @@ DRAFTER_CONFIG_FILE = "config.json"  # what convert_checkpoint.py --drafter_mode
 DRAFTER_WEIGHTS_FILE = "model.safetensors"
 DRAFTER_CURVES_FILE = "curves.json"  # the training curve: loss per step, teacher-forced figures over training
 DRAFTER_EVALUATION_FILE = "evaluation.json"  # held-out acceptance against its baselines, top-1 per position
+#: config.json key naming the recurrence a head was trained with; this operator's trainer writes ENGINE_RECURRENCE
+RECURRENCE_KEY = "recurrence"
+#: the engine's: s_1 = W e_1, s_k = W e_k + U s_(k-1) + b (TensorRT-LLM ``Drafter.rnn_embed``)
+ENGINE_RECURRENCE = "tensorrt_llm"
+#: the model_type Apple's ``recurrent_drafting.configuration_drafter.DrafterConfig`` saves: its trainer computes
+#: s_k = silu(W e_k + U s_(k-1) + b) from s_0 = 0 (``recurrent_drafting/train/model.py``)
+APPLE_MODEL_TYPE = "recurrent_drafting_drafter"
 #: the training pod serves its progress (TrainingProgress as JSON) here; the operator reads it
 TRAINING_PROGRESS_PORT = 8080
 TRAINING_PROGRESS_PATH = "/progress"

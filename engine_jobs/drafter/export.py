@@ -13,7 +13,13 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from ..contract import DRAFTER_CONFIG_FILE, DRAFTER_WEIGHTS_FILE
+from ..contract import (
+    APPLE_MODEL_TYPE,
+    DRAFTER_CONFIG_FILE,
+    DRAFTER_WEIGHTS_FILE,
+    ENGINE_RECURRENCE,
+    RECURRENCE_KEY,
+)
 
 #: config.json keys the converter reads (vocab_size, the head's output width, is checked where present: this
 #: operator's heads carry it, a head trained elsewhere may not)
@@ -22,13 +28,6 @@ BOOL_KEYS = ("rnn",)
 OPTIONAL_INT_KEYS = ("vocab_size",)
 #: a header larger than this is not a drafter's (a guard against reading a corrupt length)
 MAX_HEADER_BYTES = 100 * 1024 * 1024
-#: config.json key naming the recurrence a head was trained with; this operator's trainer writes ENGINE_RECURRENCE
-RECURRENCE_KEY = "recurrence"
-#: the engine's: s_1 = W e_1, s_k = W e_k + U s_(k-1) + b (TensorRT-LLM ``Drafter.rnn_embed``)
-ENGINE_RECURRENCE = "tensorrt_llm"
-#: the model_type Apple's ``recurrent_drafting.configuration_drafter.DrafterConfig`` saves: its trainer computes
-#: s_k = silu(W e_k + U s_(k-1) + b) from s_0 = 0 (``recurrent_drafting/train/model.py``)
-APPLE_MODEL_TYPE = "recurrent_drafting_drafter"
 
 
 def expected_tensors(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .export import ENGINE_RECURRENCE, RECURRENCE_KEY
+from ..contract import ENGINE_RECURRENCE, RECURRENCE_KEY
 
 
 @dataclass(frozen=True)

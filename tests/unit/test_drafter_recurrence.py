@@ -32,14 +32,9 @@ torch = pytest.importorskip("torch")
 
 from safetensors.torch import load_file  # noqa: E402
 
+from engine_jobs.contract import APPLE_MODEL_TYPE, ENGINE_RECURRENCE  # noqa: E402
 from engine_jobs.drafter.drafting import beam_search  # noqa: E402
-from engine_jobs.drafter.export import (  # noqa: E402
-    APPLE_MODEL_TYPE,
-    ENGINE_RECURRENCE,
-    load_drafter,
-    recurrence_warning,
-    save_drafter,
-)
+from engine_jobs.drafter.export import load_drafter, recurrence_warning, save_drafter  # noqa: E402
 from engine_jobs.drafter.model import DrafterConfig, ReDrafterHead  # noqa: E402
 from engine_jobs.errors import BuildError  # noqa: E402
 from engine_jobs.validate import validate_drafter  # noqa: E402

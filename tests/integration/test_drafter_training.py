@@ -139,7 +139,8 @@ def test_the_toys_head_passes_the_drafter_gate(trained) -> None:
     print(verdict.message)
     assert verdict.passed, verdict.message
     assert evaluation["promptLookupAcceptance"] is not None and evaluation["baseOutput"]["distinct"] is not None
-    line = next(x for x in result.stderr.splitlines() if "held-out acceptance" in x and "prompt lookup" in x)
+    logged = (result.stdout + result.stderr).splitlines()
+    line = next(x for x in logged if "held-out acceptance" in x and "prompt lookup" in x)
     assert f"held-out acceptance {evaluation['heldOutAcceptance']:.3f}" in line
     assert f"top-1@1 held-out {evaluation['heldOutTop1'][0]:.3f}, train {evaluation['trainTop1'][0]:.3f}" in line
 

@@ -432,17 +432,26 @@ def main(argv: list[str] | None = None) -> int:
     head = ReDrafterHead(DrafterConfig(size.hidden, 2 * size.hidden, 2, True, vocab))
     untrained = copy.deepcopy(head).eval()
     dist = train.Distributed(device=device)
-    probe_settings = train.TrainConfig(args.draft_len, head_lr, size.head_batch, 1000, 3, args.seed)
-    _, probe_s = timed(lambda: train.train_head(copy.deepcopy(head), samples, embedding, probe_settings, dist), device)
+    # the step time, on a copy: steps 2 to 6 (the first pays for warm-up)
+    probe_settings = train.TrainConfig(args.draft_len, head_lr, size.head_batch, 1000, 6, args.seed)
+    stamps: list[float] = []
+
+    def stamp(step: int, total: int, loss: float) -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        stamps.append(time.perf_counter())
+
+    train.train_head(copy.deepcopy(head), samples, embedding, probe_settings, dist, stamp)
+    per_step = (stamps[-1] - stamps[0]) / (len(stamps) - 1)
     head_seconds = (PRETRAIN_SHARE + DISTILL_SHARE + HEAD_SHARE) * budget - (time.monotonic() - started)
-    head_steps = max(MIN_STEPS, steps_in_budget(head_seconds, probe_s / 3, 0, 5000))
+    head_steps = max(MIN_STEPS, steps_in_budget(head_seconds, per_step, 0, 5000))
     settings = train.TrainConfig(args.draft_len, head_lr, size.head_batch, 1000, head_steps, args.seed)
     t1 = time.monotonic()
     curve = train.train_head(head, samples, embedding, settings, dist)
     head.to(device)
     say(
         f"4 head: distilled {len(samples)} training-file prompts x {size.response_len} tokens in {distill_s:.1f} s; "
-        f"{head_steps} steps (the schedule's length, from {probe_s / 3 * 1000:.0f} ms a step) of {size.head_batch} "
+        f"{head_steps} steps (the schedule's length, from {per_step * 1000:.0f} ms a step) of {size.head_batch} "
         f"sequences in {time.monotonic() - t1:.1f} s, lr {head_lr:g}: loss {curve[0]['loss']:.3f} -> {curve[-1]['loss']:.3f}"
     )
 

@@ -1,10 +1,10 @@
 """Drafter training end to end on a CPU, as the training Job runs it (``python -m engine_jobs train``): a tiny
 random Llama (a bigram-like fixture for plumbing) distils its own continuations, the head learns them, and on
 held-out prompts the trained head's drafts are accepted far more often than an untrained head's or prompt
-lookup's: the drafter gate passes it, and rejects a head trained on a chaotic base. The Job publishes ``<cache>/drafters/<key>/``
-with the engines' cache semantics: a second Job with the same key finds it and trains nothing.
-Figures on the 2-core development machine: held-out acceptance 0.56-0.67 (seeds 0-2), untrained 0.00-0.0003,
-tokens per step 3.8-4.3; about 18 s unloaded."""
+lookup's: the drafter gate passes it, and rejects a head trained on a chaotic base. The Job publishes
+``<cache>/drafters/<key>/`` with the engines' cache semantics: a second Job with the same key finds it and trains
+nothing. Figures on the 2-core development machine: held-out acceptance 0.51-0.67 (seeds 0-2), untrained
+0.00-0.0003, prompt lookup 0.05 (seed 0), tokens per step 3.6-4.3; about 18 s unloaded."""
 
 from __future__ import annotations
 

@@ -119,7 +119,7 @@ def fetch_sources(spec: BuildSpec, settings: Settings, log: Log) -> Sources:
     if spec.variant == "redrafter":
         assert spec.drafter is not None
         drafter = fetch_source("drafter", spec.drafter, spec, settings, log)
-        validate_drafter(drafter.local_dir)
+        validate_drafter(drafter.local_dir, log)
     return Sources(base, tokenizer, drafter, base_config, tokenizer_files)
 
 

@@ -205,9 +205,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         spec = load_train_spec(args.spec_flag or args.spec_path or DEFAULT_TRAIN_SPEC)
         manifest = train(spec, settings, log)
         evaluation = manifest.get("evaluation") or {}
+        figures = ("heldOutAcceptance", "untrainedAcceptance", "promptLookupAcceptance", "tokensPerStep", "loss")
         result = TrainingResult.model_validate(
             {
-                **{k: evaluation.get(k) for k in ("heldOutAcceptance", "untrainedAcceptance", "tokensPerStep", "loss")},
+                **{k: evaluation.get(k) for k in figures},
+                **{k: (evaluation.get(k) or [None])[0] for k in ("heldOutTop1", "trainTop1")},
                 "steps": int(evaluation.get("steps") or 0),
                 "sizeBytes": int((manifest.get("sizes") or {}).get("artifact_bytes") or 0),
                 "trainedAt": (manifest.get("builder") or {}).get("built_at"),

@@ -175,8 +175,15 @@ TRAIN_SPEC_FILE = "train.json"
 #: what a trained drafter directory holds, besides MANIFEST_FILE (written last)
 DRAFTER_CONFIG_FILE = "config.json"  # what convert_checkpoint.py --drafter_model_dir reads
 DRAFTER_WEIGHTS_FILE = "model.safetensors"
-DRAFTER_CURVES_FILE = "curves.json"  # the training curve: loss per step
-DRAFTER_EVALUATION_FILE = "evaluation.json"  # held-out acceptance of the trained and the untrained head
+DRAFTER_CURVES_FILE = "curves.json"  # the training curve: loss per step, teacher-forced figures over training
+DRAFTER_EVALUATION_FILE = "evaluation.json"  # held-out acceptance against its baselines, top-1 per position
+#: config.json key naming the recurrence a head was trained with; this operator's trainer writes ENGINE_RECURRENCE
+RECURRENCE_KEY = "recurrence"
+#: the engine's: s_1 = W e_1, s_k = W e_k + U s_(k-1) + b (TensorRT-LLM ``Drafter.rnn_embed``)
+ENGINE_RECURRENCE = "tensorrt_llm"
+#: the model_type Apple's ``recurrent_drafting.configuration_drafter.DrafterConfig`` saves: its trainer computes
+#: s_k = silu(W e_k + U s_(k-1) + b) from s_0 = 0 (``recurrent_drafting/train/model.py``)
+APPLE_MODEL_TYPE = "recurrent_drafting_drafter"
 #: the training pod serves its progress (TrainingProgress as JSON) here; the operator reads it
 TRAINING_PROGRESS_PORT = 8080
 TRAINING_PROGRESS_PATH = "/progress"
@@ -235,6 +242,9 @@ class TrainingResult(BaseModel):
     loss: float | None = None
     held_out_acceptance: float | None = Field(default=None, description="accepted / drafted tokens, held out")
     untrained_acceptance: float | None = Field(default=None, description="the same, for an untrained head")
+    prompt_lookup_acceptance: float | None = Field(default=None, description="the same, for n-gram copying")
+    held_out_top1: float | None = Field(default=None, description="teacher-forced top-1 at draft position 1")
+    train_top1: float | None = Field(default=None, description="the same on training sequences")
     tokens_per_step: float | None = None
     size_bytes: int = Field(default=0, ge=0)
     trained_at: str | None = None

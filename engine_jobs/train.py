@@ -148,6 +148,7 @@ def worker_argv(spec: TrainSpec, gpus: int, base_dir: Path, prompts: Path, out: 
 
 
 def assemble(spec: TrainSpec, settings: Settings, tmp: Path, lock: KeyLock, log: Log) -> dict[str, Any]:
+    from .drafter.baselines import summary_line
     from .drafter.export import check_drafter_dir
     from .drafter.prompts import load_prompts
 
@@ -200,10 +201,8 @@ def assemble(spec: TrainSpec, settings: Settings, tmp: Path, lock: KeyLock, log:
         ) from None
     evaluation = json.loads((tmp / DRAFTER_EVALUATION_FILE).read_text(encoding="utf-8"))
     shutil.rmtree(work, ignore_errors=True)
-    log(
-        f"trained in {format_seconds(seconds)}: held-out acceptance {evaluation.get('heldOutAcceptance')} "
-        f"(untrained head: {evaluation.get('untrainedAcceptance')}), tokens per step {evaluation.get('tokensPerStep')}"
-    )
+    log(f"trained in {format_seconds(seconds)}: tokens per step {evaluation.get('tokensPerStep')}")
+    log(summary_line(evaluation))
     manifest = {
         "key": spec.key,
         "variant": "drafter",  # what `cache ls` shows, and what retention groups by

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,21 +49,27 @@ def validate_base(directory: Path) -> dict[str, Any]:
     return config
 
 
-def validate_drafter(directory: Path) -> dict[str, Any]:
+def validate_drafter(directory: Path, warn: Callable[[str], None] | None = None) -> dict[str, Any]:
     """What examples/redrafter/convert_checkpoint.py reads: the config keys, and every tensor of
-    model.safetensors by name and shape (model.pt, which only torch can open, by its presence)."""
-    from .drafter.export import check_drafter_dir
+    model.safetensors by name and shape (model.pt, which only torch can open, by its presence); and a head
+    whose files show another trainer's recurrence than the engine's is refused (``warn`` is told when the
+    files cannot show it)."""
+    from .drafter.export import check_drafter_dir, recurrence_warning
     from .drafter.export import read_config as read_drafter_config
 
     read_config(directory, "drafter")  # a missing or unreadable file, in the words used for every role
     try:
         if (directory / "model.safetensors").is_file():
-            return check_drafter_dir(directory)
-        config = read_drafter_config(directory)
+            config = check_drafter_dir(directory)
+        else:
+            config = read_drafter_config(directory)
+            if not (directory / "model.pt").is_file():
+                raise ValueError(f"drafter has neither model.safetensors nor model.pt (looked in {directory})")
+        warning = recurrence_warning(config)
     except ValueError as exc:
         raise bad_input(str(exc)) from None
-    if not (directory / "model.pt").is_file():
-        raise bad_input(f"drafter has neither model.safetensors nor model.pt (looked in {directory})")
+    if warning is not None and warn is not None:
+        warn(f"warning: {warning}")
     return config
 
 

@@ -25,9 +25,16 @@ from ..contract import (
     DrafterRecipe,
 )
 from ..errors import BuildError, bad_input, format_termination_message
+from .baselines import loop_figures, prompt_lookup_counts, summary_line
 
 #: curves.json keeps at most this many points (evenly subsampled, the last step always kept)
 MAX_CURVE_POINTS = 1000
+#: teacher-forced figures (training against held-out) this many times over the training, and before it
+CURVE_EVALUATIONS = 10
+#: the training-side teacher-forced figures use at least this many training sequences
+MIN_TRAIN_SUBSET = 16
+#: loop figures compare the base's responses and the prompts over their first this many tokens
+LOOP_LENGTH = 32
 PROGRESS_INTERVAL_S = 1.0
 
 
@@ -79,6 +86,22 @@ def subsample(curve: list[dict[str, float]], limit: int = MAX_CURVE_POINTS) -> l
     return [*picked, curve[-1]]
 
 
+def baseline_figures(held: list[Any], draft_len: int) -> dict[str, Any]:
+    """Prompt lookup's acceptance on the base's held-out greedy responses, and the loop figures of those
+    responses against the held-out prompts' own tokens (real text) at the same length."""
+    if not held:
+        return {"promptLookupAcceptance": None, "promptLookupTokensPerStep": None, "baseOutput": None, "text": None}
+    prompts = [s.ids[: s.prompt_len] for s in held]
+    responses = [s.ids[s.prompt_len :] for s in held]
+    lookup = prompt_lookup_counts(prompts, responses, draft_len)
+    return {
+        "promptLookupAcceptance": round(lookup.acceptance, 6),
+        "promptLookupTokensPerStep": round(lookup.tokens_per_step, 6),
+        "baseOutput": loop_figures(responses, LOOP_LENGTH),
+        "text": loop_figures(prompts, LOOP_LENGTH),
+    }
+
+
 def run(args: argparse.Namespace) -> dict[str, Any] | None:
     import torch
 
@@ -123,6 +146,11 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         samples = [by_index[i] for i in range(len(ids))]
     samples = [samples[i] for i in train.shard(len(samples), dist, recipe.seed)]
     distill.attach_hidden(base, samples, pad)
+    held_samples: list[distill.Sample] = []
+    if dist.main and held_out:  # the base's greedy responses on held-out prompts: teacher-forced figures
+        held_ids = [p for p in distill.tokenize(tokenizer, held_out) if p]
+        held_samples = distill.generate(base, held_ids, recipe.response_len, tokenizer.eos_token_id, pad, 32)
+        distill.attach_hidden(base, held_samples, pad)
     if dist.main:
         log(f"distilled {len(ids)} prompts x {recipe.response_len} tokens in {time.monotonic() - started:.1f} s")
         started = time.monotonic()
@@ -149,9 +177,28 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     )
     progress("training", 0, train.total_steps(len(samples), settings), force=True)
 
+    total = train.total_steps(len(samples), settings)
+    every = max(1, total // CURVE_EVALUATIONS)
+    train_subset = samples[: max(len(held_samples), MIN_TRAIN_SUBSET)]
+    evaluations: list[dict[str, Any]] = []
+
+    def teacher_forced(step: int) -> None:
+        if held_samples:
+            evaluations.append(
+                {
+                    "step": step,
+                    "train": train.teacher_forced(head, train_subset, embedding, recipe.draft_len),
+                    "heldOut": train.teacher_forced(head, held_samples, embedding, recipe.draft_len),
+                }
+            )
+
     def on_step(step: int, total: int, loss: float) -> None:
         progress("training", step, total, loss, force=step == total)
+        if dist.main and (step % every == 0 or step == total):
+            teacher_forced(step)
 
+    if dist.main:
+        teacher_forced(0)
     curve = train.train_head(head, samples, embedding, settings, dist, on_step)
     if not dist.main:
         return None
@@ -168,11 +215,17 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         common = {"draft_len": recipe.draft_len, "beams": recipe.eval_beams, "max_new_tokens": recipe.response_len}
         trained_eval = evaluate(base, tokenizer, head, held_out, **common)
         untrained_eval = evaluate(base, tokenizer, untrained, held_out, **common)
+    newest = evaluations[-1] if evaluations else None
     evaluation = {
         "heldOutAcceptance": trained_eval and round(trained_eval["acceptance"], 6),
         "untrainedAcceptance": untrained_eval and round(untrained_eval["acceptance"], 6),
         "tokensPerStep": trained_eval and round(trained_eval["tokens_per_step"], 6),
         "untrainedTokensPerStep": untrained_eval and round(untrained_eval["tokens_per_step"], 6),
+        **baseline_figures(held_samples, recipe.draft_len),
+        "heldOutLoss": newest and newest["heldOut"]["loss"],
+        "trainLoss": newest and newest["train"]["loss"],
+        "heldOutTop1": newest and newest["heldOut"]["top1"],
+        "trainTop1": newest and newest["train"]["top1"],
         "heldOutPrompts": len(held_out),
         "steps": steps,
         "loss": None if final_loss is None else round(final_loss, 6),
@@ -180,9 +233,11 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         "beams": recipe.eval_beams,
     }
     log(f"evaluated {len(held_out)} held-out prompts in {time.monotonic() - started:.1f} s")
+    log(summary_line(evaluation))
     out: Path = args.out
     save_drafter(head, config.to_json(), out)
-    (out / DRAFTER_CURVES_FILE).write_text(json.dumps(subsample(curve)), encoding="utf-8")
+    curves = {"loss": subsample(curve), "teacherForced": evaluations}
+    (out / DRAFTER_CURVES_FILE).write_text(json.dumps(curves), encoding="utf-8")
     (out / DRAFTER_EVALUATION_FILE).write_text(json.dumps(evaluation, indent=2) + "\n", encoding="utf-8")
     progress("evaluating", steps, steps, final_loss, force=True)
     return evaluation

@@ -26,7 +26,11 @@ NEG_INF = -50000.0
 
 @dataclass
 class DraftStats:
-    """Counts over the sequences' verification steps (until each reaches its length or EOS)."""
+    """Counts over the sequences' verification steps (until each reaches its length or EOS).
+
+    A step counts only the tokens the response keeps: the last step's accepted run is cut at the token
+    limit or at EOS, and what lies past the cut is neither committed nor accepted.
+    """
 
     steps: int = 0
     drafted: int = 0
@@ -185,10 +189,12 @@ def redrafter_decode(
         for row, (n, toks) in enumerate(zip(count.tolist(), candidates[rows, best].tolist(), strict=True)):
             if done[row]:
                 continue
+            before = len(out[row])
+            out[row], done[row] = _finish(out[row] + toks[: 1 + n], max_new_tokens, eos_token_id)
+            kept = len(out[row]) - before  # the last step's run is cut at the token limit or EOS
             stats.steps += 1
             stats.drafted += draft_len
-            stats.accepted += n
-            stats.committed += 1 + n
-            stats.per_step.append(1 + n)
-            out[row], done[row] = _finish(out[row] + toks[: 1 + n], max_new_tokens, eos_token_id)
+            stats.accepted += min(n, kept - 1)
+            stats.committed += kept
+            stats.per_step.append(kept)
     return out, stats

@@ -13,7 +13,13 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from ..contract import DRAFTER_CONFIG_FILE, DRAFTER_WEIGHTS_FILE
+from ..contract import (
+    APPLE_MODEL_TYPE,
+    DRAFTER_CONFIG_FILE,
+    DRAFTER_WEIGHTS_FILE,
+    ENGINE_RECURRENCE,
+    RECURRENCE_KEY,
+)
 
 #: config.json keys the converter reads (vocab_size, the head's output width, is checked where present: this
 #: operator's heads carry it, a head trained elsewhere may not)
@@ -113,6 +119,37 @@ def check_drafter_dir(path: str | Path) -> dict[str, Any]:
                 f"vocab_size {config.get('vocab_size', 'unset')}) needs {list(shape)}"
             )
     return config
+
+
+def recurrence_warning(config: dict[str, Any]) -> str | None:
+    """None when the engine computes the head's recurrence as it was trained; a warning when the files cannot
+    tell; ValueError when they show a trainer with another recurrence (the engine would serve other drafts).
+
+    Without ``rnn`` the state is a running sum of embeddings in every trainer and in the engine.
+    """
+    if not config.get("rnn"):
+        return None
+    marked = config.get(RECURRENCE_KEY)
+    if marked == ENGINE_RECURRENCE:
+        return None
+    if config.get("model_type") == APPLE_MODEL_TYPE or "num_lookback_tokens" in config:
+        raise ValueError(
+            "drafter was trained with Apple's ml-recurrent-drafter (config.json model_type "
+            f"{config.get('model_type')!r}), whose recurrence is s = silu(W e + U s + b) from s = 0; TensorRT-LLM's "
+            "engine computes W e at the first draft step and W e + U s + b after, without silu, so it would not "
+            "draft what the head learned. Retrain it with spec.model.drafter.train, or with a trainer that "
+            "computes the engine's recurrence"
+        )
+    if marked is not None:
+        raise ValueError(
+            f"drafter config.json names recurrence {marked!r}; the engine computes only {ENGINE_RECURRENCE!r} "
+            "(s = W e at the first draft step, W e + U s + b after)"
+        )
+    return (
+        "drafter config.json does not say which recurrence the head was trained with; TensorRT-LLM computes "
+        "s = W e at the first draft step and W e + U s + b after (no silu). A head trained with silu in the "
+        "recurrence (Apple's trainer) drafts poorly in the engine: check its acceptance after validation"
+    )
 
 
 def save_drafter(head: Any, config: dict[str, Any], out_dir: str | Path) -> None:

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..contract import ENGINE_RECURRENCE, RECURRENCE_KEY
+
 
 @dataclass(frozen=True)
 class DrafterConfig:
@@ -34,6 +36,7 @@ class DrafterConfig:
             "num_draft_layers": self.num_draft_layers,
             "rnn": self.rnn,
             "vocab_size": self.vocab_size,
+            RECURRENCE_KEY: ENGINE_RECURRENCE,  # what the build checks before it builds an engine
         }
 
     @classmethod

@@ -92,6 +92,48 @@ def draft_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return torch.stack(per_position).mean()
 
 
+@torch.no_grad()
+def teacher_forced(
+    head: ReDrafterHead,
+    samples: list[Sample],
+    embedding: torch.Tensor,
+    draft_len: int,
+    batch_size: int = 64,
+) -> dict[str, list[float]]:
+    """Per draft position: the mean cross-entropy (``loss``) and the top-1 accuracy (``top1``) of the head on
+    ``samples``, teacher-forced as in training. On held-out samples against training samples it separates a
+    head that drafts from one that memorised its training continuations (low training loss, held-out loss
+    near or above ``log(vocab)``)."""
+    was_training = head.training
+    head.eval()
+    device = next(head.parameters()).device
+    table = embedding.to(device, torch.float32)
+    loss_sum = torch.zeros(draft_len, dtype=torch.float64)
+    hits = torch.zeros(draft_len, dtype=torch.float64)
+    count = torch.zeros(draft_len, dtype=torch.float64)
+    data = [examples(s, draft_len) for s in samples]
+    for begin in range(0, len(data), batch_size):
+        batch = data[begin : begin + batch_size]
+        targets = torch.cat([b[2] for b in batch]).to(device)
+        if len(targets) == 0:
+            continue
+        hidden = torch.cat([b[0] for b in batch]).to(device, torch.float32)
+        logits = head(hidden, nn.functional.embedding(torch.cat([b[1] for b in batch]).to(device), table))
+        valid = targets != IGNORE
+        safe = targets.masked_fill(~valid, 0)
+        nll = nn.functional.cross_entropy(logits.transpose(1, 2), safe, reduction="none")
+        loss_sum += (nll * valid).sum(0).double().cpu()
+        hits += ((logits.argmax(-1) == targets) & valid).sum(0).double().cpu()
+        count += valid.sum(0).double().cpu()
+    head.train(was_training)
+    per = count.clamp(min=1)
+    return {
+        "loss": [round(float(v), 6) for v in loss_sum / per],
+        "top1": [round(float(v), 6) for v in hits / per],
+        "targets": [int(v) for v in count],
+    }
+
+
 def schedule(total_steps: int) -> Callable[[int], float]:
     warmup = max(1, math.ceil(WARMUP_FRACTION * total_steps))
 

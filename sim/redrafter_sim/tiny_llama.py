@@ -4,11 +4,14 @@ Unlike ``checkpoint.write_base`` (a config and zeros the stand-in tools only ins
 ``LlamaForCausalLM`` checkpoint and the sim's word-level tokenizer, so self-distillation, training and
 drafting run end to end on a CPU in seconds.
 
-A random Llama's greedy continuation is either near noise (full-strength blocks: no head can learn it) or
-a near-bigram chain (blocks damped): each token mostly determines the next, with some context mixed in.
-``mixing`` scales the attention and MLP output projections; at 0.2 a bigram table built from 80 prompts'
-continuations predicts 83 % of 20 other prompts' tokens and the continuations use about 400 distinct
-tokens: varied with the prompt, and learnable.
+It is a bigram-like fixture for plumbing, not a model: the acceptance a head reaches on it says the recipe's
+pieces fit together, not that a head drafts on a real model (``bench/drafting_gpu.py`` pretrains one for that).
+A random Llama's greedy continuation is either chaotic (full-strength blocks, ``mixing`` 1: no head can learn
+it, and a head memorises its training continuations instead) or a near-bigram chain (blocks damped): each
+token mostly determines the next, with some context mixed in. ``mixing`` scales the attention and MLP output
+projections against the embedding; the damping holds at this width only (a wider model's blocks outweigh the
+embedding again). At 0.2 a bigram table built from 80 prompts' continuations predicts 83 % of 20 other prompts'
+tokens and the continuations use about 400 distinct tokens: varied with the prompt, and learnable.
 """
 
 from __future__ import annotations

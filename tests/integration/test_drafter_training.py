@@ -1,9 +1,10 @@
 """Drafter training end to end on a CPU, as the training Job runs it (``python -m engine_jobs train``): a tiny
-random Llama distils its own continuations, the head learns them, and on held-out prompts the trained head's
-drafts are accepted far more often than an untrained head's. The Job publishes ``<cache>/drafters/<key>/``
-with the engines' cache semantics: a second Job with the same key finds it and trains nothing.
-Figures on the 2-core development machine: held-out acceptance 0.56-0.67 (seeds 0-2), untrained 0.00-0.0003,
-tokens per step 3.8-4.3; about 18 s unloaded."""
+random Llama (a bigram-like fixture for plumbing) distils its own continuations, the head learns them, and on
+held-out prompts the trained head's drafts are accepted far more often than an untrained head's or prompt
+lookup's: the drafter gate passes it, and rejects a head trained on a chaotic base. The Job publishes
+``<cache>/drafters/<key>/`` with the engines' cache semantics: a second Job with the same key finds it and trains
+nothing. Figures on the 2-core development machine: held-out acceptance 0.51-0.67 (seeds 0-2), untrained
+0.00-0.0003, prompt lookup 0.05 (seed 0), tokens per step 3.6-4.3; about 18 s unloaded."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ pytest.importorskip("transformers")
 
 from engine_jobs.contract import MANIFEST_FILE, DrafterRecipe, TrainingResult, TrainSpec  # noqa: E402
 from engine_jobs.drafter.export import check_drafter_dir  # noqa: E402
+from redrafter_operator.policy.drafter_gate import DrafterFigures, judge  # noqa: E402
 from redrafter_sim.tiny_llama import write_prompts_jsonl, write_tiny_llama  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -90,6 +92,14 @@ def test_trained_head_beats_the_untrained_one_on_held_out_prompts(trained) -> No
         "untrainedAcceptance",
         "tokensPerStep",
         "untrainedTokensPerStep",
+        "promptLookupAcceptance",
+        "promptLookupTokensPerStep",
+        "baseOutput",
+        "text",
+        "heldOutLoss",
+        "trainLoss",
+        "heldOutTop1",
+        "trainTop1",
         "heldOutPrompts",
         "steps",
         "loss",
@@ -108,9 +118,31 @@ def test_trained_head_beats_the_untrained_one_on_held_out_prompts(trained) -> No
 
     config = check_drafter_dir(out)  # what the converter reads, as the stand-in converter checks it
     assert (config["hidden_size"], config["exit_dim"], config["vocab_size"], config["rnn"]) == (64, 128, 1000, True)
-    curve = json.loads((out / "curves.json").read_text())
+    curves = json.loads((out / "curves.json").read_text())
+    curve = curves["loss"]
     assert [p["step"] for p in curve] == list(range(1, 151))
     assert curve[-1]["loss"] < curve[0]["loss"] - 3, figures
+    # teacher-forced, training against held-out, before training and ten times over it
+    forced = curves["teacherForced"]
+    assert [p["step"] for p in forced] == [0, *range(15, 151, 15)]
+    assert all(len(p[side][k]) == 5 for p in forced for side in ("train", "heldOut") for k in ("loss", "top1"))
+    assert forced[-1]["heldOut"]["loss"][0] < forced[0]["heldOut"]["loss"][0] - 2, forced
+    assert evaluation["heldOutTop1"] == forced[-1]["heldOut"]["top1"]
+
+
+def test_the_toys_head_passes_the_drafter_gate(trained) -> None:
+    """The near-bigram toy's head drafts: held-out acceptance well above the untrained head and prompt lookup,
+    held-out top-1 close to training's; the Job prints the one-line summary the gate reads."""
+    job, result = trained
+    evaluation = json.loads((job.cache / "drafters" / KEY / "evaluation.json").read_text())
+    verdict = judge(DrafterFigures.from_evaluation(evaluation))
+    print(verdict.message)
+    assert verdict.passed, verdict.message
+    assert evaluation["promptLookupAcceptance"] is not None and evaluation["baseOutput"]["distinct"] is not None
+    logged = (result.stdout + result.stderr).splitlines()
+    line = next(x for x in logged if "held-out acceptance" in x and "prompt lookup" in x)
+    assert f"held-out acceptance {evaluation['heldOutAcceptance']:.3f}" in line
+    assert f"top-1@1 held-out {evaluation['heldOutTop1'][0]:.3f}, train {evaluation['trainTop1'][0]:.3f}" in line
 
 
 def test_the_job_publishes_with_a_manifest_and_reports_its_result(trained) -> None:
@@ -172,3 +204,20 @@ def test_a_base_transformers_cannot_load_is_bad_input(tmp_path: Path) -> None:
     result = run_worker(tmp_path, RECIPE, tmp_path / "base", prompts)
     assert result.returncode == 2, result.stderr[-3000:]
     assert "BAD_INPUT: transformers cannot load the base model" in result.stderr
+
+
+def test_the_gate_rejects_a_head_trained_on_a_chaotic_base(tmp_path: Path) -> None:
+    """Full-strength random blocks make the base's greedy continuations chaotic: no drafter can learn them, and
+    the head memorises its training continuations (training top-1 far above held-out). The gate rejects it."""
+    base = write_tiny_llama(tmp_path / "chaos", mixing=1.0)
+    prompts = write_prompts_jsonl(tmp_path / "prompts.jsonl", 200)
+    argv = [sys.executable, "-m", "engine_jobs.drafter", "--base", str(base), "--prompts", str(prompts)]
+    argv += ["--recipe", RECIPE.model_dump_json(), "--out", str(tmp_path / "out")]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+    assert result.returncode == 0, result.stderr[-3000:]
+    evaluation = json.loads((tmp_path / "out" / "evaluation.json").read_text())
+    verdict = judge(DrafterFigures.from_evaluation(evaluation))
+    print(verdict.message)
+    assert not verdict.passed, verdict.message
+    assert evaluation["heldOutAcceptance"] < 0.1 and evaluation["trainTop1"][0] > 2 * evaluation["heldOutTop1"][0]

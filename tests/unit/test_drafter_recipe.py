@@ -214,6 +214,29 @@ def test_drafting_accepts_and_rejects_like_greedy(tiny, monkeypatch: pytest.Monk
     drafted, stats = redrafter_decode(base, None, prompts, new, draft_len, beams)
     assert drafted == [t[:new] for t in truth]
     assert stats.accepted > stats.steps  # more than one draft token accepted per step on average
+    # the last step's run is cut at the token limit: only the tokens the responses keep are counted
+    assert stats.committed == sum(stats.per_step) == sum(len(t) for t in drafted) == 3 * new
+    assert stats.committed == stats.steps + stats.accepted
+
+
+def test_tokens_per_step_count_only_what_a_response_keeps(tiny, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A perfect drafter (draft_len 4) on a 7-token limit: the first step commits 5 tokens, the second's run
+    of 5 is cut to 2; tokens per step is 3.5, not 5."""
+    base, _ = tiny
+    prompts = _prompts(1, seed=5)
+    truth = greedy_decode(base, prompts, 20)
+    done = [0]
+
+    def perfect(head, embeddings, context, init_token, n_beams, length):
+        out = torch.tensor(truth[0][done[0] : done[0] + 1 + length])[None, None, :].expand(1, n_beams, 1 + length)
+        done[0] += 1 + length
+        return out.clone()
+
+    monkeypatch.setattr(drafting, "beam_search", perfect)
+    drafted, stats = redrafter_decode(base, None, prompts, 7, 4, 2)
+    assert drafted == [truth[0][:7]]
+    assert (stats.steps, stats.committed, stats.accepted, stats.per_step) == (2, 7, 5, [5, 2])
+    assert stats.tokens_per_step == 3.5
 
 
 def test_drafting_stops_at_eos(tiny) -> None:

@@ -233,3 +233,59 @@ def test_a_bad_dataset_fails_the_drafter_once_with_its_cause() -> None:
     assert "the drafter failed" in p.status["engines"]["redrafter"]["message"]
     reasons = {(e.type, e.reason) for e in p.events}
     assert ("Warning", "TrainingFailed") in reasons and ("Warning", "TrainingNotRetried") in reasons
+
+
+# ---- the drafter gate -----------------------------------------------------------------------------
+
+#: what a head trained on a chaotic random base measured (docs/drafter.md): it memorised its training
+#: continuations; held-out acceptance near zero, training top-1 far above held-out
+MEMORISED = TrainingResult(
+    steps=150,
+    loss=2.1,
+    held_out_acceptance=0.008,
+    untrained_acceptance=0.0,
+    prompt_lookup_acceptance=0.01,
+    held_out_top1=0.02,
+    train_top1=0.55,
+    tokens_per_step=1.04,
+    size_bytes=10,
+)
+
+
+def trained_plan(d: dict, result: TrainingResult, status: dict | None = None):
+    done = training(d, "Succeeded")
+    observed = Observed(jobs=[done], pods={done.name: PodFact(done.name, "Succeeded", result.message("OK: done"))})
+    return plan(res(d, status), observed, now=NOW, renderers=RENDER)
+
+
+def test_a_rejected_drafter_builds_no_redrafter_engine_and_warns_once() -> None:
+    d = doc()
+    p = trained_plan(d, MEMORISED)
+    drafter = p.status["drafter"]
+    assert drafter["state"] == "Rejected"
+    assert "held-out acceptance 0.008 is below 0.110" in drafter["message"]
+    assert "held-out top-1 0.020 collapsed against training 0.550" in drafter["message"]
+    assert (drafter["promptLookupAcceptance"], drafter["heldOutTop1"], drafter["trainTop1"]) == (0.01, 0.02, 0.55)
+    builds = {j["metadata"]["labels"][names.LABEL_VARIANT] for j in p.create if j["kind"] == "Job"}
+    assert builds == {"base"}  # no ReDrafter engine from a head that does not draft
+    engine = p.status["engines"]["redrafter"]
+    assert engine["state"] == "Pending" and "acceptRejected" in engine["message"]
+    warnings = [e for e in p.events if e.type == "Warning"]
+    assert [e.reason for e in warnings] == ["DrafterRejected"]
+    assert "held-out acceptance 0.008" in warnings[0].message and "base keeps serving" in warnings[0].message
+    # the next reconcile (the Job gone): still Rejected, no second Event, no training again
+    later = plan(res(d, p.status), Observed(), now=NOW, renderers=RENDER)
+    assert later.status["drafter"]["state"] == "Rejected"
+    assert not [e for e in later.events if e.reason in ("DrafterRejected", "DrafterTrained", "TrainingStarted")]
+    assert {j["metadata"]["labels"][names.LABEL_VARIANT] for j in later.create if j["kind"] == "Job"} <= {"base"}
+
+
+def test_accept_rejected_builds_the_redrafter_engine_anyway() -> None:
+    d = doc({**TRAIN, "acceptRejected": True})
+    assert drafter_key(spec_of(d)) == drafter_key(spec_of(doc()))  # not a training input
+    p = trained_plan(d, MEMORISED)
+    drafter = p.status["drafter"]
+    assert drafter["state"] == "Ready" and drafter["message"].startswith("accepted by")
+    builds = {j["metadata"]["labels"][names.LABEL_VARIANT] for j in p.create if j["kind"] == "Job"}
+    assert builds == {"redrafter", "base"}
+    assert "DrafterRejected" not in {e.reason for e in p.events}

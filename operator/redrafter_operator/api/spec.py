@@ -178,6 +178,12 @@ class DrafterTraining(ApiModel):
     active_deadline_seconds: int = Field(
         default=86400, ge=60, le=1209600, description="Upper bound of one training Job's run time."
     )
+    accept_rejected: bool = Field(
+        default=False,
+        description="Build the ReDrafter engine from a trained head the drafter gate rejects (held-out "
+        "acceptance not well above the untrained head and prompt lookup, or held-out top-1 collapsed against "
+        "training). Not part of the drafter key.",
+    )
 
 
 class Drafter(ApiModel):

@@ -86,9 +86,10 @@ class DrafterStatus(ApiModel):
     """The drafter the operator trains (model.drafter.train): the training Job's progress and its result."""
 
     key: str = Field(description="Content hash of the training inputs (directory under <cache>/drafters/).")
-    state: Literal["Pending", "Training", "Cached", "Ready", "Failed"] = Field(
+    state: Literal["Pending", "Training", "Cached", "Ready", "Rejected", "Failed"] = Field(
         default="Pending",
-        description="Pending, Training, Ready, Cached (trained before, found in the cache) or Failed.",
+        description="Pending, Training, Ready, Cached (trained before, found in the cache), Rejected (trained, "
+        "but the drafter gate found it does not draft: no ReDrafter engine is built from it) or Failed.",
     )
     job: str | None = Field(default=None, description="Name of the current/last training Job.")
     path: str | None = Field(default=None, description="Drafter directory inside the cache volume.")
@@ -107,10 +108,19 @@ class DrafterStatus(ApiModel):
         default=None, description="The same measurement for an untrained head: what training bought."
     )
     tokens_per_step: float | None = Field(default=None, description="Tokens per base-model step on held-out prompts.")
+    prompt_lookup_acceptance: float | None = Field(
+        default=None, description="The same measurement for prompt lookup (n-gram copying): a free drafter."
+    )
+    held_out_top1: float | None = Field(
+        default=None, description="Teacher-forced top-1 accuracy of the first draft position on held-out prompts."
+    )
+    train_top1: float | None = Field(default=None, description="The same on training prompts.")
     size_bytes: int | None = Field(default=None, ge=0, description="Size of the drafter directory in bytes.")
     built_at: str | None = Field(default=None, description="When the drafter was published (RFC 3339).")
     trained_at: str | None = Field(default=None, description="When training finished (RFC 3339, from its manifest).")
-    message: str | None = Field(default=None, description="Why training failed, or what it waits for.")
+    message: str | None = Field(
+        default=None, description="Why training failed, what it waits for, or why the drafter gate rejected it."
+    )
     attempts: int = Field(default=0, description="Training Jobs created for this key since the last retry request.")
     exit_code: int | None = Field(
         default=None,

@@ -13,18 +13,30 @@ from typing import Any, Mapping
 
 from engine_jobs.contract import TrainingResult
 
+from ..policy.drafter_gate import DrafterFigures, judge
 from ..render.build import drafter_path
 from ..render.common import Owner
 from ..render.training import STAGE, training_configmap, training_job
 from .engines import TRAINING_REASONS, Stage, plan_stage
 from .facts import Observed
-from .plan_types import READY_STATES, Plan, Resource
+from .plan_types import READY_STATES, EventSpec, Plan, Resource
 from .reports import TrainingReport
 
 #: status.drafter fields a running training reports (copied from the pod's progress)
 PROGRESS_FIELDS = ("phase", "step", "totalSteps", "loss")
 #: status.drafter fields of a finished training (from its termination message)
-RESULT_FIELDS = ("heldOutAcceptance", "untrainedAcceptance", "tokensPerStep", "steps", "loss")
+RESULT_FIELDS = (
+    "heldOutAcceptance",
+    "untrainedAcceptance",
+    "promptLookupAcceptance",
+    "heldOutTop1",
+    "trainTop1",
+    "tokensPerStep",
+    "steps",
+    "loss",
+)
+#: the state of a trained drafter the drafter gate rejected (the training itself is Ready or Cached)
+REJECTED = "Rejected"
 
 
 def drafter_stage(res: Resource, owner: Owner, key: str) -> Stage:
@@ -36,11 +48,31 @@ def drafter_stage(res: Resource, owner: Owner, key: str) -> Stage:
         path=drafter_path(spec, key),
         retries=spec.engine.build.retries,
         children=lambda attempt: [training_configmap(owner), training_job(owner, attempt)],
-        old=res.status.get("drafter") or {},
+        old=_stage_old(res.status.get("drafter") or {}),
         collects=False,
         reasons=TRAINING_REASONS,
         gpu_resource=spec.engine.build.gpu_resource,
     )
+
+
+def _stage_old(old: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The stage's view of the old status: a Rejected drafter was trained (Ready), whatever the gate said."""
+    return {**old, "state": "Ready"} if old.get("state") == REJECTED else old
+
+
+def _gate(out: dict[str, Any], old: Mapping[str, Any], accept: bool, plan: Plan) -> None:
+    """A trained drafter the gate rejects is Rejected (a Warning Event once), unless the spec accepts it."""
+    verdict = judge(DrafterFigures.model_validate(out))
+    if verdict.passed:
+        return
+    if accept:
+        out["message"] = f"accepted by spec.model.drafter.train.acceptRejected: {verdict.message}"
+        return
+    out.update(state=REJECTED, message=verdict.message)
+    if old.get("state") != REJECTED:
+        plan.events.append(
+            EventSpec("Warning", "DrafterRejected", f"drafter {out['key']}: {verdict.message}; the base keeps serving")
+        )
 
 
 def _result(out: Mapping[str, Any], observed: Observed) -> TrainingResult | None:
@@ -56,9 +88,12 @@ def _result(out: Mapping[str, Any], observed: Observed) -> TrainingResult | None
 def plan_drafter(
     res: Resource, owner: Owner, observed: Observed, plan: Plan, key: str, report: TrainingReport | None
 ) -> dict[str, Any]:
-    """``status.drafter``: Pending, Training (with its progress), Ready/Cached (with held-out acceptance) or Failed."""
+    """``status.drafter``: Pending, Training (with its progress), Ready/Cached (with held-out acceptance and its
+    baselines), Rejected (trained, but the drafter gate found it does not draft) or Failed."""
     stage = drafter_stage(res, owner, key)
+    events_before = len(plan.events)
     out = dict(plan_stage(res, owner, stage, observed, plan))
+    old_status = res.status.get("drafter") or {}
     old = stage.old if stage.old.get("key") == key else {}
     if out["state"] == "Building":
         out["state"] = "Training"
@@ -74,7 +109,16 @@ def plan_drafter(
             out.update(
                 result.model_dump(
                     by_alias=True,
-                    include={"held_out_acceptance", "untrained_acceptance", "tokens_per_step", "steps", "loss"},
+                    include={
+                        "held_out_acceptance",
+                        "untrained_acceptance",
+                        "prompt_lookup_acceptance",
+                        "held_out_top1",
+                        "train_top1",
+                        "tokens_per_step",
+                        "steps",
+                        "loss",
+                    },
                     exclude_none=True,
                 )
             )
@@ -82,6 +126,14 @@ def plan_drafter(
                 out["trainedAt"] = result.trained_at
         else:
             out.update({f: old[f] for f in (*RESULT_FIELDS, "trainedAt") if f in old})
+        if result is None and old.get("state") not in (*READY_STATES, REJECTED):
+            # trained, but its figures (the Pod's termination message) not read yet: the gate cannot judge it,
+            # so nothing is built from it yet, and the "trained" Event waits for the figures
+            del plan.events[events_before:]
+            out.update(state="Training", phase="publishing", message="waiting for the training result")
+            return {k: v for k, v in out.items() if v is not None}
+        train = owner.spec.model.drafter.train if owner.spec.model.drafter else None
+        _gate(out, old_status if old_status.get("key") == key else {}, bool(train and train.accept_rejected), plan)
     return {k: v for k, v in out.items() if v is not None}
 
 
@@ -90,6 +142,13 @@ def waiting_engine(engine: Mapping[str, Any], drafter: Mapping[str, Any]) -> dic
     base = {"key": engine["key"], "path": engine["path"]}
     if drafter.get("state") == "Failed":
         return {**base, "state": "Failed", "message": f"the drafter failed: {drafter.get('message', '')}"}
+    if drafter.get("state") == REJECTED:
+        return {
+            **base,
+            "state": "Pending",
+            "message": f"not built: {drafter.get('message', '')}; the base engine serves "
+            "(spec.model.drafter.train.acceptRejected builds it anyway)",
+        }
     progress = f" (step {drafter['step']}/{drafter.get('totalSteps', '?')})" if "step" in drafter else ""
     return {
         **base,

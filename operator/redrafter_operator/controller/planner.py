@@ -81,7 +81,7 @@ def plan(
 
     # Validation sees this plan's engines: a pair built just now is validated (and gated) at once, not one
     # reconcile later.
-    current = {**old_status, "engines": engines}
+    current = {**old_status, "engines": engines, **({"drafter": drafter} if drafter is not None else {})}
     validation = plan_validation(owner, current, observed, res.annotations, image=image or operator_image(), now=now)
     current.update(validation.status)
     owner = replace(owner, in_engine_concurrency=in_engine_concurrency(current))

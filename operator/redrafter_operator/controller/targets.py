@@ -28,6 +28,8 @@ def default_targets(spec: ReDrafterDeploymentSpec, status: Mapping[str, Any]) ->
     active: Variant
     if serving in ("redrafter", "base"):
         active = "base" if serving == "base" else "redrafter"
+    elif (status.get("drafter") or {}).get("state") == "Rejected":
+        active = pin or "base"  # no ReDrafter engine is built from a rejected drafter: the base serves
     else:
         active = pin or "redrafter"
     replicas = spec.serving.replicas

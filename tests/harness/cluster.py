@@ -30,18 +30,13 @@ def start_control_plane(workdir: Path) -> ControlPlane:
         cp = ControlPlane(workdir).start()
     except ControlPlaneError as exc:
         raise RuntimeError(f"the real control plane did not start: {exc}") from exc
-    run_kubectl(cp.admin_kubeconfig, workdir, "apply", "--server-side", "-f", str(CRDS), check=True)
-    for path in sorted(CRDS.glob("*.yaml")):
-        name = yaml.safe_load(path.read_text())["metadata"]["name"]
-        run_kubectl(
-            cp.admin_kubeconfig,
-            workdir,
-            "wait",
-            "--for=condition=Established",
-            f"crd/{name}",
-            "--timeout=60s",
-            check=True,
-        )
+    try:
+        run_kubectl(cp.admin_kubeconfig, workdir, "apply", "--server-side", "-f", str(CRDS), check=True)
+        for path in sorted(CRDS.glob("*.yaml")):
+            cp.wait_established(yaml.safe_load(path.read_text())["metadata"]["name"])
+    except BaseException:
+        cp.stop()  # its processes run in sessions of their own: nothing else would stop them
+        raise
     return cp
 
 

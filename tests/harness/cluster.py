@@ -125,5 +125,19 @@ def status_message(result: subprocess.CompletedProcess[str]) -> str:
     return " ".join(line.strip() for line in result.stderr.splitlines() if line.strip())
 
 
+def api_causes(result: subprocess.CompletedProcess[str]) -> list[str]:
+    """The API server's causes from kubectl's stderr, each as ``path: message`` (``spec.engine: ...``): from an
+    Invalid status (one cause, or one per ``*`` line) or a strict field-validation error (``.spec.x: ...``)."""
+    causes = []
+    for line in result.stderr.splitlines():
+        line = line.strip().removeprefix("* ")
+        for marker in (" is invalid: ", "): "):
+            line = line.split(marker, 1)[-1]
+        line = line.lstrip(".")
+        if line.startswith(("spec.", "spec:", "metadata.")):
+            causes.append(line)
+    return causes
+
+
 def dumps(doc: dict[str, Any]) -> str:
     return json.dumps(doc, sort_keys=True)

@@ -100,6 +100,13 @@ CORPUS: list[tuple[str, str, Callable[[dict[str, Any]], None], bool]] = [
     ("trailing slash", "llama3-8b.yaml", setting("spec.model.drafter.source", "pvc://drafters/llama3/"), True),
     ("s3 prefix", "llama3-8b.yaml", setting("spec.model.drafter.source", "s3://my-bucket/heads/llama3"), True),
     ("train without recipe", "llama3-8b-train.yaml", removing("spec.model.drafter.train.recipe"), True),
+    # the API server prunes a null field and reads a whole float as an integer; so does the operator
+    ("null field", "llama3-8b.yaml", setting("spec.speculation", None), True),
+    ("whole float", "llama3-8b.yaml", setting("spec.engine.maxBatchSize", 8.0), True),
+    ("whole number in a number field", "llama3-8b.yaml", setting("spec.speculation.minAcceptanceRate", 0), True),
+    # lax coercion the API server's schema does not do
+    ("string bool", "llama3-8b.yaml", setting("spec.validation.enabled", "true"), False),
+    ("zero interval", "llama3-8b.yaml", setting("spec.speculation.interval", "0s"), False),
 ]
 
 

@@ -327,20 +327,6 @@ def test_validation_job_sends_the_serving_api_key_from_the_same_secret(tmp_path)
         load_api_key(tmp_path / "..data")
 
 
-def test_grpc_validation_behind_api_keys_is_refused_by_the_crd_as_by_pydantic():
-    """The API server refuses it before the operator sees it (CEL, evaluated as the emulator does)."""
-    from redrafter_sim.apiserver_schema import _evaluate_rule
-
-    crd = yaml.safe_load((ROOT / "crds" / "redrafter.dev_redrafterdeployments.yaml").read_text())
-    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    (rule,) = [r for r in schema["x-kubernetes-validations"] if r.get("fieldPath") == ".validation.protocol"]
-    keys = {"serving": {"auth": {"apiKeysSecret": "llm-keys"}}}
-    assert _evaluate_rule(rule, {**keys, "validation": {"protocol": "grpc"}}, None)[0]
-    for fine in ({**keys, "validation": {"protocol": "openai"}}, {**keys, "validation": {}}, keys, {}):
-        assert not _evaluate_rule(rule, fine, None)[0], fine
-    assert not _evaluate_rule(rule, {"validation": {"protocol": "grpc"}}, None)[0]
-
-
 def test_the_pytorch_backend_is_validated_without_min_tokens():
     """Triton's llmapi model has no min_tokens input: the Job compares outputs up to the end token."""
     eagle = owner_of(ROOT / "examples" / "llama3.1-8b-eagle3.yaml")

@@ -1,7 +1,8 @@
 """The InferencePool <name>: rendered per the upstream v1 CRD, moved in the Service's blue/green step, its condition.
 
 The CRD is kubernetes-sigs/gateway-api-inference-extension v1.0.0's, kept verbatim in tests/fixtures/crds/
-(the header names the source): every rendered pool must be one that an API server with that CRD accepts.
+(the header names the source): every rendered pool must be one that an API server with that CRD accepts, which
+tests/integration/test_crd_validation.py checks on the real API server.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import yaml
 
 from engine_jobs.contract import OPENAI_PORT
 from redrafter_operator.api.engine_key import engine_key
-from redrafter_operator.api.schema_check import validate_resource
 from redrafter_operator.api.spec import spec_errors
 from redrafter_operator.controller.conditions import find
 from redrafter_operator.controller.facts import DeploymentFact, JobFact, ObjectFact, Observed
@@ -30,7 +30,6 @@ from redrafter_operator.render.serving import stable_service
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "crds" / "inference.networking.k8s.io_inferencepools.yaml"
-OUR_CRD = ROOT / "crds" / "redrafter.dev_redrafterdeployments.yaml"
 NOW = "2026-01-01T00:00:00Z"
 PICKER = {"name": "llama3-8b-epp", "port": 9002}
 
@@ -62,12 +61,11 @@ def test_fixture_is_the_released_v1_crd():
     "picker",
     [PICKER, {**PICKER, "failureMode": "FailOpen"}, {"name": "epp", "port": 65535, "failureMode": "FailClose"}],
 )
-def test_rendered_pool_validates_against_the_upstream_schema(name, pool, picker):
+def test_rendered_pool_selects_what_the_stable_service_selects(name, pool, picker):
     doc = example(enabled=True, endpointPickerRef=picker)
     doc["metadata"]["name"] = name
     owner = Owner.from_body(doc)
     obj = inference_pool(owner, pool)
-    assert validate_resource(upstream_crd(), obj) == []
     # it selects exactly what the stable Service selects, on the OpenAI port
     assert obj["spec"]["selector"]["matchLabels"] == stable_service(owner, pool)["spec"]["selector"]
     assert obj["spec"]["targetPorts"] == [{"number": OPENAI_PORT}]
@@ -77,31 +75,15 @@ def test_rendered_pool_validates_against_the_upstream_schema(name, pool, picker)
     assert obj["metadata"]["labels"]["app.kubernetes.io/managed-by"] == names.MANAGED_BY
 
 
-def test_the_upstream_schema_catches_what_a_broken_renderer_would_write():
-    """The check can fail: the v1 schema's own rules reject these, so the test above means something."""
-    obj = inference_pool(Owner.from_body(example(enabled=True, endpointPickerRef=PICKER)), "base")
-    broken = copy.deepcopy(obj)
-    broken["spec"]["selector"] = broken["spec"]["selector"]["matchLabels"]  # a Service-style selector
-    assert validate_resource(upstream_crd(), broken)
-    no_port = copy.deepcopy(obj)
-    del no_port["spec"]["endpointPickerRef"]["port"]  # CEL: port is required for a Service
-    assert any("port is required" in e for e in validate_resource(upstream_crd(), no_port))
-    two_ports = copy.deepcopy(obj)
-    two_ports["spec"]["targetPorts"].append({"number": 8000})  # v1.0.0: a single port
-    assert validate_resource(upstream_crd(), two_ports)
-
-
-def test_enabled_needs_an_endpoint_picker_in_the_model_and_the_crd():
+def test_enabled_needs_an_endpoint_picker_in_the_model():
     doc = example(enabled=True)
     assert spec_errors(doc["spec"]) == [
         "spec.routing.inferencePool: endpointPickerRef is required when the InferencePool is enabled"
     ]
-    ours = yaml.safe_load(OUR_CRD.read_text())
-    assert any("endpointPickerRef is required" in e for e in validate_resource(ours, doc))
     good = example(enabled=True, endpointPickerRef={**PICKER, "failureMode": "FailOpen"})
-    assert spec_errors(good["spec"]) == [] and validate_resource(ours, good) == []
+    assert spec_errors(good["spec"]) == []
     bad_mode = example(enabled=True, endpointPickerRef={**PICKER, "failureMode": "Open"})
-    assert spec_errors(bad_mode["spec"]) and validate_resource(ours, bad_mode)
+    assert spec_errors(bad_mode["spec"])
     assert spec_errors(example(enabled=False)["spec"]) == []
 
 
@@ -190,7 +172,6 @@ def test_the_pool_is_applied_in_the_services_step_and_its_condition_follows_what
     pool = next(m for m in p.apply if m["kind"] == "InferencePool")
     svc = next(m for m in p.apply if m["kind"] == "Service" and m["metadata"]["name"] == "llama3-8b")
     assert pool["spec"]["selector"]["matchLabels"] == svc["spec"]["selector"]
-    assert validate_resource(upstream_crd(), pool) == []
     assert find(p.status["conditions"], CONDITION)["reason"] == "Moving"
     fact = ObjectFact.from_body(pool)  # what the watch-fed index keeps of it
     assert fact.pool == "redrafter"

@@ -10,7 +10,7 @@ import pytest
 from redrafter_sim import apiserver_protobuf as pb
 from redrafter_sim.apiserver_patch import PatchError, PatchTestFailed, json_patch, merge_patch, strategic_merge_patch
 from redrafter_sim.apiserver_resources import types_from_crd
-from redrafter_sim.apiserver_schema import apply_defaults, prune, validate, validate_rules
+from redrafter_sim.apiserver_schema import apply_defaults, prune, validate
 from redrafter_sim.apiserver_selectors import jsonpath, parse_field_selector, parse_label_selector
 from redrafter_sim.apiserver_table import human_age, wants_table
 
@@ -185,12 +185,6 @@ def test_structural_validation_names_the_field(spec: dict, field: str, reason: s
 
 def test_structural_validation_accepts_valid_and_nullable() -> None:
     assert validate({"spec": {"n": 9, "mode": None, "port": "http"}}, SCHEMA) == []
-
-
-def test_cel_rules() -> None:
-    assert validate_rules({"spec": {"n": 1, "limit": 5}}, SCHEMA) == []
-    (cause,) = validate_rules({"spec": {"n": 6, "limit": 5}}, SCHEMA)
-    assert cause.field == "spec" and "n below limit" in cause.message
 
 
 def test_types_from_crd_and_errors() -> None:

@@ -762,7 +762,12 @@ class Speculation(ApiModel):
                 _cel(
                     "self.minAcceptanceRate + self.acceptanceHysteresis <= 1.0",
                     "minAcceptanceRate + acceptanceHysteresis must be at most 1 (else recovery is impossible)",
-                )
+                ),
+                # the pattern admits 0s; a duration of that pattern is positive when some digit is not 0
+                *(
+                    _cel(f"!has(self.{f}) || self.{f}.matches('[1-9]')", "must be a positive duration", f".{f}")
+                    for f in ("interval", "cooldown", "minDwell")
+                ),
             ]
         }
     }

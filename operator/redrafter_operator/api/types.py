@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 from pydantic.alias_generators import to_camel
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
@@ -50,7 +50,7 @@ class ApiModel(BaseModel):
     Python code constructs models by field name (``Engine(max_batch_size=8)``); what comes off the wire or from a
     user's YAML is read with :meth:`from_wire`, camelCase only, as the CRD's schema has it: a snake_case key there
     is an unknown field, refused here as a strict API server refuses it (and one without strict field validation
-    drops it)."""
+    drops it). Types are strict, as the API server's schema is: ``"8"`` is no integer and ``"true"`` no boolean."""
 
     model_config = ConfigDict(
         alias_generator=to_camel,
@@ -58,7 +58,17 @@ class ApiModel(BaseModel):
         validate_by_alias=True,
         extra="forbid",
         validate_default=True,
+        strict=True,
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _as_the_api_server_decodes(cls, data: Any) -> Any:
+        """A null field is absent (the API server prunes nulls of non-nullable fields, and none here is nullable),
+        and a whole float such as ``8.0`` is the integer the API server's schema accepts it as."""
+        if not isinstance(data, dict):
+            return data
+        return {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in data.items() if v is not None}
 
     @classmethod
     def from_wire(cls, raw: Any) -> Self:

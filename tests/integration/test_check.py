@@ -82,7 +82,7 @@ def apply_crd(kubectl: Any, path: Path) -> None:
     kubectl("apply", "--server-side", "-f", str(path), check=True)
 
 
-def node(em: ApiServerEmulator, name: str, product: str | None, gpus: int, driver: int | None = 580) -> None:
+def node(em: ApiServerEmulator, name: str, product: str | None, gpus: int, driver: int | None = 590) -> None:
     em.add_node(name, product, gpus, driver=f"{driver}.95.05" if driver else None)
 
 

@@ -165,9 +165,9 @@ def test_base_builds_while_the_drafter_trains_and_the_redrafter_engine_waits() -
     p = plan(res(d), Observed(), now=NOW, renderers=RENDER)
     jobs = [m for m in p.create if m["kind"] == "Job"]
     assert sorted(j["metadata"]["labels"][names.LABEL_VARIANT] for j in jobs) == ["base", "drafter"]
-    assert p.status["drafter"]["state"] == "Training"
-    assert p.status["engines"]["redrafter"]["state"] == "Pending"
-    assert "waiting for the drafter" in p.status["engines"]["redrafter"]["message"]
+    assert p.status.wire()["drafter"]["state"] == "Training"
+    assert p.status.wire()["engines"]["redrafter"]["state"] == "Pending"
+    assert "waiting for the drafter" in p.status.wire()["engines"]["redrafter"]["message"]
     assert ("Normal", "TrainingStarted") in {(e.type, e.reason) for e in p.events}
 
 
@@ -178,7 +178,7 @@ def test_training_progress_goes_into_status_drafter() -> None:
         running.key, running.name, TrainingProgress(phase="training", step=40, total_steps=200, loss=2.5), at=NOW
     )
     p = plan(res(d), Observed(jobs=[running]), now=NOW, renderers=RENDER, inputs=Inputs(training=report))
-    drafter = p.status["drafter"]
+    drafter = p.status.wire()["drafter"]
     assert (drafter["state"], drafter["phase"], drafter["step"], drafter["totalSteps"], drafter["loss"]) == (
         "Training",
         "training",
@@ -190,7 +190,7 @@ def test_training_progress_goes_into_status_drafter() -> None:
     # a report from another key (an older spec) is not this training's
     stale = TrainingReport("0" * 20, running.name, TrainingProgress(step=99))
     p2 = plan(res(d), Observed(jobs=[running]), now=NOW, renderers=RENDER, inputs=Inputs(training=stale))
-    assert "step" not in p2.status["drafter"]
+    assert "step" not in p2.status.wire()["drafter"]
 
 
 def test_a_trained_drafter_starts_the_redrafter_build_and_keeps_its_figures() -> None:
@@ -201,16 +201,16 @@ def test_a_trained_drafter_starts_the_redrafter_build_and_keeps_its_figures() ->
     ).message("OK: drafter done")
     observed = Observed(jobs=[done], pods={done.name: PodFact(done.name, "Succeeded", message)})
     p = plan(res(d), observed, now=NOW, renderers=RENDER)
-    drafter = p.status["drafter"]
+    drafter = p.status.wire()["drafter"]
     assert drafter["state"] == "Ready"
     assert (drafter["heldOutAcceptance"], drafter["untrainedAcceptance"], drafter["tokensPerStep"]) == (0.81, 0.02, 3.4)
     builds = {j["metadata"]["labels"][names.LABEL_VARIANT] for j in p.create if j["kind"] == "Job"}
     assert builds == {"redrafter", "base"}
     assert ("Normal", "DrafterTrained") in {(e.type, e.reason) for e in p.events}
     # the Job expires after a day: status keeps the drafter and its figures
-    later = plan(res(d, p.status), Observed(), now=NOW, renderers=RENDER)
-    assert later.status["drafter"]["state"] == "Ready"
-    assert later.status["drafter"]["heldOutAcceptance"] == 0.81
+    later = plan(res(d, p.status.wire()), Observed(), now=NOW, renderers=RENDER)
+    assert later.status.wire()["drafter"]["state"] == "Ready"
+    assert later.status.wire()["drafter"]["heldOutAcceptance"] == 0.81
 
 
 def test_a_bad_dataset_fails_the_drafter_once_with_its_cause() -> None:
@@ -225,11 +225,11 @@ def test_a_bad_dataset_fails_the_drafter_once_with_its_cause() -> None:
     text = "BAD_INPUT: dataset /sources/datasets/chat/prompts.jsonl line 3: no column 'prompt'"
     observed = Observed(jobs=[failed], pods={failed.name: PodFact(failed.name, "Failed", text)})
     p = plan(res(d), observed, now=NOW, renderers=RENDER)
-    drafter = p.status["drafter"]
+    drafter = p.status.wire()["drafter"]
     assert drafter["state"] == "Failed" and drafter["exitCode"] == 2
     assert "no column 'prompt'" in drafter["message"]
     assert not [m for m in p.create if m["kind"] == "Job" and m["metadata"]["labels"][names.LABEL_VARIANT] == "drafter"]
-    assert p.status["engines"]["redrafter"]["state"] == "Failed"
-    assert "the drafter failed" in p.status["engines"]["redrafter"]["message"]
+    assert p.status.wire()["engines"]["redrafter"]["state"] == "Failed"
+    assert "the drafter failed" in p.status.wire()["engines"]["redrafter"]["message"]
     reasons = {(e.type, e.reason) for e in p.events}
     assert ("Warning", "TrainingFailed") in reasons and ("Warning", "TrainingNotRetried") in reasons

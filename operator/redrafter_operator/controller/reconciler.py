@@ -34,10 +34,9 @@ from .facts import DeploymentFact, JobFact, Observed
 from .metrics import OperatorMetrics
 from .observe import BuildClaim, ClaimRef, FailedPodMessages, cache_of, child_state, observe
 from .plan_types import EventSpec, Plan, Renderers, Resource, ServingTargets
-from .planner import Inputs, plan
+from .planner import Inputs, decide, explain
 from .reports import RetentionReport, SpeculationReport, TrainingReport
 from .resource_io import Monitor, index_entries, now_rfc3339, post_event, status_path
-from .routing import CRD_MISSING_MESSAGE, crd_missing
 from .workqueue import ResourceKey, WorkQueue
 
 log = logging.getLogger("redrafter_operator.controller")
@@ -388,20 +387,17 @@ class Controller:
         await self.failed_pods.fill_validation(res.namespace, observed)
         self._fill_applied(res.namespace, observed)
         inputs = self.inputs.get(key, Inputs())
-
-        def planned() -> Plan:
-            return plan(
-                res,
-                observed,
-                now=now_rfc3339(self.clock),
-                renderers=self.renderers,
-                spec=spec,
-                errors=errors,
-                inputs=inputs,
-                engine_keys=keys,
-            )
-
-        result = planned()
+        step = decide(
+            res,
+            observed,
+            now=now_rfc3339(self.clock),
+            renderers=self.renderers,
+            spec=spec,
+            errors=errors,
+            inputs=inputs,
+            engine_keys=keys,
+        )
+        result = step.plan
         # Claim builds before the first await: a concurrent reconcile of another resource sharing the
         # cache sees the claim and waits for this Job instead of starting its own.
         for claim_name, path, job in result.claims:
@@ -411,31 +407,19 @@ class Controller:
             variant = (manifest["metadata"].get("labels") or {}).get(names.LABEL_VARIANT)
             if created and manifest["kind"] == "Job" and variant:  # a build Job
                 self.metrics.builds.labels(variant, "started").inc()
-        replan = pool_missing = False
         for manifest in result.apply:
             try:
-                sent = await self.applier.ensure(manifest)
+                await self.applier.ensure(manifest)
             except ApiError as exc:
                 # An API the cluster does not serve answers 404 to the write: only the optional InferencePool
-                # may be missing; say so in status (and an Event) instead of failing the whole reconcile.
+                # may be missing; its condition says so instead of failing the whole reconcile.
                 if exc.status != 404 or manifest["kind"] != "InferencePool":
                     raise
-                pool_missing = True
-                continue
-            replan = replan or (sent and manifest["kind"] == "Deployment")
-        if replan:
-            # The status was planned before these applies; their answers say whether each Deployment already
-            # carried its manifest (an apply that changed nothing, e.g. the first one after a restart) or
-            # now rolls out a new template. Plan again (pure; the children are the same) for the status.
-            self._fill_applied(res.namespace, observed)
-            again = planned()
-            result.status, result.events = again.status, again.events
-        if pool_missing:
-            result.status, news = crd_missing(
-                res.status, result.status, generation=res.generation, now=now_rfc3339(self.clock)
-            )
-            if news:
-                result.events.append(EventSpec("Warning", "InferencePoolCRDMissing", CRD_MISSING_MESSAGE))
+                observed.routing_api_missing = True
+        # The applies' answers are facts for the status: whether each Deployment now carries its manifest
+        # (an apply that changed nothing, e.g. the first one after a restart) or rolls out a new template.
+        self._fill_applied(res.namespace, observed)
+        result = explain(step, observed)
         for manifest in result.delete:
             await self.applier.delete(manifest)
         annotate = [*result.annotate, *self._pending_annotations.pop(key, [])]
@@ -451,11 +435,14 @@ class Controller:
                 if exc.status != 404:  # gone already: nothing to mark
                     self._pending_annotations.setdefault(key, []).extend(annotate[i:])
                     raise
-        self._set_waiting(
-            key, {(claim, e["path"]) for e in result.status.get("engines", {}).values() if e.get("state") == "Building"}
-        )
-        passed_now = (result.status.get("validation") or {}).get("state") == "Passed"
-        if passed_now and (res.status.get("validation") or {}).get("state") != "Passed":
+        engines = (result.status.engines.redrafter, result.status.engines.base)
+        self._set_waiting(key, {(claim, e.path) for e in engines if e and e.path and e.state == "Building"})
+        validation = result.status.validation
+        if (
+            validation
+            and validation.state == "Passed"
+            and (res.status.get("validation") or {}).get("state") != "Passed"
+        ):
             # a pair just passed: the policy may now choose the ReDrafter engine; it need not wait its interval
             self._monitors_soon(key)
         if result.unplaced:
@@ -463,7 +450,8 @@ class Controller:
         else:
             self.unplaced.discard(key)
         current = {k: v for k, v in res.status.items() if k != "kopf"}
-        patch = merge_patch(current, result.status)
+        status = result.status.wire()
+        patch = merge_patch(current, status)
         if patch:
             try:
                 await self.client.request(
@@ -476,11 +464,11 @@ class Controller:
                 if exc.status == 404:  # deleted meanwhile
                     return result
                 raise
-            self.written[key] = result.status
+            self.written[key] = status
         for ev in [*result.events, *self._pending_events.pop(key, [])]:
             post_event(body, ev.type, ev.reason, ev.message)
-        self.metrics.on_transition(res.namespace, res.name, current, result.status)
-        self.metrics.observe_resource(res.namespace, res.name, res.spec, result.status)
+        self.metrics.on_transition(res.namespace, res.name, current, status)
+        self.metrics.observe_resource(res.namespace, res.name, res.spec, status)
         self.metrics.reconciles.labels("ok").inc()
         self.metrics.duration.observe(time.perf_counter() - started)
         return result

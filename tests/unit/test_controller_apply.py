@@ -434,7 +434,7 @@ async def test_monitor_slots_run_per_resource_on_the_fake_clock_and_reports_enqu
         ticker.cancel()
         await asyncio.gather(ticker, return_exceptions=True)
     assert calls.count("a") == 1 and calls.count("b") == 4  # each on its own interval
-    assert controller.inputs[("ns", "a")].speculation.targets == targets
+    assert controller.resources[("ns", "a")].inputs.speculation.targets == targets
     assert len(controller.queue) == 2  # enqueued once each: the same report again changes nothing
 
 

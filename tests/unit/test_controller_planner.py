@@ -129,7 +129,7 @@ def test_fresh_resource_creates_both_build_jobs_and_is_building():
     kinds = [(m["kind"], m["metadata"]["labels"][names.LABEL_VARIANT]) for m in p.create]
     assert kinds == [("ConfigMap", "redrafter"), ("Job", "redrafter"), ("ConfigMap", "base"), ("Job", "base")]
     assert p.apply == []  # nothing to serve yet
-    st = p.status
+    st = p.status.wire()
     assert st["phase"] == "Building" and st["observedGeneration"] == 1
     assert st["engines"]["redrafter"]["state"] == "Building" and st["engines"]["redrafter"]["attempts"] == 1
     assert cond(st, "SpecValid")["status"] == "True"
@@ -143,21 +143,21 @@ def test_replanning_with_own_running_jobs_creates_nothing_and_emits_nothing():
     doc = body()
     first = plan(res_of(doc), Observed(), now=NOW, renderers=RENDER)
     observed = Observed(jobs=[job(doc, "redrafter", "Running"), job(doc, "base", "Running")])
-    again = plan(res_of(doc, first.status), observed, now=LATER, renderers=RENDER)
+    again = plan(res_of(doc, first.status.wire()), observed, now=LATER, renderers=RENDER)
     assert again.create == [] and again.events == []
-    assert again.status == first.status  # identical => no status write
+    assert again.status.wire() == first.status.wire()  # identical => no status write
 
 
 def test_invalid_spec_names_the_field_and_never_raises():
     doc = body(engine__maxSeqLen=100, engine__maxInputLen=200)
     p = plan(res_of(doc), Observed(), now=NOW, renderers=RENDER)
-    c = cond(p.status, "SpecValid")
+    c = cond(p.status.wire(), "SpecValid")
     assert c["status"] == "False" and c["reason"] == "InvalidSpec"
     assert "spec.engine" in c["message"] and "maxInputLen must be less than maxSeqLen" in c["message"]
-    assert p.create == [] and p.apply == [] and p.status["phase"] == "Failed"
+    assert p.create == [] and p.apply == [] and p.status.wire()["phase"] == "Failed"
     assert [e.reason for e in p.events] == ["InvalidSpec", "PhaseFailed"]
-    again = plan(res_of(doc, p.status), Observed(), now=LATER, renderers=RENDER)
-    assert again.events == [] and again.status == p.status
+    again = plan(res_of(doc, p.status.wire()), Observed(), now=LATER, renderers=RENDER)
+    assert again.events == [] and again.status.wire() == p.status.wire()
 
 
 def test_active_engine_ready_deploys_serving_without_waiting_for_base():
@@ -168,15 +168,15 @@ def test_active_engine_ready_deploys_serving_without_waiting_for_base():
     names_applied = [m["metadata"]["name"] for m in p.apply]
     assert names_applied == ["llama3-8b-redrafter", "llama3-8b"]
     assert p.apply[0]["metadata"]["labels"][names.LABEL_ENGINE_KEY] == k["redrafter"]
-    assert p.status["phase"] == "Deploying" and p.status["activeEngine"] == "redrafter"
+    assert p.status.wire()["phase"] == "Deploying" and p.status.wire()["activeEngine"] == "redrafter"
     # pods Ready => Serving
     observed.deployments = {"redrafter": dep("llama3-8b", "redrafter", k["redrafter"])}
     observed.service_pool = "redrafter"
-    p2 = plan(res_of(doc, p.status), observed, now=LATER, renderers=RENDER)
-    assert p2.status["phase"] == "Serving"
-    assert cond(p2.status, "Available")["status"] == "True"
-    assert cond(p2.status, "EnginesReady")["status"] == "False"  # base still building
-    assert p2.status["serving"] == {
+    p2 = plan(res_of(doc, p.status.wire()), observed, now=LATER, renderers=RENDER)
+    assert p2.status.wire()["phase"] == "Serving"
+    assert cond(p2.status.wire(), "Available")["status"] == "True"
+    assert cond(p2.status.wire(), "EnginesReady")["status"] == "False"  # base still building
+    assert p2.status.wire()["serving"] == {
         "replicas": 1,
         "readyReplicas": 1,
         "service": "llama3-8b",
@@ -189,14 +189,14 @@ def test_mode_never_serves_base_and_waits_for_it():
     doc = body(speculation__mode="Never")
     observed = Observed(jobs=[job(doc, "redrafter", "Succeeded"), job(doc, "base", "Running")])
     p = plan(res_of(doc), observed, now=NOW, renderers=RENDER)
-    assert p.status["phase"] == "Building"
+    assert p.status.wire()["phase"] == "Building"
     assert not any(m["kind"] == "Service" for m in p.apply)
-    assert cond(p.status, "SpeculationHealthy")["reason"] == "SpeculationDisabled"
+    assert cond(p.status.wire(), "SpeculationHealthy")["reason"] == "SpeculationDisabled"
 
 
 def test_failed_job_retries_with_attempt_suffix_then_fails_without_loop():
     doc = body(engine__build__retries=1)
-    st0 = plan(res_of(doc), Observed(), now=NOW, renderers=RENDER).status
+    st0 = plan(res_of(doc), Observed(), now=NOW, renderers=RENDER).status.wire()
     failed0 = job(doc, "redrafter", "Failed", reason="BackoffLimitExceeded")
     pod = PodFact(job=failed0.name, phase="Failed", message="BuildError: trtllm-build exited 1: out of memory")
     obs = Observed(jobs=[failed0, job(doc, "base", "Succeeded")], pods={failed0.name: pod})
@@ -205,35 +205,37 @@ def test_failed_job_retries_with_attempt_suffix_then_fails_without_loop():
     assert [m["metadata"]["name"] for m in retry] == [
         names.build_job_name("llama3-8b", "redrafter", keys(doc)["redrafter"], 1)
     ]
-    eng = p1.status["engines"]["redrafter"]
+    eng = p1.status.wire()["engines"]["redrafter"]
     assert eng["attempts"] == 2 and "out of memory" in eng["message"]
-    assert cond(p1.status, "EnginesReady")["reason"] == "BuildRetrying"
+    assert cond(p1.status.wire(), "EnginesReady")["reason"] == "BuildRetrying"
     assert [e.reason for e in p1.events][:2] == ["BuildFailed", "BuildStarted"]
     failed1 = job(doc, "redrafter", "Failed", attempt=1, reason="DeadlineExceeded")
     obs.jobs.append(failed1)
-    p2 = plan(res_of(doc, p1.status), obs, now=NOW, renderers=RENDER)
+    p2 = plan(res_of(doc, p1.status.wire()), obs, now=NOW, renderers=RENDER)
     assert p2.create == []
-    assert p2.status["engines"]["redrafter"]["state"] == "Failed"
-    assert p2.status["phase"] == "Failed"
-    assert cond(p2.status, "EnginesReady")["reason"] == "BuildFailed"
-    assert "DeadlineExceeded" in cond(p2.status, "EnginesReady")["message"]
+    assert p2.status.wire()["engines"]["redrafter"]["state"] == "Failed"
+    assert p2.status.wire()["phase"] == "Failed"
+    assert cond(p2.status.wire(), "EnginesReady")["reason"] == "BuildFailed"
+    assert "DeadlineExceeded" in cond(p2.status.wire(), "EnginesReady")["message"]
     assert {"BuildFailed", "RetriesExhausted", "PhaseFailed"} <= {e.reason for e in p2.events}
     # no rebuild loop: same inputs again => nothing
-    p3 = plan(res_of(doc, p2.status), obs, now=LATER, renderers=RENDER)
-    assert p3.create == [] and p3.events == [] and p3.status == p2.status
+    p3 = plan(res_of(doc, p2.status.wire()), obs, now=LATER, renderers=RENDER)
+    assert p3.create == [] and p3.events == [] and p3.status.wire() == p2.status.wire()
     # failed Jobs expired (TTL): status still remembers, still no rebuild
-    p4 = plan(res_of(doc, p2.status), Observed(jobs=[job(doc, "base", "Succeeded")]), now=LATER, renderers=RENDER)
-    assert p4.create == [] and p4.status["engines"]["redrafter"]["state"] == "Failed"
+    p4 = plan(
+        res_of(doc, p2.status.wire()), Observed(jobs=[job(doc, "base", "Succeeded")]), now=LATER, renderers=RENDER
+    )
+    assert p4.create == [] and p4.status.wire()["engines"]["redrafter"]["state"] == "Failed"
     # retry annotation (any new value) => a fresh Job with the next attempt number
     doc2 = copy.deepcopy(doc)
     doc2["metadata"]["annotations"] = {names.ANNOTATION_RETRY_BUILD: "1"}
-    p5 = plan(res_of(doc2, p2.status), obs, now=LATER, renderers=RENDER)
+    p5 = plan(res_of(doc2, p2.status.wire()), obs, now=LATER, renderers=RENDER)
     jobs5 = [m for m in p5.create if m["kind"] == "Job"]
     assert [m["metadata"]["name"] for m in jobs5] == [
         names.build_job_name("llama3-8b", "redrafter", keys(doc)["redrafter"], 2)
     ]
     assert jobs5[0]["metadata"]["annotations"]["redrafter.dev/retry-token"] == "1"
-    assert p5.status["engines"]["redrafter"]["state"] == "Building"
+    assert p5.status.wire()["engines"]["redrafter"]["state"] == "Building"
 
 
 def _fail_job_body(doc, code: int) -> dict:
@@ -279,18 +281,18 @@ def test_job_fact_reads_the_exit_code_a_fail_job_rule_matched():
 @pytest.mark.parametrize(("code", "name"), [(2, "BAD_INPUT"), (6, "SOURCE_UNAVAILABLE")])
 def test_non_retryable_exit_code_fails_the_engine_after_one_job(code, name):
     doc = body(engine__build__retries=2)
-    st0 = plan(res_of(doc), Observed(), now=NOW, renderers=RENDER).status
+    st0 = plan(res_of(doc), Observed(), now=NOW, renderers=RENDER).status.wire()
     failed = JobFact.from_body(_fail_job_body(doc, code))
     pod = PodFact(job=failed.name, phase="Failed", message=f"{name}: base source hf://x/y is unreachable")
     obs = Observed(jobs=[failed, job(doc, "base", "Succeeded")], pods={failed.name: pod})
     p = plan(res_of(doc, st0), obs, now=NOW, renderers=RENDER)
     assert [m for m in p.create if m["kind"] == "Job"] == [], "no second Job for a code no retry can fix"
-    eng = p.status["engines"]["redrafter"]
+    eng = p.status.wire()["engines"]["redrafter"]
     assert eng["state"] == "Failed" and eng["attempts"] == 1 and eng["exitCode"] == code
     assert eng["message"].startswith(f"exit code {code} ({name}) cannot succeed on retry")
     assert "kubectl annotate rdd llama3-8b redrafter.dev/retry-build=<new value> --overwrite" in eng["message"]
     assert f"{name}: base source" in eng["message"]  # the build's own reason follows
-    assert p.status["phase"] == "Failed"
+    assert p.status.wire()["phase"] == "Failed"
     events = {e.reason: e for e in p.events}
     assert "BuildNotRetried" in events and "RetriesExhausted" not in events
     assert f"exit code {code} ({name})" in events["BuildNotRetried"].message
@@ -299,17 +301,19 @@ def test_non_retryable_exit_code_fails_the_engine_after_one_job(code, name):
     long_tail = Observed(
         jobs=obs.jobs, pods={failed.name: PodFact(job=failed.name, phase="Failed", message="x" * 5000)}
     )
-    bounded = plan(res_of(doc, st0), long_tail, now=NOW, renderers=RENDER).status["engines"]["redrafter"]["message"]
+    bounded = plan(res_of(doc, st0), long_tail, now=NOW, renderers=RENDER).status.wire()["engines"]["redrafter"][
+        "message"
+    ]
     assert len(bounded) <= 1024 and "retry-build=<new value>" in bounded
     # the Job expires (TTL): status remembers the code, still no Job
-    p2 = plan(res_of(doc, p.status), Observed(jobs=[job(doc, "base", "Succeeded")]), now=LATER, renderers=RENDER)
-    assert p2.create == [] and p2.status["engines"]["redrafter"]["exitCode"] == code
+    p2 = plan(res_of(doc, p.status.wire()), Observed(jobs=[job(doc, "base", "Succeeded")]), now=LATER, renderers=RENDER)
+    assert p2.create == [] and p2.status.wire()["engines"]["redrafter"]["exitCode"] == code
     # a new retry-build value starts one fresh Job
     doc2 = copy.deepcopy(doc)
     doc2["metadata"]["annotations"] = {names.ANNOTATION_RETRY_BUILD: "fixed"}
-    p3 = plan(res_of(doc2, p.status), obs, now=LATER, renderers=RENDER)
+    p3 = plan(res_of(doc2, p.status.wire()), obs, now=LATER, renderers=RENDER)
     assert len([m for m in p3.create if m["kind"] == "Job"]) == 1
-    assert "exitCode" not in p3.status["engines"]["redrafter"]
+    assert "exitCode" not in p3.status.wire()["engines"]["redrafter"]
 
 
 def test_shared_cache_running_or_complete_elsewhere_means_no_build():
@@ -324,9 +328,9 @@ def test_shared_cache_running_or_complete_elsewhere_means_no_build():
     )
     p = plan(res_of(doc), obs, now=NOW, renderers=RENDER)
     assert p.create == []
-    assert p.status["engines"]["redrafter"]["state"] == "Building"
-    assert p.status["engines"]["redrafter"]["job"] == other.name
-    assert p.status["engines"]["base"]["state"] == "Cached"
+    assert p.status.wire()["engines"]["redrafter"]["state"] == "Building"
+    assert p.status.wire()["engines"]["redrafter"]["job"] == other.name
+    assert p.status.wire()["engines"]["base"]["state"] == "Cached"
     assert {e.reason for e in p.events} >= {"BuildWaiting", "EngineCached"}
 
 
@@ -341,8 +345,8 @@ def test_build_input_change_keeps_serving_old_engine_until_new_is_ready():
         },
         service_pool="redrafter",
     )
-    st = plan(res_of(doc), serving, now=NOW, renderers=RENDER).status
-    st = plan(res_of(doc, st), serving, now=NOW, renderers=RENDER).status
+    st = plan(res_of(doc), serving, now=NOW, renderers=RENDER).status.wire()
+    st = plan(res_of(doc, st), serving, now=NOW, renderers=RENDER).status.wire()
     assert st["phase"] == "Serving"
     changed = body(redrafter__numBeams=4)
     changed["metadata"]["generation"] = 2
@@ -350,8 +354,8 @@ def test_build_input_change_keeps_serving_old_engine_until_new_is_ready():
     assert [m["metadata"]["labels"][names.LABEL_VARIANT] for m in p.create if m["kind"] == "Job"] == ["redrafter"]
     deployment = next(m for m in p.apply if m["kind"] == "Deployment" and "redrafter" in m["metadata"]["name"])
     assert deployment["metadata"]["labels"][names.LABEL_ENGINE_KEY] == k["redrafter"]  # still the old engine
-    assert p.status["phase"] == "Serving" and cond(p.status, "Progressing")["status"] == "True"
-    assert p.status["observedGeneration"] == 2
+    assert p.status.wire()["phase"] == "Serving" and cond(p.status.wire(), "Progressing")["status"] == "True"
+    assert p.status.wire()["observedGeneration"] == 2
     new_key = keys(changed)["redrafter"]
     assert new_key != k["redrafter"] and keys(changed)["base"] == k["base"]
 
@@ -364,7 +368,7 @@ def test_serving_only_change_patches_deployments_without_jobs():
         deployments={"redrafter": dep("llama3-8b", "redrafter", k["redrafter"])},
         service_pool="redrafter",
     )
-    st = plan(res_of(doc), obs, now=NOW, renderers=RENDER).status
+    st = plan(res_of(doc), obs, now=NOW, renderers=RENDER).status.wire()
     changed = body(serving__replicas=3)
     p = plan(res_of(changed, st), obs, now=LATER, renderers=RENDER)
     assert p.create == []
@@ -454,7 +458,7 @@ def test_policy_targets_render_the_canary_and_real_serving_children():
     assert by_name[("Deployment", "llama3-8b-redrafter")]["spec"]["replicas"] == 1
     assert by_name[("Service", "llama3-8b")]["spec"]["selector"][names.LABEL_TRAFFIC] == "redrafter"
     assert {("ConfigMap", "llama3-8b-redrafter-serving"), ("ConfigMap", "llama3-8b-base-serving")} <= set(by_name)
-    assert cond(p.status, "Progressing")["reason"] == "Switching"
+    assert cond(p.status.wire(), "Progressing")["reason"] == "Switching"
 
 
 def test_a_new_redrafter_engine_is_validated_on_a_candidate_while_the_promoted_one_serves():
@@ -496,7 +500,7 @@ def test_a_new_redrafter_engine_is_validated_on_a_candidate_while_the_promoted_o
     assert ("Service", cand) in by
     assert by[("Service", "llama3-8b")]["spec"]["selector"][names.LABEL_TRAFFIC] == "redrafter"
     assert by[("Deployment", "llama3-8b-base")]["spec"]["replicas"] >= 1  # the reference for the Job
-    prog = cond(p.status, "Progressing")
+    prog = cond(p.status.wire(), "Progressing")
     assert prog["reason"] == "Validating" and "r-old keeps serving" in prog["message"] and cand in prog["message"]
     # the new pair fails: the promoted engine keeps serving, the candidate scales to zero
     failed = {
@@ -512,9 +516,9 @@ def test_a_new_redrafter_engine_is_validated_on_a_candidate_while_the_promoted_o
     assert by[("Deployment", "llama3-8b-redrafter")]["spec"]["replicas"] >= 1
     assert by[("Deployment", cand)]["spec"]["replicas"] == 0
     assert by[("Service", "llama3-8b")]["spec"]["selector"][names.LABEL_TRAFFIC] == "redrafter"
-    prog = cond(p.status, "Progressing")
+    prog = cond(p.status.wire(), "Progressing")
     assert prog["reason"] == "ValidationFailed" and "promoted ReDrafter engine r-old keeps serving" in prog["message"]
-    assert p.status["phase"] == "Degraded"
+    assert p.status.wire()["phase"] == "Degraded"
     # a retry passes: the primary rolls to the new engine, the candidate scales away
     passed = {
         "redrafterKey": k["redrafter"],
@@ -544,7 +548,7 @@ def test_without_a_promoted_engine_the_primary_runs_the_new_engine_as_before():
         == k["redrafter"]
     )
     assert ("Deployment", names.candidate_name("llama3-8b")) not in by
-    prog = cond(p.status, "Progressing")  # not promoted yet: the rollout is not complete
+    prog = cond(p.status.wire(), "Progressing")  # not promoted yet: the rollout is not complete
     assert (prog["status"], prog["reason"]) == ("True", "Validating") and "serves meanwhile" in prog["message"]
 
 
@@ -562,26 +566,26 @@ def test_engine_status_reports_size_and_built_at_from_the_build_message():
         shared={"base": SharedArtifact(ready_by="Job other-build-base", built_message=other_ok)},
     )
     p = plan(res_of(doc), obs, now=NOW, renderers=RENDER)
-    engines = p.status["engines"]
+    engines = p.status.wire()["engines"]
     assert (engines["redrafter"]["sizeBytes"], engines["redrafter"]["builtAt"]) == (16 * 2**30, "2026-01-01T00:00:00Z")
     assert engines["base"]["state"] == "Cached" and engines["base"]["sizeBytes"] == 123
-    ReDrafterDeploymentStatus.model_validate(p.status)
-    later = plan(res_of(doc, p.status), Observed(), now=LATER, renderers=RENDER)  # Jobs and Pods expired
+    ReDrafterDeploymentStatus.model_validate(p.status.wire())
+    later = plan(res_of(doc, p.status.wire()), Observed(), now=LATER, renderers=RENDER)  # Jobs and Pods expired
     assert all(
-        (later.status["engines"][v]["sizeBytes"], later.status["engines"][v]["builtAt"])
+        (later.status.wire()["engines"][v]["sizeBytes"], later.status.wire()["engines"][v]["builtAt"])
         == (engines[v]["sizeBytes"], engines[v]["builtAt"])
         for v in ("redrafter", "base")
     )
     # a message from an older builder (no result line) leaves the fields out rather than inventing them
     bare = Observed(jobs=[rd], pods={rd.name: PodFact(job=rd.name, phase="Succeeded", message="OK: engine k")})
-    assert "sizeBytes" not in plan(res_of(doc), bare, now=NOW, renderers=RENDER).status["engines"]["redrafter"]
+    assert "sizeBytes" not in plan(res_of(doc), bare, now=NOW, renderers=RENDER).status.wire()["engines"]["redrafter"]
 
 
 def test_out_of_disk_collects_then_retries_once_beyond_the_retries():
     """An out-of-disk failure (exit 4) is followed by one build whose init container collects unreferenced
     engines under the resource's retention; a second out-of-disk failure is final (retries 0 here)."""
     doc = body(engine__build__retries=0, engine__cache={"retention": {"keep": 1, "maxAge": "24h"}})
-    st0 = plan(res_of(doc), Observed(), now=NOW, renderers=RENDER).status
+    st0 = plan(res_of(doc), Observed(), now=NOW, renderers=RENDER).status.wire()
     failed0 = job(doc, "redrafter", "Failed", reason="BackoffLimitExceeded")
     ood = "OUT_OF_DISK: not enough free space on the cache volume: about 16.0 GiB needed, 2.0 GiB free"
     obs = Observed(
@@ -608,7 +612,7 @@ def test_out_of_disk_collects_then_retries_once_beyond_the_retries():
         "86400s",
     ]
     assert retry["metadata"]["labels"]["redrafter.dev/cache-verb"] == "gc-before-build"
-    engine = p1.status["engines"]["redrafter"]
+    engine = p1.status.wire()["engines"]["redrafter"]
     assert (
         engine["state"] == "Building"
         and "ran out of disk" in engine["message"]
@@ -625,8 +629,8 @@ def test_out_of_disk_collects_then_retries_once_beyond_the_retries():
     assert failed1.collected and failed1.state == "Failed"
     obs.jobs.append(failed1)
     obs.pods[failed1.name] = PodFact(job=failed1.name, phase="Failed", message=ood)
-    p2 = plan(res_of(doc, p1.status), obs, now=LATER, renderers=RENDER)
-    assert p2.create == [] and p2.status["engines"]["redrafter"]["state"] == "Failed"
+    p2 = plan(res_of(doc, p1.status.wire()), obs, now=LATER, renderers=RENDER)
+    assert p2.create == [] and p2.status.wire()["engines"]["redrafter"]["state"] == "Failed"
 
 
 def test_out_of_disk_without_a_retention_collects_nothing():
@@ -640,7 +644,7 @@ def test_out_of_disk_without_a_retention_collects_nothing():
     assert not [
         m for m in p.create if m["kind"] == "Job" and m["metadata"]["labels"].get(names.LABEL_VARIANT) == "redrafter"
     ]
-    assert p.status["engines"]["redrafter"]["state"] == "Failed"
+    assert p.status.wire()["engines"]["redrafter"]["state"] == "Failed"
 
 
 def _prewarm_to_rest(doc, obs, st, rounds=3):
@@ -649,7 +653,7 @@ def _prewarm_to_rest(doc, obs, st, rounds=3):
     p = None
     for _ in range(rounds):
         p = plan(res_of(doc, st), obs, now=LATER, renderers=RENDER)
-        st = p.status
+        st = p.status.wire()
         applied = {
             v: m
             for m in p.apply
@@ -674,9 +678,9 @@ def test_prewarm_builds_and_validates_then_rests_without_serving_and_scaling_up_
     k = keys(doc)
     obs = Observed(jobs=[job(doc, "redrafter", "Succeeded"), job(doc, "base", "Succeeded")])
     first = plan(res_of(doc), obs, now=NOW, renderers=RENDER)
-    assert first.status["phase"] != "Prewarmed"  # the pair is validated first (its pods run for that)
+    assert first.status.wire()["phase"] != "Prewarmed"  # the pair is validated first (its pods run for that)
     st = {
-        **first.status,
+        **first.status.wire(),
         "validation": {
             "state": "Passed",
             "redrafterKey": k["redrafter"],
@@ -685,27 +689,31 @@ def test_prewarm_builds_and_validates_then_rests_without_serving_and_scaling_up_
         },
     }
     p = _prewarm_to_rest(doc, obs, st)
-    assert p.status["phase"] == "Prewarmed" and p.create == []
+    assert p.status.wire()["phase"] == "Prewarmed" and p.create == []
     assert {m["metadata"]["name"]: m["spec"]["replicas"] for m in p.apply if m["kind"] == "Deployment"} == {
         "llama3-8b-redrafter": 0,
         "llama3-8b-base": 0,
     }
-    available = cond(p.status, "Available")
+    available = cond(p.status.wire(), "Available")
     assert available["status"] == "False" and available["reason"] == "Prewarmed"
     # GitOps tools see a prewarmed resource as healthy and done (kstatus Current, Argo CD Healthy)
-    assert [cond(p.status, t)["status"] for t in ("Ready", "Reconciling", "Stalled")] == ["True", "False", "False"]
-    ReDrafterDeploymentStatus.model_validate(p.status)
+    assert [cond(p.status.wire(), t)["status"] for t in ("Ready", "Reconciling", "Stalled")] == [
+        "True",
+        "False",
+        "False",
+    ]
+    ReDrafterDeploymentStatus.model_validate(p.status.wire())
     # scaling up: the built, validated engine serves; nothing is rebuilt
     up = copy.deepcopy(doc)
     up["spec"]["serving"]["replicas"] = 2
-    p2 = _prewarm_to_rest(up, obs, p.status)
-    assert p2.create == [] and p2.status["phase"] == "Serving"
+    p2 = _prewarm_to_rest(up, obs, p.status.wire())
+    assert p2.create == [] and p2.status.wire()["phase"] == "Serving"
     assert {m["metadata"]["name"]: m["spec"]["replicas"] for m in p2.apply if m["kind"] == "Deployment"}[
-        f"llama3-8b-{p2.status['activeEngine']}"
+        f"llama3-8b-{p2.status.wire()['activeEngine']}"
     ] == 2
     # zero replicas while the autoscaler may scale up again is not a prewarm
     auto = body(serving__replicas=0, autoscaling__mode="External")
-    assert _prewarm_to_rest(auto, obs, p.status).status["phase"] == "Serving"
+    assert _prewarm_to_rest(auto, obs, p.status.wire()).status.wire()["phase"] == "Serving"
 
 
 # ---- placement: GPU Jobs only when some node could run them ------------------------------------
@@ -722,7 +730,7 @@ def test_no_matching_gpu_node_creates_no_job_and_says_why_once():
     doc = body(parallelism__tensor=2)  # 2x NVIDIA-A100-SXM4-80GB
     p = plan(res_of(doc), Observed(nodes=H100_NODES), now=NOW, renderers=RENDER)
     assert p.create == [] and p.claims == []
-    st = p.status
+    st = p.status.wire()
     missing = "no node offers 2× NVIDIA-A100-SXM4-80GB; nodes: 3× NVIDIA-H100-80GB-HBM3 (8 each)"
     sched = cond(st, "Schedulable")
     assert (sched["status"], sched["reason"]) == ("False", "NoMatchingGPUNodes")
@@ -739,24 +747,24 @@ def test_no_matching_gpu_node_creates_no_job_and_says_why_once():
 
     # the same facts again: nothing new, no second Warning
     again = plan(res_of(doc, st), Observed(nodes=H100_NODES), now=LATER, renderers=RENDER)
-    assert again.status == st and again.create == []
+    assert again.status.wire() == st and again.create == []
     assert [e.reason for e in again.events if "GPU" in e.reason] == []
 
     # a matching node appears: the Jobs are created, the condition flips, one Normal Event says so
     nodes = H100_NODES + A100_NODES
     found = plan(res_of(doc, st), Observed(nodes=nodes), now=LATER, renderers=RENDER)
     assert [m["kind"] for m in found.create] == ["ConfigMap", "Job", "ConfigMap", "Job"]
-    sched = cond(found.status, "Schedulable")
+    sched = cond(found.status.wire(), "Schedulable")
     assert (sched["status"], sched["reason"]) == ("True", "MatchingGPUNodes")
     assert "2 node(s) offer 2× NVIDIA-A100-SXM4-80GB: a100-0, a100-1" in sched["message"]
-    assert found.status["phase"] == "Building"
+    assert found.status.wire()["phase"] == "Building"
     assert [(e.type, e.reason) for e in found.events if "GPU" in e.reason] == [("Normal", "GPUNodesFound")]
 
 
 def test_unwatched_nodes_are_not_checked():
     p = plan(res_of(body(parallelism__tensor=2)), Observed(nodes=None), now=NOW, renderers=RENDER)
     assert [m["kind"] for m in p.create] == ["ConfigMap", "Job", "ConfigMap", "Job"]
-    assert find(p.status["conditions"], "Schedulable") is None
+    assert find(p.status.wire()["conditions"], "Schedulable") is None
 
 
 def test_a_taint_the_build_jobs_do_not_tolerate_is_named_and_a_toleration_clears_it():
@@ -765,7 +773,9 @@ def test_a_taint_the_build_jobs_do_not_tolerate_is_named_and_a_toleration_clears
     )
     p = plan(res_of(body()), Observed(nodes=tainted), now=NOW, renderers=RENDER)
     assert p.create == []
-    assert "not tolerated: a100-0 (taint dedicated=serving:NoSchedule)" in cond(p.status, "Schedulable")["message"]
+    assert (
+        "not tolerated: a100-0 (taint dedicated=serving:NoSchedule)" in cond(p.status.wire(), "Schedulable")["message"]
+    )
     tolerating = body(engine__build__tolerations=[{"key": "dedicated", "operator": "Exists"}])
     p = plan(res_of(tolerating), Observed(nodes=tainted), now=NOW, renderers=RENDER)
-    assert len(p.create) == 4 and cond(p.status, "Schedulable")["status"] == "True"
+    assert len(p.create) == 4 and cond(p.status.wire(), "Schedulable")["status"] == "True"

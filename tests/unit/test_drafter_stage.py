@@ -165,9 +165,9 @@ def test_base_builds_while_the_drafter_trains_and_the_redrafter_engine_waits() -
     p = plan(res(d), Observed(), now=NOW, renderers=RENDER)
     jobs = [m for m in p.create if m["kind"] == "Job"]
     assert sorted(j["metadata"]["labels"][names.LABEL_VARIANT] for j in jobs) == ["base", "drafter"]
-    assert p.status["drafter"]["state"] == "Training"
-    assert p.status["engines"]["redrafter"]["state"] == "Pending"
-    assert "waiting for the drafter" in p.status["engines"]["redrafter"]["message"]
+    assert p.status.wire()["drafter"]["state"] == "Training"
+    assert p.status.wire()["engines"]["redrafter"]["state"] == "Pending"
+    assert "waiting for the drafter" in p.status.wire()["engines"]["redrafter"]["message"]
     assert ("Normal", "TrainingStarted") in {(e.type, e.reason) for e in p.events}
 
 
@@ -178,7 +178,7 @@ def test_training_progress_goes_into_status_drafter() -> None:
         running.key, running.name, TrainingProgress(phase="training", step=40, total_steps=200, loss=2.5), at=NOW
     )
     p = plan(res(d), Observed(jobs=[running]), now=NOW, renderers=RENDER, inputs=Inputs(training=report))
-    drafter = p.status["drafter"]
+    drafter = p.status.wire()["drafter"]
     assert (drafter["state"], drafter["phase"], drafter["step"], drafter["totalSteps"], drafter["loss"]) == (
         "Training",
         "training",
@@ -190,7 +190,7 @@ def test_training_progress_goes_into_status_drafter() -> None:
     # a report from another key (an older spec) is not this training's
     stale = TrainingReport("0" * 20, running.name, TrainingProgress(step=99))
     p2 = plan(res(d), Observed(jobs=[running]), now=NOW, renderers=RENDER, inputs=Inputs(training=stale))
-    assert "step" not in p2.status["drafter"]
+    assert "step" not in p2.status.wire()["drafter"]
 
 
 def test_a_trained_drafter_starts_the_redrafter_build_and_keeps_its_figures() -> None:
@@ -201,16 +201,16 @@ def test_a_trained_drafter_starts_the_redrafter_build_and_keeps_its_figures() ->
     ).message("OK: drafter done")
     observed = Observed(jobs=[done], pods={done.name: PodFact(done.name, "Succeeded", message)})
     p = plan(res(d), observed, now=NOW, renderers=RENDER)
-    drafter = p.status["drafter"]
+    drafter = p.status.wire()["drafter"]
     assert drafter["state"] == "Ready"
     assert (drafter["heldOutAcceptance"], drafter["untrainedAcceptance"], drafter["tokensPerStep"]) == (0.81, 0.02, 3.4)
     builds = {j["metadata"]["labels"][names.LABEL_VARIANT] for j in p.create if j["kind"] == "Job"}
     assert builds == {"redrafter", "base"}
     assert ("Normal", "DrafterTrained") in {(e.type, e.reason) for e in p.events}
     # the Job expires after a day: status keeps the drafter and its figures
-    later = plan(res(d, p.status), Observed(), now=NOW, renderers=RENDER)
-    assert later.status["drafter"]["state"] == "Ready"
-    assert later.status["drafter"]["heldOutAcceptance"] == 0.81
+    later = plan(res(d, p.status.wire()), Observed(), now=NOW, renderers=RENDER)
+    assert later.status.wire()["drafter"]["state"] == "Ready"
+    assert later.status.wire()["drafter"]["heldOutAcceptance"] == 0.81
 
 
 def test_a_bad_dataset_fails_the_drafter_once_with_its_cause() -> None:
@@ -225,12 +225,12 @@ def test_a_bad_dataset_fails_the_drafter_once_with_its_cause() -> None:
     text = "BAD_INPUT: dataset /sources/datasets/chat/prompts.jsonl line 3: no column 'prompt'"
     observed = Observed(jobs=[failed], pods={failed.name: PodFact(failed.name, "Failed", text)})
     p = plan(res(d), observed, now=NOW, renderers=RENDER)
-    drafter = p.status["drafter"]
+    drafter = p.status.wire()["drafter"]
     assert drafter["state"] == "Failed" and drafter["exitCode"] == 2
     assert "no column 'prompt'" in drafter["message"]
     assert not [m for m in p.create if m["kind"] == "Job" and m["metadata"]["labels"][names.LABEL_VARIANT] == "drafter"]
-    assert p.status["engines"]["redrafter"]["state"] == "Failed"
-    assert "the drafter failed" in p.status["engines"]["redrafter"]["message"]
+    assert p.status.wire()["engines"]["redrafter"]["state"] == "Failed"
+    assert "the drafter failed" in p.status.wire()["engines"]["redrafter"]["message"]
     reasons = {(e.type, e.reason) for e in p.events}
     assert ("Warning", "TrainingFailed") in reasons and ("Warning", "TrainingNotRetried") in reasons
 
@@ -261,21 +261,22 @@ def trained_plan(d: dict, result: TrainingResult, status: dict | None = None):
 def test_a_rejected_drafter_builds_no_redrafter_engine_and_warns_once() -> None:
     d = doc()
     p = trained_plan(d, MEMORISED)
-    drafter = p.status["drafter"]
+    status = p.status.wire()
+    drafter = status["drafter"]
     assert drafter["state"] == "Rejected"
     assert "held-out acceptance 0.008 is below 0.110" in drafter["message"]
     assert "held-out top-1 0.020 collapsed against training 0.550" in drafter["message"]
     assert (drafter["promptLookupAcceptance"], drafter["heldOutTop1"], drafter["trainTop1"]) == (0.01, 0.02, 0.55)
     builds = {j["metadata"]["labels"][names.LABEL_VARIANT] for j in p.create if j["kind"] == "Job"}
     assert builds == {"base"}  # no ReDrafter engine from a head that does not draft
-    engine = p.status["engines"]["redrafter"]
+    engine = status["engines"]["redrafter"]
     assert engine["state"] == "Pending" and "acceptRejected" in engine["message"]
     warnings = [e for e in p.events if e.type == "Warning"]
     assert [e.reason for e in warnings] == ["DrafterRejected"]
     assert "held-out acceptance 0.008" in warnings[0].message and "base keeps serving" in warnings[0].message
     # the next reconcile (the Job gone): still Rejected, no second Event, no training again
-    later = plan(res(d, p.status), Observed(), now=NOW, renderers=RENDER)
-    assert later.status["drafter"]["state"] == "Rejected"
+    later = plan(res(d, status), Observed(), now=NOW, renderers=RENDER)
+    assert later.status.wire()["drafter"]["state"] == "Rejected"
     assert not [e for e in later.events if e.reason in ("DrafterRejected", "DrafterTrained", "TrainingStarted")]
     assert {j["metadata"]["labels"][names.LABEL_VARIANT] for j in later.create if j["kind"] == "Job"} <= {"base"}
 
@@ -284,7 +285,7 @@ def test_accept_rejected_builds_the_redrafter_engine_anyway() -> None:
     d = doc({**TRAIN, "acceptRejected": True})
     assert drafter_key(spec_of(d)) == drafter_key(spec_of(doc()))  # not a training input
     p = trained_plan(d, MEMORISED)
-    drafter = p.status["drafter"]
+    drafter = p.status.wire()["drafter"]
     assert drafter["state"] == "Ready" and drafter["message"].startswith("accepted by")
     builds = {j["metadata"]["labels"][names.LABEL_VARIANT] for j in p.create if j["kind"] == "Job"}
     assert builds == {"redrafter", "base"}

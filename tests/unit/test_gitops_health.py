@@ -102,14 +102,14 @@ def _serving(doc: dict[str, Any], renderers: Any = RENDER, **kw: Any) -> dict[st
         service_pool="redrafter",
         **kw,
     )
-    st = plan(res_of(doc), obs, now=NOW, renderers=renderers).status
-    return plan(res_of(doc, st), obs, now=NOW, renderers=renderers).status
+    st = plan(res_of(doc), obs, now=NOW, renderers=renderers).status.wire()
+    return plan(res_of(doc, st), obs, now=NOW, renderers=renderers).status.wire()
 
 
 # ---- the states ------------------------------------------------------------------------------------
 def test_first_deploy_is_in_progress_until_serving_then_current() -> None:
     doc = body(validation__enabled=False)
-    building = plan(res_of(doc), Observed(), now=NOW, renderers=RENDER).status
+    building = plan(res_of(doc), Observed(), now=NOW, renderers=RENDER).status.wire()
     assert building["observedGeneration"] == 1
     assert verdicts(resource(doc, building)) == ("InProgress", "Progressing")
     assert cond(building, "Reconciling")["reason"] == "Building" and cond(building, "Ready")["status"] == "False"
@@ -118,7 +118,7 @@ def test_first_deploy_is_in_progress_until_serving_then_current() -> None:
     rolling = Observed(
         jobs=_both_built(doc), deployments={"redrafter": dep(NAME, "redrafter", k["redrafter"], ready=0)}
     )
-    st = plan(res_of(doc, building), rolling, now=LATER, renderers=RENDER).status
+    st = plan(res_of(doc, building), rolling, now=LATER, renderers=RENDER).status.wire()
     assert verdicts(resource(doc, st)) == ("InProgress", "Progressing")
     served = _serving(doc)
     assert verdicts(resource(doc, served)) == ("Current", "Healthy")
@@ -140,8 +140,8 @@ def test_a_build_in_progress_is_never_done_even_while_serving() -> None:
         deployments={"redrafter": dep(NAME, "redrafter", k["redrafter"])},
         service_pool="redrafter",
     )
-    st = plan(res_of(doc), obs, now=NOW, renderers=RENDER).status
-    st = plan(res_of(doc, st), obs, now=NOW, renderers=RENDER).status
+    st = plan(res_of(doc), obs, now=NOW, renderers=RENDER).status.wire()
+    st = plan(res_of(doc, st), obs, now=NOW, renderers=RENDER).status.wire()
     assert st["phase"] == "Serving" and cond(st, "Available")["status"] == "True"
     assert verdicts(resource(doc, st)) == ("InProgress", "Progressing")  # the base engine still builds
     assert cond(st, "Reconciling")["status"] == "True"
@@ -149,13 +149,13 @@ def test_a_build_in_progress_is_never_done_even_while_serving() -> None:
 
 def test_a_failed_build_is_failed_and_degraded() -> None:
     doc = body(engine__build__retries=0)
-    st0 = plan(res_of(doc), Observed(), now=NOW, renderers=RENDER).status
+    st0 = plan(res_of(doc), Observed(), now=NOW, renderers=RENDER).status.wire()
     failed = job(doc, "redrafter", "Failed", reason="BackoffLimitExceeded")
     obs = Observed(
         jobs=[failed, job(doc, "base", "Running")],
         pods={failed.name: PodFact(job=failed.name, phase="Failed", message="BuildError: out of memory")},
     )
-    st = plan(res_of(doc, st0), obs, now=NOW, renderers=RENDER).status
+    st = plan(res_of(doc, st0), obs, now=NOW, renderers=RENDER).status.wire()
     assert st["engines"]["redrafter"]["state"] == "Failed"
     u = resource(doc, st)
     assert verdicts(u) == ("Failed", "Degraded")
@@ -184,7 +184,7 @@ def test_a_serving_failure_is_failed_and_degraded() -> None:
         deployments={"redrafter": dep(NAME, "redrafter", k["redrafter"], ready=0)},
         serving_pods=[ServingPodFact.from_body(pod)],
     )
-    st = plan(res_of(doc), obs, now=NOW, renderers=RENDER).status
+    st = plan(res_of(doc), obs, now=NOW, renderers=RENDER).status.wire()
     u = resource(doc, st)
     assert verdicts(u) == ("Failed", "Degraded")
     assert "Insufficient nvidia.com/gpu" in argocd(u)[1]
@@ -214,8 +214,8 @@ def test_a_fallback_to_base_is_healthy_degraded_performance_not_an_outage() -> N
         },
     )
     targets = ServingTargets(active="base", replicas={"base": 1, "redrafter": 0})
-    st = plan(res_of(doc, served), on_base, now=LATER, renderers=RENDER, inputs=Inputs(targets=targets)).status
-    st = plan(res_of(doc, st), on_base, now=LATER, renderers=RENDER, inputs=Inputs(targets=targets)).status
+    st = plan(res_of(doc, served), on_base, now=LATER, renderers=RENDER, inputs=Inputs(targets=targets)).status.wire()
+    st = plan(res_of(doc, st), on_base, now=LATER, renderers=RENDER, inputs=Inputs(targets=targets)).status.wire()
     assert st["activeEngine"] == "base" and cond(st, "SpeculationHealthy")["status"] == "False"
     assert verdicts(resource(doc, st)) == ("Current", "Healthy")
     assert (cond(st, "Ready")["status"], cond(st, "Stalled")["status"]) == ("True", "False")
@@ -247,8 +247,8 @@ def test_a_spec_change_is_in_progress_until_the_new_generation_is_rolled_out() -
         service_pool="redrafter",
         applied={applied.name: manifest_hash(old_manifest)},
     )
-    st = plan(res_of(doc), obs, now=NOW, renderers=renderers).status
-    st = plan(res_of(doc, st), obs, now=NOW, renderers=renderers).status
+    st = plan(res_of(doc), obs, now=NOW, renderers=renderers).status.wire()
+    st = plan(res_of(doc, st), obs, now=NOW, renderers=renderers).status.wire()
     assert verdicts(resource(doc, st)) == ("Current", "Healthy")
 
     changed = body(validation__enabled=False, serving__nodeSelector={"gpu": "h100"})  # same engines, new template
@@ -257,7 +257,7 @@ def test_a_spec_change_is_in_progress_until_the_new_generation_is_rolled_out() -
     # the operator's first reconcile of generation 2: the Deployment in the index still has the old template
     ch = copy.deepcopy(changed)
     ch["metadata"]["generation"] = 2
-    st2 = plan(res_of(ch, st), obs, now=LATER, renderers=renderers).status
+    st2 = plan(res_of(ch, st), obs, now=LATER, renderers=renderers).status.wire()
     assert st2["observedGeneration"] == 2
     assert verdicts(resource(changed, st2, generation=2)) == ("InProgress", "Progressing")
     # the new template applied and rolled out: current again
@@ -268,17 +268,17 @@ def test_a_spec_change_is_in_progress_until_the_new_generation_is_rolled_out() -
     )
     # applied, the watch not showing the apply's result yet: the applier knows no manifest it carries
     obs.applied[applied.name] = ""
-    st_sent = plan(res_of(ch, st2), obs, now=LATER, renderers=renderers).status
+    st_sent = plan(res_of(ch, st2), obs, now=LATER, renderers=renderers).status.wire()
     assert verdicts(resource(changed, st_sent, generation=2)) == ("InProgress", "Progressing")
     obs.deployments["redrafter"] = dataclasses.replace(applied, generation=2, observed_generation=2)
     obs.applied[applied.name] = manifest_hash(new_manifest)
-    st3 = plan(res_of(ch, st2), obs, now=LATER, renderers=renderers).status
+    st3 = plan(res_of(ch, st2), obs, now=LATER, renderers=renderers).status.wire()
     assert verdicts(resource(changed, st3, generation=2)) == ("Current", "Healthy")
 
     rebuilt = body(validation__enabled=False, redrafter__numBeams=4)  # new engine: a build first
     rb = copy.deepcopy(rebuilt)
     rb["metadata"]["generation"] = 3
-    st4 = plan(res_of(rb, st3), obs, now=LATER, renderers=renderers).status
+    st4 = plan(res_of(rb, st3), obs, now=LATER, renderers=renderers).status.wire()
     assert cond(st4, "Reconciling")["reason"] == "Building"
     assert verdicts(resource(rebuilt, st4, generation=3)) == ("InProgress", "Progressing")
 
@@ -292,7 +292,7 @@ def test_validation_pending_is_in_progress() -> None:
 
 def test_an_invalid_spec_is_failed_and_degraded() -> None:
     doc = body(engine__maxSeqLen=100, engine__maxInputLen=200)
-    st = plan(res_of(doc), Observed(), now=NOW, renderers=RENDER).status
+    st = plan(res_of(doc), Observed(), now=NOW, renderers=RENDER).status.wire()
     u = resource(doc, st)
     assert verdicts(u) == ("Failed", "Degraded") and "maxInputLen" in argocd(u)[1]
 

@@ -48,7 +48,7 @@ CONTROLLER_LAYERS: list[str | set[str]] = [
     "targets",  # serving targets and the blue/green step
     "renderers",
     "reports",  # what the monitors hand the planner
-    {"validation", "serving_health", "gitops"},  # pure rules: the validation gate, serving failures, GitOps health
+    {"validation", "serving_health", "condition_set"},  # pure rules: the validation gate, serving failures, conditions
     "resource_io",  # what the reconciler and the monitors share
     "workqueue",
     {"apply", "metrics", "clock"},

@@ -172,11 +172,11 @@ def test_the_pool_is_applied_in_the_services_step_and_its_condition_follows_what
     pool = next(m for m in p.apply if m["kind"] == "InferencePool")
     svc = next(m for m in p.apply if m["kind"] == "Service" and m["metadata"]["name"] == "llama3-8b")
     assert pool["spec"]["selector"]["matchLabels"] == svc["spec"]["selector"]
-    assert find(p.status["conditions"], CONDITION)["reason"] == "Moving"
+    assert find(p.status.wire()["conditions"], CONDITION)["reason"] == "Moving"
     fact = ObjectFact.from_body(pool)  # what the watch-fed index keeps of it
     assert fact.pool == "redrafter"
-    p2 = run(doc, serving(doc, service="redrafter", routing=fact.pool), p.status)
-    c = find(p2.status["conditions"], CONDITION)
+    p2 = run(doc, serving(doc, service="redrafter", routing=fact.pool), p.status.wire())
+    c = find(p2.status.wire()["conditions"], CONDITION)
     assert (c["status"], c["reason"]) == ("True", "Selecting") and str(OPENAI_PORT) in c["message"]
     assert p2.delete == []
 
@@ -185,16 +185,16 @@ def test_turning_the_feature_off_deletes_the_pool_and_drops_the_condition():
     on = example(enabled=True, endpointPickerRef=PICKER)
     on["spec"]["validation"] = {"enabled": False}
     on["spec"]["speculation"] = {"mode": "Always"}
-    status = run(on, serving(on, service="redrafter", routing="redrafter")).status
+    status = run(on, serving(on, service="redrafter", routing="redrafter")).status.wire()
     assert find(status["conditions"], CONDITION)
     off = copy.deepcopy(on)
     off["spec"]["routing"]["inferencePool"]["enabled"] = False
     p = run(off, serving(off, service="redrafter", routing="redrafter"), status)
     assert [m for m in p.apply if m["kind"] == "InferencePool"] == []
     assert [(d["kind"], d["metadata"]["name"]) for d in p.delete] == [("InferencePool", "llama3-8b")]
-    assert find(p.status["conditions"], CONDITION) is None
+    assert find(p.status.wire()["conditions"], CONDITION) is None
     # gone: nothing left to delete
-    assert run(off, serving(off, service="redrafter", routing=None), p.status).delete == []
+    assert run(off, serving(off, service="redrafter", routing=None), p.status.wire()).delete == []
 
 
 def test_the_documented_pool_is_what_the_operator_renders():

@@ -175,7 +175,7 @@ def test_each_cause_shows_in_status_conditions_and_one_event(cause: str) -> None
     pods = [failing(fault)] if fault else []
     observed = _observed(doc, deployment(key=k["redrafter"], conditions=[dep_condition] if dep_condition else []), pods)
     first = plan(res_of(doc), observed, now=NOW, renderers=RENDER)
-    st = first.status
+    st = first.status.wire()
     failure = st["serving"]["failure"]
     assert failure["reason"] == cause and failure["deployment"] == f"{NAME}-redrafter"
     assert failure.get("pod") == (pods[0]["metadata"]["name"] if fault else None)
@@ -196,7 +196,7 @@ def test_each_cause_shows_in_status_conditions_and_one_event(cause: str) -> None
     ReDrafterDeploymentStatus.model_validate(st)
     # the next reconcile with the same cluster state: the same status, no second Event
     again = plan(res_of(doc, st), observed, now=LATER, renderers=RENDER)
-    assert again.status == st and again.events == []
+    assert again.status.wire() == st and again.events == []
 
 
 def test_deadline_names_the_pod_behind_it_and_a_new_pod_cause_is_a_new_event() -> None:
@@ -204,11 +204,14 @@ def test_deadline_names_the_pod_behind_it_and_a_new_pod_cause_is_a_new_event() -
     k = keys(doc)
     late = deployment(key=k["redrafter"], conditions=[progress_deadline_exceeded(f"{NAME}-redrafter-7d9f4c8b")])
     p1 = plan(res_of(doc), _observed(doc, late, [failing(Fault("ImagePullBackOff"))]), now=NOW, renderers=RENDER)
-    f1 = p1.status["serving"]["failure"]
+    f1 = p1.status.wire()["serving"]["failure"]
     assert f1["reason"] == "ImagePullBackOff" and "ProgressDeadlineExceeded" in f1["message"]
-    assert cond(p1.status, "Progressing")["status"] == "False"  # the Deployment controller gave up
+    assert cond(p1.status.wire(), "Progressing")["status"] == "False"  # the Deployment controller gave up
     p2 = plan(
-        res_of(doc, p1.status), _observed(doc, late, [failing(Fault("ErrImagePull"))]), now=LATER, renderers=RENDER
+        res_of(doc, p1.status.wire()),
+        _observed(doc, late, [failing(Fault("ErrImagePull"))]),
+        now=LATER,
+        renderers=RENDER,
     )
     assert [e.reason for e in p2.events] == ["ErrImagePull"]
 
@@ -221,10 +224,10 @@ def test_recovery_clears_the_failure_and_the_resource_becomes_ready() -> None:
         _observed(doc, deployment(key=k["redrafter"]), [failing(Fault("OOMKilled"))]),
         now=NOW,
         renderers=RENDER,
-    ).status
+    ).status.wire()
     healthy = _observed(doc, deployment(key=k["redrafter"], ready=1), [])
-    st = plan(res_of(doc, broken), healthy, now=LATER, renderers=RENDER).status
-    st = plan(res_of(doc, st), healthy, now=LATER, renderers=RENDER).status
+    st = plan(res_of(doc, broken), healthy, now=LATER, renderers=RENDER).status.wire()
+    st = plan(res_of(doc, st), healthy, now=LATER, renderers=RENDER).status.wire()
     assert "failure" not in st["serving"]
     assert cond(st, "Ready")["status"] == "True" and cond(st, "Stalled")["status"] == "False"
 
@@ -236,7 +239,9 @@ def test_a_canary_or_candidate_pod_failing_is_not_the_serving_cause() -> None:
         failing(Fault("CrashLoopBackOff"), name=f"{NAME}-canary-1", role="canary"),
         failing(Fault("CrashLoopBackOff"), name=f"{NAME}-candidate-1", role=names.ROLE_CANDIDATE),
     ]
-    st = plan(res_of(doc), _observed(doc, deployment(key=k["redrafter"]), others), now=NOW, renderers=RENDER).status
+    st = plan(
+        res_of(doc), _observed(doc, deployment(key=k["redrafter"]), others), now=NOW, renderers=RENDER
+    ).status.wire()
     assert "failure" not in st["serving"] and cond(st, "Progressing")["reason"] == "RollingOut"
 
 
@@ -281,6 +286,6 @@ def test_a_deployment_reason_outside_the_condition_reason_syntax_is_named_replic
         _observed(doc, deployment(key=keys(doc)["redrafter"], conditions=[odd]), []),
         now=NOW,
         renderers=RENDER,
-    ).status
+    ).status.wire()
     assert st["serving"]["failure"]["reason"] == "ReplicaFailure"
     ReDrafterDeploymentStatus.model_validate(st)  # the CRD's reason pattern holds

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Mapping, Self
 
-from pydantic import Field, WithJsonSchema
+from pydantic import Field, ValidationError, WithJsonSchema
 
 from .types import ApiModel
 
@@ -247,3 +247,31 @@ class ReDrafterDeploymentStatus(ApiModel):
     history: list[HistoryEntry] = Field(
         default_factory=list, max_length=HISTORY_LIMIT, description="Most recent engine switches (bounded)."
     )
+
+    @classmethod
+    def observed(cls, raw: Mapping[str, Any]) -> Self:
+        """The status as the API server holds it; a top-level field this version cannot read is left out
+        (written by hand, or by another version) rather than failing every reconcile of the resource."""
+        wire = {k: v for k, v in raw.items() if k in _WIRE_NAMES}
+        while True:
+            try:
+                return cls.from_wire(wire)
+            except ValidationError as exc:
+                bad = {str(e["loc"][0]) for e in exc.errors() if e["loc"]}
+                if not bad & set(wire):
+                    raise
+                wire = {k: v for k, v in wire.items() if k not in bad}
+
+    def with_wire(self, fields: Mapping[str, Any]) -> Self:
+        """This status with whole top-level fields replaced by ``fields`` (wire form, as a monitor reports them)."""
+        return self.from_wire({**self.wire(), **fields})
+
+    def wire(self) -> dict[str, Any]:
+        """The status as the API server stores it: the fields this status holds, camelCase, no nulls.
+
+        Fields left at their defaults and never set are left out, so a status read and written back is the
+        same document (and a reconcile that changes nothing writes nothing)."""
+        return self.model_dump(by_alias=True, exclude_unset=True, exclude_none=True, mode="json")
+
+
+_WIRE_NAMES = frozenset(f.alias or name for name, f in ReDrafterDeploymentStatus.model_fields.items())

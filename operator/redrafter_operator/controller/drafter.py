@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 from engine_jobs.contract import TrainingResult
 
+from ..api.status import DrafterStatus
 from ..policy.drafter_gate import DrafterFigures, judge
 from ..render.build import drafter_path
 from ..render.common import Owner
@@ -21,6 +22,7 @@ from .engines import TRAINING_REASONS, Stage, plan_stage
 from .facts import Observed
 from .plan_types import READY_STATES, EventSpec, Plan, Resource
 from .reports import TrainingReport
+from .status import Draft
 
 #: status.drafter fields a running training reports (copied from the pod's progress)
 PROGRESS_FIELDS = ("phase", "step", "totalSteps", "loss")
@@ -155,3 +157,8 @@ def waiting_engine(engine: Mapping[str, Any], drafter: Mapping[str, Any]) -> dic
         "state": "Pending",
         "message": f"waiting for the drafter {drafter['key']}: {drafter.get('state', 'Pending')}{progress}",
     }
+
+
+def drafter_part(draft: Draft, drafter: Mapping[str, Any]) -> None:
+    """``status.drafter``: the drafter concern's own part of the status (no condition of its own yet)."""
+    draft.status.drafter = DrafterStatus.from_wire(drafter)

@@ -418,6 +418,7 @@ class Observed:
     serving_pods: list[ServingPodFact] = field(default_factory=list)  # this resource's serving Pods
     service_pool: str | None = None  # traffic pool the stable Service selects now (None: no Service)
     routing_pool: str | None = None  # traffic pool the InferencePool <name> selects now (None: none observed)
+    routing_api_missing: bool = False  # the InferencePool write found no such API (its CRD is not installed)
     shared: dict[str, SharedArtifact] = field(default_factory=dict)  # by variant
     #: Deployment name -> hash of the manifest the observed object is known to carry (the applier's last
     #: server-side apply, once the watch shows its result and nobody changed the operator's fields since);

@@ -12,6 +12,7 @@ from typing import Any, Mapping, Protocol
 
 from engine_jobs.contract import Variant
 
+from ..api.status import ReDrafterDeploymentStatus
 from ..render import names
 from ..render.common import Owner
 
@@ -96,7 +97,7 @@ class EventSpec:
 
 @dataclass
 class Plan:
-    status: dict[str, Any]
+    status: ReDrafterDeploymentStatus
     create: list[dict[str, Any]] = field(default_factory=list)  # create-only, in order (build ConfigMap, Job)
     apply: list[dict[str, Any]] = field(default_factory=list)  # create-or-patch, in order
     delete: list[dict[str, Any]] = field(default_factory=list)  # children no longer wanted (apiVersion, kind, metadata)

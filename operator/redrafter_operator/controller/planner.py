@@ -4,30 +4,47 @@ No I/O here. The kopf layer feeds it facts from its indexes and applies the resu
 on the same inputs gives the same plan, and applying an already-applied plan writes nothing.
 
 One plan step, each part in its own module: the engines and their builds (:mod:`.engines`), the
-validation gate (:mod:`.gate`), the serving targets and the blue/green step toward them
-(:mod:`.targets`), the children rendered for that step, and the status that explains it (:mod:`.status`).
+validation gate (:mod:`.validation`), the serving targets and the blue/green step toward them
+(:mod:`.targets`), the children rendered for that step, and the typed status that explains it, one concern
+at a time (:mod:`.status`). The step is decided first (:func:`decide`: children, Jobs, Events); its status
+follows once the reconciler's applies answered (:func:`explain`), so one reconcile plans once and writes
+one status. :func:`plan` is both at once, for what applies nothing.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from engine_jobs.contract import VARIANTS
 
 from ..api.engine_key import engine_keys as engine_keys_of
 from ..api.spec import ReDrafterDeploymentSpec, parse_spec
+from ..api.status import ReDrafterDeploymentStatus
 from ..render.common import Owner, in_engine_concurrency
 from . import routing
 from .collection import collection_children
-from .conditions import merge_conditions
-from .drafter import plan_drafter, waiting_engine
+from .conditions import Cond
+from .drafter import drafter_part, plan_drafter, waiting_engine
 from .engines import engine_stage, plan_engine
 from .facts import Observed
 from .fingerprints import manifest_hash
-from .plan_types import READY_STATES, Plan, Renderers, Resource, ServingTargets
+from .plan_types import READY_STATES, EventSpec, Plan, Renderers, Resource, ServingTargets
 from .reports import RetentionReport, SpeculationReport, TrainingReport
-from .status import invalid_plan, resource_status, schedulable, status_events, unplaced_message
+from .status import (
+    Decided,
+    Draft,
+    engines_part,
+    finish,
+    invalid_plan,
+    placement_part,
+    progress_part,
+    serving_part,
+    speculation_part,
+    status_events,
+    unplaced_message,
+    validation_part,
+)
 from .targets import default_targets, deployable_key, plan_switch
 from .validation import gate_from_status, operator_image, plan_validation, promotion_state
 
@@ -42,6 +59,22 @@ class Inputs:
     training: TrainingReport | None = None
 
 
+@dataclass
+class Step:
+    """One decided plan step: its children, and what its status will explain once the applies answered."""
+
+    res: Resource
+    plan: Plan
+    inputs: Inputs = Inputs()
+    decided: Decided | None = None  # None: an invalid spec, whose status is final already
+    drafter: dict[str, Any] | None = None
+    validated: dict[str, Any] = field(default_factory=dict)  # the observed status with this step's validation
+    validation_events: list[EventSpec] = field(default_factory=list)
+    validation_condition: Cond | None = None  # Validated, when this step changes it
+    routed: bool = False  # the InferencePool is rendered (its condition is this step's)
+    now: str = ""
+
+
 def plan(
     res: Resource,
     observed: Observed,
@@ -54,7 +87,34 @@ def plan(
     image: str | None = None,
     engine_keys: Mapping[str, str] | None = None,
 ) -> Plan:
-    """The whole desired state of one resource: children, one status, Events.
+    """The whole desired state of one resource: children, one status, Events (:func:`decide`, then :func:`explain`)."""
+    step = decide(
+        res,
+        observed,
+        now=now,
+        renderers=renderers,
+        spec=spec,
+        errors=errors,
+        inputs=inputs,
+        image=image,
+        engine_keys=engine_keys,
+    )
+    return explain(step, observed)
+
+
+def decide(
+    res: Resource,
+    observed: Observed,
+    *,
+    now: str,
+    renderers: Renderers,
+    spec: ReDrafterDeploymentSpec | None = None,
+    errors: list[str] | None = None,
+    inputs: Inputs = Inputs(),
+    image: str | None = None,
+    engine_keys: Mapping[str, str] | None = None,
+) -> Step:
+    """The children of one resource's plan step, and what its status needs.
 
     ``spec`` is the resource's parsed spec (the reconciler parses it once per change); None with ``errors``
     for an invalid one. Parsed here when neither is given (unit use). ``image``: what validation Jobs run in;
@@ -63,10 +123,10 @@ def plan(
     if spec is None and not errors:
         spec, errors = parse_spec(dict(res.spec))
     if errors or spec is None:
-        return invalid_plan(res, errors or ["spec is invalid"], now)
+        return Step(res, invalid_plan(res.status, res.generation, errors or ["spec is invalid"], now))
     owner = Owner(res.name, res.namespace, res.uid, spec, res.generation)
     old_status = dict(res.status)
-    result = Plan(status={})
+    result = Plan(status=ReDrafterDeploymentStatus())
     keys = dict(engine_keys) if engine_keys else engine_keys_of(spec)
     drafter = (
         plan_drafter(res, owner, observed, result, keys["drafter"], inputs.training) if "drafter" in keys else None
@@ -120,50 +180,54 @@ def plan(
         apply, delete = collection_children(inputs.retention.claim)
         result.apply += apply
         result.delete += delete
-    status_res = Resource(res.name, res.namespace, res.uid, res.generation, res.spec, res.annotations, current)
-    result.status = resource_status(
-        status_res,
-        spec,
-        observed,
-        engines=engines,
-        targets=tgt,
-        step=step,
-        deploy=deploy,
-        gate=gate,
-        stable=stable,
-        candidate=candidate,
-        now=now,
-        applied={m["metadata"]["name"]: manifest_hash(m) for m in result.apply if m.get("kind") == "Deployment"},
-        unplaced=unplaced_message(result),
+    decided = Decided(spec, engines, tgt, step, deploy, gate, stable, candidate, unplaced_message(result))
+    return Step(
+        res,
+        result,
+        inputs,
+        decided,
+        drafter,
+        current,
+        validation.events,
+        validation.condition,
+        renderers.inference_pool is not None,
+        now,
     )
-    placement, placement_event = schedulable(old_status, result, observed)
-    if placement is not None:
-        result.status["conditions"] = merge_conditions(
-            result.status["conditions"], [placement], generation=res.generation, now=now
-        )
-    if placement_event is not None:
-        result.events.append(placement_event)
-    if drafter is not None:
-        result.status["drafter"] = drafter
-    if renderers.inference_pool:
-        result.status = routing.with_condition(
-            result.status, routing.condition(spec, res.name, observed, step.pool), generation=res.generation, now=now
-        )
-    if inputs.speculation is not None and inputs.speculation.uid in (res.uid, ""):
-        report = inputs.speculation
-        result.status.update(report.fields)
-        if report.condition is not None:
-            result.status["conditions"] = merge_conditions(
-                result.status["conditions"], [report.condition], generation=res.generation, now=now
-            )
-        result.events += report.events
-    measured = current.get("validation") or {}
-    if measured.get("state") == "Passed" and measured.get("crossoverConcurrency") is not None:
-        # the crossover the validation Job measured beats the cost model's
-        result.status["speculation"] = {
-            **(result.status.get("speculation") or {}),
-            "crossoverConcurrency": measured["crossoverConcurrency"],
-        }
-    result.events += validation.events
-    status_events(old_status, result.status, result)
+
+
+def explain(s: Step, observed: Observed) -> Plan:
+    """The step's status, one concern at a time, and the Events its changes mean (after the applies: the
+    Deployments' carried manifests and a missing InferencePool API are facts by then)."""
+    result, res, d = s.plan, s.res, s.decided
+    if d is None:
+        return result
+    draft = Draft.of(res.status)
+    draft.marks.mark("SpecValid", "True", "Valid", "spec is valid")
+    engines_part(draft, d.engines, d.unplaced)
+    applied = {m["metadata"]["name"]: manifest_hash(m) for m in result.apply if m.get("kind") == "Deployment"}
+    rollout = serving_part(draft, res.name, observed, d, applied)
+    invalid = validation_part(draft, s.validated, d)
+    draft.marks.set(s.validation_condition)
+    progress_part(draft, res.name, d, rollout, invalid)
+    placed = placement_part(draft, result, observed)
+    if placed is not None:
+        result.events.append(placed)
+    if s.drafter is not None:
+        drafter_part(draft, s.drafter)
+    pool_missing = None
+    if s.routed:
+        cond = routing.condition(d.spec, res.name, observed, d.step.pool)
+        if cond is None:
+            draft.marks.remove(routing.CONDITION)
+        else:
+            draft.marks.set(cond)
+        pool_missing = routing.crd_missing_event(draft.old, cond)
+    report = s.inputs.speculation
+    mine = report if report is not None and report.uid in (res.uid, "") else None
+    result.events += speculation_part(draft, d.spec, mine, s.validated.get("validation") or {})
+    result.status = finish(draft, res.generation, s.now)
+    result.events += s.validation_events
+    status_events(res.status, result.status.wire(), result)
+    if pool_missing is not None:
+        result.events.append(pool_missing)
     return result

@@ -21,7 +21,7 @@ import copy
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping, MutableMapping
 
 from ..api import KIND
 from ..api.engine_key import engine_keys
@@ -34,10 +34,9 @@ from .facts import DeploymentFact, JobFact, Observed
 from .metrics import OperatorMetrics
 from .observe import BuildClaim, ClaimRef, FailedPodMessages, cache_of, child_state, observe
 from .plan_types import EventSpec, Plan, Renderers, Resource, ServingTargets
-from .planner import Inputs, plan
+from .planner import Inputs, decide, explain
 from .reports import RetentionReport, SpeculationReport, TrainingReport
 from .resource_io import Monitor, index_entries, now_rfc3339, post_event, status_path
-from .routing import CRD_MISSING_MESSAGE, crd_missing
 from .workqueue import ResourceKey, WorkQueue
 
 log = logging.getLogger("redrafter_operator.controller")
@@ -54,6 +53,67 @@ class ControllerSettings:
 
 
 @dataclass
+class Tracked:
+    """What the controller keeps of one resource, in one record dropped at once when the resource is deleted."""
+
+    body: dict[str, Any]  # newest body, as the watch delivered it
+    #: (raw spec, parsed spec or None, its errors, engine keys), redone when the raw spec changes
+    parsed: tuple[Any, ReDrafterDeploymentSpec | None, list[str], dict[str, str]] | None = None
+    written: dict[str, Any] | None = None  # last status written, until the watch echoes it
+    inputs: Inputs = field(default_factory=Inputs)  # the monitors' newest reports (and targets set by hand)
+    events: list[EventSpec] = field(default_factory=list)  # handed over, posted by the next reconcile
+    annotate: list[tuple[dict[str, Any], dict[str, str]]] = field(default_factory=list)  # handed over, likewise
+    waiting: set[tuple[str, str]] = field(default_factory=set)  # {(claim, path)} of the builds it waits for
+    unplaced: bool = False  # a GPU Job no node could run at its last plan
+    failures: int = 0  # reconciles failed in a row (the backoff)
+
+
+class _Bodies(MutableMapping[ResourceKey, dict[str, Any]]):
+    """The newest body of each tracked resource (what a monitor reads), a view of the records."""
+
+    def __init__(self, records: dict[ResourceKey, Tracked]) -> None:
+        self._records = records
+
+    def __getitem__(self, key: ResourceKey) -> dict[str, Any]:
+        return self._records[key].body
+
+    def __setitem__(self, key: ResourceKey, body: dict[str, Any]) -> None:
+        record = self._records.get(key)
+        if record is None:
+            self._records[key] = Tracked(body)
+        else:
+            record.body = body
+
+    def __delitem__(self, key: ResourceKey) -> None:
+        del self._records[key]
+
+    def __iter__(self) -> Iterator[ResourceKey]:
+        return iter(self._records)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+
+class _Written(Mapping[ResourceKey, dict[str, Any]]):
+    """The status last written of each resource whose watch has not echoed it yet, a view of the records."""
+
+    def __init__(self, records: dict[ResourceKey, Tracked]) -> None:
+        self._records = records
+
+    def __getitem__(self, key: ResourceKey) -> dict[str, Any]:
+        written = self._records[key].written
+        if written is None:
+            raise KeyError(key)
+        return written
+
+    def __iter__(self) -> Iterator[ResourceKey]:
+        return (k for k, r in self._records.items() if r.written is not None)
+
+    def __len__(self) -> int:
+        return sum(1 for r in self._records.values() if r.written is not None)
+
+
+@dataclass
 class Controller:
     """Process-wide state of one running operator (kept in kopf's memo)."""
 
@@ -64,22 +124,15 @@ class Controller:
     clock: Clock = field(default_factory=SystemClock)
 
     def __post_init__(self) -> None:
-        self.bodies: dict[ResourceKey, dict[str, Any]] = {}
-        #: per resource: (raw spec, parsed spec or None, its errors, engine keys), redone when the raw spec changes
-        self.specs: dict[ResourceKey, tuple[Any, ReDrafterDeploymentSpec | None, list[str], dict[str, str]]] = {}
+        self.resources: dict[ResourceKey, Tracked] = {}  # one record per resource
+        self.bodies = _Bodies(self.resources)
+        self.written = _Written(self.resources)
         self.queue = WorkQueue(self.clock)
         self.indexes: Mapping[str, Any] = {}
         self.claims: dict[ClaimRef, BuildClaim] = {}  # builds started here, until their Job is seen
-        self.written: dict[ResourceKey, dict[str, Any]] = {}  # last status written, until the watch echoes it
-        self.inputs: dict[ResourceKey, Inputs] = {}  # the monitors' newest reports (and targets set by hand)
-        self._pending_events: dict[ResourceKey, list[EventSpec]] = {}  # handed over, posted by the next reconcile
-        self._pending_annotations: dict[ResourceKey, list[tuple[dict[str, Any], dict[str, str]]]] = {}
-        self.waiting: dict[ResourceKey, set[tuple[str, str]]] = {}  # resource -> {(claim, path)} it waits for
         self._waiters: dict[tuple[str, str, str], set[ResourceKey]] = {}  # (namespace, claim, path) -> who waits
         self._by_label: dict[tuple[str, str], set[ResourceKey]] = {}  # (namespace, owner label value) -> resources
-        self.unplaced: set[ResourceKey] = set()  # resources with a GPU Job no node could run at their last plan
         self._nodes: dict[str, Node] = {}  # what placement last read of each Node
-        self.failures: dict[ResourceKey, int] = {}
         self.monitors: list[Monitor] = []
         self._next_run: dict[tuple[ResourceKey | None, int], float] = {}
         self._running: set[tuple[ResourceKey | None, int]] = set()  # (resource or None, monitor) slots in flight
@@ -122,24 +175,26 @@ class Controller:
         self, key: ResourceKey, body: Mapping[str, Any]
     ) -> tuple[ReDrafterDeploymentSpec | None, list[str], dict[str, str]]:
         raw = body.get("spec") or {}
-        cached = self.specs.get(key)
+        record = self.resources.get(key)
+        cached = record.parsed if record else None
         if cached is None or cached[0] != raw:
             spec, errors = parse_spec(dict(raw))
-            cached = self.specs[key] = (copy.deepcopy(raw), spec, errors, engine_keys(spec))
+            cached = (copy.deepcopy(raw), spec, errors, engine_keys(spec))
+            if record is not None:
+                record.parsed = cached
         return cached[1], cached[2], cached[3]
 
     def hand_over(self, key: ResourceKey, report: Any) -> None:
         """A monitor's newest report; its Events and annotations wait for the next reconcile, which is woken
         when the report changes what that reconcile would plan."""
-        if key not in self.bodies:
+        record = self.resources.get(key)
+        if record is None:
             return
         events = list(getattr(report, "events", ()) or ())
         annotate = list(getattr(report, "annotate", ()) or ())
-        if events:
-            self._pending_events.setdefault(key, []).extend(events)
-        if annotate:
-            self._pending_annotations.setdefault(key, []).extend(annotate)
-        old = self.inputs.get(key, Inputs())
+        record.events += events
+        record.annotate += annotate
+        old = record.inputs
         if isinstance(report, SpeculationReport):
             new = replace(old, speculation=replace(report, events=()))
         elif isinstance(report, RetentionReport):
@@ -148,7 +203,7 @@ class Controller:
             new = replace(old, training=report)
         else:
             raise TypeError(f"unknown report {type(report).__name__}")
-        self.inputs[key] = new
+        record.inputs = new
         if new != old or events or annotate:
             self.queue.add(key)
 
@@ -156,9 +211,9 @@ class Controller:
         """Ask for an active engine + replicas per variant by hand (over the policy's); the next reconcile
         applies it blue/green through the validation gate."""
         key = (namespace, name)
-        old = self.inputs.get(key, Inputs())
-        if old.targets != targets:
-            self.inputs[key] = replace(old, targets=targets)
+        record = self.resources.get(key)
+        if record is not None and record.inputs.targets != targets:
+            record.inputs = replace(record.inputs, targets=targets)
             self.queue.add(key)
 
     def add_monitor(self, monitor: Monitor) -> None:
@@ -173,19 +228,10 @@ class Controller:
         meta = raw.get("metadata") or {}
         key = (meta.get("namespace") or "default", meta.get("name", ""))
         if event_type == "DELETED":
-            if self.bodies.pop(key, None) is not None:
+            if key in self.resources:
                 _discard(self._by_label, (key[0], names.label_value(key[1])), key)
-            for memory in (
-                self.written,
-                self.specs,
-                self.inputs,
-                self._pending_events,
-                self._pending_annotations,
-                self.failures,
-            ):
-                memory.pop(key, None)
-            self.unplaced.discard(key)
-            self._set_waiting(key, set())
+                self._set_waiting(key, set())
+                del self.resources[key]
             for monitor in self.monitors:
                 monitor.forget(key)
             self.metrics.forget_resource(*key)
@@ -194,11 +240,14 @@ class Controller:
             self.metrics.resources.set(len(self.bodies))
             return
         body = copy.deepcopy(dict(raw))
-        written = self.written.get(key)
-        if written is not None and _same_status(body.get("status") or {}, written):
-            self.written.pop(key, None)  # the watch caught up with our last write
-        old = self.bodies.get(key)
-        self.bodies[key] = body
+        record = self.resources.get(key)
+        old = record.body if record else None
+        if record is None:
+            record = self.resources[key] = Tracked(body)
+        else:
+            record.body = body
+        if record.written is not None and _same_status(body.get("status") or {}, record.written):
+            record.written = None  # the watch caught up with our last write
         if old is None:
             self._by_label.setdefault((key[0], names.label_value(key[1])), set()).add(key)
         self.metrics.resources.set(len(self.bodies))
@@ -246,7 +295,7 @@ class Controller:
             changed = self._nodes.get(node.name) != node
             self._nodes[node.name] = node
         if changed:
-            for key in self.unplaced:
+            for key in [k for k, r in self.resources.items() if r.unplaced]:
                 self.queue.add(key)
 
     def _enqueue_owner(self, ns: str, owner_label: str) -> None:
@@ -255,12 +304,14 @@ class Controller:
 
     def _set_waiting(self, key: ResourceKey, waits: set[tuple[str, str]]) -> None:
         """Which artifacts (claim, path) ``key`` waits for, and the reverse map a Job event looks up."""
-        for claim, path in self.waiting.pop(key, set()) - waits:
+        record = self.resources.get(key)
+        if record is None:
+            return
+        for claim, path in record.waiting - waits:
             _discard(self._waiters, (key[0], claim, path), key)
         for claim, path in waits:
             self._waiters.setdefault((key[0], claim, path), set()).add(key)
-        if waits:
-            self.waiting[key] = waits
+        record.waiting = waits
 
     def _fill_applied(self, namespace: str, observed: Observed) -> None:
         """Which manifest each observed Deployment carries, as far as this process's applies tell."""
@@ -344,12 +395,15 @@ class Controller:
                 var.set(value)
             try:
                 await self.reconcile(key)
-                self.failures.pop(key, None)
+                if key in self.resources:
+                    self.resources[key].failures = 0
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                failures = self.failures.get(key, 0) + 1
-                self.failures[key] = failures
+                record = self.resources.get(key)
+                failures = (record.failures if record else 0) + 1
+                if record is not None:
+                    record.failures = failures
                 delay = min(MAX_BACKOFF, 0.5 * 2 ** (failures - 1))
                 reason = exc.reason if isinstance(exc, ApiError) else type(exc).__name__
                 self.metrics.reconciles.labels("error").inc()
@@ -364,15 +418,14 @@ class Controller:
 
     async def reconcile(self, key: ResourceKey) -> Plan | None:
         """Observe, plan, apply the children, patch status once if it changed, post the Events."""
-        body = self.bodies.get(key)
-        if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+        record = self.resources.get(key)
+        if record is None or (record.body.get("metadata") or {}).get("deletionTimestamp"):
             return None
+        body = record.body
         started = time.perf_counter()
         res = Resource.from_body(body)
-        if key in self.written:
-            res = Resource(
-                res.name, res.namespace, res.uid, res.generation, res.spec, res.annotations, self.written[key]
-            )
+        if record.written is not None:
+            res = Resource(res.name, res.namespace, res.uid, res.generation, res.spec, res.annotations, record.written)
         spec, errors, keys = self._parsed(key, body)
         claim, paths = cache_of(spec, keys)
         observed = observe(
@@ -387,21 +440,18 @@ class Controller:
         await self.failed_pods.fill(res.namespace, observed)
         await self.failed_pods.fill_validation(res.namespace, observed)
         self._fill_applied(res.namespace, observed)
-        inputs = self.inputs.get(key, Inputs())
-
-        def planned() -> Plan:
-            return plan(
-                res,
-                observed,
-                now=now_rfc3339(self.clock),
-                renderers=self.renderers,
-                spec=spec,
-                errors=errors,
-                inputs=inputs,
-                engine_keys=keys,
-            )
-
-        result = planned()
+        inputs = record.inputs
+        step = decide(
+            res,
+            observed,
+            now=now_rfc3339(self.clock),
+            renderers=self.renderers,
+            spec=spec,
+            errors=errors,
+            inputs=inputs,
+            engine_keys=keys,
+        )
+        result = step.plan
         # Claim builds before the first await: a concurrent reconcile of another resource sharing the
         # cache sees the claim and waits for this Job instead of starting its own.
         for claim_name, path, job in result.claims:
@@ -411,34 +461,23 @@ class Controller:
             variant = (manifest["metadata"].get("labels") or {}).get(names.LABEL_VARIANT)
             if created and manifest["kind"] == "Job" and variant:  # a build Job
                 self.metrics.builds.labels(variant, "started").inc()
-        replan = pool_missing = False
         for manifest in result.apply:
             try:
-                sent = await self.applier.ensure(manifest)
+                await self.applier.ensure(manifest)
             except ApiError as exc:
                 # An API the cluster does not serve answers 404 to the write: only the optional InferencePool
-                # may be missing; say so in status (and an Event) instead of failing the whole reconcile.
+                # may be missing; its condition says so instead of failing the whole reconcile.
                 if exc.status != 404 or manifest["kind"] != "InferencePool":
                     raise
-                pool_missing = True
-                continue
-            replan = replan or (sent and manifest["kind"] == "Deployment")
-        if replan:
-            # The status was planned before these applies; their answers say whether each Deployment already
-            # carried its manifest (an apply that changed nothing, e.g. the first one after a restart) or
-            # now rolls out a new template. Plan again (pure; the children are the same) for the status.
-            self._fill_applied(res.namespace, observed)
-            again = planned()
-            result.status, result.events = again.status, again.events
-        if pool_missing:
-            result.status, news = crd_missing(
-                res.status, result.status, generation=res.generation, now=now_rfc3339(self.clock)
-            )
-            if news:
-                result.events.append(EventSpec("Warning", "InferencePoolCRDMissing", CRD_MISSING_MESSAGE))
+                observed.routing_api_missing = True
+        # The applies' answers are facts for the status: whether each Deployment now carries its manifest
+        # (an apply that changed nothing, e.g. the first one after a restart) or rolls out a new template.
+        self._fill_applied(res.namespace, observed)
+        result = explain(step, observed)
         for manifest in result.delete:
             await self.applier.delete(manifest)
-        annotate = [*result.annotate, *self._pending_annotations.pop(key, [])]
+        annotate = [*result.annotate, *record.annotate]
+        record.annotate = []
         for i, (ref, marks) in enumerate(annotate):
             try:
                 await self.client.request(
@@ -449,21 +488,22 @@ class Controller:
                 )
             except ApiError as exc:
                 if exc.status != 404:  # gone already: nothing to mark
-                    self._pending_annotations.setdefault(key, []).extend(annotate[i:])
+                    record.annotate[:0] = annotate[i:]
                     raise
-        self._set_waiting(
-            key, {(claim, e["path"]) for e in result.status.get("engines", {}).values() if e.get("state") == "Building"}
-        )
-        passed_now = (result.status.get("validation") or {}).get("state") == "Passed"
-        if passed_now and (res.status.get("validation") or {}).get("state") != "Passed":
+        engines = (result.status.engines.redrafter, result.status.engines.base)
+        self._set_waiting(key, {(claim, e.path) for e in engines if e and e.path and e.state == "Building"})
+        validation = result.status.validation
+        if (
+            validation
+            and validation.state == "Passed"
+            and (res.status.get("validation") or {}).get("state") != "Passed"
+        ):
             # a pair just passed: the policy may now choose the ReDrafter engine; it need not wait its interval
             self._monitors_soon(key)
-        if result.unplaced:
-            self.unplaced.add(key)
-        else:
-            self.unplaced.discard(key)
+        record.unplaced = bool(result.unplaced)
         current = {k: v for k, v in res.status.items() if k != "kopf"}
-        patch = merge_patch(current, result.status)
+        status = result.status.wire()
+        patch = merge_patch(current, status)
         if patch:
             try:
                 await self.client.request(
@@ -476,11 +516,12 @@ class Controller:
                 if exc.status == 404:  # deleted meanwhile
                     return result
                 raise
-            self.written[key] = result.status
-        for ev in [*result.events, *self._pending_events.pop(key, [])]:
+            record.written = status
+        pending, record.events = record.events, []
+        for ev in [*result.events, *pending]:
             post_event(body, ev.type, ev.reason, ev.message)
-        self.metrics.on_transition(res.namespace, res.name, current, result.status)
-        self.metrics.observe_resource(res.namespace, res.name, res.spec, result.status)
+        self.metrics.on_transition(res.namespace, res.name, current, status)
+        self.metrics.observe_resource(res.namespace, res.name, res.spec, status)
         self.metrics.reconciles.labels("ok").inc()
         self.metrics.duration.observe(time.perf_counter() - started)
         return result

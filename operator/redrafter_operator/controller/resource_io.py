@@ -30,8 +30,14 @@ DEFAULT_INTERVAL_SECONDS = 30.0
 class Host(Protocol):
     """What a monitor may use of the running controller (:class:`~.reconciler.Controller` has it all)."""
 
-    bodies: dict[ResourceKey, dict[str, Any]]  # newest body per resource, as the watch delivered it
-    written: dict[ResourceKey, dict[str, Any]]  # the status last written, until the watch echoes it
+    @property
+    def bodies(self) -> Mapping[ResourceKey, dict[str, Any]]:
+        """The newest body per resource, as the watch delivered it."""
+
+    @property
+    def written(self) -> Mapping[ResourceKey, dict[str, Any]]:
+        """The status last written per resource, until the watch echoes it."""
+
     indexes: Mapping[str, Any]  # the kopf indexes by id
     clock: Clock
 

@@ -14,8 +14,9 @@ from engine_jobs.contract import OPENAI_PORT
 from ..api.spec import ReDrafterDeploymentSpec
 from ..render import inference_pool as ip
 from ..render import names
-from .conditions import Cond, find, merge_conditions
+from .conditions import Cond, find
 from .facts import Observed
+from .plan_types import EventSpec
 
 CONDITION = "InferencePoolReady"
 REASON_CRD_MISSING = "CRDNotInstalled"
@@ -43,6 +44,8 @@ def condition(spec: ReDrafterDeploymentSpec, name: str, observed: Observed, pool
     """``InferencePoolReady`` for this step (None when the feature is off: the condition is removed)."""
     if not enabled(spec):
         return None
+    if observed.routing_api_missing:
+        return Cond(CONDITION, "False", REASON_CRD_MISSING, CRD_MISSING_MESSAGE)
     if pool is None:
         return Cond(
             CONDITION, "False", "NoServingPool", "no engine serves yet: the InferencePool is created with the Service"
@@ -57,18 +60,13 @@ def condition(spec: ReDrafterDeploymentSpec, name: str, observed: Observed, pool
     return Cond(CONDITION, "False", "Moving", f"moving {ip.KIND} {names.service_name(name)} to the {pool} pods")
 
 
-def with_condition(status: Mapping[str, Any], cond: Cond | None, *, generation: int, now: str) -> dict[str, Any]:
-    """``status`` with ``cond`` set, or with the condition removed when ``cond`` is None."""
-    old = [c for c in status.get("conditions") or [] if cond is not None or c.get("type") != CONDITION]
-    return {**status, "conditions": merge_conditions(old, [cond] if cond else [], generation=generation, now=now)}
-
-
-def crd_missing(
-    old_status: Mapping[str, Any], status: Mapping[str, Any], *, generation: int, now: str
-) -> tuple[dict[str, Any], bool]:
-    """The status after the InferencePool write found no such API, and whether that is news (post an Event)."""
+def crd_missing_event(old_status: Mapping[str, Any], cond: Cond | None) -> EventSpec | None:
+    """A Warning the first time the InferencePool write finds no such API (not once per reconcile)."""
+    if cond is None or cond.reason != REASON_CRD_MISSING:
+        return None
     prev = find(old_status.get("conditions") or [], CONDITION)
-    news = not prev or prev.get("reason") != REASON_CRD_MISSING
-    return with_condition(
-        status, Cond(CONDITION, "False", REASON_CRD_MISSING, CRD_MISSING_MESSAGE), generation=generation, now=now
-    ), news
+    return (
+        None
+        if prev and prev.get("reason") == REASON_CRD_MISSING
+        else EventSpec("Warning", "InferencePoolCRDMissing", CRD_MISSING_MESSAGE)
+    )

@@ -4,7 +4,7 @@ already wrote, named with its Pod (or Deployment), reason and message.
 Without it every one of these looks like a rollout in progress until someone reads the Pods: the
 operator watches its serving Pods and Deployments (:mod:`.facts`) and turns the first failure of the
 variants it wants running into ``status.serving.failure``, the Available/Progressing reasons, the
-GitOps conditions (:mod:`.gitops`) and one Event per cause.
+GitOps conditions (:mod:`.condition_set`) and one Event per cause.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from ..api.status import ServingFailure as FailureStatus
 from .facts import Observed
 
 PROGRESS_DEADLINE = "ProgressDeadlineExceeded"
@@ -35,9 +36,8 @@ class ServingFailure:
         where = f"pod {self.pod}" if self.pod else f"Deployment {self.deployment}"
         return f"{where}: {self.reason}" + (f": {self.message}" if self.message else "")
 
-    def as_status(self) -> dict[str, Any]:
-        out = {"reason": self.reason, "message": self.message, "deployment": self.deployment}
-        return {**out, "pod": self.pod} if self.pod else out
+    def as_status(self) -> FailureStatus:
+        return FailureStatus(reason=self.reason, message=self.message, deployment=self.deployment, pod=self.pod or None)
 
     @classmethod
     def from_status(cls, serving: Mapping[str, Any] | None) -> "ServingFailure | None":

@@ -1,22 +1,35 @@
-"""The status the planner writes (pure): conditions, phase and serving summary, and the Events its changes mean.
+"""The status one plan step writes (pure), one concern at a time, and the Events its changes mean.
 
-Conditions follow metav1.Condition (see :mod:`.conditions` for the bookkeeping); the phase is a summary
-of them for ``kubectl get``. An invalid spec gets its own status (:func:`invalid_plan`) that leaves the
-running children alone.
+A :class:`Draft` holds the typed status read from the cluster and the conditions the concerns mark. Each concern
+fills its own part and marks its own condition: the engines (``engines``, EnginesReady), serving (``serving``,
+``activeEngine``, Available), validation (``validation``, Validated), the rollout (Progressing), placement
+(Schedulable), speculation (``speculation``, ``policy``, ``history``, SpeculationHealthy); the drafter
+(:mod:`.drafter`) and routing (:mod:`.routing`) mark theirs through the same draft. :func:`finish` derives Ready,
+Reconciling and Stalled (:mod:`.condition_set`), the phase, and returns the :class:`ReDrafterDeploymentStatus`.
+An invalid spec gets its own status (:func:`invalid_plan`) that leaves the running children alone.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from engine_jobs.contract import VARIANTS
 
 from ..api.spec import ReDrafterDeploymentSpec
+from ..api.status import (
+    EnginesStatus,
+    Phase,
+    ReDrafterDeploymentStatus,
+    ServingStatus,
+    ValidationStatus,
+)
 from ..render import names
-from .conditions import Cond, find, merge_conditions
+from .condition_set import CONDITIONS, Marks
+from .conditions import find
 from .facts import DeploymentFact, Observed
-from .gitops import gitops_conditions
-from .plan_types import EventSpec, Plan, Resource, ServingTargets
+from .plan_types import EventSpec, Plan, ServingTargets
+from .reports import SpeculationReport
 from .serving_health import ServingFailure, serving_failure
 from .targets import ServingPlan
 from .validation import ANNOTATION_RETRY_VALIDATION, Gate
@@ -24,47 +37,109 @@ from .validation import ANNOTATION_RETRY_VALIDATION, Gate
 NO_MATCHING_GPU_NODES = "NoMatchingGPUNodes"
 
 
-def resource_status(
-    res: Resource,
-    spec: ReDrafterDeploymentSpec,
-    observed: Observed,
-    *,
-    engines: Mapping[str, Mapping[str, Any]],
-    targets: ServingTargets,
-    step: ServingPlan,
-    deploy: Mapping[str, str | None],
-    gate: Gate | None,
-    stable: str | None,
-    candidate: str | None,
-    now: str,
-    applied: Mapping[str, str] | None = None,
-    unplaced: str | None = None,
-) -> dict[str, Any]:
-    """The whole status after one plan step: what serves, how ready, and why (conditions and phase).
+@dataclass
+class Draft:
+    """The status a plan step builds: the observed status (wire and typed) and what the concerns mark."""
 
-    ``applied`` maps each Deployment this step applies to its manifest hash: a Deployment not known to
-    carry it (``observed.applied``) has not seen this step's spec yet, so its rollout is not complete
-    however Ready it is. ``unplaced``: why GPU Jobs this step needs were not created (no node could run
-    them), as the Schedulable condition says it.
+    old: dict[str, Any]
+    status: ReDrafterDeploymentStatus
+    marks: Marks = field(default_factory=Marks)
+    phase: Phase | None = None
+
+    @classmethod
+    def of(cls, observed: Mapping[str, Any]) -> "Draft":
+        old = {k: v for k, v in observed.items() if k != "kopf"}
+        return cls(old, ReDrafterDeploymentStatus.observed(old))
+
+
+@dataclass(frozen=True)
+class Decided:
+    """What one plan step decided, that its status explains: engines, the serving step, the gate."""
+
+    spec: ReDrafterDeploymentSpec
+    engines: Mapping[str, Mapping[str, Any]]
+    targets: ServingTargets
+    step: ServingPlan
+    deploy: Mapping[str, str | None]
+    gate: Gate | None
+    stable: str | None
+    candidate: str | None
+    unplaced: str | None = None  # why GPU Jobs this step needs were not created (no node could run them)
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """What the serving concern found, that the rollout's progress and the phase read."""
+
+    active: str | None
+    want: int
+    ready: int
+    settled: bool
+    failure: ServingFailure | None
+
+    @property
+    def available(self) -> bool:
+        return self.ready >= 1
+
+
+# ---- engines ---------------------------------------------------------------------------------------------
+def engines_part(draft: Draft, engines: Mapping[str, Mapping[str, Any]], unplaced: str | None) -> None:
+    """``status.engines`` and EnginesReady: failed, building, pending (and why), or built; a failed build stalls."""
+    draft.status.engines = EnginesStatus.from_wire(engines)
+    failed, building, pending = (_in_state(engines, s) for s in ("Failed", "Building", "Pending"))
+    marks = draft.marks
+    if failed:
+        message = "; ".join(f"{v}: {engines[v].get('message', '')}" for v in failed)
+        marks.mark("EnginesReady", "False", "BuildFailed", message)
+        marks.stall("EnginesReady", "BuildFailed", message)
+    elif building:
+        retrying = [v for v in building if engines[v].get("message", "").startswith("Job ")]
+        marks.mark(
+            "EnginesReady",
+            "False",
+            "BuildRetrying" if retrying else "Building",
+            "; ".join(
+                f"{v}: Job {engines[v].get('job')}" + (f" (previous: {engines[v]['message']})" if v in retrying else "")
+                for v in building
+            ),
+        )
+    elif pending:
+        marks.mark(
+            "EnginesReady",
+            "False",
+            NO_MATCHING_GPU_NODES if unplaced else "Pending",
+            "; ".join(f"{v}: {engines[v].get('message', 'pending')}" for v in pending),
+        )
+    else:
+        marks.mark("EnginesReady", "True", "EnginesBuilt", ", ".join(f"{v} {engines[v]['key']}" for v in VARIANTS))
+
+
+def _in_state(engines: Mapping[str, Mapping[str, Any]], state: str) -> list[str]:
+    return [v for v in VARIANTS if engines[v]["state"] == state]
+
+
+# ---- serving ---------------------------------------------------------------------------------------------
+def serving_part(draft: Draft, name: str, observed: Observed, d: Decided, applied: Mapping[str, str]) -> Rollout:
+    """``serving``, ``activeEngine`` and Available: what the Service reaches, and why not; a failure stalls.
+
+    ``applied`` maps each Deployment this step applies to its manifest hash: a Deployment not known to carry it
+    (``observed.applied``) has not seen this step's spec yet, so its rollout is not complete however Ready it is.
     """
-    old_status = dict(res.status)
-    old_conditions = list(old_status.get("conditions") or [])
+    step, targets, engines = d.step, d.targets, d.engines
     active = step.pool
     active_dep: DeploymentFact | None = observed.deployments.get(active) if active else None
-    want_active = step.replicas.get(active, 0) if active else targets.replicas.get(targets.active, 0)
+    want = step.replicas.get(active, 0) if active else targets.replicas.get(targets.active, 0)
     ready = active_dep.ready_replicas if active_dep and observed.service_pool == active else 0
-    target_engine = engines[targets.active]
     current_key = bool(active_dep and active_dep.key == engines[active]["key"]) if active else False
     current_spec = bool(
         active_dep
         and (
-            not applied
-            or active_dep.name not in applied
+            active_dep.name not in applied
             or active_dep.name not in observed.applied
             or observed.applied[active_dep.name] == applied[active_dep.name]
         )
     )
-    rolled = bool(active_dep and active_dep.rolled_out and active_dep.replicas == want_active and current_spec)
+    rolled = bool(active_dep and active_dep.rolled_out and active_dep.replicas == want and current_spec)
     settled = bool(
         active
         and active == targets.active
@@ -77,180 +152,163 @@ def resource_status(
     if settled:
         for v in VARIANTS:
             dep = observed.deployments.get(v)
-            if v != active and dep and deploy[v] is not None and dep.replicas != step.replicas.get(v, 0):
+            if v != active and dep and d.deploy[v] is not None and dep.replicas != step.replicas.get(v, 0):
                 settled = False
-    failed = [v for v in VARIANTS if engines[v]["state"] == "Failed"]
-    building = [v for v in VARIANTS if engines[v]["state"] == "Building"]
-    pending = [v for v in VARIANTS if engines[v]["state"] == "Pending"]
-    available = ready >= 1
-    running = [v for v in VARIANTS if step.replicas.get(v, 0) > 0 and deploy[v] is not None]
+    running = [v for v in VARIANTS if step.replicas.get(v, 0) > 0 and d.deploy[v] is not None]
     failure = None if settled else serving_failure(observed, running)
+    out = Rollout(active, want, ready, settled, failure)
 
-    conds = [Cond("SpecValid", "True", "Valid", "spec is valid")]
-    if failed:
-        conds.append(
-            Cond(
-                "EnginesReady",
-                "False",
-                "BuildFailed",
-                "; ".join(f"{v}: {engines[v].get('message', '')}" for v in failed),
-            )
+    marks = draft.marks
+    target_state = engines[targets.active]["state"]
+    if out.available:
+        marks.mark(
+            "Available",
+            "True",
+            "MinimumReplicasAvailable",
+            f"{ready}/{want} {active} replicas Ready behind Service {names.service_name(name)}",
         )
-    elif building:
-        retrying = [v for v in building if engines[v].get("message", "").startswith("Job ")]
-        conds.append(
-            Cond(
-                "EnginesReady",
-                "False",
-                "BuildRetrying" if retrying else "Building",
-                "; ".join(
-                    f"{v}: Job {engines[v].get('job')}"
-                    + (f" (previous: {engines[v]['message']})" if v in retrying else "")
-                    for v in building
-                ),
-            )
+    elif want == 0 and active and prewarm(d.spec):
+        marks.mark(
+            "Available",
+            "False",
+            "Prewarmed",
+            "engines built and validated, not serving: "
+            "serving.replicas is 0 with autoscaling Disabled; scale up to serve at once",
         )
-    elif pending:
-        conds.append(
-            Cond(
-                "EnginesReady",
-                "False",
-                NO_MATCHING_GPU_NODES if unplaced else "Pending",
-                "; ".join(f"{v}: {engines[v].get('message', 'pending')}" for v in pending),
-            )
-        )
-    else:
-        conds.append(
-            Cond("EnginesReady", "True", "EnginesBuilt", ", ".join(f"{v} {engines[v]['key']}" for v in VARIANTS))
-        )
-    if available:
-        conds.append(
-            Cond(
-                "Available",
-                "True",
-                "MinimumReplicasAvailable",
-                f"{ready}/{want_active} {active} replicas Ready behind Service {names.service_name(res.name)}",
-            )
-        )
-    elif want_active == 0 and active and prewarm(spec):
-        conds.append(
-            Cond(
-                "Available",
-                "False",
-                "Prewarmed",
-                "engines built and validated, not serving: "
-                "serving.replicas is 0 with autoscaling Disabled; scale up to serve at once",
-            )
-        )
-    elif want_active == 0 and active:
-        conds.append(Cond("Available", "False", "ScaledToZero", "serving.replicas is 0"))
+    elif want == 0 and active:
+        marks.mark("Available", "False", "ScaledToZero", "serving.replicas is 0")
     elif active is None:
-        reason = "EngineFailed" if target_engine["state"] == "Failed" else "EngineNotReady"
-        conds.append(Cond("Available", "False", reason, f"the {targets.active} engine is {target_engine['state']}"))
+        reason = "EngineFailed" if target_state == "Failed" else "EngineNotReady"
+        marks.mark("Available", "False", reason, f"the {targets.active} engine is {target_state}")
     elif failure:
-        conds.append(
-            Cond("Available", "False", failure.reason, f"0/{want_active} {active} replicas Ready; {failure.summary}")
-        )
+        marks.mark("Available", "False", failure.reason, f"0/{want} {active} replicas Ready; {failure.summary}")
     else:
-        conds.append(Cond("Available", "False", "NoReadyReplicas", f"0/{want_active} {active} replicas Ready"))
-    invalid = _validation_failure(gate, stable, old_status, engines)
-    if targets.active in failed and not available:
-        conds.append(Cond("Progressing", "False", "BuildFailed", f"the {targets.active} engine could not be built"))
-    elif failure:  # the kubelet retries, so it is still progressing, until the Deployment's deadline says not
-        conds.append(
-            Cond("Progressing", "False" if failure.deadline_exceeded else "True", failure.reason, failure.summary)
+        marks.mark("Available", "False", "NoReadyReplicas", f"0/{want} {active} replicas Ready")
+    if failure:
+        marks.stall("Available", failure.reason, failure.summary)
+
+    draft.status.serving = ServingStatus(
+        replicas=want,
+        ready_replicas=ready,
+        selector=names.selector_string(names.traffic_selector(name, active or targets.active)),
+        service=names.service_name(name),
+        failure=failure.as_status() if failure else None,
+    )
+    if active:
+        draft.status.active_engine = "redrafter" if active == "redrafter" else "base"
+    return out
+
+
+# ---- validation ------------------------------------------------------------------------------------------
+def validation_part(draft: Draft, validated: Mapping[str, Any], d: Decided) -> str | None:
+    """``validation`` as this step left it (:mod:`.validation` marks Validated); a failed validation stalls.
+
+    Returns why the current pair is not promoted when its validation Failed, for the rollout's progress."""
+    if validated.get("validation"):
+        draft.status.validation = ValidationStatus.from_wire(validated["validation"])
+    if d.gate is None or d.gate.state != "Failed":
+        return None
+    v = validated.get("validation") or {}
+    serving = f"the promoted ReDrafter engine {d.stable} keeps serving" if d.stable else "serving base"
+    invalid = (
+        f"the ReDrafter engine {d.engines['redrafter']['key']} failed validation against base "
+        f"{d.engines['base']['key']} ({v.get('reason')}: {v.get('message')}); {serving} until a retry passes "
+        f"(annotation {ANNOTATION_RETRY_VALIDATION})"
+    )
+    draft.marks.stall("Validated", "ValidationFailed", invalid)
+    return invalid
+
+
+# ---- the rollout's progress ------------------------------------------------------------------------------
+def progress_part(draft: Draft, name: str, d: Decided, r: Rollout, invalid: str | None) -> None:
+    """Progressing: building, validating, switching, rolling out, or Complete (or why it stopped)."""
+    marks, engines, step, targets = draft.marks, d.engines, d.step, d.targets
+    building = _in_state(engines, "Building")
+    if targets.active in _in_state(engines, "Failed") and not r.available:
+        marks.mark("Progressing", "False", "BuildFailed", f"the {targets.active} engine could not be built")
+    elif r.failure:  # the kubelet retries, so it is still progressing, until the Deployment's deadline says not
+        marks.mark(
+            "Progressing", "False" if r.failure.deadline_exceeded else "True", r.failure.reason, r.failure.summary
         )
     elif invalid and not step.switching:
-        conds.append(Cond("Progressing", "False", "ValidationFailed", invalid))
-    elif gate and gate.state in ("Pending", "Running") and not step.switching:  # not promoted yet: not complete
-        where = f" on Deployment {names.candidate_name(res.name)}" if candidate else ""
+        marks.mark("Progressing", "False", "ValidationFailed", invalid)
+    elif d.gate and d.gate.state in ("Pending", "Running") and not step.switching:  # not promoted yet
+        where = f" on Deployment {names.candidate_name(name)}" if d.candidate else ""
         serving = (
-            f"the promoted ReDrafter engine {stable} keeps serving"
-            if stable
-            else f"the {active or targets.active} engine serves meanwhile"
+            f"the promoted ReDrafter engine {d.stable} keeps serving"
+            if d.stable
+            else f"the {r.active or targets.active} engine serves meanwhile"
         )
-        conds.append(
-            Cond(
-                "Progressing",
-                "True",
-                "Validating",
-                f"validating the ReDrafter engine {engines['redrafter']['key']}{where} against base "
-                f"{engines['base']['key']}; {serving}",
-            )
+        marks.mark(
+            "Progressing",
+            "True",
+            "Validating",
+            f"validating the ReDrafter engine {engines['redrafter']['key']}{where} against base "
+            f"{engines['base']['key']}; {serving}",
         )
-    elif settled and not building:
-        conds.append(
-            Cond("Progressing", "False", "Complete", f"serving the {active} engine {engines[str(active)]['key']}")
-        )
+    elif r.settled and not building:
+        marks.mark("Progressing", "False", "Complete", f"serving the {r.active} engine {engines[str(r.active)]['key']}")
     elif step.switching:
-        conds.append(Cond("Progressing", "True", "Switching", step.message))
+        marks.mark("Progressing", "True", "Switching", step.message)
     elif building:
-        conds.append(Cond("Progressing", "True", "Building", f"building the {' and '.join(building)} engine(s)"))
-    elif unplaced and active is None:  # nothing serves yet and nothing can be built: waiting for a node
-        conds.append(Cond("Progressing", "True", NO_MATCHING_GPU_NODES, unplaced))
+        marks.mark("Progressing", "True", "Building", f"building the {' and '.join(building)} engine(s)")
+    elif d.unplaced and r.active is None:  # nothing serves yet and nothing can be built: waiting for a node
+        marks.mark("Progressing", "True", NO_MATCHING_GPU_NODES, d.unplaced)
     else:
-        conds.append(
-            Cond("Progressing", "True", "RollingOut", f"waiting for {active or targets.active} replicas to be Ready")
+        marks.mark(
+            "Progressing", "True", "RollingOut", f"waiting for {r.active or targets.active} replicas to be Ready"
         )
-    by_type = {c.type: c for c in conds}
-    stall = (
-        ("BuildFailed", by_type["EnginesReady"].message)
-        if failed
-        else (failure.reason, failure.summary)
-        if failure
-        else ("ValidationFailed", invalid)
-        if invalid
-        else None
-    )
-    conds += gitops_conditions(by_type["Progressing"], by_type["Available"], stall)
-    if spec.speculation.mode == "Never":
-        conds.append(
-            Cond(
-                "SpeculationHealthy",
-                "False",
-                "SpeculationDisabled",
-                "speculation.mode is Never: serving the base engine",
-            )
-        )
-    elif (find(old_conditions, "SpeculationHealthy") or {"reason": "SpeculationDisabled"}).get(
-        "reason"
-    ) == "SpeculationDisabled":
-        conds.append(Cond("SpeculationHealthy", "Unknown", "NotMeasured", "no acceptance measurement yet"))
+    draft.phase = _phase(d, r, invalid)
 
-    if (available or want_active == 0) and settled:  # scaled to zero on purpose is a settled state too
-        phase = "Degraded" if failed else ("Prewarmed" if want_active == 0 and prewarm(spec) else "Serving")
-    elif available:
-        phase = "Degraded" if failed else ("Serving" if ready >= want_active else "Deploying")
-    elif targets.active in failed or (active and engines[active]["state"] == "Failed"):
+
+def _phase(d: Decided, r: Rollout, invalid: str | None) -> Phase:
+    """The summary ``kubectl get`` prints, from the engines and the rollout."""
+    engines, failed = d.engines, _in_state(d.engines, "Failed")
+    phase: Phase
+    if (r.available or r.want == 0) and r.settled:  # scaled to zero on purpose is a settled state too
+        phase = "Degraded" if failed else ("Prewarmed" if r.want == 0 and prewarm(d.spec) else "Serving")
+    elif r.available:
+        phase = "Degraded" if failed else ("Serving" if r.ready >= r.want else "Deploying")
+    elif d.targets.active in failed or (r.active and engines[r.active]["state"] == "Failed"):
         phase = "Failed"
-    elif active is not None:
+    elif r.active is not None:
         phase = "Deploying"
-    elif target_engine["state"] == "Building":
+    elif engines[d.targets.active]["state"] == "Building":
         phase = "Building"
     else:
         phase = "Pending"
-    if invalid and phase == "Serving":
-        phase = "Degraded"  # serving base: the ReDrafter engine failed validation
-
-    status: dict[str, Any] = {k: v for k, v in old_status.items() if k not in ("kopf",)}
-    status.update(
-        phase=phase,
-        observedGeneration=res.generation,
-        conditions=merge_conditions(old_conditions, conds, generation=res.generation, now=now),
-        engines=engines,
-        serving={
-            "replicas": want_active,
-            "readyReplicas": ready,
-            "selector": names.selector_string(names.traffic_selector(res.name, active or targets.active)),
-            "service": names.service_name(res.name),
-            **({"failure": failure.as_status()} if failure else {}),
-        },
-    )
-    if active:
-        status["activeEngine"] = active
-    return status
+    return "Degraded" if invalid and phase == "Serving" else phase  # serving base: ReDrafter failed validation
 
 
+# ---- speculation -----------------------------------------------------------------------------------------
+def speculation_part(
+    draft: Draft, spec: ReDrafterDeploymentSpec, report: SpeculationReport | None, measured: Mapping[str, Any]
+) -> list[EventSpec]:
+    """``speculation``, ``policy``, ``history`` and SpeculationHealthy: the monitor's report, folded in.
+
+    Before the first measurement SpeculationHealthy is NotMeasured (SpeculationDisabled with mode Never); the
+    crossover a passed validation measured beats the cost model's. Returns the report's Events."""
+    if spec.speculation.mode == "Never":
+        draft.marks.mark(
+            "SpeculationHealthy", "False", "SpeculationDisabled", "speculation.mode is Never: serving the base engine"
+        )
+    elif (find(draft.old.get("conditions") or [], "SpeculationHealthy") or {"reason": "SpeculationDisabled"}).get(
+        "reason"
+    ) == "SpeculationDisabled":
+        draft.marks.mark("SpeculationHealthy", "Unknown", "NotMeasured", "no acceptance measurement yet")
+    events: list[EventSpec] = []
+    if report is not None:
+        draft.status = draft.status.with_wire(report.fields)
+        draft.marks.set(report.condition)
+        events += report.events
+    if measured.get("state") == "Passed" and measured.get("crossoverConcurrency") is not None:
+        draft.status.speculation = draft.status.speculation.model_copy(
+            update={"crossover_concurrency": measured["crossoverConcurrency"]}
+        )
+    return events
+
+
+# ---- placement -------------------------------------------------------------------------------------------
 def _grouped(found: list[tuple[str, str]]) -> str:
     """``redrafter engine, base engine: no node offers ...``: the Jobs that share a placement message, once."""
     by_message: dict[str, list[str]] = {}
@@ -266,30 +324,28 @@ def unplaced_message(p: Plan) -> str | None:
     return _grouped(p.unplaced) if p.unplaced else None
 
 
-def schedulable(old_status: Mapping[str, Any], p: Plan, observed: Observed) -> tuple[Cond | None, EventSpec | None]:
-    """The Schedulable condition (and the Event of its change) from this step's GPU Jobs' placement.
+def placement_part(draft: Draft, p: Plan, observed: Observed) -> EventSpec | None:
+    """Schedulable (and the Event of its change) from this step's GPU Jobs' placement.
 
-    False with NoMatchingGPUNodes when a Job this step needs fits no node; True once one does, or once
-    no Job waits any more. Not set while nodes are not watched (the check is off), and left as it was
-    when this step created no GPU Job.
+    False with NoMatchingGPUNodes when a Job this step needs fits no node; True once one does, or once no Job
+    waits any more. Not set while nodes are not watched (the check is off), and left as it was when this step
+    created no GPU Job.
     """
     if observed.nodes is None:
-        return None, None
-    old = find(old_status.get("conditions") or [], "Schedulable")
+        return None
+    old = find(draft.old.get("conditions") or [], "Schedulable")
+    was_false = bool(old and old.get("status") == "False")
     if p.unplaced:
         message = _grouped(p.unplaced)
-        cond = Cond("Schedulable", "False", NO_MATCHING_GPU_NODES, message)
-        fresh = not old or old.get("status") != "False"
-        return cond, EventSpec("Warning", NO_MATCHING_GPU_NODES, message) if fresh else None
+        draft.marks.mark("Schedulable", "False", NO_MATCHING_GPU_NODES, message)
+        return None if was_false else EventSpec("Warning", NO_MATCHING_GPU_NODES, message)
     if p.placed:
-        cond = Cond("Schedulable", "True", "MatchingGPUNodes", _grouped(p.placed))
-    elif old and old.get("status") == "False":
-        cond = Cond("Schedulable", "True", "NoJobWaiting", "no GPU Job waits for a node")
+        cond = draft.marks.mark("Schedulable", "True", "MatchingGPUNodes", _grouped(p.placed))
+    elif was_false:
+        cond = draft.marks.mark("Schedulable", "True", "NoJobWaiting", "no GPU Job waits for a node")
     else:
-        return None, None
-    if old and old.get("status") == "False":
-        return cond, EventSpec("Normal", "GPUNodesFound", f"GPU Jobs can be placed now: {cond.message}")
-    return cond, None
+        return None
+    return EventSpec("Normal", "GPUNodesFound", f"GPU Jobs can be placed now: {cond.message}") if was_false else None
 
 
 def prewarm(spec: ReDrafterDeploymentSpec) -> bool:
@@ -297,46 +353,38 @@ def prewarm(spec: ReDrafterDeploymentSpec) -> bool:
     return spec.serving.replicas == 0 and spec.autoscaling.mode == "Disabled"
 
 
-def _validation_failure(
-    gate: Gate | None, stable: str | None, status: Mapping[str, Any], engines: Mapping[str, Mapping[str, Any]]
-) -> str | None:
-    """Why the current engine pair is not promoted, when its validation Failed (:mod:`.validation`)."""
-    if gate is None or gate.state != "Failed":
-        return None
-    v = status.get("validation") or {}
-    serving = f"the promoted ReDrafter engine {stable} keeps serving" if stable else "serving base"
-    return (
-        f"the ReDrafter engine {engines['redrafter']['key']} failed validation against base "
-        f"{engines['base']['key']} ({v.get('reason')}: {v.get('message')}); {serving} until a retry passes "
-        f"(annotation {ANNOTATION_RETRY_VALIDATION})"
-    )
+# ---- the whole status ------------------------------------------------------------------------------------
+def finish(draft: Draft, generation: int, now: str) -> ReDrafterDeploymentStatus:
+    """The status the concerns filled: their conditions and the derived Ready/Reconciling/Stalled merged over the
+    observed ones (a transition time moves only when a status flips), the phase, the generation acted on."""
+    status = draft.status
+    status.conditions = CONDITIONS.conditions(status.conditions, draft.marks, generation=generation, now=now)
+    status.observed_generation = generation
+    if draft.phase is not None:
+        status.phase = draft.phase
+    return status
 
 
-def invalid_plan(res: Resource, errors: list[str], now: str) -> Plan:
+def invalid_plan(observed: Mapping[str, Any], generation: int, errors: list[str], now: str) -> Plan:
     """Invalid spec: say exactly which fields are wrong; leave running children alone."""
-    old = dict(res.status)
+    draft = Draft.of(observed)
     message = "; ".join(errors)
-    conds = [
-        Cond("SpecValid", "False", "InvalidSpec", message),
-        Cond("Progressing", "False", "InvalidSpec", "fix the spec; nothing is changed until it is valid"),
-    ]
-    conds += gitops_conditions(conds[1], None, ("InvalidSpec", message))
-    phase = old.get("phase") if old.get("phase") in ("Serving", "Prewarmed", "Degraded") else "Failed"
-    status = {
-        **{k: v for k, v in old.items() if k != "kopf"},
-        "phase": phase,
-        "observedGeneration": res.generation,
-        "conditions": merge_conditions(old.get("conditions") or [], conds, generation=res.generation, now=now),
-    }
-    p = Plan(status=status)
-    prev = find(old.get("conditions") or [], "SpecValid")
+    draft.marks.mark("SpecValid", "False", "InvalidSpec", message)
+    draft.marks.mark("Progressing", "False", "InvalidSpec", "fix the spec; nothing is changed until it is valid")
+    draft.marks.stall("SpecValid", "InvalidSpec", message)
+    kept = draft.old.get("phase")
+    draft.phase = kept if kept in ("Serving", "Prewarmed", "Degraded") else "Failed"
+    p = Plan(status=finish(draft, generation, now))
+    prev = find(draft.old.get("conditions") or [], "SpecValid")
     if not prev or prev.get("status") != "False" or prev.get("message") != message:
         p.events.append(EventSpec("Warning", "InvalidSpec", message))
-    status_events(old, status, p, skip_spec=True)
+    status_events(draft.old, p.status.wire(), p, skip_spec=True)
     return p
 
 
 def status_events(old: Mapping[str, Any], new: Mapping[str, Any], p: Plan, skip_spec: bool = False) -> None:
+    """The Events the change from ``old`` to ``new`` (wire form) means: spec valid again, a switch, a serving
+    failure (once per cause), a phase change."""
     if not skip_spec:
         prev = find(old.get("conditions") or [], "SpecValid")
         if prev and prev.get("status") == "False":

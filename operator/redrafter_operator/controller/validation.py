@@ -329,6 +329,7 @@ class ValidationPlan:
     status: dict[str, Any] = field(default_factory=dict)
     job: dict[str, Any] | None = None
     events: list[EventSpec] = field(default_factory=list)
+    condition: Cond | None = None  # Validated, when this step changes it
 
 
 def plan_validation(
@@ -369,6 +370,7 @@ def plan_validation(
         validation_fragment(status, step, generation=owner.generation, now=now),
         job,
         list(step.events),
+        step.condition,
     )
 
 

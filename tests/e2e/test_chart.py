@@ -503,6 +503,7 @@ def test_deployment_args_and_env_follow_values():
         "--all-namespaces",
         "--standalone",
         "--liveness=http://0.0.0.0:8080/healthz",
+        "--metrics-address=0.0.0.0",
         "--metrics-port=9090",
         "--log-format=json",
         "--log-level=info",
@@ -539,6 +540,7 @@ def test_deployment_args_and_env_follow_values():
         "--renew-deadline=10s",
         "--retry-period=2s",
         "--liveness=http://0.0.0.0:18080/live",
+        "--metrics-address=0.0.0.0",
         "--metrics-port=19090",
         "--log-format=plain",
         "--log-level=debug",
@@ -564,6 +566,7 @@ def test_args_parse_with_the_operators_cli():
         (c,) = one(manifests(render(COMBOS[combo][0])), "Deployment")["spec"]["template"]["spec"]["containers"]
         args = parser.parse_args(c["args"])
         assert args.command == "run" and args.liveness.endswith("/healthz") and args.metrics_port == 9090
+        assert args.metrics_address == "0.0.0.0"
         assert args.gpu_node_check is COMBOS[combo][0].get("gpuNodeCheck", True)
         assert args.log_format == "json"
         if "--all-namespaces" in c["args"]:
@@ -1445,7 +1448,7 @@ def test_two_replicas_from_the_chart_elect_one_leader_and_hand_over_on_shutdown(
     )
     deploy = one([d for d in yaml.safe_load_all(release["manifest"]) if d], "Deployment")
     (container,) = deploy["spec"]["template"]["spec"]["containers"]
-    args = [a for a in container["args"] if not a.startswith(("--liveness", "--metrics-port"))]
+    args = [a for a in container["args"] if not a.startswith(("--liveness", "--metrics-"))]
     lease_duration = float(next(a for a in args if a.startswith("--lease-duration="))[len("--lease-duration=") : -1])
     procs: dict[str, subprocess.Popen] = {}
     logs = {}

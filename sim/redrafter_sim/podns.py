@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 ANY_ADDRESS = "0.0.0.0"
+ANY_ADDRESS_ARG = re.compile(r"(?<![\d.])0\.0\.0\.0(?![\d./])")
 
 CLONE_NEWNS = 0x00020000
 MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
@@ -35,8 +37,9 @@ class MountNamespaceError(OSError):
 
 
 def pod_listen_args(argv: list[str], pod_ip: str) -> list[str]:
-    """The container's arguments with ``0.0.0.0`` (listen on every address of the pod) made the pod's IP."""
-    return [arg.replace(ANY_ADDRESS, pod_ip) for arg in argv]
+    """The container's arguments with ``0.0.0.0`` (listen on every address of the pod) made the pod's IP; an
+    address that merely ends in it (``10.0.0.0``) or a CIDR (``0.0.0.0/0``) is no listen address."""
+    return [ANY_ADDRESS_ARG.sub(pod_ip, arg) for arg in argv]
 
 
 def _check(result: int, what: str) -> None:

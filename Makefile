@@ -17,7 +17,14 @@ DEMO_ARGS ?=
 # stamp holds go.sum's hash, so a changed pin rebuilds and an unchanged one is reused.
 CP_DIR   := controlplane
 CP_BIN   := $(CP_DIR)/bin
-CP_STAMP := $(CP_BIN)/.built-$(shell sha256sum $(CP_DIR)/go.sum 2>/dev/null | cut -c1-16)
+# The version the binaries report (kube-apiserver's /version, which Helm checks a chart's kubeVersion against):
+# k8s.io/kubernetes' pin, stamped as its hack/lib/version.sh does; without it they say v0.0.0-master.
+CP_K8S   := $(shell awk '$$1 == "k8s.io/kubernetes" {print $$2; exit}' $(CP_DIR)/go.mod 2>/dev/null)
+CP_MAJOR_MINOR := $(subst ., ,$(patsubst v%,%,$(CP_K8S)))
+CP_LDFLAGS := -s -w $(foreach pkg,k8s.io/client-go/pkg/version k8s.io/component-base/version,\
+              -X $(pkg).gitVersion=$(CP_K8S) -X $(pkg).gitMajor=$(word 1,$(CP_MAJOR_MINOR)) \
+              -X $(pkg).gitMinor=$(word 2,$(CP_MAJOR_MINOR)) -X $(pkg).gitTreeState=clean)
+CP_STAMP := $(CP_BIN)/.built-$(shell (cat $(CP_DIR)/go.sum; echo '$(CP_LDFLAGS)') 2>/dev/null | sha256sum | cut -c1-16)
 CP_CMDS  := etcd:./cmd/etcd kube-apiserver:k8s.io/kubernetes/cmd/kube-apiserver \
             kube-controller-manager:k8s.io/kubernetes/cmd/kube-controller-manager \
             kube-scheduler:k8s.io/kubernetes/cmd/kube-scheduler
@@ -46,7 +53,7 @@ $(CP_STAMP): $(CP_DIR)/go.mod $(CP_DIR)/go.sum $(CP_DIR)/cmd/etcd/main.go
 	@set -e; for pair in $(CP_CMDS); do \
 	  name=$${pair%%:*}; pkg=$${pair#*:}; start=$$(date +%s); \
 	  echo "control plane: building $$name (the first build of all four takes about N minutes on 2 cores)"; \
-	  (cd $(CP_DIR) && go build -trimpath -buildvcs=false -ldflags='-s -w' -o bin/$$name $$pkg); \
+	  (cd $(CP_DIR) && go build -trimpath -buildvcs=false -ldflags='$(CP_LDFLAGS)' -o bin/$$name $$pkg); \
 	  echo "control plane: $$name built in $$(( $$(date +%s) - start ))s"; \
 	done
 	@rm -f $(CP_BIN)/.built-*

@@ -24,11 +24,12 @@ import base64
 import contextlib
 import logging
 import os
+import posixpath
 import re
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,16 @@ TERMINATION_MESSAGE_LIMIT = 4096
 LOG_TAIL_LINES = 80
 DATASET_PROMPTS = 64  # prompts a provisioned dataset holds
 POD_CREATE_RETRY_SECONDS = 1.0
+#: the downward API's env fieldRefs this node resolves: pod manifest and pod IP -> value
+FIELD_REFS: dict[str, Callable[[Mapping[str, Any], str], str]] = {
+    "metadata.name": lambda pod, ip: str(pod["metadata"]["name"]),
+    "metadata.namespace": lambda pod, ip: str(pod["metadata"]["namespace"]),
+    "metadata.uid": lambda pod, ip: str(pod["metadata"].get("uid", "")),
+    "spec.nodeName": lambda pod, ip: str(pod["spec"].get("nodeName", "")),
+    "spec.serviceAccountName": lambda pod, ip: str(pod["spec"].get("serviceAccountName", "default")),
+    "status.podIP": lambda pod, ip: ip,
+    "status.hostIP": lambda pod, ip: objects.HOST_IP,
+}
 
 
 def toolchain_env(toolchain: Path = TOOLCHAIN_DIR) -> dict[str, str]:
@@ -82,7 +93,8 @@ def host_program(name: str) -> str | None:
 def container_argv(container: Mapping[str, Any], root: PodRoot, termination_log: str) -> list[str]:
     """The container's command and args as this node runs them.
 
-    Only the container's own strings name container paths, so only they are mapped into the pod's root;
+    Only the container's own strings name container paths, so only they are mapped into the pod's root (a
+    whole argument, or the value of a ``--flag=value`` one);
     the host program that stands in for the image's entrypoint is put in afterwards and never mapped,
     or a checkout under a mount path (``/tmp``, an emptyDir in every pod) would lose its interpreter.
     The node's mapping itself also leaves the stand-ins' host paths alone (:meth:`PodRoot.translate`).
@@ -91,7 +103,23 @@ def container_argv(container: Mapping[str, Any], root: PodRoot, termination_log:
     if not command:
         raise ValueError("container has no command")
     term_path = container.get("terminationMessagePath") or contract.TERMINATION_LOG
-    argv = [termination_log if a == term_path else root.translate(a) for a in command]
+
+    # a mount point itself is named by the volume's directory: the pod root's entry is a symlink, and a program
+    # that lstat()s its argument (kubectl's --filename walk) must find the directory a container would have
+    points = {posixpath.normpath(m.path): str(m.host) for m in root.mounts}
+
+    def path(value: str) -> str:
+        return points.get(posixpath.normpath(value), root.translate(value)) if value.startswith("/") else value
+
+    def mapped(arg: str) -> str:
+        if arg == term_path:
+            return termination_log
+        flag, eq, value = arg.partition("=")
+        if arg.startswith("-") and eq:  # --filename=/crds: the flag's value is the path
+            return f"{flag}={path(value)}"
+        return path(arg)
+
+    argv = [mapped(a) for a in command]
     argv[0] = host_program(command[0]) or argv[0]
     return argv
 
@@ -428,10 +456,8 @@ class JobRunner:
         for item in container.get("env") or []:
             if "value" in item:
                 env[item["name"]] = root.translate(item["value"])
-            elif (item.get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath") == "metadata.name":
-                env[item["name"]] = manifest["metadata"]["name"]
-            elif (item.get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath") == "status.podIP":
-                env[item["name"]] = ip
+            elif (path := (item.get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath")) in FIELD_REFS:
+                env[item["name"]] = FIELD_REFS[path](manifest, ip)
         env.update(toolchain_env(self.toolchain))
         env.update(root.tmp_env())
         env.setdefault("HF_HUB_OFFLINE", "1")  # no Hub here: hf:// fixtures are provisioned into the cache
@@ -471,10 +497,17 @@ class JobRunner:
         return None
 
     async def _execute(
-        self, argv: list[str], env: dict[str, str], root: PodRoot, identity: Identity, grace: float = 5.0
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        root: PodRoot,
+        identity: Identity,
+        grace: float = 5.0,
+        preexec: Callable[[], None] | None = None,
     ) -> tuple[int, str]:
         """Run the container's command as ``identity`` (its capabilities; file access was set at mount);
-        cancelled, it is stopped as a deleted pod's container is: SIGTERM, SIGKILL after ``grace`` seconds."""
+        cancelled, it is stopped as a deleted pod's container is: SIGTERM, SIGKILL after ``grace`` seconds.
+        ``preexec``: what runs in the child before exec instead of the identity's capability drop alone."""
         log_path = root.root / "container.log"
         with open(log_path, "wb") as out:
             proc = await asyncio.create_subprocess_exec(
@@ -484,7 +517,7 @@ class JobRunner:
                 env=env,
                 cwd=root.root,
                 start_new_session=True,
-                preexec_fn=identity.preexec,
+                preexec_fn=preexec or identity.preexec,
             )
         try:
             code = await proc.wait()

@@ -10,7 +10,9 @@ ReplicaSet controllers create them) and runs them on this machine:
 
 * serving pods (``python -m engine_jobs serve``): real tritonservers on 127.0.0.N with the simulated engine, the
   OpenAI front, readiness, restarts and the serving faults (:class:`~.servingpods.ServingController`'s kubelet half);
-* every other pod: its containers' commands as processes (:class:`~.noderun.PodRunner`), init containers first;
+* every other pod: its containers' commands as processes (:class:`~.noderun.PodRunner`), init containers first,
+  with the in-cluster service-account paths, the pod's IP for ``0.0.0.0`` and httpGet readiness probes
+  (:mod:`.podns`);
 * a pod without a command (an image this node cannot run): Running and Ready, as kwok reports it.
 
 Volumes come from the API as the node may read them (:mod:`.nodevolumes`: claims through their bound

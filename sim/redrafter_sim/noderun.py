@@ -9,6 +9,13 @@ Failed with each container's ``state.terminated`` (exit code, reason, terminatio
 OnFailure restarts a failed container in place (restartCount, ``lastState``), Always restarts it whatever its
 exit code. Whether the Job succeeded, retries or fails is the real Job controller's business.
 
+A container is what a runtime would make it (:mod:`.podns`): one that mounts the service-account directory
+finds its token, CA and namespace at the fixed in-cluster paths (a private mount namespace), and ``0.0.0.0`` in
+its arguments listens on the pod's IP. Its environment is the image's and its spec's plus the ``kubernetes``
+Service's address, never this host's ``KUBECONFIG``. A container with an httpGet ``readinessProbe`` is Ready only
+once the probe passes (the kubelet's prober: period, timeout, success and failure thresholds); one without is
+Ready once it runs. Liveness probes are not run for these pods.
+
 ``<svc>.<ns>.svc:<port>`` in a command is resolved as cluster DNS and kube-proxy would: the Service's port, then a
 ready endpoint of its EndpointSlices (``discovery.k8s.io/v1``), read with kube-proxy's identity; where the
 EndpointSlice controller could publish none (loopback pod IPs), the node's own Ready Pods the Service selects.
@@ -19,14 +26,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import subprocess
 from pathlib import Path
 from typing import Any
+
+import aiohttp
 
 from . import objects
 from .buildjobs import TOOLCHAIN_DIR, JobRunner
 from .endpoints import endpoints_for
 from .hostfs import HostFS
 from .kubeapi import ENDPOINT_SLICES, PODS, SERVICES, ApiStatusError, KubeApi
+from .podns import SERVICE_ACCOUNT_DIR, pod_listen_args, service_account_mount
 
 log = logging.getLogger("redrafter.sim.noderun")
 
@@ -34,6 +45,34 @@ IMAGE_PULL_RETRY_SECONDS = 2.0
 RESTART_BACKOFF_SECONDS = 1.0
 FORBIDDEN_RETRY_SECONDS = 10.0  # the Node authorizer's graph learns a new Pod's references a moment after it
 SIGTERM_EXIT = 143
+LOG_KEEP_CHARS = 64_000
+
+
+def http_readiness(container: dict[str, Any], ip: str) -> tuple[dict[str, Any], str | None] | None:
+    """The container's httpGet readinessProbe and the URL it reads (the pod's IP unless the probe names a
+    host; a named port through the container's ports), or None where it has none. The URL is None where the
+    named port does not exist: as on a kubelet, such a probe never passes."""
+    probe = container.get("readinessProbe") or {}
+    get = probe.get("httpGet")
+    if not get:
+        return None
+    port = get.get("port")
+    if isinstance(port, str) and not port.isdigit():
+        port = next((p["containerPort"] for p in container.get("ports") or [] if p.get("name") == port), None)
+    if port is None:
+        return probe, None
+    scheme = str(get.get("scheme", "HTTP")).lower()
+    return probe, f"{scheme}://{get.get('host') or ip}:{port}{get.get('path') or '/'}"
+
+
+async def http_probe(url: str, timeout: float) -> bool:
+    """One httpGet probe: a 2xx or 3xx answer within ``timeout`` passes, as the kubelet counts it."""
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
+            async with session.get(url, allow_redirects=False, ssl=False) as resp:
+                return 200 <= resp.status < 400
+    except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+        return False
 
 
 def with_addresses(status: dict[str, Any], ip: str) -> dict[str, Any]:
@@ -63,6 +102,8 @@ class PodRunner(JobRunner):
         self.cluster_env: dict[str, str] = {}
         #: the node these Pods are bound to (its own Pods stand in for the endpoints of a Service)
         self.node_name = objects.NODE_NAME
+        #: (namespace, pod, container) -> the tail of its output once it exited (what `kubectl logs` would show)
+        self.logs: dict[tuple[str, str, str], str] = {}
 
     async def service_endpoint(self, svc: str, ns: str, port: int) -> str | None:
         services = await self.proxy.list(SERVICES, ns, field_selector=f"metadata.name={svc}")
@@ -137,8 +178,20 @@ class PodRunner(JobRunner):
             argv, env, identity = await self._prepare_retrying(pod, container, ip)
         except (OSError, ValueError) as exc:  # a volume or ConfigMap the pod cannot start with
             return 128, f"CreateContainerConfigError: {exc}"
+        env.pop("KUBECONFIG", None)  # a container's environment is its image's and its spec's, not this host's
         env.update(self.cluster_env)
-        return await self._execute(argv, env, root, identity, grace)
+        preexec = None
+        if any(m.get("mountPath") == SERVICE_ACCOUNT_DIR for m in container.get("volumeMounts") or []):
+            preexec = service_account_mount(Path(root.to_host(SERVICE_ACCOUNT_DIR)).resolve(), identity.preexec)
+        try:
+            return await self._execute(pod_listen_args(argv, ip), env, root, identity, grace, preexec)
+        except subprocess.SubprocessError as exc:  # the mount namespace (needs root) could not be set up
+            return 128, f"CreateContainerError: cannot mount {SERVICE_ACCOUNT_DIR}: {exc}"
+        finally:
+            log_file = root.root / "container.log"
+            if log_file.is_file():  # kept past the pod's deletion, for `kubectl logs`-like reads in tests
+                text = log_file.read_text(errors="replace")[-LOG_KEEP_CHARS:]
+                self.logs[(meta["namespace"], meta["name"], container["name"])] = text
 
     async def run(self, pod: dict[str, Any]) -> None:
         """The Pod's whole life on this node, until its containers are done (cancel: the Pod was deleted)."""
@@ -168,15 +221,57 @@ class PodRunner(JobRunner):
         restarts = {c["name"]: 0 for c in spec["containers"]}
         last: dict[str, dict[str, Any]] = {}
         results: dict[str, dict[str, Any]] = {}
+        # a container with a readinessProbe is not ready until the probe passes; one without is once it runs
+        ready = {c["name"]: http_readiness(c, ip) is None for c in spec["containers"]}
+
+        async def publish(container: dict[str, Any]) -> None:
+            name = container["name"]
+            running = objects.running_status(
+                name, ip, started, all(ready.values()), restarts[name], container.get("image", "")
+            )
+            status = self._merged(pod, ip, started, running, results, last, inits)
+            for entry in status["containerStatuses"]:
+                if entry["name"] not in results:
+                    entry["ready"] = ready[entry["name"]]
+            await self.report(pod, status)
+
+        async def probe(container: dict[str, Any]) -> None:
+            """The kubelet's readiness prober: httpGet every periodSeconds; the container is ready after
+            successThreshold passes in a row, unready after failureThreshold failures in a row."""
+            check = http_readiness(container, ip)
+            assert check is not None
+            probe_spec, url = check
+            await asyncio.sleep(float(probe_spec.get("initialDelaySeconds", 0)))
+            passes = fails = 0
+            while True:
+                if url is not None and await http_probe(url, float(probe_spec.get("timeoutSeconds", 1))):
+                    passes, fails = passes + 1, 0
+                    now_ready = ready[container["name"]] or passes >= int(probe_spec.get("successThreshold", 1))
+                else:
+                    passes, fails = 0, fails + 1
+                    now_ready = ready[container["name"]] and fails < int(probe_spec.get("failureThreshold", 3))
+                if now_ready != ready[container["name"]]:
+                    ready[container["name"]] = now_ready
+                    log.info("pod %s/%s %s ready: %s", meta["namespace"], meta["name"], container["name"], now_ready)
+                    await publish(container)
+                await asyncio.sleep(float(probe_spec.get("periodSeconds", 10)))
 
         async def one(container: dict[str, Any]) -> None:
             while True:
-                running = objects.running_status(
-                    container["name"], ip, started, True, restarts[container["name"]], container.get("image", "")
+                await publish(container)
+                prober = (
+                    asyncio.create_task(probe(container), name=f"probe/{meta['name']}/{container['name']}")
+                    if http_readiness(container, ip) is not None
+                    else None
                 )
-                await self.report(pod, self._merged(pod, ip, started, running, results, last, inits))
-                async with self._slots:
-                    code, message = await self._container(pod, container, ip, grace)
+                try:
+                    async with self._slots:
+                        code, message = await self._container(pod, container, ip, grace)
+                finally:
+                    if prober is not None:
+                        prober.cancel()
+                        await asyncio.gather(prober, return_exceptions=True)
+                        ready[container["name"]] = False
                 done = self._terminated(container, ip, started, code, message, restarts[container["name"]])
                 if policy == "Always" or (policy == "OnFailure" and code != 0):
                     last[container["name"]] = {"terminated": done["state"]["terminated"]}

@@ -5,7 +5,9 @@
 - values.schema.json rejects wrong types and unknown keys;
 - the chart's RBAC grants exactly what the operator calls: the (group, resource, verb) set is derived from
   the emulated API server's request log while the operator runs from the chart's own command/args/env;
-- installs against the emulated API server, upgrades with the CRD hook, and an example reaches Building.
+- installs against the emulated API server and an example reaches Serving under the chart's command.
+Installing, `helm test`, upgrading with the CRD hook and uninstalling on the real control plane, the operator
+in-cluster on the node: test_chart_cluster.py.
 """
 
 from __future__ import annotations
@@ -503,6 +505,7 @@ def test_deployment_args_and_env_follow_values():
         "--all-namespaces",
         "--standalone",
         "--liveness=http://0.0.0.0:8080/healthz",
+        "--metrics-address=0.0.0.0",
         "--metrics-port=9090",
         "--log-format=json",
         "--log-level=info",
@@ -539,6 +542,7 @@ def test_deployment_args_and_env_follow_values():
         "--renew-deadline=10s",
         "--retry-period=2s",
         "--liveness=http://0.0.0.0:18080/live",
+        "--metrics-address=0.0.0.0",
         "--metrics-port=19090",
         "--log-format=plain",
         "--log-level=debug",
@@ -564,6 +568,7 @@ def test_args_parse_with_the_operators_cli():
         (c,) = one(manifests(render(COMBOS[combo][0])), "Deployment")["spec"]["template"]["spec"]["containers"]
         args = parser.parse_args(c["args"])
         assert args.command == "run" and args.liveness.endswith("/healthz") and args.metrics_port == 9090
+        assert args.metrics_address == "0.0.0.0"
         assert args.gpu_node_check is COMBOS[combo][0].get("gpuNodeCheck", True)
         assert args.log_format == "json"
         if "--all-namespaces" in c["args"]:
@@ -967,79 +972,8 @@ def helm_config(kubeconfig: Path) -> Iterator[helm.Config]:
         yield cfg
 
 
-def test_install_and_upgrade_with_the_crd_hook(apiserver, helm_config, kubectl, tmp_path: Path):
-    emu = apiserver.emulator
-    release = helm_config.install(
-        str(CHART), RELEASE, {"watchNamespaces": ["default"]}, namespace=NAMESPACE, create_namespace=True, timeout=60
-    )
-    assert release["status"] == "deployed" and release["app_version"] == redrafter_operator.__version__
-    assert "kubectl get rdd" in release["notes"]
-    crds = {c["metadata"]["name"] for c in emu.list_objects("apiextensions.k8s.io/v1", "CustomResourceDefinition")}
-    assert "redrafterdeployments.redrafter.dev" in crds and not [c for c in crds if c.endswith(".kopf.dev")]
-    assert emu.get_object("apps/v1", "Deployment", f"{RELEASE}-redrafter-operator", NAMESPACE)
-    assert emu.get_object("rbac.authorization.k8s.io/v1", "Role", f"{RELEASE}-redrafter-operator", "default")
-    # kubectl sees the API the chart installed
-    out = kubectl("get", "rdd", "-A", check=True)
-    assert out.returncode == 0
-    explain = kubectl("explain", "rdd.spec.engine", check=False)
-    assert explain.returncode == 0 or "not find" not in explain.stderr
-
-    # An older CRD in the cluster (as after a chart upgrade that changed the API): the hook applies the new one.
-    name = "redrafterdeployments.redrafter.dev"
-    emu.patch_object(
-        "apiextensions.k8s.io/v1",
-        "CustomResourceDefinition",
-        name,
-        None,
-        {"metadata": {"annotations": {"redrafter.dev/stale": "true"}}, "spec": {"names": {"shortNames": ["stale"]}}},
-    )
-    hook_ran: dict[str, Any] = {}
-
-    def run_hook_job() -> None:
-        """What the kubelet would do: run the Job's container (the pinned kubectl) with its ConfigMap."""
-        job_name = f"{RELEASE}-redrafter-operator-crd-upgrade"
-        job = _wait(lambda: emu.find_object("batch/v1", "Job", job_name, NAMESPACE), 30, "the hook Job")
-        spec = job["spec"]["template"]["spec"]
-        (container,) = spec["containers"]
-        cm_name = next(v["configMap"]["name"] for v in spec["volumes"] if "configMap" in v)
-        mount = next(m["mountPath"] for m in container["volumeMounts"] if m["name"] == "crds")
-        files = tmp_path / "crds"
-        files.mkdir()
-        for key, text in emu.get_object("v1", "ConfigMap", cm_name, NAMESPACE)["data"].items():
-            (files / key).write_text(text)
-        assert container["command"] == ["kubectl"]
-        args = [a.replace(mount, str(files)) for a in container["args"]]
-        hook_ran["result"] = kubectl(*args)
-        if hook_ran["result"].returncode == 0:
-            controllers.complete_job(emu, job_name, NAMESPACE)
-
-    worker = threading.Thread(target=run_hook_job, daemon=True)
-    worker.start()
-    upgraded = helm_config.upgrade(
-        str(CHART),
-        RELEASE,
-        {"watchNamespaces": ["default"], "crds": {"upgradeJob": {"enabled": True}}},
-        namespace=NAMESPACE,
-        timeout=60,
-    )
-    worker.join(30)
-    assert hook_ran["result"].returncode == 0, hook_ran["result"].stderr
-    assert upgraded["status"] == "deployed" and upgraded["revision"] == 2
-    crd = emu.get_object("apiextensions.k8s.io/v1", "CustomResourceDefinition", name)
-    assert crd["spec"]["names"]["shortNames"] == ["rdd"]  # the chart's CRD again
-    # hook-succeeded: every hook object is gone after the upgrade
-    for kind, api, ns in (
-        ("Job", "batch/v1", NAMESPACE),
-        ("ConfigMap", "v1", NAMESPACE),
-        ("ServiceAccount", "v1", NAMESPACE),
-        ("ClusterRole", "rbac.authorization.k8s.io/v1", None),
-    ):
-        assert emu.find_object(api, kind, f"{RELEASE}-redrafter-operator-crd-upgrade", ns) is None, kind
-
-    helm_config.uninstall(RELEASE, timeout=30)
-    assert emu.find_object("apps/v1", "Deployment", f"{RELEASE}-redrafter-operator", NAMESPACE) is None
-    # Helm keeps CRDs (and so every ReDrafterDeployment) on uninstall
-    assert emu.find_object("apiextensions.k8s.io/v1", "CustomResourceDefinition", name) is not None
+# helm install, upgrade with the CRD hook Job, and uninstall: tests/e2e/test_chart_cluster.py, on the real
+# control plane, with the hook Job run in a Pod by the node.
 
 
 _SHIM = """
@@ -1445,7 +1379,7 @@ def test_two_replicas_from_the_chart_elect_one_leader_and_hand_over_on_shutdown(
     )
     deploy = one([d for d in yaml.safe_load_all(release["manifest"]) if d], "Deployment")
     (container,) = deploy["spec"]["template"]["spec"]["containers"]
-    args = [a for a in container["args"] if not a.startswith(("--liveness", "--metrics-port"))]
+    args = [a for a in container["args"] if not a.startswith(("--liveness", "--metrics-"))]
     lease_duration = float(next(a for a in args if a.startswith("--lease-duration="))[len("--lease-duration=") : -1])
     procs: dict[str, subprocess.Popen] = {}
     logs = {}

@@ -166,3 +166,56 @@ def test_resource_quantities_parse_as_kubernetes_reads_them() -> None:
     assert parse_quantity("1500m") == 2 and parse_quantity("2") == 2 and parse_quantity("1.5Ki") == 1536
     with pytest.raises(ValueError):
         parse_quantity("lots")
+
+
+async def test_a_mount_point_in_a_flag_is_the_volumes_directory_and_env_field_refs_resolve(tmp_path: Path) -> None:
+    """``--filename=/crds`` (the CRD hook's kubectl) names the ConfigMap volume's own directory, which a program
+    that lstat()s its argument finds a directory; POD_NAMESPACE comes from the downward API."""
+    fs = HostFS(tmp_path)
+    root = fs.pod_root("ns", "hook-x")
+    container = {
+        "name": "apply",
+        "command": ["kubectl"],
+        "args": ["apply", "--filename=/crds", "--server-side", "/crds/a.yaml"],
+        "env": [{"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
+        "volumeMounts": [{"name": "crds", "mountPath": "/crds"}],
+    }
+    manifest = {
+        "metadata": {"name": "hook-x", "namespace": "ns"},
+        "spec": {"volumes": [{"name": "crds", "configMap": {"name": "crds"}}], "containers": [container]},
+    }
+
+    class Api:
+        async def get(self, kind: object, name: str, ns: str) -> dict[str, object]:
+            return {"data": {"a.yaml": "kind: X\n"}}
+
+    argv, env, _ = await JobRunner(api=Api(), fs=fs)._prepare("ns", manifest, container, root, "127.244.0.9")  # type: ignore[arg-type]
+
+    (mount,) = root.mounts
+    assert argv[1:] == ["apply", f"--filename={mount.host}", "--server-side", root.to_host("/crds/a.yaml")]
+    assert Path(argv[2].split("=", 1)[1]).is_dir() and not Path(argv[2].split("=", 1)[1]).is_symlink()
+    assert env["POD_NAMESPACE"] == "ns"
+
+
+def test_listen_addresses_and_readiness_probes_as_in_a_pod_network() -> None:
+    from redrafter_sim.noderun import http_readiness
+    from redrafter_sim.podns import pod_listen_args
+
+    args = ["run", "--liveness=http://0.0.0.0:8080/healthz", "--metrics-address=0.0.0.0", "--x=10.0.0.0", "0.0.0.0/0"]
+    assert pod_listen_args(args, "127.244.1.2") == [
+        "run",
+        "--liveness=http://127.244.1.2:8080/healthz",
+        "--metrics-address=127.244.1.2",
+        "--x=10.0.0.0",
+        "0.0.0.0/0",
+    ]
+    container = {
+        "name": "operator",
+        "ports": [{"name": "health", "containerPort": 8080}],
+        "readinessProbe": {"httpGet": {"path": "/healthz", "port": "health"}, "periodSeconds": 10},
+    }
+    probe, url = http_readiness(container, "127.244.1.2") or ({}, None)
+    assert url == "http://127.244.1.2:8080/healthz" and probe["periodSeconds"] == 10
+    missing = {**container, "readinessProbe": {"httpGet": {"port": "nope"}}}
+    assert http_readiness(missing, "127.244.1.2") == ({"httpGet": {"port": "nope"}}, None)  # never passes
+    assert http_readiness({"name": "c"}, "127.244.1.2") is None  # no probe: Ready once running

@@ -81,6 +81,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 - --standalone
 {{- end }}
 - --liveness=http://0.0.0.0:{{ .Values.health.port }}{{ .Values.health.path }}
+- --metrics-address=0.0.0.0
 - --metrics-port={{ .Values.metrics.port }}
 - --log-format={{ .Values.logging.format }}
 - --log-level={{ .Values.logging.level }}

@@ -127,6 +127,11 @@ def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         help="serve the operator's /metrics on this port (0: off)",
     )
     p.add_argument(
+        "--metrics-address",
+        default=os.environ.get("REDRAFTER_METRICS_ADDRESS") or "0.0.0.0",
+        help="the address /metrics listens on (env REDRAFTER_METRICS_ADDRESS; default 0.0.0.0, every address)",
+    )
+    p.add_argument(
         "--kubeconfig",
         default=os.environ.get("KUBECONFIG") or None,
         help="kubeconfig file (default: in-cluster service account, else ~/.kube/config)",
@@ -186,6 +191,7 @@ def options(args: argparse.Namespace) -> RunOptions:
         election=_election(args) if args.leader_elect and not args.standalone else None,
         liveness=args.liveness,
         metrics_port=args.metrics_port,
+        metrics_host=args.metrics_address,
         kubeconfig=args.kubeconfig,
         context=args.context,
         workers=args.workers,

@@ -52,7 +52,7 @@ $(CP_STAMP): $(CP_DIR)/go.mod $(CP_DIR)/go.sum $(CP_DIR)/cmd/etcd/main.go
 	cd $(CP_DIR) && go mod download
 	@set -e; for pair in $(CP_CMDS); do \
 	  name=$${pair%%:*}; pkg=$${pair#*:}; start=$$(date +%s); \
-	  echo "control plane: building $$name (the first build of all four takes about N minutes on 2 cores)"; \
+	  echo "control plane: building $$name (the first build of all four: about 10 minutes on 2 cores)"; \
 	  (cd $(CP_DIR) && go build -trimpath -buildvcs=false -ldflags='$(CP_LDFLAGS)' -o bin/$$name $$pkg); \
 	  echo "control plane: $$name built in $$(( $$(date +%s) - start ))s"; \
 	done

@@ -212,6 +212,8 @@ class ControlPlane:
                     f"--etcd-servers={self.etcd_url}",
                     "--bind-address=127.0.0.1",
                     "--advertise-address=127.0.0.1",
+                    # a loopback address is no valid Endpoints IP: no `kubernetes` Endpoints, as envtest runs it
+                    "--endpoint-reconciler-type=none",
                     f"--secure-port={self.port}",
                     f"--tls-cert-file={serving.cert}",
                     f"--tls-private-key-file={serving.key}",
@@ -247,7 +249,7 @@ class ControlPlane:
                     f"--controllers={','.join(CONTROLLERS)}",
                     "--profiling=false",
                 ],
-                f"https://127.0.0.1:{kcm_port}/readyz",
+                f"https://127.0.0.1:{kcm_port}/healthz",  # it serves no /readyz (its healthz checks the informers)
                 logs / "kube-controller-manager.log",
             ),
             "kube-scheduler": Component(

@@ -43,7 +43,7 @@ from typing import Any
 import yaml
 
 from engine_jobs.contract import BuildResult
-from redrafter_operator.api import API_VERSION, KIND
+from redrafter_operator.api import API_VERSION, GROUP, KIND, PLURAL
 from redrafter_operator.api.crd import crd_yaml
 from redrafter_operator.render import names, validation
 
@@ -63,6 +63,10 @@ BUILT_MESSAGE = BuildResult(size_bytes=17_179_869_184, built_at="2026-12-01T10:0
 VALIDATED_MESSAGE = "Passed: 12 prompts identical"
 STARTUP_SECONDS = 8.0  # a restarted replica has listed everything and reconciled once by then
 EXPECTED_HISTORY = [("redrafter", "base"), ("base", "redrafter")]
+#: kube-apiserver serves these watches from etcd, not from its watch cache: an etcd compaction expires them
+#: (ERROR 410 on the next watch from an older resourceVersion), as it does on a cluster that disables their cache;
+#: the other kinds stay cached, and a kube-apiserver restart expires those (its new cache starts at the present).
+APISERVER_ARGS = (f"--watch-cache-sizes={PLURAL}.{GROUP}#0,jobs.batch#0",)
 
 
 @dataclass

@@ -95,8 +95,14 @@ def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
                 and "default" not in sub
                 and not optional
             ):
-                sub["default"] = {}
+                sub["default"] = _filled(sub)
     return out
+
+
+def _filled(schema: dict[str, Any]) -> dict[str, Any]:
+    """An object's default with its properties' defaults in it: kube-apiserver evaluates the object's CEL rules
+    on the default itself (a bare ``{}`` fails them with ``no such key``)."""
+    return {name: sub["default"] for name, sub in schema.get("properties", {}).items() if "default" in sub}
 
 
 def _without_defaults(node: Any) -> Any:

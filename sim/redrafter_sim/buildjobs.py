@@ -100,12 +100,14 @@ def job_finished(job: Mapping[str, Any]) -> bool:
     return objects.condition_true(job, "Complete") or objects.condition_true(job, "Failed")
 
 
-def provision_source(fs: HostFS, ref: SourceRef | None, role: str) -> None:
-    """A pvc:// claim that does not hold the source yet gets the fake checkpoint piece for ``role``."""
+def provision_source(fs: HostFS, ref: SourceRef | None, role: str, claims: Mapping[str, Path] | None = None) -> None:
+    """A pvc:// claim that does not hold the source yet gets the fake checkpoint piece for ``role``
+    (``claims``: the host directories of the pod's claims where the node resolved them itself)."""
     if ref is None or not ref.uri.startswith("pvc://"):
         return
     claim, _, sub = ref.uri[len("pvc://") :].partition("/")
-    target = fs.claim_dir(claim) / sub if sub else fs.claim_dir(claim)
+    claim_dir = (claims or {}).get(claim) or fs.claim_dir(claim)
+    target = claim_dir / sub if sub else claim_dir
     # a fixture by name, whatever reads it; but training needs real weights (the tiny random Llama)
     if role not in ("dataset", "trainable-base") and target.name in FIXTURES:
         if not (target / "config.json").exists():
@@ -393,6 +395,7 @@ class JobRunner:
         self, ns: str, manifest: dict[str, Any], container: dict[str, Any], root: PodRoot, ip: str
     ) -> tuple[list[str], dict[str, str], Identity]:
         pod_spec = manifest["spec"]
+        claims = self.fs.claims_of(root, pod_spec)
         configmaps: dict[str, dict[str, str]] = {}
         build_specs: list[BuildSpec] = []
         for cm_name in configmap_names(pod_spec):
@@ -403,14 +406,14 @@ class JobRunner:
             if contract.BUILD_SPEC_FILE in data:
                 spec = BuildSpec.model_validate_json(data[contract.BUILD_SPEC_FILE])
                 build_specs.append(spec)
-                provision_source(self.fs, spec.base, "base")
-                provision_source(self.fs, spec.drafter, "drafter")
-                provision_source(self.fs, spec.tokenizer, "tokenizer")
+                provision_source(self.fs, spec.base, "base", claims)
+                provision_source(self.fs, spec.drafter, "drafter", claims)
+                provision_source(self.fs, spec.tokenizer, "tokenizer", claims)
                 data[contract.BUILD_SPEC_FILE] = localize_build_spec(data[contract.BUILD_SPEC_FILE], root)
             if contract.TRAIN_SPEC_FILE in data:
                 train = TrainSpec.model_validate_json(data[contract.TRAIN_SPEC_FILE])
-                provision_source(self.fs, train.base, "trainable-base")
-                provision_source(self.fs, train.dataset, "dataset")
+                provision_source(self.fs, train.base, "trainable-base", claims)
+                provision_source(self.fs, train.dataset, "dataset", claims)
                 data[contract.TRAIN_SPEC_FILE] = localize_train_spec(data[contract.TRAIN_SPEC_FILE], root)
             configmaps[cm_name] = data
         secrets: dict[str, dict[str, bytes]] = {}
@@ -446,17 +449,7 @@ class JobRunner:
         """``<svc>.<ns>.svc:<port>`` -> ``<ready endpoint ip>:<target port>`` (cluster DNS + kube-proxy)."""
 
         async def one(m: re.Match[str]) -> str:
-            svc, ns, port = m.group(1), m.group(3), int(m.group(6))
-            eps = await self.api.get(ENDPOINTS, svc, ns) or {}
-            for subset in eps.get("subsets") or []:
-                addresses = subset.get("addresses") or subset.get("notReadyAddresses") or []
-                ports = subset.get("ports") or []
-                target = next((p["port"] for p in ports if p.get("port") == port), None)
-                if target is None and len(ports) == 1:
-                    target = ports[0]["port"]
-                if addresses:
-                    return f"{addresses[0]['ip']}:{target or port}"
-            return m.group(0)
+            return await self.service_endpoint(m.group(1), m.group(3), int(m.group(6))) or m.group(0)
 
         out, last = [], 0
         for m in SERVICE_ADDRESS.finditer(arg):
@@ -464,10 +457,24 @@ class JobRunner:
             last = m.end()
         return "".join(out) + arg[last:]
 
+    async def service_endpoint(self, svc: str, ns: str, port: int) -> str | None:
+        """``ip:port`` of an endpoint of the Service (from its Endpoints), None when it has none."""
+        eps = await self.api.get(ENDPOINTS, svc, ns) or {}
+        for subset in eps.get("subsets") or []:
+            addresses = subset.get("addresses") or subset.get("notReadyAddresses") or []
+            ports = subset.get("ports") or []
+            target = next((p["port"] for p in ports if p.get("port") == port), None)
+            if target is None and len(ports) == 1:
+                target = ports[0]["port"]
+            if addresses:
+                return f"{addresses[0]['ip']}:{target or port}"
+        return None
+
     async def _execute(
-        self, argv: list[str], env: dict[str, str], root: PodRoot, identity: Identity
+        self, argv: list[str], env: dict[str, str], root: PodRoot, identity: Identity, grace: float = 5.0
     ) -> tuple[int, str]:
-        """Run the container's command as ``identity`` (its capabilities; file access was set at mount)."""
+        """Run the container's command as ``identity`` (its capabilities; file access was set at mount);
+        cancelled, it is stopped as a deleted pod's container is: SIGTERM, SIGKILL after ``grace`` seconds."""
         log_path = root.root / "container.log"
         with open(log_path, "wb") as out:
             proc = await asyncio.create_subprocess_exec(
@@ -482,7 +489,7 @@ class JobRunner:
         try:
             code = await proc.wait()
         except asyncio.CancelledError:
-            await _terminate(proc)
+            await _terminate(proc, grace)
             raise
         term = Path(env["REDRAFTER_TERMINATION_LOG"])
         message = term.read_text(errors="replace") if term.is_file() else ""

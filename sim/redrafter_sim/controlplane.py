@@ -56,6 +56,8 @@ CONTROLLERS = (
     "disruption-controller",
     "clusterrole-aggregation-controller",
     "persistentvolume-binder-controller",
+    # removes the not-ready taint the TaintNodesByCondition admission puts on every new Node, once it is Ready
+    "node-lifecycle-controller",
 )
 ADMIN_USER = "kubernetes-admin"
 
@@ -212,8 +214,7 @@ class ControlPlane:
                     f"--etcd-servers={self.etcd_url}",
                     "--bind-address=127.0.0.1",
                     "--advertise-address=127.0.0.1",
-                    # a loopback address is no valid Endpoints IP: no `kubernetes` Endpoints, as envtest runs it
-                    "--endpoint-reconciler-type=none",
+                    "--endpoint-reconciler-type=none",  # loopback is no advertisable address (envtest does the same)
                     f"--secure-port={self.port}",
                     f"--tls-cert-file={serving.cert}",
                     f"--tls-private-key-file={serving.key}",
@@ -247,9 +248,10 @@ class ControlPlane:
                     f"--service-account-private-key-file={self.pki.sa_key}",
                     f"--root-ca-file={self.pki.ca.cert}",
                     f"--controllers={','.join(CONTROLLERS)}",
+                    "--node-monitor-period=1s",  # a registered node schedulable within a second, not five
                     "--profiling=false",
                 ],
-                f"https://127.0.0.1:{kcm_port}/healthz",  # it serves no /readyz (its healthz checks the informers)
+                f"https://127.0.0.1:{kcm_port}/healthz",  # it serves no /readyz
                 logs / "kube-controller-manager.log",
             ),
             "kube-scheduler": Component(

@@ -130,6 +130,18 @@ class HostFS:
         (self.node_dir / "pods").mkdir(parents=True, exist_ok=True)
         #: how each claim's root was provisioned (owner, group, mode) where not root:root 0755
         self.claim_ownership: dict[str, Ownership] = {}
+        #: volumes a node laid out itself, by pod root and volume name (a claim resolved through its bound
+        #: PersistentVolume, a projected service-account token): mounted as they are
+        self.prepared: dict[Path, dict[str, Path]] = {}
+
+    def claims_of(self, pod: PodRoot, pod_spec: Mapping[str, Any]) -> dict[str, Path]:
+        """claim name -> host directory, for the pod's claims the node resolved itself."""
+        prepared = self.prepared.get(pod.root, {})
+        return {
+            v["persistentVolumeClaim"]["claimName"]: prepared[v["name"]]
+            for v in pod_spec.get("volumes") or []
+            if "persistentVolumeClaim" in v and v["name"] in prepared
+        }
 
     def claim_dir(self, claim: str, sub_path: str = "") -> Path:
         path = self.node_dir / "pvc" / _safe(claim)
@@ -144,6 +156,7 @@ class HostFS:
         return PodRoot(root, host_paths=self.host_paths)
 
     def remove_pod(self, namespace: str, name: str) -> None:
+        self.prepared.pop(self.node_dir / "pods" / f"{_safe(namespace)}_{_safe(name)}", None)
         shutil.rmtree(self.node_dir / "pods" / f"{_safe(namespace)}_{_safe(name)}", ignore_errors=True)
 
     def mount_volumes(
@@ -194,6 +207,9 @@ class HostFS:
         identity: Identity | None,
     ) -> Path:
         name = _safe(vol["name"])
+        prepared = self.prepared.get(pod.root, {}).get(vol["name"])
+        if prepared is not None:
+            return prepared
         if "persistentVolumeClaim" in vol:
             return self.claim_dir(vol["persistentVolumeClaim"]["claimName"])
         if "configMap" in vol:

@@ -502,13 +502,58 @@ class ServingController:
             await self.api.delete(PODS, pod.name, pod.namespace)
         self._stop(pod)
 
-    def _stop(self, pod: ServingPod, delay: float = TERMINATION_DELAY_SECONDS) -> None:
+    def _stop(self, pod: ServingPod, delay: float = TERMINATION_DELAY_SECONDS) -> asyncio.Task[None]:
         """Forget the pod and stop its server in the background (Triton drains, then the dirs go)."""
         pod.deleted = True
         self.pods.pop((pod.namespace, pod.name), None)
         task = asyncio.create_task(self._stop_server(pod, delay), name=f"stop/{pod.name}")
         self._stopping.add(task)
         task.add_done_callback(self._stopping.discard)
+        return task
+
+    # ------------------------------------------------------------------ a kubelet's half only
+    def run_pod(self, manifest: dict[str, Any]) -> ServingPod:
+        """Run a Pod the API server bound to this node (a real ReplicaSet controller created it, a real
+        scheduler placed it): only the kubelet's work, :meth:`probe_pods` reports its status."""
+        meta, container = manifest["metadata"], manifest["spec"]["containers"][0]
+        owner: dict[str, Any] = next(iter(meta.get("ownerReferences") or []), {})
+        pod = ServingPod(
+            namespace=meta["namespace"],
+            name=meta["name"],
+            owner_uid=owner.get("uid", ""),
+            template_hash=(meta.get("labels") or {}).get(objects.POD_TEMPLATE_HASH, ""),
+            labels=dict(meta.get("labels") or {}),
+            ip=self.ips.allocate(),
+            root=self.fs.pod_root(meta["namespace"], meta["name"]),
+            container=container["name"],
+            image=container.get("image", ""),
+            uid=meta.get("uid", ""),
+            gpus=_gpu_limit(container),
+            memory_limit=_memory_limit(container),
+            probe=_http_probe(container),
+        )
+        self.pods[(pod.namespace, pod.name)] = pod
+        pod.starting = asyncio.create_task(self._start(pod, manifest), name=f"pod/{pod.name}")
+        log.info("pod %s/%s runs on %s", pod.namespace, pod.name, pod.ip)
+        return pod
+
+    async def stop_pod(self, namespace: str, name: str, delay: float) -> None:
+        """Stop a deleted Pod's processes (after ``delay``: its preStop) and wait until they are gone."""
+        pod = self.pods.get((namespace, name))
+        if pod is not None:
+            await self._stop(pod, delay)
+
+    def stop_pod_soon(self, namespace: str, name: str) -> None:
+        """Stop a Pod that is already gone from the API, in the background."""
+        pod = self.pods.get((namespace, name))
+        if pod is not None:
+            self._stop(pod, delay=0.0)
+
+    async def probe_pods(self) -> None:
+        """Probe every pod and report a changed status (the kubelet's status manager)."""
+        if self._http is None:
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1.0))
+        await self._probe_all()
 
     async def _stop_server(self, pod: ServingPod, delay: float) -> None:
         if delay:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.chaos import APISERVER_ARGS
 from harness.cluster import Kube, delete_namespace, new_namespace, start_control_plane
-from redrafter_sim.chaos import APISERVER_ARGS
 from redrafter_sim.controlplane import ControlPlane
 from redrafter_sim.server import EmulatorHandle, EmulatorThread, write_kubeconfig
 

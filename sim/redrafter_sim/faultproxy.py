@@ -96,6 +96,7 @@ class Request:
     query: str
     status: int | None
     injected: bool
+    body: str = ""  # a write's body, its first 2,000 characters (what an idle write changed)
 
     @property
     def watch(self) -> bool:
@@ -309,7 +310,9 @@ class FaultProxy:
         """Successful writes per identity since ``mark()`` was ``since``."""
         return Counter(r.who for r in self.requests(since) if r.write and r.ok)
 
-    def _record(self, request: web.Request, who: str, status: int | None, injected: bool, at: float) -> None:
+    def _record(
+        self, request: web.Request, who: str, status: int | None, injected: bool, at: float, body: bytes | None = None
+    ) -> None:
         entry = Request(
             at,
             who,
@@ -319,6 +322,7 @@ class FaultProxy:
             request.query_string,
             status,
             injected,
+            (body or b"")[:2000].decode(errors="replace") if request.method in WRITE_METHODS else "",
         )
         with self._lock:
             self.log.append(entry)
@@ -383,7 +387,7 @@ class FaultProxy:
         if not is_watch(request.path, request.query_string) or upstream.status != 200:
             async with upstream:
                 payload = await upstream.read()
-            self._record(request, who, upstream.status, False, at)
+            self._record(request, who, upstream.status, False, at, body)
             return web.Response(status=upstream.status, body=payload, headers=out_headers)
         return await self._stream(request, upstream, out_headers, who, at)
 

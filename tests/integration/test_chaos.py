@@ -1,20 +1,34 @@
 """A few seeded fault episodes in the suite (bench/chaos.py runs the campaign): the operator, run as processes
-against the emulated API server under 5xx, 429, 409, latency, cut and expired watches, outages, API server
-restarts and SIGKILLs, converges with no duplicate Job, no lost switch, no crash, no write by a non-leader
-and no idle write."""
+under the chart's RBAC through the fault proxy to the real kube-apiserver, under 5xx, 429, 409, latency, cut and
+reset watches, outages, etcd compactions, a kube-apiserver or etcd restart and SIGKILLs, converges with no
+duplicate Job, no lost switch, no crash, no write by a non-leader and no idle write."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from redrafter_sim.chaos import FAULTS, run_episode
+from harness.chaos import FAULTS, ChaosCluster, run_episode
+from redrafter_sim.controlplane import ControlPlane
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+@pytest.fixture
+async def chaos_cluster(chaos_control_plane: ControlPlane, tmp_path: Path) -> AsyncIterator[ChaosCluster]:
+    async with ChaosCluster(tmp_path / "cluster", chaos_control_plane) as cl:
+        yield cl
 
 
 @pytest.mark.parametrize(("seed", "replicas"), [(0, 1), (1, 2)])
-async def test_a_seeded_fault_episode_converges_cleanly(seed: int, replicas: int, tmp_path: Path) -> None:
-    ep = await run_episode(seed, tmp_path, replicas=replicas, fault_seconds=5.0, idle_seconds=1.5)
+async def test_a_seeded_fault_episode_converges_cleanly(
+    seed: int, replicas: int, chaos_cluster: ChaosCluster, tmp_path: Path
+) -> None:
+    ep = await run_episode(
+        seed, chaos_cluster, tmp_path / "episode", replicas=replicas, fault_seconds=8.0, idle_seconds=1.5
+    )
     assert sum(ep.faults.values()) >= 4, ep.faults  # the schedule did inject
     assert set(ep.faults) <= set(FAULTS)
     assert ep.converged, ep.detail

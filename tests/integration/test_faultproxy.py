@@ -1,5 +1,5 @@
 """The fault proxy in front of the real kube-apiserver, and what the real control plane does when it is restarted
-or compacted: the facts the fault campaign (``redrafter_sim.chaos``) builds on.
+or compacted: the facts the fault campaign (``tests/harness/chaos.py``) builds on.
 
 Upstream facts checked here (kube-apiserver v1.37.2, k8s.io/apiserver v0.37.2):
 

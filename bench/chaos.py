@@ -64,6 +64,7 @@ def table(episodes: list[Episode]) -> str:
         ("writes by a non-leader", str(sum(e.non_leader_writes for e in episodes))),
         ("idle writes once settled after the faults", str(sum(e.idle_writes for e in episodes))),
         ("(writes while settling, before the quiet check)", str(sum(e.settle_writes for e in episodes))),
+        ("(idle status writes of the policy's evaluation alone)", str(sum(e.policy_writes for e in episodes))),
         ("(leaders that lost their Lease and exited 1)", str(sum(e.lease_exits for e in episodes))),
         ("(ERROR 410 events kube-apiserver sent the operator)", str(sum(e.expired_watches for e in episodes))),
         ("faults injected", ", ".join(f"{k} {faults[k]}" for k in FAULTS)),
@@ -87,7 +88,16 @@ async def one(cl: ChaosCluster, seed: int, root: Path, args: argparse.Namespace)
     """One episode, its line (or JSON), its logs kept when it failed."""
     workdir = root / f"seed-{seed}"
     started = time.monotonic()
-    ep = await run_episode(seed, cl, workdir, fault_seconds=args.fault_seconds, validate=args.validate)
+    kinds = tuple(k for k in FAULTS if k not in args.without)
+    ep = await run_episode(
+        seed,
+        cl,
+        workdir,
+        fault_seconds=args.fault_seconds,
+        validate=args.validate,
+        kinds=kinds,
+        step_timeout=args.step_timeout,
+    )
     took = time.monotonic() - started
     if args.json:
         print(json.dumps({**asdict(ep), "faults": dict(ep.faults), "seconds": round(took, 1)}), flush=True)
@@ -112,6 +122,8 @@ def main() -> int:
     parser.add_argument("--episodes", type=int, default=50)
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--fault-seconds", type=float, default=12.0, help="how long each episode's faults last")
+    parser.add_argument("--without", type=lambda v: v.split(","), default=[], help="fault kinds left out (a,b)")
+    parser.add_argument("--step-timeout", type=float, default=180.0, help="seconds each lifecycle step may take")
     parser.add_argument("--validate", action="store_true", help="run the validation Job before promoting")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()

@@ -96,7 +96,7 @@ class Request:
     query: str
     status: int | None
     injected: bool
-    body: str = ""  # a write's body, its first 2,000 characters (what an idle write changed)
+    body: str = ""  # a write's body, its first 8,000 characters (what an idle write changed)
 
     @property
     def watch(self) -> bool:
@@ -322,7 +322,7 @@ class FaultProxy:
             request.query_string,
             status,
             injected,
-            (body or b"")[:2000].decode(errors="replace") if request.method in WRITE_METHODS else "",
+            (body or b"")[:8000].decode(errors="replace") if request.method in WRITE_METHODS else "",
         )
         with self._lock:
             self.log.append(entry)

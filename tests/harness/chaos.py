@@ -84,6 +84,7 @@ class Episode:
     non_leader_writes: int = 0
     idle_writes: int = 0
     settle_writes: int = 0  # re-applies right after convergence, before the operator went quiet
+    policy_writes: int = 0  # idle status writes of only the policy's evaluation (status.policy, lastEvaluated)
     expired_watches: int = 0  # ERROR 410 events kube-apiserver sent the operator
     faults: Counter[str] = field(default_factory=Counter)
     steps: list[float | None] = field(default_factory=list)  # seconds each lifecycle step took (None: timed out)
@@ -296,6 +297,21 @@ async def _inject(
             target.kill()
 
 
+def policy_only(path: str, body: str) -> bool:
+    """A status write of nothing but the speculation policy's periodic evaluation: its window and
+    recommendations (``status.policy``) and ``status.speculation.lastEvaluated``. The policy writes these every
+    ``spec.speculation.interval`` while serving pods report metrics, traffic or not."""
+    try:
+        status = (json.loads(body) or {}).get("status") or {}
+    except ValueError:
+        return False  # cut at the recorded length: counted as an idle write
+    return (
+        path.endswith("/status")
+        and set(status) <= {"policy", "speculation"}
+        and set(status.get("speculation") or {}) <= {"lastEvaluated"}
+    )
+
+
 def non_leader_writes(proxy: FaultProxy, pods: set[str], since: int) -> int:
     """Successful writes by a replica while the last successful Lease write was another's."""
     holder, count = "", 0
@@ -447,7 +463,13 @@ async def run_episode(
                     ep.settle_writes += len(writes(mark))
                     mark, quiet_since = proxy.mark(), time.monotonic()
             await asyncio.sleep(idle_seconds)
-            idle = [f"{r.who} {r.method} {r.path} {r.status} {r.body[:600]}" for r in writes(mark)]
+            idle_all = writes(mark)
+            ep.policy_writes = sum(1 for r in idle_all if policy_only(r.path, r.body))
+            idle = [
+                f"{r.who} {r.method} {r.path} {r.status} {r.body[:600]}"
+                for r in idle_all
+                if not policy_only(r.path, r.body)
+            ]
             ep.idle_writes = len(idle)
             ep.detail += "".join(f"\nidle write: {w}" for w in idle[:10])
         else:

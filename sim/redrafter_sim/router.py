@@ -96,7 +96,9 @@ class ServiceRouter:
         else:
             self.selector = dict((svc.get("spec") or {}).get("selector") or {})
             eps = await self.api.get(ENDPOINTS, self.service, self.namespace)
-            if eps is None:
+            # a real kube-apiserver refuses the node's loopback pod IPs in Endpoints (ValidateEndpointIP): the
+            # endpoints controller's object stays empty, so the Service's selector decides, as it would
+            if eps is None or not eps.get("subsets"):
                 eps = endpoints_for(svc, await self.api.list(PODS, self.namespace))
             backends = backends_from_endpoints(eps, self.port_name, self.default_port)
         if backends != self.backends:

@@ -1,0 +1,402 @@
+"""The simulated node as a kubelet of a real control plane (kube-apiserver, etcd, the controller manager and the
+scheduler built by ``make controlplane``): it registers and keeps its Lease as ``system:node:<name>``, runs the Pods
+the real Job and ReplicaSet controllers create and the real scheduler binds to it, and reports them so that those
+controllers compute Job and Deployment status; the real EndpointSlice controller lists its serving pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+
+from engine_jobs import contract
+from redrafter_operator.render import names
+from redrafter_operator.render.build import build_configmap, build_job, build_spec
+from redrafter_operator.render.common import Owner
+from redrafter_sim.controlplane import ControlPlane, missing_binaries
+from redrafter_sim.kubeapi import (
+    CONFIGMAPS,
+    DEPLOYMENTS,
+    JOBS,
+    LEASES,
+    NODES,
+    PODS,
+    PVCS,
+    PVS,
+    SECRETS,
+    SERVICE_ACCOUNTS,
+    SERVICES,
+    ApiStatusError,
+    Kind,
+    KubeApi,
+)
+from redrafter_sim.node import SimNode
+from redrafter_sim.router import ServiceRouter
+from redrafter_sim.triton import TritonInstall, TritonUnavailable
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+ROOT = Path(__file__).resolve().parents[2]
+NODE = "sim-node-0"
+NAMESPACES = Kind("v1", "namespaces", namespaced=False)
+_serial = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    absent = missing_binaries()
+    if absent:
+        pytest.fail(
+            f"the control-plane binaries are missing ({', '.join(absent)}): build them with `make controlplane`"
+        )
+    cp = ControlPlane(tmp_path_factory.mktemp("controlplane")).start()
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.fixture
+async def admin(control_plane: ControlPlane) -> AsyncIterator[KubeApi]:
+    async with KubeApi.from_kubeconfig(control_plane.admin_kubeconfig, timeout=30) as api:
+        yield api
+
+
+async def wait_for(predicate: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
+    """Poll ``predicate`` (sync or async) every 0.2 s until it is truthy, bounded by ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture
+async def ns(admin: KubeApi) -> AsyncIterator[str]:
+    name = f"node-test-{next(_serial)}-{int(time.time()) % 100000}"
+    await admin.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    await wait_for(lambda: admin.get(SERVICE_ACCOUNTS, "default", name), 30, "the default ServiceAccount")
+    yield name
+
+
+@pytest.fixture
+async def node(control_plane: ControlPlane, admin: KubeApi, ns: str, tmp_path: Path) -> AsyncIterator[SimNode]:
+    """The node, with kube-proxy's identity for Services; torn down after its namespace is gone (so the next
+    test's node inherits no pod)."""
+    proxy = control_plane.write_kubeconfig(tmp_path / "kube-proxy.kubeconfig", user="system:kube-proxy")
+    sim = SimNode(control_plane.node_kubeconfig(NODE), name=NODE, proxy_kubeconfig=proxy, heartbeat_seconds=1.0)
+    await sim.start()
+    try:
+        for claim in ("engine-cache", "models"):
+            pv, pvc = sim.claim_objects(ns, claim)
+            if await admin.get(PVS, pv["metadata"]["name"]) is None:
+                await admin.create(PVS, pv)
+            await admin.create(PVCS, pvc, ns)
+        yield sim
+    finally:
+        with_pods = await admin.list(PODS, ns)
+        await admin.delete(NAMESPACES, ns)
+        if with_pods:
+            await wait_for(lambda: _no_pods(admin, ns), 90, f"the pods of {ns} to be gone")
+        await sim.stop()
+        for claim in ("engine-cache", "models"):
+            await admin.delete(PVS, sim.claim_objects(ns, claim)[0]["metadata"]["name"])
+
+
+async def _no_pods(admin: KubeApi, ns: str) -> bool:
+    return not await admin.list(PODS, ns)
+
+
+def demo_owner(namespace: str, **spec_changes: Any) -> Owner:
+    body = yaml.safe_load((ROOT / "examples" / "demo-tiny.yaml").read_text())
+    body["metadata"].update(namespace=namespace, uid="11111111-2222-3333-4444-555555555555")
+    for path, value in spec_changes.items():
+        target = body["spec"]
+        *parents, leaf = path.split(".")
+        for p in parents:
+            target = target.setdefault(p, {})
+        target[leaf] = value
+    return Owner.from_body(body)
+
+
+def without_owner(obj: dict[str, Any]) -> dict[str, Any]:
+    """The rendered object without its owner reference (no ReDrafterDeployment exists here: the real garbage
+    collector would delete a dependent whose owner is absent)."""
+    obj["metadata"].pop("ownerReferences", None)
+    return obj
+
+
+def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
+    return next((c for c in ((obj or {}).get("status") or {}).get("conditions") or [] if c["type"] == kind), None)
+
+
+async def finished(admin: KubeApi, ns: str, job: str) -> str:
+    body = await admin.get(JOBS, job, ns)
+    for kind in ("Complete", "Failed"):
+        if (condition(body, kind) or {}).get("status") == "True":
+            return kind
+    return ""
+
+
+async def job_pods(admin: KubeApi, ns: str, job: str) -> list[dict[str, Any]]:
+    return await admin.list(PODS, ns, label_selector=f"batch.kubernetes.io/job-name={job}")
+
+
+async def run_build(admin: KubeApi, owner: Owner, variant: str = "base") -> str:
+    ns = owner.namespace
+    await admin.create(CONFIGMAPS, without_owner(build_configmap(owner, variant)), ns)
+    job = await admin.create(JOBS, without_owner(build_job(owner, variant)), ns)
+    name: str = job["metadata"]["name"]
+    await wait_for(lambda: finished(admin, ns, name), 120, f"Job {name} to finish")
+    return name
+
+
+# ---------------------------------------------------------------------------- the node itself
+async def test_the_node_registers_with_its_gpus_and_renews_its_lease(admin: KubeApi, node: SimNode):
+    body = await admin.get(NODES, NODE)
+    assert body is not None
+    labels = body["metadata"]["labels"]
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3" and labels["nvidia.com/gpu.count"] == "8"
+    assert body["status"]["allocatable"]["nvidia.com/gpu"] == "8"
+    assert {"cpu", "memory", "pods"} <= set(body["status"]["allocatable"])
+    assert (condition(body, "Ready") or {}).get("status") == "True"
+    assert {"type": "InternalIP", "address": "127.0.0.1"} in body["status"]["addresses"]
+
+    lease = await admin.get(LEASES, NODE, "kube-node-lease")
+    assert lease is not None and lease["spec"]["holderIdentity"] == NODE
+    assert lease["metadata"]["ownerReferences"][0]["uid"] == body["metadata"]["uid"]
+    first = lease["spec"]["renewTime"]
+
+    async def renewed() -> bool:
+        again = await admin.get(LEASES, NODE, "kube-node-lease")
+        return bool(again and again["spec"]["renewTime"] > first)
+
+    await wait_for(renewed, 10, "the lease renewed")
+    # the node's identity is a node's: the Node authorizer denies a Secret no pod on it references
+    await admin.create(
+        SECRETS, {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "x"}, "data": {}}, "default"
+    )
+    try:
+        with pytest.raises(ApiStatusError) as denied:
+            await node.api.get(SECRETS, "x", "default")
+        assert denied.value.code == 403
+    finally:
+        await admin.delete(SECRETS, "x", "default")
+
+
+# ---------------------------------------------------------------------------- Jobs: the real Job controller
+async def test_a_build_job_completes_through_the_real_job_controller(admin: KubeApi, node: SimNode, ns: str):
+    owner = demo_owner(ns)
+    name = await run_build(admin, owner)
+    job = await admin.get(JOBS, name, ns)
+    assert await finished(admin, ns, name) == "Complete", job
+    assert job is not None and job["status"]["succeeded"] == 1 and job["status"].get("completionTime")
+    (pod,) = await job_pods(admin, ns, name)
+    assert pod["spec"]["nodeName"] == NODE and pod["status"]["phase"] == "Succeeded"
+    term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert term["exitCode"] == 0 and term["reason"] == "Completed" and term["message"].startswith("OK: engine ")
+    assert pod["status"]["podIP"].startswith("127.") and pod["status"]["hostIP"] == "127.0.0.1"
+    # the artifact is in the engine-cache claim's PersistentVolume, under the node's directory
+    artifact = node.claim_path(ns, "engine-cache") / "engines" / build_spec(owner.spec, "base").key
+    assert (artifact / contract.MANIFEST_FILE).is_file()
+    assert (node.claim_path(ns, "models") / "tiny-llama" / "config.json").is_file()
+
+
+async def test_a_failing_build_fails_its_job_with_the_termination_message(
+    admin: KubeApi, node: SimNode, ns: str, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("FAKE_TRTLLM_FAIL", "trtllm-build")  # the node passes its environment to the containers
+    owner = demo_owner(ns, **{"engine.build.backoffLimit": 0})
+    name = await run_build(admin, owner)
+    job = await admin.get(JOBS, name, ns)
+    assert await finished(admin, ns, name) == "Failed"
+    assert (condition(job, "Failed") or {}).get("reason") == "BackoffLimitExceeded"
+    (pod,) = await job_pods(admin, ns, name)
+    assert pod["status"]["phase"] == "Failed"
+    term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert term["exitCode"] == 3 and term["reason"] == "Error"  # engine_jobs ExitCode.TOOL_FAILURE
+    assert term["message"].startswith("TOOL_FAILURE:") and "CUDA out of memory" in term["message"]
+
+
+async def test_pod_failure_policy_fail_job_ends_the_job_at_its_first_pod(admin: KubeApi, node: SimNode, ns: str):
+    owner = demo_owner(ns, **{"engine.build.backoffLimit": 3, "model.architecture": "qwen"})  # the base is Llama
+    name = await run_build(admin, owner)
+    job = await admin.get(JOBS, name, ns)
+    failed = condition(job, "Failed") or {}
+    assert failed.get("reason") == "PodFailurePolicy", job
+    (pod,) = await job_pods(admin, ns, name)
+    assert failed["message"] == (
+        f"Container build for pod {ns}/{pod['metadata']['name']} failed with exit code 2 matching FailJob rule at index 0"
+    )
+    term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert term["exitCode"] == 2 and term["message"].startswith("BAD_INPUT: spec says architecture qwen")
+
+
+# ---------------------------------------------------------------------------- plain pods: volumes, deletion
+def bare_pod(name: str, argv: list[str], **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "main", "image": "python:3.11", "command": argv}],
+            **spec,
+        },
+    }
+
+
+async def pod_phase(admin: KubeApi, ns: str, name: str, *phases: str) -> dict[str, Any] | None:
+    pod = await admin.get(PODS, name, ns)
+    return pod if pod and (pod.get("status") or {}).get("phase") in phases else None
+
+
+READ_TOKEN = (
+    "import base64, json, sys\n"
+    "token = open(sys.argv[1] + '/token').read().split('.')[1]\n"
+    "claims = json.loads(base64.urlsafe_b64decode(token + '=='))\n"
+    "out = [open(sys.argv[1] + '/namespace').read(), claims['sub'], claims['kubernetes.io']['pod']['name'],\n"
+    "       str('BEGIN CERTIFICATE' in open(sys.argv[1] + '/ca.crt').read())]\n"
+    "open(sys.argv[2], 'w').write(' '.join(out))\n"
+)
+
+
+async def test_a_pod_gets_a_bound_service_account_token(admin: KubeApi, node: SimNode, ns: str):
+    """The kube-api-access-* volume the ServiceAccount admission adds: a TokenRequest made as the node, bound to
+    this pod, with the cluster's CA and the namespace."""
+    sa_dir = "/var/run/secrets/kubernetes.io/serviceaccount"
+    pod = await admin.create(PODS, bare_pod("token", ["python", "-c", READ_TOKEN, sa_dir, "/dev/termination-log"]), ns)
+    assert any(v["name"].startswith("kube-api-access-") for v in pod["spec"]["volumes"])
+    done = await wait_for(lambda: pod_phase(admin, ns, "token", "Succeeded", "Failed"), 60, "the token pod to finish")
+    term = done["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert done["status"]["phase"] == "Succeeded", term
+    assert term["message"] == f"{ns} system:serviceaccount:{ns}:default token True"
+
+
+async def test_a_deleted_pod_is_stopped_within_its_grace_period_and_removed(admin: KubeApi, node: SimNode, ns: str):
+    argv = ["python", "-c", "import time\nwhile True: time.sleep(1)"]
+    await admin.create(PODS, bare_pod("sleeper", argv, terminationGracePeriodSeconds=5), ns)
+    running = await wait_for(lambda: pod_phase(admin, ns, "sleeper", "Running"), 60, "the pod running")
+    uid = running["metadata"]["uid"]
+    await wait_for(lambda: _processes_of(node, ns, "sleeper"), 10, "the container's process")
+    started = time.monotonic()
+    await admin.delete(PODS, "sleeper", ns)
+    await wait_for(lambda: _gone(admin, ns, "sleeper", uid), 15, "the pod deleted by the node")
+    assert time.monotonic() - started < 10
+    assert not _processes_of(node, ns, "sleeper")
+
+
+async def _gone(admin: KubeApi, ns: str, name: str, uid: str) -> bool:
+    pod = await admin.get(PODS, name, ns)
+    return pod is None or pod["metadata"]["uid"] != uid
+
+
+def _processes_of(node: SimNode, ns: str, pod: str) -> list[int]:
+    """PIDs of live processes whose working directory is the pod's root on the node."""
+    root = str(node.fs.pod_root(ns, pod).root) if (node.node_dir / "pods").is_dir() else "\0"
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if str(Path(entry / "cwd").readlink()).startswith(root):
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+# ---------------------------------------------------------------------------- serving: the real ReplicaSet controller
+def tritonservers_under(path: Path) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "tritonserver" in cmd and str(path) in cmd:
+            pids.append(int(entry.name))
+    return pids
+
+
+PROBE_SERVICE = (
+    "import sys, urllib.request\n"
+    "with urllib.request.urlopen('http://' + sys.argv[1] + '/v2/health/ready', timeout=5) as r:\n"
+    "    open(sys.argv[2], 'w').write(sys.argv[1] + ' ' + str(r.status))\n"
+)
+
+
+async def test_a_serving_deployment_becomes_ready_and_is_routed_to(admin: KubeApi, node: SimNode, ns: str):
+    try:
+        TritonInstall.find()
+    except TritonUnavailable as exc:
+        pytest.skip(f"tritonserver cannot run here: {exc}")
+    from redrafter_operator.render.serving import serving_configmap, serving_deployment, variant_service
+
+    owner = demo_owner(ns)
+    assert await finished(admin, ns, await run_build(admin, owner, "redrafter")) == "Complete"
+    key = build_spec(owner.spec, "redrafter").key
+    await admin.create(CONFIGMAPS, without_owner(serving_configmap(owner, "redrafter", key)), ns)
+    dep = without_owner(serving_deployment(owner, "redrafter", key, 1))
+    await admin.create(DEPLOYMENTS, dep, ns)
+    service = without_owner(variant_service(owner, "redrafter"))
+    await admin.create(SERVICES, service, ns)
+    svc = service["metadata"]["name"]
+    selector = ",".join(f"{k}={v}" for k, v in names.serving_selector(owner.name, "redrafter").items())
+
+    async def ready_pod() -> dict[str, Any] | None:
+        pods = await admin.list(PODS, ns, label_selector=selector)
+        return next((p for p in pods if (condition(p, "Ready") or {}).get("status") == "True"), None)
+
+    pod = await wait_for(ready_pod, 120, "a Ready serving pod")
+    ip = pod["status"]["podIP"]
+    assert ip.startswith("127.0.0.") and ip != "127.0.0.1" and pod["spec"]["nodeName"] == NODE
+    assert pod["metadata"]["ownerReferences"][0]["kind"] == "ReplicaSet"
+
+    async def available() -> bool:
+        body = await admin.get(DEPLOYMENTS, dep["metadata"]["name"], ns)
+        return (body or {}).get("status", {}).get("availableReplicas") == 1
+
+    await wait_for(available, 30, "the Deployment available (the real Deployment controller)")
+
+    # kube-apiserver refuses loopback addresses in Endpoints and EndpointSlices (ValidateEndpointIP), so the real
+    # endpoint controllers cannot publish a 127.0.0.N pod: the router falls back to the Service's selector
+    assert await admin.get(Kind("v1", "endpoints"), svc, ns) is None or not (
+        (await admin.get(Kind("v1", "endpoints"), svc, ns)) or {}
+    ).get("subsets")
+    async with ServiceRouter(admin, ns, svc, port_name="http", default_port=contract.HTTP_PORT, refresh=0.2) as router:
+        await wait_for(lambda: router.backends, 15, "router backends")
+        backend = router.pick()
+        assert (backend.ip, backend.port) == (ip, contract.HTTP_PORT)
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(
+                f"http://{backend.url}/v2/models/{contract.ENTRY_MODEL}/generate",
+                json={"text_input": "w5 w6 w7", "max_tokens": 8},
+            ) as resp,
+        ):
+            assert resp.status == 200, await resp.text()
+            assert (await resp.json())["text_output"].strip()
+
+    # scale to zero: the ReplicaSet controller deletes the pod, the node stops Triton and removes the pod
+    assert tritonservers_under(node.node_dir)
+    await admin.patch(DEPLOYMENTS, dep["metadata"]["name"], ns, {"spec": {"replicas": 0}})
+    await wait_for(lambda: _no_selected(admin, ns, selector), 60, "the serving pod gone")
+    await wait_for(lambda: not tritonservers_under(node.node_dir), 30, "its tritonserver stopped")
+
+
+async def _no_selected(admin: KubeApi, ns: str, selector: str) -> bool:
+    return not await admin.list(PODS, ns, label_selector=selector)

@@ -501,7 +501,7 @@ async def run_episode(
         for code, killed, tail in p.exits:
             if killed or code in (-signal.SIGTERM, 0):
                 continue
-            if code == 1 and "lost the leader lease" in tail:
+            if code == 1 and ("lost the leader lease" in tail or "leader election lost (lease" in tail):
                 ep.lease_exits += 1
             else:
                 ep.crashes += 1

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.chaos import APISERVER_ARGS
 from harness.cluster import Kube, delete_namespace, new_namespace, start_control_plane
 from redrafter_sim.controlplane import ControlPlane
 from redrafter_sim.server import EmulatorHandle, EmulatorThread, write_kubeconfig
@@ -32,6 +33,30 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
         yield cp
     finally:
         cp.stop()
+
+
+@pytest.fixture(scope="session")
+def chaos_control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """A control plane of its own for the tests that restart kube-apiserver and etcd and compact etcd, started
+    as the fault campaign starts it (``chaos.APISERVER_ARGS``: the CRD's and Jobs' watches served from etcd)."""
+    try:
+        cp = start_control_plane(tmp_path_factory.mktemp("chaos-controlplane"), APISERVER_ARGS)
+    except RuntimeError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.fixture
+def chaos_kube(chaos_control_plane: ControlPlane, tmp_path: Path) -> Iterator[Kube]:
+    """A namespace of this test's own on the chaos control plane."""
+    k = new_namespace(chaos_control_plane, tmp_path / "kube")
+    try:
+        yield k
+    finally:
+        delete_namespace(k)
 
 
 @pytest.fixture

@@ -57,6 +57,10 @@ CONTROLLERS = (
     "disruption-controller",
     "clusterrole-aggregation-controller",
     "persistentvolume-binder-controller",
+    # the StorageObjectInUseProtection admission plugin (a default) puts their finalizers on every claim and
+    # volume: without these two a namespace with a claim never finishes terminating
+    "persistentvolumeclaim-protection-controller",
+    "persistentvolume-protection-controller",
     # removes the not-ready taint the TaintNodesByCondition admission puts on every new Node, once it is Ready
     "node-lifecycle-controller",
 )

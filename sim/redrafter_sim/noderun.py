@@ -24,7 +24,6 @@ EndpointSlice controller could publish none (loopback pod IPs), the node's own R
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import subprocess
 from pathlib import Path
@@ -129,9 +128,22 @@ class PodRunner(JobRunner):
         return None
 
     async def report(self, pod: dict[str, Any], status: dict[str, Any]) -> None:
+        """Patch the Pod's status; while kube-apiserver is unreachable (a restart) keep trying, as the kubelet's
+        status manager does: a lost final status would leave the Pod Running and its Job unfinished for ever."""
         meta = pod["metadata"]
-        with contextlib.suppress(ApiStatusError):  # gone or being replaced: nothing left to report to
-            await self.api.patch(PODS, meta["name"], meta["namespace"], {"status": status}, "status", strategic=True)
+        pause = 0.2
+        while True:
+            try:
+                await self.api.patch(
+                    PODS, meta["name"], meta["namespace"], {"status": status}, "status", strategic=True
+                )
+                return
+            except ApiStatusError:  # gone or being replaced: nothing left to report to
+                return
+            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                log.warning("pod %s/%s: status not reported yet (%s)", meta["namespace"], meta["name"], exc)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 2.0)
 
     async def _pull(self, pod: dict[str, Any], ip: str, started: str) -> None:
         """While an image does not pull: ErrImagePull, then ImagePullBackOff, until the Pod is deleted."""

@@ -24,10 +24,10 @@ CRDS = ROOT / "crds"
 KUBECTL = Path(sys.executable).parent / "kubectl"
 
 
-def start_control_plane(workdir: Path) -> ControlPlane:
+def start_control_plane(workdir: Path, apiserver_args: tuple[str, ...] = ()) -> ControlPlane:
     """Start it and install the project's CRDs; a clear failure where the binaries are not built."""
     try:
-        cp = ControlPlane(workdir).start()
+        cp = ControlPlane(workdir, extra_apiserver_args=apiserver_args).start()
     except ControlPlaneError as exc:
         raise RuntimeError(f"the real control plane did not start: {exc}") from exc
     try:

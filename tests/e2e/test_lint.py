@@ -44,6 +44,8 @@ def project(tmp_path: Path) -> Path:
         (pkg / d / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("")
     (pkg / "api" / "__init__.py").write_text("")
+    (tmp_path / "engine_jobs").mkdir()  # the other strictly checked package
+    (tmp_path / "engine_jobs" / "__init__.py").write_text("")
     return tmp_path
 
 

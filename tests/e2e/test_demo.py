@@ -20,10 +20,11 @@ import pytest
 from redrafter_sim.scenarios import DEFAULT_SCENARIO, SCENARIOS, with_training
 from redrafter_sim.triton import TritonInstall, TritonUnavailable
 
-pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(700)]
 
 CLI = Path(sys.executable).parent / "redrafter-sim"
-DEMO_TIMEOUT_S = 300
+# a whole lifecycle on a real control plane, a CPU-trained drafter with --train: minutes on a busy 2-core machine
+DEMO_TIMEOUT_S = 600
 
 
 @pytest.fixture(autouse=True)

@@ -144,9 +144,7 @@ def pods_ready(deployments: Mapping[str, Any], pair: tuple[str, str], candidate:
     return True
 
 
-def promotion_state(
-    spec: ReDrafterDeploymentSpec, status: Mapping[str, Any], engines: Mapping[str, Mapping[str, Any]]
-) -> tuple[Gate | None, str | None]:
+def promotion_state(spec: ReDrafterDeploymentSpec, status: Mapping[str, Any]) -> tuple[Gate | None, str | None]:
     """(the validation gate of the current engine pair or None, the stable ReDrafter key or None).
 
     Stable: the promoted ReDrafter engine (status.validation.promoted) while a different ReDrafter
@@ -154,12 +152,12 @@ def promotion_state(
     """
     if not spec.validation.enabled:
         return None, None
-    pair = engine_pair({"engines": engines})
+    pair = engine_pair(status)
     if pair is not None:
         gate = gate_of(status, pair)
         return gate, gate.stable
     promoted = ((status.get("validation") or {}).get("promoted") or {}).get("redrafterKey")
-    key = (engines.get("redrafter") or {}).get("key")
+    key = ((status.get("engines") or {}).get("redrafter") or {}).get("key")
     return None, (str(promoted) if promoted and promoted != key else None)
 
 

@@ -52,7 +52,7 @@ from ..evaluate import outcome as oc
 from ..render import names
 from ..render.common import Owner
 from ..render.validation import DEFAULT_OPERATOR_IMAGE, validation_job, validation_job_name
-from .conditions import Cond, merge_conditions
+from .conditions import Cond
 from .facts import Observed, RunJobFact, RunPodFact
 from .plan_types import READY_STATES, EventSpec, ServingTargets
 
@@ -293,14 +293,11 @@ def validation_step(
     )
 
 
-def validation_fragment(old: Mapping[str, Any], step: ValidationStep, *, generation: int, now: str) -> dict[str, Any]:
-    """status.validation (with the measured crossover) and the Validated condition after one step (pure)."""
+def validation_fragment(old: Mapping[str, Any], step: ValidationStep) -> dict[str, Any]:
+    """status.validation (with the measured crossover) after one step (pure); its Validated condition is the
+    step's to mark."""
     out: dict[str, Any] = {}
     out["validation"] = {k: v for k, v in step.status.items() if v is not None}
-    if step.condition is not None:
-        out["conditions"] = merge_conditions(
-            old.get("conditions") or [], [step.condition], generation=generation, now=now
-        )
     # the last pair that passed outlives the record of newer pairs
     state = out["validation"]
     prev = old.get("validation") or {}
@@ -365,7 +362,7 @@ def plan_validation(
             candidate=gate.stable is not None,
         )
     return ValidationPlan(
-        validation_fragment(status, step, generation=owner.generation, now=now),
+        validation_fragment(status, step),
         job,
         list(step.events),
         step.condition,

@@ -16,6 +16,7 @@ from aiohttp import web
 
 from engine_jobs import contract as c
 from redrafter_operator.api.spec import parse_spec
+from redrafter_operator.api.status import Condition
 from redrafter_operator.controller import speculation as sp
 from redrafter_operator.controller.conditions import merge_conditions
 from redrafter_operator.controller.facts import ServingPodFact
@@ -113,9 +114,9 @@ class FakeHost:
         status = self.bodies[key]["status"]
         status.update(copy.deepcopy(dict(report.fields)))
         if report.condition is not None:
-            status["conditions"] = merge_conditions(
-                status["conditions"], [report.condition], generation=1, now=sp.rfc3339(self.clock.time())
-            )
+            old = [Condition.from_wire(c) for c in status["conditions"]]
+            now = sp.rfc3339(self.clock.time())
+            status["conditions"] = [c.wire() for c in merge_conditions(old, [report.condition], generation=1, now=now)]
 
     @property
     def status(self) -> dict[str, Any]:
@@ -534,10 +535,10 @@ def test_a_promoted_engine_is_stable_until_the_new_pair_passes() -> None:
     assert gated_targets(POLICY, Gate(False, "Failed", "r0"), "redrafter") is POLICY
     # status: promoted survives the record of a newer pair, and a pass replaces it
     running = ValidationStep(False, 0, {"redrafterKey": "r1", "baseKey": "b1", "attempt": 0, "state": "Running"})
-    out = validation_fragment(pending, running, generation=1, now="2026-01-01T00:00:00Z")
+    out = validation_fragment(pending, running)
     assert out["validation"]["promoted"] == PROMOTED and out["validation"]["state"] == "Running"
     passed = ValidationStep(False, 0, {"redrafterKey": "r1", "baseKey": "b1", "attempt": 0, "state": "Passed"})
-    assert validation_fragment(pending, passed, generation=1, now="2026-01-01T00:00:00Z")["validation"]["promoted"] == {
+    assert validation_fragment(pending, passed)["validation"]["promoted"] == {
         "redrafterKey": "r1",
         "baseKey": "b1",
     }
@@ -620,20 +621,19 @@ def test_the_promoted_pair_keeps_the_crossover_its_validation_measured() -> None
     from redrafter_operator.controller.validation import ValidationStep, validation_fragment
     from redrafter_operator.render.common import in_engine_concurrency
 
-    now = "2026-01-01T00:00:00Z"
     first = {"redrafterKey": "r0", "baseKey": "b1", "attempt": 0, "state": "Passed"}
-    out = validation_fragment(PAIR_STATUS, ValidationStep(False, 0, first, crossover=6.7), generation=1, now=now)
+    out = validation_fragment(PAIR_STATUS, ValidationStep(False, 0, first, crossover=6.7))
     assert out["validation"]["promoted"] == {**PROMOTED, "crossoverConcurrency": 6.7}
     assert in_engine_concurrency(out) == 6
     # later reconciles of the same pass (no new measurement) keep it
-    again = validation_fragment(out, ValidationStep(False, 0, first), generation=1, now=now)
+    again = validation_fragment(out, ValidationStep(False, 0, first))
     assert again["validation"]["promoted"]["crossoverConcurrency"] == 6.7
     # a newer pair runs: the promoted engine keeps its limit
     running = ValidationStep(False, 0, {"redrafterKey": "r1", "baseKey": "b1", "attempt": 0, "state": "Running"})
-    assert in_engine_concurrency(validation_fragment(again, running, generation=1, now=now)) == 6
+    assert in_engine_concurrency(validation_fragment(again, running)) == 6
     # it passes without a measurement (measureCrossover off): no limit is carried over from another pair
     passed = ValidationStep(False, 0, {"redrafterKey": "r1", "baseKey": "b1", "attempt": 0, "state": "Passed"})
-    assert in_engine_concurrency(validation_fragment(again, passed, generation=1, now=now)) is None
+    assert in_engine_concurrency(validation_fragment(again, passed)) is None
     # a crossover below one request, or none, is no limit
     assert in_engine_concurrency({"validation": {"promoted": {**PROMOTED, "crossoverConcurrency": 0.4}}}) is None
     assert in_engine_concurrency({}) is None

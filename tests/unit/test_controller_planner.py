@@ -11,7 +11,7 @@ import yaml
 from engine_jobs.contract import BuildResult
 from redrafter_operator.api.engine_key import engine_key
 from redrafter_operator.api.spec import ReDrafterDeploymentSpec
-from redrafter_operator.api.status import ReDrafterDeploymentStatus
+from redrafter_operator.api.status import Condition, ReDrafterDeploymentStatus
 from redrafter_operator.controller.conditions import Cond, find, merge_conditions
 from redrafter_operator.controller.facts import (
     DeploymentFact,
@@ -421,8 +421,8 @@ def test_switch_waits_when_target_engine_not_built():
 def test_last_transition_time_only_moves_on_status_change(old_status, new_status, changed):
     first = merge_conditions([], [Cond("Available", old_status, "A", "m1")], generation=1, now=NOW)
     second = merge_conditions(first, [Cond("Available", new_status, "B", "m2")], generation=2, now=LATER)
-    assert second[0]["lastTransitionTime"] == (LATER if changed else NOW)
-    assert second[0]["reason"] == "B" and second[0]["observedGeneration"] == 2
+    assert second[0].last_transition_time == (LATER if changed else NOW)
+    assert second[0].reason == "B" and second[0].observed_generation == 2
 
 
 def test_conditions_owned_by_others_are_kept_and_ordered():
@@ -430,8 +430,10 @@ def test_conditions_owned_by_others_are_kept_and_ordered():
         {"type": "Custom", "status": "True", "reason": "X"},
         {"type": "SpeculationHealthy", "status": "True", "reason": "AcceptanceHigh", "lastTransitionTime": NOW},
     ]
-    out = merge_conditions(old, [Cond("SpecValid", "True", "Valid")], generation=1, now=LATER)
-    assert [c["type"] for c in out] == ["SpecValid", "SpeculationHealthy", "Custom"]
+    out = merge_conditions(
+        [Condition.from_wire(c) for c in old], [Cond("SpecValid", "True", "Valid")], generation=1, now=LATER
+    )
+    assert [c.type for c in out] == ["SpecValid", "SpeculationHealthy", "Custom"]
 
 
 def test_policy_targets_render_the_canary_and_real_serving_children():

@@ -98,9 +98,9 @@ class ConditionSet:
 
     def conditions(self, old: Iterable[Condition], marks: Marks, *, generation: int, now: str) -> list[Condition]:
         """``status.conditions`` after one step: the marked and derived ones over the old, the removed gone."""
-        wire = [c.wire() for c in old if c.type not in marks.removed]
+        kept = [c for c in old if c.type not in marks.removed]
         desired = [*marks.conds.values(), *self.derive(marks)]
-        return [Condition.from_wire(c) for c in merge_conditions(wire, desired, generation=generation, now=now)]
+        return merge_conditions(kept, desired, generation=generation, now=now)
 
 
 CONDITIONS = ConditionSet()

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal
 
-from ..api.status import CONDITION_TYPES
+from ..api.status import CONDITION_TYPES, Condition
 
 Status = Literal["True", "False", "Unknown"]
 MESSAGE_LIMIT = 4096  # conditions are shown by `kubectl describe`; keep them readable and bounded
@@ -31,27 +31,27 @@ def _clip(message: str) -> str:
 
 
 def merge_conditions(
-    old: Iterable[dict[str, Any]], desired: Iterable[Cond], *, generation: int, now: str
-) -> list[dict[str, Any]]:
-    """The new ``status.conditions`` (wire form): desired ones replace old ones of the same type.
+    old: Iterable[Condition], desired: Iterable[Cond], *, generation: int, now: str
+) -> list[Condition]:
+    """The new ``status.conditions``: desired ones replace old ones of the same type.
 
     Conditions of types not in ``desired`` are kept as they are (another component, e.g. the
     speculation policy, may own them). Output order is the canonical CONDITION_TYPES order, then others.
     """
-    by_type: dict[str, dict[str, Any]] = {c["type"]: dict(c) for c in old if "type" in c}
+    by_type: dict[str, Condition] = {c.type: c for c in old}
     for cond in desired:
         prev = by_type.get(cond.type)
-        changed = prev is None or prev.get("status") != cond.status
-        by_type[cond.type] = {
-            "type": cond.type,
-            "status": cond.status,
-            "reason": cond.reason,
-            "message": _clip(cond.message),
-            "lastTransitionTime": (None if changed or prev is None else prev.get("lastTransitionTime")) or now,
-            "observedGeneration": generation,
-        }
+        changed = prev is None or prev.status != cond.status
+        by_type[cond.type] = Condition(
+            type=cond.type,
+            status=cond.status,
+            reason=cond.reason,
+            message=_clip(cond.message),
+            last_transition_time=(None if changed or prev is None else prev.last_transition_time) or now,
+            observed_generation=generation,
+        )
     order = {t: i for i, t in enumerate(CONDITION_TYPES)}
-    return sorted(by_type.values(), key=lambda c: (order.get(c["type"], len(order)), c["type"]))
+    return sorted(by_type.values(), key=lambda c: (order.get(c.type, len(order)), c.type))
 
 
 def find(conditions: Iterable[dict[str, Any]], type_: str) -> dict[str, Any] | None:

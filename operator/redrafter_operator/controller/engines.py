@@ -19,6 +19,7 @@ from engine_jobs.contract import BuildResult, Variant
 from engine_jobs.errors import ExitCode
 
 from ..api.engine_key import engine_key
+from ..api.status import EngineStatus
 from ..api.types import parse_duration
 from ..render import cache_jobs, names
 from ..render.build import artifact_path, build_configmap, build_job
@@ -41,12 +42,13 @@ def _bounded(text: str) -> str:
     return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 3] + "..."
 
 
-def _built(message: str, old: Mapping[str, Any]) -> dict[str, Any]:
+def _built(out: EngineStatus, message: str, old: Mapping[str, Any]) -> None:
     """sizeBytes and builtAt from a build Pod's success message, else what status already knew."""
     result = BuildResult.from_message(message)
     if result is not None:
-        return {"sizeBytes": result.size_bytes, "builtAt": result.built_at}
-    return {"sizeBytes": old.get("sizeBytes"), "builtAt": old.get("builtAt")}
+        out.size_bytes, out.built_at = result.size_bytes, result.built_at
+    else:
+        out.size_bytes, out.built_at = old.get("sizeBytes"), old.get("builtAt")
 
 
 @dataclass(frozen=True)
@@ -143,13 +145,13 @@ def _collect_and_retry(owner: Owner, failed: list[JobFact], epoch: list[JobFact]
 
 def plan_engine(
     res: Resource, owner: Owner, variant: Variant, observed: Observed, plan: Plan, key: str | None = None
-) -> dict[str, Any]:
+) -> EngineStatus:
     """One variant's engine status; appends the build ConfigMap + Job to ``plan.create`` when needed.
     ``key``: the variant's engine key when the caller already computed it."""
     return plan_stage(res, owner, engine_stage(res, owner, variant, key), observed, plan)
 
 
-def plan_stage(res: Resource, owner: Owner, stage: Stage, observed: Observed, plan: Plan) -> dict[str, Any]:
+def plan_stage(res: Resource, owner: Owner, stage: Stage, observed: Observed, plan: Plan) -> EngineStatus:
     """One artifact's status (engine or drafter); appends its ConfigMap + Job to ``plan.create`` when needed."""
     spec = owner.spec
     variant, key, path, retries = stage.name, stage.key, stage.path, stage.retries
@@ -169,33 +171,30 @@ def plan_stage(res: Resource, owner: Owner, stage: Stage, observed: Observed, pl
     running = [j for j in jobs if j.state == "Running"]
     succeeded = [j for j in jobs if j.state == "Succeeded"]
     shared = observed.shared.get(variant)
-    out: dict[str, Any] = {"key": key, "path": path, "attempts": len(epoch), "retryToken": token}
+    out = EngineStatus(key=key, path=path, attempts=len(epoch), retry_token=token)
     if succeeded:
         pod = observed.pods.get(succeeded[-1].name)
-        out.update(state="Ready", job=succeeded[-1].name, **_built(pod.message if pod else "", old))
+        out.state, out.job = "Ready", succeeded[-1].name
+        _built(out, pod.message if pod else "", old)
     elif old.get("state") in READY_STATES:
-        out.update(state=old["state"], job=old.get("job"), attempts=old.get("attempts", 0), **_built("", old))
+        out.state, out.job, out.attempts = old["state"], old.get("job"), old.get("attempts", 0)
+        _built(out, "", old)
     elif shared and shared.ready_by:
-        out.update(
-            state="Cached",
-            message=f"{stage.what} already in the cache (built for {shared.ready_by})",
-            **_built(shared.built_message, old),
-        )
+        out.state = "Cached"
+        out.message = f"{stage.what} already in the cache (built for {shared.ready_by})"
+        _built(out, shared.built_message, old)
     elif running:
-        out.update(state="Building", job=running[-1].name)
+        out.state, out.job = "Building", running[-1].name
         if failed:
-            out["message"] = _failure_text(failed[-1], observed)
+            out.message = _failure_text(failed[-1], observed)
         if running[-1].collected:
-            out["message"] = _bounded(
-                f"{out.get('message') or 'out of disk'}; Job {running[-1].name} collects "
+            out.message = _bounded(
+                f"{out.message or 'out of disk'}; Job {running[-1].name} collects "
                 f"unreferenced engines in cache claim {claim}, then builds once more"
             )
     elif shared and shared.building_job:
-        out.update(
-            state="Building",
-            job=shared.building_job,
-            message=f"waiting for Job {shared.building_job}, which makes the same {stage.what} in the shared cache",
-        )
+        out.state, out.job = "Building", shared.building_job
+        out.message = f"waiting for Job {shared.building_job}, which makes the same {stage.what} in the shared cache"
     else:
         n_failed = len(failed)
         final_code = next((j.final_exit_code for j in reversed(failed) if j.final_exit_code is not None), None)
@@ -207,47 +206,40 @@ def plan_stage(res: Resource, owner: Owner, stage: Stage, observed: Observed, pl
         wants_job = disk is not None or not (final_code is not None or n_failed > retries)
         job = _new_job(stage, attempt, token, claim, plan, observed) if wants_job else None
         if wants_job and job is None:
-            out.update(state="Pending", attempts=n_failed, message=_bounded(WAITING_FOR_NODE + plan.unplaced[-1][1]))
+            out.state, out.attempts = "Pending", n_failed
+            out.message = _bounded(WAITING_FOR_NODE + plan.unplaced[-1][1])
         elif disk is not None and job is not None:
             r = spec.engine.cache.retention
             max_age = f"{int(parse_duration(r.max_age))}s" if r.max_age else None
             cache_jobs.collect_before_build(job, claim=claim, keep=r.keep, max_age=max_age)
-            out.update(
-                state="Building",
-                job=job["metadata"]["name"],
-                attempts=n_failed + 1,
-                message=_bounded(
-                    f"{disk}; collecting unreferenced engines in cache claim {claim} (retention keep={r.keep}, "
-                    f"maxAge={r.max_age}), then one more build"
-                ),
+            out.state, out.job, out.attempts = "Building", job["metadata"]["name"], n_failed + 1
+            out.message = _bounded(
+                f"{disk}; collecting unreferenced engines in cache claim {claim} (retention keep={r.keep}, "
+                f"maxAge={r.max_age}), then one more build"
             )
         elif final_code is not None and failed:  # podFailurePolicy ended it: no attempt can fix this code
             msg = f"{not_retried_message(owner.name, final_code)}. {_failure_text(failed[-1], observed)}"
-            out.update(
-                state="Failed", job=failed[-1].name, attempts=n_failed, exitCode=final_code, message=_bounded(msg)
-            )
+            out.state, out.job, out.attempts, out.exit_code = "Failed", failed[-1].name, n_failed, final_code
+            out.message = _bounded(msg)
         elif final_code is not None or n_failed > retries:
-            msg = _failure_text(failed[-1], observed) if failed else old.get("message") or f"{stage.what} failed"
-            out.update(
-                state="Failed",
-                job=failed[-1].name if failed else old.get("job"),
-                message=msg,
-                attempts=n_failed,
-                exitCode=final_code,
+            out.state, out.job = "Failed", failed[-1].name if failed else old.get("job")
+            out.message = (
+                _failure_text(failed[-1], observed) if failed else old.get("message") or f"{stage.what} failed"
             )
+            out.attempts, out.exit_code = n_failed, final_code
         elif job is not None:
-            out.update(state="Building", job=job["metadata"]["name"], attempts=n_failed + 1)
+            out.state, out.job, out.attempts = "Building", job["metadata"]["name"], n_failed + 1
             if failed:
-                out["message"] = _failure_text(failed[-1], observed)
+                out.message = _failure_text(failed[-1], observed)
     _engine_events(stage, old, out, observed, plan, owner.name)
-    return {k: v for k, v in out.items() if v is not None}
+    return out
 
 
 def _engine_events(
-    stage: Stage, old: Mapping[str, Any], new: Mapping[str, Any], observed: Observed, plan: Plan, resource: str
+    stage: Stage, old: Mapping[str, Any], new: EngineStatus, observed: Observed, plan: Plan, resource: str
 ) -> None:
     what, retries, reason = stage.what, stage.retries, {**BUILD_REASONS, **stage.reasons}
-    state, job = new["state"], new.get("job")
+    state, job = new.state, new.job
     if old.get("state") == state and old.get("job") == job:
         return
     prev_job = next((j for j in observed.jobs if j.name == old.get("job")), None)
@@ -259,7 +251,7 @@ def _engine_events(
                 EventSpec(
                     "Normal",
                     reason["started"],
-                    f"Job {job} makes the {what} {new['key']} (attempt {new['attempts']} of {retries + 1})",
+                    f"Job {job} makes the {what} {new.key} (attempt {new.attempts} of {retries + 1})",
                 )
             )
         else:
@@ -267,26 +259,24 @@ def _engine_events(
                 EventSpec(
                     "Normal",
                     reason["waiting"],
-                    f"{what} {new['key']}: {new.get('message') or f'Job {job} is making it'}",
+                    f"{what} {new.key}: {new.message or f'Job {job} is making it'}",
                 )
             )
     elif state == "Ready":
-        plan.events.append(EventSpec("Normal", reason["ready"], f"{what} {new['key']} is ready ({new['path']})"))
+        plan.events.append(EventSpec("Normal", reason["ready"], f"{what} {new.key} is ready ({new.path})"))
     elif state == "Cached":
         plan.events.append(
-            EventSpec(
-                "Normal", reason["cached"], f"{what} {new['key']} found in the cache ({new['path']}); nothing to run"
-            )
+            EventSpec("Normal", reason["cached"], f"{what} {new.key} found in the cache ({new.path}); nothing to run")
         )
     elif state == "Failed":
         if not prev_job or prev_job.state != "Failed":
-            plan.events.append(EventSpec("Warning", reason["failed"], f"{what}: {new.get('message', '')}"))
-        if new.get("exitCode") is not None:
+            plan.events.append(EventSpec("Warning", reason["failed"], f"{what}: {new.message or ''}"))
+        if new.exit_code is not None:
             plan.events.append(
                 EventSpec(
                     "Warning",
                     reason["not_retried"],
-                    f"{what} {new['key']}: {not_retried_message(resource, new['exitCode'])}",
+                    f"{what} {new.key}: {not_retried_message(resource, new.exit_code)}",
                 )
             )
             return
@@ -294,7 +284,7 @@ def _engine_events(
             EventSpec(
                 "Warning",
                 "RetriesExhausted",
-                f"{what} {new['key']}: {new['attempts']} Jobs failed; "
+                f"{what} {new.key}: {new.attempts} Jobs failed; "
                 f"change the spec or set annotation {names.ANNOTATION_RETRY_BUILD} to retry",
             )
         )

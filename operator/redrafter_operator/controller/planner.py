@@ -20,7 +20,7 @@ from engine_jobs.contract import VARIANTS
 
 from ..api.engine_key import engine_keys as engine_keys_of
 from ..api.spec import ReDrafterDeploymentSpec, parse_spec
-from ..api.status import ReDrafterDeploymentStatus
+from ..api.status import DrafterStatus, EnginesStatus, EngineStatus, ReDrafterDeploymentStatus
 from ..render.common import Owner, in_engine_concurrency
 from . import routing
 from .collection import collection_children
@@ -67,7 +67,7 @@ class Step:
     plan: Plan
     inputs: Inputs = Inputs()
     decided: Decided | None = None  # None: an invalid spec, whose status is final already
-    drafter: dict[str, Any] | None = None
+    drafter: DrafterStatus | None = None
     validated: dict[str, Any] = field(default_factory=dict)  # the observed status with this step's validation
     validation_events: list[EventSpec] = field(default_factory=list)
     validation_condition: Cond | None = None  # Validated, when this step changes it
@@ -131,17 +131,17 @@ def decide(
     drafter = (
         plan_drafter(res, owner, observed, result, keys["drafter"], inputs.training) if "drafter" in keys else None
     )
-    engines: dict[str, dict[str, Any]] = {}
+    engines: dict[str, EngineStatus] = {}
     for v in VARIANTS:
-        if v == "redrafter" and drafter is not None and drafter["state"] not in READY_STATES:
+        if v == "redrafter" and drafter is not None and drafter.state not in READY_STATES:
             stage = engine_stage(res, owner, v, keys[v])
-            engines[v] = waiting_engine({"key": stage.key, "path": stage.path}, drafter)
+            engines[v] = waiting_engine(EngineStatus(key=stage.key, path=stage.path), drafter)
         else:
             engines[v] = plan_engine(res, owner, v, observed, result, keys[v])
 
     # Validation sees this plan's engines: a pair built just now is validated (and gated) at once, not one
     # reconcile later.
-    current = {**old_status, "engines": engines, **({"drafter": drafter} if drafter is not None else {})}
+    current = {**old_status, **_typed_parts(engines, drafter)}
     validation = plan_validation(owner, current, observed, res.annotations, image=image or operator_image(), now=now)
     current.update(validation.status)
     owner = replace(owner, in_engine_concurrency=in_engine_concurrency(current))
@@ -150,7 +150,7 @@ def decide(
     wanted = inputs.targets or (inputs.speculation.targets if inputs.speculation else None)
     tgt = gate_from_status(wanted or default_targets(spec, current), spec, current)
     deploy: dict[str, str | None] = {v: deployable_key(v, engines[v], observed) for v in VARIANTS}
-    gate, stable = promotion_state(spec, current, engines)
+    gate, stable = promotion_state(spec, current)
     if stable:  # the promoted ReDrafter engine keeps the primary Deployment until the new one passes
         deploy["redrafter"] = stable
     # A variant whose Deployment runs an old key keeps it only while its new engine is not built.
@@ -164,7 +164,7 @@ def decide(
             result.apply += renderers.variant(owner, v, key, step.replicas.get(v, 0))
     if renderers.canary and deploy["redrafter"] and (tgt.canary > 0 or "canary" in observed.deployments):
         result.apply += renderers.canary(owner, deploy["redrafter"], max(0, tgt.canary))
-    candidate = str(engines["redrafter"]["key"]) if stable and engines["redrafter"]["state"] in READY_STATES else None
+    candidate = engines["redrafter"].key if stable and engines["redrafter"].state in READY_STATES else None
     if renderers.candidate and candidate:
         result.apply += renderers.candidate(owner, candidate, 0 if gate and gate.state == "Failed" else 1)
     elif renderers.candidate and "candidate" in observed.deployments:  # promoted or superseded: scale it away
@@ -192,6 +192,16 @@ def decide(
         validation.condition,
         renderers.inference_pool is not None,
         now,
+    )
+
+
+def _typed_parts(engines: Mapping[str, EngineStatus], drafter: DrafterStatus | None) -> dict[str, Any]:
+    """``engines`` and ``drafter`` as this plan decided them, in wire form, for what reads the status whole."""
+    parts = ReDrafterDeploymentStatus(
+        engines=EnginesStatus(redrafter=engines["redrafter"], base=engines["base"]), drafter=drafter
+    )
+    return parts.model_dump(
+        by_alias=True, include={"engines", "drafter"}, exclude_unset=True, exclude_none=True, mode="json"
     )
 
 

@@ -19,6 +19,7 @@ from engine_jobs.contract import VARIANTS
 from ..api.spec import ReDrafterDeploymentSpec
 from ..api.status import (
     EnginesStatus,
+    EngineStatus,
     Phase,
     ReDrafterDeploymentStatus,
     ServingStatus,
@@ -57,7 +58,7 @@ class Decided:
     """What one plan step decided, that its status explains: engines, the serving step, the gate."""
 
     spec: ReDrafterDeploymentSpec
-    engines: Mapping[str, Mapping[str, Any]]
+    engines: Mapping[str, EngineStatus]
     targets: ServingTargets
     step: ServingPlan
     deploy: Mapping[str, str | None]
@@ -83,23 +84,23 @@ class Rollout:
 
 
 # ---- engines ---------------------------------------------------------------------------------------------
-def engines_part(draft: Draft, engines: Mapping[str, Mapping[str, Any]], unplaced: str | None) -> None:
+def engines_part(draft: Draft, engines: Mapping[str, EngineStatus], unplaced: str | None) -> None:
     """``status.engines`` and EnginesReady: failed, building, pending (and why), or built; a failed build stalls."""
-    draft.status.engines = EnginesStatus.from_wire(engines)
+    draft.status.engines = EnginesStatus(redrafter=engines["redrafter"], base=engines["base"])
     failed, building, pending = (_in_state(engines, s) for s in ("Failed", "Building", "Pending"))
     marks = draft.marks
     if failed:
-        message = "; ".join(f"{v}: {engines[v].get('message', '')}" for v in failed)
+        message = "; ".join(f"{v}: {engines[v].message or ''}" for v in failed)
         marks.mark("EnginesReady", "False", "BuildFailed", message)
         marks.stall("EnginesReady", "BuildFailed", message)
     elif building:
-        retrying = [v for v in building if engines[v].get("message", "").startswith("Job ")]
+        retrying = [v for v in building if (engines[v].message or "").startswith("Job ")]
         marks.mark(
             "EnginesReady",
             "False",
             "BuildRetrying" if retrying else "Building",
             "; ".join(
-                f"{v}: Job {engines[v].get('job')}" + (f" (previous: {engines[v]['message']})" if v in retrying else "")
+                f"{v}: Job {engines[v].job}" + (f" (previous: {engines[v].message})" if v in retrying else "")
                 for v in building
             ),
         )
@@ -108,14 +109,14 @@ def engines_part(draft: Draft, engines: Mapping[str, Mapping[str, Any]], unplace
             "EnginesReady",
             "False",
             NO_MATCHING_GPU_NODES if unplaced else "Pending",
-            "; ".join(f"{v}: {engines[v].get('message', 'pending')}" for v in pending),
+            "; ".join(f"{v}: {'pending' if engines[v].message is None else engines[v].message}" for v in pending),
         )
     else:
-        marks.mark("EnginesReady", "True", "EnginesBuilt", ", ".join(f"{v} {engines[v]['key']}" for v in VARIANTS))
+        marks.mark("EnginesReady", "True", "EnginesBuilt", ", ".join(f"{v} {engines[v].key}" for v in VARIANTS))
 
 
-def _in_state(engines: Mapping[str, Mapping[str, Any]], state: str) -> list[str]:
-    return [v for v in VARIANTS if engines[v]["state"] == state]
+def _in_state(engines: Mapping[str, EngineStatus], state: str) -> list[str]:
+    return [v for v in VARIANTS if engines[v].state == state]
 
 
 # ---- serving ---------------------------------------------------------------------------------------------
@@ -130,7 +131,7 @@ def serving_part(draft: Draft, name: str, observed: Observed, d: Decided, applie
     active_dep: DeploymentFact | None = observed.deployments.get(active) if active else None
     want = step.replicas.get(active, 0) if active else targets.replicas.get(targets.active, 0)
     ready = active_dep.ready_replicas if active_dep and observed.service_pool == active else 0
-    current_key = bool(active_dep and active_dep.key == engines[active]["key"]) if active else False
+    current_key = bool(active_dep and active_dep.key == engines[active].key) if active else False
     current_spec = bool(
         active_dep
         and (
@@ -159,7 +160,7 @@ def serving_part(draft: Draft, name: str, observed: Observed, d: Decided, applie
     out = Rollout(active, want, ready, settled, failure)
 
     marks = draft.marks
-    target_state = engines[targets.active]["state"]
+    target_state = engines[targets.active].state
     if out.available:
         marks.mark(
             "Available",
@@ -211,8 +212,8 @@ def validation_part(draft: Draft, validated: Mapping[str, Any], d: Decided) -> s
     v = validated.get("validation") or {}
     serving = f"the promoted ReDrafter engine {d.stable} keeps serving" if d.stable else "serving base"
     invalid = (
-        f"the ReDrafter engine {d.engines['redrafter']['key']} failed validation against base "
-        f"{d.engines['base']['key']} ({v.get('reason')}: {v.get('message')}); {serving} until a retry passes "
+        f"the ReDrafter engine {d.engines['redrafter'].key} failed validation against base "
+        f"{d.engines['base'].key} ({v.get('reason')}: {v.get('message')}); {serving} until a retry passes "
         f"(annotation {ANNOTATION_RETRY_VALIDATION})"
     )
     draft.marks.stall("Validated", "ValidationFailed", invalid)
@@ -243,11 +244,11 @@ def progress_part(draft: Draft, name: str, d: Decided, r: Rollout, invalid: str 
             "Progressing",
             "True",
             "Validating",
-            f"validating the ReDrafter engine {engines['redrafter']['key']}{where} against base "
-            f"{engines['base']['key']}; {serving}",
+            f"validating the ReDrafter engine {engines['redrafter'].key}{where} against base "
+            f"{engines['base'].key}; {serving}",
         )
     elif r.settled and not building:
-        marks.mark("Progressing", "False", "Complete", f"serving the {r.active} engine {engines[str(r.active)]['key']}")
+        marks.mark("Progressing", "False", "Complete", f"serving the {r.active} engine {engines[str(r.active)].key}")
     elif step.switching:
         marks.mark("Progressing", "True", "Switching", step.message)
     elif building:
@@ -269,11 +270,11 @@ def _phase(d: Decided, r: Rollout, invalid: str | None) -> Phase:
         phase = "Degraded" if failed else ("Prewarmed" if r.want == 0 and prewarm(d.spec) else "Serving")
     elif r.available:
         phase = "Degraded" if failed else ("Serving" if r.ready >= r.want else "Deploying")
-    elif d.targets.active in failed or (r.active and engines[r.active]["state"] == "Failed"):
+    elif d.targets.active in failed or (r.active and engines[r.active].state == "Failed"):
         phase = "Failed"
     elif r.active is not None:
         phase = "Deploying"
-    elif engines[d.targets.active]["state"] == "Building":
+    elif engines[d.targets.active].state == "Building":
         phase = "Building"
     else:
         phase = "Pending"

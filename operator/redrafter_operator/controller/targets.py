@@ -12,6 +12,7 @@ from typing import Any, Mapping
 from engine_jobs.contract import VARIANTS, Variant
 
 from ..api.spec import ReDrafterDeploymentSpec
+from ..api.status import EngineStatus
 from ..policy import pinned_engine
 from ..policy.loop import canary_from_status
 from .facts import Observed
@@ -50,10 +51,10 @@ def default_targets(spec: ReDrafterDeploymentSpec, status: Mapping[str, Any]) ->
     )
 
 
-def deployable_key(variant: Variant, engine: Mapping[str, Any], observed: Observed) -> str | None:
+def deployable_key(variant: Variant, engine: EngineStatus, observed: Observed) -> str | None:
     """The engine key to serve for a variant: the current engine if built, else what is deployed now."""
-    if engine.get("state") in READY_STATES:
-        return str(engine["key"])
+    if engine.state in READY_STATES:
+        return engine.key
     dep = observed.deployments.get(variant)
     if dep and dep.key:
         return dep.key  # keep serving the previous engine while the new one builds

@@ -52,7 +52,7 @@ from ..evaluate import outcome as oc
 from ..render import names
 from ..render.common import Owner
 from ..render.validation import DEFAULT_OPERATOR_IMAGE, validation_job, validation_job_name
-from .conditions import Cond, merge_conditions
+from .conditions import Cond
 from .facts import Observed, RunJobFact, RunPodFact
 from .plan_types import READY_STATES, EventSpec, ServingTargets
 
@@ -144,9 +144,7 @@ def pods_ready(deployments: Mapping[str, Any], pair: tuple[str, str], candidate:
     return True
 
 
-def promotion_state(
-    spec: ReDrafterDeploymentSpec, status: Mapping[str, Any], engines: Mapping[str, Mapping[str, Any]]
-) -> tuple[Gate | None, str | None]:
+def promotion_state(spec: ReDrafterDeploymentSpec, status: Mapping[str, Any]) -> tuple[Gate | None, str | None]:
     """(the validation gate of the current engine pair or None, the stable ReDrafter key or None).
 
     Stable: the promoted ReDrafter engine (status.validation.promoted) while a different ReDrafter
@@ -154,12 +152,12 @@ def promotion_state(
     """
     if not spec.validation.enabled:
         return None, None
-    pair = engine_pair({"engines": engines})
+    pair = engine_pair(status)
     if pair is not None:
         gate = gate_of(status, pair)
         return gate, gate.stable
     promoted = ((status.get("validation") or {}).get("promoted") or {}).get("redrafterKey")
-    key = (engines.get("redrafter") or {}).get("key")
+    key = ((status.get("engines") or {}).get("redrafter") or {}).get("key")
     return None, (str(promoted) if promoted and promoted != key else None)
 
 
@@ -295,14 +293,11 @@ def validation_step(
     )
 
 
-def validation_fragment(old: Mapping[str, Any], step: ValidationStep, *, generation: int, now: str) -> dict[str, Any]:
-    """status.validation (with the measured crossover) and the Validated condition after one step (pure)."""
+def validation_fragment(old: Mapping[str, Any], step: ValidationStep) -> dict[str, Any]:
+    """status.validation (with the measured crossover) after one step (pure); its Validated condition is the
+    step's to mark."""
     out: dict[str, Any] = {}
     out["validation"] = {k: v for k, v in step.status.items() if v is not None}
-    if step.condition is not None:
-        out["conditions"] = merge_conditions(
-            old.get("conditions") or [], [step.condition], generation=generation, now=now
-        )
     # the last pair that passed outlives the record of newer pairs
     state = out["validation"]
     prev = old.get("validation") or {}
@@ -367,7 +362,7 @@ def plan_validation(
             candidate=gate.stable is not None,
         )
     return ValidationPlan(
-        validation_fragment(status, step, generation=owner.generation, now=now),
+        validation_fragment(status, step),
         job,
         list(step.events),
         step.condition,

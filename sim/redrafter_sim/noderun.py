@@ -40,6 +40,8 @@ from .podns import SERVICE_ACCOUNT_DIR, pod_listen_args, service_account_mount
 
 log = logging.getLogger("redrafter.sim.noderun")
 
+#: how often a container waiting for a missing ConfigMap is tried again
+CONFIG_RETRY_SECONDS = 1.0
 IMAGE_PULL_RETRY_SECONDS = 2.0
 RESTART_BACKOFF_SECONDS = 1.0
 FORBIDDEN_RETRY_SECONDS = 10.0  # the Node authorizer's graph learns a new Pod's references a moment after it
@@ -186,10 +188,21 @@ class PodRunner(JobRunner):
         """One run of one container: (exit code, termination message)."""
         meta = pod["metadata"]
         root = self.fs.pod_root(meta["namespace"], meta["name"])
-        try:
-            argv, env, identity = await self._prepare_retrying(pod, container, ip)
-        except (OSError, ValueError) as exc:  # a volume or ConfigMap the pod cannot start with
-            return 128, f"CreateContainerConfigError: {exc}"
+        while True:
+            try:
+                argv, env, identity = await self._prepare_retrying(pod, container, ip)
+                break
+            except FileNotFoundError as exc:
+                # a ConfigMap the pod mounts is not there (yet): the kubelet keeps the container waiting with
+                # CreateContainerConfigError and tries again, until it appears or the Pod is deleted
+                image = container.get("image", "")
+                status = objects.waiting_status(
+                    container["name"], "CreateContainerConfigError", str(exc), 0, image, objects.now()
+                )
+                await self.report(pod, with_addresses(status, ip))
+                await asyncio.sleep(CONFIG_RETRY_SECONDS)
+            except (OSError, ValueError) as exc:  # a volume the pod cannot start with
+                return 128, f"CreateContainerConfigError: {exc}"
         env.pop("KUBECONFIG", None)  # a container's environment is its image's and its spec's, not this host's
         env.update(self.cluster_env)
         preexec = None

@@ -278,6 +278,28 @@ async def test_create_only_never_patches_an_existing_job() -> None:
     assert len(client.calls) == 1
 
 
+async def test_create_only_takes_only_already_exists_for_an_existing_object() -> None:
+    """A 409 Conflict on a create (an API server under contention, a proxy) created nothing: it is raised, so the
+    reconcile retries and creates nothing after it (a build Job after its ConfigMap)."""
+
+    class Refusing:
+        def __init__(self, reason: str) -> None:
+            self.reason, self.calls = reason, 0
+
+        async def request(self, method: str, path: str, body: object = None, **_: object) -> None:
+            self.calls += 1
+            raise ApiError(409, self.reason, "refused", method, path)
+
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "ns"}, "data": {}}
+    conflict = Refusing("Conflict")
+    with pytest.raises(ApiError):
+        await Applier(conflict, lambda m: None).create(cm)  # type: ignore[arg-type]
+    exists = Refusing("AlreadyExists")
+    applier = Applier(exists, lambda m: None)  # type: ignore[arg-type]
+    assert await applier.create(cm) is False
+    assert await applier.create(cm) is False and exists.calls == 1, "remembered"
+
+
 def test_manifest_hash_ignores_status() -> None:
     a = service()
     b = service()

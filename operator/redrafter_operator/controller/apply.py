@@ -335,7 +335,9 @@ class Applier:
         try:
             await self.client.request("POST", object_path(manifest, collection=True), manifest)
         except ApiError as exc:
-            if exc.status != 409:
+            # Only AlreadyExists says the object is there. Any other 409 (a Conflict) created nothing: taken for
+            # "exists", a build ConfigMap was never written while its Job was, and the Job's pods could not start.
+            if exc.status != 409 or exc.reason != "AlreadyExists":
                 raise
             created = False
         self._applied[ref] = _Applied("", "", "", None, self._monotonic())

@@ -97,9 +97,9 @@ class SimNode:
         """``kubeconfig``: the node's identity (``ControlPlane.node_kubeconfig(name)``); ``proxy_kubeconfig``:
         kube-proxy's (``system:kube-proxy``), to resolve Services through EndpointSlices, which a node may not
         list. ``product``/``gpus``: the GPUs it advertises (no product: a CPU node). ``openai_front``: serving pods
-        also run the OpenAI-compatible front, whose rendered readinessProbe then decides readiness. ``stages``: run
-        no process, post the statuses kwok's pod stages would (:mod:`.kwokstages`); ``allocatable``: cpu, memory, pods beyond
-        :func:`.nodes.node`'s."""
+        also run the OpenAI-compatible front, whose rendered readinessProbe then decides readiness. ``stages``:
+        run no process, post the statuses kwok's pod stages would (:mod:`.kwokstages`). ``allocatable``: cpu,
+        memory, pods beyond :func:`.nodes.node`'s (a node standing in for a whole cluster)."""
         self.name = name
         self.product = product
         self.gpus = gpus

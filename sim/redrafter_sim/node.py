@@ -29,7 +29,7 @@ import datetime
 import logging
 import shutil
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from .buildjobs import TOOLCHAIN_DIR
 from .engine import SimControl, SimEngineSettings, write_control
 from .hostfs import HostFS
 from .kubeapi import LEASES, NODES, PODS, ApiStatusError, KubeApi
+from .kwokstages import KwokStages
 from .noderun import PodRunner, with_addresses
 from .nodevolumes import VolumeNotReady, claim_objects, prepare_volumes
 from .servingpods import TERMINATION_DELAY_SECONDS, ServingController, control_file_name
@@ -70,7 +71,7 @@ class PodWork:
 
     namespace: str
     name: str
-    kind: str  # "serving" | "process" | "placeholder"
+    kind: str  # "serving" | "process" | "placeholder" | "staged"
     task: asyncio.Task[None] | None = None
     terminating: asyncio.Task[None] | None = None
 
@@ -92,16 +93,22 @@ class SimNode:
         openai_front: bool = False,
         heartbeat_seconds: float = 10.0,
         probe_seconds: float = 0.5,
+        stages: KwokStages | None = None,
+        allocatable: Mapping[str, str] | None = None,
     ) -> None:
         """``kubeconfig``: the node's identity (``ControlPlane.node_kubeconfig(name)``); ``proxy_kubeconfig``:
         kube-proxy's (``system:kube-proxy``), to resolve Services through EndpointSlices, which a node may not
         list. ``product``/``gpus``: the GPUs it advertises (no product: a CPU node). ``openai_front``: serving pods
-        also run the OpenAI-compatible front, whose rendered readinessProbe then decides readiness."""
+        also run the OpenAI-compatible front, whose rendered readinessProbe then decides readiness. ``stages``:
+        run no process, post the statuses kwok's pod stages would (:mod:`.kwokstages`). ``allocatable``: cpu,
+        memory, pods beyond :func:`.nodes.node`'s (a node standing in for a whole cluster)."""
         self.name = name
         self.product = product
         self.gpus = gpus
         self.heartbeat_seconds = heartbeat_seconds
         self.probe_seconds = probe_seconds
+        self.stages = stages
+        self.allocatable = dict(allocatable or {})
         self._own_dir = node_dir is None
         self.node_dir = Path(node_dir or tempfile.mkdtemp(prefix=TEMP_PREFIX))
         self.fs = HostFS(self.node_dir)
@@ -188,7 +195,7 @@ class SimNode:
 
     # ------------------------------------------------------------------ the Node and its Lease
     def _node_status(self) -> dict[str, Any]:
-        _, status = nodes.node(self.name, self.product, self.gpus)
+        _, status = nodes.node(self.name, self.product, self.gpus, allocatable=self.allocatable)
         t = objects.now()
         status["conditions"] = [
             {"type": kind, "status": "False", "reason": reason, "lastHeartbeatTime": t, "lastTransitionTime": t}
@@ -215,7 +222,7 @@ class SimNode:
 
     async def register(self) -> None:
         """Create (or adopt) the Node, post its status, create its Lease."""
-        body, _ = nodes.node(self.name, self.product, self.gpus)
+        body, _ = nodes.node(self.name, self.product, self.gpus, allocatable=self.allocatable)
         try:
             node = await self.api.create(NODES, body)
         except ApiStatusError as exc:
@@ -274,7 +281,10 @@ class SimNode:
         if work is not None or (pod.get("status") or {}).get("phase") in TERMINAL:
             return
         container = pod["spec"]["containers"][0]
-        if is_serving(pod):
+        if self.stages is not None:
+            work = PodWork(meta["namespace"], meta["name"], "staged")
+            work.task = asyncio.create_task(self.stages.run(pod, self.runner.report), name=f"pod/{meta['name']}")
+        elif is_serving(pod):
             work = PodWork(meta["namespace"], meta["name"], "serving")
             work.task = asyncio.create_task(self._serve(pod), name=f"pod/{meta['name']}")
         elif not container.get("command") and not container.get("args"):

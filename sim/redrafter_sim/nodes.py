@@ -9,6 +9,7 @@ one node per product the examples ask for, so the operator's placement check see
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 A100 = "NVIDIA-A100-SXM4-80GB"
@@ -55,10 +56,13 @@ def node(
     *,
     driver: str | None = "590.44.01",
     taints: list[dict[str, str]] | None = None,
+    allocatable: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the Node a kubelet registers, its status): a GPU node when ``product`` is given, else a CPU node.
 
     ``driver=None``: GFD's labels without the driver's (a node where GFD has not run its driver probe).
+    ``allocatable``: capacity beyond the default 96 CPUs, 1056Gi and the kubelet's 110 pods (a node standing in
+    for a whole cluster).
     The status goes through the status subresource, as the kubelet's does.
     """
     labels = {
@@ -72,6 +76,7 @@ def node(
             gfd = {k: v for k, v in gfd.items() if ".driver" not in k}
         labels |= gfd
     resources = {"cpu": "96", "memory": "1056Gi", "pods": "110", "ephemeral-storage": "3Ti"}
+    resources.update(allocatable or {})
     if product and gpus:
         resources["nvidia.com/gpu"] = str(gpus)
     body: dict[str, Any] = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}

@@ -21,11 +21,11 @@ import pytest
 import yaml
 
 from engine_jobs.contract import BuildResult
+from harness.operator import InProcessOperator
 from redrafter_operator.api import API_VERSION, KIND
 from redrafter_operator.api import engine_key as api_engine_key
 from redrafter_operator.api.spec import ReDrafterDeploymentSpec
 from redrafter_operator.controller import engines
-from redrafter_operator.controller.main import RunOptions, run_operator
 from redrafter_operator.controller.plan_types import ServingTargets
 from redrafter_operator.controller.reconciler import Controller
 from redrafter_operator.render import cache_refs, names
@@ -71,34 +71,16 @@ def example(name: str = NAME, **spec: Any) -> dict[str, Any]:
     return doc
 
 
-class Operator:
-    """Start/stop the operator as a task; ``controller`` is the live one (None while stopped)."""
+class Operator(InProcessOperator):
+    """The operator in a task of the test's loop, watching NS; ``policy=False`` drives ServingTargets from the test
+    instead of the speculation policy."""
 
     def __init__(self, kubeconfig: Path, resync: float = 300.0, policy: bool = True, clock: Any = None) -> None:
-        self.kubeconfig, self.resync, self.policy, self.clock = kubeconfig, resync, policy, clock
-        self.task: asyncio.Task[None] | None = None
-        self.controller: Controller | None = None
+        def keep(c: Controller) -> None:
+            if not policy:
+                c.monitors.clear()
 
-    def _keep(self, c: Controller) -> None:
-        if not self.policy:
-            c.monitors.clear()  # drive ServingTargets from the test instead of the speculation policy
-        self.controller = c
-
-    async def start(self) -> None:
-        opts = RunOptions(namespaces=[NS], kubeconfig=str(self.kubeconfig), workers=4, resync_seconds=self.resync)
-        self.task = asyncio.create_task(run_operator(opts, on_controller=self._keep, clock=self.clock))
-        await until(lambda: self.controller is not None, what="operator startup")
-
-    async def stop(self) -> None:
-        if self.task is None:
-            return
-        self.task.cancel()
-        try:
-            async with asyncio.timeout(15):
-                await self.task
-        except (asyncio.CancelledError, TimeoutError):
-            pass
-        self.task, self.controller = None, None
+        super().__init__(kubeconfig, [NS], resync=resync, clock=clock, on_controller=keep, workers=4)
 
 
 def contained(rendered: Any, stored: Any) -> bool:

@@ -49,7 +49,7 @@ from .buildjobs import provision_source
 from .chartrbac import chart_rbac
 from .controlplane import ControlPlane, write_yaml
 from .engine import SimEngineSettings
-from .kubeapi import EVENTS, PODS, SECRETS, Kind, KubeApi
+from .kubeapi import EVENTS, PODS, PVCS, SECRETS, Kind, KubeApi
 from .node import SimNode
 from .nodes import dcgm_exporter
 from .operator_process import OperatorProcess
@@ -169,19 +169,6 @@ def restricted_namespace(name: str) -> dict[str, Any]:
             "name": name,
             "labels": {ENFORCE_LABEL: "restricted", ENFORCE_VERSION_LABEL: "latest"},
         },
-    }
-
-
-CLAIM_SIZE = "100Gi"
-
-
-def bound_claim(name: str, namespace: str) -> dict[str, Any]:
-    """A ReadWriteMany claim the simulated node's storage backs (its directories hold what the Jobs write)."""
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": CLAIM_SIZE}}},
     }
 
 
@@ -334,8 +321,9 @@ class DemoRun:
         runs here, not in the cluster: --operator-health points the check at its liveness endpoint."""
         spec, _ = parse_spec(self.resource["spec"])
         assert spec is not None
+        claims = list(dict.fromkeys([spec.engine.cache.claim_name, *source_claims(named_sources(spec))]))
         storage: list[dict[str, Any]] = []
-        for claim in dict.fromkeys([spec.engine.cache.claim_name, *source_claims(named_sources(spec))]):
+        for claim in claims:
             storage.extend(node.claim_objects(self.namespace, claim))
         await kubectl(
             kubeconfig,
@@ -346,6 +334,7 @@ class DemoRun:
             "-",
             stdin=yaml.safe_dump_all(storage + dcgm_exporter()),
         )
+        await self._bound(claims)
         deadline = time.monotonic() + 60  # kopf serves its liveness endpoint once the operator has started
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
             while time.monotonic() < deadline:
@@ -374,6 +363,17 @@ class DemoRun:
         self.check_lines = [line for line in out.decode(errors="replace").splitlines() if line.strip()]
         for line in self.check_lines:
             self.view.note(f"check: {line}")
+
+    async def _bound(self, claims: list[str], timeout: float = 60.0) -> None:
+        """Until the PersistentVolume binder has bound each claim to its volume, as a cluster's storage shows
+        provisioned claims before anyone runs the check."""
+        assert self.api is not None
+        deadline = time.monotonic() + timeout
+        for claim in claims:
+            while ((await self.api.get(PVCS, claim, self.namespace) or {}).get("status") or {}).get("phase") != "Bound":
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"PersistentVolumeClaim {self.namespace}/{claim} not Bound after {timeout:.0f}s")
+                await asyncio.sleep(0.2)
 
     async def _prometheus(self, api: KubeApi, operator_port: int) -> None:
         """A real Prometheus scraping the operator and every serving pod (the list follows the API's Pods),

@@ -147,6 +147,13 @@ async def test_the_chart_installs_tests_runs_upgrades_and_uninstalls_on_a_real_c
             pv, pvc = node.claim_objects(work.namespace, claim)
             await _create(admin, PVS, pv)
             await _create(admin, PVCS, pvc, work.namespace)
+        for claim in CLAIMS:  # the PV binder binds them: `check` in the helm test reads them Bound
+
+            async def bound(claim: str = claim) -> bool:
+                found = await admin.get(PVCS, claim, work.namespace) or {}
+                return bool((found.get("status") or {}).get("phase") == "Bound")
+
+            await until(bound, timeout=60, what=f"claim {claim} Bound")
         timings.lap("node and cluster objects")
         with helm.Config(kubeconfig_path=str(system.kubeconfig), namespace=system.namespace) as cfg:
             await _install_and_test(cfg, system, admin, node, values, timings)

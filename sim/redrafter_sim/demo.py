@@ -253,7 +253,10 @@ class DemoRun:
                     prometheus_task = asyncio.create_task(self._prometheus(api, metrics_port), name="prometheus")
                 if self.opts.train:  # training loads the base's weights: a real (tiny, random) Llama
                     base = SourceRef(uri=self.resource["spec"]["model"]["base"]["source"])
-                    await asyncio.to_thread(provision_source, node.fs, base, "trainable-base")
+                    # into the claim's PersistentVolume, where the pods read it (before any build pod's fixture)
+                    claim = base.uri.removeprefix("pvc://").partition("/")[0]
+                    volumes = {claim: node.claim_path(self.namespace, claim)}
+                    await asyncio.to_thread(provision_source, node.fs, base, "trainable-base", volumes)
                 first = self.scenario.stages[0]
                 if first.acceptance is not None:
                     node.set_engine(self.namespace, self.name, "redrafter", acceptance_rate=first.acceptance)

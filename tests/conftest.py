@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness.chaos import APISERVER_ARGS
-from harness.cluster import Kube, delete_namespace, new_namespace, start_control_plane
+from harness.cluster import Kube, namespace_for_test, start_control_plane
 from redrafter_sim.controlplane import ControlPlane
 from redrafter_sim.server import EmulatorHandle, EmulatorThread, write_kubeconfig
 
@@ -52,21 +52,15 @@ def chaos_control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Co
 @pytest.fixture
 def chaos_kube(chaos_control_plane: ControlPlane, tmp_path: Path) -> Iterator[Kube]:
     """A namespace of this test's own on the chaos control plane."""
-    k = new_namespace(chaos_control_plane, tmp_path / "kube")
-    try:
+    with namespace_for_test(chaos_control_plane, tmp_path / "kube") as k:
         yield k
-    finally:
-        delete_namespace(k)
 
 
 @pytest.fixture
 def kube(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Kube]:
     """A namespace of this test's own on the real control plane, with kubectl bound to it as the admin."""
-    k = new_namespace(control_plane, tmp_path / "kube")
-    try:
+    with namespace_for_test(control_plane, tmp_path / "kube") as k:
         yield k
-    finally:
-        delete_namespace(k)
 
 
 @pytest.fixture

@@ -3,12 +3,14 @@ CRD installed and Established, and a namespace of its own for each test with kub
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import urllib.error
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,6 +112,16 @@ def new_namespace(cp: ControlPlane, home: Path, labels: dict[str, str] | None = 
     cp.request("POST", "/api/v1/namespaces", body)
     home.mkdir(parents=True, exist_ok=True)
     return Kube(cp, name, home)
+
+
+@contextlib.contextmanager
+def namespace_for_test(cp: ControlPlane, home: Path) -> Iterator[Kube]:
+    """A fresh namespace for one test, deleted (in the background) after it."""
+    kube = new_namespace(cp, home)
+    try:
+        yield kube
+    finally:
+        delete_namespace(kube)
 
 
 def delete_namespace(kube: Kube) -> None:

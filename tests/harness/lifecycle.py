@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 import urllib.error
 import urllib.parse
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,10 @@ from .waiting import until
 EXAMPLE = ROOT / "examples" / "llama3-8b.yaml"
 NAME = "llama3-8b"
 BUILT = BuildResult(size_bytes=17_179_869_184, built_at="2026-12-01T10:00:00Z")  # what build Pods report
-RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}
+RESTRICTED = {
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+}
 INFERENCE_POOL_CRD = ROOT / "tests" / "fixtures" / "crds" / "inference.networking.k8s.io_inferencepools.yaml"
 INFERENCE_POOL_API = "inference.networking.k8s.io/v1"
 #: the example's prerequisites: the engine cache and the drafter's claim, the Hugging Face token
@@ -89,6 +93,44 @@ def example(name: str = NAME, **spec: Any) -> dict[str, Any]:
             node = node.setdefault(p, {})
         node[leaf] = value
     return doc
+
+
+def routed(**spec: Any) -> dict[str, Any]:
+    """The example with the Gateway API InferencePool turned on."""
+    return example(
+        routing__inferencePool={"enabled": True, "endpointPickerRef": {"name": "llama3-8b-epp", "port": 9002}}, **spec
+    )
+
+
+def table_rows(text: str) -> list[dict[str, str]]:
+    """``kubectl get``'s table as one dict per row, cut at the header's column offsets (a column a row has
+    no value for prints blank, so splitting on whitespace would shift the cells after it)."""
+    header, *lines = text.splitlines()
+    starts = [(m.start(), m.group()) for m in re.finditer(r"\S+", header)]
+    bounds = [*(start for start, _ in starts[1:]), None]
+    return [{name: line[start:end].strip() for (start, name), end in zip(starts, bounds)} for line in lines]
+
+
+def count_calls(monkeypatch: Any, owner: Any, name: str) -> Callable[[], int]:
+    """Wrap ``owner.name`` (a function or classmethod) to count its calls from now on."""
+    calls = [0]
+    original = getattr(owner, name)
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counting)
+    return lambda: calls[0]
+
+
+def contained(rendered: Any, stored: Any) -> bool:
+    """Every field the render sets is set so on the stored object (the API server adds defaults and status)."""
+    if isinstance(rendered, dict):
+        return isinstance(stored, dict) and all(contained(v, stored.get(k)) for k, v in rendered.items())
+    if isinstance(rendered, list):
+        return isinstance(stored, list) and len(rendered) == len(stored) and all(map(contained, rendered, stored))
+    return rendered == stored
 
 
 def plural(kind: str) -> str:
@@ -277,7 +319,9 @@ class Cluster:
         self.nodes[name] = node
         return node
 
-    def operator(self, resync: float = 300.0, policy: bool = True, clock: Any = None, **options: Any) -> LifecycleOperator:
+    def operator(
+        self, resync: float = 300.0, policy: bool = True, clock: Any = None, **options: Any
+    ) -> LifecycleOperator:
         return LifecycleOperator(self, resync=resync, policy=policy, clock=clock, **options)
 
     # -- the API, as the admin --
@@ -383,6 +427,28 @@ class Cluster:
             for api_version, kind in OPERATOR_KINDS
             for o in self.list(api_version, kind)
         }
+
+    def rendered(self, doc: dict[str, Any], **kw: Any) -> list[dict[str, Any]]:
+        """What `render` prints for the applied resource (uid and generation as the cluster gave them)."""
+        from redrafter_operator.controller.preview import planned_children
+
+        live = self.rdd(doc["metadata"]["name"])
+        meta = {**doc["metadata"], "namespace": self.ns}
+        meta.update(uid=live["metadata"]["uid"], generation=live["metadata"]["generation"])
+        return planned_children({**doc, "metadata": meta}, **kw)
+
+    def differing(self, rendered: list[dict[str, Any]], kinds: set[str]) -> list[str]:
+        """The rendered children of these kinds that the cluster does not hold as rendered (by kind/name)."""
+        out = []
+        for doc in rendered:
+            if doc["kind"] not in kinds:
+                continue
+            stored = self.find(doc["apiVersion"], doc["kind"], doc["metadata"]["name"])
+            fields = {k: v for k, v in doc.items() if k not in ("apiVersion", "kind", "metadata")}
+            meta = {k: doc["metadata"][k] for k in ("labels", "annotations", "ownerReferences") if k in doc["metadata"]}
+            if stored is None or not contained({**fields, "metadata": meta}, stored):
+                out.append(f"{doc['kind']}/{doc['metadata']['name']}")
+        return out
 
     # -- what the operator sent --
     def mark(self) -> int:
@@ -524,10 +590,14 @@ __all__ = [
     "INFERENCE_POOL_CRD",
     "LifecycleOperator",
     "NAME",
+    "contained",
+    "count_calls",
     "example",
     "quiesce",
+    "routed",
     "running_cluster",
     "running_operator",
     "settle",
+    "table_rows",
     "to_serving",
 ]

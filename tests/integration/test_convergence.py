@@ -1,11 +1,5 @@
 """Convergence of the operator's children and its cost at rest (split from test_lifecycle.py; being ported)."""
 
-The operator runs in-process (kopf in a task of the test's loop); the emulator runs in its own thread
-with the built-in controller stand-ins (Deployments -> Ready Pods -> Endpoints, CronJobs -> Jobs on a
-clock the test moves) ticking in the background; tests finish build Jobs explicitly (complete or fail,
-with a termination message).
-"""
-
 from __future__ import annotations
 
 import asyncio

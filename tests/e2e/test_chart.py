@@ -1177,10 +1177,12 @@ async def _runs_from_the_chart(mode: str, cluster: Cluster, tmp_path: Path) -> N
         # orphaned them, written as the pre-server-side-apply operator did: created by the client library's
         # field manager, "OpenAPI-Generator"): its apply's answer shows their fields, it takes them over (a JSON
         # patch of managedFields) and applies again, which removes what it does not set (the "old" container).
-        # The Deployment's selector is immutable: the earlier install's was the one the operator renders.
+        # The Deployment's selector is immutable, and a Service's port names unique after the apply merged its
+        # ports (keyed by port and protocol): the earlier install's were the ones the operator renders.
+        rendered = {(d["kind"], d["metadata"]["name"]): d for d in cluster.rendered(routed())}
         base_name = names.serving_deployment_name("llama3-8b", "base")
-        rendered_base = next(d for d in cluster.rendered(routed()) if d["metadata"]["name"] == base_name)
-        base_selector = rendered_base["spec"]["selector"]["matchLabels"]
+        base_selector = rendered[("Deployment", base_name)]["spec"]["selector"]["matchLabels"]
+        base_ports = rendered[("Service", names.service_name("llama3-8b", "base"))]["spec"]["ports"]
         for leftover in (
             {
                 "apiVersion": "v1",
@@ -1194,7 +1196,7 @@ async def _runs_from_the_chart(mode: str, cluster: Cluster, tmp_path: Path) -> N
                 "metadata": {"name": names.service_name("llama3-8b", "base")},
                 "spec": {
                     "selector": names.serving_selector("llama3-8b", "base"),
-                    "ports": [{"name": "http", "port": 80}],
+                    "ports": base_ports,
                 },
             },
             {

@@ -4,7 +4,7 @@ traffic loop advances.
 
 * Each serving pod a node holds (:class:`MeteredPods`) serves ``/metrics`` on its status.podIP (a loopback
   127.244.x.y address: all of 127/8 is local on Linux) at the Triton metrics port, from before it reports
-  Running until the node lets it go; the operator scrapes it as it would scrape a cluster's pod.
+  Running until it is gone from the API; the operator scrapes it as it would scrape a cluster's pod.
 * The traffic loop (:class:`MeteredCluster`) finishes one request per tick on each Ready pod the stable Service
   selects (a ReDrafter canary in the base pool included), at the acceptance the test sets per engine.
 * ``outage``: every metrics endpoint answers 503.
@@ -113,23 +113,41 @@ def is_serving_pod(pod: dict[str, Any]) -> bool:
 
 
 @dataclass
+class MeteredServer:
+    meter: Meter
+    runner: web.AppRunner
+    started: float  # time.monotonic() when it listened
+
+
+@dataclass
 class MeteredPods(HeldPods):
     """Held pods whose serving pods serve metrics on their pod IP; ``processes`` picks the pods a node runs as it
-    would without held pods (their real programs: a build Job's prepare, say)."""
+    would without held pods (their real programs: a build Job's prepare, say).
+
+    A pod's metrics server listens before the pod reports its IP (the first scrape finds it) and outlives the
+    pod's task: an in-process operator that stops cancels every task started after it (kopf's clean-up), the
+    held pods' included, and a pod that keeps its Ready status must keep answering. :meth:`forget` stops the
+    servers of pods that are gone."""
 
     acceptance: dict[str, float] = field(default_factory=lambda: {"redrafter": 0.8})
     outage: bool = False  # every metrics endpoint answers 503
-    meters: dict[str, Meter] = field(default_factory=dict)  # by pod uid, while the pod is held
+    servers: dict[str, MeteredServer] = field(default_factory=dict)  # by pod uid
     processes: Callable[[dict[str, Any]], bool] = field(default=lambda pod: False)
     nodes: dict[str, SimNode] = field(default_factory=dict)
+
+    @property
+    def meters(self) -> dict[str, Meter]:
+        return {uid: s.meter for uid, s in self.servers.items()}
 
     async def run(self, pod: dict[str, Any], report: Report) -> None:
         if self.processes(pod):
             await self.nodes[pod["spec"]["nodeName"]]._run(pod)
             return
-        if not is_serving_pod(pod):
-            await super().run(pod, report)
-            return
+        if is_serving_pod(pod) and pod["metadata"]["uid"] not in self.servers:
+            await self._serve(pod)
+        await super().run(pod, report)
+
+    async def _serve(self, pod: dict[str, Any]) -> None:
         uid = pod["metadata"]["uid"]
         meter = Meter(pod["metadata"]["labels"][names.LABEL_VARIANT])
 
@@ -143,13 +161,21 @@ class MeteredPods(HeldPods):
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         try:
-            # listening before the pod reports its IP: the first scrape finds the endpoint
             await web.TCPSite(runner, objects.pod_ip(uid), c.METRICS_PORT).start()
-            self.meters[uid] = meter
-            await super().run(pod, report)
-        finally:
-            self.meters.pop(uid, None)
+        except BaseException:
             await runner.cleanup()
+            raise
+        self.servers[uid] = MeteredServer(meter, runner, time.monotonic())
+
+    async def forget(self, live: set[str], listed_at: float) -> None:
+        """Stop the servers of the pods absent from a list of the serving pods begun at ``listed_at``."""
+        for uid in [u for u, s in self.servers.items() if u not in live and s.started < listed_at]:
+            await self.servers.pop(uid).runner.cleanup()
+
+    async def close(self) -> None:
+        for server in self.servers.values():
+            await server.runner.cleanup()
+        self.servers.clear()
 
 
 class MeteredCluster(Cluster):
@@ -184,6 +210,7 @@ class MeteredCluster(Cluster):
             self._traffic.cancel()
             await asyncio.gather(self._traffic, return_exceptions=True)
         await super().close()
+        await self.pods.close()
 
     async def add_node(self, name: str, product: str | None, gpus: int = 8) -> SimNode:
         node = await super().add_node(name, product, gpus)
@@ -199,16 +226,25 @@ class MeteredCluster(Cluster):
         svc = self.find("v1", "Service", NAME)
         return self.list("v1", "Pod", names.selector_string(svc["spec"]["selector"])) if svc else []
 
+    def _serving(self) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+        return self.find("v1", "Service", NAME), self.list("v1", "Pod", f"{names.LABEL_COMPONENT}=serving")
+
     async def _traffic_loop(self) -> None:
+        """Each tick, one request finished on each Ready pod the Service selects; servers of gone pods stop."""
         while True:
+            listed_at = time.monotonic()
             try:
-                pods = await asyncio.to_thread(self.selected_pods)
+                svc, pods = await asyncio.to_thread(self._serving)
             except (urllib.error.URLError, OSError):
-                pods = []
+                await asyncio.sleep(TRAFFIC_TICK)
+                continue
+            await self.pods.forget({p["metadata"]["uid"] for p in pods}, listed_at)
+            selector = (svc or {}).get("spec", {}).get("selector") or {}
             for pod in pods:
-                meter = self.pods.meters.get(pod["metadata"]["uid"])
-                if meter is not None and is_ready(pod):
-                    meter.finish_request(self.acceptance.get(meter.variant, 0.0))
+                labels = pod["metadata"].get("labels") or {}
+                server = self.pods.servers.get(pod["metadata"]["uid"])
+                if svc and server and is_ready(pod) and all(labels.get(k) == v for k, v in selector.items()):
+                    server.meter.finish_request(self.acceptance.get(server.meter.variant, 0.0))
             await asyncio.sleep(TRAFFIC_TICK)
 
 

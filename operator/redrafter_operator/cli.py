@@ -61,9 +61,9 @@ def _cmd_render(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    """The demo needs the emulated cluster, which is a development package and never part of this distribution."""
+    """The demo needs the development package (control plane launcher, simulated node), never part of this distribution."""
     print(
-        "error: the demo runs on the emulated cluster in the development package redrafter-sim, which this "
+        "error: the demo runs on the development package redrafter-sim (a local control plane and a simulated GPU node), which this "
         "installation does not include.\nFrom a clone of the repository: `make demo` (installs it), or "
         "`pip install -e ./sim` and then `redrafter-sim demo`.",
         file=sys.stderr,

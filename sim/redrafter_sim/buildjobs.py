@@ -1,20 +1,15 @@
-"""The simulated node's Job controller + kubelet for the operator's Jobs (engine builds, validation).
+"""The programs of the operator's Job pods as the simulated node runs them (:class:`ProgramRunner`).
 
-For each Job labelled ``app.kubernetes.io/component`` ``engine-build``, ``validation`` or ``engine-cache`` it
-creates a Pod in the API, lays out the Pod's volumes on this machine (:mod:`.hostfs`), and runs the container's own command —
-``python -m engine_jobs build --spec /etc/redrafter/build.json`` — as a real subprocess with the
-stand-in TensorRT-LLM toolchain. Only paths change: build.json's ``cache_dir`` and credentials
-directories point into the pod's root, and engine_jobs' settings (environment variables) name the
-toolchain, the pvc:// mount root and the termination-message file. pvc:// source claims are
-provisioned with a tiny fake checkpoint (:mod:`.checkpoint`) the first time a build reads them, and
-``hf://redrafter-sim/<fixture>`` sources are put into the Job's Hugging Face cache (the node is offline). The
-PyTorch path's prepare Jobs (``backend: pytorch``) run the same program and need no toolchain.
-Validation Jobs run ``redrafter-operator evaluate validate`` the same way, engine-cache Jobs
-``python -m engine_jobs cache ls|gc`` (their read-only mounts are not enforced: a mount is a symlink); their in-cluster Service
-addresses (``<svc>.<ns>.svc:<port>``) are resolved to a Ready endpoint of that Service, as cluster DNS
-and kube-proxy would. The Pod's and Job's status come from the real exit code and termination-message
-file, with the Job's ``podFailurePolicy`` (a FailJob exit code ends the Job at once), ``backoffLimit``
-retries and ``activeDeadlineSeconds``.
+A pod's container command — ``python -m engine_jobs build --spec /etc/redrafter/build.json``, ``redrafter-operator
+evaluate validate``, ``python -m engine_jobs cache ls|gc``, the training and prepare programs — runs as a real
+subprocess with the stand-in TensorRT-LLM toolchain, in a directory laid out as the pod's volumes
+(:mod:`.hostfs`). Only paths change: build.json's ``cache_dir`` and credentials directories point into the pod's
+root, and engine_jobs' settings (environment variables) name the toolchain, the pvc:// mount root and the
+termination-message file. pvc:// source claims are provisioned with a tiny fake checkpoint (:mod:`.checkpoint`) the
+first time a build reads them, and ``hf://redrafter-sim/<fixture>`` sources are put into the pod's Hugging Face cache
+(the node is offline). In-cluster Service addresses (``<svc>.<ns>.svc:<port>``) in a command are resolved as
+cluster DNS and kube-proxy would (:meth:`ProgramRunner.service_endpoint`, the node's). The pod's status is the
+node's (:mod:`.noderun`); the Job's is the real Job controller's.
 """
 
 from __future__ import annotations
@@ -36,10 +31,10 @@ from typing import Any
 from engine_jobs import contract
 from engine_jobs.contract import BuildSpec, SourceRef, TrainSpec
 
-from . import objects, podfailurepolicy
+from . import objects
 from .checkpoint import FIXTURES, write_base, write_drafter, write_hf_fixture, write_tokenizer
 from .hostfs import HostFS, PodRoot, configmap_names, secret_names
-from .kubeapi import CONFIGMAPS, ENDPOINTS, EVENTS, JOBS, PODS, SECRETS, ApiStatusError, KubeApi
+from .kubeapi import CONFIGMAPS, SECRETS, KubeApi
 from .podidentity import Identity
 
 log = logging.getLogger("redrafter.sim.jobs")
@@ -48,15 +43,12 @@ log = logging.getLogger("redrafter.sim.jobs")
 #: The one place that names its location.
 TOOLCHAIN_DIR = Path(__file__).resolve().parent / "toolchain"
 
-COMPONENT_LABEL = "app.kubernetes.io/component"
-JOB_COMPONENTS = ("engine-build", "drafter-training", "validation", "engine-cache")
 SERVICE_ADDRESS = re.compile(
     r"\b([a-z0-9]([-a-z0-9]*[a-z0-9])?)\.([a-z0-9]([-a-z0-9]*[a-z0-9])?)\.svc(\.cluster\.local)?:(\d+)\b"
 )
 TERMINATION_MESSAGE_LIMIT = 4096
 LOG_TAIL_LINES = 80
 DATASET_PROMPTS = 64  # prompts a provisioned dataset holds
-POD_CREATE_RETRY_SECONDS = 1.0
 #: the downward API's env fieldRefs this node resolves: pod manifest and pod IP -> value
 FIELD_REFS: dict[str, Callable[[Mapping[str, Any], str], str]] = {
     "metadata.name": lambda pod, ip: str(pod["metadata"]["name"]),
@@ -122,10 +114,6 @@ def container_argv(container: Mapping[str, Any], root: PodRoot, termination_log:
     argv = [mapped(a) for a in command]
     argv[0] = host_program(command[0]) or argv[0]
     return argv
-
-
-def job_finished(job: Mapping[str, Any]) -> bool:
-    return objects.condition_true(job, "Complete") or objects.condition_true(job, "Failed")
 
 
 def provision_source(fs: HostFS, ref: SourceRef | None, role: str, claims: Mapping[str, Path] | None = None) -> None:
@@ -203,221 +191,14 @@ def localize_build_spec(text: str, pod: PodRoot) -> str:
     return local.model_dump_json(indent=2)
 
 
-class JobRunner:
-    """Runs every unfinished build/validation Job (a Pod per attempt) and reports Pod and Job status."""
+class ProgramRunner:
+    """Lays out a pod's volumes and runs its containers' programs (at most ``parallel`` at once)."""
 
-    def __init__(
-        self,
-        api: KubeApi,
-        fs: HostFS,
-        *,
-        toolchain: Path = TOOLCHAIN_DIR,
-        parallel: int = 2,
-        components: tuple[str, ...] = JOB_COMPONENTS,
-    ) -> None:
-        """``components``: the Jobs it runs, by component label (a test may play the others itself)."""
+    def __init__(self, api: KubeApi, fs: HostFS, *, toolchain: Path = TOOLCHAIN_DIR, parallel: int = 2) -> None:
         self.api = api
         self.fs = fs
-        self.components = components
         self.toolchain = toolchain
         self._slots = asyncio.Semaphore(parallel)
-        self._tasks: dict[str, asyncio.Task[None]] = {}
-        self.finished: dict[str, int] = {}  # job uid -> exit code of its last pod (for tests/the demo)
-
-    async def sync(self) -> None:
-        jobs = [
-            j
-            for j in await self.api.list(JOBS)
-            if (j["metadata"].get("labels") or {}).get(COMPONENT_LABEL) in self.components
-        ]
-        alive = set()
-        for job in jobs:
-            uid = job["metadata"]["uid"]
-            alive.add(uid)
-            if uid in self._tasks or job_finished(job) or uid in self.finished:
-                continue
-            self._tasks[uid] = asyncio.create_task(self._run_job(job), name=f"job/{job['metadata']['name']}")
-        for uid, task in list(self._tasks.items()):
-            if task.done():
-                self._tasks.pop(uid)
-                if not task.cancelled() and task.exception() is not None:
-                    log.error("build job task failed: %r", task.exception())
-            elif uid not in alive:  # the Job was deleted: kill its pod
-                task.cancel()
-
-    async def shutdown(self) -> None:
-        for task in self._tasks.values():
-            task.cancel()
-        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
-        self._tasks.clear()
-
-    # ------------------------------------------------------------------ one Job
-    async def _run_job(self, job: dict[str, Any]) -> None:
-        meta, spec = job["metadata"], job.get("spec") or {}
-        ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
-        backoff = int(spec.get("backoffLimit", 6))
-        deadline = spec.get("activeDeadlineSeconds")
-        started = objects.now()
-        await self._job_status(ns, name, {"startTime": started, "active": 1})
-        failures, code, message = 0, 0, ""
-        try:
-            while True:
-                try:
-                    code, message, pod = await asyncio.wait_for(self._run_pod(job), timeout=deadline)
-                except asyncio.TimeoutError:
-                    self.finished[uid] = -1
-                    await self._job_status(
-                        ns,
-                        name,
-                        self._failed(failures + 1, "DeadlineExceeded", "Job was active longer than specified deadline"),
-                    )
-                    return
-                if code == 0:
-                    break
-                # the pod failure policy first, as the Job controller does: FailJob ends the Job now,
-                # Ignore does not count the failure against backoffLimit
-                action, why = podfailurepolicy.match(job, pod)
-                if action == podfailurepolicy.FAIL_JOB:
-                    self.finished[uid] = code
-                    await self._job_status(ns, name, self._failed(failures + 1, podfailurepolicy.REASON, why))
-                    return
-                if action != podfailurepolicy.IGNORE:
-                    failures += 1
-                if failures > backoff:
-                    break
-                await self._job_status(ns, name, {"active": 1, "failed": failures})
-        finally:
-            self.finished.setdefault(uid, code)
-        self.finished[uid] = code
-        if code == 0:
-            t = objects.now()
-            await self._job_status(
-                ns,
-                name,
-                {
-                    "active": 0,
-                    "succeeded": 1,
-                    "failed": failures,
-                    "completionTime": t,
-                    "conditions": [
-                        {
-                            "type": "SuccessCriteriaMet",
-                            "status": "True",
-                            "reason": "CompletionsReached",
-                            "message": "Reached expected number of succeeded pods",
-                            "lastTransitionTime": t,
-                        },
-                        {
-                            "type": "Complete",
-                            "status": "True",
-                            "reason": "CompletionsReached",
-                            "message": "Reached expected number of succeeded pods",
-                            "lastTransitionTime": t,
-                        },
-                    ],
-                },
-            )
-        else:
-            await self._job_status(
-                ns, name, self._failed(failures, "BackoffLimitExceeded", "Job has reached the specified backoff limit")
-            )
-
-    @staticmethod
-    def _failed(failures: int, reason: str, message: str) -> dict[str, Any]:
-        t = objects.now()
-        return {
-            "active": 0,
-            "failed": failures,
-            "conditions": [
-                {
-                    "type": "FailureTarget",
-                    "status": "True",
-                    "reason": reason,
-                    "message": message,
-                    "lastTransitionTime": t,
-                },
-                {"type": "Failed", "status": "True", "reason": reason, "message": message, "lastTransitionTime": t},
-            ],
-        }
-
-    async def _job_status(self, ns: str, name: str, status: dict[str, Any]) -> None:
-        with contextlib.suppress(Exception):
-            await self.api.patch(JOBS, name, ns, {"status": status}, subresource="status")
-
-    # ------------------------------------------------------------------ one Pod of the Job
-    async def _run_pod(self, job: dict[str, Any]) -> tuple[int, str, dict[str, Any]]:
-        """Run one Pod of the Job: (exit code, termination message, the Pod as the Job controller sees it)."""
-        meta = job["metadata"]
-        ns, job_name = meta["namespace"], meta["name"]
-        template = (job.get("spec") or {}).get("template") or {}
-        pod_name = f"{job_name[:57]}-{objects.suffix()}"
-        labels = {
-            "job-name": job_name,
-            "batch.kubernetes.io/job-name": job_name,
-            "controller-uid": meta["uid"],
-            "batch.kubernetes.io/controller-uid": meta["uid"],
-        }
-        manifest = objects.pod_manifest(job, pod_name, template, labels)
-        await self._create_pod(job, manifest)
-        container = manifest["spec"]["containers"][0]
-        image = container.get("image", "")
-        started = objects.now()
-        ip = objects.pod_ip(f"{ns}/{pod_name}")  # on loopback: a training pod serves its progress there
-        root = self.fs.pod_root(ns, pod_name)
-        inits: list[dict[str, Any]] = []  # initContainerStatuses: each runs to completion first, in order
-        try:
-            async with self._slots:
-                for init in manifest["spec"].get("initContainers") or []:
-                    argv, env, identity = await self._prepare(ns, manifest, init, root, ip)
-                    code, message = await self._execute(argv, env, root, identity)
-                    inits.append(
-                        objects.terminated_status(init["name"], ip, started, code, message, init.get("image", ""))[
-                            "containerStatuses"
-                        ][0]
-                    )
-                    if code != 0:  # the pod fails with its init container; the main container never starts
-                        break
-                else:
-                    argv, env, identity = await self._prepare(ns, manifest, container, root, ip)
-                    await self._pod_status(
-                        ns,
-                        pod_name,
-                        {
-                            **objects.running_status(container["name"], ip, started, True, 0, image),
-                            **({"initContainerStatuses": inits} if inits else {}),
-                        },
-                    )
-                    code, message = await self._execute(argv, env, root, identity)
-        except (OSError, ValueError) as exc:  # a volume or ConfigMap the pod cannot start with
-            code, message = 128, f"CreateContainerConfigError: {exc}"
-        status = objects.terminated_status(container["name"], ip, started, code, message, image)
-        if inits:
-            status["initContainerStatuses"] = inits
-            if inits[-1]["state"]["terminated"]["exitCode"] != 0:  # the main container never ran
-                status["containerStatuses"][0]["state"] = {"waiting": {"reason": "PodInitializing"}}
-        await self._pod_status(ns, pod_name, status)
-        log.info("build pod %s/%s exited %s", ns, pod_name, code)
-        return code, message, {"metadata": {"name": pod_name, "namespace": ns}, "status": status}
-
-    async def _create_pod(self, job: dict[str, Any], manifest: dict[str, Any]) -> None:
-        """Create the Pod; while admission rejects it, record a FailedCreate Event on the Job (once per
-        message) and retry as the Job controller does, until the Job's activeDeadlineSeconds."""
-        ns, reported = job["metadata"]["namespace"], ""
-        while True:
-            try:
-                await self.api.create(PODS, manifest, ns)
-                return
-            except ApiStatusError as exc:
-                if exc.code != 403:
-                    raise
-                if exc.message != reported:
-                    reported = exc.message
-                    log.warning("pod of job %s/%s rejected: %s", ns, job["metadata"]["name"], exc.message)
-                    with contextlib.suppress(ApiStatusError):
-                        await self.api.create(
-                            EVENTS, objects.failed_create_event(job, exc.message, "job-controller"), ns
-                        )
-            await asyncio.sleep(POD_CREATE_RETRY_SECONDS)
 
     async def _prepare(
         self, ns: str, manifest: dict[str, Any], container: dict[str, Any], root: PodRoot, ip: str
@@ -484,17 +265,8 @@ class JobRunner:
         return "".join(out) + arg[last:]
 
     async def service_endpoint(self, svc: str, ns: str, port: int) -> str | None:
-        """``ip:port`` of an endpoint of the Service (from its Endpoints), None when it has none."""
-        eps = await self.api.get(ENDPOINTS, svc, ns) or {}
-        for subset in eps.get("subsets") or []:
-            addresses = subset.get("addresses") or subset.get("notReadyAddresses") or []
-            ports = subset.get("ports") or []
-            target = next((p["port"] for p in ports if p.get("port") == port), None)
-            if target is None and len(ports) == 1:
-                target = ports[0]["port"]
-            if addresses:
-                return f"{addresses[0]['ip']}:{target or port}"
-        return None
+        """``ip:port`` of a ready endpoint of the Service, None when it has none (the node's kube-proxy knows)."""
+        raise NotImplementedError
 
     async def _execute(
         self,
@@ -530,10 +302,6 @@ class JobRunner:
             lines = log_path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
             message = "\n".join(lines)
         return code, message[-TERMINATION_MESSAGE_LIMIT:]
-
-    async def _pod_status(self, ns: str, name: str, status: dict[str, Any]) -> None:
-        with contextlib.suppress(Exception):
-            await self.api.patch(PODS, name, ns, {"status": status}, subresource="status")
 
 
 async def _terminate(proc: asyncio.subprocess.Process, grace: float = 5.0) -> None:

@@ -1,16 +1,14 @@
-"""The endpoints controller: every Service with a selector gets an Endpoints object listing the Pods it
-selects (Ready ones under ``addresses``, others under ``notReadyAddresses``), as kube-controller-manager
-does. The router (kube-proxy's role) reads them. :func:`endpoints_for` is the one implementation: the
-in-process emulator's controllers (:mod:`.controllers`) write what it returns too.
+"""A Service's endpoints computed from the Pods it selects (Ready ones under ``addresses``, others under
+``notReadyAddresses``), as kube-controller-manager's endpoints controller computes them. The node and the demo's
+router (kube-proxy's role) resolve Services with it: the pods here have loopback IPs, which kube-apiserver refuses
+in Endpoints and EndpointSlices, so no controller can publish them.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping
 from typing import Any
 
-from .kubeapi import ENDPOINTS, PODS, SERVICES, ApiStatusError, KubeApi
 from .objects import condition_true
 
 
@@ -82,25 +80,3 @@ def endpoints_for(service: Mapping[str, Any], pods: list[Mapping[str, Any]]) -> 
         "metadata": {"name": meta["name"], "namespace": meta["namespace"], "labels": dict(meta.get("labels") or {})},
         "subsets": subsets,
     }
-
-
-class EndpointsController:
-    def __init__(self, api: KubeApi) -> None:
-        self.api = api
-        self._written: dict[tuple[str, str], Any] = {}
-
-    async def sync(self) -> None:
-        services = [s for s in await self.api.list(SERVICES) if (s.get("spec") or {}).get("selector")]
-        pods = await self.api.list(PODS)
-        for svc in services:
-            want = endpoints_for(svc, pods)
-            key = (svc["metadata"]["namespace"], svc["metadata"]["name"])
-            if self._written.get(key) == want["subsets"]:
-                continue
-            with contextlib.suppress(ApiStatusError):
-                have = await self.api.get(ENDPOINTS, key[1], key[0])
-                if have is None:
-                    await self.api.create(ENDPOINTS, want, key[0])
-                elif (have.get("subsets") or []) != want["subsets"]:
-                    await self.api.patch(ENDPOINTS, key[1], key[0], {"subsets": want["subsets"]})
-                self._written[key] = want["subsets"]

@@ -1,8 +1,7 @@
 """A small JSON client of the Kubernetes REST API for the simulated node, router and demo.
 
-They talk to the API like their real counterparts (kubelet, kube-proxy, a dashboard), so they work against
-any server: the in-process emulator over plain HTTP, or a real kube-apiserver over TLS with the credentials of
-a kubeconfig (:meth:`KubeApi.from_kubeconfig`: the cluster's CA, a client certificate or a bearer token).
+They talk to the API like their real counterparts (kubelet, kube-proxy, a dashboard): to kube-apiserver over
+TLS with the credentials of a kubeconfig (:meth:`KubeApi.from_kubeconfig`: the cluster's CA, a client certificate or a bearer token).
 Only what they need: get, list with label and field selectors, watch (resumed from the last resourceVersion,
 re-listed after 410 Gone), create (also on a subresource), merge or strategic-merge patch (also on
 ``/status``), delete with a grace period and a UID precondition.

@@ -176,7 +176,7 @@ class SimNode:
                 shutil.rmtree(self.node_dir, ignore_errors=True)
 
     async def _shutdown(self) -> None:
-        await asyncio.gather(self.runner.shutdown(), self.serving.shutdown(), return_exceptions=True)
+        await asyncio.gather(self.serving.shutdown(), return_exceptions=True)
         await self.api.close()
         await self.proxy.close()
 

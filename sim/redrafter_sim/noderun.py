@@ -1,6 +1,6 @@
 """The kubelet's work for a Pod that is not a serving pod, on a real control plane: its containers' commands as
-processes, with the preparation, volume layout and program mapping of :class:`~.buildjobs.JobRunner` (which it
-extends, without its Job controller).
+processes, with the preparation, volume layout and program mapping of :class:`~.buildjobs.ProgramRunner`, which it
+extends.
 
 Init containers run first, in order, each to completion; then the containers, concurrently. What it reports is
 what a kubelet reports (strategic merge patch of ``pods/status``): Pending with the waiting reason while an image
@@ -32,7 +32,7 @@ from typing import Any
 import aiohttp
 
 from . import objects
-from .buildjobs import TOOLCHAIN_DIR, JobRunner
+from .buildjobs import TOOLCHAIN_DIR, ProgramRunner
 from .endpoints import endpoints_for
 from .hostfs import HostFS
 from .kubeapi import ENDPOINT_SLICES, PODS, SERVICES, ApiStatusError, KubeApi
@@ -82,7 +82,7 @@ def with_addresses(status: dict[str, Any], ip: str) -> dict[str, Any]:
     return status
 
 
-class PodRunner(JobRunner):
+class PodRunner(ProgramRunner):
     """Runs Pods bound to this node to completion (``run``) and reports their status."""
 
     def __init__(
@@ -96,7 +96,7 @@ class PodRunner(JobRunner):
         unpullable: set[str] | None = None,
     ) -> None:
         """``proxy``: the API as kube-proxy (Services and EndpointSlices); ``unpullable``: images that do not pull."""
-        super().__init__(api, fs, toolchain=toolchain, parallel=parallel, components=())
+        super().__init__(api, fs, toolchain=toolchain, parallel=parallel)
         self.proxy = proxy
         self.unpullable = unpullable if unpullable is not None else set()
         #: the in-cluster address of the API (the ``kubernetes`` Service, as kube-proxy makes it reachable)

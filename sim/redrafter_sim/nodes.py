@@ -1,10 +1,11 @@
-"""The emulated cluster's nodes: GPU nodes as the NVIDIA GPU Operator leaves them.
+"""The simulated nodes' Node objects: GPU nodes as the NVIDIA GPU Operator leaves them.
 
 A real GPU node carries the device plugin's allocatable ``nvidia.com/gpu`` and GPU Feature Discovery's
 labels (NVIDIA/k8s-device-plugin, docs/gpu-feature-discovery/README.md: product, count, memory, family,
 driver and CUDA versions, in both the current ``cuda.driver-version.*`` and the deprecated
-``cuda.driver.*`` spellings GFD still writes). The emulated API server starts with :data:`DEFAULT_NODES`,
-one node per product the examples ask for, so the operator's placement check sees a cluster that can run them.
+``cuda.driver.*`` spellings GFD still writes). The development cluster and the tests register
+:data:`DEFAULT_NODES`, one node per product the examples ask for, so the operator's placement check sees a cluster
+that can run them.
 """
 
 from __future__ import annotations

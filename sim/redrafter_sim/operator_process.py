@@ -1,4 +1,4 @@
-"""``redrafter-operator run`` as a subprocess against the emulated API server: exactly the production entry
+"""``redrafter-operator run`` as a subprocess against the control plane: exactly the production entry
 point, in its own session so a stop or a kill reaches everything it started. The demo runs one; the fault
 campaign runs replicas of it and kills and restarts them as a kubelet would."""
 

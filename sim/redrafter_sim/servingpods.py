@@ -1,8 +1,6 @@
-"""The simulated node's Deployment controller + kubelet for serving Deployments.
-
-For each Deployment labelled ``app.kubernetes.io/component=serving`` it keeps ``spec.replicas`` Pods
-of the current template (rolling update with surge, or Recreate), each a real tritonserver on its own
-loopback address 127.0.0.N (the Pod IP; ports 8000/8001/8002 as in the cluster). The pod serves the
+"""The simulated node's serving pods (the kubelet's half, :class:`ServingController`): each pod of a serving
+Deployment that the real ReplicaSet controller creates and the scheduler binds to the node is a real tritonserver
+on its own loopback address 127.0.0.N (the Pod IP; ports 8000/8001/8002 as in the cluster). The pod serves the
 repository the launcher (engine_jobs.serve) would generate from the pod's serving.json — written with
 engine_jobs.model_repo from the built artifact in the engine cache — with the simulated engine in
 place of tensorrt_llm (on the PyTorch path, the simulated llmapi model next to the generated model.yaml;
@@ -10,15 +8,13 @@ plus the backend's load gauges, :mod:`.engine.load`). With ``openai_front``
 the pod also runs the OpenAI-compatible front as the launcher does (``engine_jobs.serve.front_argv``,
 port 9000) and readiness follows the container's rendered readinessProbe (the front's, which reports
 Triton's); without it readiness is Triton's ``/v2/health/ready``. A dead server or front restarts the
-pod (restartCount + 1); scale-down deletes the Pod and then stops its processes (both drain).
+container (restartCount + 1); a deleted pod drains, then its processes stop.
 
-Failures come out as the real scheduler and kubelet write them (:mod:`.failures`): with ``gpus`` set, a
-pod whose nvidia.com/gpu limit does not fit the node's free GPUs stays Pending/Unschedulable until one
-frees up; an image in ``unpullable`` is ErrImagePull, then ImagePullBackOff; an env reference to a
-missing Secret/ConfigMap is CreateContainerConfigError; a server that dies is CrashLoopBackOff with its
-last run in ``lastState.terminated``; with ``memory_needed`` set, a memory limit below it is OOMKilled
-(exit code 137) once the server is up; a rollout not available within the progress deadline gets
-``Progressing=False ProgressDeadlineExceeded``.
+Failures come out as the kubelet writes them (:mod:`.failures`): an image in ``unpullable`` is ErrImagePull, then
+ImagePullBackOff; an env reference to a missing Secret/ConfigMap is CreateContainerConfigError; a server that dies
+is CrashLoopBackOff with its last run in ``lastState.terminated``; with ``memory_needed`` set, a memory limit below
+it is OOMKilled (exit code 137) once the server is up. Scheduling, rollouts and progress deadlines are the real
+scheduler's and Deployment controller's.
 """
 
 from __future__ import annotations
@@ -31,7 +27,6 @@ import math
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,16 +43,11 @@ from redrafter_operator.render import names
 from . import objects
 from .engine import SimEngineSettings, add_load_gauges, install_sim_engine_for
 from .failures import (
-    GPU_RESOURCE,
-    Fault,
     crash_loop_states,
     missing_env_source,
-    pod_status,
-    progress_deadline_exceeded,
-    unschedulable_message,
 )
 from .hostfs import HostFS, PodRoot, configmap_names, secret_names
-from .kubeapi import CONFIGMAPS, DEPLOYMENTS, EVENTS, PODS, SECRETS, ApiStatusError, KubeApi
+from .kubeapi import CONFIGMAPS, PODS, SECRETS, ApiStatusError, KubeApi
 from .triton import STUB_TIMEOUT_SECONDS, TritonServer, port_is_free
 
 #: packages the emulated serving image lacks, first on every serving process's sys.path (:func:`serving_workdir`)
@@ -151,8 +141,6 @@ class ServingPod:
     error: str = ""
     deleted: bool = False
     uid: str = ""
-    gpus: int = 0  # nvidia.com/gpu limit of its container
-    scheduled: bool = True  # False: Pending, no node has the GPUs
     blocked: tuple[str, str] | None = None  # (waiting reason, message): the container cannot be created
     memory_limit: int | None = None  # bytes (resources.limits.memory)
     oom: bool = False  # its last run was killed for exceeding the memory limit
@@ -162,7 +150,7 @@ class ServingPod:
 
 
 class ServingController:
-    """Reconciles serving Deployments into running tritonserver pods."""
+    """The kubelet's half for serving pods: each a real tritonserver (and the OpenAI front) on its own address."""
 
     def __init__(
         self,
@@ -172,16 +160,12 @@ class ServingController:
         *,
         sim: SimEngineSettings | None = None,
         exit_timeout_secs: int = 3,
-        gpus: int | None = None,
         openai_front: bool = False,
     ) -> None:
         self.api = api
         self.openai_front = openai_front
-        self.gpus = gpus  # the node's allocatable nvidia.com/gpu (None: not limited)
         self.unpullable: set[str] = set()  # images the node's registry does not have
         self.memory_needed: int | None = None  # bytes a started server takes: a lower memory limit is OOM-killed
-        self.deadline_seconds: float | None = None  # overrides the Deployments' progressDeadlineSeconds
-        self._progress_since: dict[tuple[str, str], float] = {}  # (Deployment uid, template) -> not available since
         self.fs = fs
         self.control_dir = control_dir
         self.sim = sim or SimEngineSettings()
@@ -191,28 +175,6 @@ class ServingController:
         self._stopping: set[asyncio.Task[None]] = set()
         self._http: aiohttp.ClientSession | None = None
         self._start_slots = asyncio.Semaphore(STARTS_IN_PARALLEL)
-        self.create_errors: dict[str, str] = {}  # Deployment uid -> why its last Pod was rejected
-
-    async def sync(self) -> None:
-        if self._http is None:
-            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1.0))
-        deployments = await self.api.list(DEPLOYMENTS, label_selector=SERVING_SELECTOR)
-        api_pods = {
-            (p["metadata"]["namespace"], p["metadata"]["name"])
-            for p in await self.api.list(PODS, label_selector=SERVING_SELECTOR)
-        }
-        # pods deleted by someone else (garbage collection of a deleted Deployment, kubectl delete pod)
-        for key, pod in list(self.pods.items()):
-            if key not in api_pods and not pod.deleted:
-                self._stop(pod)
-        for dep in deployments:
-            await self._reconcile(dep)
-        await self._schedule_pending()
-        await self._probe_all()
-        live_owners = {d["metadata"]["uid"] for d in deployments}
-        for pod in list(self.pods.values()):
-            if pod.owner_uid not in live_owners and not pod.deleted:
-                await self._delete(pod)
 
     async def shutdown(self) -> None:
         for pod in list(self.pods.values()):
@@ -224,166 +186,7 @@ class ServingController:
             self._http = None
 
     # ------------------------------------------------------------------ Deployment controller
-    async def _reconcile(self, dep: dict[str, Any]) -> None:
-        meta, spec = dep["metadata"], dep.get("spec") or {}
-        uid = meta["uid"]
-        desired = int(spec.get("replicas", 1) if spec.get("replicas") is not None else 1)
-        template = spec.get("template") or {}
-        thash = objects.template_hash(template)
-        mine = [p for p in self.pods.values() if p.owner_uid == uid and not p.deleted]
-        current = [p for p in mine if p.template_hash == thash]
-        old = [p for p in mine if p.template_hash != thash]
-        if (spec.get("strategy") or {}).get("type") == "Recreate":
-            doomed = old  # old pods go first (their servers drain in the background)
-        else:  # rolling update with surge: an old pod goes once a new one is Ready in its place
-            ready_current = sum(1 for p in current if p.ready)
-            doomed = sorted(old, key=lambda p: p.ready)[: max(0, len(old) - max(0, desired - ready_current))]
-        for p in doomed:
-            await self._delete(p)
-        for _ in range(desired - len(current)):
-            if not await self._create(dep, template, thash):
-                break
-        if len(current) > desired:  # scale down: not-Ready pods first, then the newest
-            victims = sorted(sorted(current, key=lambda p: p.started, reverse=True), key=lambda p: p.ready)
-            for p in victims[: len(current) - desired]:
-                await self._delete(p)
-        await self._deployment_status(dep, thash)
-
-    async def _deployment_status(self, dep: dict[str, Any], thash: str) -> None:
-        meta = dep["metadata"]
-        pods = [p for p in self.pods.values() if p.owner_uid == meta["uid"] and not p.deleted]
-        desired = (dep.get("spec") or {}).get("replicas", 1)
-        ready = sum(1 for p in pods if p.ready)
-        updated = sum(1 for p in pods if p.template_hash == thash)
-        status = {
-            "observedGeneration": meta.get("generation", 1),
-            "replicas": len(pods),
-            "updatedReplicas": updated,
-            "readyReplicas": ready,
-            "availableReplicas": ready,
-            "unavailableReplicas": max(0, (desired or 0) - ready),
-        }
-        ref = (meta["uid"], thash)
-        if ready >= (desired or 0):
-            self._progress_since.pop(ref, None)
-        else:
-            self._progress_since.setdefault(ref, time.monotonic())
-        deadline = (
-            self.deadline_seconds
-            if self.deadline_seconds is not None
-            else float((dep.get("spec") or {}).get("progressDeadlineSeconds", 600))
-        )
-        exceeded = ref in self._progress_since and time.monotonic() - self._progress_since[ref] > deadline
-        have = dep.get("status") or {}
-        have_exceeded = any(c.get("reason") == "ProgressDeadlineExceeded" for c in have.get("conditions") or [])
-        failure = self.create_errors.get(meta["uid"])
-        had_failure = any(c.get("type") == "ReplicaFailure" for c in have.get("conditions") or [])
-        if (
-            all(have.get(k, 0) == v for k, v in status.items())
-            and have_exceeded == exceeded
-            and had_failure == bool(failure)
-        ):
-            return
-        t = objects.now()
-        status["conditions"] = [
-            {
-                "type": "Available",
-                "status": "True" if ready >= (desired or 0) else "False",
-                "reason": "MinimumReplicasAvailable" if ready >= (desired or 0) else "MinimumReplicasUnavailable",
-                "lastUpdateTime": t,
-                "lastTransitionTime": t,
-            },
-            progress_deadline_exceeded(f"{meta['name']}-{thash[:8]}")
-            if exceeded
-            else {
-                "type": "Progressing",
-                "status": "True",
-                "reason": "NewReplicaSetAvailable" if updated == len(pods) == ready else "ReplicaSetUpdated",
-                "lastUpdateTime": t,
-                "lastTransitionTime": t,
-            },
-        ]
-        if failure:
-            status["conditions"].append(objects.replica_failure_condition(failure))
-        with contextlib.suppress(ApiStatusError):
-            await self.api.patch(DEPLOYMENTS, meta["name"], meta["namespace"], {"status": status}, subresource="status")
-
     # ------------------------------------------------------------------ pod lifecycle
-    async def _create(self, dep: dict[str, Any], template: dict[str, Any], thash: str) -> bool:
-        """Create one Pod; False when admission rejected it (recorded as the ReplicaSet controller does:
-        a FailedCreate Event and the Deployment's ReplicaFailure condition; this node has no ReplicaSet
-        objects, so both are on the Deployment)."""
-        ns = dep["metadata"]["namespace"]
-        name = f"{dep['metadata']['name'][:46]}-{thash[:8]}-{objects.suffix()}"
-        manifest = objects.pod_manifest(dep, name, template, {objects.POD_TEMPLATE_HASH: thash})
-        container = manifest["spec"]["containers"][0]
-        gpus = _gpu_limit(container)
-        fits = self.gpus is None or self._gpus_used() + gpus <= self.gpus
-        ip = self.ips.allocate() if fits else ""
-        pod = ServingPod(
-            namespace=ns,
-            name=name,
-            owner_uid=dep["metadata"]["uid"],
-            template_hash=thash,
-            labels=manifest["metadata"]["labels"],
-            ip=ip,
-            root=self.fs.pod_root(ns, name),
-            container=container["name"],
-            image=container.get("image", ""),
-            gpus=gpus,
-            scheduled=fits,
-            memory_limit=_memory_limit(container),
-            probe=_http_probe(container),
-        )
-        try:
-            created = await self.api.create(PODS, manifest, ns)
-        except ApiStatusError as exc:
-            if ip:
-                self.ips.release(ip)
-            if exc.code != 403:
-                raise
-            if self.create_errors.get(dep["metadata"]["uid"]) != exc.message:
-                self.create_errors[dep["metadata"]["uid"]] = exc.message
-                log.warning("pod of %s/%s rejected: %s", ns, dep["metadata"]["name"], exc.message)
-                with contextlib.suppress(ApiStatusError):
-                    await self.api.create(
-                        EVENTS, objects.failed_create_event(dep, exc.message, "replicaset-controller"), ns
-                    )
-            return False
-        self.create_errors.pop(dep["metadata"]["uid"], None)
-        pod.uid = (created or {}).get("metadata", {}).get("uid", "")
-        self.pods[(ns, name)] = pod
-        if not fits:
-            log.info(
-                "pod %s/%s unschedulable: %d %s wanted, %d free",
-                ns,
-                name,
-                gpus,
-                GPU_RESOURCE,
-                (self.gpus or 0) - self._gpus_used(),
-            )
-            return True
-        pod.starting = asyncio.create_task(self._start(pod, manifest), name=f"pod/{name}")
-        log.info("pod %s/%s scheduled on %s", ns, name, ip)
-        return True
-
-    def _gpus_used(self) -> int:
-        return sum(p.gpus for p in self.pods.values() if p.scheduled and not p.deleted)
-
-    async def _schedule_pending(self) -> None:
-        """The scheduler's retry: a pending pod binds once the node has its GPUs free (oldest first)."""
-        for pod in sorted(
-            (p for p in self.pods.values() if not p.scheduled and not p.deleted), key=lambda p: p.started
-        ):
-            if self.gpus is not None and self._gpus_used() + pod.gpus > self.gpus:
-                continue
-            manifest = await self.api.get(PODS, pod.name, pod.namespace)
-            if manifest is None:
-                continue
-            pod.ip, pod.scheduled, pod.started = self.ips.allocate(), True, objects.now()
-            pod.starting = asyncio.create_task(self._start(pod, manifest), name=f"pod/{pod.name}")
-            log.info("pod %s/%s scheduled on %s", pod.namespace, pod.name, pod.ip)
-
     async def _blocked(self, pod: ServingPod, manifest: dict[str, Any]) -> tuple[str, str] | None:
         """Why the kubelet cannot create the container (image pull, env from a missing Secret/ConfigMap)."""
         if pod.image in self.unpullable:
@@ -511,12 +314,6 @@ class ServingController:
         add_load_gauges(repo / contract.ENGINE_MODEL)
         return repo, config_path, artifact / contract.TOKENIZER_DIR
 
-    async def _delete(self, pod: ServingPod) -> None:
-        pod.deleted = True
-        with contextlib.suppress(ApiStatusError):
-            await self.api.delete(PODS, pod.name, pod.namespace)
-        self._stop(pod)
-
     def _stop(self, pod: ServingPod, delay: float = TERMINATION_DELAY_SECONDS) -> asyncio.Task[None]:
         """Forget the pod and stop its server in the background (Triton drains, then the dirs go)."""
         pod.deleted = True
@@ -543,7 +340,6 @@ class ServingController:
             container=container["name"],
             image=container.get("image", ""),
             uid=meta.get("uid", ""),
-            gpus=_gpu_limit(container),
             memory_limit=_memory_limit(container),
             probe=_http_probe(container),
         )
@@ -601,13 +397,7 @@ class ServingController:
         await asyncio.gather(*(self._probe(p) for p in list(self.pods.values()) if not p.deleted))
 
     async def _probe(self, pod: ServingPod) -> None:
-        ref = {
-            "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid},
-            "spec": {"containers": [{"name": pod.container, "image": pod.image}]},
-        }
-        if not pod.scheduled:
-            ready, status = False, pod_status(ref, Fault("Unschedulable", detail=unschedulable_message(1)))
-        elif pod.blocked:  # also while the next attempt waits: the kubelet keeps the waiting reason
+        if pod.blocked:  # also while the next attempt waits: the kubelet keeps the waiting reason
             ready = False
             status = objects.waiting_status(
                 pod.container, pod.blocked[0], pod.blocked[1], pod.restarts, pod.image, pod.started
@@ -663,7 +453,7 @@ class ServingController:
                 status["containerStatuses"][0]["lastState"] = pod.last_exit
         pod.ready = ready
         fingerprint = (
-            f"{status['phase']}/{ready}/{pod.restarts}/{pod.error}/{pod.scheduled}/{pod.blocked}/"
+            f"{status['phase']}/{ready}/{pod.restarts}/{pod.error}/{pod.blocked}/"
             f"{pod.backing_off}/{bool(pod.starting and not pod.starting.done())}"
         )
         if fingerprint != pod.reported:
@@ -702,18 +492,6 @@ class ServingController:
         pod.starting = asyncio.create_task(later(), name=f"restart/{pod.name}")
 
     # ------------------------------------------------------------------ for the demo and tests
-    def pods_of(self, namespace: str, labels: Mapping[str, str]) -> list[ServingPod]:
-        return [
-            p
-            for p in self.pods.values()
-            if p.namespace == namespace and all(p.labels.get(k) == v for k, v in labels.items())
-        ]
-
-
-def _gpu_limit(container: Mapping[str, Any]) -> int:
-    resources = container.get("resources") or {}
-    value = (resources.get("limits") or {}).get(GPU_RESOURCE) or (resources.get("requests") or {}).get(GPU_RESOURCE)
-    return int(value or 0)
 
 
 def serving_workdir(root: PodRoot) -> Path:

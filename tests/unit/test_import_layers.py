@@ -1,4 +1,4 @@
-"""The import graph points one way: the layer order, no cycles, and the emulated cluster off the production path.
+"""The import graph points one way: the layer order, no cycles, and the development package off the production path.
 
 The graph is grimp's (it parses every module, function-local and ``TYPE_CHECKING`` imports included),
 so an import hidden inside a function to dodge a cycle still counts as the cycle it is.
@@ -124,7 +124,7 @@ def test_no_import_cycles(graph: grimp.ImportGraph) -> None:
 @pytest.mark.parametrize("production", ["redrafter_operator", "engine_jobs"])
 def test_production_code_never_imports_the_sim(graph: grimp.ImportGraph, production: str) -> None:
     chains = graph.find_shortest_chains(importer=production, imported="redrafter_sim", as_packages=True)
-    assert not chains, f"{production} reaches the emulated cluster: " + "; ".join(" -> ".join(c) for c in chains)
+    assert not chains, f"{production} reaches the development package: " + "; ".join(" -> ".join(c) for c in chains)
 
 
 def test_engine_jobs_stands_alone(graph: grimp.ImportGraph) -> None:

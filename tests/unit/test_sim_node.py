@@ -10,7 +10,7 @@ import pytest
 
 from engine_jobs.contract import BuildSpec
 from redrafter_operator.render.security import tmp_volume
-from redrafter_sim.buildjobs import JobRunner, localize_build_spec
+from redrafter_sim.buildjobs import ProgramRunner, localize_build_spec
 from redrafter_sim.endpoints import endpoints_for
 from redrafter_sim.hostfs import HostFS
 from redrafter_sim.router import backends_from_endpoints
@@ -152,7 +152,7 @@ async def test_a_checkout_under_a_mount_path_keeps_its_programs_and_maps_only_co
     }
     manifest = {"metadata": {"name": "build-x"}, "spec": {"volumes": [volume], "containers": [container]}}
 
-    argv, env, _ = await JobRunner(api=None, fs=fs)._prepare("default", manifest, container, root, "127.244.0.9")  # type: ignore[arg-type]
+    argv, env, _ = await ProgramRunner(api=None, fs=fs)._prepare("default", manifest, container, root, "127.244.0.9")  # type: ignore[arg-type]
 
     assert argv == [f"{bin_dir}/{entrypoint}", "run", "--workdir", root.to_host("/tmp/w")]
     assert env["TMPDIR"] == root.to_host("/tmp")
@@ -189,7 +189,7 @@ async def test_a_mount_point_in_a_flag_is_the_volumes_directory_and_env_field_re
         async def get(self, kind: object, name: str, ns: str) -> dict[str, object]:
             return {"data": {"a.yaml": "kind: X\n"}}
 
-    argv, env, _ = await JobRunner(api=Api(), fs=fs)._prepare("ns", manifest, container, root, "127.244.0.9")  # type: ignore[arg-type]
+    argv, env, _ = await ProgramRunner(api=Api(), fs=fs)._prepare("ns", manifest, container, root, "127.244.0.9")  # type: ignore[arg-type]
 
     (mount,) = root.mounts
     assert argv[1:] == ["apply", f"--filename={mount.host}", "--server-side", root.to_host("/crds/a.yaml")]

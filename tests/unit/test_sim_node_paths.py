@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from redrafter_operator.render.security import tmp_volume
-from redrafter_sim.buildjobs import JobRunner
+from redrafter_sim.buildjobs import ProgramRunner
 from redrafter_sim.hostfs import HostFS, PodRoot, stand_in_paths
 
 
@@ -117,7 +117,7 @@ async def test_a_job_pod_of_a_checkout_under_tmp_runs_the_host_interpreter_and_m
     }
     manifest = {"metadata": {"name": "build-x"}, "spec": {"volumes": [volume], "containers": [container]}}
 
-    argv, env, _ = await JobRunner(api=None, fs=fs)._prepare("default", manifest, container, root, "127.244.0.9")  # type: ignore[arg-type]
+    argv, env, _ = await ProgramRunner(api=None, fs=fs)._prepare("default", manifest, container, root, "127.244.0.9")  # type: ignore[arg-type]
 
     assert argv == [
         f"{venv}/bin/python",

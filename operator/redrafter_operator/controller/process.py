@@ -64,7 +64,7 @@ class RunOptions:
 
 @dataclass
 class Hooks:
-    """What a caller other than the command line brings (tests, the emulated cluster's demo)."""
+    """What a caller other than the command line brings (tests, the development package's demo)."""
 
     ready_flag: asyncio.Event | None = None
     stop_flag: asyncio.Event | None = None

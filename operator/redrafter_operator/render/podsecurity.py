@@ -1,8 +1,8 @@
 """Pod Security Standards (pure): the checks of the PodSecurity admission plugin, as a library.
 
 ``redrafter-operator check`` runs them on the pods the operator will create for a spec, against the level
-the namespace enforces; the emulated API server's admission (redrafter_sim.admission_podsecurity) runs
-them on every Pod it admits: one implementation.
+the namespace enforces, before any Pod exists; kube-apiserver's own plugin admits the Pods, and
+tests/integration/test_pod_admission.py holds the operator's pods to its verdicts.
 
 A namespace labelled ``pod-security.kubernetes.io/enforce: baseline|restricted`` gets its Pods checked
 against that Pod Security Standards level; a violation is a 403 Forbidden whose message has the real

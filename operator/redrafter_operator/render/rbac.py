@@ -2,7 +2,7 @@
 
 The chart's rules (templates/_helpers.tpl: namespacedRules, clusterRules, nodeRules, leaseRules) render exactly these,
 and tests/e2e/test_chart.py holds both ends: the chart's rules equal this list, and the operator, run from
-the chart against the emulated API server, calls exactly what the chart grants. ``redrafter-operator
+the chart against the real control plane, calls exactly what the chart grants. ``redrafter-operator
 check`` asks the API server (SubjectAccessReview) whether the ServiceAccount may do each of them.
 """
 

@@ -80,9 +80,30 @@ async def test_two_resources_sharing_a_cache_build_once(cluster: Cluster, operat
         assert cluster.status(name)["phase"] == "Serving"
 
 
+def rolled_out(cluster: Cluster) -> bool:
+    """Every Deployment's rollout done: its pods all of the current template, available, and no old pod left
+    terminating (the real Deployment controller takes a few steps, and each moves the operator's status)."""
+    for dep in cluster.list("apps/v1", "Deployment"):
+        spec, st = dep["spec"], dep.get("status") or {}
+        want = spec.get("replicas", 1)
+        if st.get("observedGeneration", 0) < dep["metadata"]["generation"]:
+            return False
+        if not (st.get("replicas", 0) == st.get("updatedReplicas", 0) == st.get("availableReplicas", 0) == want):
+            return False
+        if len(cluster.list("v1", "Pod", names.selector_string(spec["selector"]["matchLabels"]))) != want:
+            return False
+    return True
+
+
+async def at_rest(cluster: Cluster) -> None:
+    """The rollouts done, then no write from the operator for a second."""
+    await until(lambda: rolled_out(cluster), what="the rollouts done")
+    await settle(cluster)
+
+
 async def idle_after_settling(cluster: Cluster, op: LifecycleOperator) -> None:
     """Children in sync again: once the cluster is at rest, a reconcile writes nothing."""
-    await settle(cluster)
+    await at_rest(cluster)
     mark = cluster.mark()
     await quiesce(cluster, op)
     assert cluster.operator_writes(mark) == [], "in sync again: idle"
@@ -108,7 +129,7 @@ async def test_children_converge_deleted_edited_and_removed_fields(cluster: Clus
         assert selector()["pool"] == "gpu-a"
         owners = {e["manager"]: e["operation"] for e in cluster.deployment("redrafter")["metadata"]["managedFields"]}
         assert owners[names.MANAGED_BY] == "Apply"
-        await settle(cluster)
+        await at_rest(cluster)
 
         # 1. deleted: back within 5 s (a new object: another uid)
         uid = cluster.deployment("redrafter")["metadata"]["uid"]
@@ -123,7 +144,7 @@ async def test_children_converge_deleted_edited_and_removed_fields(cluster: Clus
         print(f"deleted Deployment back after {back_after:.2f} s")
         assert back_after < 5.0
         assert selector()["pool"] == "gpu-a"
-        await settle(cluster)
+        await at_rest(cluster)
 
         # 2. a hand edit of a field the operator owns: reverted by the reconcile the edit's event starts
         assert op.controller is not None
@@ -159,7 +180,7 @@ async def test_children_converge_deleted_edited_and_removed_fields(cluster: Clus
         completed = (done_at_revert[0] if done_at_revert else reconciles._value.get()) - before
         print(f"hand edit reverted after {time.monotonic() - edited:.2f} s, {completed:.0f} reconcile(s) before it")
         assert completed <= 1 if done_at_revert else completed <= 2
-        await settle(cluster)
+        await at_rest(cluster)
 
         # 3. spec.serving.nodeSelector removed from the resource: gone from the Deployment
         cluster.apply(example(validation__enabled=False))
@@ -186,7 +207,7 @@ async def test_network_policies_converge_like_every_child(cluster: Cluster) -> N
         assert {e["manager"]: e["operation"] for e in policy()["metadata"]["managedFields"]}[
             names.MANAGED_BY
         ] == "Apply"
-        await settle(cluster)
+        await at_rest(cluster)
 
         uid = policy()["metadata"]["uid"]
         started = time.monotonic()
@@ -198,7 +219,7 @@ async def test_network_policies_converge_like_every_child(cluster: Cluster) -> N
         )
         print(f"deleted NetworkPolicy back after {time.monotonic() - started:.2f} s")
         assert time.monotonic() - started < 5.0 and policy()["spec"] == wanted
-        await settle(cluster)
+        await at_rest(cluster)
 
         cluster.kubectl(
             "patch",
@@ -250,7 +271,7 @@ async def test_validated_resources_at_rest_cost_only_watches_over_five_minutes(
         for name in names_:
             cluster.create(example(name, speculation__interval="1s"))
 
-        def at_rest(name: str) -> bool:
+        def validated(name: str) -> bool:
             st = cluster.status(name)
             conds = {c["type"]: c for c in st.get("conditions") or []}
             return (
@@ -261,7 +282,7 @@ async def test_validated_resources_at_rest_cost_only_watches_over_five_minutes(
                 and (st.get("policy") or {}).get("serving") == "redrafter"
             )
 
-        await until(lambda: all(at_rest(n) for n in names_), timeout=90, what="validated, serving ReDrafter")
+        await until(lambda: all(validated(n) for n in names_), timeout=90, what="validated, serving ReDrafter")
         stop.set()
         await helper
         await until(ctl.idle, what="the operator at rest")

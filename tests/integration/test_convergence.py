@@ -286,7 +286,7 @@ async def test_validated_resources_at_rest_cost_only_watches_over_five_minutes(
         stop.set()
         await helper
         await until(ctl.idle, what="the operator at rest")
-        await settle(cluster)
+        await at_rest(cluster)  # the base Deployments' pods gone too
         mark = cluster.mark()
         reconciles = ctl.metrics.reconciles.labels("ok")._value.get()
         runs = sum(

@@ -316,12 +316,20 @@ class ControlPlane:
         ctx.load_cert_chain(str(self.admin.cert), str(self.admin.key))
         return ctx
 
-    def request(self, method: str, path: str, body: dict[str, Any] | None = None, timeout: float = 30) -> Any:
-        """One admin request; an error Status raises ``urllib.error.HTTPError``."""
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        timeout: float = 30,
+        content_type: str = "application/json",
+    ) -> Any:
+        """One admin request (``content_type``: a PATCH's, ``application/merge-patch+json`` say); an error Status
+        raises ``urllib.error.HTTPError``."""
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.url + path, data=data, method=method)
         if data is not None:
-            req.add_header("Content-Type", "application/json")
+            req.add_header("Content-Type", content_type)
         with urllib.request.urlopen(req, context=self._admin_context(), timeout=timeout) as resp:
             return json.loads(resp.read() or b"null")
 

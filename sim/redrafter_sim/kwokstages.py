@@ -12,12 +12,18 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from . import objects
 from .noderun import with_addresses
 
 Report = Callable[[dict[str, Any], dict[str, Any]], Awaitable[None]]
+
+
+class Stages(Protocol):
+    """What a node runs instead of a pod's processes: it posts the pod's statuses through ``report``."""
+
+    async def run(self, pod: dict[str, Any], report: Report) -> None: ...
 
 
 def _no_message(pod: dict[str, Any]) -> str:

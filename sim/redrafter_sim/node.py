@@ -40,7 +40,7 @@ from .buildjobs import TOOLCHAIN_DIR
 from .engine import SimControl, SimEngineSettings, write_control
 from .hostfs import HostFS
 from .kubeapi import LEASES, NODES, PODS, ApiStatusError, KubeApi
-from .kwokstages import KwokStages
+from .kwokstages import Stages
 from .noderun import PodRunner, with_addresses
 from .nodevolumes import VolumeNotReady, claim_objects, prepare_volumes
 from .servingpods import TERMINATION_DELAY_SECONDS, ServingController, control_file_name
@@ -93,14 +93,14 @@ class SimNode:
         openai_front: bool = False,
         heartbeat_seconds: float = 10.0,
         probe_seconds: float = 0.5,
-        stages: KwokStages | None = None,
+        stages: Stages | None = None,
         allocatable: Mapping[str, str] | None = None,
     ) -> None:
         """``kubeconfig``: the node's identity (``ControlPlane.node_kubeconfig(name)``); ``proxy_kubeconfig``:
         kube-proxy's (``system:kube-proxy``), to resolve Services through EndpointSlices, which a node may not
         list. ``product``/``gpus``: the GPUs it advertises (no product: a CPU node). ``openai_front``: serving pods
         also run the OpenAI-compatible front, whose rendered readinessProbe then decides readiness. ``stages``:
-        run no process, post the statuses kwok's pod stages would (:mod:`.kwokstages`). ``allocatable``: cpu,
+        run no process, post the statuses it decides (kwok's pod stages: :class:`.kwokstages.KwokStages`). ``allocatable``: cpu,
         memory, pods beyond :func:`.nodes.node`'s (a node standing in for a whole cluster)."""
         self.name = name
         self.product = product

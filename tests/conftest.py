@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from harness.chaos import APISERVER_ARGS
-from harness.cluster import Kube, namespace_for_test, start_control_plane
+from harness.cluster import Kube, delete_namespace, namespace_for_test, new_namespace, start_control_plane
+from harness.lifecycle import RESTRICTED
 from redrafter_sim.controlplane import ControlPlane
 from redrafter_sim.servingpods import POD_IPS_ENV
 
@@ -68,3 +69,15 @@ def kube(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Kube]:
     """A namespace of this test's own on the real control plane, with kubectl bound to it as the admin."""
     with namespace_for_test(control_plane, tmp_path / "kube") as k:
         yield k
+
+
+@pytest.fixture
+def restricted(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Kube]:
+    """A namespace of this test's own, labelled to enforce Pod Security ``restricted:latest``, with its default
+    ServiceAccount (the ServiceAccount admission refuses a pod before it exists)."""
+    kube = new_namespace(control_plane, tmp_path / "kube", RESTRICTED)
+    try:
+        kube.wait("/api/v1/namespaces/{ns}/serviceaccounts/default", bool, what="the default ServiceAccount")
+        yield kube
+    finally:
+        delete_namespace(kube)

@@ -87,7 +87,7 @@ def node(
         "capacity": dict(resources),
         "allocatable": dict(resources),
         "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is ready"}],
-        "nodeInfo": {"kubeletVersion": "v1.33.0", "operatingSystem": "linux", "architecture": "amd64"},
+        "nodeInfo": {"kubeletVersion": "v1.37.2", "operatingSystem": "linux", "architecture": "amd64"},
     }
     return body, status
 

@@ -4,6 +4,7 @@ CRD installed and Established, and a namespace of its own for each test with kub
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import subprocess
@@ -130,6 +131,23 @@ def delete_namespace(kube: Kube) -> None:
         kube.cp.request("DELETE", f"/api/v1/namespaces/{kube.namespace}")
     except (urllib.error.URLError, OSError):
         pass
+
+
+def dry_run_pod(kube: Kube, name: str, template: dict[str, Any]) -> str | None:
+    """Create a pod template as a Pod with server-side dry run (admission runs, nothing is stored): None when
+    admitted, else the API server's message."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {**copy.deepcopy(template.get("metadata") or {}), "name": name, "namespace": kube.namespace},
+        "spec": copy.deepcopy(template["spec"]),
+    }
+    path = f"/api/v1/namespaces/{kube.namespace}/pods?dryRun=All&fieldValidation=Strict"
+    try:
+        kube.cp.request("POST", path, pod)
+    except urllib.error.HTTPError as exc:
+        return str(json.loads(exc.read() or b"{}").get("message") or exc)
+    return None
 
 
 def status_message(result: subprocess.CompletedProcess[str]) -> str:

@@ -5,19 +5,14 @@ Jobs' podFailurePolicy included. A non-compliant pod is refused there, so the ac
 from __future__ import annotations
 
 import copy
-import json
-import urllib.error
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from harness.cluster import Kube, delete_namespace, new_namespace, status_message
-from harness.lifecycle import RESTRICTED
+from harness.cluster import Kube, dry_run_pod, status_message
 from redrafter_operator.controller.preview import planned_children
-from redrafter_sim.controlplane import ControlPlane
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -39,18 +34,6 @@ VARIANTS: list[tuple[str, Path, dict[str, Any]]] = [
 ]
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture
-def restricted(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Kube]:
-    """A namespace of this test's own, labelled to enforce ``restricted:latest``, with its default ServiceAccount
-    (the ServiceAccount admission refuses a pod before it exists)."""
-    kube = new_namespace(control_plane, tmp_path / "kube", RESTRICTED)
-    try:
-        kube.wait("/api/v1/namespaces/{ns}/serviceaccounts/default", bool, what="the default ServiceAccount")
-        yield kube
-    finally:
-        delete_namespace(kube)
 
 
 def owner_body(path: Path, namespace: str, **changes: Any) -> dict[str, Any]:
@@ -87,23 +70,6 @@ def pod_templates(docs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]
     return out
 
 
-def submit_pod(kube: Kube, name: str, template: dict[str, Any]) -> str | None:
-    """Create the template as a Pod with server-side dry run (admission runs, nothing is stored): None when
-    admitted, else the API server's message."""
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {**copy.deepcopy(template.get("metadata") or {}), "name": name, "namespace": kube.namespace},
-        "spec": copy.deepcopy(template["spec"]),
-    }
-    path = f"/api/v1/namespaces/{kube.namespace}/pods?dryRun=All&fieldValidation=Strict"
-    try:
-        kube.cp.request("POST", path, pod)
-    except urllib.error.HTTPError as exc:
-        return str(json.loads(exc.read() or b"{}").get("message") or exc)
-    return None
-
-
 @pytest.mark.parametrize(("case", "path", "changes"), VARIANTS, ids=[v[0] for v in VARIANTS])
 def test_every_rendered_pod_is_admitted_under_the_restricted_profile(
     restricted: Kube, case: str, path: Path, changes: dict[str, Any]
@@ -112,7 +78,7 @@ def test_every_rendered_pod_is_admitted_under_the_restricted_profile(
     pods = pod_templates(docs)
     kinds = {d["kind"] for d in docs}
     assert {"Deployment", "Job", "CronJob"} <= kinds and len(pods) >= 8, sorted(kinds)
-    refused = {name: message for name, template in pods if (message := submit_pod(restricted, name, template))}
+    refused = {name: message for name, template in pods if (message := dry_run_pod(restricted, name, template))}
     assert refused == {}
 
 
@@ -145,7 +111,7 @@ def test_the_build_jobs_pod_failure_policy_is_accepted_by_the_api_server(restric
 
 def test_a_bare_pod_is_refused_with_the_real_message(restricted: Kube) -> None:
     template = {"spec": {"containers": [{"name": "app", "image": "nginx"}]}}
-    assert submit_pod(restricted, "bad-pod", template) == (
+    assert dry_run_pod(restricted, "bad-pod", template) == (
         'pods "bad-pod" is forbidden: violates PodSecurity "restricted:latest": '
         'allowPrivilegeEscalation != false (container "app" must set securityContext.allowPrivilegeEscalation=false), '
         'unrestricted capabilities (container "app" must set securityContext.capabilities.drop=["ALL"]), '
@@ -198,7 +164,7 @@ def test_a_broken_pod_of_ours_is_refused_naming_each_violation(
 ) -> None:
     docs = rendered(owner_body(DEMO, restricted.namespace))
     name, template = next((n, t) for n, t in pod_templates(docs) if "-build-" in n)
-    assert submit_pod(restricted, name, template) is None
+    assert dry_run_pod(restricted, name, template) is None
     broken = copy.deepcopy(template)
     for dotted, value in changes.items():
         node = broken["spec"]
@@ -206,5 +172,5 @@ def test_a_broken_pod_of_ours_is_refused_naming_each_violation(
         for p in parents:
             node = node[int(p)] if p.isdigit() else node[p]
         node[leaf] = value
-    message = submit_pod(restricted, name, broken)
+    message = dry_run_pod(restricted, name, broken)
     assert message == f'pods "{name}" is forbidden: violates PodSecurity "restricted:latest": ' + ", ".join(named)

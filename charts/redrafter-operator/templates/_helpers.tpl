@@ -95,7 +95,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/*
 RBAC rules on namespaced resources: exactly what the operator calls, no more. tests/e2e/test_chart.py runs
-the operator from this chart against the emulated API server and compares its request log with these.
+the operator from this chart against a real kube-apiserver and compares its requests with these.
 - ReDrafterDeployments: kopf lists/watches them; the operator writes only their status subresource.
 - children (Deployments, Services, ConfigMaps, NetworkPolicies, InferencePools): server-side applied (a
   PATCH, authorized as create too when it creates the object); build Jobs and their ConfigMaps are only

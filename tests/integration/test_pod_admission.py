@@ -13,6 +13,7 @@ import yaml
 
 from harness.cluster import Kube, dry_run_pod, status_message
 from redrafter_operator.controller.preview import planned_children
+from redrafter_operator.render import podsecurity
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -174,3 +175,5 @@ def test_a_broken_pod_of_ours_is_refused_naming_each_violation(
         node[leaf] = value
     message = dry_run_pod(restricted, name, broken)
     assert message == f'pods "{name}" is forbidden: violates PodSecurity "restricted:latest": ' + ", ".join(named)
+    # `check`'s own copy of the checks (it judges pods before any exists) names the same violations
+    assert podsecurity.violations(broken["spec"], "restricted", broken.get("metadata")) == named

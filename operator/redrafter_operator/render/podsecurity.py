@@ -392,8 +392,9 @@ RESTRICTED: tuple[Callable[[Spec], Result], ...] = (
 def violations(pod_spec: Spec, level: str = "restricted", pod_meta: Mapping[str, Any] | None = None) -> list[str]:
     """``reason (detail)`` of each check ``pod_spec`` fails at ``level``, in the plugin's order."""
     checks = (BASELINE if level in ("baseline", "restricted") else ()) + (RESTRICTED if level == "restricted" else ())
-    if level == "restricted":  # the restricted volume and seccomp checks override their baseline ones
-        checks = tuple(c for c in checks if c not in (_host_path_volumes, _seccomp_baseline))
+    if level == "restricted":  # the restricted capability, volume and seccomp checks override their baseline ones
+        overridden = (_capabilities_baseline, _host_path_volumes, _seccomp_baseline)  # OverrideCheckIDs upstream
+        checks = tuple(c for c in checks if c not in overridden)
     out = []
     app_armor = _app_armor(pod_spec, pod_meta or {}) if level != "privileged" else None
     for check in checks:

@@ -198,7 +198,7 @@ class TritonServer:
             argv.append(f"--backend-config=python,stub-timeout-seconds={self.stub_timeout_secs}")
         return argv
 
-    def start(self, timeout: float = 90.0) -> "TritonServer":
+    def start(self, timeout: float = 300.0) -> "TritonServer":
         install = TritonInstall.find()
         for port in (self.http_port, self.grpc_port, self.metrics_port):
             if not port_is_free(self.host, port):

@@ -242,6 +242,12 @@ class LifecycleOperator(InProcessOperator):
             on_controller=keep,
             **{"workers": 4, **options},
         )
+        self.cluster = cluster
+
+    async def stop(self) -> None:
+        """Stop it; then give the nodes back the pods kopf cancelled (see :meth:`Cluster.resume_pods`)."""
+        await super().stop()
+        await self.cluster.resume_pods()
 
 
 class Cluster:
@@ -318,6 +324,28 @@ class Cluster:
         await node.start()
         self.nodes[name] = node
         return node
+
+    async def resume_pods(self) -> int:
+        """Run again each node's pods whose task was cancelled from outside: kopf, stopping, cancels every task
+        spawned in the loop while it ran, and so the pods that started meanwhile, which would then never report
+        again (a Job's verdict, say). Each runs anew from the pod as stored; how many."""
+        resumed = 0
+        for node in self.nodes.values():
+            for uid, work in list(node.pods.items()):
+                if not any(t is not None and t.cancelled() for t in (work.task, work.terminating)):
+                    continue
+                del node.pods[uid]
+                path = f"/api/v1/namespaces/{work.namespace}/pods/{work.name}"
+                try:
+                    pod = await asyncio.to_thread(self.cp.request, "GET", path)
+                except urllib.error.HTTPError as exc:
+                    if exc.code != 404:
+                        raise
+                    continue
+                if pod["metadata"]["uid"] == uid:
+                    node.handle("MODIFIED", pod)
+                    resumed += 1
+        return resumed
 
     def operator(
         self, resync: float = 300.0, policy: bool = True, clock: Any = None, **options: Any

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from redrafter_operator.api.status import ReDrafterDeploymentStatus
 from redrafter_operator.controller.apply import ApiError, Applier, merge_patch
 from redrafter_operator.controller.facts import DeploymentFact, JobFact, PodFact
 from redrafter_operator.controller.fingerprints import manifest_hash
@@ -195,7 +196,9 @@ async def test_monitor_slots_run_per_resource_on_the_fake_clock_and_reports_enqu
 
         async def run(self, host: Any, key: Any) -> None:
             calls.append(key[1])
-            host.hand_over(key, SpeculationReport(uid="", fields={}, condition=None, targets=targets))
+            host.hand_over(
+                key, SpeculationReport(uid="", status=ReDrafterDeploymentStatus(), condition=None, targets=targets)
+            )
 
     clock = FakeClock()
     controller = Controller(client=Client(), renderers=default_renderers(), clock=clock)  # type: ignore[arg-type]

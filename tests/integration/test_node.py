@@ -7,7 +7,10 @@ controllers compute Job and Deployment status; the real EndpointSlice controller
 from __future__ import annotations
 
 import asyncio
+import base64
+import copy
 import itertools
+import json
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -47,6 +50,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 ROOT = Path(__file__).resolve().parents[2]
 NODE = "sim-node-0"
 NAMESPACES = Kind("v1", "namespaces", namespaced=False)
+EVENTS = Kind("v1", "events")
 _serial = itertools.count()
 
 
@@ -400,3 +404,195 @@ async def test_a_serving_deployment_becomes_ready_and_is_routed_to(admin: KubeAp
 
 async def _no_selected(admin: KubeApi, ns: str, selector: str) -> bool:
     return not await admin.list(PODS, ns, label_selector=selector)
+
+
+# ---------------------------------------------------------------------------- PyTorch backends, credentials, claims
+async def test_pytorch_prepare_jobs_run_without_a_toolchain_and_share_one_artifact(
+    admin: KubeApi, node: SimNode, ns: str
+):
+    """An EAGLE-3 resource on the node's hf:// fixtures: both variants' Jobs complete, one prepares the artifact,
+    the other finds it (same key); a draft model with another vocabulary fails at once."""
+    eagle3 = {
+        "method": "eagle3",
+        "redrafter": {},
+        "model": {
+            "base": {"source": "hf://redrafter-sim/tiny-llama"},
+            "drafter": {"source": "hf://redrafter-sim/tiny-llama-eagle3"},
+        },
+    }
+    owner = demo_owner(ns, **eagle3)
+    jobs = [await run_build(admin, owner, variant) for variant in contract.VARIANTS]
+    assert [await finished(admin, ns, j) for j in jobs] == ["Complete", "Complete"]
+    (key,) = {build_spec(owner.spec, v).key for v in contract.VARIANTS}
+    messages = []
+    for job in jobs:
+        (pod,) = await job_pods(admin, ns, job)
+        messages.append(pod["status"]["containerStatuses"][0]["state"]["terminated"]["message"])
+    assert all(m.startswith(f"OK: engine {key} ") for m in messages), messages
+    artifact = node.claim_path(ns, "engine-cache") / "engines" / key
+    manifest = json.loads((artifact / contract.MANIFEST_FILE).read_text())
+    assert manifest["method"] == "eagle3" and (artifact / contract.DRAFT_DIR / "config.json").is_file()
+
+    other = demo_owner(
+        ns,
+        method="draftModel",
+        redrafter={},
+        model={
+            "base": {"source": "hf://redrafter-sim/tiny-llama"},
+            "drafter": {"source": "hf://redrafter-sim/tiny-llama-draft-other-tokenizer"},
+        },
+    )
+    name = await run_build(admin, other, "base")
+    assert await finished(admin, ns, name) == "Failed"
+    (pod,) = await job_pods(admin, ns, name)  # BAD_INPUT fails the Job at its first pod
+    term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert term["exitCode"] == 2, term
+    assert term["message"].startswith("BAD_INPUT: the draft model's tokenizer does not match the target's"), term
+
+
+HF_TOKEN = "hf_simNodeTokenThatMustStaySecret"
+HF_COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+async def gated_model_build(admin: KubeApi, node: SimNode, ns: str, *, rendered: bool) -> str:
+    """The base-engine build Job of a gated hf:// model whose token Secret is mounted into the pod.
+
+    ``rendered``: as the operator renders it (fsGroup, 0440). Otherwise: no fsGroup, the token 0400 and so
+    root-owned and owner-only, the container still running as its image's user. The Hub is offline on this node:
+    the model comes from the Hugging Face cache in the engine claim (HF_HOME=/cache/.hf-home), so the only thing
+    that can fail is reading the token.
+    """
+    from redrafter_sim.checkpoint import write_base, write_tokenizer
+    from redrafter_sim.podidentity import Ownership
+
+    hub = node.claim_path(ns, "engine-cache") / "engines" / ".hf-home" / "hub" / "models--acme--gated-llama"
+    write_tokenizer(write_base(hub / "snapshots" / HF_COMMIT))
+    (hub / "refs").mkdir(parents=True, exist_ok=True)
+    (hub / "refs" / "main").write_text(HF_COMMIT)
+    gated = {"source": "hf://acme/gated-llama", "credentialsSecret": "hf-token"}
+    owner = demo_owner(ns, **{"model.base": gated, "model.tokenizer": gated})
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "hf-token"},
+        "type": "Opaque",
+        "data": {"token": base64.b64encode(HF_TOKEN.encode()).decode()},
+    }
+    await admin.create(SECRETS, secret, ns)
+    job = without_owner(build_job(owner, "base"))
+    pod = job["spec"]["template"]["spec"]
+    if not rendered:
+        del pod["securityContext"]["fsGroup"], pod["securityContext"]["fsGroupChangePolicy"]
+        next(v for v in pod["volumes"] if "secret" in v)["secret"]["defaultMode"] = 0o400
+        # a provisioner that leaves the claim world-writable: only the token can be the problem
+        node.fs.claim_ownership["engine-cache"] = Ownership(0, 0, 0o777)
+    await admin.create(CONFIGMAPS, without_owner(build_configmap(owner, "base")), ns)
+    created = await admin.create(JOBS, job, ns)
+    name: str = created["metadata"]["name"]
+    await wait_for(lambda: finished(admin, ns, name), 120, f"Job {name} to finish")
+    return name
+
+
+@pytest.mark.parametrize("rendered", [True, False], ids=["rendered-security-context", "root-owned-0400-token"])
+async def test_the_token_secret_is_readable_only_as_a_node_would_allow(
+    admin: KubeApi, node: SimNode, ns: str, monkeypatch: pytest.MonkeyPatch, rendered: bool
+):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the node passes its environment to the containers
+    name = await gated_model_build(admin, node, ns, rendered=rendered)
+    (pod, *_) = await job_pods(admin, ns, name)
+    term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert HF_TOKEN not in json.dumps(pod)
+    if rendered:
+        assert await finished(admin, ns, name) == "Complete", term
+        assert term["message"].startswith("OK: engine ")
+    else:  # what a node answers a non-root builder reading a root-owned 0400 file: EACCES
+        assert await finished(admin, ns, name) == "Failed"
+        assert term["exitCode"] == 6, term  # engine_jobs ExitCode.SOURCE_UNAVAILABLE
+        assert term["message"].startswith("SOURCE_UNAVAILABLE: cannot read credentials key token in "), term
+        assert term["message"].rstrip().endswith("Permission denied"), term
+
+
+async def test_a_cache_claim_without_fs_group_is_not_writable(admin: KubeApi, node: SimNode, ns: str):
+    """No fsGroup and a root-owned 0755 claim (how most provisioners create it): the non-root builder cannot
+    create its lock in the engine cache, as on a node."""
+    owner = demo_owner(ns)
+    job = without_owner(build_job(owner, "base"))
+    pod = job["spec"]["template"]["spec"]
+    del pod["securityContext"]["fsGroup"], pod["securityContext"]["fsGroupChangePolicy"]
+    await admin.create(CONFIGMAPS, without_owner(build_configmap(owner, "base")), ns)
+    name = (await admin.create(JOBS, job, ns))["metadata"]["name"]
+    await wait_for(lambda: finished(admin, ns, name), 120, f"Job {name} to finish")
+    assert await finished(admin, ns, name) == "Failed"
+    (pod, *_) = await job_pods(admin, ns, name)
+    term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert term["exitCode"] == 6, term  # SOURCE_UNAVAILABLE: a retry cannot help
+    assert term["message"].startswith("SOURCE_UNAVAILABLE: cache directory ") and "is not writable" in term["message"]
+    assert "Permission denied" in term["message"], term
+
+
+async def test_engine_control_file_reaches_every_pod_of_a_variant(node: SimNode, ns: str):
+    """The demo collapses acceptance by writing one control file per (resource, variant)."""
+    owner = demo_owner(ns)
+    ctl = node.set_engine(ns, owner.name, "redrafter", acceptance_rate=0.1)
+    assert ctl.acceptance_rate == 0.1
+    path = node.control_file(ns, owner.name, "redrafter")
+    assert path.is_file() and str(path).startswith(str(node.node_dir))
+    assert path.name == f"{ns}.{owner.name}.redrafter.json"
+
+
+# ---------------------------------------------------------------------------- admission: Pod Security
+RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted"}
+
+
+def unhardened(workload: dict[str, Any]) -> dict[str, Any]:
+    """``workload`` with its pod template's security settings removed (what the operator rendered before)."""
+    out = copy.deepcopy(workload)
+    pod = out["spec"]["template"]["spec"]
+    pod.pop("securityContext", None)
+    for c in pod["containers"]:
+        c.pop("securityContext", None)
+    return out
+
+
+async def failed_create_events(admin: KubeApi, ns: str, kind: str) -> list[dict[str, Any]]:
+    return [
+        e for e in await admin.list(EVENTS, ns) if e["reason"] == "FailedCreate" and e["involvedObject"]["kind"] == kind
+    ]
+
+
+async def test_restricted_namespace_rejects_unhardened_pods_and_controllers_say_why(
+    admin: KubeApi, node: SimNode, ns: str
+):
+    """kube-apiserver's PodSecurity admission refuses the pods; the real Job and ReplicaSet controllers say why."""
+    from redrafter_operator.render.serving import serving_deployment
+
+    await admin.patch(NAMESPACES, ns, None, {"metadata": {"labels": RESTRICTED}})
+    bare = bare_pod("bare", ["true"])
+    bare["spec"]["containers"][0].pop("command")
+    with pytest.raises(ApiStatusError) as rejected:
+        await admin.create(PODS, bare, ns)
+    assert rejected.value.code == 403 and rejected.value.reason == "Forbidden"
+    assert 'pods "bare" is forbidden: violates PodSecurity "restricted:latest": ' in str(rejected.value)
+    assert 'allowPrivilegeEscalation != false (container "main" must set ' in str(rejected.value)
+
+    owner = demo_owner(ns)
+    # the Job controller: the build pod is rejected, the Job says why in an Event
+    await admin.create(CONFIGMAPS, without_owner(build_configmap(owner, "base")), ns)
+    job = await admin.create(JOBS, unhardened(without_owner(build_job(owner, "base"))), ns)
+    name = job["metadata"]["name"]
+    (event, *_) = await wait_for(lambda: failed_create_events(admin, ns, "Job"), 30, "the Job's FailedCreate Event")
+    assert event["message"].startswith(f'Error creating: pods "{name}-')
+    assert 'violates PodSecurity "restricted:latest"' in event["message"]
+    assert event["type"] == "Warning" and event["involvedObject"]["name"] == name
+    assert not await job_pods(admin, ns, name)
+    # the ReplicaSet controller: a FailedCreate Event and the Deployment's ReplicaFailure condition
+    dep = await admin.create(DEPLOYMENTS, unhardened(without_owner(serving_deployment(owner, "base", "0" * 20, 1))), ns)
+    dep_name = dep["metadata"]["name"]
+
+    async def replica_failure() -> dict[str, Any] | None:
+        return condition(await admin.get(DEPLOYMENTS, dep_name, ns), "ReplicaFailure")
+
+    failure = await wait_for(replica_failure, 30, "the Deployment's ReplicaFailure condition")
+    assert failure["reason"] == "FailedCreate" and "violates PodSecurity" in failure["message"]
+    assert await failed_create_events(admin, ns, "ReplicaSet")
+    assert not [p for p in await admin.list(PODS, ns) if p["metadata"]["name"].startswith(dep_name)]

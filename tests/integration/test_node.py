@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from engine_jobs import contract
+from redrafter_operator.controller.facts import ServingPodFact
 from redrafter_operator.render import names
 from redrafter_operator.render.build import build_configmap, build_job, build_spec
 from redrafter_operator.render.common import Owner
@@ -596,3 +597,96 @@ async def test_restricted_namespace_rejects_unhardened_pods_and_controllers_say_
     assert failure["reason"] == "FailedCreate" and "violates PodSecurity" in failure["message"]
     assert await failed_create_events(admin, ns, "ReplicaSet")
     assert not [p for p in await admin.list(PODS, ns) if p["metadata"]["name"].startswith(dep_name)]
+
+
+# ---------------------------------------------------------------------------- serving failures
+def failing_deployment(owner: Owner, suffix: str, replicas: int = 1, **container: Any) -> list[dict[str, Any]]:
+    """The operator's serving ConfigMap and Deployment of ``owner`` (under their own names, container fields
+    overridden) for an engine that was never built: a pod that gets as far as starting crashes."""
+    from redrafter_operator.render.serving import serving_configmap, serving_deployment
+
+    key = build_spec(owner.spec, "redrafter").key
+    cm = without_owner(serving_configmap(owner, "redrafter", key))
+    dep = without_owner(serving_deployment(owner, "redrafter", key, replicas))
+    dep["metadata"]["name"] = f"{owner.name}-{suffix}"
+    labels = {**dep["spec"]["selector"]["matchLabels"], "test/deployment": suffix}
+    dep["spec"]["selector"]["matchLabels"] = labels
+    dep["spec"]["template"]["metadata"]["labels"].update(labels)
+    dep["spec"]["template"]["spec"]["containers"][0].update(container)
+    return [cm, dep]
+
+
+async def pods_of(admin: KubeApi, ns: str, suffix: str) -> list[dict[str, Any]]:
+    pods = await admin.list(PODS, ns, label_selector=f"test/deployment={suffix}")
+    return sorted(pods, key=lambda p: p["metadata"]["name"])
+
+
+async def reasons(admin: KubeApi, ns: str, suffix: str) -> list[str]:
+    return [ServingPodFact.from_body(p).reason for p in await pods_of(admin, ns, suffix)]
+
+
+async def test_serving_failures_are_written_as_the_scheduler_and_kubelet_write_them(
+    admin: KubeApi, node: SimNode, ns: str
+):
+    owner = demo_owner(ns)
+    node.serving.unpullable.add("registry.invalid/triton:missing")
+    gpus = {"resources": {"limits": {"nvidia.com/gpu": "8"}, "requests": {"nvidia.com/gpu": "8"}}}
+    secret_env = {"env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}]}
+    no_gpu = {"resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}  # the "gpu" pod holds all of them
+    for obj in (
+        failing_deployment(owner, "gpu", replicas=2, **gpus)
+        + failing_deployment(owner, "pull", image="registry.invalid/triton:missing", **no_gpu)
+        + failing_deployment(owner, "config", **secret_env, **no_gpu)
+    ):
+        kind = CONFIGMAPS if obj["kind"] == "ConfigMap" else DEPLOYMENTS
+        if await admin.get(kind, obj["metadata"]["name"], ns) is None:
+            await admin.create(kind, obj, ns)
+
+    # the node's 8 GPUs: the real scheduler binds the first pod (which crash-loops: its engine was never built)
+    # and leaves the second Pending with its diagnosis
+    await wait_for(
+        lambda: _sorted_reasons(admin, ns, "gpu", ["CrashLoopBackOff", "Unschedulable"]),
+        60,
+        "a crash-looping pod and an unschedulable one",
+    )
+    by_reason = {ServingPodFact.from_body(p).reason: p for p in await pods_of(admin, ns, "gpu")}
+    sched = condition(by_reason["Unschedulable"], "PodScheduled") or {}
+    assert (sched["status"], sched["reason"]) == ("False", "Unschedulable")
+    assert sched["message"].startswith("0/1 nodes are available: 1 Insufficient nvidia.com/gpu."), sched
+    assert not by_reason["Unschedulable"]["status"].get("podIP")
+    cs = by_reason["CrashLoopBackOff"]["status"]["containerStatuses"][0]
+    assert cs["state"]["waiting"]["reason"] == "CrashLoopBackOff" or cs["restartCount"] >= 1
+    assert cs["lastState"]["terminated"]["exitCode"] == 1 and cs["lastState"]["terminated"]["reason"] == "Error"
+    assert "engine artifact" in cs["lastState"]["terminated"]["message"]
+    fact = ServingPodFact.from_body(by_reason["CrashLoopBackOff"])
+    assert "exited with code 1" in fact.message and "engine artifact" in fact.message
+
+    await wait_for(lambda: _sorted_reasons(admin, ns, "pull", ["ErrImagePull"]), 30, "ErrImagePull")
+    await wait_for(lambda: _sorted_reasons(admin, ns, "pull", ["ImagePullBackOff"]), 30, "ImagePullBackOff")
+    waiting = (await pods_of(admin, ns, "pull"))[0]["status"]["containerStatuses"][0]["state"]["waiting"]
+    assert waiting["message"] == 'Back-off pulling image "registry.invalid/triton:missing"'
+
+    await wait_for(
+        lambda: _sorted_reasons(admin, ns, "config", ["CreateContainerConfigError"]), 30, "CreateContainerConfigError"
+    )
+    assert ServingPodFact.from_body((await pods_of(admin, ns, "config"))[0]).message == 'secret "hf-token" not found'
+    # the Secret appears: the kubelet's next attempt creates the container (which then crashes: no engine)
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf-token"}, "data": {"token": "eA=="}}
+    await admin.create(SECRETS, secret, ns)
+    await wait_for(lambda: _sorted_reasons(admin, ns, "config", ["CrashLoopBackOff"]), 30, "the config error resolved")
+
+    # the crash loop stays one cause across restarts (no flapping to "no failure" in between)
+    restarts = (await pods_of(admin, ns, "config"))[0]["status"]["containerStatuses"][0]["restartCount"]
+    seen: set[str] = set()
+
+    async def restarted_twice() -> bool:
+        (pod,) = await pods_of(admin, ns, "config")
+        seen.add(ServingPodFact.from_body(pod).reason)
+        return bool(pod["status"]["containerStatuses"][0]["restartCount"] >= restarts + 2)
+
+    await wait_for(restarted_twice, 60, "two more restarts")
+    assert seen == {"CrashLoopBackOff"}
+
+
+async def _sorted_reasons(admin: KubeApi, ns: str, suffix: str, expected: list[str]) -> bool:
+    return sorted(await reasons(admin, ns, suffix)) == expected

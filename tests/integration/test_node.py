@@ -11,6 +11,7 @@ import base64
 import copy
 import itertools
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ import pytest
 import yaml
 
 from engine_jobs import contract
-from redrafter_operator.controller.facts import ServingPodFact
+from redrafter_operator.controller.facts import DeploymentFact, ServingPodFact
 from redrafter_operator.render import names
 from redrafter_operator.render.build import build_configmap, build_job, build_spec
 from redrafter_operator.render.common import Owner
@@ -690,3 +691,41 @@ async def test_serving_failures_are_written_as_the_scheduler_and_kubelet_write_t
 
 async def _sorted_reasons(admin: KubeApi, ns: str, suffix: str, expected: list[str]) -> bool:
     return sorted(await reasons(admin, ns, suffix)) == expected
+
+
+async def test_an_engine_over_its_memory_limit_is_oom_killed_and_the_rollout_times_out(
+    admin: KubeApi, node: SimNode, ns: str
+):
+    try:
+        TritonInstall.find()
+    except TritonUnavailable as exc:
+        pytest.skip(f"tritonserver cannot run here: {exc}")
+    owner = demo_owner(ns)
+    assert await finished(admin, ns, await run_build(admin, owner, "redrafter")) == "Complete"
+    node.serving.memory_needed = 2 * 2**30  # the loaded engine takes 2 GiB
+    memory = {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "1Gi"}}
+    cm, dep = failing_deployment(owner, "oom", resources=memory)
+    dep["spec"]["progressDeadlineSeconds"] = 5  # the real Deployment controller's deadline
+    await admin.create(CONFIGMAPS, cm, ns)
+    await admin.create(DEPLOYMENTS, dep, ns)
+    name = dep["metadata"]["name"]
+    await wait_for(lambda: _sorted_reasons(admin, ns, "oom", ["OOMKilled"]), 60, "OOMKilled")
+    (pod,) = await pods_of(admin, ns, "oom")
+    cs = pod["status"]["containerStatuses"][0]
+    assert cs["lastState"]["terminated"]["reason"] == "OOMKilled"
+    assert cs["lastState"]["terminated"]["exitCode"] == 137
+    assert "exit code 137" in ServingPodFact.from_body(pod).message
+
+    async def progressing() -> dict[str, Any]:
+        return condition(await admin.get(DEPLOYMENTS, name, ns), "Progressing") or {}
+
+    async def timed_out() -> bool:
+        return (await progressing()).get("reason") == "ProgressDeadlineExceeded"
+
+    await wait_for(timed_out, 60, "the progress deadline")
+    assert (await progressing())["status"] == "False"
+    assert re.fullmatch(
+        rf'ReplicaSet "{name}-[0-9a-f]{{8,10}}" has timed out progressing\.', (await progressing())["message"]
+    )
+    fact = DeploymentFact.from_body(await admin.get(DEPLOYMENTS, name, ns))
+    assert fact.failure_reason == "ProgressDeadlineExceeded"

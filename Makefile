@@ -8,6 +8,9 @@ STAMP  := $(VENV)/.installed
 CHECKOV_VENV  ?= .venv-checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 PYTEST_ARGS ?=
+# make test's pytest-xdist workers: each starts a control plane of its own; the tests mostly wait on it, so more
+# workers than cores pays (measured on 2 cores: see docs/development.md)
+TEST_WORKERS ?= 3
 DEMO_ARGS ?=
 
 .PHONY: install test unit lint demo bench crd render images clean controlplane
@@ -60,7 +63,7 @@ $(CP_STAMP): $(CP_DIR)/go.mod $(CP_DIR)/go.sum $(CP_DIR)/cmd/etcd/main.go
 	@touch $@
 
 test: install lint
-	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
+	$(PY) -m pytest -q -rs -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The inner loop: the pure tests, no servers (under a minute).
 unit: $(STAMP)

@@ -15,10 +15,24 @@ from harness.chaos import APISERVER_ARGS
 from harness.cluster import Kube, namespace_for_test, start_control_plane
 from redrafter_sim.controlplane import ControlPlane
 from redrafter_sim.server import EmulatorHandle, EmulatorThread, write_kubeconfig
+from redrafter_sim.servingpods import POD_IPS_ENV
 
 KUBECTL = Path(sys.executable).parent / "kubectl"
 
 Kubectl = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+def _worker_pod_ips() -> None:
+    """Under pytest-xdist each worker runs clusters of its own: give each a share of the nodes' 127.0.0.N pod IPs,
+    so that two workers' serving pods never race for one address."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    if worker and count > 1:
+        share = (250 - 10 + 1) // count
+        first = 10 + int(worker.removeprefix("gw")) * share
+        os.environ[POD_IPS_ENV] = f"{first}-{first + share - 1}"
+
+
+_worker_pod_ips()
 
 
 @pytest.fixture(scope="session")

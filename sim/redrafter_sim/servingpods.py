@@ -76,15 +76,30 @@ TERMINATION_DELAY_SECONDS = 1.5
 STARTS_IN_PARALLEL = 4
 
 
+POD_IPS_ENV = "REDRAFTER_SIM_POD_IPS"  # "first-last": the range of N this machine's nodes may use
+
+
+def pod_ip_range(default: tuple[int, int] = (10, 250)) -> tuple[int, int]:
+    """The 127.0.0.N range for pod IPs: ``REDRAFTER_SIM_POD_IPS`` narrows it (so that clusters run side by side,
+    one per test worker, never race for the same address)."""
+    value = os.environ.get(POD_IPS_ENV, "")
+    if not value:
+        return default
+    first, _, last = value.partition("-")
+    return int(first), int(last)
+
+
 class IpPool:
     """Pod IPs on loopback: 127.0.0.N whose Triton ports are free on this machine."""
 
     def __init__(
         self,
-        first: int = 10,
-        last: int = 250,
+        first: int | None = None,
+        last: int | None = None,
         ports: tuple[int, ...] = (contract.HTTP_PORT, contract.GRPC_PORT, contract.METRICS_PORT, contract.OPENAI_PORT),
     ) -> None:
+        low, high = pod_ip_range()
+        first, last = first if first is not None else low, last if last is not None else high
         self._candidates = [f"127.0.0.{n}" for n in range(first, last + 1)]
         self._ports = ports
         self._used: set[str] = set()

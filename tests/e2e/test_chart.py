@@ -4,26 +4,26 @@
   findings; every manifest is valid against Kubernetes 1.30 (strict) or, for custom resources, its CRD;
 - values.schema.json rejects wrong types and unknown keys;
 - the chart's RBAC grants exactly what the operator calls: the (group, resource, verb) set is derived from
-  the emulated API server's request log while the operator runs from the chart's own command/args/env;
-- installs against the emulated API server and an example reaches Serving under the chart's command.
+  the log of a proxy in front of the real kube-apiserver while the operator runs from the chart's own
+  command/args/env under the release's ServiceAccount (the real RBAC authorizer: a missing verb is a 403);
+- installs with Helm on the real control plane and an example reaches Serving under the chart's command.
 Installing, `helm test`, upgrading with the CRD hook and uninstalling on the real control plane, the operator
 in-cluster on the node: test_chart_cluster.py.
 """
 
 from __future__ import annotations
 
-import copy
+import asyncio
 import importlib.metadata
 import json
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
+import urllib.parse
 import urllib.request
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +33,14 @@ import pytest
 import yaml
 
 import redrafter_operator
+from harness.cluster import Kube
+from harness.lifecycle import BUILT, Cluster, example, routed, running_cluster, settle
+from harness.waiting import until
+from redrafter_operator.api import API_VERSION, KIND
 from redrafter_operator.render import names
 from redrafter_operator.render.names import MANAGED_BY
-from redrafter_sim import controllers
+from redrafter_sim.controlplane import free_port
+from redrafter_sim.faultproxy import FaultProxy, Request
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "redrafter-operator"
@@ -459,37 +464,34 @@ def test_the_helm_test_hook_renders_valid_in_every_combination(combo: str):
     assert not [o for o in manifests(render({**values, "helmTest": {"enabled": False}}), tests=True) if is_test_hook(o)]
 
 
-def test_the_helm_test_rbac_is_exactly_what_the_check_calls(apiserver, tmp_path: Path):
-    """The `helm test` Pod's command against the emulated API server, as its ServiceAccount: the (group, resource,
-    verb) set of its requests equals what the hook's Role and ClusterRole grant, and the check's own
-    SelfSubjectAccessReviews, answered from those rules, say it may make every read."""
-    from redrafter_sim.server import write_kubeconfig
-
-    emu = apiserver.emulator
-    emu.create_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
-    for crd in chart_crds().values():
-        emu.create_object(crd)
-    objs = manifests(render(), tests=True)
-    for obj in objs:  # the release as installed (and the hook's objects), as Helm creates them
-        if obj["kind"] != "Pod":
-            emu.create_object(obj)
+def test_the_helm_test_rbac_is_exactly_what_the_check_calls(kube: Kube, tmp_path: Path):
+    """The `helm test` Pod's command against kube-apiserver, as its ServiceAccount (the real RBAC authorizer: a
+    verb the hook's roles lack is a 403), through a proxy that logs what it sent: the (group, resource, verb) set
+    of its requests equals what the hook's Role and ClusterRole grant, and the check's own
+    SelfSubjectAccessReviews, answered by kube-apiserver from those rules, say it may make every read."""
+    ns = kube.namespace
+    release = release_name(ns)
+    objs = chart_manifests(release, ns, {}, tests=True)
+    kube.apply(*[o for o in objs if o["kind"] != "Pod"])  # the release as installed, and the hook's objects
     hook = [o for o in objs if is_test_hook(o)]
     pod = one(hook, "Pod")
-    user = f"system:serviceaccount:{NAMESPACE}:{pod['spec']['serviceAccountName']}"
-    emu.add_token("hook-token", user)
-    kubeconfig = write_kubeconfig(apiserver.url, tmp_path / "kubeconfig", token="hook-token")
+    user = f"system:serviceaccount:{ns}:{pod['spec']['serviceAccountName']}"
     (c,) = pod["spec"]["containers"]
-    mark = len(emu.request_log)
-    proc = subprocess.run(
-        [str(Path(sys.executable).parent / c["command"][0]), *c["args"], "--kubeconfig", str(kubeconfig)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    assert c["args"][-2:] == ["--operator-namespace", ns]
+    with FaultProxy(kube.cp) as proxy:
+        token = kube.cp.service_account_kubeconfig(tmp_path / "hook-token", ns, pod["spec"]["serviceAccountName"])
+        kubeconfig = proxy.kubeconfig(token, tmp_path / "kubeconfig", name=user)
+        proc = subprocess.run(
+            [str(Path(sys.executable).parent / c["command"][0]), *c["args"], "--kubeconfig", str(kubeconfig)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        records = proxy.requests()
     assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr, proc.stderr
-    records = [r for r in emu.request_log[mark:] if r.user == user]
-    assert records and len(records) == len(emu.request_log[mark:])
-    called = calls_from_log(records)
+    assert records and {r.who for r in records} == {user}
+    assert not [(r.method, r.path, r.status) for r in records if r.status in (401, 403)]
+    called = calls_from_log(map(logged, records))
     # every authenticated user may create SelfSubjectAccessReviews (ClusterRole system:basic-user): not granted here
     called.discard(("authorization.k8s.io", "selfsubjectaccessreviews", "create"))
     assert called == granted([o for o in hook if o["kind"] in ("Role", "ClusterRole")])
@@ -946,34 +948,36 @@ NOT_YET_EXERCISED: dict[Call, str] = {
 }
 
 
-# ----------------------------------------------------------------------------- install against the emulator
+# ----------------------------------------------------------------------------- the operator from the chart
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def release_name(namespace: str) -> str:
+    """A release of its own per test: the chart's ClusterRoles are cluster-wide and named after the release
+    (not ``rdo-<namespace>``: that is the lifecycle cluster's own chart identity, applied without Helm)."""
+    return f"rel-{namespace}"
 
 
-def _wait(predicate, timeout: float, what: str, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+def chart_manifests(
+    release: str, namespace: str, values: dict[str, Any], *, tests: bool = False
+) -> list[dict[str, Any]]:
+    with helm.Chart.load(CHART) as chart:
+        rendered = chart.render(values, name=release, namespace=namespace, is_install=True, is_upgrade=False)
+    return manifests(rendered, tests=tests)
 
 
-@pytest.fixture
-def helm_config(kubeconfig: Path) -> Iterator[helm.Config]:
-    # The emulator speaks JSON only and Helm's release storage client sends protobuf: keep releases in memory.
-    with helm.Config(kubeconfig_path=str(kubeconfig), namespace=NAMESPACE, storage_driver="memory") as cfg:
-        yield cfg
+def logged(r: Request) -> Any:
+    """A proxy log record as :func:`calls_from_log` reads it. The proxy keeps no Content-Type: a PATCH that
+    created its object (201) can only have been a server-side apply, a merge or JSON patch of a missing object
+    is a 404."""
+    from types import SimpleNamespace
 
-
-# helm install, upgrade with the CRD hook Job, and uninstall: tests/e2e/test_chart_cluster.py, on the real
-# control plane, with the hook Job run in a Pod by the node.
+    return SimpleNamespace(
+        method=r.method,
+        path=r.path,
+        query=dict(urllib.parse.parse_qsl(r.query)),
+        status=r.status,
+        content_type="application/apply-patch+yaml" if r.method == "PATCH" and r.status == 201 else "",
+    )
 
 
 _SHIM = """
@@ -992,14 +996,14 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def _container_env(container: dict[str, Any], pod_name: str) -> dict[str, str]:
+def _container_env(container: dict[str, Any], pod_name: str, namespace: str) -> dict[str, str]:
     env = {}
     for e in container.get("env", []):
         if "value" in e:
             env[e["name"]] = e["value"]
         else:
             path = e["valueFrom"]["fieldRef"]["fieldPath"]
-            env[e["name"]] = {"metadata.name": pod_name, "metadata.namespace": NAMESPACE}[path]
+            env[e["name"]] = {"metadata.name": pod_name, "metadata.namespace": namespace}[path]
     return env
 
 
@@ -1015,165 +1019,201 @@ def request_namespace(path: str) -> str | None:
 RUN_MODES = {
     # cluster-wide RBAC, two replicas: --all-namespaces --leader-elect (a Lease Role in the release namespace)
     "cluster-leader-election": {"replicas": 2},
-    # namespaced RBAC, one replica: --namespace=default --standalone (Role + read-only discovery ClusterRole)
-    "namespaced-standalone": {"watchNamespaces": ["default"]},
+    # namespaced RBAC, one replica: --namespace=<the test's> --standalone (Role + read-only discovery ClusterRole)
+    "namespaced-standalone": {"watchNamespaces": ["<test namespace>"]},
 }
 
 
-def converge_with_kubectl(kubectl: Any, emu: Any) -> None:
+class ChartOperator:
+    """``redrafter-operator`` as the chart's container runs it (its command, args and env), as one pod of the
+    release: the ServiceAccount's bound token, through the cluster's proxy, which names its requests ``pod``."""
+
+    def __init__(self, cluster: Cluster, deployment: dict[str, Any], pod: str, workdir: Path, **args: Any) -> None:
+        self.pod, self.log = pod, workdir / f"{pod}.log"
+        spec = deployment["spec"]["template"]["spec"]
+        (container,) = spec["containers"]
+        sa = cluster.cp.service_account_kubeconfig(workdir / f"token-{pod}", cluster.ns, spec["serviceAccountName"])
+        kubeconfig = cluster.proxy.kubeconfig(sa, workdir / f"kubeconfig-{pod}", name=pod)
+        env = {
+            **os.environ,
+            **_container_env(container, pod, cluster.ns),
+            "KUBECONFIG": str(kubeconfig),
+            "PYTHONUNBUFFERED": "1",
+        }
+        assert container["command"] == ["redrafter-operator"]
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _SHIM, *args.get("args", container["args"])],
+            env=env,
+            cwd=workdir,
+            stdout=self.log.open("w"),
+            stderr=subprocess.STDOUT,
+        )
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+async def install(cluster: Cluster, values: dict[str, Any]) -> list[dict[str, Any]]:
+    """``helm install`` into the test's namespace (release storage in Secrets, Helm's default): the manifest's
+    objects."""
+    with helm.Config(kubeconfig_path=str(cluster.kube.kubeconfig), namespace=cluster.ns) as cfg:
+        release = await asyncio.to_thread(
+            cfg.install, str(CHART), release_name(cluster.ns), values, namespace=cluster.ns, timeout=60
+        )
+    return [d for d in yaml.safe_load_all(release["manifest"]) if d]
+
+
+async def converge_with_kubectl(cluster: Cluster) -> None:
     """The children converge as a user sees it with kubectl: a deleted Deployment is back within 5 s, a hand
     edit of a field the operator owns is reverted, a field removed from the resource leaves the child."""
+    kubectl = cluster.kubectl
     dep = names.serving_deployment_name("llama3-8b", "redrafter")
 
     def node_selector() -> dict[str, str]:
-        out = kubectl("get", "deployment", dep, "-n", "default", "-o", "jsonpath={.spec.template.spec.nodeSelector}")
+        out = kubectl("get", "deployment", dep, "-o", "jsonpath={.spec.template.spec.nodeSelector}")
         return json.loads(out.stdout) if out.returncode == 0 and out.stdout.strip() else {}
 
-    kubectl(
-        "patch",
-        "rdd",
-        "llama3-8b",
-        "-n",
-        "default",
-        "--type=merge",
-        "-p",
-        json.dumps({"spec": {"serving": {"nodeSelector": {"pool": "gpu-a"}}}}),
-        check=True,
-    )
-    _wait(lambda: node_selector().get("pool") == "gpu-a", 30, "spec.serving.nodeSelector on the Deployment")
+    patch = json.dumps({"spec": {"serving": {"nodeSelector": {"pool": "gpu-a"}}}})
+    kubectl("patch", "rdd", "llama3-8b", "--type=merge", "-p", patch, check=True)
+    await until(lambda: node_selector().get("pool") == "gpu-a", 30, "spec.serving.nodeSelector on the Deployment")
 
-    uid = emu.get_object("apps/v1", "Deployment", dep, "default")["metadata"]["uid"]
+    uid = cluster.get("apps/v1", "Deployment", dep)["metadata"]["uid"]
     started = time.monotonic()
-    kubectl("delete", "deployment", dep, "-n", "default", "--wait=false", check=True)
+    kubectl("delete", "deployment", dep, "--wait=false", check=True)
 
     def back() -> bool:
-        obj = emu.find_object("apps/v1", "Deployment", dep, "default")
+        obj = cluster.find("apps/v1", "Deployment", dep)
         return obj is not None and obj["metadata"]["uid"] != uid
 
-    _wait(back, 10, "the deleted Deployment back", interval=0.05)
+    await until(back, 10, "the deleted Deployment back")
     assert time.monotonic() - started < 5.0
-    _wait(lambda: node_selector().get("pool") == "gpu-a", 10, "the re-created Deployment's nodeSelector")
+    await until(lambda: node_selector().get("pool") == "gpu-a", 10, "the re-created Deployment's nodeSelector")
 
-    kubectl(
-        "patch",
-        "deployment",
-        dep,
-        "-n",
-        "default",
-        "--type=merge",
-        "-p",
-        json.dumps({"spec": {"template": {"spec": {"nodeSelector": {"pool": "hijacked"}}}}}),
-        check=True,
-    )
-    _wait(lambda: node_selector().get("pool") == "gpu-a", 10, "the hand edit reverted", interval=0.05)
+    hijack = json.dumps({"spec": {"template": {"spec": {"nodeSelector": {"pool": "hijacked"}}}}})
+    kubectl("patch", "deployment", dep, "--type=merge", "-p", hijack, check=True)
+    await until(lambda: node_selector().get("pool") == "gpu-a", 10, "the hand edit reverted")
 
-    kubectl(
-        "patch",
-        "rdd",
-        "llama3-8b",
-        "-n",
-        "default",
-        "--type=json",
-        "-p",
-        json.dumps([{"op": "remove", "path": "/spec/serving/nodeSelector"}]),
-        check=True,
-    )
-    _wait(lambda: "pool" not in node_selector(), 30, "the removed nodeSelector gone from the Deployment")
+    removal = json.dumps([{"op": "remove", "path": "/spec/serving/nodeSelector"}])
+    kubectl("patch", "rdd", "llama3-8b", "--type=json", "-p", removal, check=True)
+    await until(lambda: "pool" not in node_selector(), 30, "the removed nodeSelector gone from the Deployment")
+
+
+async def finish_jobs(cluster: Cluster) -> None:
+    """The cluster's side: each Job's program succeeds, writing what it writes to its termination log."""
+    while True:
+        for job in cluster.list("batch/v1", "Job"):
+            name = job["metadata"]["name"]
+            if name in cluster.pods.verdicts:
+                continue
+            if job["metadata"]["labels"].get(names.LABEL_COMPONENT) == "validation":
+                cluster.complete_job(name, "Passed: chart test stand-in")
+            else:
+                cluster.complete_job(name, BUILT.message("OK: engine built (chart test stand-in)"))
+        await asyncio.sleep(0.2)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(400)
 @pytest.mark.parametrize("mode", sorted(RUN_MODES))
-def test_operator_runs_from_the_chart_and_rbac_is_exact(mode, apiserver, helm_config, kubectl, kubeconfig, tmp_path):
-    pytest.importorskip("redrafter_operator.controller.main", reason="the controller has not landed")
-    emu = apiserver.emulator
-    health, metrics = _free_port(), _free_port()
-    values = {**RUN_MODES[mode], "health": {"port": health}, "metrics": {"port": metrics}}
-    release = helm_config.install(str(CHART), RELEASE, values, namespace=NAMESPACE, create_namespace=True, timeout=60)
-    objs = [d for d in yaml.safe_load_all(release["manifest"]) if d]
-    deploy = one(objs, "Deployment")
-    (container,) = deploy["spec"]["template"]["spec"]["containers"]
-    assert container["command"] == ["redrafter-operator"]
-    env = {**os.environ, **_container_env(container, "rdo-operator-0"), "KUBECONFIG": str(kubeconfig)}
-    mark = len(emu.request_log)
-    log_file = (tmp_path / "operator.log").open("w")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _SHIM, *container["args"]],
-        env=env,
-        cwd=tmp_path,
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-    )
+async def test_operator_runs_from_the_chart_and_rbac_is_exact(mode, control_plane, tmp_path):
+    async with running_cluster(control_plane, tmp_path / "cluster") as cluster:
+        await _runs_from_the_chart(mode, cluster, tmp_path)
+
+
+async def _runs_from_the_chart(mode: str, cluster: Cluster, tmp_path: Path) -> None:
+    ns, kubectl = cluster.ns, cluster.kubectl
+    health, metrics = free_port(), free_port()
+    values: dict[str, Any] = {**RUN_MODES[mode], "health": {"port": health}, "metrics": {"port": metrics}}
+    if "watchNamespaces" in values:
+        values["watchNamespaces"] = [ns]
+    objs = await install(cluster, values)
+    deployment = one(objs, "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    mark = cluster.mark()
+    op = ChartOperator(cluster, deployment, "rdo-operator-0", tmp_path)
+    cluster.install_crd(INFERENCE_POOL_CRD)
+    cluster_side = asyncio.create_task(finish_jobs(cluster))
     try:
         probe = container["readinessProbe"]["httpGet"]
         url = f"http://127.0.0.1:{health}{probe['path']}"
 
         def healthy() -> bool:
-            if proc.poll() is not None:
-                raise AssertionError(f"operator exited {proc.returncode}:\n{(tmp_path / 'operator.log').read_text()}")
+            if op.proc.poll() is not None:
+                raise AssertionError(f"operator exited {op.proc.returncode}:\n{op.text()}")
             try:
                 with urllib.request.urlopen(url, timeout=2) as rsp:
                     return rsp.status == 200
             except OSError:
                 return False
 
-        _wait(healthy, 30, "the operator's liveness endpoint")
+        await until(lambda: asyncio.to_thread(healthy), 90, "the operator's liveness endpoint")
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5) as rsp:
             assert rsp.status == 200
 
         # The InferencePool (upstream v1 CRD) on: its verbs are derived from the requests like the others.
-        emu.create_object(yaml.safe_load(INFERENCE_POOL_CRD.read_text()))
-        doc = yaml.safe_load((ROOT / "examples" / "llama3-8b.yaml").read_text())
-        doc["spec"]["routing"] = {
-            "inferencePool": {"enabled": True, "endpointPickerRef": {"name": "llama3-8b-epp", "port": 9002}}
-        }
-        kubectl("apply", "-f", "-", input=yaml.safe_dump(doc), check=True)
+        cluster.apply(routed())
 
         def phase() -> str:
-            out = kubectl("get", "rdd", "llama3-8b", "-n", "default", "-o", "jsonpath={.status.phase}")
-            return out.stdout.strip()
+            return kubectl("get", "rdd", "llama3-8b", "-o", "jsonpath={.status.phase}").stdout.strip()
 
-        _wait(lambda: phase() == "Building", 60, "the example to reach Building", interval=0.3)
-        jobs = emu.list_objects("batch/v1", "Job", "default")
+        await until(lambda: phase() in ("Building", "Validating", "Serving"), 60, "the example to reach Building")
+        jobs = cluster.list("batch/v1", "Job")
         assert jobs, "a build Job was created"
+        env = _container_env(container, op.pod, ns)
         assert {j["spec"]["template"]["spec"]["containers"][0]["image"] for j in jobs} == {
             env["REDRAFTER_DEFAULT_BUILDER_IMAGE"]
         }
 
         # Children that already exist but are unknown to the operator (left behind by an earlier install that
         # orphaned them, written as the pre-server-side-apply operator did: created by the client library's
-        # User-Agent, "OpenAPI-Generator"): its apply's answer shows their fields, it takes them over (a JSON
+        # field manager, "OpenAPI-Generator"): its apply's answer shows their fields, it takes them over (a JSON
         # patch of managedFields) and applies again, which removes what it does not set (the "old" container).
+        # The Deployment's selector is immutable, and a Service's port names unique after the apply merged its
+        # ports (keyed by port and protocol): the earlier install's were the ones the operator renders.
+        rendered = {(d["kind"], d["metadata"]["name"]): d for d in cluster.rendered(routed())}
+        base_name = names.serving_deployment_name("llama3-8b", "base")
+        base_selector = rendered[("Deployment", base_name)]["spec"]["selector"]["matchLabels"]
+        base_ports = rendered[("Service", names.service_name("llama3-8b", "base"))]["spec"]["ports"]
         for leftover in (
             {
                 "apiVersion": "v1",
                 "kind": "ConfigMap",
-                "metadata": {"name": names.serving_config_name("llama3-8b", "base"), "namespace": "default"},
+                "metadata": {"name": names.serving_config_name("llama3-8b", "base")},
                 "data": {},
             },
             {
                 "apiVersion": "v1",
                 "kind": "Service",
-                "metadata": {"name": names.service_name("llama3-8b", "base"), "namespace": "default"},
+                "metadata": {"name": names.service_name("llama3-8b", "base")},
                 "spec": {
                     "selector": names.serving_selector("llama3-8b", "base"),
-                    "ports": [{"name": "http", "port": 80}],
+                    "ports": base_ports,
                 },
             },
             {
                 "apiVersion": "networking.k8s.io/v1",
                 "kind": "NetworkPolicy",
-                "metadata": {"name": names.safe_name("llama3-8b", "serving"), "namespace": "default"},
+                "metadata": {"name": names.safe_name("llama3-8b", "serving")},
                 "spec": {"podSelector": {}},
             },
             {
                 "apiVersion": "apps/v1",
                 "kind": "Deployment",
-                "metadata": {"name": names.serving_deployment_name("llama3-8b", "base"), "namespace": "default"},
+                "metadata": {"name": names.serving_deployment_name("llama3-8b", "base")},
                 "spec": {
                     "replicas": 0,
-                    "selector": {"matchLabels": names.serving_selector("llama3-8b", "base")},
+                    "selector": {"matchLabels": base_selector},
                     "template": {
-                        "metadata": {"labels": names.serving_selector("llama3-8b", "base")},
+                        "metadata": {"labels": base_selector},
                         "spec": {"containers": [{"name": "old", "image": "old:1"}]},
                     },
                 },
@@ -1181,7 +1221,7 @@ def test_operator_runs_from_the_chart_and_rbac_is_exact(mode, apiserver, helm_co
             {
                 "apiVersion": INFERENCE_POOL_API,
                 "kind": "InferencePool",
-                "metadata": {"name": names.service_name("llama3-8b"), "namespace": "default"},
+                "metadata": {"name": names.service_name("llama3-8b")},
                 "spec": {
                     "selector": {"matchLabels": {"app": "old"}},
                     "targetPorts": [{"number": 8000}],
@@ -1189,153 +1229,79 @@ def test_operator_runs_from_the_chart_and_rbac_is_exact(mode, apiserver, helm_co
                 },
             },
         ):
-            emu.create_object(leftover, field_manager="OpenAPI-Generator")
+            path = cluster.path(leftover["apiVersion"], leftover["kind"]) + "?fieldManager=OpenAPI-Generator"
+            leftover["metadata"]["namespace"] = ns
+            cluster.cp.request("POST", path, leftover)
 
-        # The cluster's side (as tests/integration/test_lifecycle.py does): builds succeed, Deployments
-        # get Ready pods and Endpoints. The operator sees only the API.
-        stop = threading.Event()
-
-        def cluster() -> None:
-            while not stop.is_set():
-                for job in emu.list_objects("batch/v1", "Job", "default"):
-                    if not (job.get("status") or {}).get("conditions"):
-                        # what each Job's program writes to its termination log on success
-                        validation = job["metadata"]["labels"].get(names.LABEL_COMPONENT) == "validation"
-                        message = (
-                            "Passed: chart test stand-in" if validation else "OK: engine built (chart test stand-in)"
-                        )
-                        controllers.complete_job(emu, job["metadata"]["name"], "default", message=message)
-                controllers.reconcile_once(emu, "default")
-                stop.wait(0.1)
-
-        ticker = threading.Thread(target=cluster, daemon=True)
-        ticker.start()
-        try:
-
-            def promoted() -> bool:  # base serves first; ReDrafter once the validation Job (GET jobs) passed
-                out = kubectl(
-                    "get",
-                    "rdd",
-                    "llama3-8b",
-                    "-n",
-                    "default",
-                    "-o",
-                    "jsonpath={.status.phase}/{.status.validation.state}/{.status.activeEngine}",
-                )
-                return out.stdout.strip() == "Serving/Passed/redrafter"
-
-            try:
-                _wait(promoted, 90, "the example to reach Serving on the validated ReDrafter engine", interval=0.3)
-            except AssertionError:
-                rdd = emu.get_object("redrafter.dev/v1alpha1", "ReDrafterDeployment", "llama3-8b", "default")
-                raise AssertionError(
-                    json.dumps(
-                        {
-                            "status": rdd.get("status"),
-                            "jobs": [
-                                (j["metadata"]["name"], j.get("status"))
-                                for j in emu.list_objects("batch/v1", "Job", "default")
-                            ],
-                            "log": (tmp_path / "operator.log").read_text()[-3000:],
-                        },
-                        indent=1,
-                    )
-                ) from None
-            listing = kubectl("get", "rdd", "-n", "default", "--no-headers")
-            assert listing.stdout.split()[0] == "llama3-8b" and "Serving" in listing.stdout
-            base = emu.get_object(
-                "apps/v1", "Deployment", names.serving_deployment_name("llama3-8b", "base"), "default"
-            )
-            assert "old" not in {c["name"] for c in base["spec"]["template"]["spec"]["containers"]}
-            converge_with_kubectl(kubectl, emu)
-            # Update paths: a serving-only change rewrites the serving ConfigMap and rolls the Deployment;
-            # speculation Never moves the stable Service to the base engine.
-            kubectl(
-                "patch",
+        def promoted() -> bool:  # base serves first; ReDrafter once the validation Job (GET jobs) passed
+            out = kubectl(
+                "get",
                 "rdd",
                 "llama3-8b",
-                "-n",
-                "default",
-                "--type=merge",
-                "-p",
+                "-o",
+                "jsonpath={.status.phase}/{.status.validation.state}/{.status.activeEngine}",
+            )
+            return out.stdout.strip() == "Serving/Passed/redrafter"
+
+        try:
+            await until(promoted, 120, "the example to reach Serving on the validated ReDrafter engine")
+        except AssertionError:
+            raise AssertionError(
                 json.dumps(
                     {
-                        "spec": {
-                            "serving": {"triton": {"kvCacheFreeGpuMemFraction": 0.8}},
-                            "speculation": {"mode": "Never"},
-                        }
-                    }
-                ),
-                check=True,
-            )
+                        "status": cluster.status(),
+                        "jobs": [(j["metadata"]["name"], j.get("status")) for j in cluster.list("batch/v1", "Job")],
+                        "log": op.text()[-3000:],
+                    },
+                    indent=1,
+                )
+            ) from None
+        listing = kubectl("get", "rdd", "--no-headers")
+        assert listing.stdout.split()[0] == "llama3-8b" and "Serving" in listing.stdout
+        base = cluster.get("apps/v1", "Deployment", names.serving_deployment_name("llama3-8b", "base"))
+        assert "old" not in {c["name"] for c in base["spec"]["template"]["spec"]["containers"]}
+        await converge_with_kubectl(cluster)
+        # Update paths: a serving-only change rewrites the serving ConfigMap and rolls the Deployment;
+        # speculation Never moves the stable Service to the base engine.
+        change = {"serving": {"triton": {"kvCacheFreeGpuMemFraction": 0.8}}, "speculation": {"mode": "Never"}}
+        kubectl("patch", "rdd", "llama3-8b", "--type=merge", "-p", json.dumps({"spec": change}), check=True)
 
-            def switched() -> bool:
-                svc = emu.find_object("v1", "Service", "llama3-8b", "default")
-                return bool(svc) and svc["spec"]["selector"].get("redrafter.dev/traffic") == "base"
+        def switched() -> bool:
+            svc = cluster.find("v1", "Service", "llama3-8b")
+            return bool(svc) and svc["spec"]["selector"].get("redrafter.dev/traffic") == "base"
 
-            _wait(switched, 60, "traffic to move to the base engine", interval=0.3)
+        await until(switched, 60, "traffic to move to the base engine")
 
-            def pool_on_base() -> bool:
-                pool = emu.find_object(INFERENCE_POOL_API, "InferencePool", "llama3-8b", "default")
-                return bool(pool) and pool["spec"]["selector"]["matchLabels"].get("redrafter.dev/traffic") == "base"
+        def pool_on_base() -> bool:
+            pool = cluster.find(INFERENCE_POOL_API, "InferencePool", "llama3-8b")
+            return bool(pool) and pool["spec"]["selector"]["matchLabels"].get("redrafter.dev/traffic") == "base"
 
-            _wait(pool_on_base, 60, "the InferencePool to move to the base engine", interval=0.3)
-            kubectl(
-                "patch",
-                "rdd",
-                "llama3-8b",
-                "-n",
-                "default",
-                "--type=merge",
-                "-p",
-                json.dumps({"spec": {"routing": {"inferencePool": {"enabled": False}}}}),
-                check=True,
-            )
-            _wait(
-                lambda: emu.find_object(INFERENCE_POOL_API, "InferencePool", "llama3-8b", "default") is None,
-                60,
-                "the InferencePool to be deleted once turned off",
-                interval=0.3,
-            )
-            # on again: this time the apply creates the pool (the leftover above was adopted, not created)
-            kubectl(
-                "patch",
-                "rdd",
-                "llama3-8b",
-                "-n",
-                "default",
-                "--type=merge",
-                "-p",
-                json.dumps({"spec": {"routing": {"inferencePool": {"enabled": True}}}}),
-                check=True,
-            )
-            _wait(pool_on_base, 60, "the InferencePool back once turned on again", interval=0.3)
-            _wait(lambda: phase() == "Serving", 60, "Serving after the change", interval=0.3)
-            kubectl("delete", "rdd", "llama3-8b", "-n", "default", "--wait=false", check=True)
-            _wait(
-                lambda: (
-                    emu.find_object("redrafter.dev/v1alpha1", "ReDrafterDeployment", "llama3-8b", "default") is None
-                ),
-                30,
-                "the example to be deleted",
-            )
-            time.sleep(1.0)  # let the last watch events and Events settle
-        finally:
-            stop.set()
-            ticker.join(5)
+        await until(pool_on_base, 60, "the InferencePool to move to the base engine")
+        off = {"spec": {"routing": {"inferencePool": {"enabled": False}}}}
+        kubectl("patch", "rdd", "llama3-8b", "--type=merge", "-p", json.dumps(off), check=True)
+        await until(
+            lambda: cluster.find(INFERENCE_POOL_API, "InferencePool", "llama3-8b") is None,
+            60,
+            "the InferencePool to be deleted once turned off",
+        )
+        # on again: this time the apply creates the pool (the leftover above was adopted, not created)
+        on = {"spec": {"routing": {"inferencePool": {"enabled": True}}}}
+        kubectl("patch", "rdd", "llama3-8b", "--type=merge", "-p", json.dumps(on), check=True)
+        await until(pool_on_base, 60, "the InferencePool back once turned on again")
+        await until(lambda: phase() == "Serving", 60, "Serving after the change")
+        kubectl("delete", "rdd", "llama3-8b", "--wait=false", check=True)
+        await until(lambda: cluster.find(API_VERSION, KIND, "llama3-8b") is None, 30, "the example to be deleted")
+        await settle(cluster)  # the last watch events and Events
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-        log_file.close()
+        cluster_side.cancel()
+        await asyncio.gather(cluster_side, return_exceptions=True)
+        await asyncio.to_thread(op.stop)
+        cluster.remove_crd(INFERENCE_POOL_CRD)
 
-    operator_records = [r for r in emu.request_log[mark:] if "kubectl" not in r.user_agent]
-    called = calls_from_log(operator_records)
+    operator_records = [r for r in cluster.operator_requests(mark) if r.who == op.pod]
+    called = calls_from_log(map(logged, operator_records))
     forbidden = [(r.method, r.path, r.status) for r in operator_records if r.status in (401, 403)]
-    assert not forbidden
+    assert not forbidden  # the real RBAC authorizer answered every call
     (tmp_path / "rbac-calls.json").write_text(json.dumps(sorted(called), indent=1))
     (tmp_path / "requests.txt").write_text(
         "".join(f"{r.status} {r.method} {r.path} {r.query} {r.user_agent}\n" for r in operator_records)
@@ -1348,7 +1314,8 @@ def test_operator_runs_from_the_chart_and_rbac_is_exact(mode, apiserver, helm_co
     watched = values.get("watchNamespaces")
     if watched:  # a Role per watched namespace suffices: nothing namespaced is asked for cluster-wide
         cluster_calls = {
-            (g, r) for g, r, _ in calls_from_log(r for r in operator_records if request_namespace(r.path) is None)
+            (g, r)
+            for g, r, _ in calls_from_log(logged(r) for r in operator_records if request_namespace(r.path) is None)
         }
         assert cluster_calls == {
             ("apiextensions.k8s.io", "customresourcedefinitions"),
@@ -1358,105 +1325,84 @@ def test_operator_runs_from_the_chart_and_rbac_is_exact(mode, apiserver, helm_co
         assert {request_namespace(r.path) for r in operator_records} - {None} <= set(watched)
     if values.get("replicas", 1) > 1:  # the Lease: created, renewed, released on SIGTERM, in its own namespace
         leases = [r for r in operator_records if "/leases" in r.path]
-        assert {request_namespace(r.path) for r in leases} == {NAMESPACE}
+        assert {request_namespace(r.path) for r in leases} == {ns}
         assert {(r.method, r.status) for r in leases} >= {("GET", 404), ("POST", 201), ("PUT", 200)}
     assert unused == set(NOT_YET_EXERCISED), f"the chart grants {sorted(unused)} which the operator never called"
 
 
 @pytest.mark.slow
-def test_two_replicas_from_the_chart_elect_one_leader_and_hand_over_on_shutdown(
-    apiserver, helm_config, kubectl, tmp_path
-):
+@pytest.mark.timeout(300)
+async def test_two_replicas_from_the_chart_elect_one_leader_and_hand_over_on_shutdown(control_plane, tmp_path):
     """Two pods of the chart's Deployment (replicas: 2, its flags and client-go's 15/10/2 s timing): the Lease
     names one leader and only it acts; the standby writes nothing; a stopping leader (a rollout) releases the
     Lease after its loops stopped, so the standby takes over well within one lease duration."""
-    pytest.importorskip("redrafter_operator.controller.main", reason="the controller has not landed")
-    from redrafter_sim.server import write_kubeconfig
+    async with running_cluster(control_plane, tmp_path / "cluster") as cluster:
+        await _two_replicas(cluster, tmp_path)
 
-    emu = apiserver.emulator
-    release = helm_config.install(
-        str(CHART), RELEASE, {"replicas": 2}, namespace=NAMESPACE, create_namespace=True, timeout=60
-    )
-    deploy = one([d for d in yaml.safe_load_all(release["manifest"]) if d], "Deployment")
-    (container,) = deploy["spec"]["template"]["spec"]["containers"]
+
+async def _two_replicas(cluster: Cluster, tmp_path: Path) -> None:
+    ns, kubectl = cluster.ns, cluster.kubectl
+    deployment = one(await install(cluster, {"replicas": 2}), "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
     args = [a for a in container["args"] if not a.startswith(("--liveness", "--metrics-"))]
     lease_duration = float(next(a for a in args if a.startswith("--lease-duration="))[len("--lease-duration=") : -1])
-    procs: dict[str, subprocess.Popen] = {}
-    logs = {}
-    example = yaml.safe_load((ROOT / "examples" / "llama3-8b.yaml").read_text())
+    lease_name = f"{release_name(ns)}-redrafter-operator"
+    procs: dict[str, ChartOperator] = {}
 
     def phase(name: str) -> str:
-        return kubectl("get", "rdd", name, "-n", "default", "-o", "jsonpath={.status.phase}").stdout.strip()
-
-    def apply(name: str) -> None:
-        doc = copy.deepcopy(example)
-        doc["metadata"]["name"] = name
-        kubectl("apply", "-f", "-", input=yaml.safe_dump(doc), check=True)
+        return kubectl("get", "rdd", name, "-o", "jsonpath={.status.phase}").stdout.strip()
 
     def lease() -> dict[str, Any]:
-        found = emu.find_object("coordination.k8s.io/v1", "Lease", f"{RELEASE}-redrafter-operator", NAMESPACE)
+        found = cluster.find("coordination.k8s.io/v1", "Lease", lease_name)
         return (found or {}).get("spec") or {}
 
-    def writes_by(pod: str, since: int | None = None) -> list[Any]:
-        return [r for r in emu.writes(mark if since is None else since) if r.user == pod]
+    def writes_by(pod: str, since: int) -> list[Any]:
+        return [r for r in cluster.operator_writes(since) if r.who == pod]
 
-    mark = len(emu.request_log)
+    mark = cluster.mark()
     try:
-        for pod in ("rdo-redrafter-operator-5d9c7-a1", "rdo-redrafter-operator-5d9c7-b2"):  # two pods, one template
-            emu.add_token(f"token-{pod}", pod)  # each pod's requests are attributed to it in the request log
-            own = write_kubeconfig(apiserver.url, tmp_path / f"kubeconfig-{pod}", token=f"token-{pod}")
-            env = {**os.environ, **_container_env(container, pod), "KUBECONFIG": str(own), "PYTHONUNBUFFERED": "1"}
-            logs[pod] = tmp_path / f"{pod}.log"
-            procs[pod] = subprocess.Popen(
-                [sys.executable, "-c", _SHIM, *args],
-                env=env,
-                cwd=tmp_path,
-                stdout=logs[pod].open("w"),
-                stderr=subprocess.STDOUT,
-            )
-        active = _wait(
+        for pod in (f"{lease_name}-5d9c7-a1", f"{lease_name}-5d9c7-b2"):  # two pods, one template
+            procs[pod] = ChartOperator(cluster, deployment, pod, tmp_path, args=args)  # a token each, named
+        active = await until(
             lambda: lease().get("holderIdentity") in procs and lease()["holderIdentity"],
             60,
             "a replica to acquire the Lease",
         )
         (standby,) = set(procs) - {active}
-        elected = len(emu.request_log)
+        elected = cluster.mark()
         # before anyone held the Lease both replicas may try to create it: the loser's create is refused (409)
-        assert all(r.path.endswith("/leases") and r.method == "POST" and r.status == 409 for r in writes_by(standby)), (
-            writes_by(standby)
-        )
-        shown = kubectl("get", "lease", "-n", NAMESPACE, check=True).stdout
+        assert all(
+            r.path.endswith("/leases") and r.method == "POST" and r.status == 409 for r in writes_by(standby, mark)
+        ), writes_by(standby, mark)
+        shown = kubectl("get", "lease", check=True).stdout
         assert active in shown and standby not in shown  # `kubectl get lease` shows the leader
-        apply("first")
-        _wait(lambda: phase("first") == "Building", 30, "the leader to handle a resource", interval=0.3)
-        time.sleep(2.0)
-        assert writes_by(standby, since=elected) == [], "the standby wrote while the leader held the Lease"
-        assert [r for r in writes_by(active) if r.path.endswith("/jobs")]
-        assert "default/first" in logs[active].read_text() and "default/first" not in logs[standby].read_text()
+        cluster.apply(example("first"))
+        await until(lambda: phase("first") == "Building", 30, "the leader to handle a resource")
+        await settle(cluster)  # the leader's writes done: the standby had the same time to act
+        assert writes_by(standby, elected) == [], "the standby wrote while the leader held the Lease"
+        assert [r for r in writes_by(active, mark) if r.path.endswith("/jobs")]
+        first, second = f"{ns}/first", f"{ns}/second"
+        assert first in procs[active].text() and first not in procs[standby].text()
 
-        sigterm = time.time()
-        procs[active].terminate()  # a rollout or a node drain stops the leader: loops stop, then the Lease is released
-        procs[active].wait(15)
-        assert procs[active].returncode == 0, logs[active].read_text()[-2000:]
+        sigterm = time.monotonic()
+        procs[
+            active
+        ].proc.terminate()  # a rollout or a node drain stops the leader: loops stop, then the Lease is released
+        await asyncio.to_thread(procs[active].proc.wait, 15)
+        assert procs[active].proc.returncode == 0, procs[active].text()[-2000:]
         assert lease().get("holderIdentity") in ("", standby)
-        _wait(
+        await until(
             lambda: lease().get("holderIdentity") == standby, lease_duration, "the standby to take the released Lease"
         )
-        took = time.time() - sigterm
-        assert "released lease" in logs[active].read_text()  # after its loops stopped (kopf's cleanup)
+        took = time.monotonic() - sigterm
+        assert "released lease" in procs[active].text()  # after its loops stopped (kopf's cleanup)
         assert took < lease_duration, took  # released: the standby's next poll takes it, no waiting for expiry
         print(f"graceful handover: the standby held the Lease {took:.2f}s after the leader's SIGTERM")
-        apply("second")
-        _wait(lambda: phase("second") == "Building", 60, "the new leader to handle a new resource", interval=0.3)
-        assert "default/second" in logs[standby].read_text()
-        assert "default/second" not in logs[active].read_text()
+        cluster.apply(example("second"))
+        await until(lambda: phase("second") == "Building", 60, "the new leader to handle a new resource")
+        assert second in procs[standby].text()
+        assert second not in procs[active].text()
         assert lease()["leaseTransitions"] == 1
     finally:
         for proc in procs.values():
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in procs.values():
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            await asyncio.to_thread(proc.stop)

@@ -140,13 +140,23 @@ class ChaosCluster:
 
 class Replica:
     """One operator replica (:class:`OperatorProcess`) through the proxy, with a token of its own; restarted
-    after every exit, as a kubelet restarts a container."""
+    after every exit, as a kubelet restarts a container. ``args`` follow the campaign's flags (the last of a
+    repeated flag wins: other lease timings, a metrics port)."""
 
-    def __init__(self, pod: str, kube: Kube, proxy: FaultProxy, workdir: Path, elect: bool, sa: str) -> None:
+    def __init__(
+        self,
+        pod: str,
+        kube: Kube,
+        proxy: FaultProxy,
+        workdir: Path,
+        elect: bool,
+        sa: str,
+        args: tuple[str, ...] = (),
+    ) -> None:
         self.pod = pod
         token_kc = kube.cp.service_account_kubeconfig(workdir / f"token-{pod}.kubeconfig", kube.namespace, sa)
         kubeconfig = proxy.kubeconfig(token_kc, workdir / f"kubeconfig-{pod}", name=pod)
-        args = (
+        flags = (
             [
                 "--leader-elect",
                 f"--leader-election-namespace={kube.namespace}",
@@ -158,9 +168,9 @@ class Replica:
             if elect
             else ["--standalone"]
         )
-        args += ["--resync-seconds=300", "--log-format=json"]
+        flags += ["--resync-seconds=300", "--log-format=json", *args]
         env = {"POD_NAME": pod, "POD_NAMESPACE": kube.namespace, "PYTHONUNBUFFERED": "1"}
-        self.process = OperatorProcess(kubeconfig, kube.namespace, workdir / f"{pod}.log", args, env)
+        self.process = OperatorProcess(kubeconfig, kube.namespace, workdir / f"{pod}.log", flags, env)
         self.started_at = 0.0
         self.killed = False  # the current process was killed by the schedule
         self.exits: list[tuple[int, bool, str]] = []  # (code, killed by us, last log lines)

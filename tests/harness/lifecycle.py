@@ -163,6 +163,7 @@ class HeldPods:
     ready: bool = True  # Deployments' pods Ready
     faults: dict[str, failures.Fault] = field(default_factory=dict)  # by Deployment: what the kubelet reports
     verdicts: dict[str, tuple[int, str]] = field(default_factory=dict)  # by Job: (exit code, termination message)
+    init_messages: dict[str, str] = field(default_factory=dict)  # by Job: its init containers' termination message
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def changed(self) -> None:
@@ -188,24 +189,33 @@ class HeldPods:
             elif job in self.verdicts:
                 code, message = self.verdicts[job]
                 status = objects.terminated_status(first["name"], ip, started, code, message, first.get("image", ""))
-                await report(pod, _all_containers(pod, status))
+                await report(pod, _all_containers(pod, status, self.init_messages.get(job, "")))
                 return
             else:
                 status = objects.running_status(first["name"], ip, started, False, 0, first.get("image", ""))
                 key = ("running", False)
             if key != last:
-                await report(pod, _all_containers(pod, status))
+                await report(pod, _all_containers(pod, status, self.init_messages.get(job or "", "")))
                 last = key
             await wake.wait()
 
 
-def _all_containers(pod: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
-    """The first container's status repeated for each container (the kubelet reports every one), with addresses."""
+def _all_containers(pod: dict[str, Any], status: dict[str, Any], init_message: str = "") -> dict[str, Any]:
+    """The first container's status repeated for each container (the kubelet reports every one), with addresses;
+    init containers, where the pod has any, terminated 0 with ``init_message`` (they ran before the others)."""
     if "podIP" in status:
         status = {**status, "podIPs": [{"ip": status["podIP"]}]}
     (first, *_) = status.get("containerStatuses") or [None]
     if first is None:
         return status
+    inits = pod["spec"].get("initContainers") or []
+    if inits:
+        at = status.get("startTime")
+        ran = {"exitCode": 0, "reason": "Completed", "message": init_message, "startedAt": at, "finishedAt": at}
+        status["initContainerStatuses"] = [
+            {**first, "name": c["name"], "image": c.get("image", ""), "ready": True, "state": {"terminated": ran}}
+            for c in inits
+        ]
     containers = pod["spec"]["containers"]
     status["containerStatuses"] = [
         {**first, "name": c["name"], "image": c.get("image", ""), "state": _replacing(first["state"])}
@@ -248,6 +258,12 @@ class LifecycleOperator(InProcessOperator):
             on_controller=keep,
             **{"workers": 4, **options},
         )
+        self.cluster = cluster
+
+    async def stop(self) -> None:
+        """Stop it; then give the nodes back the pods kopf cancelled (see :meth:`Cluster.resume_pods`)."""
+        await super().stop()
+        await self.cluster.resume_pods()
 
 
 class Cluster:
@@ -324,6 +340,28 @@ class Cluster:
         await node.start()
         self.nodes[name] = node
         return node
+
+    async def resume_pods(self) -> int:
+        """Run again each node's pods whose task was cancelled from outside: kopf, stopping, cancels every task
+        spawned in the loop while it ran, and so the pods that started meanwhile, which would then never report
+        again (a Job's verdict, say). Each runs anew from the pod as stored; how many."""
+        resumed = 0
+        for node in self.nodes.values():
+            for uid, work in list(node.pods.items()):
+                if not any(t is not None and t.cancelled() for t in (work.task, work.terminating)):
+                    continue
+                del node.pods[uid]
+                path = f"/api/v1/namespaces/{work.namespace}/pods/{work.name}"
+                try:
+                    pod = await asyncio.to_thread(self.cp.request, "GET", path)
+                except urllib.error.HTTPError as exc:
+                    if exc.code != 404:
+                        raise
+                    continue
+                if pod["metadata"]["uid"] == uid:
+                    node.handle("MODIFIED", pod)
+                    resumed += 1
+        return resumed
 
     def operator(
         self, resync: float = 300.0, policy: bool = True, clock: Any = None, **options: Any
@@ -474,8 +512,10 @@ class Cluster:
         return self.proxy.cut_watches(reset=reset)
 
     # -- the pods --
-    def complete_job(self, job: str, message: str = "") -> None:
-        """The Job's pods exit 0 with this termination message (now, or when they start)."""
+    def complete_job(self, job: str, message: str = "", init_message: str = "") -> None:
+        """The Job's pods exit 0 with this termination message (now, or when they start); ``init_message``: the
+        one their init containers, if any, terminated with."""
+        self.pods.init_messages[job] = init_message
         self.pods.verdicts[job] = (0, message)
         self.pods.changed()
 

@@ -1,16 +1,15 @@
 """The PyTorch backend's methods through the whole lifecycle, each: apply -> prepare -> serve -> validate ->
 fall back -> return.
 
-The policy-loop harness (emulated API over HTTP, per-pod metrics over HTTP, the operator in-process), plus the
-emulated node's Job runner for the build Jobs only: the real prepare program (``python -m engine_jobs build``
-on a ``backend: pytorch`` spec) fetches the sim's hf:// fixtures and publishes the one artifact both variants
+The policy-loop harness (the real control plane, per-pod metrics over HTTP, the operator in-process), whose
+nodes run the build Jobs' pods for real: the real prepare program (``python -m engine_jobs build`` on a
+``backend: pytorch`` spec) fetches the sim's hf:// fixtures and publishes the one artifact both variants
 serve. The test plays the validation Job (its verdict and the crossover it measured) and the acceptance the
 pods report; real serving of each method's model repository is tests/integration/test_serving_llmapi.py's.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,20 +17,17 @@ from typing import Any
 
 import pytest
 import yaml
-from test_lifecycle import NAME, NS, apply, until  # noqa: I001 (same dir)
-from test_policy_loop import MeteredCluster, Watched, cluster, operator, policy_doc  # noqa: F401 (fixtures)
-from test_validation_gate import validated, validation_jobs
 
 from engine_jobs import contract
 from engine_jobs.contract import ServingConfig
 from engine_jobs.llmapi_backend import check_model_yaml
 from engine_jobs.llmapi_config import model_yaml
+from harness.lifecycle import NAME
+from harness.metered import MeteredCluster, WatchedOperator, metered_cluster, policy_doc, watched_operator
+from harness.validation import engines_ready, validated, validation_jobs
+from harness.waiting import until
 from redrafter_operator.render import names
-from redrafter_sim import controllers
-from redrafter_sim.buildjobs import JobRunner
-from redrafter_sim.hostfs import HostFS
-from redrafter_sim.kubeapi import KubeApi
-from redrafter_sim.server import EmulatorHandle
+from redrafter_sim.controlplane import ControlPlane
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -76,28 +72,34 @@ def method_doc(method: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-async def node_jobs(apiserver: EmulatorHandle, tmp_path: Path) -> AsyncIterator[JobRunner]:
-    """The emulated node's Job runner, running the build (prepare) Jobs only."""
-    async with KubeApi(apiserver.url) as api:
-        runner = JobRunner(api, HostFS(tmp_path / "node"), components=("engine-build",))
-        stop = asyncio.Event()
+async def cluster(control_plane: ControlPlane, tmp_path: Path) -> AsyncIterator[MeteredCluster]:
+    """The metered cluster whose nodes run the build (prepare) Jobs' real programs; every other pod is held.
 
-        async def loop() -> None:
-            while not stop.is_set():
-                await runner.sync()
-                await asyncio.sleep(0.2)
+    The claims' PersistentVolumes are hostPath directories of the first node: a node mounts only its own (a
+    hostPath volume is node-local), so the other node is cordoned and every pod lands where they are."""
+    async with metered_cluster(control_plane, tmp_path / "cluster") as c:
+        for other in list(c.nodes)[1:]:
+            c.kubectl("cordon", other, check=True)
+        c.pods.processes = lambda pod: (
+            (pod["metadata"].get("labels") or {}).get(names.LABEL_COMPONENT) == "engine-build"
+        )
+        yield c
 
-        task = asyncio.create_task(loop())
-        try:
-            yield runner
-        finally:
-            stop.set()
-            await task
-            await runner.shutdown()
+
+@pytest.fixture
+async def operator(cluster: MeteredCluster) -> AsyncIterator[WatchedOperator]:
+    async with watched_operator(cluster) as op:
+        yield op
+
+
+def engine_cache(cluster: MeteredCluster) -> Path:
+    """Where the engine cache's PersistentVolume keeps its files on this machine (its hostPath)."""
+    pv = cluster.get("v1", "PersistentVolume", f"{cluster.ns}-engine-cache")
+    return Path(pv["spec"]["hostPath"]["path"])
 
 
 def serving_config(cl: MeteredCluster, variant: str) -> ServingConfig:
-    cm = cl.emu.find_object("v1", "ConfigMap", names.serving_config_name(NAME, variant), NS)
+    cm = cl.find("v1", "ConfigMap", names.serving_config_name(NAME, variant))
     assert cm is not None, f"no serving.json for {variant}"
     return ServingConfig.model_validate_json(cm["data"][contract.SERVING_CONFIG_FILE])
 
@@ -108,18 +110,12 @@ def history(cl: MeteredCluster) -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("method", list(METHODS))
 async def test_a_pytorch_method_prepares_serves_validates_falls_back_and_returns(
-    method: str, cluster: MeteredCluster, operator: Watched, node_jobs: JobRunner, kubectl: Any
+    method: str, cluster: MeteredCluster, operator: WatchedOperator
 ) -> None:
-    apply(kubectl, method_doc(method))  # the CRD's CEL rules accept it as a user would apply it
+    cluster.apply(method_doc(method))  # the CRD's CEL rules accept it as a user would apply it
 
     # prepare: both variants' Jobs run the real prepare program; one artifact, one key, no GPU asked
-    await until(
-        lambda: all(
-            (cluster.status().get("engines") or {}).get(v, {}).get("state") == "Ready" for v in ("redrafter", "base")
-        ),
-        timeout=90,
-        what="both variants Ready from the prepare Jobs",
-    )
+    await until(lambda: engines_ready(cluster), timeout=90, what="both variants Ready from the prepare Jobs")
     engines = cluster.status()["engines"]
     assert engines["redrafter"]["key"] == engines["base"]["key"]
     jobs = cluster.jobs()
@@ -127,19 +123,17 @@ async def test_a_pytorch_method_prepares_serves_validates_falls_back_and_returns
         "nvidia.com/gpu" not in j["spec"]["template"]["spec"]["containers"][0]["resources"].get("requests", {})
         for j in jobs
     )
-    artifact = node_jobs.fs.claim_dir("engine-cache", "engines") / engines["base"]["key"]
+    artifact = engine_cache(cluster) / "engines" / engines["base"]["key"]
     manifest = json.loads((artifact / contract.MANIFEST_FILE).read_text())
     assert manifest["method"] == method and (artifact / contract.CHECKPOINT_DIR / "config.json").is_file()
     assert (artifact / contract.DRAFT_DIR).is_dir() == ("drafter" in METHODS[method]["model"])
 
     # validate: the Job compares the variants' greedy outputs; its pass promotes the speculative variant
-    await until(lambda: validation_jobs(cluster), timeout=60, what="the validation Job")
+    await until(lambda: validation_jobs(cluster), what="the validation Job")
     (job,) = validation_jobs(cluster)
-    controllers.complete_job(
-        cluster.emu, job, NS, message=f"Passed: 12 prompts identical | crossoverConcurrency={CROSSOVER}"
-    )
-    await until(lambda: validated(cluster).get("status") == "True", timeout=30, what="Validated=True")
-    await until(lambda: cluster.pool() == "redrafter", timeout=60, what="the speculative variant promoted")
+    cluster.complete_job(job, f"Passed: 12 prompts identical | crossoverConcurrency={CROSSOVER}")
+    await until(lambda: validated(cluster).get("status") == "True", what="Validated=True")
+    await until(lambda: cluster.pool() == "redrafter", what="the speculative variant promoted")
 
     # serve: the speculative pods' model.yaml has the method and, once measured, the in-engine limit;
     # the base pods' is the same checkpoint without speculative_config; upstream's contract accepts both
@@ -161,10 +155,10 @@ async def test_a_pytorch_method_prepares_serves_validates_falls_back_and_returns
     # fall back: acceptance collapses on the speculative pods -> the Service moves to base
     await until(lambda: (cluster.status().get("speculation") or {}).get("samples", 0) > 0, what="measured")
     cluster.acceptance["redrafter"] = 0.05
-    await until(lambda: cluster.pool() == "base", timeout=60, what="fallback to base")
+    await until(lambda: cluster.pool() == "base", what="fallback to base")
     assert ("redrafter", "base") in history(cluster)
 
     # return: the canary measures recovered acceptance -> back to the speculative variant
     cluster.acceptance["redrafter"] = 0.85
-    await until(lambda: cluster.pool() == "redrafter" and len(history(cluster)) >= 2, timeout=60, what="return")
+    await until(lambda: cluster.pool() == "redrafter" and len(history(cluster)) >= 2, what="return")
     assert history(cluster)[-1] == ("base", "redrafter")

@@ -1,78 +1,56 @@
 """Validation before promotion, end to end: the validation Job's verdict gates which engine the Service selects.
 
-Same harness as the policy loop (emulated API over HTTP, per-pod metrics over HTTP, ReDrafter acceptance
-high so the policy always wants ReDrafter). The test plays the validation Job with sim/controllers
-(complete_job / fail_job with the termination message ``evaluate validate`` writes).
+The real control plane with metered serving pods (:mod:`harness.metered`: metrics on each pod's IP, ReDrafter
+acceptance high so the policy always wants ReDrafter). The test plays the validation Job's pod (its exit code and
+the termination message ``evaluate validate`` writes); the real Job controller fails or completes the Job.
 """
 
 from __future__ import annotations
 
-import time
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from test_lifecycle import NAME, NS, apply, differing, quiesce, rendered, until  # noqa: I001 (same dir)
-from test_policy_loop import MeteredCluster, Watched, cluster, operator, policy_doc  # noqa: F401 (fixtures)
 
+from harness.lifecycle import NAME, quiesce
+from harness.metered import MeteredCluster, WatchedOperator, metered_cluster, watched_operator
+from harness.validation import built, never_without_ready_pods, validated, validated_doc, validation_jobs
+from harness.waiting import until
 from redrafter_operator.controller.validation import ANNOTATION_RETRY_VALIDATION
 from redrafter_operator.render import names
 from redrafter_operator.render.validation import validation_job_name
-from redrafter_sim import controllers
+from redrafter_sim.controlplane import ControlPlane
 
 pytestmark = pytest.mark.timeout(240)
 
 
-def validated_doc() -> dict[str, Any]:
-    doc = policy_doc()
-    doc["spec"]["validation"] = {"enabled": True}
-    return doc
+@pytest.fixture
+async def cluster(control_plane: ControlPlane, tmp_path: Path) -> AsyncIterator[MeteredCluster]:
+    async with metered_cluster(control_plane, tmp_path / "cluster") as c:
+        yield c
 
 
-def validation_jobs(cl: MeteredCluster) -> list[str]:
-    jobs = cl.emu.list_objects("batch/v1", "Job", NS, label_selector=f"{names.LABEL_COMPONENT}=validation")
-    return sorted(j["metadata"]["name"] for j in jobs)
-
-
-async def built(cl: MeteredCluster) -> tuple[str, str]:
-    await until(lambda: len(cl.running_jobs()) == 2, what="build Jobs")
-    cl.complete_all()
-    await until(
-        lambda: all(
-            (cl.status().get("engines") or {}).get(v, {}).get("state") == "Ready" for v in ("redrafter", "base")
-        ),
-        timeout=60,
-        what="both engines Ready",
-    )
-    e = cl.status()["engines"]
-    return e["redrafter"]["key"], e["base"]["key"]
-
-
-def validated(cl: MeteredCluster) -> dict[str, Any]:
-    return next((c for c in cl.status().get("conditions", []) if c["type"] == "Validated"), {})
-
-
-def never_without_ready_pods(cl: MeteredCluster) -> None:
-    serving = [s for s in cl.selected_ready if s[1]]
-    first = next(i for i, s in enumerate(serving) if s[2] > 0)
-    assert all(n >= 1 for _, _, n in serving[first:]), [s for s in serving[first:] if s[2] < 1][:5]
+@pytest.fixture
+async def operator(cluster: MeteredCluster) -> AsyncIterator[WatchedOperator]:
+    async with watched_operator(cluster) as op:
+        yield op
 
 
 async def test_failed_validation_serves_base_and_blocks_promotion_until_a_retry_passes(
-    cluster: MeteredCluster, operator: Watched, kubectl: Any
+    cluster: MeteredCluster, operator: WatchedOperator
 ) -> None:
-    apply(kubectl, validated_doc())
+    cluster.apply(validated_doc())
     rkey, bkey = await built(cluster)
     # both variants are kept up (>= 1 Ready pod each) so the Job can compare them
-    await until(lambda: validation_jobs(cluster), timeout=60, what="the validation Job")
+    await until(lambda: validation_jobs(cluster), what="the validation Job")
     job = validation_jobs(cluster)[0]
     assert job == validation_job_name(NAME, rkey, bkey, 0)
-    # (under load a transient 0 was once observed here right after the Job appeared; see the closing note)
     await until(
         lambda: (
             cluster.deployment("base")["spec"]["replicas"] >= 1
             and cluster.deployment("redrafter")["spec"]["replicas"] >= 1
         ),
-        timeout=30,
         what="both variants up",
     )
     await until(lambda: (cluster.status().get("validation") or {}).get("state") == "Running", what="status Running")
@@ -82,16 +60,16 @@ async def test_failed_validation_serves_base_and_blocks_promotion_until_a_retry_
     await until(lambda: any(r == "ValidationStarted" for r, _, _ in cluster.events()), what="ValidationStarted Event")
 
     verdict = "Diverged: 2 of 12 prompts differ between redrafter and base (first: prompt 3, token 5)"
-    controllers.fail_job(cluster.emu, job, NS, termination_message=verdict)
-    await until(lambda: validated(cluster).get("status") == "False", timeout=30, what="Validated=False")
+    cluster.fail_job(job, 1, verdict)  # exit 1: the Job's podFailurePolicy fails it at its first pod
+    await until(lambda: validated(cluster).get("status") == "False", what="Validated=False")
     cond = validated(cluster)
     assert cond["reason"] == "Diverged" and "2 of 12 prompts differ" in cond["message"]
     st = cluster.status()
     assert st["validation"]["state"] == "Failed" and st["validation"]["reason"] == "Diverged"
     # the divergent ReDrafter engine is not promoted: the Service serves base, ReDrafter scales away
-    await until(lambda: cluster.pool() == "base", timeout=60, what="Service on base")
+    await until(lambda: cluster.pool() == "base", what="Service on base")
     await until(lambda: cluster.deployment("redrafter")["spec"]["replicas"] == 0, what="ReDrafter scaled down")
-    canary = cluster.emu.find_object("apps/v1", "Deployment", names.canary_deployment_name(NAME), NS)
+    canary = cluster.find("apps/v1", "Deployment", names.canary_deployment_name(NAME))
     assert canary is None or canary["spec"]["replicas"] == 0  # no unvalidated engine in the base pool either
     await until(
         lambda: any(r == "ValidationFailed" and t == "Warning" and "Diverged" in m for r, t, m in cluster.events()),
@@ -105,27 +83,21 @@ async def test_failed_validation_serves_base_and_blocks_promotion_until_a_retry_
         what="Progressing=False ValidationFailed, Degraded",
     )
     assert cluster.condition("Progressing")["status"] == "False"
-    described = kubectl("describe", "rdd", NAME, check=True).stdout
+    described = cluster.kubectl("describe", "rdd", NAME, check=True).stdout
     assert "Validated" in described and "Diverged" in described and "ValidationFailed" in described
 
     # the policy keeps wanting ReDrafter (acceptance high), the gate keeps it out
-    t0 = time.monotonic()
-    await until(
-        lambda: len([1 for t, _ in operator.evaluations if t >= t0]) >= 4,
-        timeout=60,
-        what="policy evaluations while blocked",
-    )
+    i = len(operator.evaluations)
+    await until(lambda: len(operator.after(i)) >= 4, what="policy evaluations while blocked")
     assert cluster.pool() == "base" and validation_jobs(cluster) == [job]  # no retry without a request
 
     # a retry request re-runs the validation as attempt 1; a pass promotes ReDrafter
-    kubectl("annotate", f"rdd/{NAME}", f"{ANNOTATION_RETRY_VALIDATION}=1", check=True)
+    cluster.kubectl("annotate", f"rdd/{NAME}", f"{ANNOTATION_RETRY_VALIDATION}=1", check=True)
     retry = validation_job_name(NAME, rkey, bkey, 1)
-    await until(lambda: retry in validation_jobs(cluster), timeout=60, what="the retry Job")
-    controllers.complete_job(
-        cluster.emu, retry, NS, message="Passed: 12 prompts identical across 5 batch shapes | crossoverConcurrency=6.5"
-    )
-    await until(lambda: validated(cluster).get("status") == "True", timeout=30, what="Validated=True")
-    await until(lambda: cluster.pool() == "redrafter", timeout=60, what="ReDrafter promoted")
+    await until(lambda: retry in validation_jobs(cluster), what="the retry Job")
+    cluster.complete_job(retry, "Passed: 12 prompts identical across 5 batch shapes | crossoverConcurrency=6.5")
+    await until(lambda: validated(cluster).get("status") == "True", what="Validated=True")
+    await until(lambda: cluster.pool() == "redrafter", what="ReDrafter promoted")
     await until(lambda: cluster.status().get("phase") == "Serving", what="phase Serving again")
     st = cluster.status()
     assert st["validation"]["state"] == "Passed" and st["validation"]["attempt"] == 1
@@ -136,28 +108,27 @@ async def test_failed_validation_serves_base_and_blocks_promotion_until_a_retry_
 
 
 async def test_passed_validation_promotes_and_costs_no_further_api_calls(
-    cluster: MeteredCluster, operator: Watched, kubectl: Any
+    cluster: MeteredCluster, operator: WatchedOperator
 ) -> None:
-    apply(kubectl, validated_doc())
-    rkey, bkey = await built(cluster)
-    await until(lambda: validation_jobs(cluster), timeout=60, what="the validation Job")
+    cluster.apply(validated_doc())
+    await built(cluster)
+    await until(lambda: validation_jobs(cluster), what="the validation Job")
     job = validation_jobs(cluster)[0]
-    controllers.complete_job(cluster.emu, job, NS, message="Passed: 12 prompts identical")
-    await until(lambda: validated(cluster).get("status") == "True", timeout=30, what="Validated=True")
+    cluster.complete_job(job, "Passed: 12 prompts identical")
+    await until(lambda: validated(cluster).get("status") == "True", what="Validated=True")
     await until(
         lambda: cluster.pool() == "redrafter" and cluster.status().get("activeEngine") == "redrafter",
-        timeout=60,
         what="ReDrafter serving",
     )
     await until(lambda: cluster.deployment("base")["spec"]["replicas"] == 0, what="base back to zero")
-    mark, t0 = len(cluster.emu.request_log), time.monotonic()
+    mark, i = cluster.mark(), len(operator.evaluations)
     # two policy evaluations and a reconcile of the resource later (counted, not waited for)
-    await until(lambda: len([1 for t, _ in operator.evaluations if t >= t0]) >= 2, what="policy evaluations")
+    await until(lambda: len(operator.after(i)) >= 2, what="policy evaluations")
     await quiesce(cluster, operator)
     job_reads = [
         (r.method, r.path)
-        for r in cluster.emu.request_log[mark:]
-        if ("/jobs" in r.path or "/pods" in r.path) and r.kind != "watch"
+        for r in cluster.operator_requests(mark)
+        if ("/jobs" in r.path or "/pods" in r.path) and not r.watch
     ]
     assert job_reads == []  # a Passed pair is settled from status alone; Jobs and Pods come from the watch
     assert validation_jobs(cluster) == [job]
@@ -165,64 +136,59 @@ async def test_passed_validation_promotes_and_costs_no_further_api_calls(
 
 
 async def test_a_new_redrafter_engine_is_validated_beside_the_promoted_one_which_keeps_serving(
-    cluster: MeteredCluster, operator: Watched, kubectl: Any
+    cluster: MeteredCluster, operator: WatchedOperator
 ) -> None:
     doc = validated_doc()
-    apply(kubectl, doc)
+    cluster.apply(doc)
     old, bkey = await built(cluster)
-    await until(lambda: validation_jobs(cluster), timeout=60, what="the first validation Job")
-    controllers.complete_job(cluster.emu, validation_jobs(cluster)[0], NS, message="Passed: 12 prompts identical")
-    await until(lambda: validated(cluster).get("status") == "True", timeout=30, what="Validated=True")
+    await until(lambda: validation_jobs(cluster), what="the first validation Job")
+    cluster.complete_job(validation_jobs(cluster)[0], "Passed: 12 prompts identical")
+    await until(lambda: validated(cluster).get("status") == "True", what="Validated=True")
     await until(
         lambda: cluster.pool() == "redrafter" and cluster.status().get("phase") == "Serving",
-        timeout=60,
         what="the first ReDrafter engine promoted and serving",
     )
     assert cluster.status()["validation"]["promoted"] == {"redrafterKey": old, "baseKey": bkey}
 
     # a drafter change: a new ReDrafter engine, the same base engine
     doc["spec"].setdefault("redrafter", {})["draftLenPerBeam"] = 3
-    apply(kubectl, doc)
-    await until(lambda: len(cluster.running_jobs()) == 1, timeout=60, what="the new ReDrafter build Job")
+    cluster.apply(doc)
+    await until(lambda: len(cluster.running_jobs()) == 1, what="the new ReDrafter build Job")
     cluster.complete_all()
     await until(
         lambda: (
             (cluster.status().get("engines") or {}).get("redrafter", {}).get("key") not in (None, old)
             and cluster.status()["engines"]["redrafter"]["state"] == "Ready"
         ),
-        timeout=60,
         what="new engine Ready",
     )
     new = cluster.status()["engines"]["redrafter"]["key"]
     assert cluster.status()["engines"]["base"]["key"] == bkey
 
     def candidate() -> dict[str, Any] | None:
-        return cluster.emu.find_object("apps/v1", "Deployment", names.candidate_name(NAME), NS)
+        return cluster.find("apps/v1", "Deployment", names.candidate_name(NAME))
 
     def engine(dep: dict[str, Any] | None) -> str | None:
         return dep["spec"]["template"]["metadata"]["labels"][names.LABEL_ENGINE_KEY] if dep else None
 
     def served_keys() -> set[str]:
         """Engine keys of the pods the stable Service selects."""
-        svc = cluster.emu.find_object("v1", "Service", NAME, NS)
-        pods = cluster.emu.list_objects("v1", "Pod", NS, label_selector=names.selector_string(svc["spec"]["selector"]))
-        return {p["metadata"]["labels"][names.LABEL_ENGINE_KEY] for p in pods}
+        return {p["metadata"]["labels"][names.LABEL_ENGINE_KEY] for p in cluster.selected_pods()}
 
-    await until(lambda: engine(candidate()) == new, timeout=30, what="the candidate Deployment on the new engine")
+    await until(lambda: engine(candidate()) == new, what="the candidate Deployment on the new engine")
     job = validation_job_name(NAME, new, bkey, 0)
-    await until(lambda: job in validation_jobs(cluster), timeout=60, what="the candidate's validation Job")
-    argv = cluster.emu.find_object("batch/v1", "Job", job, NS)["spec"]["template"]["spec"]["containers"][0]["command"]
-    assert argv[argv.index("--redrafter") + 1].startswith(f"{names.candidate_name(NAME)}.{NS}.svc:")
+    await until(lambda: job in validation_jobs(cluster), what="the candidate's validation Job")
+    argv = cluster.get("batch/v1", "Job", job)["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert argv[argv.index("--redrafter") + 1].startswith(f"{names.candidate_name(NAME)}.{cluster.ns}.svc:")
     # `render --promoted-key` prints the candidate's children and its validation Job as the operator applied them
     candidate_children = [
         d
-        for d in rendered(cluster, doc, promoted_key=old)
+        for d in cluster.rendered(doc, promoted_key=old)
         if names.candidate_name(NAME) in d["metadata"]["name"] or d["metadata"]["name"] == job
     ]
     assert len(candidate_children) == 4
     await until(
-        lambda: not differing(cluster, candidate_children, {"Deployment", "Service", "ConfigMap", "Job"}),
-        timeout=30,
+        lambda: not cluster.differing(candidate_children, {"Deployment", "Service", "ConfigMap", "Job"}),
         what="the candidate's children as rendered",
     )
     # while it is validated, the promoted engine serves: the primary Deployment was never rolled
@@ -230,41 +196,31 @@ async def test_a_new_redrafter_engine_is_validated_beside_the_promoted_one_which
     assert served_keys() == {old}
     await until(lambda: cluster.condition("Progressing")["reason"] == "Validating", what="Progressing Validating")
 
-    controllers.fail_job(
-        cluster.emu, job, NS, termination_message="Diverged: 1 of 12 prompts differ (first: prompt 2, token 7)"
-    )
-    await until(lambda: validated(cluster).get("status") == "False", timeout=30, what="Validated=False")
-    await until(lambda: candidate()["spec"]["replicas"] == 0, timeout=30, what="the candidate scaled away")
+    cluster.fail_job(job, 1, "Diverged: 1 of 12 prompts differ (first: prompt 2, token 7)")
+    await until(lambda: validated(cluster).get("status") == "False", what="Validated=False")
+    await until(lambda: candidate()["spec"]["replicas"] == 0, what="the candidate scaled away")
     await until(lambda: cluster.condition("Progressing")["reason"] == "ValidationFailed", what="ValidationFailed")
     assert f"the promoted ReDrafter engine {old} keeps serving" in cluster.condition("Progressing")["message"]
     # the old engine keeps serving: same pool, same key, the primary still Ready at its size
-    t0 = time.monotonic()
-    await until(
-        lambda: len([1 for t, _ in operator.evaluations if t >= t0]) >= 3,
-        timeout=60,
-        what="policy evaluations after the failure",
-    )
+    i = len(operator.evaluations)
+    await until(lambda: len(operator.after(i)) >= 3, what="policy evaluations after the failure")
     assert cluster.pool() == "redrafter" and served_keys() == {old}
     assert engine(cluster.deployment("redrafter")) == old and cluster.deployment("redrafter")["spec"]["replicas"] == 2
     assert cluster.status()["validation"]["promoted"]["redrafterKey"] == old
 
     # a retry that passes promotes the new engine: the primary rolls to it, the candidate stays at zero
-    kubectl("annotate", f"rdd/{NAME}", f"{ANNOTATION_RETRY_VALIDATION}=1", check=True)
+    cluster.kubectl("annotate", f"rdd/{NAME}", f"{ANNOTATION_RETRY_VALIDATION}=1", check=True)
     retry = validation_job_name(NAME, new, bkey, 1)
-    await until(lambda: retry in validation_jobs(cluster), timeout=60, what="the retry Job")
-    controllers.complete_job(cluster.emu, retry, NS, message="Passed: 12 prompts identical")
-    await until(
-        lambda: engine(cluster.deployment("redrafter")) == new, timeout=60, what="primary rolled to the new engine"
-    )
+    await until(lambda: retry in validation_jobs(cluster), what="the retry Job")
+    cluster.complete_job(retry, "Passed: 12 prompts identical")
+    await until(lambda: engine(cluster.deployment("redrafter")) == new, what="primary rolled to the new engine")
     await until(
         lambda: served_keys() == {new} and cluster.status().get("phase") == "Serving",
-        timeout=60,
         what="the new engine serving",
     )
     assert cluster.pool() == "redrafter"
     await until(
         lambda: candidate()["spec"]["replicas"] == 0,
-        timeout=30,
         what=f"the candidate scaled away again ({cluster.status().get('validation')})",
     )
     # children are applied before the status patch of the same reconcile: the record follows at once
@@ -278,28 +234,24 @@ async def test_a_new_redrafter_engine_is_validated_beside_the_promoted_one_which
 
 # ---- `redrafter-operator render` prints what the operator applies ---------------------------------------
 async def test_render_prints_what_the_operator_applies_at_each_stage(
-    cluster: MeteredCluster, operator: Watched, kubectl: Any
+    cluster: MeteredCluster, operator: WatchedOperator
 ) -> None:
     doc = validated_doc()
-    apply(kubectl, doc)
+    cluster.apply(doc)
     await until(lambda: len(cluster.running_jobs()) == 2 and cluster.status().get("engines"), what="build Jobs")
     keys = [cluster.status()["engines"][v]["key"] for v in ("redrafter", "base")]
     # the build Jobs exactly as rendered; the validation Job comes once both engines are built
-    assert differing(cluster, rendered(cluster, doc), {"Job"}) == [f"Job/{validation_job_name(NAME, *keys, 0)}"]
+    assert cluster.differing(cluster.rendered(doc), {"Job"}) == [f"Job/{validation_job_name(NAME, *keys, 0)}"]
     rkey, bkey = await built(cluster)
     job = validation_job_name(NAME, rkey, bkey, 0)
-    await until(lambda: job in validation_jobs(cluster), timeout=60, what="the validation Job")
-    assert differing(cluster, rendered(cluster, doc), {"Job"}) == []  # build and validation Jobs exactly as rendered
-    controllers.complete_job(cluster.emu, job, NS, message="Passed: 12 prompts identical")
+    await until(lambda: job in validation_jobs(cluster), what="the validation Job")
+    assert cluster.differing(cluster.rendered(doc), {"Job"}) == []  # build and validation Jobs exactly as rendered
+    cluster.complete_job(job, "Passed: 12 prompts identical")
     serving = {"Deployment", "Service", "ConfigMap", "NetworkPolicy"}
-    await until(
-        lambda: not differing(cluster, rendered(cluster, doc), serving),
-        timeout=60,
-        what="the serving children as rendered",
-    )
+    await until(lambda: not cluster.differing(cluster.rendered(doc), serving), what="the serving children as rendered")
     assert cluster.pool() == "redrafter"
     # the comparison has teeth: a render for the other engine differs in the stable Service and the replicas
-    assert differing(cluster, rendered(cluster, doc, active="base"), serving) == [
+    assert cluster.differing(cluster.rendered(doc, active="base"), serving) == [
         f"Deployment/{NAME}-redrafter",
         f"Deployment/{NAME}-base",
         f"Service/{NAME}",

@@ -1,281 +1,33 @@
-"""Server-side apply of children, merge patches, retries, the work queue, and the facts read from child objects."""
+"""The pure side of applying children: merge patches, manifest hashes, create-only's answer to a 409, the work
+queue, the facts read from child objects, the monitors and kopf's registry. The Applier against the real API
+server (managedFields, field removal, drift, adoption) is tests/integration/test_apply.py."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import pytest
 import yaml
 
-from redrafter_operator.controller.apply import APPLY_PATCH, JSON_PATCH, ApiError, Applier, ChildState, merge_patch
-from redrafter_operator.controller.facts import DeploymentFact, JobFact, ObjectFact, PodFact
-from redrafter_operator.controller.fingerprints import FIELD_MANAGER, manifest_hash
+from redrafter_operator.api.status import ReDrafterDeploymentStatus
+from redrafter_operator.controller.apply import ApiError, Applier, merge_patch
+from redrafter_operator.controller.facts import DeploymentFact, JobFact, PodFact
+from redrafter_operator.controller.fingerprints import manifest_hash
 from redrafter_operator.controller.process import instance
 from redrafter_operator.controller.workqueue import WorkQueue
-from redrafter_sim.apiserver import ApiError as EmulatorError
-from redrafter_sim.apiserver import ApiServerEmulator
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-class EmulatorClient:
-    """The applier's client answered by an in-process emulated API server (its real apply semantics:
-    managedFields, removal of unapplied fields, conflicts), recording each request."""
-
-    def __init__(self) -> None:
-        self.emu = ApiServerEmulator()
-        self.calls: list[tuple[str, str, str]] = []
-
-    async def request(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        *,
-        content_type: str = "application/json",
-        query: list[tuple[str, str]] | None = None,
-        **_: Any,
-    ) -> dict[str, Any]:
-        self.calls.append((method, path, content_type))
-        params = {"fieldManager": FIELD_MANAGER, **dict(query or [])}  # as KubeClient.request sends on writes
-        parts = path.strip("/").split("/")  # api/v1/namespaces/ns/services[/name], apis/apps/v1/...
-        version = parts[1] if parts[0] == "api" else f"{parts[1]}/{parts[2]}"
-        ns, plural, *name = parts[parts.index("namespaces") + 1 :]
-        try:
-            if method == "POST":
-                return self.emu.create_object(body, field_manager=params.get("fieldManager"))
-            kind = self.emu.resource_type(version, plural).kind
-            if method == "PATCH" and content_type in (APPLY_PATCH, JSON_PATCH):
-                return self.emu.patch_object(
-                    version,
-                    kind,
-                    name[0],
-                    ns,
-                    body,
-                    patch_type="apply" if content_type == APPLY_PATCH else "json",
-                    field_manager=params.get("fieldManager"),
-                    force=params.get("force") == "true",
-                )
-        except EmulatorError as exc:
-            raise ApiError(exc.code, exc.reason, exc.message, method, path) from None
-        raise AssertionError(f"unexpected {method} {path} {content_type}")
-
-    def watch_view(self, m: Mapping[str, Any]) -> ChildState | None:
-        """What an up-to-date watch shows of a child (the controller reads it from its kopf indexes)."""
-        obj = self.emu.find_object(m["apiVersion"], m["kind"], m["metadata"]["name"], m["metadata"]["namespace"])
-        if obj is None:
-            return None
-        fact = ObjectFact.from_body(obj)
-        return ChildState(fact.resource_version, fact.owned_fields, fact.owned_content)
-
-
-def service(selector: str = "redrafter", **spec: Any) -> dict[str, Any]:
+def service(selector: str = "redrafter") -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": "s", "namespace": "ns", "labels": {"a": "b"}},
-        "spec": {"selector": {"pool": selector}, "ports": [{"name": "http", "port": 8000}], **spec},
+        "spec": {"selector": {"pool": selector}, "ports": [{"name": "http", "port": 8000}]},
     }
-
-
-def stored(client: EmulatorClient) -> dict[str, Any]:
-    return client.emu.get_object("v1", "Service", "s", "ns")
-
-
-async def test_ensure_applies_server_side_then_writes_nothing_while_in_sync() -> None:
-    client = EmulatorClient()
-    applier = Applier(client, lambda m: None)  # type: ignore[arg-type]  # a watch that has not caught up
-    assert await applier.ensure(service()) is True
-    assert client.calls == [("PATCH", "/api/v1/namespaces/ns/services/s", APPLY_PATCH)]
-    obj = stored(client)
-    assert [(e["manager"], e["operation"]) for e in obj["metadata"]["managedFields"]] == [(FIELD_MANAGER, "Apply")]
-    assert await applier.ensure(service()) is False, "the watch has not echoed the apply yet: no second write"
-    applier = Applier(client, client.watch_view)  # type: ignore[arg-type]
-    assert await applier.ensure(service()) is False, "a restarted operator sees its fields hold the manifest"
-    assert stored(client)["metadata"]["resourceVersion"] == obj["metadata"]["resourceVersion"]
-    # status or another manager's fields change: the operator's owned fields do not, nothing to do
-    client.emu.patch_object(
-        "v1", "Service", "s", "ns", {"metadata": {"labels": {"team": "x"}}}, field_manager="kubectl-label"
-    )
-    assert await applier.ensure(service()) is False
-    assert len(client.calls) == 1
-
-
-async def test_a_restarted_operator_applies_only_what_differs_from_its_fields() -> None:
-    """After a restart nothing is in memory: the watched child's fields owned by the operator's manager
-    decide. Equal to the manifest: no apply; a changed manifest, a field another manager took, or a child
-    the operator never applied: one apply."""
-    client = EmulatorClient()
-    await Applier(client, client.watch_view).ensure(deployment())  # type: ignore[arg-type]
-    await Applier(client, client.watch_view).ensure(service(sessionAffinity="ClientIP"))  # type: ignore[arg-type]
-    client.emu.patch_object(  # other managers' fields and status are not the operator's
-        "apps/v1", "Deployment", "d", "ns", {"metadata": {"annotations": {"rev": "1"}}}, field_manager="kcm"
-    )
-    client.emu.patch_object(
-        "apps/v1", "Deployment", "d", "ns", {"status": {"observedGeneration": 1}}, subresource="status"
-    )
-    client.calls.clear()
-    restarted = Applier(client, client.watch_view)  # type: ignore[arg-type]
-    assert await restarted.ensure(deployment()) is False
-    assert await restarted.ensure(service(sessionAffinity="ClientIP")) is False
-    assert client.calls == []
-    assert await restarted.ensure(service()) is True, "a field the manifest no longer sets must be removed"
-    assert "sessionAffinity" not in stored(client)["spec"]
-    client.emu.patch_object(
-        "apps/v1",
-        "Deployment",
-        "d",
-        "ns",
-        {"spec": {"template": {"spec": {"containers": [{"name": "triton", "image": "evil"}]}}}},
-        patch_type="strategic",
-        field_manager="kubectl-edit",
-    )
-    again = Applier(client, client.watch_view)  # type: ignore[arg-type]
-    assert await again.ensure(deployment()) is True, "a field another manager took is drift"
-    assert await again.ensure(deployment("triton:2")) is True
-    fresh = Applier(client, client.watch_view)  # type: ignore[arg-type]
-    assert await fresh.ensure(deployment("triton:2")) is False
-    client.emu.create_object(service() | {"metadata": {"name": "t", "namespace": "ns"}}, field_manager="kubectl")
-    other = service() | {"metadata": {"name": "t", "namespace": "ns", "labels": {"a": "b"}}}
-    assert await fresh.ensure(other) is True, "a child the operator's manager owns nothing of"
-
-
-async def test_a_field_removed_from_the_manifest_disappears_from_the_child() -> None:
-    client = EmulatorClient()
-    applier = Applier(client, client.watch_view)  # type: ignore[arg-type]
-    await applier.ensure(service(sessionAffinity="ClientIP"))
-    assert stored(client)["spec"]["sessionAffinity"] == "ClientIP"
-    assert await applier.ensure(service()) is True
-    assert "sessionAffinity" not in stored(client)["spec"]
-
-
-async def test_a_hand_edit_of_an_owned_field_is_reverted_and_other_fields_are_kept() -> None:
-    client = EmulatorClient()
-    applier = Applier(client, client.watch_view)  # type: ignore[arg-type]
-    await applier.ensure(service())
-    client.emu.patch_object(
-        "v1", "Service", "s", "ns", {"spec": {"selector": {"pool": "hijacked"}}}, field_manager="kubectl-patch"
-    )
-    assert await applier.ensure(service()) is True, "drift of an owned field is seen from managedFields"
-    assert stored(client)["spec"]["selector"] == {"pool": "redrafter"}
-    assert await applier.ensure(service()) is False
-
-
-async def test_the_watch_view_from_before_an_apply_is_not_taken_for_drift() -> None:
-    client = EmulatorClient()
-    view: dict[str, Any] = {"of": client.watch_view}
-    applier = Applier(client, lambda m: view["of"](m))  # type: ignore[arg-type]
-    await applier.ensure(service())
-    client.emu.patch_object(
-        "v1", "Service", "s", "ns", {"spec": {"selector": {"pool": "hijacked"}}}, field_manager="kubectl-patch"
-    )
-    drifted = client.watch_view(service())
-    assert await applier.ensure(service()) is True
-    view["of"] = lambda m: drifted  # the repair's watch event has not arrived yet
-    assert await applier.ensure(service()) is False
-    view["of"] = lambda m: ChildState("999", drifted.owned_fields if drifted else "")  # a later edit: drift again
-    assert await applier.ensure(service()) is True
-
-
-def deployment(image: str = "triton:1") -> dict[str, Any]:
-    labels = {"app": "d"}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": "d", "namespace": "ns"},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": labels},
-            "template": {"metadata": {"labels": labels}, "spec": {"containers": [{"name": "triton", "image": image}]}},
-        },
-    }
-
-
-def carried(applier: Applier, seen: dict[str, Any]) -> str:
-    fact = DeploymentFact.from_body(seen)
-    state = ChildState(fact.resource_version, fact.owned_fields, fact.owned_content)
-    return applier.carried("Deployment", "ns", "d", fact.generation, state)
-
-
-async def test_which_manifest_a_deployment_carries_follows_the_apply_its_echo_and_drift() -> None:
-    """What tells GitOps health that a Deployment runs this step's template (the rollout check)."""
-    client = EmulatorClient()
-    applier = Applier(client, client.watch_view)  # type: ignore[arg-type]
-    await applier.ensure(deployment())
-    v1 = client.emu.get_object("apps/v1", "Deployment", "d", "ns")
-    assert carried(applier, v1) == manifest_hash(deployment())
-    await applier.ensure(deployment("triton:2"))  # a new template: generation 2
-    assert carried(applier, v1) == "", "the watch still shows generation 1: not the new manifest"
-    v2 = client.emu.get_object("apps/v1", "Deployment", "d", "ns")
-    assert v2["metadata"]["generation"] == 2 and carried(applier, v2) == manifest_hash(deployment("triton:2"))
-    client.emu.patch_object(
-        "apps/v1", "Deployment", "d", "ns", {"status": {"observedGeneration": 2}}, subresource="status"
-    )
-    status_only = client.emu.get_object("apps/v1", "Deployment", "d", "ns")
-    assert carried(applier, status_only) == manifest_hash(deployment("triton:2")), "status is not drift"
-    client.emu.patch_object(
-        "apps/v1",
-        "Deployment",
-        "d",
-        "ns",
-        {"spec": {"template": {"spec": {"containers": [{"name": "triton", "image": "evil"}]}}}},
-        patch_type="strategic",
-        field_manager="kubectl-edit",
-    )
-    edited = client.emu.get_object("apps/v1", "Deployment", "d", "ns")
-    assert carried(applier, edited) == "", "a hand edit of the template: not the operator's manifest"
-    restarted = Applier(client, client.watch_view)  # type: ignore[arg-type]
-    assert carried(restarted, v2) == manifest_hash(deployment("triton:2")), "a restarted operator reads its fields"
-    assert carried(restarted, edited) != manifest_hash(deployment("triton:2"))
-
-
-async def test_a_deleted_child_is_applied_again_at_once() -> None:
-    client = EmulatorClient()
-    applier = Applier(client, client.watch_view)  # type: ignore[arg-type]
-    await applier.ensure(service())
-    client.emu.delete_object("v1", "Service", "s", "ns")
-    applier.deleted(service())  # what the controller does on the DELETED event
-    assert await applier.ensure(service()) is True
-    assert stored(client)["spec"]["selector"] == {"pool": "redrafter"}
-
-
-async def test_children_written_by_an_earlier_version_are_adopted_whole() -> None:
-    """Before server-side apply the operator created and merge-patched children as the client library's
-    User-Agent ("OpenAPI-Generator"): its first apply takes those fields over, so it removes what it no
-    longer sets, and leaves other managers' fields alone."""
-    client = EmulatorClient()
-    old = service(sessionAffinity="ClientIP")
-    old["spec"]["ports"].append({"name": "legacy", "port": 9000})
-    client.emu.create_object(old, field_manager="OpenAPI-Generator")
-    client.emu.patch_object(
-        "v1", "Service", "s", "ns", {"metadata": {"annotations": {"team": "x"}}}, field_manager="kubectl-annotate"
-    )
-    applier = Applier(client, client.watch_view)  # type: ignore[arg-type]
-    assert await applier.ensure(service()) is True
-    assert [c[2] for c in client.calls] == [APPLY_PATCH, JSON_PATCH, APPLY_PATCH], "apply, hand over, apply"
-    obj = stored(client)
-    assert [p["name"] for p in obj["spec"]["ports"]] == ["http"] and "sessionAffinity" not in obj["spec"]
-    assert obj["metadata"]["annotations"] == {"team": "x"}
-    assert {e["manager"] for e in obj["metadata"]["managedFields"]} == {FIELD_MANAGER, "kubectl-annotate"}
-    assert await applier.ensure(service()) is False
-
-
-async def test_create_only_never_patches_an_existing_job() -> None:
-    client = EmulatorClient()
-    job = {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": "j", "namespace": "ns"},
-        "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "i"}]}}},
-    }
-    client.emu.create_object(job)
-    applier = Applier(client, lambda m: None)  # type: ignore[arg-type]
-    assert await applier.create(job) is False
-    assert [c[0] for c in client.calls] == ["POST"]
-    assert await applier.create(job) is False, "remembered"
-    assert len(client.calls) == 1
 
 
 async def test_create_only_takes_only_already_exists_for_an_existing_object() -> None:
@@ -421,7 +173,12 @@ async def test_monitor_slots_run_per_resource_on_the_fake_clock_and_reports_enqu
     from redrafter_operator.controller.resource_io import interval_of
     from redrafter_sim.clock import FakeClock
 
-    class Client(EmulatorClient):
+    class Client:
+        """No request is expected: the monitors and the queue run without the API server."""
+
+        async def request(self, method: str, path: str, *_: Any, **__: Any) -> None:
+            raise AssertionError(f"unexpected {method} {path}")
+
         async def close(self) -> None:
             pass
 
@@ -439,7 +196,9 @@ async def test_monitor_slots_run_per_resource_on_the_fake_clock_and_reports_enqu
 
         async def run(self, host: Any, key: Any) -> None:
             calls.append(key[1])
-            host.hand_over(key, SpeculationReport(uid="", fields={}, condition=None, targets=targets))
+            host.hand_over(
+                key, SpeculationReport(uid="", status=ReDrafterDeploymentStatus(), condition=None, targets=targets)
+            )
 
     clock = FakeClock()
     controller = Controller(client=Client(), renderers=default_renderers(), clock=clock)  # type: ignore[arg-type]
@@ -478,30 +237,3 @@ def test_the_operator_registers_nothing_that_reads_kopfs_diff_base() -> None:
     storage = NoEssenceStorage()
     assert storage.build(body=kopf.Body({"metadata": {"name": "x"}, "spec": {"a": 1}})) is None
     assert storage.fetch(body=kopf.Body({"metadata": {"name": "x"}})) is None
-
-
-async def test_every_rendered_child_is_in_sync_after_a_restart() -> None:
-    """The operator's real children (Deployments with keyed containers, ports, volumes; Services; ConfigMaps;
-    NetworkPolicies), applied once, are recognised from their managed fields by a fresh process."""
-    from test_pod_security import children, load  # same dir
-
-    from redrafter_operator.controller.facts import DeploymentFact
-
-    owner = load(ROOT / "examples" / "llama3-8b.yaml", **{"serving.networkPolicy": {"enabled": True}})
-    docs = [d for d in children(owner, active="base", canary=True) if d["kind"] != "Job"]
-    client = EmulatorClient()
-
-    def view(m: Mapping[str, Any]) -> ChildState | None:
-        obj = client.emu.find_object(m["apiVersion"], m["kind"], m["metadata"]["name"], m["metadata"]["namespace"])
-        if obj is None:
-            return None
-        fact = DeploymentFact.from_body(obj) if m["kind"] == "Deployment" else ObjectFact.from_body(obj)
-        return ChildState(fact.resource_version, fact.owned_fields, fact.owned_content)
-
-    first = Applier(client, view)  # type: ignore[arg-type]
-    for doc in docs:
-        assert await first.ensure(doc) is True
-    client.calls.clear()
-    restarted = Applier(client, view)  # type: ignore[arg-type]
-    assert [d["metadata"]["name"] for d in docs if await restarted.ensure(d)] == []
-    assert client.calls == []

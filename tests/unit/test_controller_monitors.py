@@ -16,7 +16,7 @@ from aiohttp import web
 
 from engine_jobs import contract as c
 from redrafter_operator.api.spec import parse_spec
-from redrafter_operator.api.status import Condition
+from redrafter_operator.api.status import Condition, PromotedEngines, ReDrafterDeploymentStatus, ValidationStatus
 from redrafter_operator.controller import speculation as sp
 from redrafter_operator.controller.conditions import merge_conditions
 from redrafter_operator.controller.facts import ServingPodFact
@@ -26,6 +26,14 @@ from redrafter_operator.controller.reports import SpeculationReport
 from redrafter_operator.controller.speculation import SpeculationMonitor, changed, stored_state
 from redrafter_operator.render import names
 from redrafter_sim.clock import FakeClock
+
+S = ReDrafterDeploymentStatus.from_wire  # the status as the API server stores it
+
+
+def V(status: dict[str, Any]) -> ValidationStatus | None:
+    """``status.validation``, typed, of a status in wire form."""
+    return S(status).validation
+
 
 NS, NAME = "default", "chat"
 T0 = 1_800_000_000.0
@@ -112,7 +120,7 @@ class FakeHost:
     def hand_over(self, key: Any, report: SpeculationReport) -> None:
         self.reports.append(report)
         status = self.bodies[key]["status"]
-        status.update(copy.deepcopy(dict(report.fields)))
+        status.update(report.status.wire())
         if report.condition is not None:
             old = [Condition.from_wire(c) for c in status["conditions"]]
             now = sp.rfc3339(self.clock.time())
@@ -366,29 +374,31 @@ async def test_a_report_for_a_replaced_resource_is_not_mixed_with_the_new_one(en
 
 
 def test_pure_helpers() -> None:
-    assert stored_state({"policy": {"speculation": {"engine": "nope"}}}) is None
-    assert stored_state({}) is None
-    assert stored_state({"policy": {"speculation": {"engine": "base", "since": 5.0}}}).speculation.engine == "base"
+    assert stored_state(S({"policy": {"speculation": {"engine": "nope"}}})) is None
+    assert stored_state(S({})) is None
+    assert stored_state(S({"policy": {"speculation": {"engine": "base", "since": 5.0}}})).speculation.engine == "base"
     old = {"speculation": {"lastEvaluated": sp.rfc3339(100.0), "samples": 0}, "policy": {"window": {"t": 1.0}}}
     same_but_later = {
         "speculation": {"lastEvaluated": sp.rfc3339(101.0), "samples": 0},
         "policy": {"window": {"t": 2.0}},
     }
-    assert not changed(old, same_but_later, now=101.0)
-    assert not changed(old, same_but_later, now=100_000.0)  # no timestamp heartbeat, however long at rest
-    assert changed(old, {**same_but_later, "speculation": {"samples": 3}}, now=101.0)
+    assert not changed(S(old), S(same_but_later), now=101.0)
+    assert not changed(S(old), S(same_but_later), now=100_000.0)  # no timestamp heartbeat, however long at rest
+    assert changed(S(old), S({**same_but_later, "speculation": {"samples": 3}}), now=101.0)
 
 
 def test_an_expired_settle_window_is_not_worth_a_write_alone() -> None:
     """The autoscaler treats a settle window that has expired as none: clearing it is no change by itself
     (else every resource writes once, minutes after a switch, with nothing else to say)."""
 
-    def status(settle: list[float] | None, t: float) -> dict[str, Any]:
+    def status(settle: list[float] | None, t: float) -> ReDrafterDeploymentStatus:
         autoscaler = {"recommendations": [], **({"settle": settle} if settle else {})}
-        return {
-            "speculation": {"lastEvaluated": sp.rfc3339(t), "samples": 0},
-            "policy": {"autoscaler": autoscaler, "window": {"t": t}},
-        }
+        return S(
+            {
+                "speculation": {"lastEvaluated": sp.rfc3339(t), "samples": 0},
+                "policy": {"autoscaler": autoscaler, "window": {"t": t}},
+            }
+        )
 
     old = status([150.0, 2], 100.0)
     assert not changed(old, status(None, 200.0), now=200.0)  # expired at 150
@@ -414,17 +424,17 @@ POLICY = ServingTargets(active="redrafter", replicas={"redrafter": 3, "base": 0}
 
 
 def test_engine_pair_and_gate_of() -> None:
-    assert engine_pair(PAIR_STATUS) == ("r1", "b1")
+    assert engine_pair(S(PAIR_STATUS)) == ("r1", "b1")
     assert (
         engine_pair(
-            {"engines": {"redrafter": {"key": "r1", "state": "Ready"}, "base": {"key": "b1", "state": "Building"}}}
+            S({"engines": {"redrafter": {"key": "r1", "state": "Ready"}, "base": {"key": "b1", "state": "Building"}}})
         )
         is None
     )
-    assert gate_of(PAIR_STATUS, ("r1", "b1")) == Gate(False, "Pending")
+    assert gate_of(V(PAIR_STATUS), ("r1", "b1")) == Gate(False, "Pending")
     passed = {**PAIR_STATUS, "validation": {"redrafterKey": "r1", "baseKey": "b1", "state": "Passed"}}
-    assert gate_of(passed, ("r1", "b1")) == Gate(True, "Passed")
-    assert gate_of(passed, ("r2", "b1")) == Gate(False, "Pending")  # a new pair is validated again
+    assert gate_of(V(passed), ("r1", "b1")) == Gate(True, "Passed")
+    assert gate_of(V(passed), ("r2", "b1")) == Gate(False, "Pending")  # a new pair is validated again
 
 
 def test_gated_targets() -> None:
@@ -457,7 +467,7 @@ def test_gated_targets() -> None:
 
 def test_planner_defaults_keep_the_canary_and_the_gate_from_status() -> None:
     spec = ReDrafterDeploymentSpec.model_validate(body()["spec"])
-    assert default_targets(spec, {"activeEngine": "base"}).canary == 1  # no canary flap on restart
+    assert default_targets(spec, S({"activeEngine": "base"})).canary == 1  # no canary flap on restart
     # ... nor one started for an interval after a load-caused fallback, which runs none (status.policy)
     load_fallback = {
         "speculation": {
@@ -469,42 +479,42 @@ def test_planner_defaults_keep_the_canary_and_the_gate_from_status() -> None:
         }
     }
     aware = ReDrafterDeploymentSpec.model_validate(body(loadAware=True)["spec"])
-    assert default_targets(aware, {"activeEngine": "base", "policy": load_fallback}).canary == 0
-    assert default_targets(spec, {"activeEngine": "base", "policy": load_fallback}).canary == 1  # not load-aware
+    assert default_targets(aware, S({"activeEngine": "base", "policy": load_fallback})).canary == 0
+    assert default_targets(spec, S({"activeEngine": "base", "policy": load_fallback})).canary == 1  # not load-aware
     running = {
         **PAIR_STATUS,
         "activeEngine": "redrafter",
         "validation": {"redrafterKey": "r1", "baseKey": "b1", "state": "Running"},
     }
-    assert default_targets(spec, running).replicas == {"redrafter": 1, "base": 1}
+    assert default_targets(spec, S(running)).replicas == {"redrafter": 1, "base": 1}
     failed = {**running, "validation": {**running["validation"], "state": "Failed"}}
-    assert default_targets(spec, failed) == ServingTargets("base", {"base": 1, "redrafter": 0}, 0)
+    assert default_targets(spec, S(failed)) == ServingTargets("base", {"base": 1, "redrafter": 0}, 0)
     off = ReDrafterDeploymentSpec.model_validate({**body()["spec"], "validation": {"enabled": False}})
-    assert gate_from_status(POLICY, off, failed) is POLICY
+    assert gate_from_status(POLICY, off, S(failed)) is POLICY
 
 
 def test_the_planner_gates_the_policys_targets_from_status() -> None:
     """No gate state outside status: a restarted operator gates the policy's first targets at once."""
     spec = ReDrafterDeploymentSpec.model_validate(body()["spec"])
     pending = {**PAIR_STATUS, "activeEngine": "redrafter"}
-    assert gate_from_status(POLICY, spec, pending) == ServingTargets("redrafter", {"redrafter": 3, "base": 1}, 0)
+    assert gate_from_status(POLICY, spec, S(pending)) == ServingTargets("redrafter", {"redrafter": 3, "base": 1}, 0)
     failed = {**pending, "validation": {"redrafterKey": "r1", "baseKey": "b1", "state": "Failed"}}
-    assert gate_from_status(POLICY, spec, failed) == ServingTargets("base", {"base": 3, "redrafter": 0}, 0)
+    assert gate_from_status(POLICY, spec, S(failed)) == ServingTargets("base", {"base": 3, "redrafter": 0}, 0)
     passed = {**pending, "validation": {"redrafterKey": "r1", "baseKey": "b1", "state": "Passed"}}
-    assert gate_from_status(POLICY, spec, passed) is POLICY
+    assert gate_from_status(POLICY, spec, S(passed)) is POLICY
 
 
 def test_the_policy_may_switch_to_redrafter_only_once_validated() -> None:
     spec = ReDrafterDeploymentSpec.model_validate(body()["spec"])
     both = frozenset({"redrafter", "base"})
-    assert validated_engines(spec, {}) == both  # nothing built: nothing to validate yet
-    assert validated_engines(spec, PAIR_STATUS) == {"base"}  # pending
+    assert validated_engines(spec, S({})) == both  # nothing built: nothing to validate yet
+    assert validated_engines(spec, S(PAIR_STATUS)) == {"base"}  # pending
     running = {**PAIR_STATUS, "validation": {"redrafterKey": "r1", "baseKey": "b1", "state": "Running"}}
-    assert validated_engines(spec, running) == {"base"}
+    assert validated_engines(spec, S(running)) == {"base"}
     passed = {**PAIR_STATUS, "validation": {"redrafterKey": "r1", "baseKey": "b1", "state": "Passed"}}
-    assert validated_engines(spec, passed) == both
+    assert validated_engines(spec, S(passed)) == both
     off = ReDrafterDeploymentSpec.model_validate({**body()["spec"], "validation": {"enabled": False}})
-    assert validated_engines(off, running) == both
+    assert validated_engines(off, S(running)) == both
 
 
 # ---- a promoted ReDrafter engine keeps serving while a newer one is validated ---------------------------
@@ -512,19 +522,19 @@ PROMOTED = {"redrafterKey": "r0", "baseKey": "b1"}
 
 
 def test_a_promoted_engine_is_stable_until_the_new_pair_passes() -> None:
-    from redrafter_operator.controller.validation import ValidationStep, validation_fragment
+    from redrafter_operator.controller.validation import ValidationStep, validation_after
 
     pending = {
         **PAIR_STATUS,
         "validation": {"redrafterKey": "r0", "baseKey": "b1", "state": "Passed", "promoted": PROMOTED},
     }
-    assert gate_of(pending, ("r1", "b1")) == Gate(False, "Pending", stable="r0")
-    assert gate_of(pending, ("r0", "b1")) == Gate(True, "Passed")  # the promoted pair itself: nothing stable
+    assert gate_of(V(pending), ("r1", "b1")) == Gate(False, "Pending", stable="r0")
+    assert gate_of(V(pending), ("r0", "b1")) == Gate(True, "Passed")  # the promoted pair itself: nothing stable
     failed = {
         **PAIR_STATUS,
         "validation": {"redrafterKey": "r1", "baseKey": "b1", "state": "Failed", "promoted": PROMOTED},
     }
-    assert gate_of(failed, ("r1", "b1")) == Gate(False, "Failed", stable="r0")
+    assert gate_of(V(failed), ("r1", "b1")) == Gate(False, "Failed", stable="r0")
     # validating: the policy's targets stand (the promoted engine is validated), base kept up as the reference
     assert gated_targets(POLICY, Gate(False, "Running", "r0"), "redrafter") == ServingTargets(
         "redrafter", {"redrafter": 3, "base": 1}, 0
@@ -534,11 +544,15 @@ def test_a_promoted_engine_is_stable_until_the_new_pair_passes() -> None:
     # failed: the promoted engine keeps serving as the policy says, not base
     assert gated_targets(POLICY, Gate(False, "Failed", "r0"), "redrafter") is POLICY
     # status: promoted survives the record of a newer pair, and a pass replaces it
-    running = ValidationStep(False, 0, {"redrafterKey": "r1", "baseKey": "b1", "attempt": 0, "state": "Running"})
-    out = validation_fragment(pending, running)
-    assert out["validation"]["promoted"] == PROMOTED and out["validation"]["state"] == "Running"
-    passed = ValidationStep(False, 0, {"redrafterKey": "r1", "baseKey": "b1", "attempt": 0, "state": "Passed"})
-    assert validation_fragment(pending, passed)["validation"]["promoted"] == {
+    running = ValidationStep(
+        False, 0, ValidationStatus.from_wire({"redrafterKey": "r1", "baseKey": "b1", "attempt": 0, "state": "Running"})
+    )
+    out = validation_after(V(pending), running).wire()
+    assert out["promoted"] == PROMOTED and out["state"] == "Running"
+    passed = ValidationStep(
+        False, 0, ValidationStatus.from_wire({"redrafterKey": "r1", "baseKey": "b1", "attempt": 0, "state": "Passed"})
+    )
+    assert validation_after(V(pending), passed).wire()["promoted"] == {
         "redrafterKey": "r1",
         "baseKey": "b1",
     }
@@ -550,12 +564,12 @@ def test_the_policy_may_choose_a_promoted_engine_while_a_newer_one_is_validated(
         **PAIR_STATUS,
         "validation": {"redrafterKey": "r1", "baseKey": "b1", "state": "Running", "promoted": PROMOTED},
     }
-    assert validated_engines(spec, running) == {"redrafter", "base"}
+    assert validated_engines(spec, S(running)) == {"redrafter", "base"}
     failed = {
         **PAIR_STATUS,
         "validation": {"redrafterKey": "r1", "baseKey": "b1", "state": "Failed", "promoted": PROMOTED},
     }
-    assert validated_engines(spec, failed) == {"redrafter", "base"}
+    assert validated_engines(spec, S(failed)) == {"redrafter", "base"}
 
 
 def test_gating_twice_changes_nothing() -> None:
@@ -618,22 +632,26 @@ def test_a_serving_pods_new_address_is_a_new_index_value() -> None:
 def test_the_promoted_pair_keeps_the_crossover_its_validation_measured() -> None:
     """The PyTorch backend's speculative engine drafts only up to the promoted pair's measured crossover
     (max_concurrency); a newer pair under validation neither changes nor loses it until it passes itself."""
-    from redrafter_operator.controller.validation import ValidationStep, validation_fragment
+    from redrafter_operator.controller.validation import ValidationStep, validation_after
     from redrafter_operator.render.common import in_engine_concurrency
 
     first = {"redrafterKey": "r0", "baseKey": "b1", "attempt": 0, "state": "Passed"}
-    out = validation_fragment(PAIR_STATUS, ValidationStep(False, 0, first, crossover=6.7))
-    assert out["validation"]["promoted"] == {**PROMOTED, "crossoverConcurrency": 6.7}
-    assert in_engine_concurrency(out) == 6
+    out = validation_after(None, ValidationStep(False, 0, ValidationStatus.from_wire(first), crossover=6.7))
+    assert out.wire()["promoted"] == {**PROMOTED, "crossoverConcurrency": 6.7}
+    assert in_engine_concurrency(out.promoted) == 6
     # later reconciles of the same pass (no new measurement) keep it
-    again = validation_fragment(out, ValidationStep(False, 0, first))
-    assert again["validation"]["promoted"]["crossoverConcurrency"] == 6.7
+    again = validation_after(out, ValidationStep(False, 0, ValidationStatus.from_wire(first)))
+    assert again.wire()["promoted"]["crossoverConcurrency"] == 6.7
     # a newer pair runs: the promoted engine keeps its limit
-    running = ValidationStep(False, 0, {"redrafterKey": "r1", "baseKey": "b1", "attempt": 0, "state": "Running"})
-    assert in_engine_concurrency(validation_fragment(again, running)) == 6
+    running = ValidationStep(
+        False, 0, ValidationStatus.from_wire({"redrafterKey": "r1", "baseKey": "b1", "attempt": 0, "state": "Running"})
+    )
+    assert in_engine_concurrency(validation_after(again, running).promoted) == 6
     # it passes without a measurement (measureCrossover off): no limit is carried over from another pair
-    passed = ValidationStep(False, 0, {"redrafterKey": "r1", "baseKey": "b1", "attempt": 0, "state": "Passed"})
-    assert in_engine_concurrency(validation_fragment(again, passed)) is None
+    passed = ValidationStep(
+        False, 0, ValidationStatus.from_wire({"redrafterKey": "r1", "baseKey": "b1", "attempt": 0, "state": "Passed"})
+    )
+    assert in_engine_concurrency(validation_after(again, passed).promoted) is None
     # a crossover below one request, or none, is no limit
-    assert in_engine_concurrency({"validation": {"promoted": {**PROMOTED, "crossoverConcurrency": 0.4}}}) is None
-    assert in_engine_concurrency({}) is None
+    assert in_engine_concurrency(PromotedEngines.from_wire({**PROMOTED, "crossoverConcurrency": 0.4})) is None
+    assert in_engine_concurrency(None) is None

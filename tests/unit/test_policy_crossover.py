@@ -6,8 +6,11 @@ import math
 
 import pytest
 
+from redrafter_operator.api.status import ReDrafterDeploymentStatus
 from redrafter_operator.controller.speculation import measured_crossover
 from redrafter_operator.policy import cost
+
+S = ReDrafterDeploymentStatus.from_wire
 
 
 @pytest.mark.parametrize("measured", [2.0, 3.5, 13.0, 40.0])
@@ -29,10 +32,10 @@ def test_unusable_measurements_keep_the_default_model(measured, tps):
 
 def test_measured_crossover_comes_only_from_a_passed_validation():
     passed = {"validation": {"state": "Passed"}, "speculation": {"crossoverConcurrency": 3.51}}
-    assert measured_crossover(passed) == 3.51
-    assert measured_crossover({**passed, "validation": {"state": "Failed"}}) is None
-    assert measured_crossover({"validation": {"state": "Passed"}, "speculation": {}}) is None
-    assert measured_crossover({}) is None
+    assert measured_crossover(S(passed)) == 3.51
+    assert measured_crossover(S({**passed, "validation": {"state": "Failed"}})) is None
+    assert measured_crossover(S({"validation": {"state": "Passed"}, "speculation": {}})) is None
+    assert measured_crossover(S({})) is None
 
 
 def test_step_judges_load_against_the_measured_crossover():

@@ -294,12 +294,9 @@ def test_due_respects_interval():
 def test_decision_status_fields_are_wire_names():
     spec = make_spec()
     d, _ = evaluate(spec, initial_state(spec, 0), obs_on_redrafter(acceptance=0.6, active=3), 30)
-    st = d.status("2026-01-01T00:00:30Z")
+    st = d.status("2026-01-01T00:00:30Z").wire()
     assert st["decision"] == "Stay" and st["acceptanceRate"] == 0.6 and st["samples"] == 100
     assert st["predictedSpeedup"] > 1 and "crossoverConcurrency" in st
-    from redrafter_operator.api.status import SpeculationStatus
-
-    SpeculationStatus.model_validate(st)
 
 
 def test_oscillation_is_flapping_and_switches_at_most_once():

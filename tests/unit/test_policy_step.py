@@ -173,7 +173,10 @@ def test_the_pool_that_took_the_traffic_is_not_scaled_down_after_the_switch():
 
 
 def test_plan_runs_no_canary_after_a_load_fallback_and_a_restart_resumes_it_from_status():
+    from redrafter_operator.api.status import ReDrafterDeploymentStatus
     from redrafter_operator.policy import canary_from_status
+
+    S = ReDrafterDeploymentStatus.from_wire
 
     s = spec(autoscaling={"mode": "Disabled"})
     st, t = None, 0.0
@@ -183,8 +186,8 @@ def test_plan_runs_no_canary_after_a_load_fallback_and_a_restart_resumes_it_from
     assert ev.speculation.engine == "base" and st.speculation.fallback_reason == "NoSpeedupAtLoad"
     assert ev.plan(s, 2).canary == 0
     status = {"activeEngine": "base", "policy": json.loads(st.model_dump_json(exclude_none=True))}
-    assert canary_from_status(s, status) == 0  # a restarted operator does not start a canary to drop it
+    assert canary_from_status(s, S(status)) == 0  # a restarted operator does not start a canary to drop it
     low = st.speculation.model_copy(update={"fallback_reason": "LowAcceptance"})
-    assert canary_from_status(s, {**status, "policy": {**status["policy"], "speculation": low.model_dump()}}) == 1
-    assert canary_from_status(s, {"activeEngine": "base"}) == 1  # no policy state yet: the spec's canary
-    assert canary_from_status(s, {"activeEngine": "redrafter", "policy": status["policy"]}) == 0
+    assert canary_from_status(s, S({**status, "policy": {**status["policy"], "speculation": low.model_dump()}})) == 1
+    assert canary_from_status(s, S({"activeEngine": "base"})) == 1  # no policy state yet: the spec's canary
+    assert canary_from_status(s, S({"activeEngine": "redrafter", "policy": status["policy"]})) == 0

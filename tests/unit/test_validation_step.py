@@ -33,7 +33,7 @@ def pod(message: str, name: str = JOB) -> dict[str, RunPodFact]:
 
 
 def step(
-    previous: dict[str, Any] | None = None,
+    previous: ValidationStatus | dict[str, Any] | None = None,
     *,
     pods_ready: bool = True,
     j: dict[str, RunJobFact] | None = None,
@@ -44,24 +44,24 @@ def step(
         NAME,
         (R, B),
         pods_ready=pods_ready,
-        previous=previous,
+        previous=ValidationStatus.from_wire(previous) if isinstance(previous, dict) else previous,
         jobs=j or {},
         pods=p or {},
         now=NOW,
         retry_token=retry,
     )
-    ValidationStatus.model_validate(s.status)  # what the controller writes fits status.validation
+    assert ValidationStatus.from_wire(s.status.wire()) == s.status  # what the controller writes reads back the same
     return s
 
 
 def test_new_pair_waits_for_pods_then_creates_the_job_once() -> None:
     s = step(pods_ready=False)
     assert not s.promote and not s.create_job and s.condition is not None
-    assert (s.status["state"], s.condition.reason) == ("Pending", "WaitingForPods")
+    assert (s.status.wire()["state"], s.condition.reason) == ("Pending", "WaitingForPods")
     s = step(s.status)
     assert s.create_job and not s.promote and s.attempt == 0
     # created and running in the same step: status says so in one write
-    assert s.status == {"redrafterKey": R, "baseKey": B, "attempt": 0, "state": "Running", "job": JOB}
+    assert s.status.wire() == {"redrafterKey": R, "baseKey": B, "attempt": 0, "state": "Running", "job": JOB}
     assert s.condition == Cond("Validated", "Unknown", "Validating", f"validation Job {JOB} running")
     assert [e.reason for e in s.events] == ["ValidationStarted"]
     again = step(s.status, j=job(None))  # the Job exists and runs: nothing more to create, nothing to say
@@ -73,7 +73,7 @@ def test_pass_promotes_and_records_the_crossover() -> None:
     running = step(step().status, j=job(None)).status
     s = step(running, j=job("Complete"), p=pod("Passed: 17 requests identical | crossoverConcurrency=3.5"))
     assert s.promote and s.crossover == 3.5
-    assert s.status["state"] == "Passed" and s.status["completed"] == NOW
+    assert s.status.wire()["state"] == "Passed" and s.status.wire()["completed"] == NOW
     assert s.condition is not None and s.condition.status == "True"
     assert s.events == (EventSpec("Normal", "ValidationPassed", "17 requests identical"),)
     again = step(s.status)  # idempotent: the Job may be gone (TTL) and nothing is re-run
@@ -84,7 +84,7 @@ def test_failure_blocks_promotion_with_the_verdict() -> None:
     running = step(step().status, j=job(None)).status
     s = step(running, j=job("Failed", "PodFailurePolicy"), p=pod("Diverged: 1 of 17 differ at character 6"))
     assert not s.promote and not s.create_job
-    assert (s.status["state"], s.status["reason"]) == ("Failed", oc.DIVERGED)
+    assert (s.status.wire()["state"], s.status.wire()["reason"]) == ("Failed", oc.DIVERGED)
     assert s.condition == Cond("Validated", "False", "Diverged", "1 of 17 differ at character 6")
     assert s.events[0].type == "Warning"
     stays = step(s.status, j=job("Failed"), p=pod("Diverged: 1 of 17 differ at character 6"))
@@ -94,9 +94,9 @@ def test_failure_blocks_promotion_with_the_verdict() -> None:
 def test_job_failure_without_a_verdict() -> None:
     running = step(step().status, j=job(None)).status
     s = step(running, j=job("Failed", "DeadlineExceeded"))
-    assert s.status["reason"] == JOB_FAILED and "DeadlineExceeded" in s.status["message"]
+    assert s.status.wire()["reason"] == JOB_FAILED and "DeadlineExceeded" in s.status.wire()["message"]
     foreign = step(running, j=job("Failed", "BackoffLimitExceeded"), p=pod("Traceback (most recent call last):"))
-    assert foreign.status["reason"] == JOB_FAILED  # a crash's log is no verdict
+    assert foreign.status.wire()["reason"] == JOB_FAILED  # a crash's log is no verdict
 
 
 def test_retry_token_starts_the_next_attempt() -> None:
@@ -112,13 +112,13 @@ def test_retry_token_starts_the_next_attempt() -> None:
     assert not step(failed, retry="t1").create_job
     waiting = step(failed, retry="t2", pods_ready=False)
     assert waiting.attempt == 1 and not waiting.create_job
-    assert waiting.status["state"] == "Pending" and waiting.status["retryToken"] == "t2"
+    assert waiting.status.wire()["state"] == "Pending" and waiting.status.wire()["retryToken"] == "t2"
     s = step(failed, retry="t2", j=job("Failed"))  # the failed attempt's Job is not the retry's
-    assert s.attempt == 1 and s.create_job and s.status["state"] == "Running"
-    assert s.status["job"] == validation_job_name(NAME, R, B, 1) != JOB
+    assert s.attempt == 1 and s.create_job and s.status.wire()["state"] == "Running"
+    assert s.status.wire()["job"] == validation_job_name(NAME, R, B, 1) != JOB
 
 
 def test_a_new_engine_pair_is_validated_again() -> None:
     passed = {"redrafterKey": "old", "baseKey": B, "attempt": 3, "state": "Passed", "message": "ok"}
     s = step(passed)
-    assert not s.promote and s.create_job and s.attempt == 0 and s.status["redrafterKey"] == R
+    assert not s.promote and s.create_job and s.attempt == 0 and s.status.wire()["redrafterKey"] == R

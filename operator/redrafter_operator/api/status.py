@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Mapping, Self
 
-from pydantic import Field, ValidationError, WithJsonSchema
+from pydantic import Field, Strict, ValidationError, WithJsonSchema
 
 from .types import ApiModel
 
@@ -181,7 +181,8 @@ class PromotedEngines(ApiModel):
         description="The crossover the validation Job measured for this pair: the PyTorch backend's speculative "
         "engine drafts only up to it (max_concurrency).",
     )
-    draft_len_schedule: dict[int, int] | None = Field(
+    # JSON object keys are strings on the wire: a key is read as the integer it spells
+    draft_len_schedule: dict[Annotated[int, Strict(False)], int] | None = Field(
         default=None,
         description="{batch size: draft length} the validation sweep measured for this pair when a shorter draft "
         "paid at middle batch sizes; keys are lower bounds (from this batch size on), as TensorRT-LLM 1.2.1 "
@@ -212,7 +213,8 @@ class ValidationStatus(ApiModel):
 
 class HistoryEntry(ApiModel):
     time: str = Field(description="When the switch happened.")
-    from_: str = Field(alias="from", description="Engine before.")
+    # the wire name is a Python keyword; the aliases are spelled out so that type checkers see from_
+    from_: str = Field(validation_alias="from", serialization_alias="from", description="Engine before.")
     to: str = Field(description="Engine after.")
     reason: str = Field(description="Why.")
 
@@ -261,10 +263,6 @@ class ReDrafterDeploymentStatus(ApiModel):
                 if not bad & set(wire):
                     raise
                 wire = {k: v for k, v in wire.items() if k not in bad}
-
-    def with_wire(self, fields: Mapping[str, Any]) -> Self:
-        """This status with whole top-level fields replaced by ``fields`` (wire form, as a monitor reports them)."""
-        return self.from_wire({**self.wire(), **fields})
 
     def wire(self) -> dict[str, Any]:
         """The status as the API server stores it: the fields this status holds, camelCase, no nulls.

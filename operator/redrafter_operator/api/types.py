@@ -79,6 +79,11 @@ class ApiModel(BaseModel):
         """The object as the API server stores it (camelCase, no unset optionals)."""
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 
+    def overlay(self, other: Self) -> Self:
+        """This object with the fields ``other`` holds replaced by its own: how a part built on its own (a
+        monitor's report, a merged measurement) is folded into the whole without a detour through the wire."""
+        return self.model_copy(update={name: getattr(other, name) for name in other.model_fields_set})
+
 
 # Kubernetes objects the operator passes through untouched (validated by the API server's own
 # schemas for Pods when the children are created, and by kubernetes-validate in the tests).

@@ -8,6 +8,7 @@ express what serving should converge to as :class:`ServingTargets`, and the plan
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Mapping, Protocol
 
 from engine_jobs.contract import Variant
@@ -44,6 +45,11 @@ class Resource:
             annotations=dict(meta.get("annotations") or {}),
             status=body.get("status") or {},
         )
+
+    @cached_property
+    def observed_status(self) -> ReDrafterDeploymentStatus:
+        """The status, typed: parsed once, for every rule that reads what the operator decided before."""
+        return ReDrafterDeploymentStatus.observed(self.status)
 
     @property
     def retry_token(self) -> str:

@@ -14,13 +14,19 @@ one status. :func:`plan` is both at once, for what applies nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Mapping
 
 from engine_jobs.contract import VARIANTS
 
 from ..api.engine_key import engine_keys as engine_keys_of
 from ..api.spec import ReDrafterDeploymentSpec, parse_spec
-from ..api.status import DrafterStatus, EnginesStatus, EngineStatus, ReDrafterDeploymentStatus
+from ..api.status import (
+    DrafterStatus,
+    EnginesStatus,
+    EngineStatus,
+    ReDrafterDeploymentStatus,
+    ValidationStatus,
+)
 from ..render.common import Owner, in_engine_concurrency
 from . import routing
 from .collection import collection_children
@@ -68,7 +74,7 @@ class Step:
     inputs: Inputs = Inputs()
     decided: Decided | None = None  # None: an invalid spec, whose status is final already
     drafter: DrafterStatus | None = None
-    validated: dict[str, Any] = field(default_factory=dict)  # the observed status with this step's validation
+    validation: ValidationStatus | None = None  # status.validation as this step left it
     validation_events: list[EventSpec] = field(default_factory=list)
     validation_condition: Cond | None = None  # Validated, when this step changes it
     routed: bool = False  # the InferencePool is rendered (its condition is this step's)
@@ -125,7 +131,6 @@ def decide(
     if errors or spec is None:
         return Step(res, invalid_plan(res.status, res.generation, errors or ["spec is invalid"], now))
     owner = Owner(res.name, res.namespace, res.uid, spec, res.generation)
-    old_status = dict(res.status)
     result = Plan(status=ReDrafterDeploymentStatus())
     keys = dict(engine_keys) if engine_keys else engine_keys_of(spec)
     drafter = (
@@ -141,10 +146,15 @@ def decide(
 
     # Validation sees this plan's engines: a pair built just now is validated (and gated) at once, not one
     # reconcile later.
-    current = {**old_status, **_typed_parts(engines, drafter)}
+    current = res.observed_status.model_copy()
+    current.engines = EnginesStatus(redrafter=engines["redrafter"], base=engines["base"])
+    if drafter is not None:
+        current.drafter = drafter
     validation = plan_validation(owner, current, observed, res.annotations, image=image or operator_image(), now=now)
-    current.update(validation.status)
-    owner = replace(owner, in_engine_concurrency=in_engine_concurrency(current))
+    if validation.status is not None:
+        current.validation = validation.status
+    promoted = current.validation.promoted if current.validation else None
+    owner = replace(owner, in_engine_concurrency=in_engine_concurrency(promoted))
     if validation.job is not None:
         result.create.append(validation.job)
     wanted = inputs.targets or (inputs.speculation.targets if inputs.speculation else None)
@@ -187,21 +197,11 @@ def decide(
         inputs,
         decided,
         drafter,
-        current,
+        current.validation,
         validation.events,
         validation.condition,
         renderers.inference_pool is not None,
         now,
-    )
-
-
-def _typed_parts(engines: Mapping[str, EngineStatus], drafter: DrafterStatus | None) -> dict[str, Any]:
-    """``engines`` and ``drafter`` as this plan decided them, in wire form, for what reads the status whole."""
-    parts = ReDrafterDeploymentStatus(
-        engines=EnginesStatus(redrafter=engines["redrafter"], base=engines["base"]), drafter=drafter
-    )
-    return parts.model_dump(
-        by_alias=True, include={"engines", "drafter"}, exclude_unset=True, exclude_none=True, mode="json"
     )
 
 
@@ -216,7 +216,7 @@ def explain(s: Step, observed: Observed) -> Plan:
     engines_part(draft, d.engines, d.unplaced)
     applied = {m["metadata"]["name"]: manifest_hash(m) for m in result.apply if m.get("kind") == "Deployment"}
     rollout = serving_part(draft, res.name, observed, d, applied)
-    invalid = validation_part(draft, s.validated, d)
+    invalid = validation_part(draft, s.validation, d)
     draft.marks.set(s.validation_condition)
     progress_part(draft, res.name, d, rollout, invalid)
     placed = placement_part(draft, result, observed)
@@ -231,13 +231,13 @@ def explain(s: Step, observed: Observed) -> Plan:
             draft.marks.remove(routing.CONDITION)
         else:
             draft.marks.set(cond)
-        pool_missing = routing.crd_missing_event(draft.old, cond)
+        pool_missing = routing.crd_missing_event(draft.old_condition(routing.CONDITION), cond)
     report = s.inputs.speculation
     mine = report if report is not None and report.uid in (res.uid, "") else None
-    result.events += speculation_part(draft, d.spec, mine, s.validated.get("validation") or {})
+    result.events += speculation_part(draft, d.spec, mine, s.validation)
     result.status = finish(draft, res.generation, s.now)
     result.events += s.validation_events
-    status_events(res.status, result.status.wire(), result)
+    status_events(draft.before, result.status, result)
     if pool_missing is not None:
         result.events.append(pool_missing)
     return result

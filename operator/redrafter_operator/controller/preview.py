@@ -18,10 +18,18 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from engine_jobs.contract import VARIANTS, Variant
+from engine_jobs.contract import Variant
 
 from ..api.engine_key import engine_keys
-from ..api.spec import parse_spec
+from ..api.spec import ReDrafterDeploymentSpec, parse_spec
+from ..api.status import (
+    DrafterStatus,
+    EnginesStatus,
+    EngineStatus,
+    PromotedEngines,
+    ReDrafterDeploymentStatus,
+    ValidationStatus,
+)
 from ..render import names
 from ..render.build import artifact_path, drafter_path
 from ..render.cache_refs import references_document
@@ -53,6 +61,18 @@ def _rolled_out(name: str, variant: str, key: str, replicas: int = 1) -> Deploym
     )
 
 
+def _ready_engine(spec: ReDrafterDeploymentSpec, key: str, retry_token: str) -> EngineStatus:
+    """An engine as a finished build leaves it in status."""
+    return EngineStatus(key=key, path=artifact_path(spec, key), state="Ready", attempts=1, retry_token=retry_token)
+
+
+def _built(trained: ReDrafterDeploymentStatus, engines: EnginesStatus, active: Variant) -> ReDrafterDeploymentStatus:
+    """The status once both engines are built and ``active`` serves."""
+    status = trained.model_copy()
+    status.engines, status.active_engine = engines, active
+    return status
+
+
 def planned_children(
     body: Mapping[str, Any],
     *,
@@ -70,20 +90,14 @@ def planned_children(
     renderers = default_renderers(operator_namespace)
     keys = engine_keys(spec)
     other: Variant = "base" if active == "redrafter" else "redrafter"
-    engines = {
-        v: {
-            "key": keys[v],
-            "path": artifact_path(spec, keys[v]),
-            "state": "Ready",
-            "attempts": 1,
-            "retryToken": res.retry_token,
-        }
-        for v in VARIANTS
-    }
-    pair = {"redrafterKey": keys["redrafter"], "baseKey": keys["base"]}
+    built = EnginesStatus(
+        redrafter=_ready_engine(spec, keys["redrafter"], res.retry_token),
+        base=_ready_engine(spec, keys["base"], res.retry_token),
+    )
+    pair = PromotedEngines(redrafter_key=keys["redrafter"], base_key=keys["base"])
 
-    def stage(status: Mapping[str, Any], observed: Observed, inputs: Inputs = Inputs()) -> Plan:
-        staged = Resource(res.name, res.namespace, res.uid, res.generation, res.spec, res.annotations, status)
+    def stage(status: ReDrafterDeploymentStatus, observed: Observed, inputs: Inputs = Inputs()) -> Plan:
+        staged = Resource(res.name, res.namespace, res.uid, res.generation, res.spec, res.annotations, status.wire())
         return plan(
             staged,
             observed,
@@ -96,11 +110,11 @@ def planned_children(
             engine_keys=keys,
         )
 
-    stages = [stage({}, Observed())]
+    stages = [stage(ReDrafterDeploymentStatus(), Observed())]
     # a drafter the operator trains: once trained, the ReDrafter engine's build Job
-    trained: dict[str, Any] = {}
+    trained = ReDrafterDeploymentStatus()
     if "drafter" in keys:
-        trained["drafter"] = {"key": keys["drafter"], "path": drafter_path(spec, keys["drafter"]), "state": "Ready"}
+        trained.drafter = DrafterStatus(key=keys["drafter"], path=drafter_path(spec, keys["drafter"]), state="Ready")
         stages.append(stage(trained, Observed()))
     serving_key = promoted_key or keys["redrafter"]
     up = {
@@ -108,21 +122,23 @@ def planned_children(
         "base": _rolled_out(names.serving_deployment_name(res.name, "base"), "base", keys["base"]),
     }
     if spec.validation.enabled:
-        validating: dict[str, Any] = {**trained, "engines": engines, "activeEngine": active}
+        validating = _built(trained, built, active)
         deployments = dict(up)
         if promoted_key and promoted_key != keys["redrafter"]:
-            validating["validation"] = {
-                "redrafterKey": promoted_key,
-                "baseKey": keys["base"],
-                "state": "Passed",
-                "promoted": {"redrafterKey": promoted_key, "baseKey": keys["base"]},
-            }
+            validating.validation = ValidationStatus(
+                redrafter_key=promoted_key,
+                base_key=keys["base"],
+                state="Passed",
+                promoted=PromotedEngines(redrafter_key=promoted_key, base_key=keys["base"]),
+            )
             deployments["candidate"] = _rolled_out(names.candidate_name(res.name), "redrafter", keys["redrafter"])
         stages.append(stage(validating, Observed(deployments=deployments, service_pool=active, routing_pool=active)))
 
-    serving: dict[str, Any] = {**trained, "engines": engines, "activeEngine": active}
+    serving = _built(trained, built, active)
     if spec.validation.enabled:
-        serving["validation"] = {**pair, "state": "Passed", "promoted": pair}
+        serving.validation = ValidationStatus(
+            redrafter_key=pair.redrafter_key, base_key=pair.base_key, state="Passed", promoted=pair
+        )
     standby = 1 if spec.serving.rollout.keep_standby else 0
     targets = ServingTargets(
         active=active,
@@ -136,7 +152,7 @@ def planned_children(
             res.namespace,
             spec.engine.cache.claim_name,
             (ClaimUser(res.name, res.uid, spec),),
-            references_document([{**body, "status": serving}], []),
+            references_document([{**body, "status": serving.wire()}], []),
             image,
         )
     )

@@ -7,21 +7,22 @@ planner reads only these reports, so it imports no monitor and no API client.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from engine_jobs.contract import TrainingProgress
 
 from ..api.spec import ReDrafterDeploymentSpec
+from ..api.status import ReDrafterDeploymentStatus
 from .conditions import Cond
 from .plan_types import EventSpec, ServingTargets
 
 
 @dataclass(frozen=True)
 class SpeculationReport:
-    """One evaluation, for the reconciler to fold in: status fields, the condition, the targets, the Events."""
+    """One evaluation, for the reconciler to fold in: status parts, the condition, the targets, the Events."""
 
     uid: str
-    fields: Mapping[str, Any]  # status.speculation, status.policy (, status.history)
+    status: ReDrafterDeploymentStatus  # the parts it sets: speculation, policy (, history on a switch)
     condition: Cond | None
     targets: ServingTargets
     events: tuple[EventSpec, ...] = field(default=())

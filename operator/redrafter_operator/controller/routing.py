@@ -7,14 +7,15 @@ the step's traffic pool, or why not (moving, or the InferencePool CRD not instal
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
 from engine_jobs.contract import OPENAI_PORT
 
 from ..api.spec import ReDrafterDeploymentSpec
+from ..api.status import Condition
 from ..render import inference_pool as ip
 from ..render import names
-from .conditions import Cond, find
+from .conditions import Cond
 from .facts import Observed
 from .plan_types import EventSpec
 
@@ -60,13 +61,11 @@ def condition(spec: ReDrafterDeploymentSpec, name: str, observed: Observed, pool
     return Cond(CONDITION, "False", "Moving", f"moving {ip.KIND} {names.service_name(name)} to the {pool} pods")
 
 
-def crd_missing_event(old_status: Mapping[str, Any], cond: Cond | None) -> EventSpec | None:
-    """A Warning the first time the InferencePool write finds no such API (not once per reconcile)."""
+def crd_missing_event(prev: Condition | None, cond: Cond | None) -> EventSpec | None:
+    """A Warning the first time the InferencePool write finds no such API (not once per reconcile); ``prev``:
+    the observed InferencePoolReady condition."""
     if cond is None or cond.reason != REASON_CRD_MISSING:
         return None
-    prev = find(old_status.get("conditions") or [], CONDITION)
-    return (
-        None
-        if prev and prev.get("reason") == REASON_CRD_MISSING
-        else EventSpec("Warning", "InferencePoolCRDMissing", CRD_MISSING_MESSAGE)
-    )
+    if prev and prev.reason == REASON_CRD_MISSING:
+        return None
+    return EventSpec("Warning", "InferencePoolCRDMissing", CRD_MISSING_MESSAGE)

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Iterable
 
 from ..api.status import ServingFailure as FailureStatus
+from ..api.status import ServingStatus
 from .facts import Observed
 
 PROGRESS_DEADLINE = "ProgressDeadlineExceeded"
@@ -40,13 +41,11 @@ class ServingFailure:
         return FailureStatus(reason=self.reason, message=self.message, deployment=self.deployment, pod=self.pod or None)
 
     @classmethod
-    def from_status(cls, serving: Mapping[str, Any] | None) -> "ServingFailure | None":
-        f = (serving or {}).get("failure")
-        if not isinstance(f, Mapping) or not f.get("reason"):
+    def from_status(cls, serving: ServingStatus) -> "ServingFailure | None":
+        f = serving.failure
+        if f is None or not f.reason:
             return None
-        return cls(
-            str(f["reason"]), str(f.get("message") or ""), str(f.get("deployment") or ""), str(f.get("pod") or "")
-        )
+        return cls(f.reason, f.message, f.deployment, f.pod or "")
 
 
 def serving_failure(observed: Observed, variants: Iterable[str]) -> ServingFailure | None:

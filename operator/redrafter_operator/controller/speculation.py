@@ -31,7 +31,7 @@ from pydantic import ValidationError
 from engine_jobs.contract import METRICS_PORT, VARIANTS
 
 from ..api.spec import ReDrafterDeploymentSpec
-from ..api.status import HISTORY_LIMIT
+from ..api.status import HISTORY_LIMIT, EnginesStatus, HistoryEntry, ReDrafterDeploymentStatus
 from ..metrics import PrometheusError, Reading, source_for, statuses_from_pods, targets_from_pods
 from ..policy import Evaluation, PolicyState, due, pinned_engine, step
 from ..render import names
@@ -51,88 +51,94 @@ CONDITION = "SpeculationHealthy"
 
 
 # ---- pure parts ----------------------------------------------------------------------------------
-def stored_state(status: Mapping[str, Any]) -> PolicyState | None:
+def stored_state(status: ReDrafterDeploymentStatus) -> PolicyState | None:
     """The policy state persisted in status.policy (None when absent or unreadable: start afresh)."""
-    raw = status.get("policy")
-    if not raw:
+    if not status.policy:
         return None
     try:
-        return PolicyState.model_validate(raw)
+        return PolicyState.model_validate(status.policy)
     except ValidationError as exc:
         log.warning("status.policy is unreadable (%s); the policy starts afresh", exc)
         return None
 
 
-def _volatile_free(fragment: Mapping[str, Any], now: float) -> Any:
-    """The fragment without fields that change on every evaluation by themselves (timestamps), and without an
-    autoscaler settle window that has expired (the autoscaler treats it as none: clearing it alone is no change)."""
-    out = {k: v for k, v in fragment.items()}
-    if isinstance(out.get("speculation"), dict):
-        out["speculation"] = {k: v for k, v in out["speculation"].items() if k != "lastEvaluated"}
-    policy = out.get("policy")
-    if isinstance(policy, dict):
-        policy = dict(policy)
-        if isinstance(policy.get("speculation"), dict):
-            policy["speculation"] = {k: v for k, v in policy["speculation"].items() if k != "last_evaluated"}
-        autoscaler = policy.get("autoscaler")
-        if (
-            isinstance(autoscaler, dict)
-            and isinstance(autoscaler.get("settle"), list)
-            and autoscaler["settle"]
-            and isinstance(autoscaler["settle"][0], (int, float))
-            and now >= autoscaler["settle"][0]
-        ):
-            policy["autoscaler"] = {k: v for k, v in autoscaler.items() if k != "settle"}
-        window = policy.get("window")
-        if isinstance(window, dict):
-            pods = {p: {k: v for k, v in (m or {}).items() if k != "t"} for p, m in (window.get("pods") or {}).items()}
-            policy["window"] = {"pods": pods}
-        out["policy"] = policy
-    return out
+def _without(mapping: Mapping[str, Any], *keys: str) -> dict[str, Any]:
+    return {k: v for k, v in mapping.items() if k not in keys}
 
 
-def measured_crossover(status: Mapping[str, Any]) -> float | None:
+def _policy_at_rest(policy: Mapping[str, Any], now: float) -> dict[str, Any]:
+    """The persisted policy state without what changes by itself: the evaluation's and the counter marks'
+    times, and an autoscaler settle window that has expired (the autoscaler treats it as none)."""
+    rest = dict(policy)
+    if isinstance(rest.get("speculation"), dict):
+        rest["speculation"] = _without(rest["speculation"], "last_evaluated")
+    autoscaler = rest.get("autoscaler")
+    if isinstance(autoscaler, dict):
+        settle = autoscaler.get("settle")
+        if isinstance(settle, list) and settle and isinstance(settle[0], (int, float)) and now >= settle[0]:
+            rest["autoscaler"] = _without(autoscaler, "settle")
+    window = rest.get("window")
+    if isinstance(window, dict):
+        rest["window"] = {p: _without(m or {}, "t") for p, m in (window.get("pods") or {}).items()}
+    return rest
+
+
+def _at_rest(status: ReDrafterDeploymentStatus, now: float) -> dict[str, Any]:
+    """``status`` in wire form without the fields that change on every evaluation by themselves."""
+    rest = status.model_copy()
+    if "speculation" in status.model_fields_set:
+        rest.speculation = status.speculation.model_copy(update={"last_evaluated": None})
+    if status.policy is not None:
+        rest.policy = _policy_at_rest(status.policy, now)
+    return rest.wire()
+
+
+def measured_crossover(status: ReDrafterDeploymentStatus) -> float | None:
     """The validation Job's measured crossover, once the current pair passed (else the cost model's own)."""
-    validation = status.get("validation") or {}
-    if validation.get("state") != "Passed":
+    validation = status.validation
+    if validation is None or validation.state != "Passed":
         return None
-    value = validation.get("crossoverConcurrency", (status.get("speculation") or {}).get("crossoverConcurrency"))
-    return float(value) if isinstance(value, (int, float)) else None
+    if validation.crossover_concurrency is not None:
+        return validation.crossover_concurrency
+    return status.speculation.crossover_concurrency
 
 
 def report_fields(
     spec: ReDrafterDeploymentSpec,
-    old: Mapping[str, Any],
+    old: ReDrafterDeploymentStatus,
     ev: Evaluation,
     state: PolicyState,
     *,
     previous_engine: str,
     now: str,
-) -> tuple[dict[str, Any], Cond | None]:
+) -> tuple[ReDrafterDeploymentStatus, Cond | None]:
     """status.speculation / policy (/ history on a switch), and the SpeculationHealthy condition (pure)."""
     d = ev.speculation
-    speculation = {**(old.get("speculation") or {}), **d.status(now)}
+    speculation = old.speculation.overlay(d.status(now))
     measured = measured_crossover(old)
     if measured is not None:
-        speculation["crossoverConcurrency"] = measured  # measured by the validation Job beats the cost model
+        speculation.crossover_concurrency = measured  # measured by the validation Job beats the cost model
     # exclude_none: a merge patch deletes null fields, so stored state never has them (else it always differs)
-    out: dict[str, Any] = {"speculation": speculation, "policy": state.model_dump(mode="json", exclude_none=True)}
+    out = ReDrafterDeploymentStatus(speculation=speculation, policy=state.model_dump(mode="json", exclude_none=True))
     cond = Cond(CONDITION, d.healthy, d.reason, d.message) if spec.speculation.mode != "Never" else None
     if d.switched:
-        entry = {
-            "time": now,
-            "from": previous_engine,
-            "to": d.engine,
-            "reason": f"{d.reason}: {d.message}"[:HISTORY_REASON_LIMIT],
-        }
-        out["history"] = (list(old.get("history") or []) + [entry])[-HISTORY_LIMIT:]
+        entry = HistoryEntry(
+            time=now, from_=previous_engine, to=d.engine, reason=f"{d.reason}: {d.message}"[:HISTORY_REASON_LIMIT]
+        )
+        out.history = [*old.history, entry][-HISTORY_LIMIT:]
     return out, cond
 
 
-def changed(old: Mapping[str, Any], fields: Mapping[str, Any], *, now: float) -> bool:
-    """Whether ``fields`` change ``old`` in more than timestamps (what is worth a status write)."""
-    current = {k: old.get(k) for k in fields}
-    return merge_patch(_volatile_free(current, now), _volatile_free(fields, now)) is not None
+def changed(old: ReDrafterDeploymentStatus, new: ReDrafterDeploymentStatus, *, now: float) -> bool:
+    """Whether the parts ``new`` sets change ``old`` in more than timestamps (what is worth a status write)."""
+    after = _at_rest(new, now)
+    before = _at_rest(old, now)
+    return merge_patch({k: before.get(k) for k in after}, after) is not None
+
+
+def _built(engines: EnginesStatus, variant: str) -> bool:
+    engine = engines.redrafter if variant == "redrafter" else engines.base
+    return engine is not None and engine.state in READY_STATES
 
 
 # ---- the monitor ---------------------------------------------------------------------------------
@@ -167,11 +173,12 @@ class SpeculationMonitor:
         meta = body.get("metadata") or {}
         ns, name = key
         uid = meta.get("uid") or ""
-        status = current_status(host, key)
+        status = ReDrafterDeploymentStatus.observed(current_status(host, key))
         last = self._reports.get(key)
         if last is not None and last.uid == uid:  # newer than status until the reconciler wrote it
-            status = {**status, **last.fields}
-        if status.get("activeEngine") not in VARIANTS:
+            status = status.overlay(last.status)
+        serving = status.active_engine  # the pool taking the traffic (the gate may hold it on base)
+        if serving is None:
             return  # nothing serves yet: nothing to measure
         mem = self._states.get(key)
         state = mem[1] if mem and mem[0] == uid else stored_state(status)
@@ -181,7 +188,7 @@ class SpeculationMonitor:
         repinned = state is not None and pin is not None and state.speculation.engine != pin
         if state is not None and not repinned and not due(spec, state.speculation, now):
             return
-        previous = state.speculation.engine if state else str(status["activeEngine"])
+        previous = state.speculation.engine if state else serving
 
         pods = [p.pod for p in index_entries(host.indexes, "rdd_serving_pods", ("owner", ns, names.label_value(name)))]
         reading, error = await self._read(spec, name, ns, pods)
@@ -189,11 +196,10 @@ class SpeculationMonitor:
         available = frozenset(
             v
             for v in VARIANTS
-            if ((status.get("engines") or {}).get(v) or {}).get("state") in READY_STATES
+            if _built(status.engines, v)
             or (deployments.get(v) is not None and bool(getattr(deployments[v], "key", "")))
         )
         available &= validated_engines(spec, status)  # not validated: a switch to it is held (TargetNotReady)
-        serving = str(status["activeEngine"])  # the pool taking the traffic (the gate may hold it on base)
         dep = deployments.get(serving)
         observed = int(dep.replicas) if dep is not None else spec.serving.replicas
         ev, new = step(
@@ -217,12 +223,12 @@ class SpeculationMonitor:
             active="base" if plan.active == "base" else "redrafter", replicas=dict(plan.replicas), canary=plan.canary
         )
         events = self._account(key, spec, ev, previous, serving, current, plan.replicas.get(plan.active, current))
-        # fields that changed only in timestamps keep the last report's (lastEvaluated: the last real change)
+        # parts that changed only in timestamps keep the last report's (lastEvaluated: the last real change)
         if last is not None and last.uid == uid and not changed(status, fields, now=now):
-            fields = dict(last.fields)
+            fields = last.status
         if (
             last is None
-            or (uid, fields, cond, targets) != (last.uid, last.fields, last.condition, last.targets)
+            or (uid, fields.wire(), cond, targets) != (last.uid, last.status.wire(), last.condition, last.targets)
             or events
         ):
             report = SpeculationReport(uid, fields, cond, targets, tuple(events))

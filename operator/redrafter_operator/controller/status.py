@@ -18,6 +18,7 @@ from engine_jobs.contract import VARIANTS
 
 from ..api.spec import ReDrafterDeploymentSpec
 from ..api.status import (
+    Condition,
     EnginesStatus,
     EngineStatus,
     Phase,
@@ -27,7 +28,6 @@ from ..api.status import (
 )
 from ..render import names
 from .condition_set import CONDITIONS, Marks
-from .conditions import find
 from .facts import DeploymentFact, Observed
 from .plan_types import EventSpec, Plan, ServingTargets
 from .reports import SpeculationReport
@@ -40,17 +40,21 @@ NO_MATCHING_GPU_NODES = "NoMatchingGPUNodes"
 
 @dataclass
 class Draft:
-    """The status a plan step builds: the observed status (wire and typed) and what the concerns mark."""
+    """The status a plan step builds: the observed status and what the concerns mark."""
 
-    old: dict[str, Any]
-    status: ReDrafterDeploymentStatus
+    before: ReDrafterDeploymentStatus  # as observed, untouched
+    status: ReDrafterDeploymentStatus  # what the concerns fill in
     marks: Marks = field(default_factory=Marks)
     phase: Phase | None = None
 
     @classmethod
     def of(cls, observed: Mapping[str, Any]) -> "Draft":
-        old = {k: v for k, v in observed.items() if k != "kopf"}
-        return cls(old, ReDrafterDeploymentStatus.observed(old))
+        before = ReDrafterDeploymentStatus.observed(observed)
+        return cls(before, before.model_copy(deep=True))
+
+    def old_condition(self, type_: str) -> Condition | None:
+        """The observed condition of ``type_``."""
+        return next((c for c in self.before.conditions if c.type == type_), None)
 
 
 @dataclass(frozen=True)
@@ -201,19 +205,19 @@ def serving_part(draft: Draft, name: str, observed: Observed, d: Decided, applie
 
 
 # ---- validation ------------------------------------------------------------------------------------------
-def validation_part(draft: Draft, validated: Mapping[str, Any], d: Decided) -> str | None:
+def validation_part(draft: Draft, validation: ValidationStatus | None, d: Decided) -> str | None:
     """``validation`` as this step left it (:mod:`.validation` marks Validated); a failed validation stalls.
 
     Returns why the current pair is not promoted when its validation Failed, for the rollout's progress."""
-    if validated.get("validation"):
-        draft.status.validation = ValidationStatus.from_wire(validated["validation"])
+    if validation is not None:
+        draft.status.validation = validation
     if d.gate is None or d.gate.state != "Failed":
         return None
-    v = validated.get("validation") or {}
+    reason, message = (validation.reason, validation.message) if validation else (None, None)
     serving = f"the promoted ReDrafter engine {d.stable} keeps serving" if d.stable else "serving base"
     invalid = (
         f"the ReDrafter engine {d.engines['redrafter'].key} failed validation against base "
-        f"{d.engines['base'].key} ({v.get('reason')}: {v.get('message')}); {serving} until a retry passes "
+        f"{d.engines['base'].key} ({reason}: {message}); {serving} until a retry passes "
         f"(annotation {ANNOTATION_RETRY_VALIDATION})"
     )
     draft.marks.stall("Validated", "ValidationFailed", invalid)
@@ -283,7 +287,7 @@ def _phase(d: Decided, r: Rollout, invalid: str | None) -> Phase:
 
 # ---- speculation -----------------------------------------------------------------------------------------
 def speculation_part(
-    draft: Draft, spec: ReDrafterDeploymentSpec, report: SpeculationReport | None, measured: Mapping[str, Any]
+    draft: Draft, spec: ReDrafterDeploymentSpec, report: SpeculationReport | None, measured: ValidationStatus | None
 ) -> list[EventSpec]:
     """``speculation``, ``policy``, ``history`` and SpeculationHealthy: the monitor's report, folded in.
 
@@ -293,18 +297,16 @@ def speculation_part(
         draft.marks.mark(
             "SpeculationHealthy", "False", "SpeculationDisabled", "speculation.mode is Never: serving the base engine"
         )
-    elif (find(draft.old.get("conditions") or [], "SpeculationHealthy") or {"reason": "SpeculationDisabled"}).get(
-        "reason"
-    ) == "SpeculationDisabled":
+    elif (prev := draft.old_condition("SpeculationHealthy")) is None or prev.reason == "SpeculationDisabled":
         draft.marks.mark("SpeculationHealthy", "Unknown", "NotMeasured", "no acceptance measurement yet")
     events: list[EventSpec] = []
     if report is not None:
-        draft.status = draft.status.with_wire(report.fields)
+        draft.status = draft.status.overlay(report.status)
         draft.marks.set(report.condition)
         events += report.events
-    if measured.get("state") == "Passed" and measured.get("crossoverConcurrency") is not None:
+    if measured is not None and measured.state == "Passed" and measured.crossover_concurrency is not None:
         draft.status.speculation = draft.status.speculation.model_copy(
-            update={"crossover_concurrency": measured["crossoverConcurrency"]}
+            update={"crossover_concurrency": measured.crossover_concurrency}
         )
     return events
 
@@ -334,8 +336,8 @@ def placement_part(draft: Draft, p: Plan, observed: Observed) -> EventSpec | Non
     """
     if observed.nodes is None:
         return None
-    old = find(draft.old.get("conditions") or [], "Schedulable")
-    was_false = bool(old and old.get("status") == "False")
+    old = draft.old_condition("Schedulable")
+    was_false = bool(old and old.status == "False")
     if p.unplaced:
         message = _grouped(p.unplaced)
         draft.marks.mark("Schedulable", "False", NO_MATCHING_GPU_NODES, message)
@@ -373,56 +375,58 @@ def invalid_plan(observed: Mapping[str, Any], generation: int, errors: list[str]
     draft.marks.mark("SpecValid", "False", "InvalidSpec", message)
     draft.marks.mark("Progressing", "False", "InvalidSpec", "fix the spec; nothing is changed until it is valid")
     draft.marks.stall("SpecValid", "InvalidSpec", message)
-    kept = draft.old.get("phase")
+    kept = draft.before.phase if "phase" in draft.before.model_fields_set else None
     draft.phase = kept if kept in ("Serving", "Prewarmed", "Degraded") else "Failed"
     p = Plan(status=finish(draft, generation, now))
-    prev = find(draft.old.get("conditions") or [], "SpecValid")
-    if not prev or prev.get("status") != "False" or prev.get("message") != message:
+    prev = draft.old_condition("SpecValid")
+    if not prev or prev.status != "False" or prev.message != message:
         p.events.append(EventSpec("Warning", "InvalidSpec", message))
-    status_events(draft.old, p.status.wire(), p, skip_spec=True)
+    status_events(draft.before, p.status, p, skip_spec=True)
     return p
 
 
-def status_events(old: Mapping[str, Any], new: Mapping[str, Any], p: Plan, skip_spec: bool = False) -> None:
-    """The Events the change from ``old`` to ``new`` (wire form) means: spec valid again, a switch, a serving
-    failure (once per cause), a phase change."""
+def status_events(
+    old: ReDrafterDeploymentStatus, new: ReDrafterDeploymentStatus, p: Plan, skip_spec: bool = False
+) -> None:
+    """The Events the change from ``old`` to ``new`` means: spec valid again, a switch, a serving failure (once
+    per cause), a phase change."""
     if not skip_spec:
-        prev = find(old.get("conditions") or [], "SpecValid")
-        if prev and prev.get("status") == "False":
+        prev = next((c for c in old.conditions if c.type == "SpecValid"), None)
+        if prev and prev.status == "False":
             p.events.append(EventSpec("Normal", "SpecValid", "spec is valid again"))
-    if old.get("activeEngine") and new.get("activeEngine") and old["activeEngine"] != new["activeEngine"]:
+    if old.active_engine and new.active_engine and old.active_engine != new.active_engine:
         p.events.append(
             EventSpec(
                 "Normal",
                 "Switched",
-                f"Service now selects the {new['activeEngine']} engine (was {old['activeEngine']})",
+                f"Service now selects the {new.active_engine} engine (was {old.active_engine})",
             )
         )
-    failure = ServingFailure.from_status(new.get("serving"))
-    before = ServingFailure.from_status(old.get("serving"))
+    failure = ServingFailure.from_status(new.serving)
+    before = ServingFailure.from_status(old.serving)
     if failure and (
         before is None
         or (before.reason, before.pod, before.deployment) != (failure.reason, failure.pod, failure.deployment)
     ):
         p.events.append(EventSpec("Warning", failure.reason, failure.summary))  # once per cause, not per reconcile
-    if old.get("phase") != new.get("phase"):
-        serving = new.get("serving") or {}
-        typ = "Warning" if new.get("phase") in ("Failed", "Degraded") else "Normal"
-        detail = {
-            "Serving": f"{serving.get('readyReplicas')}/{serving.get('replicas')} {new.get('activeEngine')} replicas Ready",
-            "Failed": next(
-                (
-                    c.get("message", "")
-                    for c in new.get("conditions", [])
-                    if c.get("type") in ("EnginesReady", "SpecValid") and c.get("status") == "False"
-                ),
-                "",
-            ),
-        }.get(str(new.get("phase")), "")
+    old_phase, new_phase = (s.phase if "phase" in s.model_fields_set else None for s in (old, new))
+    if old_phase != new_phase:
+        detail = _phase_detail(new)
         p.events.append(
             EventSpec(
-                typ,
-                f"Phase{new.get('phase')}",
-                f"phase {old.get('phase') or 'None'} -> {new.get('phase')}" + (f": {detail}" if detail else ""),
+                "Warning" if new.phase in ("Failed", "Degraded") else "Normal",
+                f"Phase{new.phase}",
+                f"phase {old_phase or 'None'} -> {new_phase}" + (f": {detail}" if detail else ""),
             )
         )
+
+
+def _phase_detail(new: ReDrafterDeploymentStatus) -> str:
+    """What a phase Event adds: the Ready replicas when Serving, the cause when Failed."""
+    if new.phase == "Serving":
+        serving = new.serving
+        return f"{serving.ready_replicas}/{serving.replicas} {new.active_engine} replicas Ready"
+    if new.phase == "Failed":
+        causes = (c for c in new.conditions if c.type in ("EnginesReady", "SpecValid") and c.status == "False")
+        return next((c.message for c in causes), "")
+    return ""

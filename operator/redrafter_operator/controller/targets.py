@@ -7,12 +7,12 @@ Pure. The policy and the validation gate hand the reconciler :class:`~.plan_type
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Mapping
 
 from engine_jobs.contract import VARIANTS, Variant
 
 from ..api.spec import ReDrafterDeploymentSpec
-from ..api.status import EngineStatus
+from ..api.status import EngineStatus, ReDrafterDeploymentStatus
 from ..policy import pinned_engine
 from ..policy.loop import canary_from_status
 from .facts import Observed
@@ -20,16 +20,15 @@ from .plan_types import READY_STATES, ServingTargets
 from .validation import gate_from_status
 
 
-def default_targets(spec: ReDrafterDeploymentSpec, status: Mapping[str, Any]) -> ServingTargets:
+def default_targets(spec: ReDrafterDeploymentSpec, status: ReDrafterDeploymentStatus) -> ServingTargets:
     """Without a policy decision: the engine that serves keeps serving; a new resource starts on the engine
     its mode pins (ReDrafter in Auto). A pin that moves a serving resource is the policy's switch, made
     (and recorded in status.history) by its next evaluation, which a new spec brings forward to the next tick."""
-    serving = status.get("activeEngine")
     pin = pinned_engine(spec)
     active: Variant
-    if serving in ("redrafter", "base"):
-        active = "base" if serving == "base" else "redrafter"
-    elif (status.get("drafter") or {}).get("state") == "Rejected":
+    if status.active_engine is not None:
+        active = status.active_engine
+    elif status.drafter is not None and status.drafter.state == "Rejected":
         active = pin or "base"  # no ReDrafter engine is built from a rejected drafter: the base serves
     else:
         active = pin or "redrafter"

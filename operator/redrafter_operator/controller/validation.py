@@ -48,6 +48,7 @@ from typing import Any, Mapping
 from engine_jobs.contract import VARIANTS
 
 from ..api.spec import ReDrafterDeploymentSpec
+from ..api.status import PromotedEngines, ReDrafterDeploymentStatus, ValidationState, ValidationStatus
 from ..evaluate import outcome as oc
 from ..render import names
 from ..render.common import Owner
@@ -68,26 +69,27 @@ class Gate:
     stable: str | None = None  # the promoted ReDrafter key that keeps serving while a newer one is validated
 
 
-def engine_pair(status: Mapping[str, Any]) -> tuple[str, str] | None:
+def engine_pair(status: ReDrafterDeploymentStatus) -> tuple[str, str] | None:
     """(ReDrafter key, base key) when both engines are Ready/Cached, else None (nothing to validate)."""
-    engines = status.get("engines") or {}
-    keys = []
-    for v in ("redrafter", "base"):
-        e = engines.get(v) or {}
-        if e.get("state") not in READY_STATES or not e.get("key"):
-            return None
-        keys.append(str(e["key"]))
-    return keys[0], keys[1]
+    redrafter, base = status.engines.redrafter, status.engines.base
+    if redrafter is None or base is None:
+        return None
+    if any(e.state not in READY_STATES or not e.key for e in (redrafter, base)):
+        return None
+    return redrafter.key, base.key
 
 
-def gate_of(status: Mapping[str, Any], pair: tuple[str, str]) -> Gate:
-    """The gate as status.validation shows it for ``pair`` (a pair not validated yet is Pending)."""
-    v = status.get("validation") or {}
-    promoted = (v.get("promoted") or {}).get("redrafterKey")
-    stable = str(promoted) if promoted and promoted != pair[0] else None
-    if v.get("redrafterKey") != pair[0] or v.get("baseKey") != pair[1]:
+def _promoted_key(validation: ValidationStatus | None) -> str | None:
+    return validation.promoted.redrafter_key if validation and validation.promoted else None
+
+
+def gate_of(validation: ValidationStatus | None, pair: tuple[str, str]) -> Gate:
+    """The gate as ``status.validation`` shows it for ``pair`` (a pair not validated yet is Pending)."""
+    promoted = _promoted_key(validation)
+    stable = promoted if promoted and promoted != pair[0] else None
+    if validation is None or (validation.redrafter_key, validation.base_key) != pair:
         return Gate(False, "Pending", stable)
-    state = str(v.get("state") or "Pending")
+    state = validation.state
     return Gate(True, state) if state == "Passed" else Gate(False, state, stable)
 
 
@@ -116,21 +118,21 @@ def gated_targets(targets: ServingTargets, gate: Gate | None, current_pool: str 
 
 
 def gate_from_status(
-    targets: ServingTargets, spec: ReDrafterDeploymentSpec, status: Mapping[str, Any]
+    targets: ServingTargets, spec: ReDrafterDeploymentSpec, status: ReDrafterDeploymentStatus
 ) -> ServingTargets:
     """``targets`` with the gate status implies (the planner's defaults, before any evaluation)."""
     pair = engine_pair(status) if spec.validation.enabled else None
     if pair is None:
         return targets
-    return gated_targets(targets, gate_of(status, pair), status.get("activeEngine"))
+    return gated_targets(targets, gate_of(status.validation, pair), status.active_engine)
 
 
-def validated_engines(spec: ReDrafterDeploymentSpec, status: Mapping[str, Any]) -> frozenset[str]:
+def validated_engines(spec: ReDrafterDeploymentSpec, status: ReDrafterDeploymentStatus) -> frozenset[str]:
     """The variants the policy may switch to: ReDrafter only once validated (the new engine, or the promoted one)."""
     pair = engine_pair(status) if spec.validation.enabled else None
     if pair is None:
         return frozenset(VARIANTS)
-    gate = gate_of(status, pair)
+    gate = gate_of(status.validation, pair)
     return frozenset(VARIANTS) if gate.promote or gate.stable is not None else frozenset({"base"})
 
 
@@ -144,7 +146,7 @@ def pods_ready(deployments: Mapping[str, Any], pair: tuple[str, str], candidate:
     return True
 
 
-def promotion_state(spec: ReDrafterDeploymentSpec, status: Mapping[str, Any]) -> tuple[Gate | None, str | None]:
+def promotion_state(spec: ReDrafterDeploymentSpec, status: ReDrafterDeploymentStatus) -> tuple[Gate | None, str | None]:
     """(the validation gate of the current engine pair or None, the stable ReDrafter key or None).
 
     Stable: the promoted ReDrafter engine (status.validation.promoted) while a different ReDrafter
@@ -154,11 +156,11 @@ def promotion_state(spec: ReDrafterDeploymentSpec, status: Mapping[str, Any]) ->
         return None, None
     pair = engine_pair(status)
     if pair is not None:
-        gate = gate_of(status, pair)
+        gate = gate_of(status.validation, pair)
         return gate, gate.stable
-    promoted = ((status.get("validation") or {}).get("promoted") or {}).get("redrafterKey")
-    key = ((status.get("engines") or {}).get("redrafter") or {}).get("key")
-    return None, (str(promoted) if promoted and promoted != key else None)
+    promoted = _promoted_key(status.validation)
+    key = status.engines.redrafter.key if status.engines.redrafter else None
+    return None, (promoted if promoted and promoted != key else None)
 
 
 ENV_OPERATOR_IMAGE = "REDRAFTER_OPERATOR_IMAGE"
@@ -181,7 +183,7 @@ class ValidationStep:
 
     create_job: bool  # create validation_job(owner, ..., attempt=attempt) now
     attempt: int
-    status: dict[str, Any]  # status.validation (camelCase)
+    status: ValidationStatus
     condition: Cond | None = None
     crossover: float | None = None  # status.speculation.crossoverConcurrency when measured
     events: tuple[EventSpec, ...] = ()
@@ -189,7 +191,7 @@ class ValidationStep:
     @property
     def promote(self) -> bool:
         """May the stable Service select the pair (it passed)?"""
-        return self.status.get("state") == "Passed"
+        return self.status.state == "Passed"
 
 
 def validation_step(
@@ -197,7 +199,7 @@ def validation_step(
     pair: tuple[str, str],
     *,
     pods_ready: bool,
-    previous: Mapping[str, Any] | None,
+    previous: ValidationStatus | None,
     jobs: Mapping[str, RunJobFact],
     pods: Mapping[str, RunPodFact],
     now: str,
@@ -213,32 +215,32 @@ def validation_step(
     once (status says so in the same write).
     """
     redrafter_key, base_key = pair
-    prev = dict(previous or {})
-    same_pair = prev.get("redrafterKey") == redrafter_key and prev.get("baseKey") == base_key
-    attempt = int(prev.get("attempt", 0)) if same_pair else 0
-    base_status: dict[str, Any] = {"redrafterKey": redrafter_key, "baseKey": base_key, "attempt": attempt}
+    prev = previous or ValidationStatus()
+    same_pair = (prev.redrafter_key, prev.base_key) == pair
+    attempt = prev.attempt if same_pair else 0
+
+    def state(state: ValidationState, **fields: Any) -> ValidationStatus:
+        return ValidationStatus(state=state, redrafter_key=redrafter_key, base_key=base_key, attempt=attempt, **fields)
+
     started = True  # a first attempt's Job is announced; a retry's was asked for
-    if same_pair and prev.get("state") == "Passed":
+    if same_pair and prev.state == "Passed":
         return ValidationStep(
-            False, attempt, prev, Cond("Validated", "True", oc.PASSED, prev.get("message") or "engine pair validated")
+            False, attempt, prev, Cond("Validated", "True", oc.PASSED, prev.message or "engine pair validated")
         )
-    if same_pair and prev.get("state") == "Failed":
-        if not retry_token or retry_token == prev.get("retryToken"):
+    if same_pair and prev.state == "Failed":
+        if not retry_token or retry_token == prev.retry_token:
             return ValidationStep(
                 False,
                 attempt,
                 prev,
-                Cond(
-                    "Validated", "False", prev.get("reason") or JOB_FAILED, prev.get("message") or "validation failed"
-                ),
+                Cond("Validated", "False", prev.reason or JOB_FAILED, prev.message or "validation failed"),
             )
         attempt += 1
-        base_status["attempt"] = attempt
         if not pods_ready:
             return ValidationStep(
                 False,
                 attempt,
-                {**base_status, "state": "Pending", "retryToken": retry_token},
+                state("Pending", retry_token=retry_token),
                 Cond("Validated", "Unknown", "Retrying", f"validation attempt {attempt} requested"),
             )
         started = False
@@ -246,11 +248,10 @@ def validation_step(
         return ValidationStep(
             False,
             attempt,
-            {**base_status, "state": "Pending", "job": None},
+            state("Pending"),
             Cond("Validated", "Unknown", "WaitingForPods", "waiting for Ready pods of both engines to validate"),
         )
     job_name = validation_job_name(name, redrafter_key, base_key, attempt)
-    running = {**base_status, "state": "Running", "job": job_name}
     validating = Cond("Validated", "Unknown", "Validating", f"validation Job {job_name} running")
     job = jobs.get(job_name) if started else None
     if job is None:
@@ -261,18 +262,19 @@ def validation_step(
                 f"validating engines {redrafter_key[:12]}/{base_key[:12]} with Job {job_name}",
             ),
         )
-        return ValidationStep(True, attempt, running, validating, events=events if started else ())
+        return ValidationStep(
+            True, attempt, state("Running", job=job_name), validating, events=events if started else ()
+        )
     if job.result is None:
-        return ValidationStep(False, attempt, running, validating)
+        return ValidationStep(False, attempt, state("Running", job=job_name), validating)
     pod = pods.get(job_name)
     verdict = oc.parse_termination_message(pod.messages.get(VALIDATE_CONTAINER)) if pod else None
     kind, job_reason = job.result
     if kind == "Complete" and verdict is not None and verdict.passed:
-        status = {**running, "state": "Passed", "reason": verdict.reason, "message": verdict.message, "completed": now}
         return ValidationStep(
             False,
             attempt,
-            status,
+            state("Passed", job=job_name, reason=verdict.reason, message=verdict.message, completed=now),
             Cond("Validated", "True", oc.PASSED, verdict.message),
             crossover=verdict.crossover_concurrency,
             events=(EventSpec("Normal", "ValidationPassed", verdict.message),),
@@ -281,54 +283,59 @@ def validation_step(
         reason, message = verdict.reason, verdict.message
     else:  # no verdict: deadline, evictions beyond the backoff limit, a crash without a message
         reason, message = JOB_FAILED, f"validation Job {job_name} failed ({job_reason}) without a verdict"
-    status = {**running, "state": "Failed", "reason": reason, "message": message, "completed": now}
-    if retry_token is not None:
-        status["retryToken"] = retry_token
     return ValidationStep(
         False,
         attempt,
-        status,
+        state("Failed", job=job_name, reason=reason, message=message, completed=now, retry_token=retry_token),
         Cond("Validated", "False", reason, message),
         events=(EventSpec("Warning", "ValidationFailed", f"{reason}: {message}"),),
     )
 
 
-def validation_fragment(old: Mapping[str, Any], step: ValidationStep) -> dict[str, Any]:
+def validation_after(previous: ValidationStatus | None, step: ValidationStep) -> ValidationStatus:
     """status.validation (with the measured crossover) after one step (pure); its Validated condition is the
-    step's to mark."""
-    out: dict[str, Any] = {}
-    out["validation"] = {k: v for k, v in step.status.items() if v is not None}
-    # the last pair that passed outlives the record of newer pairs
-    state = out["validation"]
-    prev = old.get("validation") or {}
-    promoted = prev.get("promoted")
+    step's to mark. The last pair that passed outlives the record of newer pairs."""
+    out = step.status.model_copy()
+    promoted = previous.promoted if previous else None
     crossover = None
     if step.crossover is not None and step.crossover != float("inf"):
-        crossover = state["crossoverConcurrency"] = round(step.crossover, 4)
-    if state.get("state") == "Passed":
-        same = (prev.get("redrafterKey"), prev.get("baseKey")) == (state["redrafterKey"], state["baseKey"])
-        if crossover is None and same:
-            crossover = prev.get("crossoverConcurrency", (promoted or {}).get("crossoverConcurrency"))
-        promoted = {"redrafterKey": state["redrafterKey"], "baseKey": state["baseKey"]}
-        if crossover is not None:  # what the promoted engine's in-engine limit comes from
-            promoted["crossoverConcurrency"] = crossover
-    if promoted:
-        out["validation"]["promoted"] = promoted
+        crossover = out.crossover_concurrency = round(step.crossover, 4)
+    if out.state == "Passed" and out.redrafter_key and out.base_key:
+        same = previous is not None and (previous.redrafter_key, previous.base_key) == (
+            out.redrafter_key,
+            out.base_key,
+        )
+        if crossover is None and same and previous is not None:
+            crossover = previous.crossover_concurrency
+            if crossover is None and promoted is not None:
+                crossover = promoted.crossover_concurrency
+        # what the promoted engine's in-engine limit comes from
+        promoted = PromotedEngines(
+            redrafter_key=out.redrafter_key, base_key=out.base_key, crossover_concurrency=crossover
+        )
+    if promoted is not None:
+        out.promoted = promoted
     return out
 
 
 @dataclass
 class ValidationPlan:
-    """What validation needs of one reconcile: status fields, the Job to create, the Events."""
+    """What validation needs of one reconcile: status.validation, the Job to create, the Events."""
 
-    status: dict[str, Any] = field(default_factory=dict)
+    status: ValidationStatus | None = None  # None: unchanged
     job: dict[str, Any] | None = None
     events: list[EventSpec] = field(default_factory=list)
     condition: Cond | None = None  # Validated, when this step changes it
 
 
 def plan_validation(
-    owner: Owner, status: Mapping[str, Any], observed: Observed, annotations: Mapping[str, str], *, image: str, now: str
+    owner: Owner,
+    status: ReDrafterDeploymentStatus,
+    observed: Observed,
+    annotations: Mapping[str, str],
+    *,
+    image: str,
+    now: str,
 ) -> ValidationPlan:
     """One validation step for the resource's current engine pair (``status`` holds this plan's engines)."""
     spec: ReDrafterDeploymentSpec = owner.spec
@@ -336,9 +343,11 @@ def plan_validation(
     if pair is None:
         return ValidationPlan()
     retry = annotations.get(ANNOTATION_RETRY_VALIDATION) or None
-    gate = gate_of(status, pair)
-    prev = status.get("validation") or {}
-    if gate.state == "Passed" or (gate.state == "Failed" and (not retry or retry == prev.get("retryToken"))):
+    prev = status.validation
+    gate = gate_of(prev, pair)
+    if gate.state == "Passed" or (
+        gate.state == "Failed" and (not retry or retry == (prev.retry_token if prev else None))
+    ):
         return ValidationPlan()  # settled: status says it all
     ready = pods_ready(observed.deployments, pair, candidate=gate.stable is not None)
     step = validation_step(
@@ -361,12 +370,7 @@ def plan_validation(
             attempt=step.attempt,
             candidate=gate.stable is not None,
         )
-    return ValidationPlan(
-        validation_fragment(status, step),
-        job,
-        list(step.events),
-        step.condition,
-    )
+    return ValidationPlan(validation_after(prev, step), job, list(step.events), step.condition)
 
 
 __all__ = [
@@ -385,6 +389,6 @@ __all__ = [
     "promotion_state",
     "pods_ready",
     "validated_engines",
-    "validation_fragment",
+    "validation_after",
     "validation_step",
 ]

@@ -8,11 +8,12 @@ the controller stores it (e.g. ``status.policy``) and passes it back.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Sequence
 
 from pydantic import BaseModel, Field, ValidationError
 
 from ..api.spec import ReDrafterDeploymentSpec
+from ..api.status import ReDrafterDeploymentStatus
 from ..metrics.samples import PodStatus, Reading
 from ..metrics.window import Windows, WindowState, advance
 from .autoscaler import AutoscalerState, ScaleDecision, pool_load, recommend, settled
@@ -125,14 +126,14 @@ def step(
     return Evaluation(decision, scale, windows, current_replicas, canary_replicas(spec, spec_state)), new
 
 
-def canary_from_status(spec: ReDrafterDeploymentSpec, status: Mapping[str, Any]) -> int:
+def canary_from_status(spec: ReDrafterDeploymentSpec, status: ReDrafterDeploymentStatus) -> int:
     """The canary replicas the policy last asked for, from ``status.policy``, for a restarted operator's
     first reconciles (before the policy first runs): the spec's ``canaryReplicas`` on base in Auto mode when
     status holds no readable policy state (so no canary pod is dropped, nor started and dropped again)."""
-    if status.get("activeEngine") != "base" or spec.speculation.mode != "Auto":
+    if status.active_engine != "base" or spec.speculation.mode != "Auto":
         return 0
     try:
-        stored = PolicyState.model_validate(status.get("policy") or {}).speculation
+        stored = PolicyState.model_validate(status.policy or {}).speculation
     except ValidationError:
         return spec.speculation.canary_replicas
     return canary_replicas(spec, stored) if stored.engine == "base" else spec.speculation.canary_replicas

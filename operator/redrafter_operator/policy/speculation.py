@@ -40,9 +40,10 @@ What is measured, and how recovery is observed, is documented in :mod:`.measure`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from ..api.spec import ReDrafterDeploymentSpec, Speculation
+from ..api.status import SpeculationStatus
 from ..api.types import parse_duration
 from .measure import Measurement, Observation, measure, recent_rows
 from .state import Engine, SpeculationState
@@ -74,20 +75,19 @@ class Decision:
     def switched(self) -> bool:
         return self.action in ("SwitchToBase", "SwitchToRedrafter")
 
-    def status(self, now_rfc3339: str) -> dict[str, Any]:
-        """Fields of status.speculation (camelCase wire names)."""
+    def status(self, now_rfc3339: str) -> SpeculationStatus:
+        """The fields of status.speculation this evaluation measured (an unmeasured one stays unset)."""
         m = self.measurement
-        out = {
-            "samples": m.samples,
-            "lastEvaluated": now_rfc3339,
-            "decision": self.action,
-            "reason": f"{self.reason}: {self.message}",
-            "acceptanceRate": _round(m.acceptance_rate),
-            "tokensPerStep": _round(m.tokens_per_step),
-            "predictedSpeedup": _round(m.predicted_speedup),
-            "crossoverConcurrency": None if m.crossover in (None, float("inf")) else _round(m.crossover),
-        }
-        return {k: v for k, v in out.items() if v is not None}
+        return SpeculationStatus(
+            samples=m.samples,
+            last_evaluated=now_rfc3339,
+            decision=self.action,
+            reason=f"{self.reason}: {self.message}",
+            acceptance_rate=_round(m.acceptance_rate),
+            tokens_per_step=_round(m.tokens_per_step),
+            predicted_speedup=_round(m.predicted_speedup),
+            crossover_concurrency=None if m.crossover in (None, float("inf")) else _round(m.crossover),
+        )
 
 
 def _round(x: float | None) -> float | None:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..api import API_VERSION, KIND
 from ..api.spec import ReDrafterDeploymentSpec
+from ..api.status import PromotedEngines, ReDrafterDeploymentStatus
 
 
 @dataclass(frozen=True)
@@ -31,14 +31,16 @@ class Owner:
     def from_body(cls, body: dict[str, Any]) -> "Owner":
         """From a raw object (kopf body or YAML); raises pydantic.ValidationError on a bad spec."""
         meta = body.get("metadata", {})
+        validation = ReDrafterDeploymentStatus.observed(body.get("status") or {}).validation
+        promoted = validation.promoted if validation else None
         return cls(
             name=meta["name"],
             namespace=meta.get("namespace") or "default",
             uid=meta.get("uid") or "00000000-0000-0000-0000-000000000000",
             spec=ReDrafterDeploymentSpec.from_wire(body.get("spec") or {}),
             generation=int(meta.get("generation") or 1),
-            in_engine_concurrency=in_engine_concurrency(body.get("status") or {}),
-            in_engine_schedule=in_engine_schedule(body.get("status") or {}),
+            in_engine_concurrency=in_engine_concurrency(promoted),
+            in_engine_schedule=in_engine_schedule(promoted),
         )
 
     def owner_reference(self) -> dict[str, Any]:
@@ -52,28 +54,20 @@ class Owner:
         }
 
 
-def in_engine_concurrency(status: Mapping[str, Any]) -> int | None:
+def in_engine_concurrency(promoted: PromotedEngines | None) -> int | None:
     """The promoted pair's measured crossover, floored: the PyTorch backend's speculative engine drafts only up
     to it (``max_concurrency``). None before a pass with a measurement."""
-    promoted = (status.get("validation") or {}).get("promoted") or {}
-    crossover = promoted.get("crossoverConcurrency")
-    if not isinstance(crossover, (int, float)) or not math.isfinite(crossover) or crossover < 1:
+    crossover = promoted.crossover_concurrency if promoted else None
+    if crossover is None or not math.isfinite(crossover) or crossover < 1:
         return None
     return int(crossover)
 
 
-def in_engine_schedule(status: Mapping[str, Any]) -> dict[int, int] | None:
-    """The promoted pair's measured draft_len_schedule with integer keys (status stores JSON's string keys);
-    None when there is none or it is not a mapping of positive integers to non-negative ones."""
-    promoted = (status.get("validation") or {}).get("promoted") or {}
-    raw = promoted.get("draftLenSchedule")
-    if not isinstance(raw, Mapping) or not raw:
-        return None
-    try:
-        schedule = {int(k): v for k, v in raw.items()}
-    except (TypeError, ValueError):
-        return None
-    if any(k < 1 or not isinstance(v, int) or isinstance(v, bool) or v < 0 for k, v in schedule.items()):
+def in_engine_schedule(promoted: PromotedEngines | None) -> dict[int, int] | None:
+    """The promoted pair's measured draft_len_schedule, sorted; None when there is none or it does not map
+    positive batch sizes to non-negative draft lengths."""
+    schedule = promoted.draft_len_schedule if promoted else None
+    if not schedule or any(k < 1 or v < 0 for k, v in schedule.items()):
         return None
     return dict(sorted(schedule.items()))
 

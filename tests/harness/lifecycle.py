@@ -181,7 +181,7 @@ class HeldPods:
             if job is None:
                 fault = self.faults.get(deployment_of(pod))
                 if fault is not None:
-                    status = failures.pod_status(pod, fault, pod_ip=ip)
+                    status = failures.pod_status(pod, fault, host_ip=objects.HOST_IP, pod_ip=ip)
                     key: Any = ("fault", fault)
                 else:
                     status = objects.running_status(first["name"], ip, started, self.ready, 0, first.get("image", ""))
@@ -218,12 +218,18 @@ def _all_containers(pod: dict[str, Any], status: dict[str, Any], init_message: s
         ]
     containers = pod["spec"]["containers"]
     status["containerStatuses"] = [
-        {**first, "name": c["name"], "image": c.get("image", "")}
+        {**first, "name": c["name"], "image": c.get("image", ""), "state": _replacing(first["state"])}
         if i == 0
-        else {**first, "name": c["name"], "image": c.get("image", ""), "state": _quiet(first["state"])}
+        else {**first, "name": c["name"], "image": c.get("image", ""), "state": _replacing(_quiet(first["state"]))}
         for i, c in enumerate(containers)
     ]
     return status
+
+
+def _replacing(state: dict[str, Any]) -> dict[str, Any]:
+    """The state with the others nulled: the strategic merge patch replaces the previous state (waiting after a
+    fault, running once it clears), as the kubelet's patch does; merged, the API server refuses two states."""
+    return {**dict.fromkeys(("waiting", "running", "terminated")), **state}
 
 
 def _quiet(state: dict[str, Any]) -> dict[str, Any]:

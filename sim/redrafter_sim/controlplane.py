@@ -63,6 +63,8 @@ CONTROLLERS = (
     "persistentvolume-protection-controller",
     # removes the not-ready taint the TaintNodesByCondition admission puts on every new Node, once it is Ready
     "node-lifecycle-controller",
+    # counts a namespace's ResourceQuotas: until it has, quota admission refuses every pod there
+    "resourcequota-controller",
 )
 ADMIN_USER = "kubernetes-admin"
 

@@ -54,6 +54,7 @@ _DROP = frozenset(
     {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade", "host"}
 )
 _REASONS = {  # k8s.io/apimachinery pkg/api/errors: the reason each constructor sets
+    403: "Forbidden",
     409: "Conflict",
     410: "Expired",
     500: "InternalError",

@@ -1019,6 +1019,13 @@ def request_namespace(path: str) -> str | None:
     return None
 
 
+def _absolute_path(path: str) -> str:
+    """PYTHONPATH for a process started in another directory: a relative entry (``PYTHONPATH=operator:sim:.``)
+    would resolve against that directory, miss, and leave the virtualenv's editable install to import another
+    checkout's operator than the one under test."""
+    return os.pathsep.join(str(Path(p).resolve()) for p in path.split(os.pathsep) if p)
+
+
 RUN_MODES = {
     # cluster-wide RBAC, two replicas: --all-namespaces --leader-elect (a Lease Role in the release namespace)
     "cluster-leader-election": {"replicas": 2},
@@ -1042,6 +1049,7 @@ class ChartOperator:
             **_container_env(container, pod, cluster.ns),
             "KUBECONFIG": str(kubeconfig),
             "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": _absolute_path(os.environ.get("PYTHONPATH", "")),
         }
         assert container["command"] == ["redrafter-operator"]
         self.proc = subprocess.Popen(
@@ -1392,7 +1400,11 @@ async def _two_replicas(cluster: Cluster, tmp_path: Path) -> None:
             active
         ].proc.terminate()  # a rollout or a node drain stops the leader: loops stop, then the Lease is released
         await asyncio.to_thread(procs[active].proc.wait, 15)
+        exited = time.monotonic() - sigterm
         assert procs[active].proc.returncode == 0, procs[active].text()[-2000:]
+        # kopf's shutdown gives tasks left over after its cleanup 5 s before it cancels them: an exit after that
+        # long means something (kopf's own stop-flag waiter, once) was left waiting
+        assert exited < 5.0, exited
         assert lease().get("holderIdentity") in ("", standby)
         await until(
             lambda: lease().get("holderIdentity") == standby, lease_duration, "the standby to take the released Lease"

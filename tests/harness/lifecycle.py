@@ -163,6 +163,7 @@ class HeldPods:
     ready: bool = True  # Deployments' pods Ready
     faults: dict[str, failures.Fault] = field(default_factory=dict)  # by Deployment: what the kubelet reports
     verdicts: dict[str, tuple[int, str]] = field(default_factory=dict)  # by Job: (exit code, termination message)
+    init_messages: dict[str, str] = field(default_factory=dict)  # by Job: its init containers' termination message
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def changed(self) -> None:
@@ -180,7 +181,7 @@ class HeldPods:
             if job is None:
                 fault = self.faults.get(deployment_of(pod))
                 if fault is not None:
-                    status = failures.pod_status(pod, fault, pod_ip=ip)
+                    status = failures.pod_status(pod, fault, host_ip=objects.HOST_IP, pod_ip=ip)
                     key: Any = ("fault", fault)
                 else:
                     status = objects.running_status(first["name"], ip, started, self.ready, 0, first.get("image", ""))
@@ -188,32 +189,47 @@ class HeldPods:
             elif job in self.verdicts:
                 code, message = self.verdicts[job]
                 status = objects.terminated_status(first["name"], ip, started, code, message, first.get("image", ""))
-                await report(pod, _all_containers(pod, status))
+                await report(pod, _all_containers(pod, status, self.init_messages.get(job, "")))
                 return
             else:
                 status = objects.running_status(first["name"], ip, started, False, 0, first.get("image", ""))
                 key = ("running", False)
             if key != last:
-                await report(pod, _all_containers(pod, status))
+                await report(pod, _all_containers(pod, status, self.init_messages.get(job or "", "")))
                 last = key
             await wake.wait()
 
 
-def _all_containers(pod: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
-    """The first container's status repeated for each container (the kubelet reports every one), with addresses."""
+def _all_containers(pod: dict[str, Any], status: dict[str, Any], init_message: str = "") -> dict[str, Any]:
+    """The first container's status repeated for each container (the kubelet reports every one), with addresses;
+    init containers, where the pod has any, terminated 0 with ``init_message`` (they ran before the others)."""
     if "podIP" in status:
         status = {**status, "podIPs": [{"ip": status["podIP"]}]}
     (first, *_) = status.get("containerStatuses") or [None]
     if first is None:
         return status
+    inits = pod["spec"].get("initContainers") or []
+    if inits:
+        at = status.get("startTime")
+        ran = {"exitCode": 0, "reason": "Completed", "message": init_message, "startedAt": at, "finishedAt": at}
+        status["initContainerStatuses"] = [
+            {**first, "name": c["name"], "image": c.get("image", ""), "ready": True, "state": {"terminated": ran}}
+            for c in inits
+        ]
     containers = pod["spec"]["containers"]
     status["containerStatuses"] = [
-        {**first, "name": c["name"], "image": c.get("image", "")}
+        {**first, "name": c["name"], "image": c.get("image", ""), "state": _replacing(first["state"])}
         if i == 0
-        else {**first, "name": c["name"], "image": c.get("image", ""), "state": _quiet(first["state"])}
+        else {**first, "name": c["name"], "image": c.get("image", ""), "state": _replacing(_quiet(first["state"]))}
         for i, c in enumerate(containers)
     ]
     return status
+
+
+def _replacing(state: dict[str, Any]) -> dict[str, Any]:
+    """The state with the others nulled: the strategic merge patch replaces the previous state (waiting after a
+    fault, running once it clears), as the kubelet's patch does; merged, the API server refuses two states."""
+    return {**dict.fromkeys(("waiting", "running", "terminated")), **state}
 
 
 def _quiet(state: dict[str, Any]) -> dict[str, Any]:
@@ -496,8 +512,10 @@ class Cluster:
         return self.proxy.cut_watches(reset=reset)
 
     # -- the pods --
-    def complete_job(self, job: str, message: str = "") -> None:
-        """The Job's pods exit 0 with this termination message (now, or when they start)."""
+    def complete_job(self, job: str, message: str = "", init_message: str = "") -> None:
+        """The Job's pods exit 0 with this termination message (now, or when they start); ``init_message``: the
+        one their init containers, if any, terminated with."""
+        self.pods.init_messages[job] = init_message
         self.pods.verdicts[job] = (0, message)
         self.pods.changed()
 

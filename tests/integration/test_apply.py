@@ -282,6 +282,53 @@ async def test_children_written_by_an_earlier_version_are_adopted_whole(kube: Ku
     assert await applier.ensure(service(ns)) is False
 
 
+async def test_a_hand_over_raced_by_another_writer_is_tried_again(kube: Kube, client: Recorded) -> None:
+    """On a real cluster the Deployment controller writes status right after an apply: the take-over's test of
+    the resourceVersion the apply answered then fails (422). The apply again answers the current object and
+    the take-over succeeds; the reconcile does not fail, and the earlier version's fields go."""
+    ns = kube.namespace
+    old = service(ns)
+    old["spec"]["ports"].append({"name": "legacy", "port": 9000})
+    create(kube, old, manager="OpenAPI-Generator")
+    raced = {"done": False}
+    request = client.request
+
+    async def racing(method: str, path: str, body: Any = None, **kw: Any) -> dict[str, Any]:
+        answer = await request(method, path, body, **kw)
+        if kw.get("content_type") == APPLY_PATCH and not raced["done"]:
+            raced["done"] = True  # another manager writes between the apply's answer and the take-over
+            edit(kube, old, {"metadata": {"labels": {"team": "x"}}}, manager="kubectl-label")
+        return answer
+
+    client.request = racing  # type: ignore[method-assign]
+    applier = Applier(client, client.watch_view)  # type: ignore[arg-type]
+    assert await applier.ensure(service(ns)) is True
+    assert [c[2] for c in client.calls] == [APPLY_PATCH, JSON_PATCH, APPLY_PATCH, JSON_PATCH, APPLY_PATCH]
+    obj = stored(kube)
+    assert [p["name"] for p in obj["spec"]["ports"]] == ["http"]
+    assert obj["metadata"]["labels"] == {"a": "b", "team": "x"}, "the other manager's write is kept"
+    assert "OpenAPI-Generator" not in {e["manager"] for e in obj["metadata"]["managedFields"]}
+    assert await applier.ensure(service(ns)) is False
+
+
+async def test_an_unfinished_hand_over_is_finished_by_a_restarted_operator(kube: Kube, client: Recorded) -> None:
+    """An apply whose take-over did not happen (the process stopped in between, or it failed): the operator's
+    fields hold the manifest, yet the earlier version's fields are still there. Not in sync: the next process
+    applies and takes them over."""
+    ns = kube.namespace
+    old = service(ns)
+    old["spec"]["ports"].append({"name": "legacy", "port": 9000})
+    create(kube, old, manager="OpenAPI-Generator")
+    path = object_path(service(ns)) + f"?fieldManager={FIELD_MANAGER}&force=true"
+    kube.cp.request("PATCH", path, service(ns), content_type=APPLY_PATCH)  # the apply alone
+    assert "legacy" in {p["name"] for p in stored(kube)["spec"]["ports"]}
+    restarted = Applier(client, client.watch_view)  # type: ignore[arg-type]
+    assert await restarted.ensure(service(ns)) is True
+    assert [c[2] for c in client.calls] == [APPLY_PATCH, JSON_PATCH, APPLY_PATCH]
+    assert [p["name"] for p in stored(kube)["spec"]["ports"]] == ["http"]
+    assert await Applier(client, client.watch_view).ensure(service(ns)) is False  # type: ignore[arg-type]
+
+
 async def test_create_only_never_patches_an_existing_job(kube: Kube, client: Recorded) -> None:
     job = {
         "apiVersion": "batch/v1",

@@ -7,7 +7,11 @@ controllers compute Job and Deployment status; the real EndpointSlice controller
 from __future__ import annotations
 
 import asyncio
+import base64
+import copy
 import itertools
+import json
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -18,6 +22,7 @@ import pytest
 import yaml
 
 from engine_jobs import contract
+from redrafter_operator.controller.facts import DeploymentFact, ServingPodFact
 from redrafter_operator.render import names
 from redrafter_operator.render.build import build_configmap, build_job, build_spec
 from redrafter_operator.render.common import Owner
@@ -47,6 +52,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 ROOT = Path(__file__).resolve().parents[2]
 NODE = "sim-node-0"
 NAMESPACES = Kind("v1", "namespaces", namespaced=False)
+EVENTS = Kind("v1", "events")
 _serial = itertools.count()
 
 
@@ -400,3 +406,326 @@ async def test_a_serving_deployment_becomes_ready_and_is_routed_to(admin: KubeAp
 
 async def _no_selected(admin: KubeApi, ns: str, selector: str) -> bool:
     return not await admin.list(PODS, ns, label_selector=selector)
+
+
+# ---------------------------------------------------------------------------- PyTorch backends, credentials, claims
+async def test_pytorch_prepare_jobs_run_without_a_toolchain_and_share_one_artifact(
+    admin: KubeApi, node: SimNode, ns: str
+):
+    """An EAGLE-3 resource on the node's hf:// fixtures: both variants' Jobs complete, one prepares the artifact,
+    the other finds it (same key); a draft model with another vocabulary fails at once."""
+    eagle3 = {
+        "method": "eagle3",
+        "redrafter": {},
+        "model": {
+            "base": {"source": "hf://redrafter-sim/tiny-llama"},
+            "drafter": {"source": "hf://redrafter-sim/tiny-llama-eagle3"},
+        },
+    }
+    owner = demo_owner(ns, **eagle3)
+    jobs = [await run_build(admin, owner, variant) for variant in contract.VARIANTS]
+    assert [await finished(admin, ns, j) for j in jobs] == ["Complete", "Complete"]
+    (key,) = {build_spec(owner.spec, v).key for v in contract.VARIANTS}
+    messages = []
+    for job in jobs:
+        (pod,) = await job_pods(admin, ns, job)
+        messages.append(pod["status"]["containerStatuses"][0]["state"]["terminated"]["message"])
+    assert all(m.startswith(f"OK: engine {key} ") for m in messages), messages
+    artifact = node.claim_path(ns, "engine-cache") / "engines" / key
+    manifest = json.loads((artifact / contract.MANIFEST_FILE).read_text())
+    assert manifest["method"] == "eagle3" and (artifact / contract.DRAFT_DIR / "config.json").is_file()
+
+    other = demo_owner(
+        ns,
+        method="draftModel",
+        redrafter={},
+        model={
+            "base": {"source": "hf://redrafter-sim/tiny-llama"},
+            "drafter": {"source": "hf://redrafter-sim/tiny-llama-draft-other-tokenizer"},
+        },
+    )
+    name = await run_build(admin, other, "base")
+    assert await finished(admin, ns, name) == "Failed"
+    (pod,) = await job_pods(admin, ns, name)  # BAD_INPUT fails the Job at its first pod
+    term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert term["exitCode"] == 2, term
+    assert term["message"].startswith("BAD_INPUT: the draft model's tokenizer does not match the target's"), term
+
+
+HF_TOKEN = "hf_simNodeTokenThatMustStaySecret"
+HF_COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+async def gated_model_build(admin: KubeApi, node: SimNode, ns: str, *, rendered: bool) -> str:
+    """The base-engine build Job of a gated hf:// model whose token Secret is mounted into the pod.
+
+    ``rendered``: as the operator renders it (fsGroup, 0440). Otherwise: no fsGroup, the token 0400 and so
+    root-owned and owner-only, the container still running as its image's user. The Hub is offline on this node:
+    the model comes from the Hugging Face cache in the engine claim (HF_HOME=/cache/.hf-home), so the only thing
+    that can fail is reading the token.
+    """
+    from redrafter_sim.checkpoint import write_base, write_tokenizer
+    from redrafter_sim.podidentity import Ownership
+
+    hub = node.claim_path(ns, "engine-cache") / "engines" / ".hf-home" / "hub" / "models--acme--gated-llama"
+    write_tokenizer(write_base(hub / "snapshots" / HF_COMMIT))
+    (hub / "refs").mkdir(parents=True, exist_ok=True)
+    (hub / "refs" / "main").write_text(HF_COMMIT)
+    gated = {"source": "hf://acme/gated-llama", "credentialsSecret": "hf-token"}
+    owner = demo_owner(ns, **{"model.base": gated, "model.tokenizer": gated})
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "hf-token"},
+        "type": "Opaque",
+        "data": {"token": base64.b64encode(HF_TOKEN.encode()).decode()},
+    }
+    await admin.create(SECRETS, secret, ns)
+    job = without_owner(build_job(owner, "base"))
+    pod = job["spec"]["template"]["spec"]
+    if not rendered:
+        del pod["securityContext"]["fsGroup"], pod["securityContext"]["fsGroupChangePolicy"]
+        next(v for v in pod["volumes"] if "secret" in v)["secret"]["defaultMode"] = 0o400
+        # a provisioner that leaves the claim world-writable: only the token can be the problem
+        node.fs.claim_ownership["engine-cache"] = Ownership(0, 0, 0o777)
+    await admin.create(CONFIGMAPS, without_owner(build_configmap(owner, "base")), ns)
+    created = await admin.create(JOBS, job, ns)
+    name: str = created["metadata"]["name"]
+    await wait_for(lambda: finished(admin, ns, name), 120, f"Job {name} to finish")
+    return name
+
+
+@pytest.mark.parametrize("rendered", [True, False], ids=["rendered-security-context", "root-owned-0400-token"])
+async def test_the_token_secret_is_readable_only_as_a_node_would_allow(
+    admin: KubeApi, node: SimNode, ns: str, monkeypatch: pytest.MonkeyPatch, rendered: bool
+):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the node passes its environment to the containers
+    name = await gated_model_build(admin, node, ns, rendered=rendered)
+    (pod, *_) = await job_pods(admin, ns, name)
+    term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert HF_TOKEN not in json.dumps(pod)
+    if rendered:
+        assert await finished(admin, ns, name) == "Complete", term
+        assert term["message"].startswith("OK: engine ")
+    else:  # what a node answers a non-root builder reading a root-owned 0400 file: EACCES
+        assert await finished(admin, ns, name) == "Failed"
+        assert term["exitCode"] == 6, term  # engine_jobs ExitCode.SOURCE_UNAVAILABLE
+        assert term["message"].startswith("SOURCE_UNAVAILABLE: cannot read credentials key token in "), term
+        assert term["message"].rstrip().endswith("Permission denied"), term
+
+
+async def test_a_cache_claim_without_fs_group_is_not_writable(admin: KubeApi, node: SimNode, ns: str):
+    """No fsGroup and a root-owned 0755 claim (how most provisioners create it): the non-root builder cannot
+    create its lock in the engine cache, as on a node."""
+    owner = demo_owner(ns)
+    job = without_owner(build_job(owner, "base"))
+    pod = job["spec"]["template"]["spec"]
+    del pod["securityContext"]["fsGroup"], pod["securityContext"]["fsGroupChangePolicy"]
+    await admin.create(CONFIGMAPS, without_owner(build_configmap(owner, "base")), ns)
+    name = (await admin.create(JOBS, job, ns))["metadata"]["name"]
+    await wait_for(lambda: finished(admin, ns, name), 120, f"Job {name} to finish")
+    assert await finished(admin, ns, name) == "Failed"
+    (pod, *_) = await job_pods(admin, ns, name)
+    term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert term["exitCode"] == 6, term  # SOURCE_UNAVAILABLE: a retry cannot help
+    assert term["message"].startswith("SOURCE_UNAVAILABLE: cache directory ") and "is not writable" in term["message"]
+    assert "Permission denied" in term["message"], term
+
+
+async def test_engine_control_file_reaches_every_pod_of_a_variant(node: SimNode, ns: str):
+    """The demo collapses acceptance by writing one control file per (resource, variant)."""
+    owner = demo_owner(ns)
+    ctl = node.set_engine(ns, owner.name, "redrafter", acceptance_rate=0.1)
+    assert ctl.acceptance_rate == 0.1
+    path = node.control_file(ns, owner.name, "redrafter")
+    assert path.is_file() and str(path).startswith(str(node.node_dir))
+    assert path.name == f"{ns}.{owner.name}.redrafter.json"
+
+
+# ---------------------------------------------------------------------------- admission: Pod Security
+RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted"}
+
+
+def unhardened(workload: dict[str, Any]) -> dict[str, Any]:
+    """``workload`` with its pod template's security settings removed (what the operator rendered before)."""
+    out = copy.deepcopy(workload)
+    pod = out["spec"]["template"]["spec"]
+    pod.pop("securityContext", None)
+    for c in pod["containers"]:
+        c.pop("securityContext", None)
+    return out
+
+
+async def failed_create_events(admin: KubeApi, ns: str, kind: str) -> list[dict[str, Any]]:
+    return [
+        e for e in await admin.list(EVENTS, ns) if e["reason"] == "FailedCreate" and e["involvedObject"]["kind"] == kind
+    ]
+
+
+async def test_restricted_namespace_rejects_unhardened_pods_and_controllers_say_why(
+    admin: KubeApi, node: SimNode, ns: str
+):
+    """kube-apiserver's PodSecurity admission refuses the pods; the real Job and ReplicaSet controllers say why."""
+    from redrafter_operator.render.serving import serving_deployment
+
+    await admin.patch(NAMESPACES, ns, None, {"metadata": {"labels": RESTRICTED}})
+    bare = bare_pod("bare", ["true"])
+    bare["spec"]["containers"][0].pop("command")
+    with pytest.raises(ApiStatusError) as rejected:
+        await admin.create(PODS, bare, ns)
+    assert rejected.value.code == 403 and rejected.value.reason == "Forbidden"
+    assert 'pods "bare" is forbidden: violates PodSecurity "restricted:latest": ' in str(rejected.value)
+    assert 'allowPrivilegeEscalation != false (container "main" must set ' in str(rejected.value)
+
+    owner = demo_owner(ns)
+    # the Job controller: the build pod is rejected, the Job says why in an Event
+    await admin.create(CONFIGMAPS, without_owner(build_configmap(owner, "base")), ns)
+    job = await admin.create(JOBS, unhardened(without_owner(build_job(owner, "base"))), ns)
+    name = job["metadata"]["name"]
+    (event, *_) = await wait_for(lambda: failed_create_events(admin, ns, "Job"), 30, "the Job's FailedCreate Event")
+    assert event["message"].startswith(f'Error creating: pods "{name}-')
+    assert 'violates PodSecurity "restricted:latest"' in event["message"]
+    assert event["type"] == "Warning" and event["involvedObject"]["name"] == name
+    assert not await job_pods(admin, ns, name)
+    # the ReplicaSet controller: a FailedCreate Event and the Deployment's ReplicaFailure condition
+    dep = await admin.create(DEPLOYMENTS, unhardened(without_owner(serving_deployment(owner, "base", "0" * 20, 1))), ns)
+    dep_name = dep["metadata"]["name"]
+
+    async def replica_failure() -> dict[str, Any] | None:
+        return condition(await admin.get(DEPLOYMENTS, dep_name, ns), "ReplicaFailure")
+
+    failure = await wait_for(replica_failure, 30, "the Deployment's ReplicaFailure condition")
+    assert failure["reason"] == "FailedCreate" and "violates PodSecurity" in failure["message"]
+    assert await failed_create_events(admin, ns, "ReplicaSet")
+    assert not [p for p in await admin.list(PODS, ns) if p["metadata"]["name"].startswith(dep_name)]
+
+
+# ---------------------------------------------------------------------------- serving failures
+def failing_deployment(owner: Owner, suffix: str, replicas: int = 1, **container: Any) -> list[dict[str, Any]]:
+    """The operator's serving ConfigMap and Deployment of ``owner`` (under their own names, container fields
+    overridden) for an engine that was never built: a pod that gets as far as starting crashes."""
+    from redrafter_operator.render.serving import serving_configmap, serving_deployment
+
+    key = build_spec(owner.spec, "redrafter").key
+    cm = without_owner(serving_configmap(owner, "redrafter", key))
+    dep = without_owner(serving_deployment(owner, "redrafter", key, replicas))
+    dep["metadata"]["name"] = f"{owner.name}-{suffix}"
+    labels = {**dep["spec"]["selector"]["matchLabels"], "test/deployment": suffix}
+    dep["spec"]["selector"]["matchLabels"] = labels
+    dep["spec"]["template"]["metadata"]["labels"].update(labels)
+    dep["spec"]["template"]["spec"]["containers"][0].update(container)
+    return [cm, dep]
+
+
+async def pods_of(admin: KubeApi, ns: str, suffix: str) -> list[dict[str, Any]]:
+    pods = await admin.list(PODS, ns, label_selector=f"test/deployment={suffix}")
+    return sorted(pods, key=lambda p: p["metadata"]["name"])
+
+
+async def reasons(admin: KubeApi, ns: str, suffix: str) -> list[str]:
+    return [ServingPodFact.from_body(p).reason for p in await pods_of(admin, ns, suffix)]
+
+
+async def test_serving_failures_are_written_as_the_scheduler_and_kubelet_write_them(
+    admin: KubeApi, node: SimNode, ns: str
+):
+    owner = demo_owner(ns)
+    node.serving.unpullable.add("registry.invalid/triton:missing")
+    gpus = {"resources": {"limits": {"nvidia.com/gpu": "8"}, "requests": {"nvidia.com/gpu": "8"}}}
+    secret_env = {"env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}]}
+    no_gpu = {"resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}  # the "gpu" pod holds all of them
+    for obj in (
+        failing_deployment(owner, "gpu", replicas=2, **gpus)
+        + failing_deployment(owner, "pull", image="registry.invalid/triton:missing", **no_gpu)
+        + failing_deployment(owner, "config", **secret_env, **no_gpu)
+    ):
+        kind = CONFIGMAPS if obj["kind"] == "ConfigMap" else DEPLOYMENTS
+        if await admin.get(kind, obj["metadata"]["name"], ns) is None:
+            await admin.create(kind, obj, ns)
+
+    # the node's 8 GPUs: the real scheduler binds the first pod (which crash-loops: its engine was never built)
+    # and leaves the second Pending with its diagnosis
+    await wait_for(
+        lambda: _sorted_reasons(admin, ns, "gpu", ["CrashLoopBackOff", "Unschedulable"]),
+        60,
+        "a crash-looping pod and an unschedulable one",
+    )
+    by_reason = {ServingPodFact.from_body(p).reason: p for p in await pods_of(admin, ns, "gpu")}
+    sched = condition(by_reason["Unschedulable"], "PodScheduled") or {}
+    assert (sched["status"], sched["reason"]) == ("False", "Unschedulable")
+    assert sched["message"].startswith("0/1 nodes are available: 1 Insufficient nvidia.com/gpu."), sched
+    assert not by_reason["Unschedulable"]["status"].get("podIP")
+    cs = by_reason["CrashLoopBackOff"]["status"]["containerStatuses"][0]
+    assert cs["state"]["waiting"]["reason"] == "CrashLoopBackOff" or cs["restartCount"] >= 1
+    assert cs["lastState"]["terminated"]["exitCode"] == 1 and cs["lastState"]["terminated"]["reason"] == "Error"
+    assert "engine artifact" in cs["lastState"]["terminated"]["message"]
+    fact = ServingPodFact.from_body(by_reason["CrashLoopBackOff"])
+    assert "exited with code 1" in fact.message and "engine artifact" in fact.message
+
+    await wait_for(lambda: _sorted_reasons(admin, ns, "pull", ["ErrImagePull"]), 30, "ErrImagePull")
+    await wait_for(lambda: _sorted_reasons(admin, ns, "pull", ["ImagePullBackOff"]), 30, "ImagePullBackOff")
+    waiting = (await pods_of(admin, ns, "pull"))[0]["status"]["containerStatuses"][0]["state"]["waiting"]
+    assert waiting["message"] == 'Back-off pulling image "registry.invalid/triton:missing"'
+
+    await wait_for(
+        lambda: _sorted_reasons(admin, ns, "config", ["CreateContainerConfigError"]), 30, "CreateContainerConfigError"
+    )
+    assert ServingPodFact.from_body((await pods_of(admin, ns, "config"))[0]).message == 'secret "hf-token" not found'
+    # the Secret appears: the kubelet's next attempt creates the container (which then crashes: no engine)
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf-token"}, "data": {"token": "eA=="}}
+    await admin.create(SECRETS, secret, ns)
+    await wait_for(lambda: _sorted_reasons(admin, ns, "config", ["CrashLoopBackOff"]), 30, "the config error resolved")
+
+    # the crash loop stays one cause across restarts (no flapping to "no failure" in between)
+    restarts = (await pods_of(admin, ns, "config"))[0]["status"]["containerStatuses"][0]["restartCount"]
+    seen: set[str] = set()
+
+    async def restarted_twice() -> bool:
+        (pod,) = await pods_of(admin, ns, "config")
+        seen.add(ServingPodFact.from_body(pod).reason)
+        return bool(pod["status"]["containerStatuses"][0]["restartCount"] >= restarts + 2)
+
+    await wait_for(restarted_twice, 60, "two more restarts")
+    assert seen == {"CrashLoopBackOff"}
+
+
+async def _sorted_reasons(admin: KubeApi, ns: str, suffix: str, expected: list[str]) -> bool:
+    return sorted(await reasons(admin, ns, suffix)) == expected
+
+
+async def test_an_engine_over_its_memory_limit_is_oom_killed_and_the_rollout_times_out(
+    admin: KubeApi, node: SimNode, ns: str
+):
+    try:
+        TritonInstall.find()
+    except TritonUnavailable as exc:
+        pytest.skip(f"tritonserver cannot run here: {exc}")
+    owner = demo_owner(ns)
+    assert await finished(admin, ns, await run_build(admin, owner, "redrafter")) == "Complete"
+    node.serving.memory_needed = 2 * 2**30  # the loaded engine takes 2 GiB
+    memory = {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "1Gi"}}
+    cm, dep = failing_deployment(owner, "oom", resources=memory)
+    dep["spec"]["progressDeadlineSeconds"] = 5  # the real Deployment controller's deadline
+    await admin.create(CONFIGMAPS, cm, ns)
+    await admin.create(DEPLOYMENTS, dep, ns)
+    name = dep["metadata"]["name"]
+    await wait_for(lambda: _sorted_reasons(admin, ns, "oom", ["OOMKilled"]), 60, "OOMKilled")
+    (pod,) = await pods_of(admin, ns, "oom")
+    cs = pod["status"]["containerStatuses"][0]
+    assert cs["lastState"]["terminated"]["reason"] == "OOMKilled"
+    assert cs["lastState"]["terminated"]["exitCode"] == 137
+    assert "exit code 137" in ServingPodFact.from_body(pod).message
+
+    async def progressing() -> dict[str, Any]:
+        return condition(await admin.get(DEPLOYMENTS, name, ns), "Progressing") or {}
+
+    async def timed_out() -> bool:
+        return (await progressing()).get("reason") == "ProgressDeadlineExceeded"
+
+    await wait_for(timed_out, 60, "the progress deadline")
+    assert (await progressing())["status"] == "False"
+    assert re.fullmatch(
+        rf'ReplicaSet "{name}-[0-9a-f]{{8,10}}" has timed out progressing\.', (await progressing())["message"]
+    )
+    fact = DeploymentFact.from_body(await admin.get(DEPLOYMENTS, name, ns))
+    assert fact.failure_reason == "ProgressDeadlineExceeded"

@@ -7,14 +7,17 @@ import json
 from typing import Any
 
 import pytest
-from test_lifecycle import NS, Cluster, Operator, apply, cluster, example, operator, until  # noqa: F401
+
+from harness.lifecycle import Cluster, LifecycleOperator, example
+from harness.waiting import until
+from redrafter_operator.render import names
 
 pytestmark = pytest.mark.timeout(120)
 
 
-async def test_prewarm_then_scale_up(cluster: Cluster, operator: Operator, kubectl: Any):  # noqa: F811
+async def test_prewarm_then_scale_up(cluster: Cluster, operator: LifecycleOperator, kubectl: Any) -> None:
     doc = example(serving__replicas=0, autoscaling__mode="Disabled", validation__enabled=False)
-    apply(kubectl, doc)
+    cluster.apply(doc)
     await until(lambda: len(cluster.running_jobs()) == 2, what="build Jobs")
     cluster.complete_all()
     await until(lambda: cluster.status().get("phase") == "Prewarmed", what="phase Prewarmed")
@@ -24,13 +27,12 @@ async def test_prewarm_then_scale_up(cluster: Cluster, operator: Operator, kubec
     for variant in ("redrafter", "base"):
         dep = cluster.deployment(variant)
         assert dep is None or dep["spec"]["replicas"] == 0, f"{variant} must not serve"
+    assert not cluster.list("v1", "Pod", f"{names.LABEL_COMPONENT}=serving")  # no pod runs
     jobs = cluster.job_names()
     kubectl(
         "patch",
         "rdd",
         doc["metadata"]["name"],
-        "-n",
-        NS,
         "--type=merge",
         "-p",
         json.dumps({"spec": {"serving": {"replicas": 1}}}),

@@ -23,17 +23,16 @@ from typing import Any, Callable, Mapping
 import aiohttp
 from kubernetes_asyncio import client as k8s_client
 
-from .fingerprints import FIELD_MANAGER, manifest_hash, owned_fields
+from .fingerprints import FIELD_MANAGER, manifest_hash, owned_fields, previous_entries
 
 log = logging.getLogger(__name__)
 
 MERGE_PATCH = "application/merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"  # the body is JSON, which is YAML
 JSON_PATCH = "application/json-patch+json"
-# Managers earlier versions of the operator wrote children as: kubernetes-asyncio's User-Agent prefix.
-PREVIOUS_MANAGERS = ("OpenAPI-Generator", FIELD_MANAGER)
 RETRYABLE = {409, 429, 500, 502, 503, 504}
 BACKOFF = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2)  # ~6 s in total, then the reconcile is requeued
+ADOPT_ATTEMPTS = 5  # hand-overs raced by another writer (a Deployment's status) before the reconcile fails
 
 
 class ApiError(Exception):
@@ -225,9 +224,7 @@ class Applier:
         if self.in_sync(manifest):
             return False
         seen = self._observed(manifest)
-        applied = await self._apply(manifest)
-        if await self._adopt(manifest, applied):
-            applied = await self._apply(manifest)
+        applied = await self._hand_over(manifest, await self._apply(manifest))
         meta = applied.get("metadata") or {}
         self._applied[self._ref(manifest)] = _Applied(
             manifest_hash(manifest),
@@ -265,6 +262,28 @@ class Applier:
             query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
         )
 
+    async def _hand_over(self, manifest: Mapping[str, Any], applied: dict[str, Any]) -> dict[str, Any]:
+        """The object after the apply, once an earlier version's fields are taken over (:meth:`_adopt`) and the
+        apply repeated without them.
+
+        The take-over tests the resourceVersion the apply answered; another writer in between (the Deployment
+        controller's status, at once on a real cluster) fails that test with a 422. Then the apply again (it
+        changes nothing, and patch is a verb the operator holds, unlike get) answers the current object for
+        the next try."""
+        for attempt in range(1, ADOPT_ATTEMPTS + 1):
+            tested = (applied.get("metadata") or {}).get("resourceVersion")
+            try:
+                if not await self._adopt(manifest, applied):
+                    return applied
+                break
+            except ApiError as exc:
+                if exc.status != 422 or attempt == ADOPT_ATTEMPTS:
+                    raise
+                applied = await self._apply(manifest)
+                if (applied.get("metadata") or {}).get("resourceVersion") == tested:
+                    raise  # the object did not change: the take-over itself was refused
+        return await self._apply(manifest)
+
     async def _adopt(self, manifest: Mapping[str, Any], live: Mapping[str, Any]) -> bool:
         """Hand the fields an earlier operator version wrote by create/merge patch (an Update by the client
         library's User-Agent, "OpenAPI-Generator") to this operator's apply, as client-go's csaupgrade does:
@@ -272,11 +291,7 @@ class Applier:
         (the caller applies again, which now removes them)."""
         meta = live.get("metadata") or {}
         entries = meta.get("managedFields") or []
-        ours = [
-            e
-            for e in entries
-            if e.get("manager") in PREVIOUS_MANAGERS and e.get("operation") == "Update" and not e.get("subresource")
-        ]
+        ours = previous_entries(live)
         if not ours:
             return False
         fields: dict[str, Any] = {}

@@ -13,6 +13,8 @@ from typing import Any, Mapping
 from ..render import names
 
 FIELD_MANAGER = names.MANAGED_BY  # the operator's server-side apply field manager
+# Managers earlier versions of the operator wrote children as: kubernetes-asyncio's User-Agent prefix.
+PREVIOUS_MANAGERS = ("OpenAPI-Generator", FIELD_MANAGER)
 
 
 def manifest_hash(manifest: Mapping[str, Any]) -> str:
@@ -42,6 +44,16 @@ def owned_fields(body: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def previous_entries(body: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The managedFields entries an earlier operator version left (its create/merge patch: an Update), which
+    the operator's apply has not taken over yet."""
+    return [
+        e
+        for e in body.get("metadata", {}).get("managedFields") or []
+        if e.get("manager") in PREVIOUS_MANAGERS and e.get("operation") == "Update" and not e.get("subresource")
+    ]
+
+
 def _our_apply_entry(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
     for entry in body.get("metadata", {}).get("managedFields") or []:
         if entry.get("manager") == FIELD_MANAGER and entry.get("operation") == "Apply" and not entry.get("subresource"):
@@ -56,9 +68,11 @@ def owned_content(body: Mapping[str, Any]) -> str:
     last apply set, as long as nobody took a field since (an Update moves the fields it changes to its
     manager, so they drop out of the cut). Equal to the hash of a desired manifest: applying that manifest
     would change nothing, which a restarted operator knows from the watch without having applied anything.
+    "" too while an earlier version's entry is not taken over (:func:`previous_entries`): the fields it owns
+    but the apply no longer sets are still there, so the child needs an apply and the hand-over.
     """
     entry = _our_apply_entry(body)
-    if entry is None:
+    if entry is None or previous_entries(body):
         return ""
     fields = entry.get("fieldsV1") or {}
     cut = _project(dict(body), fields)

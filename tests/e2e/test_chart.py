@@ -1152,7 +1152,7 @@ async def _runs_from_the_chart(mode: str, cluster: Cluster, tmp_path: Path) -> N
     mark = cluster.mark()
     op = ChartOperator(cluster, deployment, "rdo-operator-0", tmp_path)
     cluster.install_crd(INFERENCE_POOL_CRD)
-    cluster_side = asyncio.create_task(finish_jobs(cluster))
+    cluster_side: asyncio.Task[None] | None = None
     try:
         probe = container["readinessProbe"]["httpGet"]
         url = f"http://127.0.0.1:{health}{probe['path']}"
@@ -1243,6 +1243,8 @@ async def _runs_from_the_chart(mode: str, cluster: Cluster, tmp_path: Path) -> N
             path = cluster.path(leftover["apiVersion"], leftover["kind"]) + "?fieldManager=OpenAPI-Generator"
             leftover["metadata"]["namespace"] = ns
             cluster.cp.request("POST", path, leftover)
+        # only now may the builds finish: the operator creates these serving children once the base is built
+        cluster_side = asyncio.create_task(finish_jobs(cluster))
 
         def promoted() -> bool:  # base serves first; ReDrafter once the validation Job (GET jobs) passed
             out = kubectl(
@@ -1304,8 +1306,9 @@ async def _runs_from_the_chart(mode: str, cluster: Cluster, tmp_path: Path) -> N
         await until(lambda: cluster.find(API_VERSION, KIND, "llama3-8b") is None, 30, "the example to be deleted")
         await settle(cluster)  # the last watch events and Events
     finally:
-        cluster_side.cancel()
-        await asyncio.gather(cluster_side, return_exceptions=True)
+        if cluster_side is not None:
+            cluster_side.cancel()
+            await asyncio.gather(cluster_side, return_exceptions=True)
         await asyncio.to_thread(op.stop)
         cluster.remove_crd(INFERENCE_POOL_CRD)
 

@@ -337,7 +337,7 @@ def test_model_yaml_upstream_refuses_does_not_load(tmp_path: Path):
     edit(second, lambda d: d["speculative_config"].pop("speculative_model_dir"))
     server = TritonServer(repo, workdir=tmp_path / "work")
     with pytest.raises(TritonStartError):
-        server.start(timeout=120)
+        server.start()
     server.stop()
     log = server.log_path.read_text(errors="replace")
     assert "max_batch_sise: Extra inputs are not permitted" in log, server.log_tail()

@@ -31,7 +31,7 @@ def test_engine_config_without_tokenizer_dir_does_not_load(tmp_path: Path):
     drop_parameter(repo / ENGINE_MODEL / "config.pbtxt", "tokenizer_dir")
     server = TritonServer(repo, workdir=tmp_path / "work")
     with pytest.raises(TritonStartError):
-        server.start(timeout=120)
+        server.start()
     server.stop()
     log = server.log_path.read_text(errors="replace")
     assert "Cannot find parameter with name: tokenizer_dir" in log, server.log_tail()

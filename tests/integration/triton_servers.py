@@ -37,7 +37,7 @@ class HasServer(Protocol):
 S = TypeVar("S", bound=HasServer)
 
 
-def start_servers(make: Callable[[str], S], variants: Iterable[str] = VARIANTS, timeout: float = 90) -> dict[str, S]:
+def start_servers(make: Callable[[str], S], variants: Iterable[str] = VARIANTS, timeout: float = 300) -> dict[str, S]:
     """``make(variant)`` started for each variant. Skips where Triton cannot run; on any other failure
     stops the ones already started first (they run in their own sessions and would outlive pytest)."""
     started: dict[str, S] = {}

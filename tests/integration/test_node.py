@@ -250,6 +250,28 @@ async def test_pod_failure_policy_fail_job_ends_the_job_at_its_first_pod(admin: 
     assert term["exitCode"] == 2 and term["message"].startswith("BAD_INPUT: spec says architecture qwen")
 
 
+async def test_a_final_status_answered_503_is_reported_again(
+    admin: KubeApi, node: SimNode, ns: str, monkeypatch: pytest.MonkeyPatch
+):
+    """kube-apiserver answers 503 (or 429, 500) while it starts, shuts down or waits for etcd: the node reports
+    the pod's final status again, else the pod stays Running and its Job never finishes."""
+    refused: list[str] = []
+    patch = node.api.patch
+
+    async def unavailable_at_first(kind: Kind, name: str, namespace: str | None, body: Any, *a: Any, **kw: Any) -> Any:
+        if kind == PODS and (body.get("status") or {}).get("phase") in ("Succeeded", "Failed") and len(refused) < 2:
+            refused.append(name)
+            raise ApiStatusError(503, "ServiceUnavailable", "the server is currently unable to handle the request")
+        return await patch(kind, name, namespace, body, *a, **kw)
+
+    monkeypatch.setattr(node.api, "patch", unavailable_at_first)
+    name = await run_build(admin, demo_owner(ns))
+    assert len(refused) == 2
+    assert await finished(admin, ns, name) == "Complete"
+    (pod,) = await job_pods(admin, ns, name)
+    assert pod["status"]["phase"] == "Succeeded"
+
+
 # ---------------------------------------------------------------------------- plain pods: volumes, deletion
 def bare_pod(name: str, argv: list[str], **spec: Any) -> dict[str, Any]:
     return {

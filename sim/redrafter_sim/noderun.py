@@ -47,6 +47,8 @@ RESTART_BACKOFF_SECONDS = 1.0
 FORBIDDEN_RETRY_SECONDS = 10.0  # the Node authorizer's graph learns a new Pod's references a moment after it
 SIGTERM_EXIT = 143
 LOG_KEEP_CHARS = 64_000
+#: answers that say "not now" (throttled, starting, shutting down, etcd unavailable), not "never"
+TRANSIENT_CODES = frozenset({429, 500, 502, 503, 504})
 
 
 def http_readiness(container: dict[str, Any], ip: str) -> tuple[dict[str, Any], str | None] | None:
@@ -130,8 +132,9 @@ class PodRunner(ProgramRunner):
         return None
 
     async def report(self, pod: dict[str, Any], status: dict[str, Any]) -> None:
-        """Patch the Pod's status; while kube-apiserver is unreachable (a restart) keep trying, as the kubelet's
-        status manager does: a lost final status would leave the Pod Running and its Job unfinished for ever."""
+        """Patch the Pod's status; while kube-apiserver is unreachable or answers that it cannot serve now (a
+        restart: 429 or 5xx while it starts, shuts down or waits for etcd) keep trying, as the kubelet's status
+        manager does: a lost final status would leave the Pod Running and its Job unfinished for ever."""
         meta = pod["metadata"]
         pause = 0.2
         while True:
@@ -140,8 +143,12 @@ class PodRunner(ProgramRunner):
                     PODS, meta["name"], meta["namespace"], {"status": status}, "status", strategic=True
                 )
                 return
-            except ApiStatusError:  # gone or being replaced: nothing left to report to
-                return
+            except ApiStatusError as exc:
+                if exc.code not in TRANSIENT_CODES:  # gone or being replaced: nothing left to report to
+                    return
+                log.warning("pod %s/%s: status not reported yet (%s)", meta["namespace"], meta["name"], exc)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 2.0)
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                 log.warning("pod %s/%s: status not reported yet (%s)", meta["namespace"], meta["name"], exc)
                 await asyncio.sleep(pause)

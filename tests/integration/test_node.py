@@ -44,7 +44,7 @@ from redrafter_sim.kubeapi import (
     KubeApi,
 )
 from redrafter_sim.node import SimNode
-from redrafter_sim.router import ServiceRouter
+from redrafter_sim.router import NoEndpoints, ServiceRouter
 from redrafter_sim.triton import TritonInstall, TritonUnavailable
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -248,6 +248,28 @@ async def test_pod_failure_policy_fail_job_ends_the_job_at_its_first_pod(admin: 
     )
     term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
     assert term["exitCode"] == 2 and term["message"].startswith("BAD_INPUT: spec says architecture qwen")
+
+
+async def test_a_final_status_answered_503_is_reported_again(
+    admin: KubeApi, node: SimNode, ns: str, monkeypatch: pytest.MonkeyPatch
+):
+    """kube-apiserver answers 503 (or 429, 500) while it starts, shuts down or waits for etcd: the node reports
+    the pod's final status again, else the pod stays Running and its Job never finishes."""
+    refused: list[str] = []
+    patch = node.api.patch
+
+    async def unavailable_at_first(kind: Kind, name: str, namespace: str | None, body: Any, *a: Any, **kw: Any) -> Any:
+        if kind == PODS and (body.get("status") or {}).get("phase") in ("Succeeded", "Failed") and len(refused) < 2:
+            refused.append(name)
+            raise ApiStatusError(503, "ServiceUnavailable", "the server is currently unable to handle the request")
+        return await patch(kind, name, namespace, body, *a, **kw)
+
+    monkeypatch.setattr(node.api, "patch", unavailable_at_first)
+    name = await run_build(admin, demo_owner(ns))
+    assert len(refused) == 2
+    assert await finished(admin, ns, name) == "Complete"
+    (pod,) = await job_pods(admin, ns, name)
+    assert pod["status"]["phase"] == "Succeeded"
 
 
 # ---------------------------------------------------------------------------- plain pods: volumes, deletion
@@ -729,3 +751,244 @@ async def test_an_engine_over_its_memory_limit_is_oom_killed_and_the_rollout_tim
     )
     fact = DeploymentFact.from_body(await admin.get(DEPLOYMENTS, name, ns))
     assert fact.failure_reason == "ProgressDeadlineExceeded"
+
+
+# ---------------------------------------------------------------------------- serving and validation behind Services
+def skip_without_triton() -> None:
+    try:
+        TritonInstall.find()
+    except TritonUnavailable as exc:
+        pytest.skip(f"tritonserver cannot run here: {exc}")
+
+
+async def build_all(admin: KubeApi, owner: Owner) -> dict[str, str]:
+    """Both variants' build Jobs, run side by side as the operator starts them: variant -> how each finished."""
+    jobs = await asyncio.gather(*(run_build(admin, owner, v) for v in contract.VARIANTS))
+    return {v: await finished(admin, owner.namespace, j) for v, j in zip(contract.VARIANTS, jobs, strict=True)}
+
+
+async def serve(admin: KubeApi, owner: Owner, variant: str, *services: dict[str, Any]) -> dict[str, Any]:
+    """The operator's serving ConfigMap and Deployment of ``variant`` (one replica), and ``services``."""
+    from redrafter_operator.render.serving import serving_configmap, serving_deployment
+
+    ns, key = owner.namespace, build_spec(owner.spec, variant).key
+    await admin.create(CONFIGMAPS, without_owner(serving_configmap(owner, variant, key)), ns)
+    dep = await admin.create(DEPLOYMENTS, without_owner(serving_deployment(owner, variant, key, 1)), ns)
+    for svc in services:
+        await admin.create(SERVICES, without_owner(svc), ns)
+    return dep
+
+
+async def ready_pods(admin: KubeApi, owner: Owner, variant: str) -> list[dict[str, Any]]:
+    selector = ",".join(f"{k}={v}" for k, v in names.serving_selector(owner.name, variant).items())
+    pods = await admin.list(PODS, owner.namespace, label_selector=selector)
+    return [p for p in pods if (condition(p, "Ready") or {}).get("status") == "True"]
+
+
+async def generate(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    async with http.post(
+        f"http://{url}/v2/models/{contract.ENTRY_MODEL}/generate", json={"text_input": "w5 w6 w7", "max_tokens": 8}
+    ) as resp:
+        assert resp.status == 200, await resp.text()
+        out: dict[str, Any] = await resp.json()
+        return out
+
+
+async def metrics_of(http: aiohttp.ClientSession, ip: str) -> str:
+    async with http.get(f"http://{ip}:{contract.METRICS_PORT}/metrics") as resp:
+        return await resp.text()
+
+
+def requests_counted(metrics: str, model: str, variant: str) -> float:
+    series = f'{contract.METRIC_REQUESTS}{{model="{model}",variant="{variant}"}} '
+    return next((float(line[len(series) :]) for line in metrics.splitlines() if line.startswith(series)), 0.0)
+
+
+async def test_serving_pods_are_real_tritons_routed_by_the_service(admin: KubeApi, node: SimNode, ns: str):
+    """Real tritonservers behind the stable Service: the metrics port the operator scrapes, scale-out with the
+    requests spread over both pods, the selector moved to the other pool, scale to zero, and nothing left
+    running or on disk once the node stops."""
+    from redrafter_operator.render.serving import stable_service
+
+    skip_without_triton()
+    owner = demo_owner(ns)
+    svc = names.service_name(owner.name)
+    assert await build_all(admin, owner) == {"redrafter": "Complete", "base": "Complete"}
+    dep = await serve(admin, owner, "redrafter", stable_service(owner, "redrafter"))
+    await serve(admin, owner, "base")
+    dep_name = dep["metadata"]["name"]
+
+    (pod,) = await wait_for(lambda: ready_pods(admin, owner, "redrafter"), 120, "a Ready redrafter pod")
+    ip = pod["status"]["podIP"]
+    assert ip.startswith("127.0.0.") and ip != "127.0.0.1"
+    cs = pod["status"]["containerStatuses"][0]
+    assert cs["ready"] and cs["state"]["running"]["startedAt"]
+    # the real Deployment controller's ReplicaSet owns the pod
+    (rs_ref,) = pod["metadata"]["ownerReferences"]
+    assert rs_ref["kind"] == "ReplicaSet" and rs_ref["name"].startswith(f"{dep_name}-")
+    rs = await admin.get(Kind("apps/v1", "replicasets"), rs_ref["name"], ns)
+    assert rs is not None and rs["metadata"]["ownerReferences"][0]["name"] == dep_name
+
+    async def ready_replicas(n: int) -> bool:
+        return ((await admin.get(DEPLOYMENTS, dep_name, ns)) or {}).get("status", {}).get("readyReplicas") == n
+
+    await wait_for(lambda: ready_replicas(1), 30, "the Deployment's readyReplicas=1")
+    (base_pod,) = await wait_for(lambda: ready_pods(admin, owner, "base"), 120, "a Ready base pod")
+    base_ip = base_pod["status"]["podIP"]
+    node_dir = node.node_dir
+    assert len(tritonservers_under(node_dir)) == 2
+
+    async with (
+        aiohttp.ClientSession() as http,
+        ServiceRouter(admin, ns, svc, port_name="http", default_port=contract.HTTP_PORT, refresh=0.2) as router,
+    ):
+        await wait_for(lambda: router.backends, 15, "router backends")
+        backend = router.pick()
+        assert (backend.ip, backend.port) == (ip, contract.HTTP_PORT)
+        # what a Job's `<svc>.<ns>.svc:<port>` reaches through the node (cluster DNS and kube-proxy)
+        assert await node.runner.service_endpoint(svc, ns, contract.HTTP_PORT) == f"{ip}:{contract.HTTP_PORT}"
+        assert (await generate(http, backend.url))["text_output"].strip()
+        # the pod's metrics port (what the operator scrapes): the metering counters and the load gauges
+        metrics = await metrics_of(http, ip)
+        assert f'{contract.METRIC_REQUESTS}{{model="{owner.name}",variant="redrafter"}} 1' in metrics
+        max_batch = owner.spec.engine.max_batch_size
+        assert (
+            f'{contract.METRIC_TRTLLM_REQUESTS}{{model="tensorrt_llm",request_type="max",version="1"}} {max_batch}'
+        ) in metrics
+
+        # scale out: a second pod, and the requests spread round-robin over both
+        await admin.patch(DEPLOYMENTS, dep_name, ns, {"spec": {"replicas": 2}})
+        await wait_for(lambda: len(router.backends) == 2, 120, "two backends")
+        await wait_for(lambda: ready_replicas(2), 30, "the Deployment's readyReplicas=2")
+        assert len({router.pick().ip for _ in range(4)}) == 2
+        for _ in range(4):
+            await generate(http, router.pick().url)
+        counted = [requests_counted(await metrics_of(http, b.ip), owner.name, "redrafter") for b in router.backends]
+        assert sum(counted) == 5 and min(counted) >= 2, counted
+
+        # move the Service's selector: the traffic moves to the other pool
+        await admin.patch(SERVICES, svc, ns, {"spec": {"selector": names.traffic_selector(owner.name, "base")}})
+        await wait_for(lambda: [b.ip for b in router.backends] == [base_ip], 15, "the router following the selector")
+        assert await node.runner.service_endpoint(svc, ns, contract.HTTP_PORT) == f"{base_ip}:{contract.HTTP_PORT}"
+        await generate(http, router.pick().url)
+        assert requests_counted(await metrics_of(http, base_ip), owner.name, "base") == 1
+
+        # scale to zero: the ReplicaSet controller deletes the pods, the node stops their servers
+        await admin.patch(DEPLOYMENTS, dep_name, ns, {"spec": {"replicas": 0}})
+        await wait_for(lambda: _no_selected_variant(admin, owner, "redrafter"), 60, "the redrafter pods gone")
+        await wait_for(lambda: len(tritonservers_under(node_dir)) == 1, 30, "the redrafter servers stopped")
+        await admin.patch(SERVICES, svc, ns, {"spec": {"selector": names.traffic_selector(owner.name, "redrafter")}})
+        await wait_for(lambda: not router.backends, 15, "no backends")
+        with pytest.raises(NoEndpoints):
+            router.pick()
+        assert await node.runner.service_endpoint(svc, ns, contract.HTTP_PORT) is None
+
+    # the node stops with the base pod still serving: its server goes, and the node's directory with it
+    await node.stop()
+    assert tritonservers_under(node_dir) == []
+    assert not node_dir.exists()
+    await forget_pods_of_a_stopped_node(admin, ns)
+
+
+async def _no_selected_variant(admin: KubeApi, owner: Owner, variant: str) -> bool:
+    selector = ",".join(f"{k}={v}" for k, v in names.serving_selector(owner.name, variant).items())
+    return await _no_selected(admin, owner.namespace, selector)
+
+
+async def forget_pods_of_a_stopped_node(admin: KubeApi, ns: str) -> None:
+    """What an admin does for a node that is gone: no more replicas, then the pods force-deleted (no kubelet is
+    left to finish a graceful deletion)."""
+    for dep in await admin.list(DEPLOYMENTS, ns):
+        await admin.patch(DEPLOYMENTS, dep["metadata"]["name"], ns, {"spec": {"replicas": 0}})
+    for pod in await admin.list(PODS, ns):
+        await admin.delete(PODS, pod["metadata"]["name"], ns, grace_period_seconds=0)
+    await wait_for(lambda: _no_pods(admin, ns), 30, f"the pods of {ns} force-deleted")
+
+
+async def test_serving_pods_run_the_openai_front_behind_the_service(admin: KubeApi, node: SimNode, ns: str):
+    """With the operator's own serving render: readiness through the front, a chat completion with the official
+    client through the Service's ``openai`` port, and the front stopped with its pod."""
+    from openai import AsyncOpenAI
+
+    from redrafter_operator.render.serving import stable_service
+
+    skip_without_triton()
+    node.serving.openai_front = True  # serving pods now run the front too, and its readinessProbe decides
+    owner = demo_owner(ns, **{"serving.modelName": "demo/tiny-chat"})
+    assert await finished(admin, ns, await run_build(admin, owner, "redrafter")) == "Complete"
+    dep = await serve(admin, owner, "redrafter", stable_service(owner, "redrafter"))
+    (pod,) = await wait_for(lambda: ready_pods(admin, owner, "redrafter"), 120, "a Ready redrafter pod")
+    (served,) = node.serving.pods.values()
+    assert served.probe == ("/health/ready", contract.OPENAI_PORT) and served.front is not None
+    assert served.front.poll() is None
+    async with ServiceRouter(
+        admin, ns, names.service_name(owner.name), port_name="openai", default_port=contract.OPENAI_PORT, refresh=0.2
+    ) as router:
+        await wait_for(lambda: router.backends, 15, "router backends")
+        backend = router.pick()
+        assert (backend.ip, backend.port) == (pod["status"]["podIP"], contract.OPENAI_PORT)
+        async with AsyncOpenAI(base_url=f"http://{backend.url}/v1", api_key="unused", max_retries=0) as client:
+            assert [m.id for m in (await client.models.list()).data] == ["demo/tiny-chat"]
+            raw = await client.chat.completions.with_raw_response.create(
+                model="demo/tiny-chat", messages=[{"role": "user", "content": "w5 w6 w7"}], max_tokens=12
+            )
+            done = raw.parse()
+    assert done.usage is not None and done.usage.completion_tokens == 12
+    assert len((done.choices[0].message.content or "").split()) == 12
+    assert 0 < float(raw.headers[contract.ACCEPTANCE_HEADER]) <= 1
+    front = served.front
+    await admin.patch(DEPLOYMENTS, dep["metadata"]["name"], ns, {"spec": {"replicas": 0}})
+    await wait_for(lambda: front.poll() is not None, 60, "the front stopped with its pod")
+    assert front.returncode == 0  # SIGTERM: drained and exited cleanly
+
+
+async def validate_pair(admin: KubeApi, owner: Owner) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Both variants served behind their variant Services, then the operator's validation Job of the pair:
+    (the finished Job, its last pod's termination state)."""
+    from redrafter_operator.render.serving import variant_service
+    from redrafter_operator.render.validation import validation_job
+
+    ns = owner.namespace
+    assert await build_all(admin, owner) == {"redrafter": "Complete", "base": "Complete"}
+    for variant in contract.VARIANTS:
+        await serve(admin, owner, variant, variant_service(owner, variant))
+    for variant in contract.VARIANTS:
+        await wait_for(lambda v=variant: ready_pods(admin, owner, v), 120, f"a Ready {variant} pod")
+    keys = {v: build_spec(owner.spec, v).key for v in contract.VARIANTS}
+    job = without_owner(
+        validation_job(owner, redrafter_key=keys["redrafter"], base_key=keys["base"], operator_image="op:dev")
+    )
+    name = (await admin.create(JOBS, job, ns))["metadata"]["name"]
+    await wait_for(lambda: finished(admin, ns, name), 180, f"the validation Job {name} to finish")
+    pods = sorted(await job_pods(admin, ns, name), key=lambda p: p["metadata"]["creationTimestamp"])
+    term = pods[-1]["status"]["containerStatuses"][0]["state"]["terminated"]
+    return (await admin.get(JOBS, name, ns)) or {}, term
+
+
+async def test_validation_job_runs_against_the_variant_services(admin: KubeApi, node: SimNode, ns: str):
+    """The validation Job runs `redrafter-operator evaluate validate`; `<svc>.<ns>.svc:8001` reaches a Ready pod
+    of each variant; the verdict is its termination message and the real Job controller completes the Job."""
+    skip_without_triton()
+    owner = demo_owner(ns)
+    job, term = await validate_pair(admin, owner)
+    args = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert args[:3] == ["redrafter-operator", "evaluate", "validate"]
+    assert args[args.index("--redrafter") + 1] == f"{names.service_name(owner.name, 'redrafter')}.{ns}.svc:8001"
+    assert (condition(job, "Complete") or {}).get("status") == "True", term
+    assert job["status"]["succeeded"] == 1 and not job["status"].get("failed"), job["status"]
+    assert term["exitCode"] == 0 and term["message"], term
+
+
+async def test_validation_job_over_the_openai_api(admin: KubeApi, node: SimNode, ns: str):
+    """``spec.validation.protocol: openai``: the Job validates the pair through the pods' OpenAI fronts, reached
+    as ``http://<svc>.<ns>.svc:9000``."""
+    skip_without_triton()
+    node.serving.openai_front = True
+    owner = demo_owner(ns, **{"validation.protocol": "openai", "validation.measureCrossover": False})
+    job, term = await validate_pair(admin, owner)
+    args = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert args[args.index("--protocol") + 1] == "openai"
+    assert args[args.index("--base") + 1] == f"http://{names.service_name(owner.name, 'base')}.{ns}.svc:9000"
+    assert (condition(job, "Complete") or {}).get("status") == "True", term
+    assert job["status"]["succeeded"] == 1 and not job["status"].get("failed"), job["status"]
+    assert term["exitCode"] == 0 and "greedy outputs identical" in term["message"], term

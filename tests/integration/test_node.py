@@ -593,11 +593,20 @@ async def test_restricted_namespace_rejects_unhardened_pods_and_controllers_say_
     await admin.patch(NAMESPACES, ns, None, {"metadata": {"labels": RESTRICTED}})
     bare = bare_pod("bare", ["true"])
     bare["spec"]["containers"][0].pop("command")
-    with pytest.raises(ApiStatusError) as rejected:
-        await admin.create(PODS, bare, ns)
-    assert rejected.value.code == 403 and rejected.value.reason == "Forbidden"
-    assert 'pods "bare" is forbidden: violates PodSecurity "restricted:latest": ' in str(rejected.value)
-    assert 'allowPrivilegeEscalation != false (container "main" must set ' in str(rejected.value)
+
+    async def refusal() -> ApiStatusError | None:
+        """The PodSecurity plugin reads namespace labels through its informer: it enforces new ones a moment later."""
+        try:
+            created = await admin.create(PODS, bare, ns)
+        except ApiStatusError as exc:
+            return exc
+        await admin.delete(PODS, created["metadata"]["name"], ns, grace_period_seconds=0)
+        return None
+
+    rejected = await wait_for(refusal, 30, "PodSecurity enforcing the namespace's new labels")
+    assert rejected.code == 403 and rejected.reason == "Forbidden"
+    assert 'pods "bare" is forbidden: violates PodSecurity "restricted:latest": ' in str(rejected)
+    assert 'allowPrivilegeEscalation != false (container "main" must set ' in str(rejected)
 
     owner = demo_owner(ns)
     # the Job controller: the build pod is rejected, the Job says why in an Event

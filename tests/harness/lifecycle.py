@@ -28,7 +28,7 @@ import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -554,15 +554,22 @@ class Cluster:
             await asyncio.sleep(0.1)
 
     def _sample_once(self) -> None:
-        for target, samples in (
-            (self.find("v1", "Service", NAME), self.samples),
-            (self.find(INFERENCE_POOL_API, "InferencePool", NAME), self.pool_samples),
+        """One sample per target: its selector and the Ready pods it selects at one moment. The two reads are two
+        requests; where the target's selector changed between them (a switch), the sample is not of one moment and
+        is dropped (the next one, 0.1 s later, reads the new selector)."""
+        for api_version, kind, samples in (
+            ("v1", "Service", self.samples),
+            (INFERENCE_POOL_API, "InferencePool", self.pool_samples),
         ):
+            target = self.find(api_version, kind, NAME)
             if not target:
                 continue
             selector = target["spec"]["selector"]
             match = selector.get("matchLabels", selector)
             pods = self.list("v1", "Pod", names.selector_string(match))
+            after = self.find(api_version, kind, NAME)
+            if after is None or after["spec"]["selector"] != selector:
+                continue
             samples.append((time.monotonic(), match.get(names.LABEL_TRAFFIC, ""), sum(map(is_ready, pods))))
 
 
@@ -609,9 +616,14 @@ async def to_serving(cluster: Cluster, name: str = NAME) -> None:
     await until(lambda: cluster.status(name).get("phase") == "Serving", what="phase Serving")
 
 
+C = TypeVar("C", bound=Cluster)
+Op = TypeVar("Op", bound=LifecycleOperator)
+
+
 @contextlib.asynccontextmanager
-async def running_cluster(cp: ControlPlane, workdir: Path) -> AsyncIterator[Cluster]:
-    cluster = Cluster(cp, workdir)
+async def running_cluster(cp: ControlPlane, workdir: Path, kind: type[C] = Cluster) -> AsyncIterator[C]:  # type: ignore[assignment]
+    """A started cluster of ``kind`` (the lifecycle one, or a subclass), closed after."""
+    cluster = kind(cp, workdir)
     try:
         yield await cluster.start()
     finally:
@@ -619,8 +631,13 @@ async def running_cluster(cp: ControlPlane, workdir: Path) -> AsyncIterator[Clus
 
 
 @contextlib.asynccontextmanager
-async def running_operator(cluster: Cluster, **options: Any) -> AsyncIterator[LifecycleOperator]:
-    op = cluster.operator(**options)
+async def running_operator(
+    cluster: Cluster,
+    kind: type[Op] = LifecycleOperator,  # type: ignore[assignment]
+    **options: Any,
+) -> AsyncIterator[Op]:
+    """A started operator of ``kind`` on the cluster, stopped after."""
+    op = kind(cluster, **options)
     await op.start()
     try:
         yield op

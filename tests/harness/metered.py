@@ -18,7 +18,7 @@ import contextlib
 import logging
 import time
 import urllib.error
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from redrafter_sim.controlplane import ControlPlane
 from redrafter_sim.kwokstages import Report
 from redrafter_sim.node import SimNode
 
-from .lifecycle import NAME, Cluster, HeldPods, LifecycleOperator, example, is_ready
+from .lifecycle import NAME, Cluster, HeldPods, LifecycleOperator, example, is_ready, running_cluster, running_operator
 
 log = logging.getLogger("harness.metered")
 
@@ -290,23 +290,12 @@ class WatchedOperator(LifecycleOperator):
             return await done
 
 
-@contextlib.asynccontextmanager
-async def metered_cluster(cp: ControlPlane, workdir: Path) -> AsyncIterator[MeteredCluster]:
-    cluster = MeteredCluster(cp, workdir)
-    try:
-        yield await cluster.start()
-    finally:
-        await cluster.close()
+def metered_cluster(cp: ControlPlane, workdir: Path) -> contextlib.AbstractAsyncContextManager[MeteredCluster]:
+    return running_cluster(cp, workdir, MeteredCluster)
 
 
-@contextlib.asynccontextmanager
-async def watched_operator(cluster: Cluster, **options: Any) -> AsyncIterator[WatchedOperator]:
-    op = WatchedOperator(cluster, **options)
-    await op.start()
-    try:
-        yield op
-    finally:
-        await op.stop()
+def watched_operator(cluster: Cluster, **options: Any) -> contextlib.AbstractAsyncContextManager[WatchedOperator]:
+    return running_operator(cluster, WatchedOperator, **options)
 
 
 __all__ = [

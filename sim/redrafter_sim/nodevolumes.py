@@ -29,18 +29,24 @@ class VolumeNotReady(RuntimeError):
 
 
 def claim_objects(
-    namespace: str, claim: str, host_dir: Path, size: str = "100Gi"
+    namespace: str,
+    claim: str,
+    host_dir: Path,
+    size: str = "100Gi",
+    modes: tuple[str, ...] = ("ReadWriteMany",),
+    pv_name: str | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A hostPath PersistentVolume at ``host_dir`` pre-bound to the claim, and the ReadWriteMany claim naming it:
-    the PV binder binds the pair at once."""
-    pv_name = f"{namespace}-{claim}"[:253]
+    """A hostPath PersistentVolume at ``host_dir`` pre-bound to the claim, and the claim naming it (ReadWriteMany
+    unless ``modes`` says otherwise): the PV binder binds the pair at once. ``pv_name``: the volume's, where a
+    namespace makes the same claim more than once."""
+    pv_name = pv_name or f"{namespace}-{claim}"[:253]
     pv = {
         "apiVersion": "v1",
         "kind": "PersistentVolume",
         "metadata": {"name": pv_name},
         "spec": {
             "capacity": {"storage": size},
-            "accessModes": ["ReadWriteMany"],
+            "accessModes": list(modes),
             "persistentVolumeReclaimPolicy": "Retain",
             "storageClassName": "",
             "hostPath": {"path": str(host_dir), "type": "DirectoryOrCreate"},
@@ -52,7 +58,7 @@ def claim_objects(
         "kind": "PersistentVolumeClaim",
         "metadata": {"name": claim, "namespace": namespace},
         "spec": {
-            "accessModes": ["ReadWriteMany"],
+            "accessModes": list(modes),
             "storageClassName": "",
             "volumeName": pv_name,
             "resources": {"requests": {"storage": size}},

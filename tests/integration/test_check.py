@@ -39,6 +39,7 @@ from redrafter_sim.chartrbac import chart_rbac
 from redrafter_sim.controlplane import ControlPlane, write_yaml
 from redrafter_sim.faultproxy import FaultProxy
 from redrafter_sim.node import SimNode
+from redrafter_sim.nodevolumes import claim_objects
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -165,31 +166,8 @@ async def node(env: Env, name: str, product: str | None, gpus: int, driver: int 
 async def pvc(env: Env, name: str, modes: list[str], size: str = "500Gi") -> None:
     """A claim and a PersistentVolume bound to it (the real PV binder binds them), awaited Bound."""
     pv_name = f"{env.ns}-{name}-{len(env.created)}"
-    pv = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": pv_name},
-        "spec": {
-            "capacity": {"storage": size},
-            "accessModes": modes,
-            "persistentVolumeReclaimPolicy": "Retain",
-            "storageClassName": "",
-            "hostPath": {"path": str(env.home / "pv" / pv_name)},
-            "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "namespace": env.ns, "name": name},
-        },
-    }
+    pv, claim = claim_objects(env.ns, name, env.home / "pv" / pv_name, size, tuple(modes), pv_name)
     env.create(pv)
-    claim = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": name},
-        "spec": {
-            "accessModes": modes,
-            "storageClassName": "",
-            "volumeName": pv_name,
-            "resources": {"requests": {"storage": size}},
-        },
-    }
     env.create(claim, env.ns)
     path = f"/api/v1/namespaces/{env.ns}/persistentvolumeclaims/{name}"
     await until(lambda: _bound(env.find(path) or {}), 60, f"PVC {name} Bound")

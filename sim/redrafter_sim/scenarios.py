@@ -148,7 +148,7 @@ class Scenario:
 HIGH_ACCEPTANCE = 0.8
 LOW_ACCEPTANCE = 0.1
 LOW_LOAD = 2
-HIGH_LOAD = 6
+HIGH_LOAD = 8  # twice the per-replica target: a starved load generator still reads above it
 
 ACTIVE_ENGINE = "status.activeEngine"
 READY = "status.serving.readyReplicas"
@@ -176,7 +176,7 @@ STEADY = Stage(
     # ends at the one replica the light load needs: the pool keeps the size validation traffic needed until
     # the scale-down window after the switch has passed, and load-rise must start from there to show a scale-up
     until=(Condition("status.speculation.samples", ">", 0), Condition(REPLICAS, "==", 1)),
-    timeout_s=40,
+    timeout_s=60,
     hold=(Condition(ACTIVE_ENGINE, "==", "redrafter"),),
     expect="acceptance measured on live traffic; ReDrafter kept, at the one replica the light load needs",
 )

@@ -276,6 +276,14 @@ class WatchedOperator(LifecycleOperator):
     def after(self, index: int) -> list[Evaluation]:
         return [e for _, e in self.evaluations[index:]]
 
+    def recent(self, n: int = 6) -> str:
+        """The last ``n`` evaluations, one line each (for a timed-out wait's message)."""
+        lines = [
+            f"{e.speculation.action} ({e.speculation.reason}: {e.speculation.message}; canary {e.canary})"
+            for _, e in self.evaluations[-n:]
+        ]
+        return f"{len(self.evaluations)} evaluations, the last {len(lines)}: " + " | ".join(lines)
+
     async def between_evaluations(self, change: Callable[[], None]) -> int:
         """Run ``change`` right after the next evaluation; the index in ``evaluations`` from which every
         evaluation read the pods as changed (:meth:`after`)."""

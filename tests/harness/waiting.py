@@ -11,20 +11,35 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
-def wait_until(predicate: Callable[[], T], timeout: float = 60.0, what: str = "condition") -> T:
-    """The predicate's first truthy value; AssertionError naming ``what`` after ``timeout`` seconds."""
+def _timed_out(timeout: float, what: str, explain: Callable[[], str] | None) -> AssertionError:
+    return AssertionError(f"timed out after {timeout:.0f}s waiting for {what}" + (f": {explain()}" if explain else ""))
+
+
+def wait_until(
+    predicate: Callable[[], T],
+    timeout: float = 60.0,
+    what: str = "condition",
+    explain: Callable[[], str] | None = None,
+) -> T:
+    """The predicate's first truthy value; AssertionError naming ``what`` (and what ``explain`` says of the state
+    it ended in) after ``timeout`` seconds."""
     deadline, pause = time.monotonic() + timeout, 0.02
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+            raise _timed_out(timeout, what, explain)
         time.sleep(pause)
         pause = min(pause * 1.5, 0.5)
 
 
-async def until(predicate: Callable[[], Any | Awaitable[Any]], timeout: float = 60.0, what: str = "condition") -> Any:
+async def until(
+    predicate: Callable[[], Any | Awaitable[Any]],
+    timeout: float = 60.0,
+    what: str = "condition",
+    explain: Callable[[], str] | None = None,
+) -> Any:
     """The async form: ``predicate`` may be a coroutine function."""
     deadline, pause = time.monotonic() + timeout, 0.02
     while True:
@@ -34,6 +49,6 @@ async def until(predicate: Callable[[], Any | Awaitable[Any]], timeout: float = 
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+            raise _timed_out(timeout, what, explain)
         await asyncio.sleep(pause)
         pause = min(pause * 1.5, 0.5)

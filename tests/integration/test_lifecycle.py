@@ -105,7 +105,7 @@ async def test_apply_to_serving_with_conditions_events_and_printer_columns(
     cluster.complete_all()
     await until(lambda: cluster.condition("EnginesReady")["status"] == "True", what="EnginesReady")
     # spec.validation is on by default and nothing here completes the validation Job: the rollout is not
-    # complete until the (ReDrafter, base) pair is validated (test_validation_gate.py plays the Job)
+    # complete until the (ReDrafter, base) pair is validated (metered/test_validation_gate.py plays the Job)
     await until(lambda: cluster.condition("Progressing")["reason"] == "Validating", what="Progressing Validating")
     # the build Pod's termination message (size, build time) may reach the watch after its Job's Complete
     await until(
@@ -428,7 +428,7 @@ async def test_bad_input_build_ends_after_one_job_and_status_says_how_to_retry(
 async def test_build_input_change_rolls_to_new_engine_without_gap_and_serving_change_never_rebuilds(
     cluster: Cluster, operator: LifecycleOperator
 ) -> None:
-    # replicas from the spec, not the autoscaler; validation off (tests/integration/test_validation_gate.py
+    # replicas from the spec, not the autoscaler; validation off (tests/integration/metered/test_validation_gate.py
     # covers an engine change under validation: there the promoted engine serves until the new one passes)
     doc = example(autoscaling__mode="Disabled", validation__enabled=False)
     cluster.apply(doc)

@@ -11,31 +11,16 @@ evaluations (``between_evaluations``), never while one scrapes.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
 from harness.lifecycle import INFERENCE_POOL_CRD, NAME, routed
-from harness.metered import MeteredCluster, WatchedOperator, metered_cluster, policy_doc, watched_operator
+from harness.metered import MeteredCluster, WatchedOperator, policy_doc
 from harness.waiting import until
 from redrafter_operator.policy import Evaluation
 from redrafter_operator.render import names
-from redrafter_sim.controlplane import ControlPlane
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture
-async def cluster(control_plane: ControlPlane, tmp_path: Path) -> AsyncIterator[MeteredCluster]:
-    async with metered_cluster(control_plane, tmp_path / "cluster") as c:
-        yield c
-
-
-@pytest.fixture
-async def operator(cluster: MeteredCluster) -> AsyncIterator[WatchedOperator]:
-    async with watched_operator(cluster) as op:
-        yield op
 
 
 async def serving_with_measurements(cluster: MeteredCluster) -> None:

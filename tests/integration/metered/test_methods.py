@@ -22,8 +22,8 @@ from engine_jobs import contract
 from engine_jobs.contract import ServingConfig
 from engine_jobs.llmapi_backend import check_model_yaml
 from engine_jobs.llmapi_config import model_yaml
-from harness.lifecycle import NAME
-from harness.metered import MeteredCluster, WatchedOperator, metered_cluster, policy_doc, watched_operator
+from harness.lifecycle import NAME, is_ready
+from harness.metered import MeteredCluster, WatchedOperator, metered_cluster, policy_doc
 from harness.validation import engines_ready, validated, validation_jobs
 from harness.waiting import until
 from redrafter_operator.render import names
@@ -86,12 +86,6 @@ async def cluster(control_plane: ControlPlane, tmp_path: Path) -> AsyncIterator[
         yield c
 
 
-@pytest.fixture
-async def operator(cluster: MeteredCluster) -> AsyncIterator[WatchedOperator]:
-    async with watched_operator(cluster) as op:
-        yield op
-
-
 def engine_cache(cluster: MeteredCluster) -> Path:
     """Where the engine cache's PersistentVolume keeps its files on this machine (its hostPath)."""
     pv = cluster.get("v1", "PersistentVolume", f"{cluster.ns}-engine-cache")
@@ -102,6 +96,14 @@ def serving_config(cl: MeteredCluster, variant: str) -> ServingConfig:
     cm = cl.find("v1", "ConfigMap", names.serving_config_name(NAME, variant))
     assert cm is not None, f"no serving.json for {variant}"
     return ServingConfig.model_validate_json(cm["data"][contract.SERVING_CONFIG_FILE])
+
+
+def serving_pods(cl: MeteredCluster) -> list[str]:
+    """Each serving pod's name, phase and Ready condition."""
+    return [
+        f"{p['metadata']['name']} {p['status'].get('phase')} ready={is_ready(p)}"
+        for p in cl.list("v1", "Pod", f"{names.LABEL_COMPONENT}=serving")
+    ]
 
 
 def history(cl: MeteredCluster) -> list[tuple[str, str]]:
@@ -155,10 +157,16 @@ async def test_a_pytorch_method_prepares_serves_validates_falls_back_and_returns
     # fall back: acceptance collapses on the speculative pods -> the Service moves to base
     await until(lambda: (cluster.status().get("speculation") or {}).get("samples", 0) > 0, what="measured")
     cluster.acceptance["redrafter"] = 0.05
-    await until(lambda: cluster.pool() == "base", what="fallback to base")
+    await until(lambda: cluster.pool() == "base", what="fallback to base", explain=operator.recent)
     assert ("redrafter", "base") in history(cluster)
 
-    # return: the canary measures recovered acceptance -> back to the speculative variant
+    # return: a canary pod starts in the base pool and measures recovered acceptance -> back to the speculative
+    # variant (a pod start and two good windows: the wait allows for a loaded machine)
     cluster.acceptance["redrafter"] = 0.85
-    await until(lambda: cluster.pool() == "redrafter" and len(history(cluster)) >= 2, what="return")
+    await until(
+        lambda: cluster.pool() == "redrafter" and len(history(cluster)) >= 2,
+        timeout=120,
+        what="return",
+        explain=lambda: f"{operator.recent()}; serving pods {serving_pods(cluster)}",
+    )
     assert history(cluster)[-1] == ("base", "redrafter")

@@ -7,34 +7,19 @@ the termination message ``evaluate validate`` writes); the real Job controller f
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from harness.lifecycle import NAME, quiesce
-from harness.metered import MeteredCluster, WatchedOperator, metered_cluster, watched_operator
+from harness.metered import MeteredCluster, WatchedOperator
 from harness.validation import built, never_without_ready_pods, validated, validated_doc, validation_jobs
 from harness.waiting import until
 from redrafter_operator.controller.validation import ANNOTATION_RETRY_VALIDATION
 from redrafter_operator.render import names
 from redrafter_operator.render.validation import validation_job_name
-from redrafter_sim.controlplane import ControlPlane
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture
-async def cluster(control_plane: ControlPlane, tmp_path: Path) -> AsyncIterator[MeteredCluster]:
-    async with metered_cluster(control_plane, tmp_path / "cluster") as c:
-        yield c
-
-
-@pytest.fixture
-async def operator(cluster: MeteredCluster) -> AsyncIterator[WatchedOperator]:
-    async with watched_operator(cluster) as op:
-        yield op
 
 
 async def test_failed_validation_serves_base_and_blocks_promotion_until_a_retry_passes(

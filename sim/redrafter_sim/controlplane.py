@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import http.client
+import io
 import json
 import logging
 import os
@@ -22,6 +24,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -185,6 +188,8 @@ class ControlPlane:
         self.url = f"https://127.0.0.1:{self.port}"
         self.etcd_url = f"http://127.0.0.1:{self.etcd_port}"
         self._ssl = ssl.create_default_context(cafile=str(self.pki.ca.cert))
+        self._admin = threading.local()  # each thread's kept-alive connection (request)
+        self._admin_ssl: ssl.SSLContext | None = None
         self.admin = self.pki.client("admin", ADMIN_USER, ("system:masters",))
         self.admin_kubeconfig = write_yaml(self.dir / "admin.kubeconfig", self.kubeconfig(self.admin))
         serving = self.pki.serving("apiserver", ["127.0.0.1", "localhost", "10.96.0.1", "kubernetes.default.svc"])
@@ -313,10 +318,19 @@ class ControlPlane:
 
     # --- requests as the admin ---------------------------------------------------------------------------------
 
-    def _admin_context(self) -> ssl.SSLContext:
-        ctx = ssl.create_default_context(cafile=str(self.pki.ca.cert))
-        ctx.load_cert_chain(str(self.admin.cert), str(self.admin.key))
-        return ctx
+    def _admin_connection(self, fresh: bool = False) -> http.client.HTTPSConnection:
+        """This thread's kept-alive admin connection: a TLS handshake with client-certificate checks for every
+        request cost the suite more CPU, in kube-apiserver and here, than the requests themselves."""
+        conn: http.client.HTTPSConnection | None = getattr(self._admin, "conn", None)
+        if conn is None or fresh:
+            if conn is not None:
+                conn.close()
+            if self._admin_ssl is None:
+                ctx = ssl.create_default_context(cafile=str(self.pki.ca.cert))
+                ctx.load_cert_chain(str(self.admin.cert), str(self.admin.key))
+                self._admin_ssl = ctx
+            conn = self._admin.conn = http.client.HTTPSConnection("127.0.0.1", self.port, context=self._admin_ssl)
+        return conn
 
     def request(
         self,
@@ -327,13 +341,38 @@ class ControlPlane:
         content_type: str = "application/json",
     ) -> Any:
         """One admin request (``content_type``: a PATCH's, ``application/merge-patch+json`` say); an error Status
-        raises ``urllib.error.HTTPError``."""
+        raises ``urllib.error.HTTPError``, and no answer (refused, reset, timed out) ``urllib.error.URLError``.
+
+        A kept-alive connection the server closed meanwhile (idle, or restarted) fails before the request is
+        read: then the request is sent once more, on a new connection."""
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method=method)
+        headers = {"Accept": "application/json"}
         if data is not None:
-            req.add_header("Content-Type", content_type)
-        with urllib.request.urlopen(req, context=self._admin_context(), timeout=timeout) as resp:
-            return json.loads(resp.read() or b"null")
+            headers["Content-Type"] = content_type
+        for fresh in (False, True):
+            conn = self._admin_connection(fresh)
+            conn.timeout = timeout
+            reused = conn.sock is not None
+            if conn.sock is not None:
+                conn.sock.settimeout(timeout)
+            try:
+                conn.request(method, path, body=data, headers=headers)
+                resp = conn.getresponse()
+                payload = resp.read()
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
+                conn.close()
+                if not reused:
+                    raise urllib.error.URLError(exc) from exc
+                continue
+            except (OSError, http.client.HTTPException) as exc:
+                conn.close()
+                raise urllib.error.URLError(exc) from exc
+            if resp.status >= 400:
+                raise urllib.error.HTTPError(
+                    self.url + path, resp.status, resp.reason, resp.headers, io.BytesIO(payload)
+                )
+            return json.loads(payload or b"null")
+        raise AssertionError("unreachable")
 
     def wait_established(self, crd: str, timeout: float = 60.0) -> None:
         """Until the CustomResourceDefinition is Established (its API served). Not ``kubectl wait``: right after

@@ -419,3 +419,51 @@ async def test_run_command_serves_metrics_and_liveness(cluster: Cluster) -> None
     assert proc.returncode == 0, out[-2000:]
     lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert any("BuildStarted" in (rec.get("message") or "") for rec in lines), out[-2000:]
+
+
+async def test_a_same_named_service_it_cannot_merge_with_stalls_it_with_the_reason_until_it_is_gone(
+    cluster: Cluster, operator: LifecycleOperator
+) -> None:
+    """A Service left under the resource's name by an earlier hand deployment, with a port named like one of the
+    operator's but numbered otherwise: server-side apply merges ports by number, so the result would have two
+    ports of one name, and the API server refuses it. The other children still apply; the status stalls with
+    the API server's reason and a Warning Event says it; once the old Service is deleted, the operator creates
+    its own and the resource serves."""
+    old = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": NAME},
+        "spec": {"selector": {"app": "hand-made"}, "ports": [{"name": "grpc", "port": 1234}]},
+    }
+    cluster.create(old)
+    cluster.apply(example())
+    await until(lambda: len(cluster.running_jobs()) == 2, what="build Jobs")
+    cluster.complete_all()
+
+    def stalled() -> dict[str, Any] | None:
+        cond = {c["type"]: c for c in cluster.status().get("conditions") or []}.get("Stalled")
+        return cond if cond and cond["status"] == "True" and cond["reason"] == "ApplyRefused" else None
+
+    stall = await until(stalled, what="Stalled with ApplyRefused")
+    assert f"Service {NAME}: 422 Invalid" in stall["message"] and "grpc" in stall["message"], stall
+    ready = {c["type"]: c for c in cluster.status()["conditions"]}["Ready"]
+    assert (ready["status"], ready["reason"]) == ("False", "ApplyRefused")
+    # everything else applied: both variants' Deployments and their own Services
+    await until(lambda: cluster.deployment("redrafter") and cluster.deployment("base"), what="the Deployments")
+    for variant in ("redrafter", "base"):
+        assert cluster.find("v1", "Service", names.service_name(NAME, variant)) is not None
+    await until(
+        lambda: any(r == "ReconcileError" and f"Service {NAME}" in m for r, t, m in cluster.events() if t == "Warning"),
+        what="the Warning Event",
+    )
+
+    cluster.cp.request("DELETE", cluster.path("v1", "Service", NAME))
+    await until(
+        lambda: any(
+            o.get("kind") == KIND
+            for o in (cluster.find("v1", "Service", NAME) or {}).get("metadata", {}).get("ownerReferences") or []
+        ),
+        timeout=90,  # the next retry of the reconcile's backoff
+        what="the operator's own Service",
+    )
+    await until(lambda: cluster.status().get("phase") == "Serving" and stalled() is None, what="Serving, not stalled")

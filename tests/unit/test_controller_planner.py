@@ -781,3 +781,20 @@ def test_a_taint_the_build_jobs_do_not_tolerate_is_named_and_a_toleration_clears
     tolerating = body(engine__build__tolerations=[{"key": "dedicated", "operator": "Exists"}])
     p = plan(res_of(tolerating), Observed(nodes=tainted), now=NOW, renderers=RENDER)
     assert len(p.create) == 4 and cond(p.status.wire(), "Schedulable")["status"] == "True"
+
+
+def test_refused_children_stall_the_resource_ahead_of_a_failed_build() -> None:
+    """A child the API server refused to apply stops progress until someone acts: Ready/Stalled name it, even
+    when a build failed as well (the refused write is what the user must fix first)."""
+    doc = body()
+    obs = Observed(
+        jobs=[job(doc, "redrafter", "Failed"), job(doc, "base", "Succeeded")],
+        refused=['Service llama3-8b: 422 Invalid: spec.ports[1].name: Duplicate value: "grpc"'],
+    )
+    st = plan(res_of(doc), obs, now=NOW, renderers=RENDER).status.wire()
+    progressing, stalled, ready = (cond(st, t) for t in ("Progressing", "Stalled", "Ready"))
+    assert (progressing["status"], progressing["reason"]) == ("False", "ApplyRefused")
+    assert (stalled["status"], stalled["reason"]) == ("True", "ApplyRefused")
+    assert (ready["status"], ready["reason"]) == ("False", "ApplyRefused")
+    assert "Service llama3-8b: 422 Invalid" in stalled["message"] and "Duplicate value" in ready["message"]
+    assert cond(st, "Reconciling")["status"] == "False"

@@ -63,7 +63,7 @@ class ConditionSet:
     under which not serving is settled on purpose (scaled to zero, prewarmed).
     """
 
-    stall_order: tuple[str, ...] = ("SpecValid", "EnginesReady", "Available", "Validated")
+    stall_order: tuple[str, ...] = ("SpecValid", "Progressing", "EnginesReady", "Available", "Validated")
     progress: str = "Progressing"
     available: str = "Available"
     settled_reasons: tuple[str, ...] = ("ScaledToZero", "Prewarmed")

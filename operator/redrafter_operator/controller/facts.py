@@ -419,6 +419,9 @@ class Observed:
     service_pool: str | None = None  # traffic pool the stable Service selects now (None: no Service)
     routing_pool: str | None = None  # traffic pool the InferencePool <name> selects now (None: none observed)
     routing_api_missing: bool = False  # the InferencePool write found no such API (its CRD is not installed)
+    #: the children whose apply the API server refused for good this step (invalid, forbidden): "Kind name: why".
+    #: A same-named object the operator does not own, whose fields the apply cannot merge with, is the usual cause.
+    refused: list[str] = field(default_factory=list)
     shared: dict[str, SharedArtifact] = field(default_factory=dict)  # by variant
     #: Deployment name -> hash of the manifest the observed object is known to carry (the applier's last
     #: server-side apply, once the watch shows its result and nobody changed the operator's fields since);

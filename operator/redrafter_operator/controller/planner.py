@@ -218,7 +218,7 @@ def explain(s: Step, observed: Observed) -> Plan:
     rollout = serving_part(draft, res.name, observed, d, applied)
     invalid = validation_part(draft, s.validation, d)
     draft.marks.set(s.validation_condition)
-    progress_part(draft, res.name, d, rollout, invalid)
+    progress_part(draft, res.name, d, rollout, invalid, observed.refused)
     placed = placement_part(draft, result, observed)
     if placed is not None:
         result.events.append(placed)

@@ -42,6 +42,13 @@ from .workqueue import ResourceKey, WorkQueue
 log = logging.getLogger("redrafter_operator.controller")
 
 MAX_BACKOFF = 300.0
+#: a child's apply answered with one of these will not succeed by retrying alone (400 BadRequest, 403 Forbidden,
+#: 422 Invalid): someone must change the spec, the RBAC or a conflicting object
+REFUSED = frozenset({400, 403, 422})
+
+
+class ChildrenRefused(Exception):
+    """The API server refused the apply of some children (the status's ``ApplyRefused`` stall names them)."""
 
 
 @dataclass
@@ -467,9 +474,15 @@ class Controller:
             except ApiError as exc:
                 # An API the cluster does not serve answers 404 to the write: only the optional InferencePool
                 # may be missing; its condition says so instead of failing the whole reconcile.
-                if exc.status != 404 or manifest["kind"] != "InferencePool":
+                if exc.status == 404 and manifest["kind"] == "InferencePool":
+                    observed.routing_api_missing = True
+                elif exc.status in REFUSED:  # the other children still apply; the status names this one
+                    meta = manifest["metadata"]
+                    observed.refused.append(
+                        f"{manifest['kind']} {meta['name']}: {exc.status} {exc.reason}: {exc.message}"
+                    )
+                else:
                     raise
-                observed.routing_api_missing = True
         # The applies' answers are facts for the status: whether each Deployment now carries its manifest
         # (an apply that changed nothing, e.g. the first one after a restart) or rolls out a new template.
         self._fill_applied(res.namespace, observed)
@@ -522,6 +535,8 @@ class Controller:
             post_event(body, ev.type, ev.reason, ev.message)
         self.metrics.on_transition(res.namespace, res.name, current, status)
         self.metrics.observe_resource(res.namespace, res.name, res.spec, status)
+        if observed.refused:  # the status says it; retried with backoff, since the cause is outside the operator
+            raise ChildrenRefused("; ".join(observed.refused))
         self.metrics.reconciles.labels("ok").inc()
         self.metrics.duration.observe(time.perf_counter() - started)
         return result

@@ -12,7 +12,7 @@ An invalid spec gets its own status (:func:`invalid_plan`) that leaves the runni
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from engine_jobs.contract import VARIANTS
 
@@ -36,6 +36,7 @@ from .targets import ServingPlan
 from .validation import ANNOTATION_RETRY_VALIDATION, Gate
 
 NO_MATCHING_GPU_NODES = "NoMatchingGPUNodes"
+APPLY_REFUSED = "ApplyRefused"
 
 
 @dataclass
@@ -225,11 +226,18 @@ def validation_part(draft: Draft, validation: ValidationStatus | None, d: Decide
 
 
 # ---- the rollout's progress ------------------------------------------------------------------------------
-def progress_part(draft: Draft, name: str, d: Decided, r: Rollout, invalid: str | None) -> None:
-    """Progressing: building, validating, switching, rolling out, or Complete (or why it stopped)."""
+def progress_part(
+    draft: Draft, name: str, d: Decided, r: Rollout, invalid: str | None, refused: Sequence[str] = ()
+) -> None:
+    """Progressing: building, validating, switching, rolling out, or Complete (or why it stopped: children the
+    API server refused to apply stall it)."""
     marks, engines, step, targets = draft.marks, d.engines, d.step, d.targets
     building = _in_state(engines, "Building")
-    if targets.active in _in_state(engines, "Failed") and not r.available:
+    if refused:
+        message = "the API server refused to apply " + "; ".join(refused)
+        marks.mark("Progressing", "False", APPLY_REFUSED, message)
+        marks.stall("Progressing", APPLY_REFUSED, message)
+    elif targets.active in _in_state(engines, "Failed") and not r.available:
         marks.mark("Progressing", "False", "BuildFailed", f"the {targets.active} engine could not be built")
     elif r.failure:  # the kubelet retries, so it is still progressing, until the Deployment's deadline says not
         marks.mark(

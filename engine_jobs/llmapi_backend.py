@@ -140,10 +140,17 @@ UPSTREAM_DECODING_TYPES = (
 #: batch. PR #10860 (merged on main in 2026-03, after the 1.2 branch, so not in 1.2.1) made the keys upper bounds
 #: ({4: 4, 8: 2, 32: 1}: batches 1-4 draft 4, ..., 33+ draft 0) and the field exclusive with max_concurrency.
 DRAFT_LEN_SCHEDULE_KEYS = "lower_bound"
-#: the decoding types whose drafter reads the schedule at the pin: stage 1 (PR #8194) wired it into the two-model
-#: drafters only (NGramDrafter, ModelDrafter; upstream's tests/unittest/_torch/speculative/test_draft_len_schedule.py
-#: runs NGram and DraftTarget); the one-model path (Eagle3's default, MTP) got it in PR #10860, after 1.2.1
-SCHEDULE_DECODING_TYPES = frozenset({"NGram", "Draft_Target"})
+#: the decoding types that run a separate drafter at the pin, and so the only ones that read ``max_concurrency`` and
+#: ``draft_len_schedule``: both are read by ``Drafter`` (``_torch/speculative/drafter.py``
+#: ``should_use_spec_decode``, ``get_draft_len_for_batch_size``), which ``PyExecutor`` consults only
+#: ``if self.drafter is not None``, and ``get_spec_drafter`` (``_torch/speculative/utils.py``) builds one for
+#: NGram (``NGramDrafter``) and the two-model paths (``ModelDrafter``: draft target, two-model Eagle3 and MTP).
+#: Eagle3's default (``eagle3_one_model``) and MTP's (``mtp_eagle_one_model``) are one-model: no drafter, and
+#: both fields are silently ignored. Stage 1 of the schedule (PR #8194) wired it into the two-model drafters only
+#: (upstream's tests/unittest/_torch/speculative/test_draft_len_schedule.py runs NGram and DraftTarget); the
+#: one-model path got it in PR #10860, after 1.2.1. Read in the stored release-1.2 era and later versions of
+#: those files (the v1.2.1 tag's commit is not in the index; the routing is the same in all of them).
+DRAFTER_DECODING_TYPES = frozenset({"NGram", "Draft_Target"})
 #: the release-1.2 era validator's messages (DecodingBaseConfig.validate_draft_len_schedule_and_sort)
 SCHEDULE_MESSAGES = {
     "key": "draft_len_schedule: batch size threshold must be >= 1, got {key}",

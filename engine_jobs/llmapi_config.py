@@ -13,7 +13,7 @@ import posixpath
 from typing import Any
 
 from .contract import CHECKPOINT_DIR, DRAFT_DIR, TOKENIZER_DIR, ServingConfig, SpeculativeParams
-from .llmapi_backend import SCHEDULE_DECODING_TYPES
+from .llmapi_backend import DRAFTER_DECODING_TYPES
 
 #: the API's method names -> speculative_config.decoding_type (tensorrt_llm/llmapi/llm_args.py)
 DECODING_TYPES: dict[str, str] = {
@@ -22,6 +22,9 @@ DECODING_TYPES: dict[str, str] = {
     "ngram": "NGram",
     "draftModel": "Draft_Target",  # upstream's literal (llm_args.py DraftTargetDecodingConfig)
 }
+#: methods whose engine stops drafting above max_concurrency (or follows a draft_len_schedule) at the pin: the ones
+#: with a separate drafter (llmapi_backend.DRAFTER_DECODING_TYPES)
+IN_ENGINE_LIMIT_METHODS = frozenset(m for m, t in DECODING_TYPES.items() if t in DRAFTER_DECODING_TYPES)
 #: methods whose speculative_config names a draft checkpoint (speculative_model_dir)
 DRAFT_CHECKPOINT_METHODS = frozenset({"eagle3", "draftModel"})
 
@@ -32,8 +35,9 @@ def speculative_config(
     max_concurrency: int | None = None,
     draft_len_schedule: dict[int, int] | None = None,
 ) -> dict[str, Any]:
-    """``speculative_config`` for one method (the LLM API's DecodingBaseConfig subclasses). A measured
-    ``draft_len_schedule`` replaces ``max_concurrency`` where the pinned release's drafter reads it."""
+    """``speculative_config`` for one method (the LLM API's DecodingBaseConfig subclasses). The in-engine limits
+    go only where the pinned release has a drafter that reads them (``DRAFTER_DECODING_TYPES``): a measured
+    ``draft_len_schedule``, else ``max_concurrency``; a one-model method (Eagle3, MTP) would ignore both."""
     out: dict[str, Any] = {"decoding_type": DECODING_TYPES[params.method]}
     if params.method == "mtp":
         out["num_nextn_predict_layers"] = params.max_draft_len
@@ -45,7 +49,9 @@ def speculative_config(
         out["speculative_model_dir"] = draft_dir
     if params.method == "ngram":
         out["max_matching_ngram_size"] = params.max_matching_ngram_size or params.max_draft_len
-    if draft_len_schedule and out["decoding_type"] in SCHEDULE_DECODING_TYPES:
+    if out["decoding_type"] not in DRAFTER_DECODING_TYPES:
+        return out
+    if draft_len_schedule:
         # shorter drafts at middle batch sizes, none above the crossover (lower-bound keys at the pin)
         out["draft_len_schedule"] = dict(sorted(draft_len_schedule.items()))
     elif max_concurrency is not None:

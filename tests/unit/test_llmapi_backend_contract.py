@@ -262,7 +262,8 @@ def test_every_key_the_operator_writes_is_one_upstream_reads(example: str, varia
         decoding = lb.canonical_decoding_type(spec["decoding_type"])
         assert decoding is not None
         assert set(spec) <= lb.BASE_SPEC_KEYS | lb.METHOD_SPEC_KEYS[decoding]
-        assert spec["max_concurrency"] == 6
+        # the in-engine limit goes only where a drafter reads it (one-model Eagle3 and MTP would ignore it)
+        assert spec.get("max_concurrency") == (6 if decoding in lb.DRAFTER_DECODING_TYPES else None)
         assert not {"acceptance_window", "acceptance_length_threshold"} & set(spec)
 
 
@@ -329,7 +330,7 @@ def test_only_the_two_model_drafters_read_the_schedule_at_the_pin():
     """Stage 1 (PR #8194) wired the schedule into NGramDrafter and ModelDrafter; upstream's
     tests/unittest/_torch/speculative/test_draft_len_schedule.py runs NGram and DraftTarget and lists
     "ChainDrafter/Eagle3 static loops" as not covered. The one-model path came with PR #10860, after 1.2.1."""
-    assert lb.SCHEDULE_DECODING_TYPES == {"NGram", "Draft_Target"}
+    assert lb.DRAFTER_DECODING_TYPES == {"NGram", "Draft_Target"}
 
 
 @pytest.mark.parametrize(
@@ -338,7 +339,8 @@ def test_only_the_two_model_drafters_read_the_schedule_at_the_pin():
 )
 def test_a_measured_schedule_replaces_max_concurrency_where_the_pin_reads_it(example: str, scheduled: bool):
     """With a promoted pair whose sweep found a shorter draft paying, NGram and draft-model engines get the
-    schedule (and no max_concurrency); Eagle3 (one-model) and MTP keep max_concurrency; the document passes."""
+    schedule (and no max_concurrency); Eagle3 and MTP (one-model: no drafter reads either) get neither; the
+    document passes."""
     from engine_jobs.llmapi_config import model_yaml
     from redrafter_operator.render.common import Owner
     from redrafter_operator.render.serving import serving_config
@@ -363,7 +365,7 @@ def test_a_measured_schedule_replaces_max_concurrency_where_the_pin_reads_it(exa
     if scheduled:
         assert spec["draft_len_schedule"] == {1: k, 6: 1, 10: 0} and "max_concurrency" not in spec
     else:
-        assert spec["max_concurrency"] == 9 and "draft_len_schedule" not in spec
+        assert "max_concurrency" not in spec and "draft_len_schedule" not in spec
     assert "draft_len_schedule" not in model_yaml(serving_config(Owner.from_body(body), "base", "k"))
 
 

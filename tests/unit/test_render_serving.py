@@ -308,8 +308,17 @@ def test_a_redrafter_spec_renders_no_pytorch_field_and_a_pytorch_spec_its_method
     base_cfg = ServingConfig.model_validate_json(serving_configmap(eagle, "base", key)["data"]["serving.json"])
     assert spec_cfg.backend == base_cfg.backend == "pytorch"
     assert spec_cfg.speculative is not None and spec_cfg.speculative.method == "eagle3"
-    assert spec_cfg.speculative.max_draft_len == 3 and spec_cfg.max_concurrency == 5
+    # Eagle3 is one-model at the pinned release: no drafter reads max_concurrency, so none is written
+    assert spec_cfg.speculative.max_draft_len == 3 and spec_cfg.max_concurrency is None
     assert base_cfg.speculative is None and base_cfg.max_concurrency is None
+    # NGram has a drafter that stops drafting above it: the speculative variant gets the measured crossover
+    body = yaml.safe_load((ROOT / "examples" / "qwen2.5-coder-7b-ngram.yaml").read_text())
+    body["status"] = {"validation": {"promoted": {"redrafterKey": "k", "baseKey": "k", "crossoverConcurrency": 5.9}}}
+    ngram = Owner.from_body(body)
+    key = engine_key(ngram.spec, "redrafter")
+    for variant, limit in (("redrafter", 5), ("base", None)):
+        cm = serving_configmap(ngram, variant, key)
+        assert ServingConfig.model_validate_json(cm["data"]["serving.json"]).max_concurrency == limit
     # the candidate under validation drafts at every batch: its sweep measures the crossover
     (cm, *_) = default_renderers().candidate(eagle, key, 1)
     assert ServingConfig.model_validate_json(cm["data"]["serving.json"]).max_concurrency is None

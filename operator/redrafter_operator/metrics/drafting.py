@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine_jobs.llmapi_config import IN_ENGINE_LIMIT_METHODS
+
 from ..api.spec import Mtp, ReDrafterDeploymentSpec
 
 
@@ -25,9 +27,11 @@ class Drafting:
 
     @property
     def stops_at_load(self) -> bool:
-        """The engine itself stops drafting above a batch size (the PyTorch backend's max_concurrency,
-        which the operator sets to the crossover validation measured); ReDrafter's engine cannot."""
-        return self.method != "redrafter"
+        """The engine itself stops drafting above a batch size (the PyTorch backend's max_concurrency, which the
+        operator sets to the crossover validation measured). Only a method with a separate drafter reads it at
+        the pinned TensorRT-LLM (engine_jobs/llmapi_config.py ``IN_ENGINE_LIMIT_METHODS``): not the one-model
+        Eagle3 and MTP, and not ReDrafter's engine; for those the fleet switch alone answers load."""
+        return self.method in IN_ENGINE_LIMIT_METHODS
 
 
 def drafting(spec: ReDrafterDeploymentSpec) -> Drafting:

@@ -18,6 +18,7 @@ from typing import Any
 
 from engine_jobs import contract
 from engine_jobs.contract import ServingConfig, TritonParams, Variant
+from engine_jobs.llmapi_config import IN_ENGINE_LIMIT_METHODS
 
 from . import names, resources, security
 from .build import speculative_params
@@ -106,17 +107,19 @@ def serving_config(owner: Owner, variant: Variant, key: str) -> ServingConfig:
 def _pytorch_fields(owner: Owner, variant: Variant) -> dict[str, Any]:
     """The PyTorch path's settings of one pod: its method (on the speculative variant), the in-engine
     concurrency limit once validation measured the crossover (and the draft_len_schedule when its sweep found
-    a shorter draft paying; model.yaml writes one of the two), and the LLM's limits."""
+    a shorter draft paying; model.yaml writes one of the two) where the method's engine reads them, and the
+    LLM's limits."""
     spec = owner.spec
     params = speculative_params(spec)
     if params is None:
         return {}
     speculative = variant == "redrafter"
+    limited = speculative and params.method in IN_ENGINE_LIMIT_METHODS
     return {
         "backend": "pytorch",
         "speculative": params if speculative else None,
-        "max_concurrency": owner.in_engine_concurrency if speculative else None,
-        "draft_len_schedule": owner.in_engine_schedule if speculative else None,
+        "max_concurrency": owner.in_engine_concurrency if limited else None,
+        "draft_len_schedule": owner.in_engine_schedule if limited else None,
         "max_num_tokens": spec.engine.max_num_tokens,
         "draft_len_per_beam": params.max_draft_len if speculative else 0,
         "num_beams": 1 if speculative else 0,

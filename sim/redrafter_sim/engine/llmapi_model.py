@@ -19,7 +19,9 @@ At load it reads ``1/model.yaml`` and refuses what upstream refuses, in upstream
 - no speculative_config: one token per step.
 
 A step whose batch holds more than ``max_concurrency`` requests drafts nothing; with a ``draft_len_schedule`` a
-step drafts the length of the largest key <= its batch (the pinned release's lower-bound keys). The greedy text is
+step drafts the length of the largest key <= its batch (the pinned release's lower-bound keys). As at the pinned
+release, only a method with a separate drafter (NGram, Draft_Target) reads either; the one-model Eagle3 and MTP
+ignore both and draft at every batch. The greedy text is
 _sim_speculation.greedy_next's (it copies on repetitive prompts), the same with or without speculation
 unless the ``diverge`` control is set. Stop strings end generation and are left out of the text, as the
 LLM API does by default.
@@ -36,7 +38,13 @@ import zlib
 import numpy as np
 import triton_python_backend_utils as pb_utils  # type: ignore[import-not-found]
 import yaml
-from _llmapi_backend import TRITON_CONFIG_KEY, canonical_decoding_type, check_model_yaml, draft_len_for_batch
+from _llmapi_backend import (
+    DRAFTER_DECODING_TYPES,
+    TRITON_CONFIG_KEY,
+    canonical_decoding_type,
+    check_model_yaml,
+    draft_len_for_batch,
+)
 from _sim_batching import FINAL, BatchingEngine, SimRequest
 from _sim_control import SimControl
 from _sim_speculation import accept_prefix, chain_accepted, greedy_next, ngram_propose
@@ -103,8 +111,10 @@ class TritonPythonModel(BatchingEngine):
         self.method = METHODS.get(tag) if tag else None
         self.draft_len = int(spec.get("num_nextn_predict_layers" if tag == "MTP" else "max_draft_len") or 0)
         self.ngram_size = int(spec.get("max_matching_ngram_size") or DEFAULT_NGRAM_SIZE)
-        self.max_concurrency = spec.get("max_concurrency")
-        self.schedule = {int(k): int(v) for k, v in (spec.get("draft_len_schedule") or {}).items()} or None
+        drafter = tag in DRAFTER_DECODING_TYPES  # the limits are the drafter's: a one-model method has none
+        self.max_concurrency = spec.get("max_concurrency") if drafter else None
+        limits = spec.get("draft_len_schedule") if drafter else None
+        self.schedule = {int(k): int(v) for k, v in (limits or {}).items()} or None
         self.variant = p.get("variant", "redrafter" if self.method else "base")
         self.max_batch = max(int(doc.get("max_batch_size") or 8), 1)
         self._start(p)

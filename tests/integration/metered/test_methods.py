@@ -21,7 +21,7 @@ import yaml
 from engine_jobs import contract
 from engine_jobs.contract import ServingConfig
 from engine_jobs.llmapi_backend import check_model_yaml
-from engine_jobs.llmapi_config import model_yaml
+from engine_jobs.llmapi_config import IN_ENGINE_LIMIT_METHODS, model_yaml
 from harness.lifecycle import NAME, is_ready
 from harness.metered import MeteredCluster, WatchedOperator, metered_cluster, policy_doc
 from harness.validation import engines_ready, validated, validation_jobs
@@ -137,15 +137,20 @@ async def test_a_pytorch_method_prepares_serves_validates_falls_back_and_returns
     await until(lambda: validated(cluster).get("status") == "True", what="Validated=True")
     await until(lambda: cluster.pool() == "redrafter", what="the speculative variant promoted")
 
-    # serve: the speculative pods' model.yaml has the method and, once measured, the in-engine limit;
-    # the base pods' is the same checkpoint without speculative_config; upstream's contract accepts both
+    # serve: the speculative pods' model.yaml has the method and, once measured and where the method's drafter
+    # reads it (not the one-model Eagle3 and MTP), the in-engine limit; the base pods' is the same checkpoint
+    # without speculative_config; upstream's contract accepts both
+    limit = int(CROSSOVER) if method in IN_ENGINE_LIMIT_METHODS else None
     await until(
-        lambda: serving_config(cluster, "redrafter").max_concurrency == int(CROSSOVER),
+        lambda: (
+            serving_config(cluster, "redrafter").max_concurrency == limit
+            and (cluster.status().get("validation") or {}).get("promoted")
+        ),
         timeout=30,
-        what="max_concurrency from the measured crossover",
+        what=f"max_concurrency {limit} once the crossover is measured",
     )
     spec_doc, base_doc = (model_yaml(serving_config(cluster, v)) for v in ("redrafter", "base"))
-    expected = dict(METHODS[method]["speculative"], max_concurrency=int(CROSSOVER))
+    expected = dict(METHODS[method]["speculative"], **({"max_concurrency": limit} if limit else {}))
     got = {k: v for k, v in spec_doc["speculative_config"].items() if k != "speculative_model_dir"}
     assert got == expected
     assert ("speculative_model_dir" in spec_doc["speculative_config"]) == ("drafter" in METHODS[method]["model"])

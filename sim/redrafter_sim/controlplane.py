@@ -359,7 +359,7 @@ class ControlPlane:
                 conn.request(method, path, body=data, headers=headers)
                 resp = conn.getresponse()
                 payload = resp.read()
-            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError, ssl.SSLEOFError) as exc:
                 conn.close()
                 if not reused:
                     raise urllib.error.URLError(exc) from exc

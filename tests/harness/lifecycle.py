@@ -308,13 +308,14 @@ class Cluster:
         if self._sampler is not None:
             self._sampler.cancel()
             await asyncio.gather(self._sampler, return_exceptions=True)
-        with contextlib.suppress(urllib.error.URLError, OSError):
-            self.cp.request("DELETE", f"/api/v1/namespaces/{self.ns}")
+        if self.kube is not None:  # None: start() failed before its namespace existed
+            with contextlib.suppress(urllib.error.URLError, OSError):
+                self.cp.request("DELETE", f"/api/v1/namespaces/{self.ns}")
         for node in self.nodes.values():
             await node.stop()
         self.proxy.stop()
         await asyncio.to_thread(self._forget_stale_nodes)
-        for claim in CLAIMS:
+        for claim in CLAIMS if self.kube is not None else ():
             with contextlib.suppress(urllib.error.URLError, OSError):
                 self.cp.request("DELETE", f"/api/v1/persistentvolumes/{self.ns}-{claim}")
 

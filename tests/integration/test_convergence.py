@@ -39,6 +39,7 @@ from redrafter_operator.api import engine_key as api_engine_key
 from redrafter_operator.api.spec import ReDrafterDeploymentSpec
 from redrafter_operator.controller import engines
 from redrafter_operator.render import cache_refs, names
+from redrafter_sim import nodes
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -46,6 +47,9 @@ pytestmark = pytest.mark.timeout(120)
 async def test_two_resources_sharing_a_cache_build_once(cluster: Cluster, operator: LifecycleOperator) -> None:
     """One build per engine, not per resource: a second resource waits on the first's Jobs, a third arriving
     later finds the engines cached, and deleting the resource that owns the Jobs rebuilds nothing."""
+    # three resources serve side by side, each a pod per variant and a surge pod while it rolls out: more than
+    # one 8-GPU node of the examples' product holds at once
+    await cluster.add_node("gpu-a100-1", nodes.A100, 8)
     cluster.apply(example("svc-a"))
     cluster.apply(example("svc-b"))
     await until(lambda: len(cluster.jobs()) >= 2, what="Jobs")

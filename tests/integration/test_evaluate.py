@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from triton_servers import start_servers, stop_servers  # noqa: I001 (same dir)
+from triton_servers import restart_after_grpc_abort, start_servers, stop_servers  # noqa: I001 (same dir)
 
 from engine_jobs.contract import ServingConfig
 from redrafter_operator.cli import main
@@ -99,7 +99,9 @@ def servers(tmp_path_factory):
 
 @pytest.fixture
 def healthy(servers):
-    """Both engines healthy before and after the test (controls are reset even when it fails)."""
+    """Both engines healthy before and after the test (controls are reset even when it fails; a server the
+    previous test's cancelled streams crashed in tritonserver's gRPC frontend runs again)."""
+    restart_after_grpc_abort(servers)
     for s in servers.values():
         s.set()
     yield servers

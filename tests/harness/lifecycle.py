@@ -351,6 +351,8 @@ class Cluster:
             for uid, work in list(node.pods.items()):
                 if not any(t is not None and t.cancelled() for t in (work.task, work.terminating)):
                     continue
+                if node.pods.get(uid) is not work:  # the node forgot it meanwhile (its pod deleted): nothing to run
+                    continue
                 del node.pods[uid]
                 path = f"/api/v1/namespaces/{work.namespace}/pods/{work.name}"
                 try:

@@ -368,10 +368,7 @@ PROBE_SERVICE = (
 
 
 async def test_a_serving_deployment_becomes_ready_and_is_routed_to(admin: KubeApi, node: SimNode, ns: str):
-    try:
-        TritonInstall.find()
-    except TritonUnavailable as exc:
-        pytest.skip(f"tritonserver cannot run here: {exc}")
+    skip_without_triton()
     from redrafter_operator.render.serving import serving_configmap, serving_deployment, variant_service
 
     owner = demo_owner(ns)
@@ -727,10 +724,7 @@ async def _sorted_reasons(admin: KubeApi, ns: str, suffix: str, expected: list[s
 async def test_an_engine_over_its_memory_limit_is_oom_killed_and_the_rollout_times_out(
     admin: KubeApi, node: SimNode, ns: str
 ):
-    try:
-        TritonInstall.find()
-    except TritonUnavailable as exc:
-        pytest.skip(f"tritonserver cannot run here: {exc}")
+    skip_without_triton()
     owner = demo_owner(ns)
     assert await finished(admin, ns, await run_build(admin, owner, "redrafter")) == "Complete"
     node.serving.memory_needed = 2 * 2**30  # the loaded engine takes 2 GiB
